@@ -1,0 +1,69 @@
+# lmcached — top-level entry points.  `make run` and `make test` do all set-up
+# on a fresh Debian 12 machine (packages are installed with apt-get on demand).
+
+BUILD_DIR  ?= build
+BUILD_TYPE ?= RelWithDebInfo
+JOBS       ?= $(shell nproc)
+# Arguments for `make run`: a 1 GiB L1 with LRU eviction, ZMQ on localhost:5555.
+RUN_ARGS   ?= --l1-size-gb 1 --eviction-policy LRU
+
+DEB_PACKAGES := build-essential cmake pkg-config libzmq3-dev libmsgpack-dev \
+	libjansson-dev libmicrohttpd-dev libssl-dev libcurl4-openssl-dev liburing-dev \
+	libhiredis-dev librust-blake3-dev libcmocka-dev python3 python3-zmq \
+	python3-msgpack python3-pytest b3sum
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all deps configure build run test unit e2e bench asan tsan sanitize clean
+
+all: build
+
+# Installs only what is missing; silent when everything is present.
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do \
+	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; \
+	  done); \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing Debian packages:" $$missing; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(BUILD_DIR)/CMakeCache.txt: | deps
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
+
+configure: deps $(BUILD_DIR)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+run: build
+	./$(BUILD_DIR)/lmcached $(RUN_ARGS)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+unit: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -E '^e2e$$'
+
+e2e: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -R '^e2e$$'
+
+bench: build
+	./bench/run.sh $(BUILD_DIR)
+
+# Sanitizer builds: ASan+UBSan and TSan, each in its own build tree.
+asan: deps
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLMC_SANITIZE=address
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ctest --output-on-failure -j $(JOBS)
+
+tsan: deps
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DLMC_SANITIZE=thread
+	cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && ctest --output-on-failure -j $(JOBS)
+
+sanitize: asan tsan
+
+clean:
+	rm -rf $(BUILD_DIR) build-asan build-tsan

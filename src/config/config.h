@@ -1,0 +1,174 @@
+/* Effective server configuration: every configuration group of the upstream
+ * MP server, parsed from argv (+ environment fallbacks), validated, and
+ * rendered as JSON.
+ *
+ * Ownership: every string and list inside lmc_config is heap-allocated and
+ * owned by the config; lmc_config_free() releases it all.  A "nullable"
+ * string is NULL when the flag was not given (upstream default None). */
+#ifndef LMC_CONFIG_CONFIG_H
+#define LMC_CONFIG_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct {
+    char **items;
+    size_t count;
+} lmc_strlist;
+
+typedef struct {
+    bool set;
+    double value;
+} lmc_opt_double;
+
+/* --- MP server ("MP Server" group) -------------------------------------- */
+typedef struct {
+    char *instance_id;               /* --instance-id, default random UUIDv4 */
+    char *host;                      /* --host "localhost" */
+    int port;                        /* --port 5555 */
+    int chunk_size;                  /* --chunk-size 256 */
+    int max_workers;                 /* --max-workers 1 */
+    int max_gpu_workers;             /* --max-gpu-workers (default max_workers) */
+    int max_cpu_workers;             /* --max-cpu-workers (default max_workers) */
+    char *hash_algorithm;            /* --hash-algorithm "blake3" */
+    char *engine_type;               /* --engine-type default|blend|blend_legacy */
+    char *supported_transfer_mode;   /* --supported-transfer-mode auto|lmcache_driven|engine_driven */
+    bool separate_object_groups;     /* --[no-]separate-object-groups, true */
+    bool enable_segmented_prefix;    /* --enable-segmented-prefix, false */
+    char *shm_name;                  /* --shm-name, nullable (NULL = auto) */
+    lmc_strlist script_allowed_imports; /* --script-allowed-imports (nargs *) */
+    double worker_reap_timeout_seconds;       /* 120.0 */
+    double worker_registration_grace_seconds; /* 3600.0 */
+    /* lmcached additions (documented in docs/configuration.md) */
+    char *log_level;                 /* --log-level, env LMCACHE_LOG_LEVEL, "INFO" */
+    bool rpc_error_frames;           /* --[no-]rpc-error-frames, false */
+} lmc_mp_config;
+
+/* --- Runtime plugins ---------------------------------------------------- */
+typedef struct {
+    lmc_strlist locations;           /* --runtime-plugin-locations (nargs *) */
+    char *extra_config_json;         /* --runtime-plugin-config, a JSON object, "{}" */
+} lmc_runtime_plugin_config;
+
+/* --- P2P ---------------------------------------------------------------- */
+typedef struct {
+    char *advertise_url;             /* --p2p-advertise-url "" (non-empty enables P2P) */
+    char *listen_url;                /* --p2p-listen-url "" */
+    double lookup_timeout;           /* --p2p-lookup-timeout 30.0 */
+    double load_timeout;             /* --p2p-load-timeout 30.0 */
+    char *transfer_engine;           /* --p2p-transfer-engine "nixl" */
+    char *rdma_device;               /* --p2p-rdma-device "" */
+    int rdma_port;                   /* --p2p-rdma-port 1 */
+    int rdma_gid_index;              /* --p2p-rdma-gid-index -1 */
+    char *rdma_gid_indices;          /* --p2p-rdma-gid-indices "" */
+    int64_t rdma_queue_depth;        /* --p2p-rdma-queue-depth 4096 */
+    int64_t rdma_handshake_timeout_ms; /* --p2p-rdma-handshake-timeout-ms 10000 */
+} lmc_p2p_config;
+
+/* --- HTTP frontend ------------------------------------------------------ */
+typedef struct {
+    char *http_host;                 /* --http-host "0.0.0.0" */
+    int http_port;                   /* --http-port 8080 */
+} lmc_http_config;
+
+/* --- Coordinator (flags fall back to LMCACHE_COORDINATOR_*) -------------- */
+typedef struct {
+    char *url;                       /* --coordinator-url / LMCACHE_COORDINATOR_URL, "" */
+    char *advertise_ip;              /* --coordinator-advertise-ip / ..._ADVERTISE_IP, "" */
+    double heartbeat_interval;       /* --coordinator-heartbeat-interval, 5.0 */
+    bool l2_event_reporting;         /* --coordinator-l2-event-reporting, false */
+    double l2_event_flush_interval;  /* --coordinator-l2-event-flush-interval, 1.0 */
+} lmc_coordinator_config;
+
+/* --- Storage manager (storage.md §1) ------------------------------------ */
+typedef struct {
+    lmc_strlist l1_manager_json;     /* --l1-manager (repeatable JSON object) */
+    lmc_opt_double l1_size_gb;       /* --l1-size-gb (float, None) */
+    bool l1_use_lazy;                /* --[no-]l1-use-lazy, true */
+    int l1_init_size_gb;             /* --l1-init-size-gb 20 */
+    int64_t l1_align_bytes;          /* --l1-align-bytes 4096 */
+    bool l1_use_hugepages;           /* --[no-]l1-use-hugepages, false */
+    char *l1_devdax_path;            /* --l1-devdax-path, nullable */
+    char *gds_l1_path;               /* --gds-l1-path, nullable */
+    bool gds_l1_use_direct_io;       /* --[no-]gds-l1-use-direct-io, true */
+    char *gds_l1_backend;            /* --gds-l1-backend "auto" */
+    int l1_write_ttl_seconds;        /* --l1-write-ttl-seconds 600 */
+    int l1_read_ttl_seconds;         /* --l1-read-ttl-seconds 300 */
+    char *eviction_policy;           /* --eviction-policy LRU|ARC|IsolatedLRU|noop, nullable */
+    double eviction_trigger_watermark; /* --eviction-trigger-watermark 0.8 */
+    double eviction_ratio;           /* --eviction-ratio 0.2 */
+    char *l2_store_policy;           /* --l2-store-policy "default" */
+    char *l2_prefetch_policy;        /* --l2-prefetch-policy "default" */
+    int l2_prefetch_max_in_flight;   /* --l2-prefetch-max-in-flight 8 */
+    lmc_opt_double l2_prefetch_load_timeout; /* --l2-prefetch-load-timeout (None) */
+    int periodic_notifier_interval_ms; /* --periodic-notifier-interval-ms 5 */
+    lmc_strlist l2_adapter_json;     /* --l2-adapter (repeatable JSON object) */
+} lmc_storage_config;
+
+/* --- Observability (ops-surface.md §3) ---------------------------------- */
+typedef struct {
+    bool disable_observability;      /* --disable-observability */
+    bool disable_metrics;            /* --disable-metrics */
+    bool disable_logging;            /* --disable-logging */
+    bool enable_tracing;             /* --enable-tracing (needs --otlp-endpoint) */
+    char *otlp_endpoint;             /* --otlp-endpoint, nullable */
+    int event_bus_queue_size;        /* --event-bus-queue-size 10000 */
+    int prometheus_port;             /* --prometheus-port 9090 */
+    double metrics_sample_rate;      /* --metrics-sample-rate 0.01, in (0,1] */
+    char *lookup_hash_log_dir;       /* --lookup-hash-log-dir "" */
+    double lookup_hash_log_rotation_interval;   /* 21600 */
+    int64_t lookup_hash_log_rotation_max_size;  /* 104857600 */
+    int lookup_hash_log_max_files;   /* 100 */
+    bool enable_gc_monitor;          /* accepted for compatibility; no effect in C */
+    double gc_monitor_min_pause_ms;  /* 1.0 */
+    int gc_monitor_top_objects;      /* 0 */
+    bool enable_extra_logging;       /* --enable-extra-logging */
+    double extra_logging_interval;   /* --extra-logging-interval 10.0, > 0 */
+    char *trace_level;               /* --trace-level storage|events, nullable */
+    char *trace_output;              /* --trace-output, nullable */
+} lmc_obs_config;
+
+typedef struct lmc_config {
+    lmc_mp_config mp;
+    lmc_runtime_plugin_config plugins;
+    lmc_p2p_config p2p;
+    lmc_http_config http;
+    lmc_coordinator_config coordinator;
+    lmc_storage_config storage;
+    lmc_obs_config obs;
+} lmc_config;
+
+typedef enum {
+    LMC_CONFIG_OK = 0,       /* cfg is filled and valid */
+    LMC_CONFIG_EXIT_OK = 1,  /* --help/--version printed; caller exits 0 */
+    LMC_CONFIG_ERROR = 2,    /* err holds a one-line message; caller exits 2 */
+} lmc_config_status;
+
+/* Fills *cfg from argv (argv[0] is the program name) and the environment
+ * envp (NULL-terminated "KEY=VALUE" array, like environ; NULL = empty).
+ * `help_out` receives --help text.  On error, `err` gets one line naming the
+ * flag and the bad value, and *cfg holds nothing that needs freeing. */
+lmc_config_status lmc_config_parse(lmc_config *cfg, int argc, char *const argv[],
+                                   char *const envp[], FILE *help_out,
+                                   char *err, size_t errlen);
+
+/* Defaults only (what parse() gives for an empty argv and environment, with
+ * a fresh random instance id).  Returns 0, or -1 on allocation failure. */
+int lmc_config_init_defaults(lmc_config *cfg);
+
+void lmc_config_free(lmc_config *cfg);
+
+/* The whole effective configuration as a JSON object, grouped as
+ * {"mp_config":{...}, "storage_manager_config":{...}, "obs_config":{...},
+ *  "http_config":{...}, "coordinator_config":{...}, "p2p_config":{...},
+ *  "runtime_plugin_config":{...}} with upstream's field names.
+ * Returns a malloc'd NUL-terminated string, or NULL on allocation failure. */
+char *lmc_config_to_json(const lmc_config *cfg);
+
+/* L1 size in bytes from the legacy flag or the first --l1-manager entry
+ * (0 if neither is set). */
+uint64_t lmc_config_l1_size_bytes(const lmc_config *cfg);
+
+#endif

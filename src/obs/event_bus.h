@@ -1,0 +1,38 @@
+/* Event bus: producers publish (type, timestamp, session id, metadata) into
+ * a bounded queue; one drain thread hands each event to every subscriber of
+ * its type.  Publishing never blocks: when the queue is full the event is
+ * dropped and counted (ops-surface.md §3). */
+#ifndef LMC_OBS_EVENT_BUS_H
+#define LMC_OBS_EVENT_BUS_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct lmc_event {
+    const char *type;         /* static string, e.g. "REPORT_BLOCK_ALLOCATION" */
+    double timestamp;         /* wall clock, seconds */
+    char session_id[64];
+    json_t *metadata;         /* owned by the event; may be NULL */
+} lmc_event;
+
+/* `type` NULL subscribes to every event.  Runs on the drain thread. */
+typedef void (*lmc_event_fn)(const lmc_event *event, void *user);
+
+typedef struct lmc_event_bus lmc_event_bus;
+
+typedef struct {
+    uint64_t published, delivered, dropped;
+    size_t queued;
+} lmc_event_bus_stats;
+
+lmc_event_bus *lmc_event_bus_new(size_t capacity);
+int lmc_event_bus_subscribe(lmc_event_bus *bus, const char *type, lmc_event_fn fn, void *user);
+/* Steals `metadata`.  Safe from any thread; never blocks on subscribers. */
+void lmc_event_bus_publish(lmc_event_bus *bus, const char *type, const char *session_id,
+                           json_t *metadata);
+lmc_event_bus_stats lmc_event_bus_get_stats(lmc_event_bus *bus);
+/* Delivers what is queued, stops the drain thread, frees everything. */
+void lmc_event_bus_free(lmc_event_bus *bus);
+
+#endif

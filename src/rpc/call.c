@@ -1,0 +1,127 @@
+#include "rpc/call.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rpc/wire.h"
+
+/* Deepest nesting any protocol payload uses is ~4; allow headroom. */
+#define ARG_MAX_DEPTH 32
+
+lmc_rpc_call *lmc_call_new(lmc_rpc_server *server, zmq_msg_t *frames, size_t nframes)
+{
+    lmc_rpc_call *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    size_t nargs = nframes > CALL_FIRST_ARG ? nframes - CALL_FIRST_ARG : 0;
+    c->frames = calloc(nframes, sizeof *c->frames);
+    c->args = calloc(nargs ? nargs : 1, sizeof *c->args);
+    c->arg_state = calloc(nargs ? nargs : 1, 1);
+    if (!c->frames || !c->args || !c->arg_state) {
+        free(c->frames);
+        free(c->args);
+        free(c->arg_state);
+        free(c);
+        return NULL;
+    }
+    for (size_t i = 0; i < nframes; i++) {
+        zmq_msg_init(&c->frames[i]);
+        zmq_msg_move(&c->frames[i], &frames[i]);
+    }
+    c->nframes = nframes;
+    c->server = server;
+    msgpack_sbuffer_init(&c->reply);
+    msgpack_packer_init(&c->packer, &c->reply, msgpack_sbuffer_write);
+    return c;
+}
+
+void lmc_call_free(lmc_rpc_call *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; i < c->nframes; i++)
+        zmq_msg_close(&c->frames[i]);
+    if (c->zone_ready)
+        msgpack_zone_destroy(&c->zone);
+    msgpack_sbuffer_destroy(&c->reply);
+    free(c->frames);
+    free(c->args);
+    free(c->arg_state);
+    free(c);
+}
+
+int lmc_rpc_call_op(const lmc_rpc_call *call)
+{
+    return call->op_id;
+}
+
+size_t lmc_rpc_call_nargs(const lmc_rpc_call *call)
+{
+    return call->nframes > CALL_FIRST_ARG ? call->nframes - CALL_FIRST_ARG : 0;
+}
+
+const uint8_t *lmc_rpc_call_arg_raw(const lmc_rpc_call *call, size_t i, size_t *len)
+{
+    if (i >= lmc_rpc_call_nargs(call))
+        return NULL;
+    zmq_msg_t *m = &((lmc_rpc_call *)call)->frames[CALL_FIRST_ARG + i];
+    *len = zmq_msg_size(m);
+    return zmq_msg_data(m);
+}
+
+const msgpack_object *lmc_rpc_call_arg(lmc_rpc_call *call, size_t i)
+{
+    if (i >= lmc_rpc_call_nargs(call))
+        return NULL;
+    if (call->arg_state[i] == 1)
+        return &call->args[i];
+    if (call->arg_state[i] == 2)
+        return NULL;
+    size_t len;
+    const uint8_t *data = lmc_rpc_call_arg_raw(call, i, &len);
+    call->arg_state[i] = 2;
+    if (!lmc_mp_validate(data, len, ARG_MAX_DEPTH))
+        return NULL;
+    if (!call->zone_ready) {
+        if (!msgpack_zone_init(&call->zone, 4096))
+            return NULL;
+        call->zone_ready = true;
+    }
+    size_t off = 0;
+    if (msgpack_unpack((const char *)data, len, &off, &call->zone, &call->args[i]) !=
+        MSGPACK_UNPACK_SUCCESS)
+        return NULL;
+    call->arg_state[i] = 1;
+    return &call->args[i];
+}
+
+const uint8_t *lmc_rpc_call_identity(const lmc_rpc_call *call, size_t *len)
+{
+    zmq_msg_t *m = &((lmc_rpc_call *)call)->frames[CALL_IDENTITY];
+    *len = zmq_msg_size(m);
+    return zmq_msg_data(m);
+}
+
+msgpack_packer *lmc_rpc_call_reply(lmc_rpc_call *call)
+{
+    return &call->packer;
+}
+
+lmc_handler_result lmc_rpc_call_fail(lmc_rpc_call *call, const char *error_type,
+                                     const char *fmt, ...)
+{
+    snprintf(call->error_type, sizeof call->error_type, "%s", error_type);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(call->error_message, sizeof call->error_message, fmt, ap);
+    va_end(ap);
+    return LMC_HANDLER_ERROR;
+}
+
+void lmc_rpc_call_complete(lmc_rpc_call *call, lmc_handler_result result)
+{
+    call->result = result;
+    lmc_server_enqueue_done(call->server, call);
+}

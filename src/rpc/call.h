@@ -1,0 +1,38 @@
+/* Internal: the in-flight request object shared by server.c and call.c. */
+#ifndef LMC_RPC_CALL_H
+#define LMC_RPC_CALL_H
+
+#include <zmq.h>
+
+#include "rpc/pool.h"
+#include "rpc/rpc.h"
+
+enum { CALL_IDENTITY = 0, CALL_UID = 1, CALL_OP = 2, CALL_FIRST_ARG = 3 };
+
+typedef struct handler_entry handler_entry;
+
+struct lmc_rpc_call {
+    lmc_pool_task task;            /* first: the pool links calls through it */
+    lmc_rpc_server *server;
+    const handler_entry *handler;
+    int op_id;
+    size_t nframes;
+    zmq_msg_t *frames;             /* identity, uid, op, payload... */
+    msgpack_zone zone;             /* decoded args live here */
+    bool zone_ready;
+    msgpack_object *args;
+    unsigned char *arg_state;      /* 0 = not decoded, 1 = ok, 2 = invalid */
+    msgpack_sbuffer reply;
+    msgpack_packer packer;
+    lmc_handler_result result;
+    char error_type[64];
+    char error_message[512];
+    struct lmc_rpc_call *next_done; /* completion queue link */
+};
+
+lmc_rpc_call *lmc_call_new(lmc_rpc_server *server, zmq_msg_t *frames, size_t nframes);
+void lmc_call_free(lmc_rpc_call *call);
+/* Hands a finished call to the socket thread (server.c). */
+void lmc_server_enqueue_done(lmc_rpc_server *server, lmc_rpc_call *call);
+
+#endif

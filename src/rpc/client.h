@@ -1,0 +1,40 @@
+/* A minimal DEALER client for the MP protocol: one request at a time,
+ * replies matched by uid.  Used by lmcache-cli and the benchmarks. */
+#ifndef LMC_RPC_CLIENT_H
+#define LMC_RPC_CLIENT_H
+
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct lmc_client lmc_client;
+
+typedef enum {
+    LMC_CLIENT_OK = 0,
+    LMC_CLIENT_TIMEOUT = -1,
+    LMC_CLIENT_REMOTE_ERROR = -2,  /* LMCACHE_RPC_ERROR_V1 frame */
+    LMC_CLIENT_IO_ERROR = -3,
+} lmc_client_status;
+
+typedef struct {
+    bool has_response;     /* false: the op returned None */
+    uint8_t *data;         /* response frame (msgpack), malloc'd */
+    size_t len;
+} lmc_client_reply;
+
+/* `url` like "tcp://localhost:5555".  NULL on failure. */
+lmc_client *lmc_client_connect(const char *url);
+void lmc_client_close(lmc_client *c);
+
+/* Sends op `op_id` with `nargs` pre-encoded msgpack payload frames and waits
+ * up to timeout_ms for the reply to this request. */
+lmc_client_status lmc_client_call(lmc_client *c, int op_id, const msgpack_sbuffer *args,
+                                  size_t nargs, int timeout_ms, lmc_client_reply *reply);
+void lmc_client_reply_free(lmc_client_reply *reply);
+
+/* Raw access for load generators: send a request without waiting; receive
+ * the next reply (any uid).  The socket is a plain ZMQ DEALER. */
+void *lmc_client_socket(lmc_client *c);
+
+#endif

@@ -1,0 +1,28 @@
+/* Worker pool with one FIFO per queue index.  Threads are striped over the
+ * queues (thread t serves queue t % n_queues), which gives both shapes the
+ * RPC server needs from one implementation:
+ *   shared pool:   1 queue, M threads;
+ *   affinity pool: N queues, N threads: a key always maps to the same
+ *                  thread, so its tasks run one at a time, in order. */
+#ifndef LMC_RPC_POOL_H
+#define LMC_RPC_POOL_H
+
+#include <stddef.h>
+
+typedef struct lmc_pool_task {
+    struct lmc_pool_task *next;
+} lmc_pool_task;
+
+typedef void (*lmc_pool_run_fn)(lmc_pool_task *task, void *user);
+
+typedef struct lmc_pool lmc_pool;
+
+/* Returns NULL on failure (threads could not be started). */
+lmc_pool *lmc_pool_new(const char *name, int n_threads, int n_queues,
+                       lmc_pool_run_fn run, void *user);
+size_t lmc_pool_queue_count(const lmc_pool *pool);
+void lmc_pool_submit(lmc_pool *pool, size_t queue_index, lmc_pool_task *task);
+/* Runs every task already queued, then joins the threads and frees the pool. */
+void lmc_pool_free(lmc_pool *pool);
+
+#endif

@@ -1,0 +1,99 @@
+/* The ZMQ RPC server: one ROUTER socket owned by one thread, a handler
+ * registry, and two worker pools (wire-protocol.md §1.4).
+ *
+ *   SYNC      runs inline on the socket thread; replies in request order.
+ *   AFFINITY  runs on one of N threads chosen by the client's routing
+ *             identity: all affinity requests of one client run on one
+ *             thread, in arrival order.
+ *   NORMAL    runs on a shared pool of M threads.
+ *
+ * Replies are only ever sent by the socket thread: workers hand finished
+ * calls back through a completion queue and an eventfd. */
+#ifndef LMC_RPC_RPC_H
+#define LMC_RPC_RPC_H
+
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    LMC_POOL_SYNC,
+    LMC_POOL_AFFINITY,
+    LMC_POOL_NORMAL,
+} lmc_pool_kind;
+
+typedef enum {
+    LMC_HANDLER_REPLY,    /* send the msgpack document written to the reply packer */
+    LMC_HANDLER_VOID,     /* send [uid, op] only: the client reads None */
+    LMC_HANDLER_ERROR,    /* log; drop (default) or send an error frame */
+    LMC_HANDLER_DEFERRED, /* the handler kept the call; lmc_rpc_call_complete() later */
+} lmc_handler_result;
+
+typedef struct lmc_rpc_call lmc_rpc_call;
+typedef lmc_handler_result (*lmc_rpc_handler_fn)(void *ctx, lmc_rpc_call *call);
+
+/* What a module contributes for one op (upstream's HandlerSpec). */
+typedef struct {
+    int op_id;            /* frozen wire id, or 0 for an op known only by name */
+    const char *op_name;  /* snake_case name; NULL means lmc_op_name(op_id) */
+    lmc_pool_kind pool;
+    lmc_rpc_handler_fn fn;
+} lmc_rpc_handler_spec;
+
+/* ---- inside a handler --------------------------------------------------- */
+int lmc_rpc_call_op(const lmc_rpc_call *call);       /* resolved op id (names map too) */
+size_t lmc_rpc_call_nargs(const lmc_rpc_call *call); /* payload frame count */
+/* Decoded payload frame i, or NULL if absent or not exactly one valid msgpack
+ * document.  Objects live until the call is completed. */
+const msgpack_object *lmc_rpc_call_arg(lmc_rpc_call *call, size_t i);
+/* Raw bytes of payload frame i (for zero-copy access to large bins). */
+const uint8_t *lmc_rpc_call_arg_raw(const lmc_rpc_call *call, size_t i, size_t *len);
+const uint8_t *lmc_rpc_call_identity(const lmc_rpc_call *call, size_t *len);
+/* Packer for the single response document of a LMC_HANDLER_REPLY. */
+msgpack_packer *lmc_rpc_call_reply(lmc_rpc_call *call);
+/* Records why the call failed; always returns LMC_HANDLER_ERROR so handlers
+ * can `return lmc_rpc_call_fail(...)`. */
+lmc_handler_result lmc_rpc_call_fail(lmc_rpc_call *call, const char *error_type,
+                                     const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Finishes a call a handler returned LMC_HANDLER_DEFERRED for.  Any thread. */
+void lmc_rpc_call_complete(lmc_rpc_call *call, lmc_handler_result result);
+
+/* ---- the server --------------------------------------------------------- */
+typedef struct lmc_rpc_server lmc_rpc_server;
+
+typedef struct {
+    const char *bind_url;   /* e.g. "tcp://localhost:5555" */
+    int normal_workers;     /* --max-cpu-workers */
+    int affinity_workers;   /* --max-gpu-workers */
+    bool error_frames;      /* reply LMCACHE_RPC_ERROR_V1 instead of dropping */
+} lmc_rpc_options;
+
+typedef struct {
+    uint64_t received;        /* messages read off the socket */
+    uint64_t replied;         /* replies sent */
+    uint64_t dropped;         /* malformed / unknown / failed, no reply */
+    uint64_t error_frames;    /* error frames sent */
+} lmc_rpc_stats;
+
+/* Binds the socket (failure: port in use, bad host) and starts the pools. */
+int lmc_rpc_server_new(const lmc_rpc_options *opts, lmc_rpc_server **out,
+                       char *err, size_t errlen);
+/* Registers `spec` with handler context `ctx`.  Call before run(). Returns
+ * -1 if the op already has a handler. */
+int lmc_rpc_server_register(lmc_rpc_server *s, const lmc_rpc_handler_spec *spec, void *ctx);
+/* Serves until lmc_rpc_server_stop() or `extra_stop_fd` (e.g. a signalfd;
+ * -1 for none) becomes readable.  Then stops receiving and drains in-flight
+ * calls (sending their replies) for at most `drain_ms`. */
+int lmc_rpc_server_run(lmc_rpc_server *s, int extra_stop_fd, int drain_ms);
+void lmc_rpc_server_stop(lmc_rpc_server *s);  /* thread-safe */
+lmc_rpc_stats lmc_rpc_server_stats(lmc_rpc_server *s);
+/* Runs what is still queued, then joins the worker threads.  After run()
+ * returned and before the handler contexts (modules) are closed. */
+void lmc_rpc_server_join_workers(lmc_rpc_server *s);
+/* Joins the workers if still running, sends replies of calls completed since
+ * (e.g. deferred calls finished by module close), closes the socket. */
+void lmc_rpc_server_free(lmc_rpc_server *s);
+
+#endif

@@ -1,0 +1,518 @@
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "obs/log.h"
+#include "rpc/call.h"
+#include "rpc/wire.h"
+
+#define MAX_FRAMES 64          /* more frames than any op takes: over-long message */
+#define RECV_BATCH 256         /* messages per wake-up before servicing completions */
+#define NAMED_OPS_MAX 64
+#define ERROR_MARKER "LMCACHE_RPC_ERROR_V1"
+#define ERROR_MESSAGE_MAX 4096
+
+struct handler_entry {
+    lmc_rpc_handler_spec spec;
+    void *ctx;
+    bool used;
+};
+
+typedef struct {
+    char name[64];
+    int pseudo_id;             /* > LMC_OP_FROZEN_MAX */
+    handler_entry entry;
+} named_handler;
+
+struct lmc_rpc_server {
+    lmc_rpc_options opts;
+    void *zctx;
+    void *socket;
+    int done_fd;               /* eventfd: completions waiting */
+    int stop_fd;               /* eventfd: lmc_rpc_server_stop() */
+    lmc_pool *normal_pool;
+    lmc_pool *affinity_pool;
+    handler_entry frozen[LMC_OP_FROZEN_MAX + 1];
+    named_handler named[NAMED_OPS_MAX];
+    size_t n_named;
+    pthread_mutex_t done_lock;
+    lmc_rpc_call *done_head;   /* LIFO; reversed when drained */
+    size_t in_flight;          /* socket thread only */
+    /* drop-log rate limit (socket thread only) */
+    time_t drop_log_second;
+    unsigned drop_logs_this_second;
+    uint64_t drops_suppressed;
+    _Atomic uint64_t n_received, n_replied, n_dropped, n_error_frames;
+};
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static void bump(_Atomic uint64_t *counter)
+{
+    atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
+}
+
+static void log_drop(lmc_rpc_server *s, const char *why)
+{
+    bump(&s->n_dropped);
+    time_t now = time(NULL);
+    if (now != s->drop_log_second) {
+        if (s->drops_suppressed)
+            LMC_WARN("rpc: %llu more malformed/unhandled requests dropped",
+                     (unsigned long long)s->drops_suppressed);
+        s->drop_log_second = now;
+        s->drop_logs_this_second = 0;
+        s->drops_suppressed = 0;
+    }
+    if (s->drop_logs_this_second++ < 10)
+        LMC_WARN("rpc: dropping request: %s", why);
+    else
+        s->drops_suppressed++;
+}
+
+static uint64_t identity_hash(const uint8_t *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+/* ---- construction ------------------------------------------------------- */
+
+static void run_pooled_call(lmc_pool_task *task, void *user);
+
+int lmc_rpc_server_new(const lmc_rpc_options *opts, lmc_rpc_server **out,
+                       char *err, size_t errlen)
+{
+    lmc_rpc_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    s->opts = *opts;
+    s->done_fd = s->stop_fd = -1;
+    pthread_mutex_init(&s->done_lock, NULL);
+    s->zctx = zmq_ctx_new();
+    s->socket = s->zctx ? zmq_socket(s->zctx, ZMQ_ROUTER) : NULL;
+    if (!s->socket) {
+        snprintf(err, errlen, "cannot create ZMQ socket: %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    int linger_ms = 1000, hwm = 0; /* 0 = unbounded: never silently drop replies */
+    zmq_setsockopt(s->socket, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
+    zmq_setsockopt(s->socket, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s->socket, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    if (zmq_bind(s->socket, opts->bind_url) != 0) {
+        snprintf(err, errlen, "cannot bind %s: %s", opts->bind_url, zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    s->done_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    s->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (s->done_fd < 0 || s->stop_fd < 0) {
+        snprintf(err, errlen, "eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    s->normal_pool = lmc_pool_new("cpu", opts->normal_workers, 1, run_pooled_call, s);
+    s->affinity_pool = lmc_pool_new("gpu", opts->affinity_workers, opts->affinity_workers,
+                                    run_pooled_call, s);
+    if (!s->normal_pool || !s->affinity_pool) {
+        snprintf(err, errlen, "cannot start worker pools (%d cpu, %d gpu workers)",
+                 opts->normal_workers, opts->affinity_workers);
+        goto fail;
+    }
+    *out = s;
+    return 0;
+fail:
+    lmc_rpc_server_free(s);
+    return -1;
+}
+
+int lmc_rpc_server_register(lmc_rpc_server *s, const lmc_rpc_handler_spec *spec, void *ctx)
+{
+    handler_entry *slot;
+    if (spec->op_id >= 1 && spec->op_id <= LMC_OP_FROZEN_MAX) {
+        slot = &s->frozen[spec->op_id];
+    } else {
+        if (spec->op_id != 0 || !spec->op_name || s->n_named == NAMED_OPS_MAX ||
+            strlen(spec->op_name) >= sizeof s->named[0].name)
+            return -1;
+        for (size_t i = 0; i < s->n_named; i++) {
+            if (strcmp(s->named[i].name, spec->op_name) == 0)
+                return -1;
+        }
+        named_handler *nh = &s->named[s->n_named];
+        snprintf(nh->name, sizeof nh->name, "%s", spec->op_name);
+        nh->pseudo_id = LMC_OP_FROZEN_MAX + 1 + (int)s->n_named;
+        s->n_named++;
+        slot = &nh->entry;
+    }
+    if (slot->used)
+        return -1;
+    slot->spec = *spec;
+    slot->ctx = ctx;
+    slot->used = true;
+    return 0;
+}
+
+/* ---- completion path ---------------------------------------------------- */
+
+void lmc_server_enqueue_done(lmc_rpc_server *s, lmc_rpc_call *call)
+{
+    pthread_mutex_lock(&s->done_lock);
+    bool was_empty = s->done_head == NULL;
+    call->next_done = s->done_head;
+    s->done_head = call;
+    pthread_mutex_unlock(&s->done_lock);
+    if (was_empty) {
+        uint64_t one = 1;
+        ssize_t w = write(s->done_fd, &one, sizeof one);
+        (void)w; /* a full eventfd counter still leaves the fd readable */
+    }
+}
+
+static void free_reply_buffer(void *data, void *hint)
+{
+    (void)hint;
+    free(data);
+}
+
+static int send_frame(lmc_rpc_server *s, zmq_msg_t *m, bool more)
+{
+    return zmq_msg_send(m, s->socket, more ? ZMQ_SNDMORE : 0) < 0 ? -1 : 0;
+}
+
+/* Sends identity, uid and op exactly as received, then `extra` frames. */
+static void send_prefix(lmc_rpc_server *s, lmc_rpc_call *c, bool more_follows)
+{
+    send_frame(s, &c->frames[CALL_IDENTITY], true);
+    send_frame(s, &c->frames[CALL_UID], true);
+    send_frame(s, &c->frames[CALL_OP], more_follows);
+}
+
+static void send_error_frames(lmc_rpc_server *s, lmc_rpc_call *c)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    size_t n = strnlen(c->error_message, ERROR_MESSAGE_MAX);
+    while (n > 0 && ((unsigned char)c->error_message[n] & 0xC0) == 0x80)
+        n--; /* never cut a UTF-8 sequence in half */
+    msgpack_pack_map(&pk, 2);
+    lmc_mp_pack_cstr(&pk, "error_type");
+    lmc_mp_pack_cstr(&pk, c->error_type[0] ? c->error_type : "RuntimeError");
+    lmc_mp_pack_cstr(&pk, "message");
+    msgpack_pack_str(&pk, n);
+    msgpack_pack_str_body(&pk, c->error_message, n);
+
+    send_prefix(s, c, true);
+    zmq_send(s->socket, ERROR_MARKER, strlen(ERROR_MARKER), ZMQ_SNDMORE);
+    zmq_send(s->socket, sb.data, sb.size, 0);
+    msgpack_sbuffer_destroy(&sb);
+    bump(&s->n_error_frames);
+}
+
+static void finish_call(lmc_rpc_server *s, lmc_rpc_call *c)
+{
+    switch (c->result) {
+    case LMC_HANDLER_REPLY: {
+        zmq_msg_t body;
+        size_t size = c->reply.size;
+        char *data = msgpack_sbuffer_release(&c->reply);
+        if (zmq_msg_init_data(&body, data, size, free_reply_buffer, NULL) != 0) {
+            free(data);
+            log_drop(s, "cannot allocate reply");
+            break;
+        }
+        send_prefix(s, c, true);
+        send_frame(s, &body, false);
+        bump(&s->n_replied);
+        break;
+    }
+    case LMC_HANDLER_VOID:
+        send_prefix(s, c, false);
+        bump(&s->n_replied);
+        break;
+    case LMC_HANDLER_ERROR:
+    default: {
+        char why[640];
+        snprintf(why, sizeof why, "%s failed: %s", lmc_op_name(c->op_id) ? lmc_op_name(c->op_id) : "op",
+                 c->error_message[0] ? c->error_message : "handler error");
+        log_drop(s, why);
+        if (s->opts.error_frames)
+            send_error_frames(s, c);
+        break;
+    }
+    }
+    lmc_call_free(c);
+}
+
+static void drain_completions(lmc_rpc_server *s)
+{
+    uint64_t counter;
+    ssize_t r = read(s->done_fd, &counter, sizeof counter);
+    (void)r;
+    pthread_mutex_lock(&s->done_lock);
+    lmc_rpc_call *list = s->done_head;
+    s->done_head = NULL;
+    pthread_mutex_unlock(&s->done_lock);
+    lmc_rpc_call *ordered = NULL; /* reverse the LIFO into completion order */
+    while (list) {
+        lmc_rpc_call *next = list->next_done;
+        list->next_done = ordered;
+        ordered = list;
+        list = next;
+    }
+    while (ordered) {
+        lmc_rpc_call *next = ordered->next_done;
+        finish_call(s, ordered);
+        s->in_flight--;
+        ordered = next;
+    }
+}
+
+static void run_pooled_call(lmc_pool_task *task, void *user)
+{
+    (void)user;
+    lmc_rpc_call *c = (lmc_rpc_call *)task;
+    lmc_handler_result r = c->handler->spec.fn(c->handler->ctx, c);
+    if (r != LMC_HANDLER_DEFERRED)
+        lmc_rpc_call_complete(c, r);
+}
+
+/* ---- request path ------------------------------------------------------- */
+
+/* Resolves the op frame (msgpack int id or str name) to a handler. */
+static const handler_entry *resolve_op(lmc_rpc_server *s, zmq_msg_t *op_frame, int *op_id,
+                                       char *why, size_t whylen)
+{
+    const uint8_t *data = zmq_msg_data(op_frame);
+    size_t len = zmq_msg_size(op_frame);
+    msgpack_unpacked up;
+    const handler_entry *found = NULL;
+    *op_id = 0;
+    if (!lmc_mp_validate(data, len, 1)) {
+        snprintf(why, whylen, "undecodable op frame (%zu bytes)", len);
+        return NULL;
+    }
+    msgpack_unpacked_init(&up);
+    size_t off = 0;
+    msgpack_unpack_next(&up, (const char *)data, len, &off);
+    const msgpack_object *o = &up.data;
+    int64_t id;
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && lmc_mp_get_int(o, &id)) {
+        if (id >= 1 && id <= LMC_OP_FROZEN_MAX && s->frozen[id].used) {
+            *op_id = (int)id;
+            found = &s->frozen[id];
+        } else {
+            snprintf(why, whylen, "no handler registered for request type %lld", (long long)id);
+        }
+    } else if (o->type == MSGPACK_OBJECT_STR) {
+        int fid = lmc_op_id_from_name(o->via.str.ptr, o->via.str.size);
+        if (fid && s->frozen[fid].used) {
+            *op_id = fid;
+            found = &s->frozen[fid];
+        }
+        for (size_t i = 0; !found && i < s->n_named; i++) {
+            if (strlen(s->named[i].name) == o->via.str.size &&
+                memcmp(s->named[i].name, o->via.str.ptr, o->via.str.size) == 0) {
+                *op_id = s->named[i].pseudo_id;
+                found = &s->named[i].entry;
+            }
+        }
+        if (!found)
+            snprintf(why, whylen, "no handler registered for request type '%.*s'",
+                     (int)(o->via.str.size > 64 ? 64 : o->via.str.size), o->via.str.ptr);
+    } else {
+        snprintf(why, whylen, "op frame is neither an int nor a str");
+    }
+    msgpack_unpacked_destroy(&up);
+    return found;
+}
+
+static void dispatch(lmc_rpc_server *s, zmq_msg_t *frames, size_t n)
+{
+    char why[160];
+    int op_id;
+    if (n < 3) {
+        snprintf(why, sizeof why, "message has %zu frames, need identity, uid and op", n);
+        log_drop(s, why);
+        return;
+    }
+    const handler_entry *h = resolve_op(s, &frames[CALL_OP], &op_id, why, sizeof why);
+    lmc_rpc_call *c = lmc_call_new(s, frames, n);
+    if (!c) {
+        log_drop(s, "out of memory");
+        return;
+    }
+    c->op_id = op_id;
+    c->handler = h;
+    if (!h) {
+        lmc_rpc_call_fail(c, "ValueError", "%s", why);
+        c->result = LMC_HANDLER_ERROR;
+        finish_call(s, c);
+        return;
+    }
+    switch (h->spec.pool) {
+    case LMC_POOL_SYNC:
+        c->result = h->spec.fn(h->ctx, c);
+        if (c->result != LMC_HANDLER_DEFERRED)
+            finish_call(s, c);
+        else
+            s->in_flight++;
+        return;
+    case LMC_POOL_AFFINITY: {
+        size_t idlen;
+        const uint8_t *id = lmc_rpc_call_identity(c, &idlen);
+        s->in_flight++;
+        lmc_pool_submit(s->affinity_pool,
+                        identity_hash(id, idlen) % lmc_pool_queue_count(s->affinity_pool),
+                        &c->task);
+        return;
+    }
+    case LMC_POOL_NORMAL:
+    default:
+        s->in_flight++;
+        lmc_pool_submit(s->normal_pool, 0, &c->task);
+        return;
+    }
+}
+
+/* Reads one whole multipart message.  Returns 0, or -1 when none is ready. */
+static int receive_message(lmc_rpc_server *s)
+{
+    zmq_msg_t frames[MAX_FRAMES];
+    size_t n = 0, total = 0;
+    int more = 1;
+    while (more) {
+        /* Frames past the limit are read into a scratch slot and discarded. */
+        zmq_msg_t *slot = &frames[n < MAX_FRAMES ? n : MAX_FRAMES - 1];
+        if (n == MAX_FRAMES)
+            zmq_msg_close(slot);
+        zmq_msg_init(slot);
+        if (zmq_msg_recv(slot, s->socket, total == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            zmq_msg_close(slot);
+            if (total == 0)
+                return -1;
+            break; /* multipart delivery is atomic; only on shutdown */
+        }
+        more = zmq_msg_more(slot);
+        if (n < MAX_FRAMES)
+            n++;
+        total++;
+    }
+    bump(&s->n_received);
+    if (total > MAX_FRAMES) {
+        char why[96];
+        snprintf(why, sizeof why, "message has %zu frames (limit %d)", total, MAX_FRAMES);
+        log_drop(s, why);
+    } else {
+        dispatch(s, frames, n);
+    }
+    for (size_t i = 0; i < n; i++)
+        zmq_msg_close(&frames[i]); /* moved-from frames are empty: closing is a no-op */
+    return 0;
+}
+
+/* ---- main loop ---------------------------------------------------------- */
+
+static void drain_in_flight(lmc_rpc_server *s, int drain_ms)
+{
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    while (s->in_flight > 0) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long elapsed = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
+        if (elapsed >= drain_ms) {
+            LMC_WARN("rpc: %zu request(s) still running after %d ms drain", s->in_flight, drain_ms);
+            return;
+        }
+        struct pollfd p = {.fd = s->done_fd, .events = POLLIN};
+        if (poll(&p, 1, (int)(drain_ms - elapsed)) > 0)
+            drain_completions(s);
+    }
+}
+
+int lmc_rpc_server_run(lmc_rpc_server *s, int extra_stop_fd, int drain_ms)
+{
+    zmq_pollitem_t items[4] = {
+        {.socket = s->socket, .events = ZMQ_POLLIN},
+        {.fd = s->done_fd, .events = ZMQ_POLLIN},
+        {.fd = s->stop_fd, .events = ZMQ_POLLIN},
+        {.fd = extra_stop_fd, .events = ZMQ_POLLIN},
+    };
+    int nitems = extra_stop_fd >= 0 ? 4 : 3;
+    for (;;) {
+        if (zmq_poll(items, nitems, -1) < 0) {
+            if (zmq_errno() == EINTR)
+                continue;
+            LMC_ERROR("rpc: poll failed: %s", zmq_strerror(zmq_errno()));
+            return -1;
+        }
+        if (items[2].revents || (nitems == 4 && items[3].revents))
+            break;
+        if (items[1].revents)
+            drain_completions(s);
+        if (items[0].revents) {
+            for (int i = 0; i < RECV_BATCH && receive_message(s) == 0; i++) {
+            }
+        }
+    }
+    LMC_INFO("rpc: stopping: no new requests; draining %zu in flight", s->in_flight);
+    drain_in_flight(s, drain_ms);
+    return 0;
+}
+
+void lmc_rpc_server_stop(lmc_rpc_server *s)
+{
+    uint64_t one = 1;
+    ssize_t w = write(s->stop_fd, &one, sizeof one);
+    (void)w;
+}
+
+lmc_rpc_stats lmc_rpc_server_stats(lmc_rpc_server *s)
+{
+    lmc_rpc_stats st = {
+        .received = atomic_load(&s->n_received),
+        .replied = atomic_load(&s->n_replied),
+        .dropped = atomic_load(&s->n_dropped),
+        .error_frames = atomic_load(&s->n_error_frames),
+    };
+    return st;
+}
+
+void lmc_rpc_server_join_workers(lmc_rpc_server *s)
+{
+    lmc_pool_free(s->normal_pool);
+    lmc_pool_free(s->affinity_pool);
+    s->normal_pool = s->affinity_pool = NULL;
+}
+
+void lmc_rpc_server_free(lmc_rpc_server *s)
+{
+    if (!s)
+        return;
+    lmc_rpc_server_join_workers(s);
+    if (s->done_fd >= 0 && s->socket)
+        drain_completions(s); /* replies of calls finished while closing */
+    if (s->socket)
+        zmq_close(s->socket);
+    if (s->zctx)
+        zmq_ctx_term(s->zctx);
+    if (s->done_fd >= 0)
+        close(s->done_fd);
+    if (s->stop_fd >= 0)
+        close(s->stop_fd);
+    pthread_mutex_destroy(&s->done_lock);
+    free(s);
+}

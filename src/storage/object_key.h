@@ -1,0 +1,96 @@
+/* ObjectKey: the identity of one stored chunk object (storage.md §4.0).
+ *
+ *   (chunk_hash, model_name, kv_rank, object_group_id, cache_salt)
+ *
+ * Keys are small fixed-size values so they can live inside hash tables.
+ * The two strings are borrowed: they point at interned strings (see
+ * lmc_key_interner) that stay valid for the interner's lifetime, so copying a
+ * key is a plain struct copy. */
+#ifndef LMC_STORAGE_OBJECT_KEY_H
+#define LMC_STORAGE_OBJECT_KEY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LMC_CHUNK_HASH_MAX 32
+#define LMC_CACHE_SALT_MAX 128
+
+typedef struct lmc_object_key {
+    uint8_t chunk_hash[LMC_CHUNK_HASH_MAX];
+    uint8_t chunk_hash_len;       /* 32 for blake3/sha256_cbor */
+    uint32_t kv_rank;             /* packed, see lmc_kv_rank_pack() */
+    uint32_t object_group_id;
+    const char *model_name;       /* interned, never NULL */
+    const char *cache_salt;       /* interned, "" when absent, never NULL */
+} lmc_object_key;
+
+/* (world_size<<24) | (global_rank<<16) | (local_world_size<<8) | local_rank */
+static inline uint32_t lmc_kv_rank_pack(uint32_t world_size, uint32_t global_rank,
+                                        uint32_t local_world_size, uint32_t local_rank)
+{
+    return ((world_size & 0xffu) << 24) | ((global_rank & 0xffu) << 16) |
+           ((local_world_size & 0xffu) << 8) | (local_rank & 0xffu);
+}
+
+/* What the server uses for worker `rank` of `world_size`. */
+static inline uint32_t lmc_kv_rank_for_worker(uint32_t world_size, uint32_t rank)
+{
+    return lmc_kv_rank_pack(world_size, rank, world_size, rank);
+}
+
+static inline bool lmc_object_key_equal(const lmc_object_key *a, const lmc_object_key *b)
+{
+    return a->chunk_hash_len == b->chunk_hash_len && a->kv_rank == b->kv_rank &&
+           a->object_group_id == b->object_group_id &&
+           memcmp(a->chunk_hash, b->chunk_hash, a->chunk_hash_len) == 0 &&
+           (a->model_name == b->model_name || strcmp(a->model_name, b->model_name) == 0) &&
+           (a->cache_salt == b->cache_salt || strcmp(a->cache_salt, b->cache_salt) == 0);
+}
+
+/* Table hash.  The chunk hash is already uniformly random, so its first 8
+ * bytes mixed with rank and group spread keys well; keys that differ only in
+ * model or salt merely share a bucket. */
+static inline uint64_t lmc_object_key_hash(const lmc_object_key *k)
+{
+    uint64_t h = 0;
+    memcpy(&h, k->chunk_hash, k->chunk_hash_len < 8 ? k->chunk_hash_len : 8);
+    h ^= ((uint64_t)k->kv_rank << 32) ^ k->object_group_id;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    return h;
+}
+
+/* ---- Interning (thread-safe) ------------------------------------------- */
+typedef struct lmc_key_interner lmc_key_interner;
+
+lmc_key_interner *lmc_key_interner_new(void);
+void lmc_key_interner_free(lmc_key_interner *in);
+/* Returns a pointer, stable until the interner is freed, to a copy of `s`
+ * (length `len`, need not be NUL-terminated).  NULL on allocation failure. */
+const char *lmc_intern(lmc_key_interner *in, const char *s, size_t len);
+
+/* ---- Validation --------------------------------------------------------- */
+/* Model names must be non-empty and not contain '@' (or NUL). */
+bool lmc_model_name_valid(const char *s, size_t len);
+/* Salts: at most 128 chars, none of '@' '/' '\\' NUL. "" is valid. */
+bool lmc_cache_salt_valid(const char *s, size_t len);
+
+/* ---- Text forms (storage.md §4.0) -------------------------------------- */
+/* Canonical string key:
+ *   <model>@<kv_rank %08x>@<group %x>@<hash hex>[@<salt>]
+ * Filesystem name:
+ *   <model, "/"→"-SEP-">@0x<kv_rank %08x>@<group %x>@<hash hex>[@<salt>].data
+ * Both return the number of characters written (excluding NUL), or -1 if
+ * `cap` is too small. */
+int lmc_object_key_to_string(const lmc_object_key *k, char *out, size_t cap);
+int lmc_object_key_to_filename(const lmc_object_key *k, char *out, size_t cap);
+
+/* Parse the forms above back into a key whose strings are interned in `in`.
+ * Return 0 on success, -1 for anything that is not exactly such a form. */
+int lmc_object_key_parse_string(lmc_key_interner *in, const char *s, lmc_object_key *out);
+int lmc_object_key_parse_filename(lmc_key_interner *in, const char *name, lmc_object_key *out);
+
+#endif

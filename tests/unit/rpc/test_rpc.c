@@ -1,0 +1,409 @@
+/* RPC core: real ROUTER server in a thread, real DEALER sockets. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+#include <cmocka.h>
+
+#include "rpc/client.h"
+#include "rpc/rpc.h"
+#include "rpc/wire.h"
+
+#define URL "tcp://127.0.0.1:45871"
+
+typedef struct {
+    lmc_rpc_server *server;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    int order[2][64];   /* per client: sequence numbers in execution order */
+    int n_order[2];
+} fixture;
+
+static void *serve(void *arg)
+{
+    fixture *f = arg;
+    lmc_rpc_server_run(f->server, -1, 2000);
+    return NULL;
+}
+
+static lmc_handler_result h_noop(void *ctx, lmc_rpc_call *call)
+{
+    (void)ctx;
+    lmc_mp_pack_cstr(lmc_rpc_call_reply(call), "OK");
+    return LMC_HANDLER_REPLY;
+}
+
+static lmc_handler_result h_void(void *ctx, lmc_rpc_call *call)
+{
+    (void)ctx;
+    (void)call;
+    return LMC_HANDLER_VOID;
+}
+
+/* Echoes the sum of its int args; wrong types fail. */
+static lmc_handler_result h_sum(void *ctx, lmc_rpc_call *call)
+{
+    (void)ctx;
+    int64_t total = 0;
+    for (size_t i = 0; i < lmc_rpc_call_nargs(call); i++) {
+        const msgpack_object *o = lmc_rpc_call_arg(call, i);
+        int64_t v;
+        if (!o || !lmc_mp_get_int(o, &v))
+            return lmc_rpc_call_fail(call, "TypeError", "arg %zu is not an int", i);
+        total += v;
+    }
+    msgpack_pack_int64(lmc_rpc_call_reply(call), total);
+    return LMC_HANDLER_REPLY;
+}
+
+/* args: client index, sequence number.  Sleeps a little so that a pool that
+ * reordered work would show it. */
+static lmc_handler_result h_ordered(void *ctx, lmc_rpc_call *call)
+{
+    fixture *f = ctx;
+    int64_t client, seq;
+    lmc_mp_get_int(lmc_rpc_call_arg(call, 0), &client);
+    lmc_mp_get_int(lmc_rpc_call_arg(call, 1), &seq);
+    usleep((useconds_t)((seq * 7919) % 500));
+    pthread_mutex_lock(&f->lock);
+    f->order[client][f->n_order[client]++] = (int)seq;
+    pthread_mutex_unlock(&f->lock);
+    msgpack_pack_int64(lmc_rpc_call_reply(call), seq);
+    return LMC_HANDLER_REPLY;
+}
+
+static void *complete_later(void *arg)
+{
+    lmc_rpc_call *call = arg;
+    usleep(20000);
+    msgpack_pack_int(lmc_rpc_call_reply(call), 42);
+    lmc_rpc_call_complete(call, LMC_HANDLER_REPLY);
+    return NULL;
+}
+
+static lmc_handler_result h_deferred(void *ctx, lmc_rpc_call *call)
+{
+    (void)ctx;
+    pthread_t t;
+    pthread_create(&t, NULL, complete_later, call);
+    pthread_detach(t);
+    return LMC_HANDLER_DEFERRED;
+}
+
+static int start(void **state, bool error_frames)
+{
+    fixture *f = calloc(1, sizeof *f);
+    pthread_mutex_init(&f->lock, NULL);
+    lmc_rpc_options o = {URL, 3, 4, error_frames};
+    char err[256];
+    if (lmc_rpc_server_new(&o, &f->server, err, sizeof err) != 0) {
+        fprintf(stderr, "%s\n", err);
+        return -1;
+    }
+    lmc_rpc_handler_spec specs[] = {
+        {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, h_noop},
+        {LMC_OP_CLEAR, NULL, LMC_POOL_NORMAL, h_void},
+        {LMC_OP_GET_CHUNK_SIZE, NULL, LMC_POOL_NORMAL, h_sum},
+        {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, h_ordered},
+        {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, h_deferred},
+        {0, "store_with_chunk_events", LMC_POOL_SYNC, h_noop},
+    };
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
+        assert_int_equal(lmc_rpc_server_register(f->server, &specs[i], f), 0);
+    assert_int_equal(lmc_rpc_server_register(f->server, &specs[0], f), -1); /* twice */
+    pthread_create(&f->thread, NULL, serve, f);
+    *state = f;
+    return 0;
+}
+
+static int setup(void **state) { return start(state, false); }
+static int setup_error_frames(void **state) { return start(state, true); }
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    lmc_rpc_server_stop(f->server);
+    pthread_join(f->thread, NULL);
+    lmc_rpc_server_free(f->server);
+    pthread_mutex_destroy(&f->lock);
+    free(f);
+    return 0;
+}
+
+/* ---- raw DEALER helpers ------------------------------------------------- */
+
+static void *dealer(void *zctx)
+{
+    void *s = zmq_socket(zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_connect(s, URL), 0);
+    return s;
+}
+
+static void send_frames(void *s, const char *const *frames, const size_t *lens, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        zmq_send(s, frames[i], lens[i], i + 1 < n ? ZMQ_SNDMORE : 0);
+}
+
+/* Receives one reply into bufs; returns the frame count, 0 on timeout. */
+static size_t recv_frames(void *s, char bufs[][256], size_t *lens, int timeout_ms)
+{
+    zmq_pollitem_t it = {.socket = s, .events = ZMQ_POLLIN};
+    if (zmq_poll(&it, 1, timeout_ms) <= 0)
+        return 0;
+    size_t n = 0;
+    int more = 1;
+    while (more && n < 8) {
+        int r = zmq_recv(s, bufs[n], 256, 0);
+        lens[n++] = (size_t)r;
+        size_t sz = sizeof more;
+        zmq_getsockopt(s, ZMQ_RCVMORE, &more, &sz);
+    }
+    return n;
+}
+
+static void test_sync_reply_bytes_and_verbatim_echo(void **state)
+{
+    (void)state;
+    void *z = zmq_ctx_new(), *s = dealer(z);
+    /* uid 5 in a non-minimal uint16 form: must come back byte for byte. */
+    const char *fr[] = {"\xcd\x00\x05", "\x18"};
+    size_t ln[] = {3, 1};
+    send_frames(s, fr, ln, 2);
+    char b[8][256];
+    size_t l[8];
+    assert_int_equal(recv_frames(s, b, l, 2000), 3);
+    assert_int_equal(l[0], 3);
+    assert_memory_equal(b[0], "\xcd\x00\x05", 3);
+    assert_int_equal(l[1], 1);
+    assert_memory_equal(b[1], "\x18", 1);
+    assert_int_equal(l[2], 3);
+    assert_memory_equal(b[2], "\xa2OK", 3);
+    zmq_close(s);
+    zmq_ctx_term(z);
+}
+
+static void test_void_reply_has_no_response_frame(void **state)
+{
+    (void)state;
+    void *z = zmq_ctx_new(), *s = dealer(z);
+    const char *fr[] = {"\x07", "\x14"};
+    size_t ln[] = {1, 1};
+    send_frames(s, fr, ln, 2);
+    char b[8][256];
+    size_t l[8];
+    assert_int_equal(recv_frames(s, b, l, 2000), 2);
+    assert_memory_equal(b[0], "\x07", 1);
+    assert_memory_equal(b[1], "\x14", 1);
+    zmq_close(s);
+    zmq_ctx_term(z);
+}
+
+static void test_string_op_names(void **state)
+{
+    (void)state;
+    void *z = zmq_ctx_new(), *s = dealer(z);
+    const char *fr[] = {"\x01", "\xa4noop"};
+    size_t ln[] = {1, 5};
+    send_frames(s, fr, ln, 2);
+    char b[8][256];
+    size_t l[8];
+    assert_int_equal(recv_frames(s, b, l, 2000), 3);
+    assert_memory_equal(b[1], "\xa4noop", 5);
+    assert_memory_equal(b[2], "\xa2OK", 3);
+    const char *fr2[] = {"\x02", "\xb7store_with_chunk_events"};
+    size_t ln2[] = {1, 24};
+    send_frames(s, fr2, ln2, 2);
+    assert_int_equal(recv_frames(s, b, l, 2000), 3);
+    assert_memory_equal(b[2], "\xa2OK", 3);
+    zmq_close(s);
+    zmq_ctx_term(z);
+}
+
+static void test_garbage_is_dropped_and_server_keeps_serving(void **state)
+{
+    (void)state;
+    void *z = zmq_ctx_new(), *s = dealer(z);
+    char b[8][256];
+    size_t l[8];
+    const char *cases[][3] = {
+        {"\x01", NULL, NULL},                  /* too short */
+        {"\x01", "\x63", NULL},                /* unknown int op 99 */
+        {"\x01", "\xa3zzz", NULL},             /* unknown str op */
+        {"\x01", "\xc1", NULL},                /* never-used byte */
+        {"\x01", "\x92\x01", NULL},            /* truncated array */
+        {"\x01", "\x15", "\xa1x"},             /* wrong arg type */
+        {"\x01", "\x15", "\xdd\xff\xff\xff\xff"}, /* absurd array length */
+    };
+    size_t lens[][3] = {{1}, {1, 1}, {1, 4}, {1, 1}, {1, 2}, {1, 1, 2}, {1, 1, 5}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        size_t n = cases[c][1] ? (cases[c][2] ? 3 : 2) : 1;
+        send_frames(s, cases[c], lens[c], n);
+    }
+    for (int i = 0; i < 2000; i++) {
+        char junk[32];
+        for (size_t k = 0; k < sizeof junk; k++)
+            junk[k] = (char)(rand() & 0xff);
+        const char *fr[] = {junk, junk + 1, junk + 9};
+        size_t ln[] = {(size_t)(rand() % 4), (size_t)(rand() % 8), (size_t)(rand() % 23)};
+        send_frames(s, fr, ln, (size_t)(1 + rand() % 3));
+    }
+    /* Nothing answered, and a valid request still is. */
+    const char *ok[] = {"\x09", "\x18"};
+    size_t okl[] = {1, 1};
+    send_frames(s, ok, okl, 2);
+    size_t n;
+    do {
+        n = recv_frames(s, b, l, 5000);
+    } while (n && !(l[0] == 1 && b[0][0] == 0x09));
+    assert_int_equal(n, 3);
+    assert_memory_equal(b[2], "\xa2OK", 3);
+    zmq_close(s);
+    zmq_ctx_term(z);
+}
+
+static void test_client_call_and_args(void **state)
+{
+    (void)state;
+    lmc_client *c = lmc_client_connect(URL);
+    msgpack_sbuffer args[3];
+    int64_t vals[] = {40, -5, 7};
+    for (int i = 0; i < 3; i++) {
+        msgpack_packer pk;
+        msgpack_sbuffer_init(&args[i]);
+        msgpack_packer_init(&pk, &args[i], msgpack_sbuffer_write);
+        msgpack_pack_int64(&pk, vals[i]);
+    }
+    lmc_client_reply r;
+    assert_int_equal(lmc_client_call(c, LMC_OP_GET_CHUNK_SIZE, args, 3, 2000, &r), LMC_CLIENT_OK);
+    assert_true(r.has_response);
+    assert_int_equal(r.len, 1);
+    assert_int_equal(r.data[0], 42);
+    lmc_client_reply_free(&r);
+    /* Deferred completion from another thread. */
+    assert_int_equal(lmc_client_call(c, LMC_OP_WAIT_PREFETCH_STATUS, NULL, 0, 2000, &r),
+                     LMC_CLIENT_OK);
+    assert_int_equal(r.data[0], 42);
+    lmc_client_reply_free(&r);
+    /* A handler failure is silent by default: the client times out. */
+    msgpack_sbuffer_destroy(&args[0]);
+    msgpack_sbuffer_init(&args[0]);
+    msgpack_sbuffer_write(&args[0], "\xa1x", 2);
+    assert_int_equal(lmc_client_call(c, LMC_OP_GET_CHUNK_SIZE, args, 1, 300, &r),
+                     LMC_CLIENT_TIMEOUT);
+    for (int i = 0; i < 3; i++)
+        msgpack_sbuffer_destroy(&args[i]);
+    lmc_client_close(c);
+}
+
+static void test_error_frames_when_enabled(void **state)
+{
+    (void)state;
+    void *z = zmq_ctx_new(), *s = dealer(z);
+    const char *fr[] = {"\x03", "\x63"};
+    size_t ln[] = {1, 1};
+    send_frames(s, fr, ln, 2);
+    char b[8][256];
+    size_t l[8];
+    assert_int_equal(recv_frames(s, b, l, 2000), 4);
+    assert_memory_equal(b[0], "\x03", 1);
+    assert_memory_equal(b[1], "\x63", 1);
+    assert_int_equal(l[2], 20);
+    assert_memory_equal(b[2], "LMCACHE_RPC_ERROR_V1", 20);
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    size_t off = 0;
+    assert_int_equal(msgpack_unpack_next(&up, b[3], l[3], &off), MSGPACK_UNPACK_SUCCESS);
+    assert_true(lmc_mp_str_eq(lmc_mp_map_get(&up.data, "error_type"), "ValueError"));
+    const msgpack_object *msg = lmc_mp_map_get(&up.data, "message");
+    assert_non_null(msg);
+    assert_non_null(memmem(msg->via.str.ptr, msg->via.str.size, "99", 2));
+    msgpack_unpacked_destroy(&up);
+    zmq_close(s);
+    zmq_ctx_term(z);
+}
+
+/* Two clients pipeline 40 affinity requests each: every client's requests
+ * execute in the order sent, although handlers sleep for varying times. */
+static void test_affinity_fifo_per_client(void **state)
+{
+    fixture *f = *state;
+    void *z = zmq_ctx_new(), *s[2] = {dealer(z), dealer(z)};
+    for (int seq = 0; seq < 40; seq++) {
+        for (int c = 0; c < 2; c++) {
+            char uid = (char)seq, a0 = (char)c, a1 = (char)seq;
+            const char *fr[] = {&uid, "\x10", &a0, &a1};
+            size_t ln[] = {1, 1, 1, 1};
+            send_frames(s[c], fr, ln, 4);
+        }
+    }
+    char b[8][256];
+    size_t l[8];
+    for (int c = 0; c < 2; c++) {
+        for (int i = 0; i < 40; i++)
+            assert_int_equal(recv_frames(s[c], b, l, 5000), 3);
+    }
+    for (int c = 0; c < 2; c++) {
+        assert_int_equal(f->n_order[c], 40);
+        for (int i = 0; i < 40; i++)
+            assert_int_equal(f->order[c][i], i);
+    }
+    zmq_close(s[0]);
+    zmq_close(s[1]);
+    zmq_ctx_term(z);
+}
+
+static void test_validate(void **state)
+{
+    (void)state;
+    struct { const char *b; size_t n; bool ok; } v[] = {
+        {"\x00", 1, true}, {"\xc0", 1, true}, {"\xc1", 1, false}, {"", 0, false},
+        {"\x92\x01\x02", 3, true}, {"\x92\x01", 2, false}, {"\x01\x02", 2, false},
+        {"\x81\xa1k\x90", 4, true}, {"\x81\xa1k", 3, false}, {"\xcd\x01", 2, false},
+        {"\xc4\x03" "ab", 4, false}, {"\xc4\x02" "ab", 4, true}, {"\xdd\x7f\xff\xff\xff", 5, false},
+        {"\xd4\x01\x02", 3, true}, {"\xc7\x01\x01\x02", 4, true}, {"\xcb\x00", 2, false},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        assert_int_equal(lmc_mp_validate((const uint8_t *)v[i].b, v[i].n, 8), v[i].ok);
+    uint8_t deep[40];
+    memset(deep, 0x91, sizeof deep);
+    deep[39] = 0x00;
+    assert_false(lmc_mp_validate(deep, sizeof deep, 32));
+    assert_true(lmc_mp_validate(deep + 20, 20, 32));
+}
+
+static void test_op_table(void **state)
+{
+    (void)state;
+    assert_string_equal(lmc_op_name(24), "noop");
+    assert_string_equal(lmc_op_name(14), "register_kv_cache_engine_driven_context");
+    assert_int_equal(lmc_op_id_from_name("lookup", 6), 8);
+    assert_int_equal(lmc_op_id_from_name("get_experimental", 16), 32);
+    assert_int_equal(lmc_op_id_from_name("nope", 4), 0);
+    assert_null(lmc_op_name(0));
+    assert_null(lmc_op_name(35));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_validate),
+        cmocka_unit_test(test_op_table),
+        cmocka_unit_test_setup_teardown(test_sync_reply_bytes_and_verbatim_echo, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_void_reply_has_no_response_frame, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_string_op_names, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_garbage_is_dropped_and_server_keeps_serving, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_client_call_and_args, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_affinity_fifo_per_client, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_error_frames_when_enabled, setup_error_frames,
+                                        teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
