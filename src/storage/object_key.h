@@ -88,8 +88,18 @@ bool lmc_cache_salt_valid(const char *s, size_t len);
 int lmc_object_key_to_string(const lmc_object_key *k, char *out, size_t cap);
 int lmc_object_key_to_filename(const lmc_object_key *k, char *out, size_t cap);
 
+/* A buffer of this many bytes is always large enough for either form. */
+size_t lmc_object_key_text_cap(const lmc_object_key *k);
+
 /* Parse the forms above back into a key whose strings are interned in `in`.
- * Return 0 on success, -1 for anything that is not exactly such a form. */
+ * Return 0 on success, -1 for anything that is not exactly such a form.
+ * Only what the printers produce is accepted, so that every accepted text
+ * prints back identically: lowercase hex only, kv_rank exactly 8 digits
+ * (filenames: "0x" + 8), object_group_id 1..8 digits without leading zeros,
+ * a non-empty hash of even length up to 64 digits, 4 fields, or 5 with a
+ * non-empty valid salt, and for filenames the ".data" suffix and no '/'.
+ * The filename form maps every "-SEP-" back to '/', so a model name that
+ * itself contains "-SEP-" does not survive key -> filename -> key. */
 int lmc_object_key_parse_string(lmc_key_interner *in, const char *s, lmc_object_key *out);
 int lmc_object_key_parse_filename(lmc_key_interner *in, const char *name, lmc_object_key *out);
 
