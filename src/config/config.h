@@ -171,4 +171,75 @@ char *lmc_config_to_json(const lmc_config *cfg);
  * (0 if neither is set). */
 uint64_t lmc_config_l1_size_bytes(const lmc_config *cfg);
 
+/* --- Flag table (read-only; drives parsing, --help, JSON and the docs) --- */
+
+/* Help sections, in --help order. */
+typedef enum {
+    LMC_FG_MP,
+    LMC_FG_PLUGINS,
+    LMC_FG_P2P,
+    LMC_FG_HTTP,
+    LMC_FG_COORD,
+    LMC_FG_L1,
+    LMC_FG_L2,
+    LMC_FG_OBS,
+    LMC_FG_COUNT
+} lmc_flag_group;
+
+typedef enum {
+    LMC_FK_STR,      /* char *, never NULL after defaults */
+    LMC_FK_NSTR,     /* char *, NULL = None */
+    LMC_FK_INT,      /* int */
+    LMC_FK_I64,      /* int64_t */
+    LMC_FK_DBL,      /* double */
+    LMC_FK_OPT_DBL,  /* lmc_opt_double */
+    LMC_FK_BOOL,     /* bool, argparse BooleanOptionalAction (--x / --no-x) */
+    LMC_FK_TRUE,     /* bool, store_true (lmcached also accepts --no-x) */
+    LMC_FK_APPEND,   /* lmc_strlist, one value per occurrence */
+    LMC_FK_NARGS,    /* lmc_strlist, nargs='*' (last occurrence wins) */
+} lmc_flag_kind;
+
+/* lmc_config_flag.range: checked after parsing when LMC_RANGE_CHECK is set. */
+enum {
+    LMC_RANGE_CHECK = 1u << 0,
+    LMC_RANGE_MIN_OPEN = 1u << 1,  /* value > min (else >= min) */
+    LMC_RANGE_HAS_MAX = 1u << 2,
+    LMC_RANGE_FINITE = 1u << 3,    /* doubles: reject inf/nan */
+};
+
+enum {
+    LMC_FF_ADDITION = 1u << 0,     /* lmcached addition, not an upstream flag */
+    LMC_FF_JSON = 1u << 1,         /* value(s) are JSON text, rendered parsed */
+    LMC_FF_DERIVED = 1u << 2,      /* default computed from another flag */
+    LMC_FF_LOG_LEVEL = 1u << 3,    /* lmc_log_level_parse(); stored canonical */
+};
+
+typedef struct {
+    const char *name;              /* without the leading "--" */
+    lmc_flag_group group;
+    lmc_flag_kind kind;
+    size_t offset;                 /* into lmc_config */
+    const char *def;               /* default as argv text; NULL = None */
+    const char *def_doc;           /* default as shown in --help, when not def */
+    const char *env;               /* environment fallback, or NULL */
+    const char *const *choices;    /* NULL-terminated, or NULL */
+    const char *json_name;         /* field name in lmc_config_to_json() */
+    unsigned flags;                /* LMC_FF_* */
+    unsigned range;                /* LMC_RANGE_* */
+    double min, max;
+    const char *help;              /* one line */
+} lmc_config_flag;
+
+/* The flag table and its length. */
+const lmc_config_flag *lmc_config_flags(size_t *count);
+
+/* "MP Server", "P2P", ... as printed by --help. */
+const char *lmc_config_group_title(lmc_flag_group group);
+
+/* JSON object name of a group ("mp_config", "storage_manager_config", ...). */
+const char *lmc_config_group_json(lmc_flag_group group);
+
+/* Writes the --help text. */
+void lmc_config_print_help(FILE *out, const char *prog);
+
 #endif

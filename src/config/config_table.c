@@ -1,0 +1,353 @@
+/* The flag table: one descriptor per command-line flag.  Parsing, defaults,
+ * environment fallbacks, simple range checks, --help and the JSON rendering
+ * are all driven from here, so adding a flag means adding one entry (plus a
+ * field in config.h, and a rule in config_validate.c if it needs more than a
+ * range). */
+#include "config/config_internal.h"
+
+#include <stddef.h>
+#include <string.h>
+
+#define AT(member) .offset = offsetof(lmc_config, member)
+
+/* Range shorthands. */
+#define GE1 .range = LMC_RANGE_CHECK, .min = 1
+#define GT0 .range = LMC_RANGE_CHECK | LMC_RANGE_MIN_OPEN, .min = 0
+#define GT0_FINITE .range = LMC_RANGE_CHECK | LMC_RANGE_MIN_OPEN | LMC_RANGE_FINITE, .min = 0
+#define PORT .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = 1, .max = 65535
+#define FRACTION                                                                   \
+    .range = LMC_RANGE_CHECK | LMC_RANGE_MIN_OPEN | LMC_RANGE_HAS_MAX | LMC_RANGE_FINITE, \
+    .min = 0, .max = 1
+
+static const char *const hash_choices[] = {"builtin", "sha256_cbor", "blake3", NULL};
+static const char *const engine_choices[] = {"default", "blend", "blend_legacy", NULL};
+static const char *const mode_choices[] = {"lmcache_driven", "engine_driven", "auto", NULL};
+static const char *const log_choices[] = {"DEBUG", "INFO", "WARNING", "ERROR", NULL};
+static const char *const evict_choices[] = {"LRU", "ARC", "IsolatedLRU", "noop", NULL};
+static const char *const store_choices[] = {"default", "skip_l1", NULL};
+static const char *const prefetch_choices[] = {"default", "retain", NULL};
+static const char *const trace_choices[] = {"storage", "events", NULL};
+
+static const lmc_config_flag flags[] = {
+    /* --- MP Server -------------------------------------------------------- */
+    {.name = "instance-id", .group = LMC_FG_MP, .kind = LMC_FK_STR, AT(mp.instance_id),
+     .def_doc = "random UUIDv4", .json_name = "instance_id",
+     .help = "Unique id of this server (coordinator membership key, service.instance.id)."},
+    {.name = "host", .group = LMC_FG_MP, .kind = LMC_FK_STR, AT(mp.host), .def = "localhost",
+     .json_name = "host", .help = "Host/interface the ZMQ message-queue server binds."},
+    {.name = "port", .group = LMC_FG_MP, .kind = LMC_FK_INT, AT(mp.port), .def = "5555",
+     .json_name = "port", PORT, .help = "TCP port of the ZMQ message-queue server."},
+    {.name = "chunk-size", .group = LMC_FG_MP, .kind = LMC_FK_INT, AT(mp.chunk_size),
+     .def = "256", .json_name = "chunk_size", GE1,
+     .help = "Tokens per KV chunk (one stored object per chunk)."},
+    {.name = "max-workers", .group = LMC_FG_MP, .kind = LMC_FK_INT, AT(mp.max_workers),
+     .def = "1", .json_name = "max_workers", GE1,
+     .help = "Default size of the GPU and CPU worker pools."},
+    {.name = "max-gpu-workers", .group = LMC_FG_MP, .kind = LMC_FK_INT,
+     AT(mp.max_gpu_workers), .def_doc = "--max-workers", .json_name = "max_gpu_workers",
+     .flags = LMC_FF_DERIVED, GE1,
+     .help = "Workers in the GPU (affinity) pool that runs STORE/RETRIEVE."},
+    {.name = "max-cpu-workers", .group = LMC_FG_MP, .kind = LMC_FK_INT,
+     AT(mp.max_cpu_workers), .def_doc = "--max-workers", .json_name = "max_cpu_workers",
+     .flags = LMC_FF_DERIVED, GE1,
+     .help = "Workers in the CPU (normal) pool that runs LOOKUP, END_SESSION, ..."},
+    {.name = "hash-algorithm", .group = LMC_FG_MP, .kind = LMC_FK_STR,
+     AT(mp.hash_algorithm), .def = "blake3", .choices = hash_choices,
+     .json_name = "hash_algorithm",
+     .help = "Token-chunk hash; 'builtin' is refused (CPython hash() only)."},
+    {.name = "engine-type", .group = LMC_FG_MP, .kind = LMC_FK_STR, AT(mp.engine_type),
+     .def = "default", .choices = engine_choices, .json_name = "engine_type",
+     .help = "Cache engine type."},
+    {.name = "supported-transfer-mode", .group = LMC_FG_MP, .kind = LMC_FK_STR,
+     AT(mp.supported_transfer_mode), .def = "auto", .choices = mode_choices,
+     .json_name = "supported_transfer_mode",
+     .help = "KV transfer mode(s) offered to engines."},
+    {.name = "separate-object-groups", .group = LMC_FG_MP, .kind = LMC_FK_BOOL,
+     AT(mp.separate_object_groups), .def = "true", .json_name = "separate_object_groups",
+     .help = "Keep one object group per sliding-window size."},
+    {.name = "enable-segmented-prefix", .group = LMC_FG_MP, .kind = LMC_FK_TRUE,
+     AT(mp.enable_segmented_prefix), .def = "false", .json_name = "enable_segmented_prefix",
+     .help = "Enable segmented prefix matching."},
+    {.name = "shm-name", .group = LMC_FG_MP, .kind = LMC_FK_NSTR, AT(mp.shm_name),
+     .def_doc = "None (lmcache_l1_pool_<pid>)", .json_name = "shm_name",
+     .help = "POSIX SHM name of the L1 pool; \"\" disables SHM."},
+    {.name = "script-allowed-imports", .group = LMC_FG_MP, .kind = LMC_FK_NARGS,
+     AT(mp.script_allowed_imports), .def_doc = "[]", .json_name = "script_allowed_imports",
+     .help = "Modules a /run_script script may import."},
+    {.name = "worker-reap-timeout-seconds", .group = LMC_FG_MP, .kind = LMC_FK_DBL,
+     AT(mp.worker_reap_timeout_seconds), .def = "120.0",
+     .json_name = "worker_reap_timeout_seconds",
+     .help = "Reap a pinging worker silent this long; 0 disables, else >= 30."},
+    {.name = "worker-registration-grace-seconds", .group = LMC_FG_MP, .kind = LMC_FK_DBL,
+     AT(mp.worker_registration_grace_seconds), .def = "3600.0",
+     .json_name = "worker_registration_grace_seconds",
+     .help = "Reap a never-pinged worker after this long; >= reap timeout."},
+    {.name = "log-level", .group = LMC_FG_MP, .kind = LMC_FK_STR, AT(mp.log_level),
+     .def = "INFO", .env = "LMCACHE_LOG_LEVEL", .choices = log_choices,
+     .json_name = "log_level", .flags = LMC_FF_ADDITION | LMC_FF_LOG_LEVEL,
+     .help = "Log threshold (case-insensitive; WARN and OFF also accepted)."},
+    {.name = "rpc-error-frames", .group = LMC_FG_MP, .kind = LMC_FK_BOOL,
+     AT(mp.rpc_error_frames), .def = "false", .json_name = "rpc_error_frames",
+     .flags = LMC_FF_ADDITION,
+     .help = "Answer bad requests with LMCACHE_RPC_ERROR_V1 frames instead of dropping them."},
+
+    /* --- Runtime plugins -------------------------------------------------- */
+    {.name = "runtime-plugin-locations", .group = LMC_FG_PLUGINS, .kind = LMC_FK_NARGS,
+     AT(plugins.locations), .def_doc = "[]", .json_name = "runtime_plugin_locations",
+     .help = "Plugin files or directories (scanned for *.py and *.sh)."},
+    {.name = "runtime-plugin-config", .group = LMC_FG_PLUGINS, .kind = LMC_FK_STR,
+     AT(plugins.extra_config_json), .def = "{}", .json_name = "runtime_plugin_extra_config",
+     .flags = LMC_FF_JSON, .help = "JSON object of extra key/values handed to plugins."},
+
+    /* --- P2P ---------------------------------------------------------------- */
+    {.name = "p2p-advertise-url", .group = LMC_FG_P2P, .kind = LMC_FK_STR,
+     AT(p2p.advertise_url), .def = "", .json_name = "p2p_advertise_url",
+     .help = "host:port peers use for transfers; non-empty enables P2P."},
+    {.name = "p2p-listen-url", .group = LMC_FG_P2P, .kind = LMC_FK_STR, AT(p2p.listen_url),
+     .def = "", .json_name = "p2p_listen_url",
+     .help = "Bind address of the transfer channel (\"\" = advertise URL)."},
+    {.name = "p2p-lookup-timeout", .group = LMC_FG_P2P, .kind = LMC_FK_DBL,
+     AT(p2p.lookup_timeout), .def = "30.0", .json_name = "p2p_lookup_timeout", GT0_FINITE,
+     .help = "Seconds to wait for a peer's lookup result."},
+    {.name = "p2p-load-timeout", .group = LMC_FG_P2P, .kind = LMC_FK_DBL,
+     AT(p2p.load_timeout), .def = "30.0", .json_name = "p2p_load_timeout", GT0_FINITE,
+     .help = "Seconds to wait for a peer transfer to finish."},
+    {.name = "p2p-transfer-engine", .group = LMC_FG_P2P, .kind = LMC_FK_STR,
+     AT(p2p.transfer_engine), .def = "nixl", .json_name = "p2p_transfer_engine",
+     .help = "Transfer channel engine (nixl, verbs)."},
+    {.name = "p2p-rdma-device", .group = LMC_FG_P2P, .kind = LMC_FK_STR,
+     AT(p2p.rdma_device), .def = "", .json_name = "p2p_rdma_device",
+     .help = "verbs: comma list of unique HCA names (required for verbs)."},
+    {.name = "p2p-rdma-port", .group = LMC_FG_P2P, .kind = LMC_FK_INT, AT(p2p.rdma_port),
+     .def = "1", .json_name = "p2p_rdma_port", .help = "verbs: HCA port, 1..255."},
+    {.name = "p2p-rdma-gid-index", .group = LMC_FG_P2P, .kind = LMC_FK_INT,
+     AT(p2p.rdma_gid_index), .def = "-1", .json_name = "p2p_rdma_gid_index",
+     .help = "verbs: GID index, -1..255 (-1 = pick by advertised IPv4)."},
+    {.name = "p2p-rdma-gid-indices", .group = LMC_FG_P2P, .kind = LMC_FK_STR,
+     AT(p2p.rdma_gid_indices), .def = "", .json_name = "p2p_rdma_gid_indices",
+     .help = "verbs: comma list of GID indices, one per device."},
+    {.name = "p2p-rdma-queue-depth", .group = LMC_FG_P2P, .kind = LMC_FK_I64,
+     AT(p2p.rdma_queue_depth), .def = "4096", .json_name = "p2p_rdma_queue_depth",
+     .help = "verbs: queue depth, 1..2^32-1."},
+    {.name = "p2p-rdma-handshake-timeout-ms", .group = LMC_FG_P2P, .kind = LMC_FK_I64,
+     AT(p2p.rdma_handshake_timeout_ms), .def = "10000",
+     .json_name = "p2p_rdma_handshake_timeout_ms",
+     .help = "verbs: connection handshake timeout in ms, >= 1."},
+
+    /* --- HTTP frontend ---------------------------------------------------- */
+    {.name = "http-host", .group = LMC_FG_HTTP, .kind = LMC_FK_STR, AT(http.http_host),
+     .def = "0.0.0.0", .json_name = "http_host", .help = "Host the HTTP frontend binds."},
+    {.name = "http-port", .group = LMC_FG_HTTP, .kind = LMC_FK_INT, AT(http.http_port),
+     .def = "8080", .json_name = "http_port", PORT, .help = "Port of the HTTP frontend."},
+
+    /* --- Coordinator ------------------------------------------------------- */
+    {.name = "coordinator-url", .group = LMC_FG_COORD, .kind = LMC_FK_STR,
+     AT(coordinator.url), .def = "", .env = "LMCACHE_COORDINATOR_URL",
+     .json_name = "coordinator_url", .help = "Coordinator base URL; \"\" = no registration."},
+    {.name = "coordinator-advertise-ip", .group = LMC_FG_COORD, .kind = LMC_FK_STR,
+     AT(coordinator.advertise_ip), .def = "", .env = "LMCACHE_COORDINATOR_ADVERTISE_IP",
+     .json_name = "coordinator_advertise_ip",
+     .help = "Address the coordinator and peers call (\"\" = outbound IP)."},
+    {.name = "coordinator-heartbeat-interval", .group = LMC_FG_COORD, .kind = LMC_FK_DBL,
+     AT(coordinator.heartbeat_interval), .def = "5.0",
+     .env = "LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL",
+     .json_name = "coordinator_heartbeat_interval", GT0_FINITE,
+     .help = "Seconds between coordinator heartbeats."},
+    {.name = "coordinator-l2-event-reporting", .group = LMC_FG_COORD, .kind = LMC_FK_TRUE,
+     AT(coordinator.l2_event_reporting), .def = "false",
+     .env = "LMCACHE_COORDINATOR_L2_EVENT_REPORTING",
+     .json_name = "coordinator_l2_event_reporting",
+     .help = "Report L2 usage events to the coordinator."},
+    {.name = "coordinator-l2-event-flush-interval", .group = LMC_FG_COORD,
+     .kind = LMC_FK_DBL, AT(coordinator.l2_event_flush_interval), .def = "1.0",
+     .env = "LMCACHE_COORDINATOR_L2_EVENT_FLUSH_INTERVAL",
+     .json_name = "coordinator_l2_event_flush_interval", GT0_FINITE,
+     .help = "Seconds between L2 event batches."},
+
+    /* --- Storage manager: L1 ----------------------------------------------- */
+    {.name = "l1-manager", .group = LMC_FG_L1, .kind = LMC_FK_APPEND,
+     AT(storage.l1_manager_json), .def_doc = "[]", .json_name = "l1_manager",
+     .flags = LMC_FF_JSON, .help = "Tagged L1 definition as a JSON object (repeatable)."},
+    {.name = "l1-size-gb", .group = LMC_FG_L1, .kind = LMC_FK_OPT_DBL,
+     AT(storage.l1_size_gb), .json_name = "l1_size_gb", GT0_FINITE,
+     .help = "Legacy single-L1 size in GiB (needs --eviction-policy)."},
+    {.name = "l1-use-lazy", .group = LMC_FG_L1, .kind = LMC_FK_BOOL, AT(storage.l1_use_lazy),
+     .def = "true", .json_name = "l1_use_lazy",
+     .help = "Pin L1 lazily: --l1-init-size-gb first, then grow."},
+    {.name = "l1-init-size-gb", .group = LMC_FG_L1, .kind = LMC_FK_INT,
+     AT(storage.l1_init_size_gb), .def = "20", .json_name = "l1_init_size_gb", GT0,
+     .help = "Initially pinned GiB when lazy (clamped to the size)."},
+    {.name = "l1-align-bytes", .group = LMC_FG_L1, .kind = LMC_FK_I64,
+     AT(storage.l1_align_bytes), .def = "4096", .json_name = "l1_align_bytes",
+     .help = "Allocation alignment, a power of two."},
+    {.name = "l1-use-hugepages", .group = LMC_FG_L1, .kind = LMC_FK_BOOL,
+     AT(storage.l1_use_hugepages), .def = "false", .json_name = "l1_use_hugepages",
+     .help = "Back L1 with 2 MiB hugepages (forces lazy off; needs --shm-name \"\")."},
+    {.name = "l1-devdax-path", .group = LMC_FG_L1, .kind = LMC_FK_NSTR,
+     AT(storage.l1_devdax_path), .json_name = "l1_devdax_path",
+     .help = "Device-DAX device (or mmap-able file) used as the L1 arena."},
+    {.name = "gds-l1-path", .group = LMC_FG_L1, .kind = LMC_FK_NSTR,
+     AT(storage.gds_l1_path), .json_name = "gds_l1_path",
+     .help = "GDS L1 tier: NVMe slab directory or /dev/ugds_drvX device."},
+    {.name = "gds-l1-use-direct-io", .group = LMC_FG_L1, .kind = LMC_FK_BOOL,
+     AT(storage.gds_l1_use_direct_io), .def = "true", .json_name = "gds_l1_use_direct_io",
+     .help = "Open the GDS slab file with O_DIRECT."},
+    {.name = "gds-l1-backend", .group = LMC_FG_L1, .kind = LMC_FK_STR,
+     AT(storage.gds_l1_backend), .def = "auto", .json_name = "gds_l1_backend",
+     .help = "GDS backend (auto or an available backend)."},
+    {.name = "l1-write-ttl-seconds", .group = LMC_FG_L1, .kind = LMC_FK_INT,
+     AT(storage.l1_write_ttl_seconds), .def = "600", .json_name = "l1_write_ttl_seconds",
+     GT0, .help = "TTL of an object's write lock."},
+    {.name = "l1-read-ttl-seconds", .group = LMC_FG_L1, .kind = LMC_FK_INT,
+     AT(storage.l1_read_ttl_seconds), .def = "300", .json_name = "l1_read_ttl_seconds",
+     GT0, .help = "TTL of an object's read lock."},
+    {.name = "eviction-policy", .group = LMC_FG_L1, .kind = LMC_FK_NSTR,
+     AT(storage.eviction_policy), .choices = evict_choices, .json_name = "eviction_policy",
+     .help = "L1 eviction policy (required in legacy mode)."},
+    {.name = "eviction-trigger-watermark", .group = LMC_FG_L1, .kind = LMC_FK_DBL,
+     AT(storage.eviction_trigger_watermark), .def = "0.8",
+     .json_name = "eviction_trigger_watermark", FRACTION,
+     .help = "L1 usage fraction at which eviction starts."},
+    {.name = "eviction-ratio", .group = LMC_FG_L1, .kind = LMC_FK_DBL,
+     AT(storage.eviction_ratio), .def = "0.2", .json_name = "eviction_ratio", FRACTION,
+     .help = "Fraction of tracked keys evicted per trigger."},
+
+    /* --- Storage manager: L2 ----------------------------------------------- */
+    {.name = "l2-adapter", .group = LMC_FG_L2, .kind = LMC_FK_APPEND,
+     AT(storage.l2_adapter_json), .def_doc = "[]", .json_name = "l2_adapter",
+     .flags = LMC_FF_JSON,
+     .help = "L2 adapter as a JSON object with a \"type\" (repeatable; order = priority)."},
+    {.name = "l2-store-policy", .group = LMC_FG_L2, .kind = LMC_FK_STR,
+     AT(storage.l2_store_policy), .def = "default", .choices = store_choices,
+     .json_name = "l2_store_policy", .help = "What happens in L1 after an L2 store."},
+    {.name = "l2-prefetch-policy", .group = LMC_FG_L2, .kind = LMC_FK_STR,
+     AT(storage.l2_prefetch_policy), .def = "default", .choices = prefetch_choices,
+     .json_name = "l2_prefetch_policy",
+     .help = "Whether L2-prefetched objects stay in L1 (retain) or are temporary."},
+    {.name = "l2-prefetch-max-in-flight", .group = LMC_FG_L2, .kind = LMC_FK_INT,
+     AT(storage.l2_prefetch_max_in_flight), .def = "8",
+     .json_name = "l2_prefetch_max_in_flight", GT0,
+     .help = "Concurrent L2 prefetch requests; the rest queue FIFO."},
+    {.name = "l2-prefetch-load-timeout", .group = LMC_FG_L2, .kind = LMC_FK_OPT_DBL,
+     AT(storage.l2_prefetch_load_timeout), .json_name = "l2_prefetch_load_timeout",
+     GT0_FINITE, .help = "Deadline in seconds for a read-locked L2 prefetch."},
+    {.name = "periodic-notifier-interval-ms", .group = LMC_FG_L2, .kind = LMC_FK_INT,
+     AT(storage.periodic_notifier_interval_ms), .def = "5",
+     .json_name = "periodic_notifier_interval_ms", GT0,
+     .help = "Tick period of the shared periodic event notifier."},
+
+    /* --- Observability ----------------------------------------------------- */
+    {.name = "disable-observability", .group = LMC_FG_OBS, .kind = LMC_FK_TRUE,
+     AT(obs.disable_observability), .def = "false", .json_name = "disable_observability",
+     .help = "No event bus at all."},
+    {.name = "disable-metrics", .group = LMC_FG_OBS, .kind = LMC_FK_TRUE,
+     AT(obs.disable_metrics), .def = "false", .json_name = "disable_metrics",
+     .help = "Register no metric subscribers."},
+    {.name = "disable-logging", .group = LMC_FG_OBS, .kind = LMC_FK_TRUE,
+     AT(obs.disable_logging), .def = "false", .json_name = "disable_logging",
+     .help = "Register no event-logging subscribers."},
+    {.name = "enable-tracing", .group = LMC_FG_OBS, .kind = LMC_FK_TRUE,
+     AT(obs.enable_tracing), .def = "false", .json_name = "enable_tracing",
+     .help = "Export spans over OTLP (needs --otlp-endpoint)."},
+    {.name = "otlp-endpoint", .group = LMC_FG_OBS, .kind = LMC_FK_NSTR,
+     AT(obs.otlp_endpoint), .json_name = "otlp_endpoint",
+     .help = "OTLP collector URL; unset = Prometheus pull."},
+    {.name = "event-bus-queue-size", .group = LMC_FG_OBS, .kind = LMC_FK_INT,
+     AT(obs.event_bus_queue_size), .def = "10000", .json_name = "event_bus_queue_size",
+     GT0, .help = "Event bus queue bound; overflow is dropped and counted."},
+    {.name = "prometheus-port", .group = LMC_FG_OBS, .kind = LMC_FK_INT,
+     AT(obs.prometheus_port), .def = "9090", .json_name = "prometheus_port", PORT,
+     .help = "Port of the standalone Prometheus exporter."},
+    {.name = "metrics-sample-rate", .group = LMC_FG_OBS, .kind = LMC_FK_DBL,
+     AT(obs.metrics_sample_rate), .def = "0.01", .json_name = "metrics_sample_rate",
+     FRACTION, .help = "Fraction of chunks tracked by lifecycle histograms."},
+    {.name = "lookup-hash-log-dir", .group = LMC_FG_OBS, .kind = LMC_FK_STR,
+     AT(obs.lookup_hash_log_dir), .def = "", .json_name = "lookup_hash_log_dir",
+     .help = "Directory for JSONL lookup-hash logs (\"\" = off)."},
+    {.name = "lookup-hash-log-rotation-interval", .group = LMC_FG_OBS, .kind = LMC_FK_DBL,
+     AT(obs.lookup_hash_log_rotation_interval), .def = "21600",
+     .json_name = "lookup_hash_log_rotation_interval", GT0_FINITE,
+     .help = "Rotate the lookup-hash log after this many seconds."},
+    {.name = "lookup-hash-log-rotation-max-size", .group = LMC_FG_OBS, .kind = LMC_FK_I64,
+     AT(obs.lookup_hash_log_rotation_max_size), .def = "104857600",
+     .json_name = "lookup_hash_log_rotation_max_size", GT0,
+     .help = "Rotate the lookup-hash log past this many bytes."},
+    {.name = "lookup-hash-log-max-files", .group = LMC_FG_OBS, .kind = LMC_FK_INT,
+     AT(obs.lookup_hash_log_max_files), .def = "100",
+     .json_name = "lookup_hash_log_max_files", GE1,
+     .help = "Keep at most this many lookup-hash log files."},
+    {.name = "enable-gc-monitor", .group = LMC_FG_OBS, .kind = LMC_FK_TRUE,
+     AT(obs.enable_gc_monitor), .def = "false", .json_name = "enable_gc_monitor",
+     .help = "Accepted for compatibility; no effect (no CPython GC)."},
+    {.name = "gc-monitor-min-pause-ms", .group = LMC_FG_OBS, .kind = LMC_FK_DBL,
+     AT(obs.gc_monitor_min_pause_ms), .def = "1.0", .json_name = "gc_monitor_min_pause_ms",
+     .help = "Accepted for compatibility; no effect."},
+    {.name = "gc-monitor-top-objects", .group = LMC_FG_OBS, .kind = LMC_FK_INT,
+     AT(obs.gc_monitor_top_objects), .def = "0", .json_name = "gc_monitor_top_objects",
+     .help = "Accepted for compatibility; no effect."},
+    {.name = "enable-extra-logging", .group = LMC_FG_OBS, .kind = LMC_FK_TRUE,
+     AT(obs.enable_extra_logging), .def = "false", .json_name = "enable_extra_logging",
+     .help = "Periodic INFO log of throughput and L1 usage."},
+    {.name = "extra-logging-interval", .group = LMC_FG_OBS, .kind = LMC_FK_DBL,
+     AT(obs.extra_logging_interval), .def = "10.0", .json_name = "extra_logging_interval",
+     GT0_FINITE, .help = "Seconds between extra-logging lines."},
+    {.name = "trace-level", .group = LMC_FG_OBS, .kind = LMC_FK_NSTR, AT(obs.trace_level),
+     .choices = trace_choices, .json_name = "trace_level",
+     .help = "Record a replayable binary trace at this level."},
+    {.name = "trace-output", .group = LMC_FG_OBS, .kind = LMC_FK_NSTR,
+     AT(obs.trace_output), .json_name = "trace_output",
+     .help = "Trace file path (unset = timestamped file under $TMPDIR)."},
+};
+
+const lmc_config_flag *lmc_config_flags(size_t *count)
+{
+    *count = sizeof flags / sizeof flags[0];
+    return flags;
+}
+
+const lmc_config_flag *lmc_cfg_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (strcmp(flags[i].name, name) == 0)
+            return &flags[i];
+    return NULL;
+}
+
+size_t lmc_cfg_index(const lmc_config_flag *f)
+{
+    return (size_t)(f - flags);
+}
+
+void *lmc_cfg_field(lmc_config *cfg, const lmc_config_flag *f)
+{
+    return (char *)cfg + f->offset;
+}
+
+const void *lmc_cfg_cfield(const lmc_config *cfg, const lmc_config_flag *f)
+{
+    return (const char *)cfg + f->offset;
+}
+
+static const struct {
+    const char *title;
+    const char *json;
+} groups[LMC_FG_COUNT] = {
+    [LMC_FG_MP] = {"MP Server", "mp_config"},
+    [LMC_FG_PLUGINS] = {"Runtime Plugins", "runtime_plugin_config"},
+    [LMC_FG_P2P] = {"P2P", "p2p_config"},
+    [LMC_FG_HTTP] = {"HTTP Frontend", "http_config"},
+    [LMC_FG_COORD] = {"Coordinator", "coordinator_config"},
+    [LMC_FG_L1] = {"Storage Manager (L1)", "storage_manager_config"},
+    [LMC_FG_L2] = {"Storage Manager (L2)", "storage_manager_config"},
+    [LMC_FG_OBS] = {"Observability", "obs_config"},
+};
+
+const char *lmc_config_group_title(lmc_flag_group group)
+{
+    return group < LMC_FG_COUNT ? groups[group].title : "";
+}
+
+const char *lmc_config_group_json(lmc_flag_group group)
+{
+    return group < LMC_FG_COUNT ? groups[group].json : "";
+}
