@@ -1,0 +1,66 @@
+/* lmcached: the LMCache multiprocess KV-cache server. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "config/config.h"
+#include "obs/log.h"
+#include "server/server.h"
+
+extern char **environ;
+
+/* SIGINT/SIGTERM are blocked in every thread and read through a signalfd by
+ * the socket thread: shutdown runs as ordinary code, no handler state. */
+static int open_stop_signalfd(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0)
+        return -1;
+    signal(SIGPIPE, SIG_IGN);
+    return signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+}
+
+int main(int argc, char **argv)
+{
+    lmc_config cfg;
+    char err[512];
+    switch (lmc_config_parse(&cfg, argc, argv, environ, stdout, err, sizeof err)) {
+    case LMC_CONFIG_OK:
+        break;
+    case LMC_CONFIG_EXIT_OK:
+        return 0;
+    default:
+        fprintf(stderr, "lmcached: error: %s\n", err);
+        return 2;
+    }
+    lmc_log_level level = LMC_LOG_INFO;
+    lmc_log_level_parse(cfg.mp.log_level, &level);
+    lmc_log_set_level(level);
+
+    int stop_fd = open_stop_signalfd(); /* before any thread starts */
+    if (stop_fd < 0) {
+        perror("lmcached: signalfd");
+        lmc_config_free(&cfg);
+        return 1;
+    }
+    lmc_server *server;
+    if (lmc_server_new(&cfg, &server, err, sizeof err) != 0) {
+        fprintf(stderr, "lmcached: cannot start: %s\n", err);
+        close(stop_fd);
+        lmc_config_free(&cfg);
+        return 1;
+    }
+    int rc = lmc_server_run(server, stop_fd);
+    LMC_INFO("shutting down");
+    lmc_server_free(server);
+    close(stop_fd);
+    lmc_config_free(&cfg);
+    LMC_INFO("bye");
+    return rc == 0 ? 0 : 1;
+}

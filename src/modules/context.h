@@ -1,0 +1,23 @@
+/* What the server hands to every module: shared services, all owned by the
+ * server and valid for the modules' whole lifetime. */
+#ifndef LMC_MODULES_CONTEXT_H
+#define LMC_MODULES_CONTEXT_H
+
+#include "config/config.h"
+#include "hash/token_hash.h"
+#include "modules/liveness.h"
+#include "obs/event_bus.h"
+#include "storage/object_key.h"
+
+typedef struct lmc_storage_manager lmc_storage_manager;
+
+typedef struct lmc_module_ctx {
+    const lmc_config *config;
+    lmc_storage_manager *storage;   /* the L1 (and later L2) storage */
+    lmc_event_bus *events;          /* NULL with --disable-observability */
+    lmc_liveness *liveness;         /* worker heartbeats (PING) */
+    const lmc_token_hasher *hasher; /* --hash-algorithm, --chunk-size */
+    lmc_key_interner *interner;     /* model names and salts of object keys */
+} lmc_module_ctx;
+
+#endif

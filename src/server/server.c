@@ -1,0 +1,212 @@
+#include "server/server.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "modules/module.h"
+#include "obs/log.h"
+#include "rpc/rpc.h"
+#include "storage/storage_manager.h"
+
+#define DRAIN_MS 5000
+
+/* Every module the server knows, in creation order.  A module returns
+ * "disabled" from module_enabled() when the configuration leaves it out. */
+static const lmc_module_def *const all_modules[] = {
+    &lmc_management_module,
+};
+#define N_MODULES (sizeof all_modules / sizeof all_modules[0])
+
+typedef struct {
+    const lmc_module_def *def;
+    void *state;
+} module_instance;
+
+struct lmc_server {
+    const lmc_config *cfg;
+    lmc_module_ctx ctx;
+    lmc_rpc_server *rpc;
+    module_instance modules[N_MODULES];
+    size_t n_modules;
+};
+
+static bool module_enabled(const lmc_module_def *def, const lmc_config *cfg)
+{
+    (void)def;
+    (void)cfg;
+    return true;
+}
+
+static int create_services(lmc_server *s, char *err, size_t errlen)
+{
+    const lmc_config *cfg = s->cfg;
+    s->ctx.config = cfg;
+    s->ctx.liveness = lmc_liveness_new();
+    if (!s->ctx.liveness) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (!cfg->obs.disable_observability) {
+        s->ctx.events = lmc_event_bus_new((size_t)cfg->obs.event_bus_queue_size);
+        if (!s->ctx.events) {
+            snprintf(err, errlen, "cannot start the event bus");
+            return -1;
+        }
+    }
+    /* sha256_cbor seeds its chain like vLLM: from PYTHONHASHSEED when set. */
+    lmc_token_hasher *hasher;
+    if (lmc_token_hasher_new(cfg->mp.hash_algorithm, (uint32_t)cfg->mp.chunk_size,
+                             getenv("PYTHONHASHSEED"), &hasher, err, errlen) != 0)
+        return -1;
+    s->ctx.hasher = hasher;
+    s->ctx.interner = lmc_key_interner_new();
+    if (!s->ctx.interner) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    s->ctx.storage = lmc_storage_manager_create(cfg, err, errlen);
+    return s->ctx.storage ? 0 : -1;
+}
+
+static int create_modules(lmc_server *s, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < N_MODULES; i++) {
+        const lmc_module_def *def = all_modules[i];
+        if (!module_enabled(def, s->cfg))
+            continue;
+        module_instance *mi = &s->modules[s->n_modules];
+        if (def->create(&s->ctx, &mi->state, err, errlen) != 0)
+            return -1;
+        mi->def = def;
+        s->n_modules++;
+        for (size_t h = 0; h < def->n_handlers; h++) {
+            if (lmc_rpc_server_register(s->rpc, &def->handlers[h], mi->state) != 0) {
+                snprintf(err, errlen, "module %s: op %d registered twice", def->name,
+                         def->handlers[h].op_id);
+                return -1;
+            }
+        }
+        LMC_DEBUG("module %s loaded (%zu handlers)", def->name, def->n_handlers);
+    }
+    return 0;
+}
+
+/* ZMQ's bind accepts interface names and numeric addresses only, while
+ * upstream's default host is "localhost": resolve names here. */
+static int resolve_bind_url(const char *host, int port, char *url, size_t cap, char *err,
+                            size_t errlen)
+{
+    unsigned char probe[sizeof(struct in6_addr)];
+    if (strcmp(host, "*") == 0 || inet_pton(AF_INET, host, probe) == 1) {
+        snprintf(url, cap, "tcp://%s:%d", host, port);
+        return 0;
+    }
+    if (inet_pton(AF_INET6, host, probe) == 1) {
+        snprintf(url, cap, "tcp://[%s]:%d", host, port);
+        return 0;
+    }
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int rc = getaddrinfo(host, NULL, &hints, &res);
+    if (rc != 0 || !res) {
+        snprintf(err, errlen, "--host: cannot resolve '%s': %s", host, gai_strerror(rc));
+        return -1;
+    }
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, ip, sizeof ip);
+    freeaddrinfo(res);
+    snprintf(url, cap, "tcp://%s:%d", ip, port);
+    return 0;
+}
+
+int lmc_server_new(const lmc_config *cfg, lmc_server **out, char *err, size_t errlen)
+{
+    lmc_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    s->cfg = cfg;
+    char url[512];
+    if (resolve_bind_url(cfg->mp.host, cfg->mp.port, url, sizeof url, err, errlen) != 0) {
+        free(s);
+        return -1;
+    }
+    lmc_rpc_options ro = {
+        .bind_url = url,
+        .normal_workers = cfg->mp.max_cpu_workers,
+        .affinity_workers = cfg->mp.max_gpu_workers,
+        .error_frames = cfg->mp.rpc_error_frames,
+    };
+    /* Bind first: a busy port fails before any memory is committed. */
+    if (lmc_rpc_server_new(&ro, &s->rpc, err, errlen) != 0 ||
+        create_services(s, err, errlen) != 0 || create_modules(s, err, errlen) != 0) {
+        lmc_server_free(s);
+        return -1;
+    }
+    LMC_INFO("lmcached listening on %s (chunk size %d, hash %s, %d cpu / %d gpu workers)", url,
+             cfg->mp.chunk_size, cfg->mp.hash_algorithm, cfg->mp.max_cpu_workers,
+             cfg->mp.max_gpu_workers);
+    *out = s;
+    return 0;
+}
+
+int lmc_server_run(lmc_server *s, int stop_fd)
+{
+    return lmc_rpc_server_run(s->rpc, stop_fd, DRAIN_MS);
+}
+
+void lmc_server_stop(lmc_server *s)
+{
+    lmc_rpc_server_stop(s->rpc);
+}
+
+json_t *lmc_server_report_status(lmc_server *s)
+{
+    const lmc_config *cfg = s->cfg;
+    bool healthy = true;
+    json_t *mods = json_object();
+    for (size_t i = 0; i < s->n_modules; i++) {
+        const module_instance *mi = &s->modules[i];
+        if (!mi->def->report_status)
+            continue;
+        json_t *st = mi->def->report_status(mi->state);
+        json_t *h = json_object_get(st, "is_healthy");
+        if (json_is_false(h))
+            healthy = false;
+        json_object_set_new(mods, mi->def->name, st);
+    }
+    json_t *status = json_pack("{s:s, s:i, s:s, s:s, s:o}", "engine_type", cfg->mp.engine_type,
+                               "chunk_size", cfg->mp.chunk_size, "hash_algorithm",
+                               cfg->mp.hash_algorithm, "instance_id", cfg->mp.instance_id,
+                               "modules", mods);
+    if (s->ctx.storage) {
+        json_t *sm = lmc_storage_manager_report_status(s->ctx.storage);
+        if (json_is_false(json_object_get(sm, "is_healthy")))
+            healthy = false;
+        json_object_set_new(status, "storage_manager", sm);
+    }
+    json_object_set_new(status, "is_healthy", json_boolean(healthy));
+    return status;
+}
+
+void lmc_server_free(lmc_server *s)
+{
+    if (!s)
+        return;
+    if (s->rpc)
+        lmc_rpc_server_join_workers(s->rpc);
+    for (size_t i = s->n_modules; i-- > 0;)
+        s->modules[i].def->close(s->modules[i].state);
+    lmc_rpc_server_free(s->rpc);
+    if (s->ctx.storage)
+        lmc_storage_manager_close(s->ctx.storage);
+    lmc_event_bus_free(s->ctx.events);
+    lmc_token_hasher_free((lmc_token_hasher *)s->ctx.hasher);
+    lmc_key_interner_free(s->ctx.interner);
+    lmc_liveness_free(s->ctx.liveness);
+    free(s);
+}

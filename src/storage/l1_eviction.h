@@ -1,0 +1,52 @@
+/* L1 eviction controller (storage.md §2.4).
+ *
+ * Every period (1 s in production) it compares L1 usage (used / committed)
+ * with the trigger watermark; at or above it, it asks the policy for
+ * floor(tracked_keys x ratio) victims (at least 1), oldest first and only
+ * among keys lmc_l1_manager_is_evictable() accepts, and deletes them with a
+ * non-force delete, so locked and live staging objects are never evicted.
+ *
+ * The policy is fed by an L1 listener the controller registers at creation
+ * (reserved/written -> added, touched -> accessed, deleted -> removed).
+ *
+ * Thread-safety: one controller thread (optional); run_once may also be
+ * called from any thread (tests call it directly with period_ms = 0).
+ * Counters are guarded by the controller's own mutex, which is never held
+ * while calling the policy or the L1 manager. */
+#ifndef LMC_STORAGE_L1_EVICTION_H
+#define LMC_STORAGE_L1_EVICTION_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "storage/eviction_policy.h"
+#include "storage/l1_manager.h"
+
+typedef struct lmc_l1_eviction_options {
+    double trigger_watermark;    /* usage fraction that starts eviction */
+    double eviction_ratio;       /* fraction of tracked keys per trigger */
+    uint32_t period_ms;          /* 0: no thread, run_once only */
+} lmc_l1_eviction_options;
+
+typedef struct lmc_l1_eviction lmc_l1_eviction;
+
+/* Takes ownership of `policy` (also on failure).  `l1` must outlive the
+ * controller.  NULL on allocation failure. */
+lmc_l1_eviction *lmc_l1_eviction_new(lmc_l1_manager *l1, lmc_eviction_policy *policy,
+                                     const lmc_l1_eviction_options *opts);
+/* Starts the controller thread (no-op when period_ms is 0).  0 or -1. */
+int lmc_l1_eviction_start(lmc_l1_eviction *e);
+/* Stops and joins the thread; idempotent. */
+void lmc_l1_eviction_stop(lmc_l1_eviction *e);
+/* One synchronous cycle; returns the number of keys evicted. */
+size_t lmc_l1_eviction_run_once(lmc_l1_eviction *e);
+/* {is_healthy, running, eviction_policy, trigger_watermark, eviction_ratio,
+ *  num_tracked_keys, cycles, triggered_cycles, evicted_keys, last_usage_ratio} */
+json_t *lmc_l1_eviction_report_status(lmc_l1_eviction *e);
+const char *lmc_l1_eviction_policy_name(const lmc_l1_eviction *e);
+double lmc_l1_eviction_trigger_watermark(const lmc_l1_eviction *e);
+/* Stops the thread, unregisters the listener and frees the policy. */
+void lmc_l1_eviction_free(lmc_l1_eviction *e);
+
+#endif

@@ -1,0 +1,452 @@
+#include "storage/storage_manager.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "obs/log.h"
+#include "storage/l1_eviction.h"
+
+#define LAZY_COMMIT_GRANULE (64ull << 20)   /* initial commit rounds up to 64 MiB */
+
+struct lmc_storage_manager {
+    lmc_storage_options opts;
+    lmc_l1_arena *arena;
+    lmc_l1_manager *l1;
+    lmc_l1_eviction *eviction;
+    pthread_mutex_t listeners_mutex;    /* guards listeners[] */
+    lmc_storage_listener listeners[LMC_STORAGE_MAX_LISTENERS];
+    size_t num_listeners;
+    pthread_mutex_t grower_mutex;       /* guards grower_* */
+    pthread_cond_t grower_wake;
+    pthread_t grower;
+    bool grower_running;
+    bool grower_stop;
+};
+
+/* ---- listeners --------------------------------------------------------- */
+
+typedef void (*storage_callback)(void *user, const lmc_object_key *keys, size_t n);
+
+static storage_callback pick_callback(const lmc_storage_listener *l, lmc_l1_event_kind kind)
+{
+    switch (kind) {
+    case LMC_L1_EVENT_WRITE_FINISHED: return l->on_written;
+    case LMC_L1_EVENT_DELETED: return l->on_deleted;
+    case LMC_L1_EVENT_ACCESSED: return l->on_accessed;
+    default: return NULL;
+    }
+}
+
+/* L1 listener: runs with no L1 lock held; fans out to a snapshot. */
+static void fan_out(void *user, lmc_l1_event_kind kind, const lmc_object_key *keys, size_t n)
+{
+    lmc_storage_manager *sm = user;
+    lmc_storage_listener snapshot[LMC_STORAGE_MAX_LISTENERS];
+    pthread_mutex_lock(&sm->listeners_mutex);
+    size_t count = sm->num_listeners;
+    memcpy(snapshot, sm->listeners, count * sizeof(*snapshot));
+    pthread_mutex_unlock(&sm->listeners_mutex);
+    for (size_t i = 0; i < count; i++) {
+        storage_callback cb = pick_callback(&snapshot[i], kind);
+        if (cb)
+            cb(snapshot[i].user, keys, n);
+    }
+}
+
+int lmc_storage_manager_add_listener(lmc_storage_manager *sm, const lmc_storage_listener *l)
+{
+    int rc = -1;
+    pthread_mutex_lock(&sm->listeners_mutex);
+    if (sm->num_listeners < LMC_STORAGE_MAX_LISTENERS) {
+        sm->listeners[sm->num_listeners++] = *l;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&sm->listeners_mutex);
+    return rc;
+}
+
+/* ---- lazy growth ------------------------------------------------------- */
+
+static bool grower_sleep(lmc_storage_manager *sm, uint32_t ms)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += ms / 1000;
+    deadline.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&sm->grower_mutex);
+    int rc = 0;
+    while (!sm->grower_stop && ms > 0 && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&sm->grower_wake, &sm->grower_mutex, &deadline);
+    bool stop = sm->grower_stop;
+    pthread_mutex_unlock(&sm->grower_mutex);
+    return !stop;
+}
+
+/* Commits the rest of the arena step by step.  This is where a CUDA build
+ * would register each new range as pinned memory before committing it. */
+static void *grower_main(void *arg)
+{
+    lmc_storage_manager *sm = arg;
+    lmc_l1_stats st;
+    lmc_l1_manager_stats(sm->l1, &st);
+    uint64_t committed = st.committed_bytes;
+    while (committed < st.configured_bytes && grower_sleep(sm, sm->opts.lazy_grow_interval_ms)) {
+        uint64_t next = lmc_l1_manager_grow(sm->l1, sm->opts.lazy_grow_step_bytes);
+        if (next == committed)
+            break;
+        committed = next;
+    }
+    LMC_INFO("L1: %llu of %llu bytes committed", (unsigned long long)committed,
+             (unsigned long long)st.configured_bytes);
+    return NULL;
+}
+
+static int start_grower(lmc_storage_manager *sm)
+{
+    lmc_l1_stats st;
+    lmc_l1_manager_stats(sm->l1, &st);
+    if (st.committed_bytes >= st.configured_bytes)
+        return 0;
+    if (pthread_create(&sm->grower, NULL, grower_main, sm) != 0)
+        return -1;
+    sm->grower_running = true;
+    return 0;
+}
+
+static void stop_grower(lmc_storage_manager *sm)
+{
+    pthread_mutex_lock(&sm->grower_mutex);
+    sm->grower_stop = true;
+    pthread_cond_broadcast(&sm->grower_wake);
+    pthread_mutex_unlock(&sm->grower_mutex);
+    if (sm->grower_running)
+        pthread_join(sm->grower, NULL);
+    sm->grower_running = false;
+}
+
+/* ---- creation ---------------------------------------------------------- */
+
+static int validate_options(const lmc_storage_options *o, char *err, size_t errlen)
+{
+    uint64_t align = o->l1_align_bytes;
+    if (align == 0 || (align & (align - 1)) != 0)
+        snprintf(err, errlen, "--l1-align-bytes must be a power of two");
+    else if (o->l1_size_bytes < align)
+        snprintf(err, errlen, "the L1 size must be at least --l1-align-bytes (%llu bytes)",
+                 (unsigned long long)align);
+    else if (o->l1_write_ttl_seconds <= 0 || o->l1_read_ttl_seconds <= 0)
+        snprintf(err, errlen, "L1 lock TTLs must be positive");
+    else if (!(o->eviction_trigger_watermark >= 0 && o->eviction_trigger_watermark <= 1))
+        snprintf(err, errlen, "--eviction-trigger-watermark must be within [0, 1]");
+    else if (!(o->eviction_ratio >= 0 && o->eviction_ratio <= 1))
+        snprintf(err, errlen, "--eviction-ratio must be within [0, 1]");
+    else if (o->l1_use_lazy && o->lazy_grow_step_bytes < align)
+        snprintf(err, errlen, "lazy growth step must be at least the alignment");
+    else
+        return 0;
+    return -1;
+}
+
+/* Bytes committed to the allocator at start. */
+static uint64_t initial_commit(const lmc_storage_options *o, uint64_t configured)
+{
+    if (!o->l1_use_lazy || o->l1_use_hugepages)
+        return configured;
+    uint64_t init = (o->l1_init_bytes + LAZY_COMMIT_GRANULE - 1) & ~(LAZY_COMMIT_GRANULE - 1);
+    return init < configured ? init : configured;
+}
+
+static int create_l1(lmc_storage_manager *sm, char *err, size_t errlen)
+{
+    const lmc_storage_options *o = &sm->opts;
+    uint64_t configured = o->l1_size_bytes & ~(o->l1_align_bytes - 1);
+    lmc_l1_arena_options ao = {configured, o->shm_auto ? NULL : o->shm_name,
+                               o->l1_use_hugepages};
+    sm->arena = lmc_l1_arena_create(&ao, err, errlen);
+    if (!sm->arena)
+        return -1;
+    lmc_l1_manager_options mo = {
+        .configured_bytes = configured,
+        .committed_bytes = initial_commit(o, configured),
+        .align_bytes = o->l1_align_bytes,
+        .write_ttl_ms = (int64_t)o->l1_write_ttl_seconds * 1000,
+        .read_ttl_ms = (int64_t)o->l1_read_ttl_seconds * 1000,
+        .clock = o->clock,
+        .clock_user = o->clock_user,
+        .backend = "dram",
+    };
+    sm->l1 = lmc_l1_manager_new(&mo);
+    if (!sm->l1 || lmc_l1_manager_add_listener(sm->l1, fan_out, sm) != 0) {
+        snprintf(err, errlen, "cannot create the L1 manager (out of memory)");
+        return -1;
+    }
+    return 0;
+}
+
+static int create_eviction(lmc_storage_manager *sm, char *err, size_t errlen)
+{
+    const lmc_storage_options *o = &sm->opts;
+    lmc_eviction_policy *policy = lmc_eviction_policy_new(o->eviction_policy);
+    if (!policy) {
+        snprintf(err, errlen, "--eviction-policy %s is not supported (use LRU or noop)",
+                 o->eviction_policy);
+        return -1;
+    }
+    lmc_l1_eviction_options eo = {o->eviction_trigger_watermark, o->eviction_ratio,
+                                  o->eviction_period_ms};
+    sm->eviction = lmc_l1_eviction_new(sm->l1, policy, &eo);
+    if (!sm->eviction || lmc_l1_eviction_start(sm->eviction) != 0) {
+        snprintf(err, errlen, "cannot start the L1 eviction controller");
+        return -1;
+    }
+    return 0;
+}
+
+lmc_storage_manager *lmc_storage_manager_create_with_options(const lmc_storage_options *o,
+                                                             char *err, size_t errlen)
+{
+    if (validate_options(o, err, errlen) != 0)
+        return NULL;
+    lmc_storage_manager *sm = calloc(1, sizeof(*sm));
+    if (!sm) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    sm->opts = *o;
+    pthread_mutex_init(&sm->listeners_mutex, NULL);
+    pthread_mutex_init(&sm->grower_mutex, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&sm->grower_wake, &attr);
+    pthread_condattr_destroy(&attr);
+    if (create_l1(sm, err, errlen) != 0 || create_eviction(sm, err, errlen) != 0)
+        goto fail;
+    if (start_grower(sm) != 0) {
+        snprintf(err, errlen, "cannot start the L1 growth thread");
+        goto fail;
+    }
+    const lmc_l1_arena_desc *d = lmc_l1_arena_describe(sm->arena);
+    LMC_INFO("L1: %llu bytes (%s%s), eviction %s", (unsigned long long)d->size,
+             d->shm_name[0] ? "shm " : "private memory", d->shm_name, o->eviction_policy);
+    return sm;
+fail:
+    lmc_storage_manager_close(sm);
+    return NULL;
+}
+
+lmc_storage_manager *lmc_storage_manager_create(const lmc_config *cfg, char *err, size_t errlen)
+{
+    lmc_storage_options o;
+    if (lmc_storage_options_from_config(cfg, &o, err, errlen) != 0)
+        return NULL;
+    return lmc_storage_manager_create_with_options(&o, err, errlen);
+}
+
+void lmc_storage_manager_close(lmc_storage_manager *sm)
+{
+    if (!sm)
+        return;
+    stop_grower(sm);
+    if (sm->eviction)
+        lmc_l1_eviction_free(sm->eviction);
+    lmc_l1_manager_free(sm->l1);
+    lmc_l1_arena_destroy(sm->arena);
+    pthread_cond_destroy(&sm->grower_wake);
+    pthread_mutex_destroy(&sm->grower_mutex);
+    pthread_mutex_destroy(&sm->listeners_mutex);
+    free(sm);
+}
+
+/* ---- data path --------------------------------------------------------- */
+
+static const char *tag_or_default(const char *tag)
+{
+    return tag ? tag : LMC_STORAGE_DEFAULT_WRITER_TAG;
+}
+
+/* Caller's result array, or a temporary one freed by release_results. */
+static lmc_l1_result *results_or_scratch(lmc_l1_result *results, size_t n)
+{
+    return results ? results : malloc((n ? n : 1) * sizeof(*results));
+}
+
+static void release_results(lmc_l1_result *mine, const lmc_l1_result *callers)
+{
+    if (mine != callers)
+        free(mine);
+}
+
+int lmc_storage_manager_reserve_write(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                      size_t n, uint64_t object_size, bool is_temporary,
+                                      const char *writer_tag, uint64_t *offsets,
+                                      lmc_l1_result *results)
+{
+    bool *temporary = NULL;
+    if (is_temporary) {
+        temporary = malloc((n ? n : 1) * sizeof(*temporary));
+        if (!temporary)
+            return -1;
+        for (size_t i = 0; i < n; i++)
+            temporary[i] = true;
+    }
+    int rc = lmc_l1_manager_reserve_write(sm->l1, keys, temporary, n, object_size,
+                                          tag_or_default(writer_tag), offsets, results);
+    free(temporary);
+    return rc;
+}
+
+int lmc_storage_manager_finish_write(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                     size_t n, const char *writer_tag, lmc_l1_result *results)
+{
+    lmc_l1_result *r = results_or_scratch(results, n);
+    if (!r)
+        return -1;
+    int rc = lmc_l1_manager_finish_write(sm->l1, keys, n, tag_or_default(writer_tag), r);
+    release_results(r, results);
+    return rc;
+}
+
+int lmc_storage_manager_finish_write_and_reserve_read(lmc_storage_manager *sm,
+                                                      const lmc_object_key *keys, size_t n,
+                                                      uint32_t readers, const char *writer_tag,
+                                                      lmc_l1_result *results)
+{
+    lmc_l1_result *r = results_or_scratch(results, n);
+    if (!r)
+        return -1;
+    int rc = lmc_l1_manager_finish_write_and_reserve_read(sm->l1, keys, n, readers,
+                                                          tag_or_default(writer_tag), r);
+    release_results(r, results);
+    return rc;
+}
+
+size_t lmc_storage_manager_lock_prefix(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                       size_t n, uint32_t readers)
+{
+    return lmc_l1_manager_reserve_read_prefix(sm->l1, keys, n, readers);
+}
+
+size_t lmc_storage_manager_read(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
+                                lmc_l1_range *ranges, lmc_l1_result *results)
+{
+    lmc_l1_manager_unsafe_read(sm->l1, keys, n, ranges, results);
+    size_t readable = 0;
+    for (size_t i = 0; i < n; i++)
+        readable += results[i] == LMC_L1_SUCCESS;
+    return readable;
+}
+
+int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                    size_t n, uint32_t readers, lmc_l1_result *results)
+{
+    lmc_l1_result *r = results_or_scratch(results, n);
+    if (!r)
+        return -1;
+    int rc = lmc_l1_manager_finish_read(sm->l1, keys, n, readers, r);
+    release_results(r, results);
+    return rc;
+}
+
+/* ---- maintenance and status -------------------------------------------- */
+
+int lmc_storage_manager_delete(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
+                               bool force, size_t *deleted, size_t *skipped_locked)
+{
+    lmc_l1_result *r = results_or_scratch(NULL, n);
+    if (!r)
+        return -1;
+    int rc = lmc_l1_manager_delete(sm->l1, keys, n, force, r);
+    size_t done = 0, locked = 0;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        done += r[i] == LMC_L1_SUCCESS;
+        locked += r[i] == LMC_L1_KEY_IS_LOCKED;
+    }
+    free(r);
+    if (deleted)
+        *deleted = done;
+    if (skipped_locked)
+        *skipped_locked = locked;
+    return rc;
+}
+
+long lmc_storage_manager_clear(lmc_storage_manager *sm, bool force)
+{
+    return lmc_l1_manager_clear(sm->l1, force);
+}
+
+void lmc_storage_manager_touch(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n)
+{
+    lmc_l1_manager_touch(sm->l1, keys, n);
+}
+
+void lmc_storage_manager_usage(lmc_storage_manager *sm, uint64_t *used, uint64_t *total)
+{
+    lmc_l1_manager_usage(sm->l1, used, total);
+}
+
+bool lmc_storage_manager_memcheck(lmc_storage_manager *sm)
+{
+    return lmc_l1_manager_memcheck(sm->l1);
+}
+
+const lmc_l1_arena_desc *lmc_storage_manager_l1_arena(const lmc_storage_manager *sm)
+{
+    return lmc_l1_arena_describe(sm->arena);
+}
+
+size_t lmc_storage_manager_run_eviction_once(lmc_storage_manager *sm)
+{
+    return lmc_l1_eviction_run_once(sm->eviction);
+}
+
+lmc_l1_manager *lmc_storage_manager_l1(lmc_storage_manager *sm)
+{
+    return sm->l1;
+}
+
+static json_t *arena_status(const lmc_storage_manager *sm)
+{
+    const lmc_l1_arena_desc *d = lmc_l1_arena_describe(sm->arena);
+    return json_pack("{s:s, s:I, s:b, s:b, s:I}", "shm_name", d->shm_name,
+                     "size_bytes", (json_int_t)d->size, "hugepages", d->hugepages,
+                     "lazy", sm->opts.l1_use_lazy && !sm->opts.l1_use_hugepages,
+                     "align_bytes", (json_int_t)sm->opts.l1_align_bytes);
+}
+
+static bool child_healthy(json_t *status)
+{
+    return json_is_true(json_object_get(status, "is_healthy"));
+}
+
+json_t *lmc_storage_manager_report_status(lmc_storage_manager *sm)
+{
+    json_t *l1 = lmc_l1_manager_report_status(sm->l1);
+    json_t *ev = lmc_l1_eviction_report_status(sm->eviction);
+    uint64_t used, total;
+    lmc_l1_manager_usage(sm->l1, &used, &total);
+    json_t *st = NULL;
+    if (!l1 || !ev)
+        goto out;
+    st = json_pack("{s:b, s:O, s:{s:O}, s:O, s:{s:O}, s:i, s:[], s:[I,I], s:O, s:o}",
+                   "is_healthy", child_healthy(l1) && child_healthy(ev),
+                   "l1_manager", l1, "l1_managers", "_default", l1,
+                   "l1_eviction_controller", ev, "l1_eviction_controllers", "_default", ev,
+                   "num_l2_adapters", 0, "l2_adapters",
+                   "l1_usage", (json_int_t)used, (json_int_t)total,
+                   "l1_capacity_bytes_by_backend",
+                   json_object_get(l1, "capacity_bytes_by_backend"),
+                   "l1_arena", arena_status(sm));
+out:
+    json_decref(l1);
+    json_decref(ev);
+    return st;
+}

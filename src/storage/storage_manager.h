@@ -1,0 +1,144 @@
+/* StorageManager facade (storage.md §5, Design B core with one DRAM L1).
+ *
+ * Owns the L1 arena (SHM or private memory), the L1 manager, the L1
+ * eviction controller and, with lazy growth, a background grower.  RPC
+ * modules use only this header; offsets are arena-relative (engine slot
+ * offsets), data lives at lmc_storage_manager_l1_arena(sm)->base + offset.
+ *
+ * Thread-safety: every function may be called from any thread once
+ * create() returned, except close().  Listener callbacks run on the thread
+ * whose call produced the event (or on the thread delivering queued events,
+ * see l1_manager.h), never with an L1 lock held, so they may call back into
+ * the storage manager.  They should still be quick and must not block.
+ *
+ * Extension points (not implemented yet): L2 write-behind and the event bus
+ * subscribe through listeners; multiple L1s, L2 prefetch and P2P serving
+ * plug in behind these same calls. */
+#ifndef LMC_STORAGE_STORAGE_MANAGER_H
+#define LMC_STORAGE_STORAGE_MANAGER_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config/config.h"
+#include "storage/l1_arena.h"
+#include "storage/l1_manager.h"
+#include "storage/object_key.h"
+#include "storage/ttl_lock.h"
+
+#define LMC_STORAGE_DEFAULT_WRITER_TAG "storage_manager"
+
+typedef struct lmc_storage_options {
+    uint64_t l1_size_bytes;          /* required, > 0 */
+    bool l1_use_lazy;
+    uint64_t l1_init_bytes;          /* lazy: committed at start (rounded up to 64 MiB) */
+    uint64_t l1_align_bytes;         /* power of two */
+    bool l1_use_hugepages;
+    bool shm_auto;                   /* true: "lmcache_l1_pool_<pid>" */
+    char shm_name[LMC_L1_SHM_NAME_MAX + 1]; /* when !shm_auto; "" = private memory */
+    int l1_write_ttl_seconds;
+    int l1_read_ttl_seconds;
+    char eviction_policy[32];        /* "LRU" or "noop" */
+    double eviction_trigger_watermark;
+    double eviction_ratio;
+    uint32_t eviction_period_ms;     /* 1000; 0 = no thread (tests: run_once) */
+    uint64_t lazy_grow_step_bytes;   /* bytes committed per grower step (1 GiB) */
+    uint32_t lazy_grow_interval_ms;  /* pause between grower steps (0) */
+    lmc_clock_ms_fn clock;           /* NULL: CLOCK_MONOTONIC */
+    void *clock_user;
+} lmc_storage_options;
+
+/* Defaults of the flags (storage.md §1), with l1_size_bytes = 0. */
+void lmc_storage_options_defaults(lmc_storage_options *o);
+/* From the storage group and mp.shm_name of `cfg` (legacy flags or the
+ * first --l1-manager DRAM entry).  0, or -1 with a reason in `err`. */
+int lmc_storage_options_from_config(const lmc_config *cfg, lmc_storage_options *o, char *err,
+                                    size_t errlen);
+
+typedef struct lmc_storage_manager lmc_storage_manager;
+
+/* NULL on failure with a one-line reason in `err`. */
+lmc_storage_manager *lmc_storage_manager_create(const lmc_config *cfg, char *err, size_t errlen);
+lmc_storage_manager *lmc_storage_manager_create_with_options(const lmc_storage_options *o,
+                                                             char *err, size_t errlen);
+/* Stops the eviction and grower threads, frees every object, unmaps the
+ * arena and unlinks its SHM segment.  NULL is a no-op. */
+void lmc_storage_manager_close(lmc_storage_manager *sm);
+
+/* ---- listeners (L2 write-behind, event bus) ----------------------------
+ * written:  keys newly admitted by finish_write (not temporary, not via
+ *           finish_write_and_reserve_read)
+ * deleted:  keys whose resident copy (or last staging buffer) was freed:
+ *           delete, clear, eviction, last read of a temporary object
+ * accessed: keys passed to touch()
+ * Any callback may be NULL.  Register before concurrent use. */
+typedef struct lmc_storage_listener {
+    void (*on_written)(void *user, const lmc_object_key *keys, size_t n);
+    void (*on_deleted)(void *user, const lmc_object_key *keys, size_t n);
+    void (*on_accessed)(void *user, const lmc_object_key *keys, size_t n);
+    void *user;
+} lmc_storage_listener;
+
+#define LMC_STORAGE_MAX_LISTENERS 8
+/* 0, or -1 when LMC_STORAGE_MAX_LISTENERS are registered already. */
+int lmc_storage_manager_add_listener(lmc_storage_manager *sm, const lmc_storage_listener *l);
+
+/* ---- write ------------------------------------------------------------- */
+/* Reserves one staging buffer of `object_size` raw bytes per key for
+ * `writer_tag` (NULL: "storage_manager").  results[i] == LMC_L1_SUCCESS
+ * means offsets[i] is the arena offset to write.  Returns 0, or -1 on
+ * invalid arguments (object_size 0) or bookkeeping allocation failure. */
+int lmc_storage_manager_reserve_write(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                      size_t n, uint64_t object_size, bool is_temporary,
+                                      const char *writer_tag, uint64_t *offsets,
+                                      lmc_l1_result *results);
+/* Publishes the reservations (results may be NULL). */
+int lmc_storage_manager_finish_write(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                     size_t n, const char *writer_tag, lmc_l1_result *results);
+/* Publishes and takes `readers` read locks in one step (results may be NULL). */
+int lmc_storage_manager_finish_write_and_reserve_read(lmc_storage_manager *sm,
+                                                      const lmc_object_key *keys, size_t n,
+                                                      uint32_t readers, const char *writer_tag,
+                                                      lmc_l1_result *results);
+
+/* ---- lookup / read ----------------------------------------------------- */
+/* Atomically takes `readers` (clamped to [1,128]) read locks on the leading
+ * run of resident keys and returns its length; keys from the first miss on
+ * are not locked. */
+size_t lmc_storage_manager_lock_prefix(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                       size_t n, uint32_t readers);
+/* Arena ranges of read-locked keys; returns how many are readable
+ * (results[i] SUCCESS).  Takes no locks of its own. */
+size_t lmc_storage_manager_read(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
+                                lmc_l1_range *ranges, lmc_l1_result *results);
+/* Releases `readers` read locks per key (results may be NULL). */
+int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                    size_t n, uint32_t readers, lmc_l1_result *results);
+
+/* ---- maintenance ------------------------------------------------------- */
+/* Idempotent: missing keys are neither deleted nor skipped.  0 or -1. */
+int lmc_storage_manager_delete(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
+                               bool force, size_t *deleted, size_t *skipped_locked);
+/* Returns the number of keys dropped, or -1 on allocation failure. */
+long lmc_storage_manager_clear(lmc_storage_manager *sm, bool force);
+void lmc_storage_manager_touch(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n);
+
+/* ---- usage / status ---------------------------------------------------- */
+/* used = committed - free, total = committed so far (lazy: grows). */
+void lmc_storage_manager_usage(lmc_storage_manager *sm, uint64_t *used, uint64_t *total);
+/* New reference: {is_healthy, l1_manager{...}, l1_managers{"_default":...},
+ * l1_eviction_controller{...}, l1_eviction_controllers{...}, num_l2_adapters,
+ * l2_adapters[], l1_usage[used,total], l1_capacity_bytes_by_backend{...},
+ * l1_arena{...}}.  NULL on allocation failure. */
+json_t *lmc_storage_manager_report_status(lmc_storage_manager *sm);
+bool lmc_storage_manager_memcheck(lmc_storage_manager *sm);
+/* {base, size, shm_name} of the L1 arena (engine SHM pool, pinning, P2P). */
+const lmc_l1_arena_desc *lmc_storage_manager_l1_arena(const lmc_storage_manager *sm);
+/* One synchronous eviction cycle; returns the number of keys evicted. */
+size_t lmc_storage_manager_run_eviction_once(lmc_storage_manager *sm);
+/* The underlying L1 manager (tests, future controllers). */
+lmc_l1_manager *lmc_storage_manager_l1(lmc_storage_manager *sm);
+
+#endif

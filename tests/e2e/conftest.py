@@ -1,0 +1,151 @@
+"""Shared fixtures: start the real lmcached binary and talk to it over ZMQ
+the way upstream's DEALER clients do."""
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import msgpack
+import pytest
+import zmq
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LMCACHED = os.environ.get("LMCACHED_BIN", os.path.join(ROOT, "build", "lmcached"))
+CLI = os.environ.get("LMCACHE_CLI_BIN", os.path.join(ROOT, "build", "lmcache-cli"))
+
+# Small L1 so that tests never commit much memory.
+BASE_ARGS = ["--l1-size-gb", "0.0625", "--eviction-policy", "LRU", "--log-level", "INFO"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Dealer:
+    """A DEALER socket speaking the MP framing: [uid, op, payload...]."""
+
+    def __init__(self, ctx, url):
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(url)
+        self.uid = 0
+
+    def send(self, op, *payload, raw=None):
+        """Sends op (int id or str name) with msgpack-encoded payload
+        frames, or with `raw` pre-encoded frames.  Returns the uid used."""
+        uid = self.uid
+        self.uid += 1
+        frames = [msgpack.packb(uid), msgpack.packb(op)]
+        frames += raw if raw is not None else [msgpack.packb(p, use_bin_type=True) for p in payload]
+        self.sock.send_multipart(frames)
+        return uid
+
+    def recv(self, timeout_ms=5000):
+        if not self.sock.poll(timeout_ms):
+            return None
+        return self.sock.recv_multipart()
+
+    def call(self, op, *payload, timeout_ms=5000, raw=None):
+        """Returns the reply frames for this request, or None on timeout."""
+        uid = self.send(op, *payload, raw=raw)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            left = int((deadline - time.monotonic()) * 1000)
+            if left <= 0:
+                return None
+            frames = self.recv(left)
+            if frames is None:
+                return None
+            try:
+                if msgpack.unpackb(frames[0]) == uid:
+                    return frames
+            except ValueError:
+                pass  # a reply to a garbage request whose uid was not msgpack
+
+    def close(self):
+        self.sock.close(0)
+
+
+class Server:
+    def __init__(self, *extra_args, port=None):
+        self.port = port or free_port()
+        self.url = f"tcp://127.0.0.1:{self.port}"
+        args = [LMCACHED, "--host", "127.0.0.1", "--port", str(self.port)]
+        args += BASE_ARGS + list(extra_args)  # a later --host wins
+        self.log_path = f"/tmp/lmcached-e2e-{self.port}.log"
+        self.log = open(self.log_path, "w+b")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.ctx = zmq.Context()
+        self._wait_ready()
+
+    def _wait_ready(self):
+        d = self.dealer()
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"lmcached exited {self.proc.returncode}: {self.output()}")
+                if d.call(24, timeout_ms=200) is not None:
+                    return
+            raise RuntimeError("lmcached did not answer NOOP within 20 s")
+        finally:
+            d.close()
+
+    def dealer(self):
+        return Dealer(self.ctx, self.url)
+
+    def output(self):
+        if not self.log.closed:
+            self.log.flush()
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self, sig=signal.SIGTERM, timeout=20):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if not self.log.closed:
+            self.ctx.destroy(linger=0)
+            self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def server():
+    s = Server()
+    yield s
+    rc = s.stop()
+    assert rc == 0, s.output()
+
+
+@pytest.fixture
+def start_server():
+    started = []
+
+    def start(*args, **kw):
+        s = Server(*args, **kw)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def run_lmcached(*args, timeout=20):
+    """Runs lmcached to completion (for flag errors); returns CompletedProcess."""
+    return subprocess.run([LMCACHED, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def run_cli(*args, timeout=30):
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,206 @@
+/* L1 arena: SHM naming, sharing through a second mapping, stale segment
+ * replacement, unlink on close, private memory. */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "storage/l1_arena.h"
+
+#define ARENA_BYTES (64ull << 20)
+
+static void unique_name(char *out, size_t cap, const char *what)
+{
+    snprintf(out, cap, "unit_%s_%ld", what, (long)getpid());
+}
+
+static void test_name_resolution(void **state)
+{
+    (void)state;
+    char out[LMC_L1_SHM_NAME_MAX + 1];
+    assert_int_equal(lmc_l1_arena_resolve_shm_name(NULL, 4242, out, sizeof(out)), 0);
+    assert_string_equal(out, "lmcache_l1_pool_4242");
+    assert_int_equal(lmc_l1_arena_resolve_shm_name("", 1, out, sizeof(out)), 0);
+    assert_string_equal(out, "");
+    assert_int_equal(lmc_l1_arena_resolve_shm_name("mine", 1, out, sizeof(out)), 0);
+    assert_string_equal(out, "lmcache_l1_pool_mine");
+    assert_int_equal(lmc_l1_arena_resolve_shm_name("lmcache_l1_pool_x", 1, out, sizeof(out)), 0);
+    assert_string_equal(out, "lmcache_l1_pool_x");
+    assert_int_equal(lmc_l1_arena_resolve_shm_name("/lead", 1, out, sizeof(out)), 0);
+    assert_string_equal(out, "lmcache_l1_pool_lead");
+    assert_int_equal(lmc_l1_arena_resolve_shm_name("a/b", 1, out, sizeof(out)), -1);
+    char long_name[400];
+    memset(long_name, 'x', sizeof(long_name) - 1);
+    long_name[sizeof(long_name) - 1] = '\0';
+    assert_int_equal(lmc_l1_arena_resolve_shm_name(long_name, 1, out, sizeof(out)), -1);
+}
+
+static void *map_by_name(const char *shm_name, uint64_t *size)
+{
+    char path[300];
+    snprintf(path, sizeof(path), "/%s", shm_name);
+    int fd = shm_open(path, O_RDWR, 0);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    *size = (uint64_t)st.st_size;
+    void *p = mmap(NULL, *size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    assert_true(p != MAP_FAILED);
+    return p;
+}
+
+static void test_shm_shared_with_second_mapping(void **state)
+{
+    (void)state;
+    char name[64], err[256] = "";
+    unique_name(name, sizeof(name), "share");
+    lmc_l1_arena_options o = {ARENA_BYTES, name, false};
+    lmc_l1_arena *arena = lmc_l1_arena_create(&o, err, sizeof(err));
+    assert_non_null(arena);
+    const lmc_l1_arena_desc *d = lmc_l1_arena_describe(arena);
+    char expected[128];
+    snprintf(expected, sizeof(expected), "lmcache_l1_pool_%s", name);
+    assert_string_equal(d->shm_name, expected);
+    assert_int_equal(d->size, ARENA_BYTES);
+    uint8_t *base = d->base;
+    memcpy(base + 12345, "hello", 5);
+    base[ARENA_BYTES - 1] = 0x7f;
+    uint64_t size = 0;
+    uint8_t *other = map_by_name(d->shm_name, &size);
+    assert_non_null(other);
+    assert_int_equal(size, ARENA_BYTES);
+    assert_memory_equal(other + 12345, "hello", 5);
+    assert_int_equal(other[ARENA_BYTES - 1], 0x7f);
+    other[4096] = 0x42;                               /* and the other way round */
+    assert_int_equal(base[4096], 0x42);
+    munmap(other, size);
+    char path[300];
+    snprintf(path, sizeof(path), "/%s", expected);
+    lmc_l1_arena_destroy(arena);
+    errno = 0;
+    assert_int_equal(shm_open(path, O_RDONLY, 0), -1);   /* unlinked */
+    assert_int_equal(errno, ENOENT);
+}
+
+static void test_default_name_uses_pid(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    lmc_l1_arena_options o = {1 << 20, NULL, false};
+    lmc_l1_arena *arena = lmc_l1_arena_create(&o, err, sizeof(err));
+    assert_non_null(arena);
+    char expected[64];
+    snprintf(expected, sizeof(expected), "lmcache_l1_pool_%ld", (long)getpid());
+    assert_string_equal(lmc_l1_arena_describe(arena)->shm_name, expected);
+    lmc_l1_arena_destroy(arena);
+}
+
+static void test_stale_segment_is_replaced(void **state)
+{
+    (void)state;
+    char name[64], path[128], err[256] = "";
+    unique_name(name, sizeof(name), "stale");
+    snprintf(path, sizeof(path), "/lmcache_l1_pool_%s", name);
+    int fd = shm_open(path, O_RDWR | O_CREAT, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 4096), 0);
+    assert_int_equal(write(fd, "stale!", 6), 6);
+    close(fd);
+    lmc_l1_arena_options o = {ARENA_BYTES, name, false};
+    lmc_l1_arena *arena = lmc_l1_arena_create(&o, err, sizeof(err));
+    assert_non_null(arena);
+    const lmc_l1_arena_desc *d = lmc_l1_arena_describe(arena);
+    uint64_t size = 0;
+    uint8_t *other = map_by_name(d->shm_name, &size);
+    assert_int_equal(size, ARENA_BYTES);              /* a fresh, full-size segment */
+    assert_int_equal(other[0], 0);                    /* not the stale bytes */
+    assert_int_equal(((uint8_t *)d->base)[0], 0);
+    munmap(other, size);
+    lmc_l1_arena_destroy(arena);
+}
+
+static void test_private_memory(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    lmc_l1_arena_options o = {ARENA_BYTES, "", false};
+    lmc_l1_arena *arena = lmc_l1_arena_create(&o, err, sizeof(err));
+    assert_non_null(arena);
+    const lmc_l1_arena_desc *d = lmc_l1_arena_describe(arena);
+    assert_string_equal(d->shm_name, "");
+    assert_int_equal(d->size, ARENA_BYTES);
+    assert_false(d->hugepages);
+    memset((uint8_t *)d->base + ARENA_BYTES - 4096, 0xab, 4096);
+    assert_int_equal(((uint8_t *)d->base)[ARENA_BYTES - 1], 0xab);
+    lmc_l1_arena_destroy(arena);
+    lmc_l1_arena_destroy(NULL);
+}
+
+static long free_hugepages(void)
+{
+    FILE *f = fopen("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages", "r");
+    long n = 0;
+    if (f) {
+        if (fscanf(f, "%ld", &n) != 1)
+            n = 0;
+        fclose(f);
+    }
+    return n;
+}
+
+static void test_hugepages(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    lmc_l1_arena_options with_shm = {ARENA_BYTES, "x", true};
+    assert_null(lmc_l1_arena_create(&with_shm, err, sizeof(err)));
+    assert_non_null(strstr(err, "hugepages"));
+    lmc_l1_arena_options o = {3ull << 20, "", true};   /* rounded up to 4 MiB */
+    lmc_l1_arena *arena = lmc_l1_arena_create(&o, err, sizeof(err));
+    if (free_hugepages() < 2) {
+        assert_null(arena);
+        assert_non_null(strstr(err, "hugepage"));
+        return;
+    }
+    assert_non_null(arena);
+    assert_true(lmc_l1_arena_describe(arena)->hugepages);
+    assert_int_equal(lmc_l1_arena_describe(arena)->size, 4ull << 20);
+    lmc_l1_arena_destroy(arena);
+}
+
+static void test_invalid_options(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    lmc_l1_arena_options zero = {0, "", false};
+    assert_null(lmc_l1_arena_create(&zero, err, sizeof(err)));
+    lmc_l1_arena_options bad_name = {4096, "a/b", false};
+    assert_null(lmc_l1_arena_create(&bad_name, err, sizeof(err)));
+    assert_non_null(strstr(err, "a/b"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_name_resolution),
+        cmocka_unit_test(test_shm_shared_with_second_mapping),
+        cmocka_unit_test(test_default_name_uses_pid),
+        cmocka_unit_test(test_stale_segment_is_replaced),
+        cmocka_unit_test(test_private_memory),
+        cmocka_unit_test(test_hugepages),
+        cmocka_unit_test(test_invalid_options),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

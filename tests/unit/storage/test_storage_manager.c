@@ -1,0 +1,377 @@
+/* StorageManager facade: options from the config, SHM pool, lock_prefix,
+ * read/finish_read, delete/clear, listeners, status, lazy growth. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "storage/storage_manager.h"
+
+#define MIB (1ull << 20)
+#define OBJ 4096ull
+
+static lmc_object_key make_key(uint64_t id)
+{
+    lmc_object_key k;
+    memset(&k, 0, sizeof(k));
+    k.chunk_hash_len = 32;
+    memcpy(k.chunk_hash, &id, sizeof(id));
+    k.chunk_hash[20] = 0xc3;
+    k.kv_rank = lmc_kv_rank_for_worker(2, 1);
+    k.model_name = "model";
+    k.cache_salt = "salt";
+    return k;
+}
+
+static lmc_storage_options small_options(void)
+{
+    lmc_storage_options o;
+    lmc_storage_options_defaults(&o);
+    o.l1_size_bytes = 64 * MIB;
+    o.l1_use_lazy = false;
+    o.eviction_period_ms = 0;
+    return o;
+}
+
+static lmc_storage_manager *create(const lmc_storage_options *o)
+{
+    char err[256] = "";
+    lmc_storage_manager *sm = lmc_storage_manager_create_with_options(o, err, sizeof(err));
+    if (!sm)
+        fail_msg("create failed: %s", err);
+    return sm;
+}
+
+static void store_keys(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n)
+{
+    uint64_t offs[16];
+    lmc_l1_result res[16];
+    assert_int_equal(lmc_storage_manager_reserve_write(sm, keys, n, OBJ, false, NULL, offs, res),
+                     0);
+    uint8_t *base = lmc_storage_manager_l1_arena(sm)->base;
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(res[i], LMC_L1_SUCCESS);
+        memset(base + offs[i], (int)(0x10 + i), OBJ);
+    }
+    assert_int_equal(lmc_storage_manager_finish_write(sm, keys, n, NULL, res), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(res[i], LMC_L1_SUCCESS);
+}
+
+static void test_default_shm_pool(void **state)
+{
+    (void)state;
+    lmc_storage_options o = small_options();
+    lmc_storage_manager *sm = create(&o);
+    const lmc_l1_arena_desc *d = lmc_storage_manager_l1_arena(sm);
+    char expected[64];
+    snprintf(expected, sizeof(expected), "lmcache_l1_pool_%ld", (long)getpid());
+    assert_string_equal(d->shm_name, expected);
+    assert_int_equal(d->size, 64 * MIB);
+    uint64_t used, total;
+    lmc_storage_manager_usage(sm, &used, &total);
+    assert_int_equal(used, 0);
+    assert_int_equal(total, 64 * MIB);
+    lmc_storage_manager_close(sm);
+    lmc_storage_manager_close(NULL);
+}
+
+static void test_lock_prefix_locks_only_leading_hits(void **state)
+{
+    (void)state;
+    lmc_storage_options o = small_options();
+    snprintf(o.shm_name, sizeof(o.shm_name), "%s", "");
+    o.shm_auto = false;
+    lmc_storage_manager *sm = create(&o);
+    lmc_object_key stored[3] = {make_key(0), make_key(1), make_key(3)};
+    store_keys(sm, stored, 3);
+    lmc_object_key lookup[4] = {make_key(0), make_key(1), make_key(2), make_key(3)};
+    assert_int_equal(lmc_storage_manager_lock_prefix(sm, lookup, 4, 2), 2);
+    lmc_l1_range ranges[4];
+    lmc_l1_result res[4];
+    assert_int_equal(lmc_storage_manager_read(sm, lookup, 4, ranges, res), 2);
+    assert_int_equal(res[0], LMC_L1_SUCCESS);
+    assert_int_equal(res[1], LMC_L1_SUCCESS);
+    assert_int_equal(res[2], LMC_L1_KEY_NOT_EXIST);
+    assert_int_equal(res[3], LMC_L1_KEY_NOT_READABLE);    /* resident, not locked */
+    const uint8_t *base = lmc_storage_manager_l1_arena(sm)->base;
+    assert_int_equal(ranges[1].size, OBJ);
+    assert_int_equal(base[ranges[1].offset], 0x11);
+    assert_int_equal(base[ranges[1].offset + OBJ - 1], 0x11);
+    /* locked keys resist a non-force delete */
+    size_t deleted = 9, skipped = 9;
+    assert_int_equal(lmc_storage_manager_delete(sm, lookup, 4, false, &deleted, &skipped), 0);
+    assert_int_equal(deleted, 1);                          /* key 3 */
+    assert_int_equal(skipped, 2);                          /* keys 0 and 1 */
+    /* two readers: two releases */
+    assert_int_equal(lmc_storage_manager_finish_read(sm, lookup, 2, 1, NULL), 0);
+    assert_int_equal(lmc_storage_manager_read(sm, lookup, 2, ranges, res), 2);
+    assert_int_equal(lmc_storage_manager_finish_read(sm, lookup, 2, 1, res), 0);
+    assert_int_equal(res[0], LMC_L1_SUCCESS);
+    assert_int_equal(lmc_storage_manager_read(sm, lookup, 2, ranges, res), 0);
+    assert_int_equal(lmc_storage_manager_lock_prefix(sm, lookup + 2, 2, 1), 0);
+    assert_int_equal(lmc_storage_manager_delete(sm, lookup, 4, false, &deleted, &skipped), 0);
+    assert_int_equal(deleted, 2);
+    assert_int_equal(skipped, 0);
+    assert_true(lmc_storage_manager_memcheck(sm));
+    lmc_storage_manager_close(sm);
+}
+
+static void test_finish_write_and_reserve_read_and_clear(void **state)
+{
+    (void)state;
+    lmc_storage_options o = small_options();
+    lmc_storage_manager *sm = create(&o);
+    lmc_object_key keys[3] = {make_key(1), make_key(2), make_key(3)};
+    uint64_t offs[3];
+    lmc_l1_result res[3];
+    assert_int_equal(lmc_storage_manager_reserve_write(sm, keys, 3, OBJ, true, "prefetch", offs,
+                                                       res), 0);
+    assert_int_equal(lmc_storage_manager_finish_write_and_reserve_read(sm, keys, 2, 1, "prefetch",
+                                                                       res), 0);
+    assert_int_equal(res[1], LMC_L1_SUCCESS);
+    lmc_l1_range ranges[3];
+    assert_int_equal(lmc_storage_manager_read(sm, keys, 2, ranges, res), 2);
+    /* temporary: the last read frees it */
+    assert_int_equal(lmc_storage_manager_finish_read(sm, keys, 1, 1, NULL), 0);
+    assert_int_equal(lmc_storage_manager_lock_prefix(sm, keys, 1, 1), 0);
+    assert_int_equal(lmc_storage_manager_clear(sm, false), 0);   /* key 2 locked, 3 staging */
+    assert_int_equal(lmc_storage_manager_clear(sm, true), 2);
+    uint64_t used, total;
+    lmc_storage_manager_usage(sm, &used, &total);
+    assert_int_equal(used, 0);
+    lmc_storage_manager_close(sm);
+}
+
+typedef struct counts {
+    lmc_storage_manager *sm;
+    size_t written, deleted, accessed;
+    size_t locked_from_listener;
+} counts;
+
+static void on_written(void *user, const lmc_object_key *keys, size_t n)
+{
+    counts *c = user;
+    c->written += n;
+    /* calling back into the storage manager must not deadlock */
+    c->locked_from_listener += lmc_storage_manager_lock_prefix(c->sm, keys, n, 1);
+    assert_int_equal(lmc_storage_manager_finish_read(c->sm, keys, n, 1, NULL), 0);
+}
+
+static void on_deleted(void *user, const lmc_object_key *keys, size_t n)
+{
+    (void)keys;
+    ((counts *)user)->deleted += n;
+}
+
+static void on_accessed(void *user, const lmc_object_key *keys, size_t n)
+{
+    (void)keys;
+    ((counts *)user)->accessed += n;
+}
+
+static void test_listeners(void **state)
+{
+    (void)state;
+    lmc_storage_options o = small_options();
+    lmc_storage_manager *sm = create(&o);
+    counts c = {.sm = sm};
+    lmc_storage_listener l = {on_written, on_deleted, on_accessed, &c};
+    assert_int_equal(lmc_storage_manager_add_listener(sm, &l), 0);
+    lmc_storage_listener only_deleted = {NULL, on_deleted, NULL, &c};
+    assert_int_equal(lmc_storage_manager_add_listener(sm, &only_deleted), 0);
+    lmc_object_key keys[4] = {make_key(1), make_key(2), make_key(3), make_key(4)};
+    store_keys(sm, keys, 4);
+    assert_int_equal(c.written, 4);
+    assert_int_equal(c.locked_from_listener, 4);
+    lmc_storage_manager_touch(sm, keys, 3);
+    assert_int_equal(c.accessed, 3);
+    size_t deleted, skipped;
+    assert_int_equal(lmc_storage_manager_delete(sm, keys, 2, false, &deleted, &skipped), 0);
+    assert_int_equal(deleted, 2);
+    assert_int_equal(c.deleted, 4);                     /* two listeners */
+    lmc_storage_manager_close(sm);
+}
+
+static void test_status_and_eviction(void **state)
+{
+    (void)state;
+    lmc_storage_options o = small_options();
+    o.l1_size_bytes = 10 * OBJ;
+    o.eviction_trigger_watermark = 0.5;
+    o.eviction_ratio = 0.5;
+    lmc_storage_manager *sm = create(&o);
+    lmc_object_key keys[10];
+    for (int i = 0; i < 10; i++)
+        keys[i] = make_key((uint64_t)i);
+    store_keys(sm, keys, 10);
+    assert_int_equal(lmc_storage_manager_lock_prefix(sm, keys + 9, 1, 1), 1);
+    assert_int_equal(lmc_storage_manager_run_eviction_once(sm), 5);   /* 9 is locked */
+    lmc_l1_range r;
+    lmc_l1_result res;
+    assert_int_equal(lmc_storage_manager_read(sm, keys + 9, 1, &r, &res), 1);
+    json_t *st = lmc_storage_manager_report_status(sm);
+    assert_non_null(st);
+    assert_true(json_is_true(json_object_get(st, "is_healthy")));
+    assert_int_equal(json_integer_value(json_object_get(st, "num_l2_adapters")), 0);
+    json_t *l1 = json_object_get(st, "l1_manager");
+    assert_int_equal(json_integer_value(json_object_get(l1, "num_objects")), 5);
+    assert_int_equal(json_integer_value(json_object_get(l1, "num_locked_objects")), 1);
+    json_t *ev = json_object_get(st, "l1_eviction_controller");
+    assert_int_equal(json_integer_value(json_object_get(ev, "evicted_keys")), 5);
+    json_t *usage = json_object_get(st, "l1_usage");
+    assert_int_equal(json_integer_value(json_array_get(usage, 0)), 5 * OBJ);
+    assert_int_equal(json_integer_value(json_array_get(usage, 1)), 10 * OBJ);
+    assert_non_null(json_object_get(json_object_get(st, "l1_managers"), "_default"));
+    assert_int_equal(json_integer_value(json_object_get(
+                         json_object_get(st, "l1_capacity_bytes_by_backend"), "dram")),
+                     10 * OBJ);
+    json_decref(st);
+    assert_int_equal(lmc_storage_manager_finish_read(sm, keys + 9, 1, 1, NULL), 0);
+    lmc_storage_manager_close(sm);
+}
+
+static void test_lazy_growth(void **state)
+{
+    (void)state;
+    lmc_storage_options o = small_options();
+    o.l1_size_bytes = 256 * MIB;
+    o.l1_use_lazy = true;
+    o.l1_init_bytes = 1;                 /* rounds up to 64 MiB */
+    o.lazy_grow_step_bytes = 64 * MIB;
+    o.lazy_grow_interval_ms = 60000;     /* grower waits: deterministic start */
+    lmc_storage_manager *sm = create(&o);
+    uint64_t used, total;
+    lmc_storage_manager_usage(sm, &used, &total);
+    assert_int_equal(total, 64 * MIB);
+    /* SHM is kept with lazy growth: the segment has the full size */
+    assert_int_equal(lmc_storage_manager_l1_arena(sm)->size, 256 * MIB);
+    assert_true(lmc_storage_manager_l1_arena(sm)->shm_name[0] != '\0');
+    lmc_storage_manager_close(sm);       /* stops the waiting grower promptly */
+
+    o.lazy_grow_interval_ms = 0;
+    sm = create(&o);
+    for (int i = 0; i < 400 && total < 256 * MIB; i++) {
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        lmc_storage_manager_usage(sm, &used, &total);
+    }
+    assert_int_equal(total, 256 * MIB);
+    assert_true(lmc_storage_manager_memcheck(sm));
+    lmc_storage_manager_close(sm);
+}
+
+static void test_invalid_options(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    lmc_storage_options o = small_options();
+    snprintf(o.eviction_policy, sizeof(o.eviction_policy), "ARC");
+    assert_null(lmc_storage_manager_create_with_options(&o, err, sizeof(err)));
+    assert_non_null(strstr(err, "ARC"));
+    o = small_options();
+    o.l1_align_bytes = 1000;
+    assert_null(lmc_storage_manager_create_with_options(&o, err, sizeof(err)));
+    o = small_options();
+    o.l1_size_bytes = 0;
+    assert_null(lmc_storage_manager_create_with_options(&o, err, sizeof(err)));
+    o = small_options();
+    o.eviction_ratio = 1.5;
+    assert_null(lmc_storage_manager_create_with_options(&o, err, sizeof(err)));
+}
+
+/* ---- options from lmc_config ------------------------------------------------ */
+
+static void base_config(lmc_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->storage.l1_use_lazy = true;
+    cfg->storage.l1_init_size_gb = 20;
+    cfg->storage.l1_align_bytes = 4096;
+    cfg->storage.l1_write_ttl_seconds = 600;
+    cfg->storage.l1_read_ttl_seconds = 300;
+    cfg->storage.eviction_trigger_watermark = 0.8;
+    cfg->storage.eviction_ratio = 0.2;
+}
+
+static void test_options_from_legacy_flags(void **state)
+{
+    (void)state;
+    lmc_config cfg;
+    base_config(&cfg);
+    lmc_storage_options o;
+    char err[256] = "";
+    assert_int_equal(lmc_storage_options_from_config(&cfg, &o, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "L1 size"));
+    cfg.storage.l1_size_gb = (lmc_opt_double){true, 1.5};
+    cfg.storage.eviction_policy = "noop";
+    cfg.storage.l1_read_ttl_seconds = 30;
+    char shm[] = "custom";
+    cfg.mp.shm_name = shm;
+    assert_int_equal(lmc_storage_options_from_config(&cfg, &o, err, sizeof(err)), 0);
+    assert_int_equal(o.l1_size_bytes, 1536 * MIB);
+    assert_true(o.l1_use_lazy);
+    assert_int_equal(o.l1_init_bytes, 20ull << 30);
+    assert_false(o.shm_auto);
+    assert_string_equal(o.shm_name, "custom");
+    assert_string_equal(o.eviction_policy, "noop");
+    assert_int_equal(o.l1_read_ttl_seconds, 30);
+    assert_int_equal(o.eviction_period_ms, 1000);
+    cfg.mp.shm_name = NULL;
+    cfg.storage.eviction_policy = NULL;
+    assert_int_equal(lmc_storage_options_from_config(&cfg, &o, err, sizeof(err)), 0);
+    assert_true(o.shm_auto);
+    assert_string_equal(o.eviction_policy, "LRU");
+}
+
+static void test_options_from_l1_manager_json(void **state)
+{
+    (void)state;
+    lmc_config cfg;
+    base_config(&cfg);
+    char *entries[] = {"{\"type\":\"DRAM\",\"tag\":\"_default\",\"size_gb\":0.0625,"
+                       "\"use_lazy\":false,\"shm_name\":\"\",\"read_ttl_seconds\":7,"
+                       "\"eviction\":{\"eviction_policy\":\"LRU\",\"trigger_watermark\":0.9}}"};
+    cfg.storage.l1_manager_json = (lmc_strlist){entries, 1};
+    lmc_storage_options o;
+    char err[256] = "";
+    assert_int_equal(lmc_storage_options_from_config(&cfg, &o, err, sizeof(err)), 0);
+    assert_int_equal(o.l1_size_bytes, 64 * MIB);
+    assert_false(o.l1_use_lazy);
+    assert_false(o.shm_auto);
+    assert_string_equal(o.shm_name, "");
+    assert_int_equal(o.l1_read_ttl_seconds, 7);
+    assert_true(o.eviction_trigger_watermark == 0.9);
+    assert_true(o.eviction_ratio == 0.2);
+    o.eviction_period_ms = 0;
+    lmc_storage_manager *sm = create(&o);
+    assert_string_equal(lmc_storage_manager_l1_arena(sm)->shm_name, "");
+    lmc_storage_manager_close(sm);
+    char *gds[] = {"{\"type\":\"GDS\",\"tag\":\"g\",\"size_gb\":1,\"path\":\"/x\"}"};
+    cfg.storage.l1_manager_json = (lmc_strlist){gds, 1};
+    assert_int_equal(lmc_storage_options_from_config(&cfg, &o, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "DRAM"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_default_shm_pool),
+        cmocka_unit_test(test_lock_prefix_locks_only_leading_hits),
+        cmocka_unit_test(test_finish_write_and_reserve_read_and_clear),
+        cmocka_unit_test(test_listeners),
+        cmocka_unit_test(test_status_and_eviction),
+        cmocka_unit_test(test_lazy_growth),
+        cmocka_unit_test(test_invalid_options),
+        cmocka_unit_test(test_options_from_legacy_flags),
+        cmocka_unit_test(test_options_from_l1_manager_json),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
