@@ -139,7 +139,10 @@ def start_server():
 
     yield start
     for s in started:
-        s.stop()
+        was_running = s.alive()
+        rc = s.stop()
+        if was_running:  # a clean exit: no sanitizer report, no crash
+            assert rc == 0, s.output()
 
 
 def run_lmcached(*args, timeout=20):

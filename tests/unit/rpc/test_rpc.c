@@ -349,11 +349,13 @@ static void test_affinity_fifo_per_client(void **state)
         for (int i = 0; i < 40; i++)
             assert_int_equal(recv_frames(s[c], b, l, 5000), 3);
     }
+    pthread_mutex_lock(&f->lock);
     for (int c = 0; c < 2; c++) {
         assert_int_equal(f->n_order[c], 40);
         for (int i = 0; i < 40; i++)
             assert_int_equal(f->order[c][i], i);
     }
+    pthread_mutex_unlock(&f->lock);
     zmq_close(s[0]);
     zmq_close(s[1]);
     zmq_ctx_term(z);
