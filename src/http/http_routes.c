@@ -1,0 +1,366 @@
+/* The route table (ops-surface.md §1.2) and the endpoint handlers. */
+#include <microhttpd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "http/http_internal.h"
+#include "http/http_json.h"
+#include "obs/log.h"
+
+/* How an endpoint answers while backend.ready() is false (§1.1). */
+typedef enum {
+    READY_ANY,      /* serves regardless */
+    READY_DETAIL,   /* 503 {"detail":"server not initialized"} */
+    READY_ENGINE,   /* 503 {"error":"engine not initialized"} */
+    READY_CONFIGS,  /* 503 {"error":"configs not initialized"} */
+    READY_HEALTH,   /* 503 {"status":"unhealthy","reason":"engine not initialized"} */
+} readiness;
+
+typedef void (*route_fn)(const lmc_http_request *req, lmc_http_reply *out, const char *arg);
+
+typedef struct {
+    const char *method;
+    const char *path;
+    bool prefix;       /* path is a prefix ending in '/'; the rest must be non-empty */
+    readiness ready;
+    route_fn fn;
+    const char *arg;   /* handler argument (501 messages, version parts) */
+} route;
+
+static const lmc_http_backend *backend_of(const lmc_http_request *req)
+{
+    return &req->site->backend;
+}
+
+/* ---- endpoints ------------------------------------------------------- */
+
+static void ep_root(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    (void)arg;
+    const char *accept = lmc_http_header(req, MHD_HTTP_HEADER_ACCEPT);
+    if (accept && strstr(accept, "text/html")) {
+        lmc_http_reply_text(out, MHD_HTTP_OK, "text/html; charset=utf-8",
+                            strdup(lmc_http_index_html));
+        return;
+    }
+    lmc_http_reply_json(out, MHD_HTTP_OK,
+                        json_pack("{s:s, s:s}", "status", "ok", "service", "LMCache HTTP API"));
+}
+
+static void ep_dashboard(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    (void)req;
+    (void)arg;
+    lmc_http_reply_text(out, MHD_HTTP_OK, "text/html; charset=utf-8",
+                        strdup(lmc_http_dashboard_html));
+}
+
+static void ep_health(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    (void)req;
+    (void)arg;
+    lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:s}", "status", "healthy"));
+}
+
+static void ep_status(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    (void)arg;
+    const lmc_http_backend *b = backend_of(req);
+    json_t *status = b->status ? b->status(b->user) : NULL;
+    if (!status) {
+        lmc_http_reply_json(out, MHD_HTTP_INTERNAL_SERVER_ERROR,
+                            lmc_http_error("status unavailable"));
+        return;
+    }
+    lmc_http_reply_json(out, MHD_HTTP_OK, status);
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void ep_pressure(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    (void)arg;
+    const lmc_http_backend *b = backend_of(req);
+    json_t *status = b->status ? b->status(b->user) : NULL;
+    json_t *snap = status ? lmc_http_memory_pressure(status, wall_ms()) : NULL;
+    json_decref(status);
+    if (!snap) {
+        lmc_http_reply_json(out, MHD_HTTP_SERVICE_UNAVAILABLE,
+                            lmc_http_detail("memory pressure snapshot unavailable"));
+        return;
+    }
+    lmc_http_reply_json(out, MHD_HTTP_OK, snap);
+}
+
+/* arg: "both" (/version), "version" (/lmc_version) or "commit" (/commit_id).
+ * /lmc_version and /commit_id answer "" where /version says "NA". */
+static void ep_version(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    const char *v = req->site->version, *c = req->site->commit;
+    char text[256];
+    if (strcmp(arg, "both") == 0)
+        snprintf(text, sizeof text, "%s-%s", v, c);
+    else
+        snprintf(text, sizeof text, "%s", strcmp(arg, "version") == 0 ? v : c);
+    if (strcmp(arg, "both") != 0 && strcmp(text, "NA") == 0)
+        text[0] = '\0';
+    lmc_http_reply_json(out, MHD_HTTP_OK, json_string(text));
+}
+
+static void ep_config(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    (void)arg;
+    const lmc_http_backend *b = backend_of(req);
+    if (!b->config) {
+        lmc_http_reply_json(out, MHD_HTTP_SERVICE_UNAVAILABLE,
+                            lmc_http_error("configs not initialized"));
+        return;
+    }
+    json_t *grouped = b->config(b->user);
+    json_t *view = json_is_object(grouped) ? lmc_http_config_view(grouped) : NULL;
+    json_decref(grouped);
+    if (!view) {
+        lmc_http_reply_json(out, MHD_HTTP_INTERNAL_SERVER_ERROR,
+                            lmc_http_error("configuration unavailable"));
+        return;
+    }
+    lmc_http_reply_pretty_json(out, MHD_HTTP_OK, view);
+}
+
+static void ep_adapters(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    (void)arg;
+    const lmc_http_backend *b = backend_of(req);
+    json_t *list = b->adapters ? b->adapters(b->user) : json_array();
+    if (!json_is_array(list)) {
+        json_decref(list);
+        lmc_http_reply_json(out, MHD_HTTP_INTERNAL_SERVER_ERROR,
+                            lmc_http_detail("adapter list unavailable"));
+        return;
+    }
+    lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:o}", "adapters", list));
+}
+
+/* Runs backend.clear; on failure writes the message to err. */
+static bool do_clear(const lmc_http_request *req, bool force, char *err, size_t errlen)
+{
+    const lmc_http_backend *b = backend_of(req);
+    snprintf(err, errlen, "clear failed");
+    return b->clear(b->user, force, err, errlen) == 0;
+}
+
+static void ep_cache_clear(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    (void)arg;
+    bool force;
+    json_t *error = NULL;
+    unsigned rc = lmc_http_parse_clear_body(req->body, req->body_len, &force, &error);
+    if (rc != 0) {
+        lmc_http_reply_json(out, rc, error);
+        return;
+    }
+    if (!backend_of(req)->clear) {
+        lmc_http_reply_json(out, MHD_HTTP_NOT_IMPLEMENTED,
+                            lmc_http_detail("cache clear is not available in this build"));
+        return;
+    }
+    char err[256];
+    /* Upstream accepts `force` but always clears locked objects too. */
+    if (!do_clear(req, true, err, sizeof err)) {
+        lmc_http_reply_json(out, MHD_HTTP_INTERNAL_SERVER_ERROR, lmc_http_detail("%s", err));
+        return;
+    }
+    lmc_http_reply_json(out, MHD_HTTP_OK,
+                        json_pack("{s:s, s:{s:s}}", "status", "ok", "cleared", "tier", "l1"));
+}
+
+static void ep_clear_legacy(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    (void)arg;
+    char err[256];
+    if (!backend_of(req)->clear) {
+        lmc_http_reply_json(out, MHD_HTTP_NOT_IMPLEMENTED,
+                            lmc_http_error("cache clear is not available in this build"));
+        return;
+    }
+    if (!do_clear(req, true, err, sizeof err)) {
+        lmc_http_reply_json(out, MHD_HTTP_INTERNAL_SERVER_ERROR, lmc_http_error(err));
+        return;
+    }
+    lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
+}
+
+static bool parse_int(const char *text, long long *out)
+{
+    char *end;
+    if (!text || !*text)
+        return false;
+    *out = strtoll(text, &end, 10);
+    return *end == '\0';
+}
+
+static void ep_threads(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    (void)arg;
+    const char *tid_text = lmc_http_query(req, "thread_id");
+    long long tid = 0;
+    if (tid_text && !parse_int(tid_text, &tid)) {
+        lmc_http_reply_json(
+            out, 422,
+            lmc_http_validation_error("int_parsing", json_pack("[s,s]", "query", "thread_id"),
+                                      "Input should be a valid integer, unable to parse "
+                                      "string as an integer",
+                                      json_string(tid_text)));
+        return;
+    }
+    lmc_http_reply_json(out, MHD_HTTP_OK,
+                        lmc_http_threads(lmc_http_query(req, "name"), tid_text != NULL, tid));
+}
+
+static void ep_metrics(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    (void)arg;
+    const lmc_http_backend *b = backend_of(req);
+    if (!b->metrics) {
+        lmc_http_reply_json(out, MHD_HTTP_NOT_FOUND, lmc_http_detail("Not Found"));
+        return;
+    }
+    char *text = b->metrics(b->user);
+    if (!text) {
+        lmc_http_reply_json(out, MHD_HTTP_INTERNAL_SERVER_ERROR,
+                            lmc_http_detail("metrics unavailable"));
+        return;
+    }
+    lmc_http_reply_text(out, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", text);
+}
+
+/* Upstream's push channel from the coordinator is a logged no-op. */
+static void ep_coordinator(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    (void)arg;
+    json_t *doc = req->body ? json_loadb(req->body, req->body_len, JSON_DECODE_ANY, NULL) : NULL;
+    if (!doc) {
+        lmc_http_reply_json(out, MHD_HTTP_BAD_REQUEST, lmc_http_error("invalid JSON body"));
+        return;
+    }
+    if (!json_is_object(doc)) {
+        json_decref(doc);
+        lmc_http_reply_json(out, MHD_HTTP_BAD_REQUEST, lmc_http_error("body must be an object"));
+        return;
+    }
+    const char *type = json_string_value(json_object_get(doc, "type"));
+    LMC_INFO("coordinator command received (type %s); ignored", type ? type : "unknown");
+    json_decref(doc);
+    lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
+}
+
+static void ep_not_built(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    (void)req;
+    lmc_http_reply_json(out, MHD_HTTP_NOT_IMPLEMENTED,
+                        lmc_http_detail("%s not available in this build", arg));
+}
+
+/* ---- table and dispatch --------------------------------------------------- */
+
+#define NB(m, p, what) {m, p, false, READY_ANY, ep_not_built, what}
+#define NBP(m, p, what) {m, p, true, READY_ANY, ep_not_built, what}
+
+static const route routes[] = {
+    {"GET", "/", false, READY_ANY, ep_root, NULL},
+    {"GET", "/dashboard", false, READY_ANY, ep_dashboard, NULL},
+    {"GET", "/healthcheck", false, READY_HEALTH, ep_health, NULL},
+    {"GET", "/api/healthcheck", false, READY_HEALTH, ep_health, NULL},
+    {"GET", "/status", false, READY_ENGINE, ep_status, NULL},
+    {"GET", "/api/status", false, READY_ENGINE, ep_status, NULL},
+    {"GET", "/status/memory-pressure", false, READY_DETAIL, ep_pressure, NULL},
+    {"GET", "/version", false, READY_ANY, ep_version, "both"},
+    {"GET", "/lmc_version", false, READY_ANY, ep_version, "version"},
+    {"GET", "/commit_id", false, READY_ANY, ep_version, "commit"},
+    {"GET", "/config", false, READY_CONFIGS, ep_config, NULL},
+    {"GET", "/conf", false, READY_CONFIGS, ep_config, NULL},
+    {"GET", "/config/adapters", false, READY_DETAIL, ep_adapters, NULL},
+    {"POST", "/cache/clear", false, READY_DETAIL, ep_cache_clear, NULL},
+    {"POST", "/clear-cache", false, READY_ENGINE, ep_clear_legacy, NULL},
+    {"GET", "/threads", false, READY_ANY, ep_threads, NULL},
+    {"GET", "/metrics", false, READY_ANY, ep_metrics, NULL},
+    {"POST", "/coordinator/command", false, READY_ANY, ep_coordinator, NULL},
+    NB("GET", "/config/policies", "runtime policies are"),
+    NB("PATCH", "/config/policies", "runtime policies are"),
+    NB("POST", "/config/policies/validate", "runtime policies are"),
+    NB("GET", "/cache/objects", "L2 object listing is"),
+    NB("DELETE", "/cache/objects", "object deletion is"),
+    NB("POST", "/cache/prefetches", "L2 prefetch is"),
+    NBP("GET", "/cache/prefetches/", "L2 prefetch is"),
+    NB("POST", "/cache/checksums", "KV checksums are"),
+    NB("GET", "/kvcache/check", "KV checksums are"),
+    NB("GET", "/api/quota", "quotas are"),
+    NBP("GET", "/api/quota/", "quotas are"),
+    NBP("PUT", "/api/quota/", "quotas are"),
+    NBP("DELETE", "/api/quota/", "quotas are"),
+    NB("POST", "/api/kv/store", "KV transfer over HTTP is"),
+    NB("POST", "/api/kv/retrieve", "KV transfer over HTTP is"),
+    NB("POST", "/api/kv/lookup", "KV lookup over HTTP is"),
+    NBP("GET", "/reconfigure/", "reconfiguration is"),
+    NBP("POST", "/reconfigure/", "reconfiguration is"),
+};
+#define N_ROUTES (sizeof routes / sizeof routes[0])
+
+static bool path_matches(const route *r, const char *path)
+{
+    if (!r->prefix)
+        return strcmp(r->path, path) == 0;
+    size_t n = strlen(r->path);
+    return strncmp(r->path, path, n) == 0 && path[n] != '\0';
+}
+
+static bool answer_not_ready(const lmc_http_request *req, const route *r, lmc_http_reply *out)
+{
+    const lmc_http_backend *b = backend_of(req);
+    if (r->ready == READY_ANY || !b->ready || b->ready(b->user))
+        return false;
+    json_t *body = r->ready == READY_DETAIL    ? lmc_http_detail("server not initialized")
+                   : r->ready == READY_ENGINE  ? lmc_http_error("engine not initialized")
+                   : r->ready == READY_CONFIGS ? lmc_http_error("configs not initialized")
+                                               : json_pack("{s:s, s:s}", "status", "unhealthy",
+                                                           "reason", "engine not initialized");
+    lmc_http_reply_json(out, MHD_HTTP_SERVICE_UNAVAILABLE, body);
+    return true;
+}
+
+static void add_allowed(char *allow, size_t len, const char *method)
+{
+    if (strstr(allow, method))
+        return;
+    size_t used = strlen(allow);
+    snprintf(allow + used, len - used, "%s%s", used ? ", " : "", method);
+}
+
+void lmc_http_dispatch(const lmc_http_request *req, lmc_http_reply *out)
+{
+    const char *method = strcmp(req->method, "HEAD") == 0 ? "GET" : req->method;
+    out->allow[0] = '\0';
+    for (size_t i = 0; i < N_ROUTES; i++) {
+        const route *r = &routes[i];
+        if (!path_matches(r, req->path))
+            continue;
+        if (strcmp(r->method, method) == 0) {
+            if (!answer_not_ready(req, r, out))
+                r->fn(req, out, r->arg);
+            return;
+        }
+        add_allowed(out->allow, sizeof out->allow, r->method);
+    }
+    if (out->allow[0])
+        lmc_http_reply_json(out, MHD_HTTP_METHOD_NOT_ALLOWED,
+                            lmc_http_detail("Method Not Allowed"));
+    else
+        lmc_http_reply_json(out, MHD_HTTP_NOT_FOUND, lmc_http_detail("Not Found"));
+}

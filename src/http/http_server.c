@@ -1,0 +1,369 @@
+/* libmicrohttpd glue: the listening socket, request bodies with a size
+ * limit, and turning lmc_http_reply into a libmicrohttpd response. */
+#include "http/http_server.h"
+
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "http/http_internal.h"
+#include "http/http_json.h"
+#include "obs/log.h"
+
+#define DEFAULT_MAX_BODY (1024u * 1024u)
+#define DEFAULT_TIMEOUT_S 30u
+#define DEFAULT_THREADS 2u
+#define MAX_CONNECTIONS 256u
+
+#define LOG_LINES_PER_SECOND 10
+
+struct lmc_http_server {
+    struct MHD_Daemon *daemon;
+    int port;
+    size_t max_body;
+    lmc_http_site site;
+    /* libmicrohttpd's messages (mostly about malformed requests) are rate
+     * limited so that a flood of garbage cannot flood the log. */
+    atomic_llong log_second;
+    atomic_int log_lines;
+    atomic_int log_suppressed;
+};
+
+/* Per-request state, from the first call of the access handler to the
+ * completion callback. */
+typedef struct {
+    char *body;
+    size_t len, cap;
+    bool too_large;
+    bool replied;  /* a response was queued before the body was read */
+} request_state;
+
+/* ---- replies ------------------------------------------------------------ */
+
+static void reply_dump(lmc_http_reply *out, unsigned status, json_t *body, size_t flags)
+{
+    char *text = body ? json_dumps(body, flags | JSON_ENCODE_ANY) : NULL;
+    json_decref(body);
+    if (!text) {
+        status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+        text = strdup("{\"detail\":\"Internal Server Error\"}");
+    }
+    lmc_http_reply_text(out, status, "application/json", text);
+}
+
+void lmc_http_reply_json(lmc_http_reply *out, unsigned status, json_t *body)
+{
+    reply_dump(out, status, body, JSON_COMPACT);
+}
+
+void lmc_http_reply_pretty_json(lmc_http_reply *out, unsigned status, json_t *body)
+{
+    reply_dump(out, status, body, JSON_INDENT(2));
+}
+
+void lmc_http_reply_text(lmc_http_reply *out, unsigned status, const char *content_type,
+                         char *text)
+{
+    free(out->body);
+    out->status = status;
+    out->content_type = content_type;
+    out->body = text;
+    out->len = text ? strlen(text) : 0;
+}
+
+const char *lmc_http_query(const lmc_http_request *req, const char *name)
+{
+    return req->conn ? MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, name) : NULL;
+}
+
+const char *lmc_http_header(const lmc_http_request *req, const char *name)
+{
+    return req->conn ? MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, name) : NULL;
+}
+
+static enum MHD_Result queue_reply(struct MHD_Connection *conn, lmc_http_reply *r)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(r->len, r->body ? r->body : (void *)"",
+                                        r->body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    if (!resp) {
+        free(r->body);
+        return MHD_NO;
+    }
+    r->body = NULL; /* the response owns it now */
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->content_type);
+    if (r->allow[0])
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, r->allow);
+    enum MHD_Result rc = MHD_queue_response(conn, r->status, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+static enum MHD_Result queue_too_large(struct MHD_Connection *conn, size_t limit)
+{
+    lmc_http_reply r = {0};
+    lmc_http_reply_json(&r, MHD_HTTP_CONTENT_TOO_LARGE,
+                        lmc_http_detail("request body exceeds %zu bytes", limit));
+    return queue_reply(conn, &r);
+}
+
+/* ---- request bodies ------------------------------------------------------ */
+
+static bool declared_too_large(struct MHD_Connection *conn, size_t limit)
+{
+    const char *cl =
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (!cl)
+        return false;
+    errno = 0;
+    char *end;
+    unsigned long long n = strtoull(cl, &end, 10);
+    return errno == ERANGE || (end != cl && n > limit);
+}
+
+/* Appends an upload chunk; past the limit, the body is dropped and the
+ * rest of the upload discarded. */
+static void append_body(request_state *rs, const char *data, size_t n, size_t limit)
+{
+    if (rs->too_large)
+        return;
+    if (n > limit - rs->len) {
+        rs->too_large = true;
+        free(rs->body);
+        rs->body = NULL;
+        rs->len = rs->cap = 0;
+        return;
+    }
+    if (rs->len + n + 1 > rs->cap) {
+        size_t cap = rs->cap ? rs->cap : 4096;
+        while (cap < rs->len + n + 1)
+            cap *= 2;
+        char *grown = realloc(rs->body, cap);
+        if (!grown) {
+            rs->too_large = true; /* answered 413: the body cannot be held */
+            return;
+        }
+        rs->body = grown;
+        rs->cap = cap;
+    }
+    memcpy(rs->body + rs->len, data, n);
+    rs->len += n;
+    rs->body[rs->len] = '\0';
+}
+
+/* ---- libmicrohttpd callbacks ------------------------------------------- */
+
+static enum MHD_Result first_call(lmc_http_server *s, struct MHD_Connection *conn,
+                                  void **con_cls)
+{
+    request_state *rs = calloc(1, sizeof *rs);
+    if (!rs)
+        return MHD_NO;
+    *con_cls = rs;
+    if (declared_too_large(conn, s->max_body)) {
+        rs->replied = true;
+        return queue_too_large(conn, s->max_body);
+    }
+    return MHD_YES;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    (void)version;
+    lmc_http_server *s = cls;
+    request_state *rs = *con_cls;
+    if (!rs)
+        return first_call(s, conn, con_cls);
+    if (*upload_data_size) {
+        if (!rs->replied)
+            append_body(rs, upload_data, *upload_data_size, s->max_body);
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (rs->replied)
+        return MHD_YES;
+    rs->replied = true;
+    if (rs->too_large)
+        return queue_too_large(conn, s->max_body);
+    lmc_http_request req = {
+        .site = &s->site, .method = method, .path = url,
+        .body = rs->len ? rs->body : NULL, .body_len = rs->len, .conn = conn,
+    };
+    lmc_http_reply reply = {.status = MHD_HTTP_INTERNAL_SERVER_ERROR};
+    lmc_http_dispatch(&req, &reply);
+    if (!reply.content_type)
+        reply.content_type = "application/json";
+    return queue_reply(conn, &reply);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    (void)conn;
+    (void)toe;
+    request_state *rs = *con_cls;
+    if (rs) {
+        free(rs->body);
+        free(rs);
+        *con_cls = NULL;
+    }
+}
+
+static bool log_allowed(lmc_http_server *s)
+{
+    long long now = (long long)time(NULL);
+    long long prev = atomic_exchange(&s->log_second, now);
+    if (prev != now) {
+        atomic_store(&s->log_lines, 0);
+        int dropped = atomic_exchange(&s->log_suppressed, 0);
+        if (dropped > 0)
+            LMC_WARN("http: %d messages suppressed", dropped);
+    }
+    if (atomic_fetch_add(&s->log_lines, 1) < LOG_LINES_PER_SECOND)
+        return true;
+    atomic_fetch_add(&s->log_suppressed, 1);
+    return false;
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    if (!log_allowed(cls))
+        return;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    line[strcspn(line, "\n")] = '\0';
+    LMC_WARN("http: %s", line);
+}
+
+/* ---- start / stop ---------------------------------------------------- */
+
+static int bind_listener(const char *host, int port, int *family, char *err, size_t errlen)
+{
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE};
+    struct addrinfo *res = NULL;
+    int gai = getaddrinfo(host, service, &hints, &res);
+    if (gai != 0) {
+        snprintf(err, errlen, "--http-host %s: %s", host, gai_strerror(gai));
+        return -1;
+    }
+    int fd = -1, last_errno = 0;
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        int one = 1;
+        if (fd >= 0 && (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+                        bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0)) {
+            last_errno = errno;
+            close(fd);
+            fd = -1;
+        }
+        if (fd >= 0)
+            *family = ai->ai_family;
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        snprintf(err, errlen, "cannot listen on http://%s:%d: %s", host, port,
+                 strerror(last_errno ? last_errno : EADDRNOTAVAIL));
+    return fd;
+}
+
+static int bound_port(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
+        return -1;
+    if (ss.ss_family == AF_INET6)
+        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+static char *dup_or_na(const char *s)
+{
+    return strdup(s && *s ? s : "NA");
+}
+
+static void free_server(lmc_http_server *s)
+{
+    free(s->site.version);
+    free(s->site.commit);
+    free(s);
+}
+
+static struct MHD_Daemon *start_daemon(lmc_http_server *s, const lmc_http_options *o, int fd,
+                                       int family)
+{
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_AUTO;
+    if (family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    return MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
+        MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(o->threads ? o->threads : DEFAULT_THREADS),
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->timeout_s ? o->timeout_s : DEFAULT_TIMEOUT_S),
+        MHD_OPTION_CONNECTION_LIMIT, MAX_CONNECTIONS, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+        NULL, MHD_OPTION_END);
+}
+
+int lmc_http_server_start(const lmc_http_options *opts, const lmc_http_backend *backend,
+                          lmc_http_server **out, char *err, size_t errlen)
+{
+    lmc_http_server *s = calloc(1, sizeof *s);
+    if (!s || !opts || !backend || opts->port < 0 || opts->port > 65535) {
+        snprintf(err, errlen, s ? "invalid HTTP options" : "out of memory");
+        free(s);
+        return -1;
+    }
+    s->site.backend = *backend;
+    s->site.version = dup_or_na(opts->version);
+    s->site.commit = dup_or_na(opts->commit);
+    s->max_body = opts->max_body_bytes ? opts->max_body_bytes : DEFAULT_MAX_BODY;
+    int family = AF_INET;
+    const char *host = opts->host && *opts->host ? opts->host : "0.0.0.0";
+    int fd = (s->site.version && s->site.commit)
+                 ? bind_listener(host, opts->port, &family, err, errlen)
+                 : (snprintf(err, errlen, "out of memory"), -1);
+    if (fd < 0) {
+        free_server(s);
+        return -1;
+    }
+    s->port = bound_port(fd);
+    s->daemon = start_daemon(s, opts, fd, family);
+    if (!s->daemon) {
+        snprintf(err, errlen, "cannot start the HTTP server on %s:%d", host, s->port);
+        close(fd);
+        free_server(s);
+        return -1;
+    }
+    LMC_INFO("HTTP frontend listening on http://%s:%d", host, s->port);
+    *out = s;
+    return 0;
+}
+
+int lmc_http_server_port(const lmc_http_server *s)
+{
+    return s ? s->port : -1;
+}
+
+void lmc_http_server_stop(lmc_http_server *s)
+{
+    if (!s)
+        return;
+    MHD_stop_daemon(s->daemon); /* joins the threads, closes the socket */
+    free_server(s);
+}

@@ -1,0 +1,341 @@
+/* Collectors that feed the registry at scrape time: the process (/proc),
+ * the event bus, the RPC core and the server status. */
+#include <dirent.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "obs/metrics.h"
+#include "obs/metrics_internal.h"
+
+/* ---- process ------------------------------------------------------------ */
+
+typedef struct {
+    lmc_metric *cpu, *rss, *vsize, *open_fds, *max_fds, *start_time;
+} process_metrics;
+
+typedef struct {
+    double utime_ticks, stime_ticks, start_ticks, vsize, rss_pages;
+    bool ok;
+} proc_stat;
+
+/* Fields after the ")" that ends the command name: field 3 is the state,
+ * 14/15 utime/stime, 22 starttime, 23 vsize, 24 rss (proc(5)). */
+static proc_stat read_proc_stat(void)
+{
+    proc_stat ps = {0};
+    char buf[2048];
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (!f)
+        return ps;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return ps;
+    p++;
+    for (int field = 3; field <= 24 && *p; field++) {
+        char *end;
+        while (*p == ' ')
+            p++;
+        double v = strtod(p, &end);
+        switch (field) {
+        case 14: ps.utime_ticks = v; break;
+        case 15: ps.stime_ticks = v; break;
+        case 22: ps.start_ticks = v; break;
+        case 23: ps.vsize = v; break;
+        case 24: ps.rss_pages = v; ps.ok = true; break;
+        default: break;
+        }
+        p = strchr(end, ' ');
+        if (!p)
+            break;
+    }
+    return ps;
+}
+
+static double boot_time_seconds(void)
+{
+    FILE *f = fopen("/proc/stat", "r");
+    char line[256];
+    double btime = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "btime %lf", &btime) == 1)
+            break;
+    }
+    if (f)
+        fclose(f);
+    return btime;
+}
+
+static double count_open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    double n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] != '.')
+            n++;
+    }
+    closedir(d);
+    return n - 1; /* the directory stream's own descriptor */
+}
+
+static void collect_process(lmc_metrics *r, void *user)
+{
+    (void)r;
+    process_metrics *pm = user;
+    proc_stat ps = read_proc_stat();
+    double tick = (double)sysconf(_SC_CLK_TCK);
+    if (ps.ok && tick > 0) {
+        lmc_metric_set(pm->cpu, NULL, (ps.utime_ticks + ps.stime_ticks) / tick);
+        lmc_metric_set(pm->rss, NULL, ps.rss_pages * (double)sysconf(_SC_PAGESIZE));
+        lmc_metric_set(pm->vsize, NULL, ps.vsize);
+        lmc_metric_set(pm->start_time, NULL, boot_time_seconds() + ps.start_ticks / tick);
+    }
+    double fds = count_open_fds();
+    if (fds >= 0)
+        lmc_metric_set(pm->open_fds, NULL, fds);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+        lmc_metric_set(pm->max_fds, NULL, (double)rl.rlim_cur);
+}
+
+int lmc_metrics_add_process_collector(lmc_metrics *r)
+{
+    process_metrics *pm = calloc(1, sizeof *pm);
+    if (!pm)
+        return -1;
+    pm->cpu = lmc_metrics_counter(r, "process_cpu_seconds_total",
+                                  "Total user and system CPU time spent in seconds", NULL);
+    pm->rss = lmc_metrics_gauge(r, "process_resident_memory_bytes",
+                                "Resident memory size in bytes", NULL);
+    pm->vsize = lmc_metrics_gauge(r, "process_virtual_memory_bytes",
+                                  "Virtual memory size in bytes", NULL);
+    pm->open_fds = lmc_metrics_gauge(r, "process_open_fds", "Number of open file descriptors",
+                                     NULL);
+    pm->max_fds = lmc_metrics_gauge(r, "process_max_fds",
+                                    "Maximum number of open file descriptors", NULL);
+    pm->start_time = lmc_metrics_gauge(r, "process_start_time_seconds",
+                                       "Start time of the process since unix epoch in seconds",
+                                       NULL);
+    if (!pm->cpu || !pm->rss || !pm->vsize || !pm->open_fds || !pm->max_fds ||
+        !pm->start_time) {
+        free(pm);
+        return -1;
+    }
+    return lmc_metrics_add_owned_collector(r, collect_process, pm);
+}
+
+/* ---- event bus -------------------------------------------------------- */
+
+typedef struct {
+    lmc_event_bus *bus;
+    lmc_metric *events, *published, *delivered, *dropped, *queued;
+} bus_metrics;
+
+static void on_event(const lmc_event *ev, void *user)
+{
+    bus_metrics *bm = user;
+    const char *values[] = {ev->type ? ev->type : ""};
+    lmc_metric_add(bm->events, values, 1);
+}
+
+static void collect_bus(lmc_metrics *r, void *user)
+{
+    (void)r;
+    bus_metrics *bm = user;
+    lmc_event_bus_stats st = lmc_event_bus_get_stats(bm->bus);
+    lmc_metric_set(bm->published, NULL, (double)st.published);
+    lmc_metric_set(bm->delivered, NULL, (double)st.delivered);
+    lmc_metric_set(bm->dropped, NULL, (double)st.dropped);
+    lmc_metric_set(bm->queued, NULL, (double)st.queued);
+}
+
+static bool register_bus_metrics(lmc_metrics *r, bus_metrics *bm)
+{
+    static const char *const type_label[] = {"event_type", NULL};
+    bm->events = lmc_metrics_counter(r, "lmcache_mp_events_total",
+                                     "Events delivered by the event bus, by type", type_label);
+    bm->published = lmc_metrics_counter(r, "lmcache_mp_event_bus_published_events_total",
+                                        "Events accepted by the event bus", NULL);
+    bm->delivered = lmc_metrics_counter(r, "lmcache_mp_event_bus_delivered_events_total",
+                                        "Events handed to the subscribers", NULL);
+    bm->dropped = lmc_metrics_counter(r, "lmcache_mp_event_bus_dropped_events_total",
+                                      "Events dropped because the queue was full", NULL);
+    bm->queued = lmc_metrics_gauge(r, "lmcache_mp_event_bus_queue_depth",
+                                   "Events waiting in the event bus queue", NULL);
+    return bm->events && bm->published && bm->delivered && bm->dropped && bm->queued;
+}
+
+int lmc_metrics_attach_event_bus(lmc_metrics *r, lmc_event_bus *bus)
+{
+    bus_metrics *bm = calloc(1, sizeof *bm);
+    if (!r || !bus || !bm) {
+        free(bm);
+        return -1;
+    }
+    bm->bus = bus;
+    if (!register_bus_metrics(r, bm)) {
+        free(bm);
+        return -1;
+    }
+    /* The registry owns bm from here on, so the subscription (which has no
+     * unsubscribe) stays valid until the registry is freed. */
+    if (lmc_metrics_add_owned_collector(r, collect_bus, bm) != 0)
+        return -1;
+    return lmc_event_bus_subscribe(bus, NULL, on_event, bm);
+}
+
+/* ---- RPC core --------------------------------------------------------- */
+
+typedef struct {
+    lmc_metrics_rpc_fn fn;
+    void *user;
+    lmc_metric *received, *replied, *dropped, *error_frames;
+} rpc_metrics;
+
+static void collect_rpc(lmc_metrics *r, void *user)
+{
+    (void)r;
+    rpc_metrics *rm = user;
+    lmc_metrics_rpc_counts c = rm->fn(rm->user);
+    lmc_metric_set(rm->received, NULL, (double)c.received);
+    lmc_metric_set(rm->replied, NULL, (double)c.replied);
+    lmc_metric_set(rm->dropped, NULL, (double)c.dropped);
+    lmc_metric_set(rm->error_frames, NULL, (double)c.error_frames);
+}
+
+int lmc_metrics_add_rpc_source(lmc_metrics *r, lmc_metrics_rpc_fn fn, void *user)
+{
+    rpc_metrics *rm = calloc(1, sizeof *rm);
+    if (!r || !fn || !rm) {
+        free(rm);
+        return -1;
+    }
+    rm->fn = fn;
+    rm->user = user;
+    rm->received = lmc_metrics_counter(r, "lmcache_mp_rpc_received_total",
+                                       "ZMQ messages read off the RPC socket", NULL);
+    rm->replied = lmc_metrics_counter(r, "lmcache_mp_rpc_replied_total",
+                                      "RPC replies sent", NULL);
+    rm->dropped = lmc_metrics_counter(r, "lmcache_mp_rpc_dropped_total",
+                                      "RPC requests dropped without a reply", NULL);
+    rm->error_frames = lmc_metrics_counter(r, "lmcache_mp_rpc_error_frames_total",
+                                           "RPC error frames sent", NULL);
+    if (!rm->received || !rm->replied || !rm->dropped || !rm->error_frames) {
+        free(rm);
+        return -1;
+    }
+    return lmc_metrics_add_owned_collector(r, collect_rpc, rm);
+}
+
+/* ---- server status ---------------------------------------------------- */
+
+typedef struct {
+    const char *section; /* object under status.storage_manager; NULL = top level */
+    const char *key;
+    lmc_metric_type type;
+    const char *name, *help;
+} status_field;
+
+static const status_field status_fields[] = {
+    {NULL, "is_healthy", LMC_METRIC_GAUGE, "lmcache_mp_healthy",
+     "1 when every module and the storage report healthy"},
+    {"l1_manager", "memory_used_bytes", LMC_METRIC_GAUGE, "lmcache_mp_l1_used_bytes",
+     "L1 bytes allocated to objects and staging"},
+    {"l1_manager", "memory_total_bytes", LMC_METRIC_GAUGE, "lmcache_mp_l1_committed_bytes",
+     "L1 bytes committed to the allocator so far"},
+    {"l1_manager", "memory_configured_bytes", LMC_METRIC_GAUGE, "lmcache_mp_l1_capacity_bytes",
+     "Configured L1 size in bytes"},
+    {"l1_manager", "memory_usage_ratio", LMC_METRIC_GAUGE, "lmcache_mp_l1_memory_usage_ratio",
+     "L1 used bytes / committed bytes"},
+    {"l1_manager", "num_objects", LMC_METRIC_GAUGE, "lmcache_mp_l1_objects",
+     "Objects stored in L1"},
+    {"l1_manager", "num_locked_objects", LMC_METRIC_GAUGE, "lmcache_mp_l1_locked_objects",
+     "L1 objects currently read-locked"},
+    {"l1_manager", "num_staging_objects", LMC_METRIC_GAUGE, "lmcache_mp_l1_staging_objects",
+     "L1 objects reserved for writing and not yet committed"},
+    {"l1_eviction_controller", "cycles", LMC_METRIC_COUNTER,
+     "lmcache_mp_l1_eviction_loop_ticks_total", "L1 eviction loop iterations"},
+    {"l1_eviction_controller", "triggered_cycles", LMC_METRIC_COUNTER,
+     "lmcache_mp_l1_eviction_loop_triggered_total",
+     "L1 eviction loop iterations that ran the eviction policy"},
+    {"l1_eviction_controller", "evicted_keys", LMC_METRIC_COUNTER, "lmcache_mp_l1_evicted_total",
+     "Keys evicted from L1"},
+};
+#define N_STATUS_FIELDS (sizeof status_fields / sizeof status_fields[0])
+
+typedef struct {
+    lmc_metrics_status_fn fn;
+    void *user;
+} status_source;
+
+static const json_t *status_value(const json_t *status, const status_field *f)
+{
+    if (!f->section)
+        return json_object_get(status, f->key);
+    const json_t *sm = json_object_get(status, "storage_manager");
+    return json_object_get(json_object_get(sm, f->section), f->key);
+}
+
+/* Registers (or finds) the status families; false on failure. */
+static bool status_families(lmc_metrics *r, lmc_metric **out)
+{
+    static const char *const info_labels[] = {"service_instance_id", NULL};
+    for (size_t i = 0; i < N_STATUS_FIELDS; i++) {
+        const status_field *f = &status_fields[i];
+        out[i] = f->type == LMC_METRIC_COUNTER ? lmc_metrics_counter(r, f->name, f->help, NULL)
+                                               : lmc_metrics_gauge(r, f->name, f->help, NULL);
+        if (!out[i])
+            return false;
+    }
+    out[N_STATUS_FIELDS] = lmc_metrics_gauge(
+        r, "target_info", "Target metadata: the server's --instance-id", info_labels);
+    return out[N_STATUS_FIELDS] != NULL;
+}
+
+void lmc_metrics_update_from_status(lmc_metrics *r, const json_t *status)
+{
+    lmc_metric *m[N_STATUS_FIELDS + 1];
+    if (!json_is_object(status) || !status_families(r, m))
+        return;
+    for (size_t i = 0; i < N_STATUS_FIELDS; i++) {
+        const json_t *v = status_value(status, &status_fields[i]);
+        if (json_is_number(v))
+            lmc_metric_set(m[i], NULL, json_number_value(v));
+        else if (json_is_boolean(v))
+            lmc_metric_set(m[i], NULL, json_is_true(v) ? 1 : 0);
+    }
+    const char *id = json_string_value(json_object_get(status, "instance_id"));
+    if (id) {
+        const char *values[] = {id};
+        lmc_metric_set(m[N_STATUS_FIELDS], values, 1);
+    }
+}
+
+static void collect_status(lmc_metrics *r, void *user)
+{
+    status_source *ss = user;
+    json_t *status = ss->fn(ss->user);
+    lmc_metrics_update_from_status(r, status);
+    json_decref(status);
+}
+
+int lmc_metrics_add_status_source(lmc_metrics *r, lmc_metrics_status_fn fn, void *user)
+{
+    lmc_metric *m[N_STATUS_FIELDS + 1];
+    status_source *ss = calloc(1, sizeof *ss);
+    if (!r || !fn || !ss || !status_families(r, m)) {
+        free(ss);
+        return -1;
+    }
+    ss->fn = fn;
+    ss->user = user;
+    return lmc_metrics_add_owned_collector(r, collect_status, ss);
+}

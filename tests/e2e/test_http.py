@@ -1,0 +1,314 @@
+"""HTTP frontend end to end: a real lmcached with --http-host/--http-port,
+requests over plain sockets (ops-surface.md §1, docs/http.md).
+
+Skipped until lmcached serves HTTP: the module needs `--http-port` in
+`lmcached --help`, and the fixture skips when the started server does not
+answer HTTP."""
+import http.client
+import json
+import os
+import random
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import LMCACHED, Server, free_port
+
+if not os.path.exists(LMCACHED):
+    pytest.skip(f"{LMCACHED} not built", allow_module_level=True)
+_help = subprocess.run([LMCACHED, "--help"], capture_output=True, text=True, timeout=20).stdout
+if "--http-port" not in _help:
+    pytest.skip("lmcached has no --http-port", allow_module_level=True)
+
+
+def request(port, method, path, body=None, headers=None, timeout=10):
+    """Returns (status, headers dict with lower-case names, body bytes)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+            headers = {"Content-Type": "application/json", **(headers or {})}
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def get_json(port, path, status=200):
+    st, hdrs, body = request(port, "GET", path)
+    assert st == status, (path, st, body)
+    assert hdrs["content-type"].startswith("application/json"), hdrs
+    return json.loads(body)
+
+
+def answers_http(port, deadline_s=5.0):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            st, _, _ = request(port, "GET", "/healthcheck", timeout=1)
+            return st in (200, 503)
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+@pytest.fixture(scope="module")
+def hs():
+    """A server with the HTTP frontend on a free loopback port."""
+    port = free_port()
+    s = Server("--http-host", "127.0.0.1", "--http-port", str(port))
+    s.http_port = port
+    if not answers_http(port):
+        s.stop()
+        pytest.skip("lmcached does not answer HTTP yet (frontend not integrated)")
+    yield s
+    assert s.alive(), s.output()
+    rc = s.stop()
+    assert rc == 0, s.output()
+
+
+# ---- success shapes ------------------------------------------------------
+
+
+def test_root(hs):
+    assert get_json(hs.http_port, "/") == {"status": "ok", "service": "LMCache HTTP API"}
+    st, hdrs, body = request(hs.http_port, "GET", "/", headers={"Accept": "text/html"})
+    assert st == 200 and hdrs["content-type"].startswith("text/html")
+    assert b'href="/dashboard"' in body
+    st, hdrs, body = request(hs.http_port, "GET", "/dashboard")
+    assert st == 200 and b"/api/status" in body and b"/api/healthcheck" in body
+
+
+@pytest.mark.parametrize("path", ["/healthcheck", "/api/healthcheck"])
+def test_healthcheck(hs, path):
+    assert get_json(hs.http_port, path) == {"status": "healthy"}
+
+
+@pytest.mark.parametrize("path", ["/status", "/api/status"])
+def test_status(hs, path):
+    st = get_json(hs.http_port, path)
+    assert st["is_healthy"] is True
+    assert st["chunk_size"] == 256
+    assert isinstance(st["instance_id"], str) and st["instance_id"]
+    l1 = st["storage_manager"]["l1_manager"]
+    assert l1["capacity"] > 0 and 0 <= l1["used"] <= l1["capacity"]
+
+
+def test_memory_pressure(hs):
+    snap = get_json(hs.http_port, "/status/memory-pressure")
+    status = get_json(hs.http_port, "/status")
+    assert snap["instance_id"] == status["instance_id"]
+    assert isinstance(snap["timestamp_ms"], int)
+    assert abs(snap["timestamp_ms"] / 1000 - time.time()) < 60
+    assert snap["overall_level"] in ("normal", "high", "critical", "unknown")
+    l1 = snap["tiers"][0]
+    assert l1["tier"] == "l1" and l1["adapter_id"] is None
+    assert l1["level"] == "normal" and snap["complete"] is True
+    assert l1["capacity_bytes"] > 0 and 0 <= l1["used_ratio"] < 1
+    assert l1["eviction_policy"] == "LRU" and l1["trigger_watermark"] == pytest.approx(0.8)
+    for key in ("backend_type", "used_bytes", "health", "collection_errors"):
+        assert key in l1
+
+
+def test_version(hs):
+    v = get_json(hs.http_port, "/version")
+    assert isinstance(v, str) and "-" in v
+    assert v.startswith(get_json(hs.http_port, "/lmc_version") or "NA")
+    assert isinstance(get_json(hs.http_port, "/commit_id"), str)
+
+
+@pytest.mark.parametrize("path", ["/config", "/conf"])
+def test_config(hs, path):
+    st, _, body = request(hs.http_port, "GET", path)
+    assert st == 200
+    assert b'\n  "' in body  # pretty-printed, indent 2
+    cfg = json.loads(body)
+    for key in ("mp", "storage_manager", "observability", "http", "coordinator"):
+        assert isinstance(cfg[key], dict), key
+    assert cfg["http"]["http_port"] == hs.http_port
+    assert cfg["mp"]["port"] == hs.port
+
+
+def test_config_adapters(hs):
+    assert get_json(hs.http_port, "/config/adapters") == {"adapters": []}
+
+
+def test_threads(hs):
+    threads = get_json(hs.http_port, "/threads")
+    assert len(threads) >= 3
+    for t in threads:
+        assert set(t) >= {"thread_id", "name", "state", "function_name", "cpu_time",
+                          "memory_usage"}
+    ids = {t["thread_id"] for t in threads}
+    assert hs.proc.pid in ids
+    one = get_json(hs.http_port, f"/threads?thread_id={hs.proc.pid}")
+    assert [t["thread_id"] for t in one] == [hs.proc.pid]
+    none = get_json(hs.http_port, "/threads?name=no-such-thread")
+    assert [t["name"] for t in none] == ["MainThread"]
+    get_json(hs.http_port, "/threads?thread_id=abc", status=422)
+
+
+def test_cache_clear(hs):
+    ok = {"status": "ok", "cleared": {"tier": "l1"}}
+    st, _, body = request(hs.http_port, "POST", "/cache/clear")
+    assert st == 200 and json.loads(body) == ok
+    st, _, body = request(hs.http_port, "POST", "/cache/clear", {"tier": "l1", "force": True})
+    assert st == 200 and json.loads(body) == ok
+    st, _, body = request(hs.http_port, "POST", "/clear-cache")
+    assert st == 200 and json.loads(body) == {"status": "ok"}
+    st, _, body = request(hs.http_port, "POST", "/cache/clear", {"tier": "l2"})
+    assert st == 400 and json.loads(body) == {"detail": "tier 'l2' not supported; only 'l1'"}
+
+
+# ---- errors ------------------------------------------------------------------
+
+
+def test_errors(hs):
+    p = hs.http_port
+    st, _, body = request(p, "GET", "/no/such/path")
+    assert st == 404 and json.loads(body) == {"detail": "Not Found"}
+    st, _, _ = request(p, "POST", "/run_script", body="result = 1")
+    assert st == 404
+    st, hdrs, body = request(p, "GET", "/cache/clear")
+    assert st == 405 and "POST" in hdrs["allow"]
+    assert json.loads(body) == {"detail": "Method Not Allowed"}
+    st, _, body = request(p, "POST", "/cache/clear", body="{not json",
+                          headers={"Content-Type": "application/json"})
+    assert st == 422 and json.loads(body)["detail"][0]["type"] == "json_invalid"
+    st, _, body = request(p, "POST", "/coordinator/command", body="{oops")
+    assert st == 400 and json.loads(body) == {"error": "invalid JSON body"}
+    for method, path in [("GET", "/cache/objects"), ("POST", "/cache/prefetches"),
+                         ("GET", "/cache/prefetches/x"), ("POST", "/cache/checksums"),
+                         ("GET", "/api/quota"), ("PUT", "/api/quota/_default"),
+                         ("POST", "/api/kv/lookup"), ("GET", "/config/policies")]:
+        st, _, body = request(p, method, path, body="{}")
+        assert st == 501, (method, path, st)
+        assert "not available in this build" in json.loads(body)["detail"]
+
+
+def raw_status(port, data):
+    """Sends raw bytes, returns the status code of the reply (0 if none)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(data)
+        reply = b""
+        while b"\r\n" not in reply:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    parts = reply.split(b" ", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+
+def test_body_too_large(hs):
+    # Declared too large: answered from the headers alone.
+    head = (b"POST /cache/clear HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % (2 << 20))
+    assert raw_status(hs.http_port, head) == 413
+    # Chunked past 1 MiB: read and discarded, then answered.
+    chunk = b" " * 65536
+    body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(20)) + b"0\r\n\r\n"
+    head = b"POST /cache/clear HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert raw_status(hs.http_port, head + body) == 413
+    assert get_json(hs.http_port, "/healthcheck") == {"status": "healthy"}
+
+
+# ---- metrics -----------------------------------------------------------------
+
+
+def scrape(port):
+    parser = pytest.importorskip("prometheus_client.parser")
+    st, hdrs, body = request(port, "GET", "/metrics")
+    assert st == 200 and hdrs["content-type"].startswith("text/plain")
+    return {f.name: f for f in parser.text_string_to_metric_families(body.decode())}
+
+
+def sample(families, name, **labels):
+    fam_name = name[:-len("_total")] if name.endswith("_total") else name
+    for s in families[fam_name].samples:
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise KeyError(name)
+
+
+def test_metrics_parse(hs):
+    fams = scrape(hs.http_port)
+    for name in ("process_cpu_seconds", "process_resident_memory_bytes", "process_open_fds",
+                 "process_start_time_seconds", "lmcache_mp_rpc_received"):
+        assert name in fams, sorted(fams)
+    assert fams["process_cpu_seconds"].type == "counter"
+    assert fams["lmcache_mp_rpc_received"].type == "counter"
+    assert sample(fams, "process_resident_memory_bytes") > 0
+    assert abs(sample(fams, "process_start_time_seconds") - time.time()) < 3600
+
+
+def test_metrics_counters_move(hs):
+    before = sample(scrape(hs.http_port), "lmcache_mp_rpc_received_total")
+    d = hs.dealer()
+    try:
+        for _ in range(5):
+            assert d.call(24) is not None  # NOOP
+    finally:
+        d.close()
+    after = sample(scrape(hs.http_port), "lmcache_mp_rpc_received_total")
+    assert after >= before + 5
+
+
+# ---- robustness ------------------------------------------------------------
+
+
+def raw_exchange(port, data, read=True):
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        try:
+            s.sendall(data)
+            if read:
+                s.settimeout(1)
+                while s.recv(65536):
+                    pass
+        except OSError:
+            pass
+
+
+def test_fuzz_keeps_serving(hs):
+    p = hs.http_port
+    rng = random.Random(1234)
+    cases = [
+        b"GARBAGE\r\n\r\n",
+        b"GET / HTTP/9.9\r\n\r\n",
+        b"GET /status HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+        b"GET /" + b"a" * 100000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET / HTTP/1.1\r\n" + b"X-Big: " + b"b" * 200000 + b"\r\n\r\n",
+        b"POST /cache/clear HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"POST /cache/clear HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{\xff\xfe",
+    ]
+    cases += [bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 2000))) + b"\r\n\r\n"
+              for _ in range(30)]
+    for data in cases:
+        raw_exchange(p, data)
+    for _ in range(20):  # half requests, hung up at once
+        raw_exchange(p, b"POST /cache/clear HTTP/1.1\r\nContent-Length: 50\r\n\r\n{", read=False)
+    for body in ("[]", "null", "1e999999", '{"tier": null}', '{"tier": ["l1"]}', '"\\ud800"',
+                 "[" * 10000):
+        st, _, _ = request(p, "POST", "/cache/clear", body=body,
+                           headers={"Content-Type": "application/json"})
+        assert st in (200, 400, 422), (body[:20], st)
+    assert hs.alive(), hs.output()
+    assert get_json(p, "/healthcheck") == {"status": "healthy"}
+    d = hs.dealer()
+    try:
+        assert d.call(24) is not None
+    finally:
+        d.close()
+
+
+def test_http_port_in_use_fails_cleanly(hs, start_server):
+    """A busy --http-port is a start-up error (needs `hs`: only once integrated)."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        with pytest.raises(RuntimeError):
+            start_server("--http-host", "127.0.0.1", "--http-port", str(port))

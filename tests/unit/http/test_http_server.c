@@ -1,0 +1,426 @@
+/* The HTTP frontend on a real loopback port with a fake backend; requests
+ * are written by hand on raw sockets (so malformed ones can be sent too). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "http/http_server.h"
+#include "obs/metrics.h"
+
+#define MAX_BODY 65536
+
+typedef struct {
+    atomic_bool ready;
+    atomic_int clears;
+    atomic_bool clear_fails;
+    lmc_metrics *metrics;
+    lmc_http_server *server;
+    int port;
+} fixture;
+
+/* ---- fake backend ------------------------------------------------------ */
+
+static bool fake_ready(void *user) { return atomic_load(&((fixture *)user)->ready); }
+
+static json_t *fake_status(void *user)
+{
+    (void)user;
+    return json_loads("{\"is_healthy\":true,\"instance_id\":\"i-1\",\"chunk_size\":256,"
+                      "\"storage_manager\":{\"l1_manager\":{\"used\":950,\"capacity\":1000,"
+                      "\"is_healthy\":true},\"l1_eviction_controller\":"
+                      "{\"trigger_watermark\":0.8,\"eviction_policy\":\"LRU\"}}}",
+                      0, NULL);
+}
+
+static json_t *fake_config(void *user)
+{
+    (void)user;
+    return json_loads("{\"mp_config\":{\"port\":5555},\"http_config\":{\"http_port\":8080}}", 0,
+                      NULL);
+}
+
+static int fake_clear(void *user, bool force, char *err, size_t errlen)
+{
+    fixture *f = user;
+    assert_true(force);
+    atomic_fetch_add(&f->clears, 1);
+    if (atomic_load(&f->clear_fails)) {
+        snprintf(err, errlen, "storage is busy");
+        return -1;
+    }
+    return 0;
+}
+
+static char *fake_metrics(void *user)
+{
+    return lmc_metrics_render(((fixture *)user)->metrics);
+}
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    atomic_store(&f->ready, true);
+    f->metrics = lmc_metrics_new();
+    lmc_metrics_add_process_collector(f->metrics);
+    lmc_http_backend b = {.user = f, .ready = fake_ready, .status = fake_status,
+                          .config = fake_config, .clear = fake_clear, .metrics = fake_metrics};
+    lmc_http_options o = {.host = "127.0.0.1", .port = 0, .version = "0.1.0",
+                          .commit = "abc123", .max_body_bytes = MAX_BODY, .timeout_s = 2};
+    char err[256];
+    if (lmc_http_server_start(&o, &b, &f->server, err, sizeof err) != 0) {
+        fprintf(stderr, "start: %s\n", err);
+        return -1;
+    }
+    f->port = lmc_http_server_port(f->server);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    lmc_http_server_stop(f->server);
+    lmc_metrics_free(f->metrics);
+    free(f);
+    return 0;
+}
+
+/* ---- raw client ------------------------------------------------------- */
+
+typedef struct {
+    int status;
+    char *head; /* status line + headers */
+    char *body;
+} response;
+
+static int connect_to(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    return fd;
+}
+
+static void send_all(int fd, const char *data, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = send(fd, data, len, MSG_NOSIGNAL);
+        if (n <= 0)
+            return; /* the server may close early (413); the reply is still read */
+        data += n;
+        len -= (size_t)n;
+    }
+}
+
+static response read_response(int fd)
+{
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (ssize_t n; (n = recv(fd, buf + len, cap - len - 1, 0)) > 0;) {
+        len += (size_t)n;
+        if (cap - len < 4096)
+            buf = realloc(buf, cap *= 2);
+    }
+    buf[len] = '\0';
+    close(fd);
+    response r = {0};
+    char *sep = strstr(buf, "\r\n\r\n");
+    if (sep) {
+        *sep = '\0';
+        r.body = strdup(sep + 4);
+    }
+    r.head = buf;
+    sscanf(buf, "HTTP/1.%*d %d", &r.status);
+    return r;
+}
+
+static response raw(int port, const char *request, size_t len)
+{
+    int fd = connect_to(port);
+    send_all(fd, request, len);
+    return read_response(fd);
+}
+
+static response http(fixture *f, const char *method, const char *path, const char *extra,
+                     const char *body)
+{
+    char req[8192];
+    size_t blen = body ? strlen(body) : 0;
+    int n = snprintf(req, sizeof req,
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s"
+                     "Content-Length: %zu\r\n\r\n%s",
+                     method, path, extra ? extra : "", blen, body ? body : "");
+    return raw(f->port, req, (size_t)n);
+}
+
+static void free_response(response *r)
+{
+    free(r->head);
+    free(r->body);
+}
+
+static json_t *body_json(const response *r)
+{
+    json_t *j = json_loads(r->body ? r->body : "", JSON_DECODE_ANY, NULL);
+    if (!j)
+        fail_msg("not JSON: %s", r->body ? r->body : "(none)");
+    return j;
+}
+
+/* Checks status and that the body equals `expected` (JSON text). */
+static void expect(fixture *f, const char *method, const char *path, const char *body,
+                   int status, const char *expected)
+{
+    response r = http(f, method, path, NULL, body);
+    if (r.status != status)
+        fail_msg("%s %s: status %d, want %d; body %s", method, path, r.status, status, r.body);
+    if (expected) {
+        json_t *got = body_json(&r), *want = json_loads(expected, JSON_DECODE_ANY, NULL);
+        assert_non_null(want);
+        if (!json_equal(got, want))
+            fail_msg("%s %s: body %s, want %s", method, path, r.body, expected);
+        json_decref(got);
+        json_decref(want);
+    }
+    free_response(&r);
+}
+
+/* ---- tests ------------------------------------------------------------ */
+
+static void test_root_and_health(void **state)
+{
+    fixture *f = *state;
+    expect(f, "GET", "/", NULL, 200, "{\"status\":\"ok\",\"service\":\"LMCache HTTP API\"}");
+    expect(f, "GET", "/healthcheck", NULL, 200, "{\"status\":\"healthy\"}");
+    expect(f, "GET", "/api/healthcheck", NULL, 200, "{\"status\":\"healthy\"}");
+    response r = http(f, "GET", "/", "Accept: text/html,*/*\r\n", NULL);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.head, "text/html"));
+    assert_non_null(strstr(r.body, "href=\"/dashboard\""));
+    free_response(&r);
+    r = http(f, "GET", "/dashboard", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "/api/status"));
+    free_response(&r);
+    r = http(f, "HEAD", "/healthcheck", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, "");
+    free_response(&r);
+}
+
+static void test_not_ready(void **state)
+{
+    fixture *f = *state;
+    atomic_store(&f->ready, false);
+    expect(f, "GET", "/healthcheck", NULL, 503,
+           "{\"status\":\"unhealthy\",\"reason\":\"engine not initialized\"}");
+    expect(f, "GET", "/status", NULL, 503, "{\"error\":\"engine not initialized\"}");
+    expect(f, "GET", "/status/memory-pressure", NULL, 503,
+           "{\"detail\":\"server not initialized\"}");
+    expect(f, "GET", "/config", NULL, 503, "{\"error\":\"configs not initialized\"}");
+    expect(f, "POST", "/cache/clear", NULL, 503, "{\"detail\":\"server not initialized\"}");
+    expect(f, "GET", "/", NULL, 200, NULL);
+    expect(f, "GET", "/version", NULL, 200, NULL);
+    assert_int_equal(atomic_load(&f->clears), 0);
+    atomic_store(&f->ready, true);
+}
+
+static void test_status_and_pressure(void **state)
+{
+    fixture *f = *state;
+    json_t *want = fake_status(NULL);
+    char *want_text = json_dumps(want, 0);
+    expect(f, "GET", "/status", NULL, 200, want_text);
+    expect(f, "GET", "/api/status", NULL, 200, want_text);
+    free(want_text);
+    json_decref(want);
+    response r = http(f, "GET", "/status/memory-pressure", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    json_t *snap = body_json(&r);
+    assert_string_equal(json_string_value(json_object_get(snap, "overall_level")), "high");
+    assert_string_equal(json_string_value(json_object_get(snap, "instance_id")), "i-1");
+    assert_true(json_is_true(json_object_get(snap, "complete")));
+    assert_true(json_integer_value(json_object_get(snap, "timestamp_ms")) > 1500000000000);
+    json_decref(snap);
+    free_response(&r);
+}
+
+static void test_version_config(void **state)
+{
+    fixture *f = *state;
+    expect(f, "GET", "/version", NULL, 200, "\"0.1.0-abc123\"");
+    expect(f, "GET", "/lmc_version", NULL, 200, "\"0.1.0\"");
+    expect(f, "GET", "/commit_id", NULL, 200, "\"abc123\"");
+    const char *view = "{\"mp\":{\"port\":5555},\"http\":{\"http_port\":8080}}";
+    expect(f, "GET", "/config", NULL, 200, view);
+    expect(f, "GET", "/conf", NULL, 200, view);
+    response r = http(f, "GET", "/config", NULL, NULL);
+    assert_non_null(strstr(r.body, "{\n  \"mp\": {\n    \"port\": 5555\n  }"));
+    free_response(&r);
+    expect(f, "GET", "/config/adapters", NULL, 200, "{\"adapters\":[]}");
+}
+
+static void test_cache_clear(void **state)
+{
+    fixture *f = *state;
+    const char *ok = "{\"status\":\"ok\",\"cleared\":{\"tier\":\"l1\"}}";
+    expect(f, "POST", "/cache/clear", NULL, 200, ok);
+    expect(f, "POST", "/cache/clear", "{\"tier\":\"l1\",\"force\":false}", 200, ok);
+    expect(f, "POST", "/clear-cache", NULL, 200, "{\"status\":\"ok\"}");
+    assert_int_equal(atomic_load(&f->clears), 3);
+    expect(f, "POST", "/cache/clear", "{\"tier\":\"all\"}", 400,
+           "{\"detail\":\"tier 'all' not supported; only 'l1'\"}");
+    expect(f, "POST", "/cache/clear", "{not json", 422, NULL);
+    expect(f, "POST", "/cache/clear", "\"l1\"", 422, NULL);
+    expect(f, "POST", "/cache/clear", "{\"force\":1}", 422, NULL);
+    assert_int_equal(atomic_load(&f->clears), 3);
+    atomic_store(&f->clear_fails, true);
+    expect(f, "POST", "/cache/clear", NULL, 500, "{\"detail\":\"storage is busy\"}");
+    expect(f, "POST", "/clear-cache", NULL, 500, "{\"error\":\"storage is busy\"}");
+    atomic_store(&f->clear_fails, false);
+}
+
+static void test_errors(void **state)
+{
+    fixture *f = *state;
+    expect(f, "GET", "/nope", NULL, 404, "{\"detail\":\"Not Found\"}");
+    expect(f, "POST", "/run_script", "x", 404, "{\"detail\":\"Not Found\"}");
+    expect(f, "GET", "/status/", NULL, 404, NULL);
+    response r = http(f, "GET", "/cache/clear", NULL, NULL);
+    assert_int_equal(r.status, 405);
+    assert_non_null(strstr(r.head, "Allow: POST"));
+    free_response(&r);
+    expect(f, "DELETE", "/status", NULL, 405, "{\"detail\":\"Method Not Allowed\"}");
+    expect(f, "GET", "/cache/objects", NULL, 501,
+           "{\"detail\":\"L2 object listing is not available in this build\"}");
+    expect(f, "GET", "/cache/prefetches/abc", NULL, 501, NULL);
+    expect(f, "GET", "/cache/prefetches/", NULL, 404, NULL);
+    expect(f, "PUT", "/api/quota/_default", "{\"limit_gb\":1}", 501, NULL);
+    expect(f, "POST", "/api/kv/lookup", "{}", 501, NULL);
+    expect(f, "POST", "/coordinator/command", "{\"type\":\"x\"}", 200, "{\"status\":\"ok\"}");
+    expect(f, "POST", "/coordinator/command", "nope", 400, "{\"error\":\"invalid JSON body\"}");
+    expect(f, "POST", "/coordinator/command", "[]", 400,
+           "{\"error\":\"body must be an object\"}");
+}
+
+static void test_threads_and_metrics(void **state)
+{
+    fixture *f = *state;
+    response r = http(f, "GET", "/threads", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    json_t *list = body_json(&r);
+    assert_true(json_array_size(list) >= 2); /* this thread + the server's */
+    json_decref(list);
+    free_response(&r);
+    expect(f, "GET", "/threads?thread_id=abc", NULL, 422, NULL);
+    r = http(f, "GET", "/threads?name=zz-none", NULL, NULL);
+    list = body_json(&r);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(list, 0), "name")),
+                        "MainThread");
+    json_decref(list);
+    free_response(&r);
+    r = http(f, "GET", "/metrics", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.head, "text/plain; version=0.0.4"));
+    assert_non_null(strstr(r.body, "# TYPE process_open_fds gauge\nprocess_open_fds "));
+    free_response(&r);
+}
+
+static void test_body_limits(void **state)
+{
+    fixture *f = *state;
+    /* Declared too large: answered from the headers, the body never sent. */
+    char req[512];
+    int n = snprintf(req, sizeof req,
+                     "POST /cache/clear HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n",
+                     MAX_BODY + 1);
+    response r = raw(f->port, req, (size_t)n);
+    assert_int_equal(r.status, 413);
+    free_response(&r);
+    /* Chunked, growing past the limit. */
+    size_t chunk = 16384, total = 0;
+    char *big = malloc(MAX_BODY * 2 + 4096);
+    size_t len = (size_t)sprintf(big, "POST /cache/clear HTTP/1.1\r\nHost: x\r\n"
+                                      "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+    while (total <= MAX_BODY) {
+        len += (size_t)sprintf(big + len, "%zx\r\n", chunk);
+        memset(big + len, ' ', chunk);
+        len += chunk;
+        len += (size_t)sprintf(big + len, "\r\n");
+        total += chunk;
+    }
+    len += (size_t)sprintf(big + len, "0\r\n\r\n");
+    r = raw(f->port, big, len);
+    free(big);
+    assert_int_equal(r.status, 413);
+    free_response(&r);
+    assert_int_equal(atomic_load(&f->clears), 0);
+}
+
+static void test_garbage_keeps_serving(void **state)
+{
+    fixture *f = *state;
+    static const char *const junk[] = {
+        "GARBAGE\r\n\r\n",
+        "GET / HTTP/9.9\r\n\r\n",
+        "GET /status HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+        "POST /cache/clear HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
+        "\x01\x02\x03\xff\xfe\r\n\r\n",
+        "GET /%00%ff HTTP/1.1\r\nHost: x\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof junk / sizeof junk[0]; i++) {
+        response r = raw(f->port, junk[i], strlen(junk[i]));
+        free_response(&r);
+    }
+    /* Half a request, then hang up. */
+    int fd = connect_to(f->port);
+    send_all(fd, "POST /cache/clear HTTP/1.1\r\nContent-Length: 100\r\n\r\n{", 53);
+    close(fd);
+    expect(f, "GET", "/healthcheck", NULL, 200, "{\"status\":\"healthy\"}");
+    assert_int_equal(atomic_load(&f->clears), 0);
+}
+
+static void test_bind_errors(void **state)
+{
+    fixture *f = *state;
+    lmc_http_backend b = {0};
+    lmc_http_options o = {.host = "127.0.0.1", .port = f->port};
+    lmc_http_server *s = NULL;
+    char err[256] = "";
+    assert_int_equal(lmc_http_server_start(&o, &b, &s, err, sizeof err), -1);
+    assert_non_null(strstr(err, "cannot listen"));
+    o.host = "no-such-host.invalid";
+    o.port = 0;
+    assert_int_equal(lmc_http_server_start(&o, &b, &s, err, sizeof err), -1);
+    assert_non_null(strstr(err, "--http-host"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_root_and_health),
+        cmocka_unit_test(test_not_ready),
+        cmocka_unit_test(test_status_and_pressure),
+        cmocka_unit_test(test_version_config),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_threads_and_metrics),
+        cmocka_unit_test(test_body_limits),
+        cmocka_unit_test(test_garbage_keeps_serving),
+        cmocka_unit_test(test_cache_clear),
+        cmocka_unit_test(test_bind_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
