@@ -5,7 +5,9 @@
 
 #include "config/config.h"
 #include "hash/token_hash.h"
+#include "modules/layout_registry.h"
 #include "modules/liveness.h"
+#include "modules/sessions.h"
 #include "obs/event_bus.h"
 #include "storage/object_key.h"
 
@@ -18,6 +20,8 @@ typedef struct lmc_module_ctx {
     lmc_liveness *liveness;         /* worker heartbeats (PING) */
     const lmc_token_hasher *hasher; /* --hash-algorithm, --chunk-size */
     lmc_key_interner *interner;     /* model names and salts of object keys */
+    lmc_layout_registry *layouts;   /* (model, world_size) -> object layout */
+    lmc_sessions *sessions;         /* per request id: hash chain, lookup locks */
 } lmc_module_ctx;
 
 #endif

@@ -1,0 +1,427 @@
+/* Engine-driven transfer module (wire-protocol.md §4.4, §6): workers copy
+ * KV chunks into and out of the server's SHM pool themselves; the server
+ * only reserves, publishes, locks and releases L1 objects.
+ *
+ *   REGISTER_/UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT   SYNC
+ *   PREPARE_STORE, COMMIT_STORE, PREPARE_RETRIEVE, COMMIT_RETRIEVE   AFFINITY
+ *
+ * Per registered instance the module keeps a context with the layout and
+ * the pending writes (reserved, not yet published) and pending reads
+ * (slots handed out, read share not yet returned), keyed by a digest of the
+ * op's key range.  Unregistering or reaping a context drops its pending
+ * writes unpublished and returns its pending read shares, so a dead worker
+ * can neither publish half-written chunks nor pin memory.
+ *
+ * Locking: `lock` guards the context list and every pending list; storage
+ * calls happen outside it (the storage manager is thread-safe), and an op
+ * that reserved memory re-checks under the lock that its context still
+ * exists before recording the reservation. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "modules/ed_internal.h"
+#include "modules/ipc_key.h"
+#include "modules/module.h"
+#include "obs/log.h"
+#include "rpc/wire.h"
+#include "storage/storage_manager.h"
+
+/* ---- contexts and pending entries (lock held) -------------------------- */
+
+static ed_ctx *find_ctx_locked(engine_mod *m, int64_t id)
+{
+    for (size_t i = 0; i < m->n_ctxs; i++) {
+        if (m->ctxs[i]->instance_id == id)
+            return m->ctxs[i];
+    }
+    return NULL;
+}
+
+static ed_pending *pop_pending(ed_pending **list, uint64_t digest)
+{
+    for (ed_pending **p = list; *p; p = &(*p)->next) {
+        if ((*p)->digest == digest) {
+            ed_pending *e = *p;
+            *p = e->next;
+            return e;
+        }
+    }
+    return NULL;
+}
+
+static size_t count_pending(const ed_pending *p)
+{
+    size_t n = 0;
+    for (; p; p = p->next)
+        n++;
+    return n;
+}
+
+static void free_pending(ed_pending *p)
+{
+    free(p->keys);
+    free(p);
+}
+
+/* Frees `tag`'s live staging buffers of `keys` without publishing them. */
+static void discard_writes(engine_mod *m, const lmc_object_key *keys, size_t n, const char *tag)
+{
+    lmc_l1_result *res = malloc(n * sizeof *res);
+    if (res)   /* the L1 manager wants a result slot per key */
+        lmc_l1_manager_finish_write_and_delete(lmc_storage_manager_l1(m->ctx->storage), keys, n,
+                                               tag, res);
+    free(res);
+}
+
+/* Drops everything an unlinked context holds: pending writes are deleted
+ * unpublished, pending reads give their share back, the layout loses a
+ * reference. */
+void lmc_ed_ctx_destroy(engine_mod *m, ed_ctx *c)
+{
+    while (c->writes) {
+        ed_pending *p = c->writes;
+        c->writes = p->next;
+        discard_writes(m, p->keys, p->n, c->tag);
+        free_pending(p);
+    }
+    while (c->reads) {
+        ed_pending *p = c->reads;
+        c->reads = p->next;
+        lmc_storage_manager_finish_read(m->ctx->storage, p->keys, p->n, 1, NULL);
+        free_pending(p);
+    }
+    lmc_layout_registry_release(m->ctx->layouts, c->model, c->world_size);
+    free(c);
+}
+
+/* ---- key resolution ----------------------------------------------------- */
+
+static uint64_t fnv(uint64_t h, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+/* Decodes the key (frame 0) and instance id (frame 1) of a transfer op and
+ * resolves the rank's ObjectKeys; copies the context's layout and tag. */
+static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, char *err, size_t errlen)
+{
+    *op = (ed_op){0};
+    const msgpack_object *id_o = lmc_rpc_call_arg(call, 1);
+    if (!id_o || id_o->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(id_o, &op->instance_id))
+        return snprintf(err, errlen, "instance_id must be an int"), -1;
+    const msgpack_object *k_o = lmc_rpc_call_arg(call, 0);
+    if (!k_o || lmc_ipc_key_decode(k_o, m->cs, &op->key, err, errlen) != 0)
+        return k_o ? -1 : (snprintf(err, errlen, "missing key frame"), -1);
+    if (!op->key.has_worker) {
+        lmc_ipc_key_free(&op->key);
+        return snprintf(err, errlen, "worker_id must not be None on transfer ops"), -1;
+    }
+    lmc_liveness_touch(m->ctx->liveness, op->instance_id, lmc_monotonic_ms(NULL), false);
+    pthread_mutex_lock(&m->lock);
+    ed_ctx *c = find_ctx_locked(m, op->instance_id);
+    if (c) {
+        op->layout = c->layout;
+        memcpy(op->tag, c->tag, sizeof op->tag);
+    }
+    pthread_mutex_unlock(&m->lock);
+    op->registered = c != NULL;
+    op->n = lmc_ipc_key_num_chunks(&op->key, m->cs);
+    uint8_t *hashes = malloc(op->n * LMC_TOKEN_HASH_LEN + 1);
+    op->keys = malloc((op->n ? op->n : 1) * sizeof *op->keys);
+    int rc = hashes && op->keys
+                 ? lmc_sessions_hash_range(m->ctx->sessions, op->key.request_id,
+                                           op->key.request_id_len, op->key.tokens,
+                                           op->key.n_tokens, op->key.start, op->key.end, hashes)
+                 : LMC_HASH_ENOMEM;
+    if (rc == LMC_HASH_OK &&
+        lmc_ipc_key_object_keys(&op->key, hashes, op->n, 1, m->ctx->interner, op->keys) != 0)
+        rc = LMC_HASH_ENOMEM;
+    if (rc == LMC_HASH_OK) {
+        uint64_t d = fnv(1469598103934665603ULL, hashes, op->n * LMC_TOKEN_HASH_LEN);
+        uint64_t range[3] = {op->key.start, op->key.end, op->key.worker_id};
+        d = fnv(d, range, sizeof range);
+        op->digest = fnv(d, op->key.cache_salt, op->key.salt_len);
+    }
+    free(hashes);
+    if (rc != LMC_HASH_OK) {
+        lmc_ed_op_free(op);
+        return snprintf(err, errlen, "hashing failed: %s", lmc_hash_strerror(rc)), -1;
+    }
+    return 0;
+}
+
+void lmc_ed_op_free(ed_op *op)
+{
+    lmc_ipc_key_free(&op->key);
+    free(op->keys);
+    op->keys = NULL;
+}
+
+/* Records a pending entry for the op's context; false if it is gone. */
+static bool add_pending(engine_mod *m, const ed_op *op, lmc_object_key *keys, size_t n,
+                        bool write)
+{
+    ed_pending *p = malloc(sizeof *p);
+    if (!p)
+        return false;
+    *p = (ed_pending){.digest = op->digest, .keys = keys, .n = n};
+    pthread_mutex_lock(&m->lock);
+    ed_ctx *c = find_ctx_locked(m, op->instance_id);
+    if (c) {
+        ed_pending **list = write ? &c->writes : &c->reads;
+        p->next = *list;
+        *list = p;
+    }
+    pthread_mutex_unlock(&m->lock);
+    if (!c)
+        free(p);
+    return c != NULL;
+}
+
+static ed_pending *take_pending(engine_mod *m, const ed_op *op, bool write)
+{
+    pthread_mutex_lock(&m->lock);
+    ed_ctx *c = find_ctx_locked(m, op->instance_id);
+    ed_pending *p = c ? pop_pending(write ? &c->writes : &c->reads, op->digest) : NULL;
+    pthread_mutex_unlock(&m->lock);
+    return p;
+}
+
+/* ---- replies ------------------------------------------------------------ */
+
+static void pack_slot(msgpack_packer *pk, uint64_t offset, const lmc_layout *l)
+{
+    msgpack_pack_map(pk, 4);
+    lmc_mp_pack_cstr(pk, "offset");
+    msgpack_pack_uint64(pk, offset);
+    lmc_mp_pack_cstr(pk, "length");
+    msgpack_pack_uint64(pk, l->object_size);
+    lmc_mp_pack_cstr(pk, "shape");
+    msgpack_pack_array(pk, l->ndim);
+    for (uint32_t i = 0; i < l->ndim; i++)
+        msgpack_pack_uint64(pk, l->shape[i]);
+    lmc_mp_pack_cstr(pk, "dtype");
+    lmc_mp_pack_cstr(pk, l->dtype);
+}
+
+/* {"context": {"slots": [...], "chunk_indices": [...]}} */
+static void pack_store_reply(msgpack_packer *pk, const uint64_t *offsets, const size_t *idx,
+                             size_t n, const lmc_layout *l)
+{
+    msgpack_pack_map(pk, 1);
+    lmc_mp_pack_cstr(pk, "context");
+    msgpack_pack_map(pk, 2);
+    lmc_mp_pack_cstr(pk, "slots");
+    msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < n; i++)
+        pack_slot(pk, offsets[idx[i]], l);
+    lmc_mp_pack_cstr(pk, "chunk_indices");
+    msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < n; i++)
+        msgpack_pack_uint64(pk, idx[i]);
+}
+
+static void pack_retrieve_reply(msgpack_packer *pk, const lmc_l1_range *ranges, size_t n,
+                                const lmc_layout *l)
+{
+    msgpack_pack_map(pk, 3);
+    lmc_mp_pack_cstr(pk, "success");
+    ranges ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+    lmc_mp_pack_cstr(pk, "data");
+    msgpack_pack_bin(pk, 0);
+    lmc_mp_pack_cstr(pk, "context");
+    if (!ranges) {
+        msgpack_pack_map(pk, 0);
+        return;
+    }
+    msgpack_pack_map(pk, 1);
+    lmc_mp_pack_cstr(pk, "slots");
+    msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < n; i++)
+        pack_slot(pk, ranges[i].offset, l);
+}
+
+/* ---- transfer ops ------------------------------------------------------- */
+
+/* Reserves what is missing; one eviction pass and a retry on OUT_OF_MEMORY. */
+static void reserve(engine_mod *m, ed_op *op, uint64_t *offsets, lmc_l1_result *res)
+{
+    lmc_storage_manager *sm = m->ctx->storage;
+    lmc_storage_manager_reserve_write(sm, op->keys, op->n, op->layout.object_size, false, op->tag,
+                                      offsets, res);
+    size_t oom = 0;
+    for (size_t i = 0; i < op->n; i++)
+        oom += res[i] == LMC_L1_OUT_OF_MEMORY;
+    if (oom == 0 || lmc_storage_manager_run_eviction_once(sm) == 0)
+        return;
+    for (size_t i = 0; i < op->n; i++) {
+        if (res[i] == LMC_L1_OUT_OF_MEMORY)
+            lmc_storage_manager_reserve_write(sm, &op->keys[i], 1, op->layout.object_size, false,
+                                              op->tag, &offsets[i], &res[i]);
+    }
+}
+
+/* PREPARE_STORE(key, instance_id) -> {"context": {"slots", "chunk_indices"}} */
+static lmc_handler_result prepare_store(void *state, lmc_rpc_call *call)
+{
+    engine_mod *m = state;
+    ed_op op;
+    char err[256];
+    if (resolve(m, call, &op, err, sizeof err) != 0)
+        return lmc_rpc_call_fail(call, "ValidationError", "PREPARE_STORE: %s", err);
+    size_t n = op.registered ? op.n : 0, ok = 0, oom = 0;
+    uint64_t *offsets = calloc(n + 1, sizeof *offsets);
+    lmc_l1_result *res = calloc(n + 1, sizeof *res);
+    size_t *idx = calloc(n + 1, sizeof *idx);
+    lmc_object_key *reserved = malloc((n + 1) * sizeof *reserved);
+    if (!offsets || !res || !idx || !reserved)
+        n = 0;
+    if (n)
+        reserve(m, &op, offsets, res);
+    for (size_t i = 0; i < n; i++) {
+        oom += res[i] == LMC_L1_OUT_OF_MEMORY;
+        if (res[i] == LMC_L1_SUCCESS) {
+            idx[ok] = i;
+            reserved[ok++] = op.keys[i];
+        }
+    }
+    if (ok && !add_pending(m, &op, reserved, ok, true)) {
+        /* Unregistered or reaped meanwhile: never publish. */
+        discard_writes(m, reserved, ok, op.tag);
+        ok = 0;
+    }
+    if (ok == 0)
+        free(reserved);
+    if (oom)
+        LMC_WARN("PREPARE_STORE: L1 full, %zu of %zu chunks not stored", oom, n);
+    if (!op.registered)
+        LMC_WARN("PREPARE_STORE: instance %lld is not registered", (long long)op.instance_id);
+    pack_store_reply(lmc_rpc_call_reply(call), offsets, idx, ok, &op.layout);
+    atomic_fetch_add(&m->chunks_reserved, ok);
+    free(offsets);
+    free(res);
+    free(idx);
+    lmc_ed_op_free(&op);
+    return LMC_HANDLER_REPLY;
+}
+
+/* COMMIT_STORE(key, instance_id, data: bytes) -> bool */
+static lmc_handler_result commit_store(void *state, lmc_rpc_call *call)
+{
+    engine_mod *m = state;
+    ed_op op;
+    char err[256];
+    const uint8_t *data = NULL;
+    size_t data_len = 0;
+    const msgpack_object *d = lmc_rpc_call_arg(call, 2);
+    if (d && !lmc_mp_is_nil(d) && !lmc_mp_get_bin(d, &data, &data_len))
+        return lmc_rpc_call_fail(call, "ValidationError", "COMMIT_STORE: data must be bytes");
+    if (resolve(m, call, &op, err, sizeof err) != 0)
+        return lmc_rpc_call_fail(call, "ValidationError", "COMMIT_STORE: %s", err);
+    /* Non-empty data is the pickle fallback, which lmcached does not speak. */
+    ed_pending *p = data_len == 0 ? take_pending(m, &op, true) : NULL;
+    if (p) {
+        lmc_storage_manager_finish_write(m->ctx->storage, p->keys, p->n, op.tag, NULL);
+        atomic_fetch_add(&m->chunks_committed, p->n);
+        free_pending(p);
+    }
+    msgpack_packer *pk = lmc_rpc_call_reply(call);
+    p ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+    lmc_ed_op_free(&op);
+    return LMC_HANDLER_REPLY;
+}
+
+/* PREPARE_RETRIEVE(key, instance_id) -> {"success", "data", "context"} */
+static lmc_handler_result prepare_retrieve(void *state, lmc_rpc_call *call)
+{
+    engine_mod *m = state;
+    ed_op op;
+    char err[256];
+    if (resolve(m, call, &op, err, sizeof err) != 0)
+        return lmc_rpc_call_fail(call, "ValidationError", "PREPARE_RETRIEVE: %s", err);
+    lmc_l1_range *ranges = calloc(op.n + 1, sizeof *ranges);
+    lmc_l1_result *res = calloc(op.n + 1, sizeof *res);
+    bool ok = op.registered && ranges && res && op.n > 0 &&
+              lmc_storage_manager_read(m->ctx->storage, op.keys, op.n, ranges, res) == op.n;
+    if (ok) {
+        ok = add_pending(m, &op, op.keys, op.n, false);
+        if (ok)
+            op.keys = NULL;   /* now owned by the pending entry */
+    }
+    pack_retrieve_reply(lmc_rpc_call_reply(call), ok ? ranges : NULL, op.n, &op.layout);
+    atomic_fetch_add(ok ? &m->retrieves_ok : &m->retrieves_failed, 1);
+    free(ranges);
+    free(res);
+    lmc_ed_op_free(&op);
+    return LMC_HANDLER_REPLY;
+}
+
+/* COMMIT_RETRIEVE(key, instance_id) -> true */
+static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
+{
+    engine_mod *m = state;
+    ed_op op;
+    char err[256];
+    if (resolve(m, call, &op, err, sizeof err) != 0)
+        return lmc_rpc_call_fail(call, "ValidationError", "COMMIT_RETRIEVE: %s", err);
+    ed_pending *p = take_pending(m, &op, false);
+    if (p) {
+        lmc_storage_manager_finish_read(m->ctx->storage, p->keys, p->n, 1, NULL);
+        free_pending(p);
+    }
+    msgpack_pack_true(lmc_rpc_call_reply(call));
+    lmc_ed_op_free(&op);
+    return LMC_HANDLER_REPLY;
+}
+
+static const lmc_rpc_handler_spec ed_handlers[] = {
+    {LMC_OP_REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_register},
+    {LMC_OP_UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_unregister},
+    {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, prepare_store},
+    {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_AFFINITY, commit_store},
+    {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, prepare_retrieve},
+    {LMC_OP_COMMIT_RETRIEVE, NULL, LMC_POOL_AFFINITY, commit_retrieve},
+};
+
+static json_t *ed_status(void *state)
+{
+    engine_mod *m = state;
+    json_t *ctxs = json_array();
+    pthread_mutex_lock(&m->lock);
+    for (size_t i = 0; i < m->n_ctxs; i++) {
+        const ed_ctx *c = m->ctxs[i];
+        json_array_append_new(ctxs, json_pack("{s:I, s:s, s:i, s:I, s:I}", "instance_id",
+                                              (json_int_t)c->instance_id, "model_name", c->model,
+                                              "world_size", (int)c->world_size, "pending_writes",
+                                              (json_int_t)count_pending(c->writes),
+                                              "pending_reads", (json_int_t)count_pending(c->reads)));
+    }
+    size_t n_ctxs = m->n_ctxs;
+    pthread_mutex_unlock(&m->lock);
+    json_t *wl = json_pack("{s:b, s:f, s:f, s:I}", "enabled", m->reap_timeout_ms > 0,
+                           "reap_timeout_seconds", m->cfg_reap_s, "registration_grace_seconds",
+                           m->cfg_grace_s, "tracked_instances", (json_int_t)n_ctxs);
+    return json_pack("{s:b, s:I, s:o, s:o, s:o, s:I, s:I, s:I, s:I, s:I}", "is_healthy", 1,
+                     "registered_contexts", (json_int_t)n_ctxs, "contexts", ctxs, "layouts",
+                     lmc_layout_registry_to_json(m->ctx->layouts), "worker_liveness", wl,
+                     "chunks_reserved", (json_int_t)atomic_load(&m->chunks_reserved),
+                     "chunks_committed", (json_int_t)atomic_load(&m->chunks_committed),
+                     "retrieves_ok", (json_int_t)atomic_load(&m->retrieves_ok),
+                     "retrieves_failed", (json_int_t)atomic_load(&m->retrieves_failed),
+                     "reaped_instances", (json_int_t)atomic_load(&m->reaped));
+}
+
+const lmc_module_def lmc_engine_driven_module = {
+    .name = "engine_driven_transfer",
+    .create = lmc_ed_create,
+    .handlers = ed_handlers,
+    .n_handlers = sizeof ed_handlers / sizeof ed_handlers[0],
+    .report_status = ed_status,
+    .close = lmc_ed_close,
+};

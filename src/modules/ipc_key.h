@@ -1,0 +1,61 @@
+/* IPCCacheServerKey (wire-protocol.md §4.1): decoding, validation and
+ * resolution into ObjectKeys.
+ *
+ * A decoded key borrows its strings from the msgpack object it came from
+ * (valid until the RPC call completes) and owns a copy of the token ids
+ * widened to uint64_t, because the hasher wants a flat array. */
+#ifndef LMC_MODULES_IPC_KEY_H
+#define LMC_MODULES_IPC_KEY_H
+
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hash/token_hash.h"
+#include "storage/object_key.h"
+
+typedef struct {
+    const char *model_name;
+    size_t model_len;
+    uint32_t world_size;        /* 1..255 */
+    bool has_worker;            /* false: worker_id None (all ranks) */
+    uint32_t worker_id;         /* < world_size when has_worker */
+    uint64_t *tokens;           /* owned */
+    size_t n_tokens;
+    size_t start, end;          /* token positions, chunk-aligned */
+    const char *request_id;
+    size_t request_id_len;
+    const char *cache_salt;     /* "" when absent */
+    size_t salt_len;
+    uint32_t num_kv_readers;    /* >= 1 (0 on the wire means 1) */
+} lmc_ipc_key;
+
+/* Decodes and validates `o` against chunk size `cs`.  Unknown fields are
+ * ignored.  0, or -1 with a one-line reason in err (nothing to free). */
+int lmc_ipc_key_decode(const msgpack_object *o, uint32_t cs, lmc_ipc_key *out, char *err,
+                       size_t errlen);
+void lmc_ipc_key_free(lmc_ipc_key *k);
+
+static inline size_t lmc_ipc_key_first_chunk(const lmc_ipc_key *k, uint32_t cs)
+{
+    return k->start / cs;
+}
+static inline size_t lmc_ipc_key_num_chunks(const lmc_ipc_key *k, uint32_t cs)
+{
+    return (k->end - k->start) / cs;
+}
+static inline uint32_t lmc_ipc_key_num_ranks(const lmc_ipc_key *k)
+{
+    return k->has_worker ? 1 : k->world_size;
+}
+
+/* Builds the ObjectKeys of n_chunks chunks whose hashes are `hashes`
+ * (32 bytes each, contiguous), for `groups` object groups and the key's
+ * ranks, chunk-major (chunk -> group -> rank): out[(c*groups + g)*R + r].
+ * Strings are interned in `in`.  `out` must hold n_chunks*groups*R keys.
+ * 0, or -1 when interning fails. */
+int lmc_ipc_key_object_keys(const lmc_ipc_key *k, const uint8_t *hashes, size_t n_chunks,
+                            uint32_t groups, lmc_key_interner *in, lmc_object_key *out);
+
+#endif

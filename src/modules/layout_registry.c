@@ -1,0 +1,187 @@
+#include "modules/layout_registry.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A handful of models per server: a flat array is enough. */
+typedef struct {
+    char *model;
+    uint32_t world_size;
+    lmc_layout layout;
+    uint32_t refcount;
+} entry;
+
+struct lmc_layout_registry {
+    pthread_mutex_t lock;
+    entry *entries;
+    size_t count, cap;
+};
+
+lmc_layout_registry *lmc_layout_registry_new(void)
+{
+    lmc_layout_registry *r = calloc(1, sizeof *r);
+    if (r)
+        pthread_mutex_init(&r->lock, NULL);
+    return r;
+}
+
+void lmc_layout_registry_free(lmc_layout_registry *r)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->count; i++)
+        free(r->entries[i].model);
+    free(r->entries);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+}
+
+uint32_t lmc_dtype_itemsize(const char *d, size_t len)
+{
+    static const struct { const char *name; uint32_t size; } table[] = {
+        {"float16", 2}, {"bfloat16", 2}, {"half", 2}, {"float32", 4}, {"float", 4},
+        {"uint8", 1}, {"int8", 1}, {"float8_e4m3fn", 1}, {"float8_e5m2", 1},
+        {"float8_e4m3fnuz", 1}, {"float8_e5m2fnuz", 1},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        if (strlen(table[i].name) == len && memcmp(table[i].name, d, len) == 0)
+            return table[i].size;
+    }
+    return 0;
+}
+
+int lmc_layout_build(lmc_layout *out, uint32_t cs, uint32_t num_layers, uint32_t hidden_dim,
+                     const char *dtype, size_t dtype_len, bool use_mla, char *err, size_t errlen)
+{
+    uint32_t item = lmc_dtype_itemsize(dtype, dtype_len);
+    if (item == 0 || dtype_len >= LMC_LAYOUT_DTYPE_MAX) {
+        snprintf(err, errlen, "unsupported dtype '%.*s'", (int)(dtype_len < 64 ? dtype_len : 64),
+                 dtype);
+        return -1;
+    }
+    if (cs == 0 || num_layers == 0 || hidden_dim == 0) {
+        snprintf(err, errlen, "num_layers and hidden_dim_size must be > 0");
+        return -1;
+    }
+    *out = (lmc_layout){.num_layers = num_layers, .hidden_dim = hidden_dim,
+                        .use_mla = use_mla, .num_groups = 1};
+    memcpy(out->dtype, dtype, dtype_len);
+    uint32_t d = 0;
+    if (!use_mla)
+        out->shape[d++] = 2;   /* K and V */
+    out->shape[d++] = num_layers;
+    out->shape[d++] = cs;
+    out->shape[d++] = hidden_dim;
+    out->ndim = d;
+    out->object_size = item;
+    for (uint32_t i = 0; i < d; i++)
+        out->object_size *= out->shape[i];
+    return 0;
+}
+
+static entry *find_locked(lmc_layout_registry *r, const char *model, size_t len, uint32_t ws)
+{
+    for (size_t i = 0; i < r->count; i++) {
+        entry *e = &r->entries[i];
+        if (e->world_size == ws && strlen(e->model) == len && memcmp(e->model, model, len) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+static bool same_layout(const lmc_layout *a, const lmc_layout *b)
+{
+    return a->object_size == b->object_size && a->ndim == b->ndim &&
+           memcmp(a->shape, b->shape, sizeof a->shape) == 0 && strcmp(a->dtype, b->dtype) == 0 &&
+           a->use_mla == b->use_mla && a->num_groups == b->num_groups;
+}
+
+static int add_locked(lmc_layout_registry *r, const char *model, uint32_t ws, const lmc_layout *l)
+{
+    if (r->count == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 4;
+        entry *grown = realloc(r->entries, cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        r->entries = grown;
+        r->cap = cap;
+    }
+    char *copy = strdup(model);
+    if (!copy)
+        return -1;
+    r->entries[r->count++] = (entry){.model = copy, .world_size = ws, .layout = *l, .refcount = 1};
+    return 0;
+}
+
+int lmc_layout_registry_acquire(lmc_layout_registry *r, const char *model, uint32_t ws,
+                                const lmc_layout *layout)
+{
+    int rc = 0;
+    pthread_mutex_lock(&r->lock);
+    entry *e = find_locked(r, model, strlen(model), ws);
+    if (e && !same_layout(&e->layout, layout))
+        rc = -1;
+    else if (e)
+        e->refcount++;
+    else
+        rc = add_locked(r, model, ws, layout);
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+void lmc_layout_registry_release(lmc_layout_registry *r, const char *model, uint32_t ws)
+{
+    pthread_mutex_lock(&r->lock);
+    entry *e = find_locked(r, model, strlen(model), ws);
+    if (e && --e->refcount == 0) {
+        free(e->model);
+        *e = r->entries[--r->count];
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+bool lmc_layout_registry_get(lmc_layout_registry *r, const char *model, size_t len, uint32_t ws,
+                             lmc_layout *out)
+{
+    pthread_mutex_lock(&r->lock);
+    entry *e = find_locked(r, model, len, ws);
+    if (e && out)
+        *out = e->layout;
+    pthread_mutex_unlock(&r->lock);
+    return e != NULL;
+}
+
+size_t lmc_layout_registry_count(lmc_layout_registry *r)
+{
+    pthread_mutex_lock(&r->lock);
+    size_t n = r->count;
+    pthread_mutex_unlock(&r->lock);
+    return n;
+}
+
+static json_t *shape_json(const lmc_layout *l)
+{
+    json_t *a = json_array();
+    for (uint32_t i = 0; i < l->ndim; i++)
+        json_array_append_new(a, json_integer((json_int_t)l->shape[i]));
+    return a;
+}
+
+json_t *lmc_layout_registry_to_json(lmc_layout_registry *r)
+{
+    json_t *arr = json_array();
+    pthread_mutex_lock(&r->lock);
+    for (size_t i = 0; i < r->count; i++) {
+        const entry *e = &r->entries[i];
+        json_array_append_new(
+            arr, json_pack("{s:s, s:i, s:I, s:o, s:s, s:b, s:i}", "model_name", e->model,
+                           "world_size", (int)e->world_size, "object_size",
+                           (json_int_t)e->layout.object_size, "shape", shape_json(&e->layout),
+                           "dtype", e->layout.dtype, "use_mla", e->layout.use_mla, "refcount",
+                           (int)e->refcount));
+    }
+    pthread_mutex_unlock(&r->lock);
+    return arr;
+}

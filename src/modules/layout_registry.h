@@ -1,0 +1,54 @@
+/* Layout registry: what one stored chunk object of (model_name, world_size)
+ * looks like.  The transfer modules register a layout when a worker
+ * registers and drop their reference when it leaves; LOOKUP needs one to
+ * know how many object groups a chunk has (none registered = no hits).
+ * Thread-safe; one mutex, never held while calling out. */
+#ifndef LMC_MODULES_LAYOUT_REGISTRY_H
+#define LMC_MODULES_LAYOUT_REGISTRY_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define LMC_LAYOUT_MAX_DIMS 4
+#define LMC_LAYOUT_DTYPE_MAX 32
+
+typedef struct {
+    uint64_t object_size;           /* bytes = prod(shape) * itemsize */
+    uint32_t ndim;
+    uint64_t shape[LMC_LAYOUT_MAX_DIMS];
+    char dtype[LMC_LAYOUT_DTYPE_MAX];   /* torch name, e.g. "float16" */
+    uint32_t num_layers;
+    uint32_t hidden_dim;
+    bool use_mla;
+    uint32_t num_groups;            /* object groups per chunk (1 for now) */
+} lmc_layout;
+
+typedef struct lmc_layout_registry lmc_layout_registry;
+
+lmc_layout_registry *lmc_layout_registry_new(void);
+void lmc_layout_registry_free(lmc_layout_registry *r);
+
+/* Item size of a torch dtype name (float16/bfloat16 2, float32 4,
+ * float8_* / uint8 / int8 1), 0 when unsupported. */
+uint32_t lmc_dtype_itemsize(const char *dtype, size_t len);
+/* Fills `out` for a single-group engine-driven layout.  0, or -1 with a
+ * reason when the dtype is unsupported or a dimension is zero. */
+int lmc_layout_build(lmc_layout *out, uint32_t chunk_size, uint32_t num_layers,
+                     uint32_t hidden_dim, const char *dtype, size_t dtype_len, bool use_mla,
+                     char *err, size_t errlen);
+
+/* Adds a reference to (model, world_size) -> layout.  A second registration
+ * must describe the same layout: -1 (conflict) otherwise.  0 on success. */
+int lmc_layout_registry_acquire(lmc_layout_registry *r, const char *model, uint32_t world_size,
+                                const lmc_layout *layout);
+/* Drops one reference; the entry goes away at zero. */
+void lmc_layout_registry_release(lmc_layout_registry *r, const char *model, uint32_t world_size);
+bool lmc_layout_registry_get(lmc_layout_registry *r, const char *model, size_t model_len,
+                             uint32_t world_size, lmc_layout *out);
+size_t lmc_layout_registry_count(lmc_layout_registry *r);
+/* [{model_name, world_size, object_size, shape, dtype, use_mla, refcount}] */
+json_t *lmc_layout_registry_to_json(lmc_layout_registry *r);
+
+#endif

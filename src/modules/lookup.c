@@ -1,0 +1,364 @@
+/* Lookup module: LOOKUP, QUERY_PREFETCH_STATUS, WAIT_PREFETCH_STATUS,
+ * QUERY_PREFETCH_LOOKUP_HITS, FREE_LOOKUP_LOCKS, END_SESSION (all NORMAL
+ * pool; wire-protocol.md §3.1 ops 8-13).
+ *
+ * LOOKUP hashes the prompt through the session's cached chain, read-locks
+ * the leading run of whole hit chunks (num_kv_readers shares per object)
+ * and registers a prefetch job.  With L1 only the job completes inside the
+ * LOOKUP handler; the registry (prefetch_jobs.h) is already shaped for an
+ * L2 prefetch that completes it later and wakes WAIT_PREFETCH_STATUS. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "modules/ipc_key.h"
+#include "modules/module.h"
+#include "modules/prefetch_jobs.h"
+#include "obs/log.h"
+#include "rpc/wire.h"
+#include "storage/storage_manager.h"
+
+typedef struct {
+    lmc_module_ctx *ctx;
+    lmc_jobs *jobs;
+    uint32_t chunk_size;
+    atomic_uint_fast64_t lookups, hit_chunks, freed_keys, waits_parked;
+} lookup_mod;
+
+static int decode_key(lookup_mod *m, lmc_rpc_call *call, lmc_ipc_key *k, char *err,
+                      size_t errlen)
+{
+    const msgpack_object *o = lmc_rpc_call_arg(call, 0);
+    if (!o) {
+        snprintf(err, errlen, "missing or undecodable key frame");
+        return -1;
+    }
+    return lmc_ipc_key_decode(o, m->chunk_size, k, err, errlen);
+}
+
+/* Gives back the shares of every key not yet freed (an undelivered or
+ * abandoned lookup result: no retrieve can be based on it). */
+static void release_unfreed(lookup_mod *m, lmc_lookup_locks *l)
+{
+    size_t j = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        if (!l->freed[i]) {
+            l->freed[i] = 1;
+            l->keys[j++] = l->keys[i];   /* compact in place: the record is dropped next */
+        }
+    }
+    if (j)
+        lmc_storage_manager_finish_read(m->ctx->storage, l->keys, j, l->readers, NULL);
+    lmc_lookup_locks_clear(l);
+}
+
+/* Locks the leading hit run of whole chunks and records it on the session.
+ * Returns the hit count in chunks. */
+static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
+                         const lmc_layout *layout)
+{
+    size_t n_chunks = lmc_ipc_key_num_chunks(k, m->chunk_size);
+    const uint8_t *hashes;
+    if (n_chunks == 0)
+        return 0;
+    int rc = lmc_session_hashes(se, k->tokens, k->n_tokens, k->start, k->end, &hashes);
+    if (rc != LMC_HASH_OK) {
+        LMC_WARN("LOOKUP %.*s: hashing failed: %s", (int)k->request_id_len, k->request_id,
+                 lmc_hash_strerror(rc));
+        return 0;
+    }
+    uint32_t per = layout->num_groups * lmc_ipc_key_num_ranks(k);
+    size_t n = n_chunks * per;
+    lmc_object_key *keys = malloc(n * sizeof *keys);
+    if (!keys || lmc_ipc_key_object_keys(k, hashes, n_chunks, layout->num_groups,
+                                         m->ctx->interner, keys) != 0) {
+        free(keys);
+        return 0;
+    }
+    size_t locked = lmc_storage_manager_lock_prefix(m->ctx->storage, keys, n, k->num_kv_readers);
+    size_t full = locked / per * per;
+    /* A partly present chunk is no hit: give its locks back at once. */
+    if (locked > full)
+        lmc_storage_manager_finish_read(m->ctx->storage, keys + full, locked - full,
+                                        k->num_kv_readers, NULL);
+    uint8_t *freed = calloc(full ? full : 1, 1);
+    if (!freed) {
+        lmc_storage_manager_finish_read(m->ctx->storage, keys, full, k->num_kv_readers, NULL);
+        free(keys);
+        return 0;
+    }
+    se->locks = (lmc_lookup_locks){.keys = keys, .freed = freed, .n = full,
+                                   .first_chunk = k->start / m->chunk_size,
+                                   .keys_per_chunk = per, .readers = k->num_kv_readers};
+    return (int64_t)(full / per);
+}
+
+/* LOOKUP(key, tp_size) -> void */
+static lmc_handler_result lookup(void *state, lmc_rpc_call *call)
+{
+    lookup_mod *m = state;
+    lmc_ipc_key k;
+    char err[256];
+    if (decode_key(m, call, &k, err, sizeof err) != 0)
+        return lmc_rpc_call_fail(call, "ValidationError", "LOOKUP: %s", err);
+    bool replaced;
+    uint64_t id = lmc_jobs_submit(m->jobs, k.request_id, k.request_id_len, &replaced);
+    if (!id) {
+        lmc_ipc_key_free(&k);
+        return lmc_rpc_call_fail(call, "MemoryError", "LOOKUP: out of memory");
+    }
+    int64_t hits = 0;
+    lmc_layout layout;
+    bool have_layout = lmc_layout_registry_get(m->ctx->layouts, k.model_name, k.model_len,
+                                               k.world_size, &layout);
+    lmc_session *se = lmc_sessions_acquire(m->ctx->sessions, k.request_id, k.request_id_len, true);
+    if (se) {
+        if (replaced)
+            release_unfreed(m, &se->locks);
+        else
+            lmc_lookup_locks_clear(&se->locks);  /* delivered: retrieves consume them */
+        se->hit_chunks = -1;
+        if (have_layout)
+            hits = lock_hits(m, se, &k, &layout);
+        lmc_sessions_release(m->ctx->sessions, se);
+    }
+    lmc_jobs_complete(m->jobs, k.request_id, k.request_id_len, id, hits);
+    atomic_fetch_add(&m->lookups, 1);
+    atomic_fetch_add(&m->hit_chunks, (uint64_t)hits);
+    lmc_ipc_key_free(&k);
+    return LMC_HANDLER_VOID;
+}
+
+static bool decode_rid(lmc_rpc_call *call, const char **rid, size_t *len)
+{
+    const msgpack_object *o = lmc_rpc_call_arg(call, 0);
+    return o && lmc_mp_get_str(o, rid, len);
+}
+
+static void record_delivered(lookup_mod *m, const char *rid, size_t len, int64_t hits)
+{
+    lmc_session *se = lmc_sessions_acquire(m->ctx->sessions, rid, len, false);
+    if (se) {
+        se->hit_chunks = hits;
+        lmc_sessions_release(m->ctx->sessions, se);
+    }
+}
+
+/* Writes the answer for a job status; returns the handler result. */
+static lmc_handler_result answer(lookup_mod *m, lmc_rpc_call *call, const char *rid, size_t len,
+                                 lmc_job_status st, int64_t hits)
+{
+    if (st == LMC_JOB_RUNNING)
+        return LMC_HANDLER_VOID;   /* no frame: None */
+    if (st == LMC_JOB_DONE)
+        record_delivered(m, rid, len, hits);
+    msgpack_pack_int64(lmc_rpc_call_reply(call), st == LMC_JOB_DONE ? hits : 0);
+    return LMC_HANDLER_REPLY;
+}
+
+/* QUERY_PREFETCH_STATUS(request_id) -> int | None */
+static lmc_handler_result query_status(void *state, lmc_rpc_call *call)
+{
+    lookup_mod *m = state;
+    const char *rid;
+    size_t len;
+    int64_t hits;
+    if (!decode_rid(call, &rid, &len))
+        return lmc_rpc_call_fail(call, "ValidationError", "request_id must be a str");
+    lmc_job_status st = lmc_jobs_query(m->jobs, rid, len, &hits);
+    return answer(m, call, rid, len, st, hits);
+}
+
+typedef struct {
+    lookup_mod *m;
+    lmc_rpc_call *call;
+} parked_wait;
+
+/* Runs on whichever thread finishes the wait (completion, timer, close). */
+static void wait_done(void *user, lmc_job_status st, int64_t hits)
+{
+    parked_wait *pw = user;
+    const char *rid;
+    size_t len;
+    decode_rid(pw->call, &rid, &len);   /* decoded before parking: cannot fail */
+    lmc_rpc_call_complete(pw->call, answer(pw->m, pw->call, rid, len, st, hits));
+    free(pw);
+}
+
+/* WAIT_PREFETCH_STATUS(request_id, timeout_seconds) -> int | None */
+static lmc_handler_result wait_status(void *state, lmc_rpc_call *call)
+{
+    lookup_mod *m = state;
+    const char *rid;
+    size_t len;
+    double timeout = 0;
+    const msgpack_object *t = lmc_rpc_call_arg(call, 1);
+    if (!decode_rid(call, &rid, &len) || !t || !lmc_mp_get_double(t, &timeout))
+        return lmc_rpc_call_fail(call, "ValidationError",
+                                 "WAIT_PREFETCH_STATUS: expected (str, float)");
+    if (!(timeout > 0))
+        timeout = 0;                   /* NaN or negative: poll once */
+    if (timeout > 86400)
+        timeout = 86400;
+    parked_wait *pw = malloc(sizeof *pw);
+    if (!pw)
+        return lmc_rpc_call_fail(call, "MemoryError", "out of memory");
+    *pw = (parked_wait){m, call};
+    int64_t hits;
+    lmc_job_status st = lmc_jobs_wait(m->jobs, rid, len, (int64_t)(timeout * 1000), wait_done,
+                                      pw, &hits);
+    if (st == LMC_JOB_WAITING) {
+        atomic_fetch_add(&m->waits_parked, 1);
+        return LMC_HANDLER_DEFERRED;
+    }
+    free(pw);
+    return answer(m, call, rid, len, st, hits);
+}
+
+/* QUERY_PREFETCH_LOOKUP_HITS(request_id) -> int | None, not consuming */
+static lmc_handler_result query_lookup_hits(void *state, lmc_rpc_call *call)
+{
+    lookup_mod *m = state;
+    const char *rid;
+    size_t len;
+    int64_t hits;
+    if (!decode_rid(call, &rid, &len))
+        return lmc_rpc_call_fail(call, "ValidationError", "request_id must be a str");
+    lmc_job_status st = lmc_jobs_lookup_hits(m->jobs, rid, len, &hits);
+    if (st == LMC_JOB_RUNNING)
+        return LMC_HANDLER_VOID;
+    msgpack_pack_int64(lmc_rpc_call_reply(call), st == LMC_JOB_DONE ? hits : 0);
+    return LMC_HANDLER_REPLY;
+}
+
+/* Releases the recorded locks of chunks in [c0, c1) whose hash matches the
+ * request's chain (`hashes` = chunk c0 on). */
+static void free_range(lookup_mod *m, lmc_lookup_locks *l, size_t c0, size_t c1,
+                       const uint8_t *hashes, const lmc_ipc_key *k)
+{
+    lmc_object_key *batch = malloc((l->n ? l->n : 1) * sizeof *batch);
+    size_t nb = 0;
+    for (size_t i = 0; batch && i < l->n; i++) {
+        size_t c = l->first_chunk + i / l->keys_per_chunk;
+        const lmc_object_key *key = &l->keys[i];
+        if (l->freed[i] || c < c0 || c >= c1 ||
+            memcmp(key->chunk_hash, hashes + (c - c0) * LMC_TOKEN_HASH_LEN,
+                   LMC_TOKEN_HASH_LEN) != 0 ||
+            strlen(key->model_name) != k->model_len ||
+            memcmp(key->model_name, k->model_name, k->model_len) != 0)
+            continue;
+        l->freed[i] = 1;
+        batch[nb++] = *key;
+    }
+    if (nb)
+        lmc_storage_manager_finish_read(m->ctx->storage, batch, nb, l->readers, NULL);
+    atomic_fetch_add(&m->freed_keys, nb);
+    free(batch);
+}
+
+/* FREE_LOOKUP_LOCKS(key, tp_size) -> void */
+static lmc_handler_result free_lookup_locks(void *state, lmc_rpc_call *call)
+{
+    lookup_mod *m = state;
+    lmc_ipc_key k;
+    char err[256];
+    if (decode_key(m, call, &k, err, sizeof err) != 0)
+        return lmc_rpc_call_fail(call, "ValidationError", "FREE_LOOKUP_LOCKS: %s", err);
+    lmc_session *se = k.start < k.end
+                          ? lmc_sessions_acquire(m->ctx->sessions, k.request_id,
+                                                 k.request_id_len, false)
+                          : NULL;
+    if (se) {
+        const uint8_t *hashes;
+        if (se->locks.n &&
+            lmc_session_hashes(se, k.tokens, k.n_tokens, k.start, k.end, &hashes) == LMC_HASH_OK)
+            free_range(m, &se->locks, k.start / m->chunk_size, k.end / m->chunk_size, hashes, &k);
+        lmc_sessions_release(m->ctx->sessions, se);
+    }
+    lmc_ipc_key_free(&k);
+    return LMC_HANDLER_VOID;
+}
+
+/* END_SESSION(request_id[, end_info]) -> void */
+static lmc_handler_result end_session(void *state, lmc_rpc_call *call)
+{
+    lookup_mod *m = state;
+    const char *rid;
+    size_t len;
+    if (!decode_rid(call, &rid, &len))
+        return lmc_rpc_call_fail(call, "ValidationError", "request_id must be a str");
+    bool undelivered = lmc_jobs_drop(m->jobs, rid, len);
+    lmc_session *se = lmc_sessions_remove(m->ctx->sessions, rid, len);
+    if (se) {
+        /* Refresh the request's chunks in LRU: they were just used. */
+        if (se->locks.n)
+            lmc_storage_manager_touch(m->ctx->storage, se->locks.keys, se->locks.n);
+        if (undelivered)
+            release_unfreed(m, &se->locks);
+        lmc_sessions_release(m->ctx->sessions, se);
+    }
+    return LMC_HANDLER_VOID;
+}
+
+static const lmc_rpc_handler_spec lookup_handlers[] = {
+    {LMC_OP_LOOKUP, NULL, LMC_POOL_NORMAL, lookup},
+    {LMC_OP_QUERY_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, query_status},
+    {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, wait_status},
+    {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_NORMAL, query_lookup_hits},
+    {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, free_lookup_locks},
+    {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, end_session},
+};
+
+static int lookup_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen)
+{
+    lookup_mod *m = calloc(1, sizeof *m);
+    if (!m || !ctx->sessions || !ctx->layouts) {
+        free(m);
+        snprintf(err, errlen, "lookup: out of memory");
+        return -1;
+    }
+    m->ctx = ctx;
+    m->chunk_size = (uint32_t)ctx->config->mp.chunk_size;
+    lmc_jobs_options jo = {
+        .max_jobs = 65536,
+        .max_age_ms = 2000LL * ctx->config->storage.l1_read_ttl_seconds,
+        .timer_thread = true,
+    };
+    m->jobs = lmc_jobs_new(&jo);
+    if (!m->jobs) {
+        free(m);
+        snprintf(err, errlen, "lookup: cannot create the job registry");
+        return -1;
+    }
+    *state = m;
+    return 0;
+}
+
+static json_t *lookup_status(void *state)
+{
+    lookup_mod *m = state;
+    return json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "is_healthy", 1, "sessions",
+                     (json_int_t)lmc_sessions_count(m->ctx->sessions), "jobs",
+                     (json_int_t)lmc_jobs_count(m->jobs), "parked_waits",
+                     (json_int_t)lmc_jobs_waiter_count(m->jobs), "lookups",
+                     (json_int_t)atomic_load(&m->lookups), "hit_chunks",
+                     (json_int_t)atomic_load(&m->hit_chunks), "freed_lock_keys",
+                     (json_int_t)atomic_load(&m->freed_keys), "layouts",
+                     (json_int_t)lmc_layout_registry_count(m->ctx->layouts));
+}
+
+static void lookup_close(void *state)
+{
+    lookup_mod *m = state;
+    lmc_jobs_free(m->jobs);   /* parked WAITs are answered None */
+    free(m);
+}
+
+const lmc_module_def lmc_lookup_module = {
+    .name = "lookup",
+    .create = lookup_create,
+    .handlers = lookup_handlers,
+    .n_handlers = sizeof lookup_handlers / sizeof lookup_handlers[0],
+    .report_status = lookup_status,
+    .close = lookup_close,
+};

@@ -1,0 +1,377 @@
+"""Lookup, prefetch sessions and the engine-driven (PREPARE/COMMIT over SHM)
+transfer path, emulating upstream's scheduler and worker DEALERs byte for
+byte (wire-protocol.md §2.1, §4.4, §6)."""
+import hashlib
+import mmap
+import os
+import threading
+import time
+
+import msgpack
+import pytest
+
+from conftest import Server
+
+CS = 16
+LAYERS, HIDDEN = 2, 8
+OBJ = 2 * LAYERS * CS * HIDDEN * 2          # float16 [2, L, cs, H]
+LOOKUP, QUERY, WAIT, LOOKUP_HITS, FREE, END = 8, 9, 10, 11, 12, 13
+REG, UNREG, PSTORE, CSTORE, PRETR, CRETR = 14, 15, 16, 17, 18, 19
+CLEAR, PING, NOOP = 20, 22, 24
+
+
+def key(tokens, start, end, rid, worker_id=None, world_size=2, model="m", salt="", readers=1):
+    # Field order of the newest IPCCacheServerKey (§2.1).
+    return {"model_name": model, "world_size": world_size, "worker_id": worker_id,
+            "token_ids": list(tokens), "start": start, "end": end, "request_id": rid,
+            "cache_salt": salt, "request_configs": None, "num_kv_readers": readers,
+            "null_chunk_mask": None}
+
+
+def payload(instance_id, world_size=2, model="m", hidden=HIDDEN, layers=LAYERS, **extra):
+    p = {"instance_id": instance_id, "model_name": model, "world_size": world_size,
+         "block_size": CS, "num_layers": layers, "hidden_dim_size": hidden,
+         "dtype_str": "float16", "use_mla": False, "num_physical_slots": None,
+         "engine_group_infos": [], "group_hidden_dim_sizes": None,
+         "group_layout_descs": None, "enable_l1_kvweave_quant": False}
+    p.update(extra)
+    return p
+
+
+def unpack(frames):
+    assert frames is not None, "no reply"
+    return msgpack.unpackb(frames[2]) if len(frames) > 2 else None
+
+
+def chunk_bytes(rank, tokens, c, size=OBJ):
+    seed = hashlib.sha256(repr((rank, tokens[: (c + 1) * CS])).encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+class Worker:
+    """A worker adapter: registers, maps the server pool, fills slots."""
+
+    def __init__(self, server, instance_id, rank, world_size=2, model="m", **reg):
+        self.d = server.dealer()
+        self.id, self.rank, self.ws, self.model = instance_id, rank, world_size, model
+        self.reply = unpack(self.d.call(REG, payload(instance_id, world_size, model, **reg)))
+        self.pool = None
+        if self.reply.get("shm_name") and self.reply["pool_size"] > 0:
+            fd = os.open("/dev/shm/" + self.reply["shm_name"], os.O_RDWR)
+            self.pool = mmap.mmap(fd, self.reply["pool_size"])
+            os.close(fd)
+
+    def key(self, tokens, start, end, rid, **kw):
+        kw.setdefault("world_size", self.ws)
+        kw.setdefault("model", self.model)
+        return key(tokens, start, end, rid, worker_id=self.rank, **kw)
+
+    def store(self, tokens, start, end, rid="s", commit=True, **kw):
+        k = self.key(tokens, start, end, rid, **kw)
+        ctx = unpack(self.d.call(PSTORE, k, self.id))["context"]
+        for slot, idx in zip(ctx["slots"], ctx["chunk_indices"]):
+            data = chunk_bytes(self.rank, tokens, start // CS + idx, slot["length"])
+            self.pool[slot["offset"]:slot["offset"] + slot["length"]] = data
+        if commit and ctx["slots"]:
+            assert unpack(self.d.call(CSTORE, k, self.id, b"")) is True
+        return ctx
+
+    def retrieve(self, tokens, start, end, rid, **kw):
+        k = self.key(tokens, start, end, rid, **kw)
+        r = unpack(self.d.call(PRETR, k, self.id))
+        if not r["success"]:
+            return None
+        out = [bytes(self.pool[s["offset"]:s["offset"] + s["length"]]) for s in r["context"]["slots"]]
+        assert unpack(self.d.call(CRETR, k, self.id)) is True
+        return out
+
+    def close(self):
+        if self.pool:
+            self.pool.close()
+        self.d.close()
+
+
+def lookup(sched, tokens, rid, **kw):
+    end = len(tokens) // CS * CS
+    assert sched.call(LOOKUP, key(tokens, 0, end, rid, **kw), 1) is not None
+    return unpack(sched.call(QUERY, rid))
+
+
+def prompt(seed, n_chunks=4):
+    return [(seed * 7919 + i * 31) % 50000 for i in range(n_chunks * CS)]
+
+
+@pytest.fixture
+def srv():
+    s = Server("--chunk-size", str(CS))
+    yield s
+    rc = s.stop()
+    assert rc == 0, s.output()
+
+
+@pytest.fixture
+def pair(srv):
+    ws = [Worker(srv, 1001, 0), Worker(srv, 1002, 1)]
+    yield ws
+    for w in ws:
+        w.close()
+
+
+def test_store_lookup_retrieve_two_ranks(srv, pair):
+    toks = prompt(1)
+    for w in pair:
+        ctx = w.store(toks, 0, 64)
+        assert ctx["chunk_indices"] == [0, 1, 2, 3]
+        assert ctx["slots"][0]["shape"] == [2, LAYERS, CS, HIDDEN]
+        assert ctx["slots"][0]["dtype"] == "float16" and ctx["slots"][0]["length"] == OBJ
+    sched = srv.dealer()
+    assert lookup(sched, toks, "r1") == 4
+    assert unpack(sched.call(QUERY, "r1")) == 0          # exactly once
+    for w in pair:
+        got = w.retrieve(toks, 0, 64, "r1")
+        assert got == [chunk_bytes(w.rank, toks, c) for c in range(4)]
+    # Each rank's share consumed: a second retrieve has no lookup lock any more.
+    assert pair[0].retrieve(toks, 0, 64, "r1") is None
+    shared = toks[:32] + prompt(2)[32:]
+    assert lookup(sched, shared, "r2") == 2
+    assert lookup(sched, toks, "r3", salt="tenant") == 0
+    assert lookup(sched, toks, "r4", model="other") == 0
+    assert lookup(sched, toks[:63], "r5") == 3             # only whole chunks
+    sched.close()
+
+
+def test_retrieve_without_lookup_and_prepare_twice(srv, pair):
+    toks = prompt(3)
+    w = pair[0]
+    assert w.retrieve(toks, 0, 64, "x") is None             # no lock: success false
+    r = unpack(w.d.call(PRETR, w.key(toks, 0, 64, "x"), w.id))
+    assert r == {"success": False, "data": b"", "context": {}}
+    first = w.store(toks, 0, 64, commit=False)
+    assert len(first["slots"]) == 4
+    assert w.store(toks, 0, 64, commit=False) == {"slots": [], "chunk_indices": []}
+    k = w.key(toks, 0, 64, "s")
+    assert unpack(w.d.call(CSTORE, k, w.id, b"")) is True
+    assert unpack(w.d.call(CSTORE, k, w.id, b"")) is False  # nothing pending any more
+    other = w.key(prompt(4), 0, 32, "s")
+    assert unpack(w.d.call(CSTORE, other, w.id, b"")) is False
+    assert unpack(w.d.call(CSTORE, k, w.id, b"\x80\x04")) is False  # pickle fallback
+    assert w.store(toks, 0, 64) == {"slots": [], "chunk_indices": []}
+
+
+def test_free_lookup_locks_releases_exactly_the_lookup(srv, pair):
+    toks = prompt(5)
+    for w in pair:
+        w.store(toks, 0, 64)
+    sched = srv.dealer()
+    assert lookup(sched, toks, "A", readers=2) == 4
+    assert sched.call(CLEAR, False) is not None
+    assert lookup(sched, toks, "B") == 4                    # A's locks kept them
+    assert sched.call(FREE, key(toks, 0, 64, "B"), 1) is not None
+    assert sched.call(FREE, key(toks, 0, 32, "A"), 1) is not None
+    assert sched.call(FREE, key(toks, 0, 32, "A"), 1) is not None   # no double release
+    assert sched.call(FREE, key(toks, 32, 32, "A"), 1) is not None  # start >= end: no-op
+    assert sched.call(CLEAR, False) is not None
+    # Chunks 0-1 went, 2-3 are still locked by A.
+    assert pair[0].store(toks, 0, 64, commit=False)["chunk_indices"] == [0, 1]
+    assert sched.call(FREE, key(toks, 32, 64, "A"), 1) is not None
+    assert sched.call(CLEAR, False) is not None
+    assert pair[1].store(toks, 0, 64, commit=False)["chunk_indices"] == [0, 1, 2, 3]
+    sched.close()
+
+
+def test_end_session_drops_session_and_unqueried_locks(srv, pair):
+    toks = prompt(6)
+    for w in pair:
+        w.store(toks, 0, 64)
+    sched = srv.dealer()
+    assert sched.call(LOOKUP, key(toks, 0, 64, "E", readers=2), 1) is not None
+    assert unpack(sched.call(LOOKUP_HITS, "E")) == 4        # does not consume
+    assert sched.call(END, "E") is not None
+    assert sched.call(END, "E", {"finish_reason": "stop", "stop_token_id": -1}) is not None
+    assert unpack(sched.call(QUERY, "E")) == 0
+    assert unpack(sched.call(LOOKUP_HITS, "E")) == 0
+    assert sched.call(CLEAR, False) is not None             # nothing is locked any more
+    assert lookup(sched, toks, "E2") == 0
+    sched.close()
+
+
+def test_wait_prefetch_status(srv, pair):
+    toks = prompt(7)
+    for w in pair:
+        w.store(toks, 0, 64)
+    sched = srv.dealer()
+    t0 = time.monotonic()
+    assert unpack(sched.call(WAIT, "nope", 5.0)) == 0
+    assert sched.call(LOOKUP, key(toks, 0, 64, "W"), 1) is not None
+    assert unpack(sched.call(WAIT, "W", 0.05)) == 4
+    assert unpack(sched.call(WAIT, "W", 5.0)) == 0
+    assert time.monotonic() - t0 < 2
+    sched.close()
+
+
+def test_malformed_keys_are_dropped(srv, pair):
+    sched = srv.dealer()
+    toks = prompt(8)
+    bad = [key(toks, 3, 64, "m1"), key(toks, 0, 65, "m2"), key(toks, 0, 80, "m3"),
+           key([2 ** 32] + toks[1:], 0, 64, "m4"), key(toks, 0, 64, "m5", world_size=0),
+           key(toks, 0, 64, "m6", model="a@b"), key(toks, 0, 64, "m7", salt="x/y"),
+           {"model_name": "m"}, [1, 2]]
+    for k in bad:
+        assert sched.call(LOOKUP, k, 1, timeout_ms=300) is None
+    w = pair[0]
+    assert w.d.call(PSTORE, key(toks, 0, 64, "t"), w.id, timeout_ms=300) is None   # worker None
+    assert w.d.call(PSTORE, key(toks, 0, 64, "t", worker_id=2), w.id, timeout_ms=300) is None
+    assert w.d.call(PRETR, key(toks, 8, 64, "t", worker_id=0), w.id, timeout_ms=300) is None
+    for p in ({"instance_id": 9}, {**payload(9), "model_name": 3}, "x"):
+        assert w.d.call(REG, p, timeout_ms=300) is None     # malformed payload: dropped
+    assert unpack(sched.call(NOOP)) == "OK"
+    assert lookup(sched, toks, "ok") == 0
+    sched.close()
+
+
+def test_concurrent_sessions(srv, pair):
+    prompts = [prompt(100 + i, 2 + i % 3) for i in range(6)]
+    for p in prompts:
+        for w in pair:
+            w.store(p, 0, len(p))
+    errors = []
+
+    def client(t):
+        d = srv.dealer()
+        try:
+            for i in range(25):
+                p = prompts[(t + i) % len(prompts)]
+                rid = f"c{t}-{i}"
+                got = lookup(d, p, rid)
+                if got != len(p) // CS:
+                    errors.append((rid, got))
+                d.call(FREE, key(p, 0, len(p), rid), 1)
+                d.call(END, rid)
+        finally:
+            d.close()
+
+    threads = [threading.Thread(target=client, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert srv.alive()
+
+
+def test_memory_pressure_keeps_locked_and_evicts_lru(start_server):
+    s = start_server("--chunk-size", str(CS), "--l1-size-gb", "0.01",
+                     "--eviction-trigger-watermark", "0.5")
+    hidden = 1024
+    w = Worker(s, 7, 0, world_size=1, hidden=hidden)
+    obj = 2 * LAYERS * CS * hidden * 2
+    sched = s.dealer()
+    locked = prompt(200)
+    w.store(locked, 0, 64)
+    assert lookup(sched, locked, "L", world_size=1) == 4
+    prompts = [prompt(300 + i) for i in range(30)]          # ~120 objects > pool
+    for p in prompts:
+        w.store(p, 0, 64)
+    time.sleep(1.2)                                          # one eviction period
+    got = w.retrieve(locked, 0, 64, "L", world_size=1)
+    assert got == [chunk_bytes(0, locked, c, obj) for c in range(4)]
+    hits = [lookup(sched, p, f"q{i}", world_size=1) for i, p in enumerate(prompts)]
+    assert min(hits) < 4 and max(hits) == 4                  # old ones went, new ones stay
+    assert hits[-1] == 4
+    for i, (p, h) in enumerate(zip(prompts, hits)):
+        if h:
+            assert w.retrieve(p, 0, h * CS, f"q{i}", world_size=1) == \
+                [chunk_bytes(0, p, c, obj) for c in range(h)]
+    w.close()
+    sched.close()
+
+
+def test_reaped_worker_writes_never_visible(start_server, monkeypatch):
+    monkeypatch.setenv("LMCACHED_TEST_REAP_SCALE", "60")     # 30 s -> 0.5 s
+    s = start_server("--chunk-size", str(CS), "--worker-reap-timeout-seconds", "30",
+                     "--worker-registration-grace-seconds", "30")
+    keeper = Worker(s, 1, 0, world_size=1)                   # keeps the layout alive
+    dead = Worker(s, 2, 0, world_size=1)
+    toks = prompt(9)
+    ctx = dead.store(toks, 0, 64, commit=False)
+    assert len(ctx["slots"]) == 4
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        assert unpack(keeper.d.call(PING, keeper.id)) is True
+        time.sleep(0.1)
+    k = dead.key(toks, 0, 64, "s")
+    assert unpack(dead.d.call(CSTORE, k, dead.id, b"")) is False
+    sched = s.dealer()
+    assert lookup(sched, toks, "R", world_size=1) == 0
+    again = Worker(s, 2, 0, world_size=1)                    # re-registration works
+    assert again.reply["pool_size"] > 0
+    assert len(again.store(toks, 0, 64)["slots"]) == 4
+    assert lookup(sched, toks, "R2", world_size=1) == 4
+    for w in (keeper, dead, again):
+        w.close()
+    sched.close()
+
+
+def test_register_replies(start_server):
+    s = start_server("--chunk-size", str(CS))
+    d = s.dealer()
+    r = d.call(REG, payload(5))
+    name = msgpack.unpackb(r[2])["shm_name"]
+    assert name.startswith("lmcache_l1_pool_")
+    assert r[2].startswith(b"\x82\xa8shm_name")
+    assert d.call(REG, payload(5))[2] == r[2]               # idempotent
+    bad = [payload(6, group_layout_descs=[{"shapes": [[1]], "dtypes": ["float16"]}]),
+           payload(6, enable_l1_kvweave_quant=True),
+           payload(6, engine_group_infos=[{"engine_group_id": 0}, {"engine_group_id": 1}]),
+           payload(6, dtype_str="complex64"),
+           payload(6, hidden=16)]                           # conflicts with instance 5
+    for p in bad:
+        rep = unpack(d.call(REG, p))
+        assert rep["shm_name"] == "" and rep["pool_size"] == 0 and rep["error"]
+    assert d.call(UNREG, 5) is not None
+    assert d.call(UNREG, 5) is not None                     # unknown: warning only
+    d.close()
+    p = start_server("--chunk-size", str(CS), "--shm-name", "")
+    d = p.dealer()
+    assert unpack(d.call(REG, payload(5))) == {"shm_name": "", "pool_size": 0}
+    d.close()
+    q = start_server("--supported-transfer-mode", "lmcache_driven")
+    d = q.dealer()
+    assert d.call(REG, payload(5), timeout_ms=300) is None
+    assert unpack(d.call(NOOP)) == "OK"
+    d.close()
+
+
+def test_spec_byte_examples(start_server):
+    s = start_server("--chunk-size", "4")
+    d = s.dealer()
+    spec_key = bytes.fromhex(
+        "8baa6d6f64656c5f6e616d65a16daa776f726c645f73697a6501"
+        "a9776f726b65725f6964c0a9746f6b656e5f696473940102030"
+        "4a573746172740 0a3656e6404aa726571756573745f6964a27231"
+        "aa63616368655f73616c74a0af726571756573745f636f6e666967"
+        "73c0ae6e756d5f6b765f7265616465727301af6e756c6c5f636875"
+        "6e6b5f6d61736bc0".replace(" ", ""))
+    d.uid = 0
+    assert d.call(LOOKUP, raw=[spec_key, b"\x01"]) == [b"\x00", b"\x08"]
+    assert d.call(QUERY, raw=[b"\xa2r1"]) == [b"\x01", b"\x09", b"\x00"]   # no layout: 0
+    w = s.dealer()
+    reg = payload(12345, world_size=1, hidden=1, layers=1)
+    reg["block_size"] = 4
+    assert unpack(w.call(REG, reg))["pool_size"] > 0
+    k = key([1, 2, 3, 4], 0, 4, "r1", worker_id=0, world_size=1)
+    rep = w.call(PSTORE, k, 12345)[2]
+    off = msgpack.unpackb(rep)["context"]["slots"][0]["offset"]
+    expect = (b"\x81\xa7context\x82\xa5slots\x91\x84\xa6offset" + msgpack.packb(off) +
+              b"\xa6length\x10\xa5shape\x94\x02\x01\x04\x01\xa5dtype\xa7float16"
+              b"\xadchunk_indices\x91\x00")
+    assert rep == expect
+    assert w.call(CSTORE, k, 12345, b"")[2] == b"\xc3"
+    d.uid = 0
+    assert d.call(LOOKUP, raw=[spec_key, b"\x01"]) == [b"\x00", b"\x08"]
+    assert d.call(QUERY, raw=[b"\xa2r1"]) == [b"\x01", b"\x09", b"\x01"]
+    assert d.call(QUERY, raw=[b"\xa2r1"]) == [b"\x02", b"\x09", b"\x00"]
+    miss = w.call(PRETR, key([9, 9, 9, 9], 0, 4, "zz", worker_id=0, world_size=1), 12345)[2]
+    assert miss == bytes.fromhex("83a773756363657373c2a464617461c400a7636f6e7465787480")
+    d.close()
+    w.close()

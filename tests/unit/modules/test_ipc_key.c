@@ -1,0 +1,167 @@
+/* IPCCacheServerKey decoding/validation and ObjectKey resolution order. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <string.h>
+
+#include "modules/ipc_key.h"
+#include "rpc/wire.h"
+
+#define CS 4
+
+typedef struct {
+    const char *model, *rid, *salt;
+    int64_t world_size, worker_id, start, end, readers;
+    bool worker_none, omit_worker, omit_salt, bool_start;
+    uint64_t bad_token;   /* appended when non-zero */
+    size_t n_tokens;
+} key_spec;
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+    lmc_mp_pack_cstr(pk, s);
+}
+
+/* Packs a key map; fields in the newest client's order plus an unknown one. */
+static void pack_key(msgpack_sbuffer *sb, const key_spec *k)
+{
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 10 - k->omit_worker - k->omit_salt);
+    pack_str(&pk, "model_name"), pack_str(&pk, k->model);
+    pack_str(&pk, "world_size"), msgpack_pack_int64(&pk, k->world_size);
+    if (!k->omit_worker) {
+        pack_str(&pk, "worker_id");
+        k->worker_none ? msgpack_pack_nil(&pk) : msgpack_pack_int64(&pk, k->worker_id);
+    }
+    pack_str(&pk, "token_ids");
+    msgpack_pack_array(&pk, k->n_tokens + (k->bad_token != 0));
+    for (size_t i = 0; i < k->n_tokens; i++)
+        msgpack_pack_uint64(&pk, i + 1);
+    if (k->bad_token)
+        msgpack_pack_uint64(&pk, k->bad_token);
+    pack_str(&pk, "start");
+    k->bool_start ? msgpack_pack_true(&pk) : msgpack_pack_int64(&pk, k->start);
+    pack_str(&pk, "end"), msgpack_pack_int64(&pk, k->end);
+    pack_str(&pk, "request_id"), pack_str(&pk, k->rid);
+    if (!k->omit_salt)
+        pack_str(&pk, "cache_salt"), pack_str(&pk, k->salt);
+    pack_str(&pk, "num_kv_readers"), msgpack_pack_int64(&pk, k->readers);
+    pack_str(&pk, "future_field"), msgpack_pack_array(&pk, 0);
+}
+
+static int decode(const key_spec *k, lmc_ipc_key *out)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    pack_key(&sb, k);
+    msgpack_zone zone;
+    msgpack_zone_init(&zone, 1024);
+    msgpack_object o;
+    size_t off = 0;
+    assert_int_equal(msgpack_unpack(sb.data, sb.size, &off, &zone, &o), MSGPACK_UNPACK_SUCCESS);
+    char err[256];
+    int rc = lmc_ipc_key_decode(&o, CS, out, err, sizeof err);
+    msgpack_zone_destroy(&zone);   /* strings borrowed: only lengths checked below */
+    msgpack_sbuffer_destroy(&sb);
+    return rc;
+}
+
+static key_spec valid(void)
+{
+    return (key_spec){.model = "m", .rid = "r1", .salt = "", .world_size = 2, .worker_none = true,
+                      .start = 0, .end = 8, .n_tokens = 10};
+}
+
+static void test_valid_key(void **st)
+{
+    (void)st;
+    key_spec s = valid();
+    lmc_ipc_key k;
+    assert_int_equal(decode(&s, &k), 0);
+    assert_false(k.has_worker);
+    assert_int_equal(k.world_size, 2);
+    assert_int_equal(k.n_tokens, 10);
+    assert_int_equal(k.tokens[9], 10);
+    assert_int_equal(k.num_kv_readers, 1);   /* 0 means 1 */
+    assert_int_equal(lmc_ipc_key_num_chunks(&k, CS), 2);
+    lmc_ipc_key_free(&k);
+    s.worker_none = false, s.worker_id = 1, s.readers = 3, s.omit_salt = true;
+    assert_int_equal(decode(&s, &k), 0);
+    assert_true(k.has_worker);
+    assert_int_equal(k.worker_id, 1);
+    assert_int_equal(k.num_kv_readers, 3);
+    assert_int_equal(k.salt_len, 0);
+    lmc_ipc_key_free(&k);
+}
+
+static void expect_invalid(key_spec s)
+{
+    lmc_ipc_key k;
+    assert_int_equal(decode(&s, &k), -1);
+}
+
+static void test_invalid_keys(void **st)
+{
+    (void)st;
+    key_spec s;
+    s = valid(), s.start = 1, expect_invalid(s);          /* unaligned start */
+    s = valid(), s.end = 6, expect_invalid(s);            /* unaligned end */
+    s = valid(), s.start = 8, s.end = 4, expect_invalid(s);
+    s = valid(), s.end = 12, expect_invalid(s);           /* beyond the tokens */
+    s = valid(), s.start = -4, expect_invalid(s);
+    s = valid(), s.bad_token = 1ULL << 32, expect_invalid(s);
+    s = valid(), s.model = "", expect_invalid(s);
+    s = valid(), s.model = "a@b", expect_invalid(s);
+    s = valid(), s.salt = "x/y", expect_invalid(s);
+    s = valid(), s.world_size = 0, expect_invalid(s);
+    s = valid(), s.world_size = 256, expect_invalid(s);
+    s = valid(), s.worker_none = false, s.worker_id = 2, expect_invalid(s);
+    s = valid(), s.worker_none = false, s.worker_id = -1, expect_invalid(s);
+    s = valid(), s.omit_worker = true, expect_invalid(s); /* required, may be None */
+    s = valid(), s.bool_start = true, expect_invalid(s);
+    s = valid(), s.readers = -1, expect_invalid(s);
+    lmc_ipc_key k;
+    char err[64];
+    msgpack_object nil = {.type = MSGPACK_OBJECT_NIL};
+    assert_int_equal(lmc_ipc_key_decode(&nil, CS, &k, err, sizeof err), -1);
+}
+
+static void test_resolution_order(void **st)
+{
+    (void)st;
+    lmc_ipc_key k = {.model_name = "m", .model_len = 1, .world_size = 2, .cache_salt = "s",
+                     .salt_len = 1};
+    uint8_t hashes[2 * LMC_TOKEN_HASH_LEN];
+    for (size_t i = 0; i < sizeof hashes; i++)
+        hashes[i] = (uint8_t)(i / LMC_TOKEN_HASH_LEN + 1);
+    lmc_key_interner *in = lmc_key_interner_new();
+    lmc_object_key keys[8];
+    assert_int_equal(lmc_ipc_key_object_keys(&k, hashes, 2, 2, in, keys), 0);
+    /* chunk -> group -> rank */
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(keys[i].chunk_hash[0], i / 4 + 1);
+        assert_int_equal(keys[i].object_group_id, (i / 2) % 2);
+        assert_int_equal(keys[i].kv_rank, lmc_kv_rank_for_worker(2, (uint32_t)(i % 2)));
+        assert_string_equal(keys[i].cache_salt, "s");
+    }
+    assert_int_equal(keys[1].kv_rank, 0x02010201u);
+    k.has_worker = true, k.worker_id = 1;
+    assert_int_equal(lmc_ipc_key_object_keys(&k, hashes, 2, 1, in, keys), 0);
+    assert_int_equal(keys[0].kv_rank, 0x02010201u);
+    assert_int_equal(keys[1].chunk_hash[0], 2);
+    assert_ptr_equal(keys[0].model_name, lmc_intern(in, "m", 1));
+    lmc_key_interner_free(in);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_valid_key),
+        cmocka_unit_test(test_invalid_keys),
+        cmocka_unit_test(test_resolution_order),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
