@@ -1,4 +1,5 @@
 /* lmcached: the LMCache multiprocess KV-cache server. */
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -42,6 +43,12 @@ int main(int argc, char **argv)
     lmc_log_level level = LMC_LOG_INFO;
     lmc_log_level_parse(cfg.mp.log_level, &level);
     lmc_log_set_level(level);
+
+    /* A long prompt's per-request buffers (token ids, decoded frames) are a
+     * few hundred KiB: glibc would mmap and unmap each one, paying page
+     * faults on every LOOKUP.  Keep them in the reusable heap instead. */
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
 
     int stop_fd = open_stop_signalfd(); /* before any thread starts */
     if (stop_fd < 0) {

@@ -10,30 +10,45 @@
 /* Deepest nesting any protocol payload uses is ~4; allow headroom. */
 #define ARG_MAX_DEPTH 32
 
+static int reply_write(void *data, const char *buf, size_t len)
+{
+    call_reply_buffer *r = data;
+    if (len > r->cap - r->size) {
+        size_t cap = r->cap * 2 > r->size + len ? r->cap * 2 : r->size + len;
+        char *grown = r->data == r->inline_buf ? malloc(cap) : realloc(r->data, cap);
+        if (!grown)
+            return -1;
+        if (r->data == r->inline_buf)
+            memcpy(grown, r->inline_buf, r->size);
+        r->data = grown;
+        r->cap = cap;
+    }
+    memcpy(r->data + r->size, buf, len);
+    r->size += len;
+    return 0;
+}
+
 lmc_rpc_call *lmc_call_new(lmc_rpc_server *server, zmq_msg_t *frames, size_t nframes)
 {
-    lmc_rpc_call *c = calloc(1, sizeof *c);
+    size_t nargs = nframes > CALL_FIRST_ARG ? nframes - CALL_FIRST_ARG : 0;
+    /* One allocation per request: frames, decoded args, arg states. */
+    size_t frames_bytes = nframes * sizeof(zmq_msg_t);
+    size_t args_bytes = nargs * sizeof(msgpack_object);
+    lmc_rpc_call *c = calloc(1, sizeof *c + frames_bytes + args_bytes + nargs);
     if (!c)
         return NULL;
-    size_t nargs = nframes > CALL_FIRST_ARG ? nframes - CALL_FIRST_ARG : 0;
-    c->frames = calloc(nframes, sizeof *c->frames);
-    c->args = calloc(nargs ? nargs : 1, sizeof *c->args);
-    c->arg_state = calloc(nargs ? nargs : 1, 1);
-    if (!c->frames || !c->args || !c->arg_state) {
-        free(c->frames);
-        free(c->args);
-        free(c->arg_state);
-        free(c);
-        return NULL;
-    }
+    c->frames = (zmq_msg_t *)c->tail;
+    c->args = (msgpack_object *)(c->tail + frames_bytes);
+    c->arg_state = c->tail + frames_bytes + args_bytes;
     for (size_t i = 0; i < nframes; i++) {
         zmq_msg_init(&c->frames[i]);
         zmq_msg_move(&c->frames[i], &frames[i]);
     }
     c->nframes = nframes;
     c->server = server;
-    msgpack_sbuffer_init(&c->reply);
-    msgpack_packer_init(&c->packer, &c->reply, msgpack_sbuffer_write);
+    c->reply.data = c->reply.inline_buf;
+    c->reply.cap = sizeof c->reply.inline_buf;
+    msgpack_packer_init(&c->packer, &c->reply, reply_write);
     return c;
 }
 
@@ -45,10 +60,8 @@ void lmc_call_free(lmc_rpc_call *c)
         zmq_msg_close(&c->frames[i]);
     if (c->zone_ready)
         msgpack_zone_destroy(&c->zone);
-    msgpack_sbuffer_destroy(&c->reply);
-    free(c->frames);
-    free(c->args);
-    free(c->arg_state);
+    if (c->reply.data != c->reply.inline_buf)
+        free(c->reply.data);
     free(c);
 }
 

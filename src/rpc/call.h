@@ -2,6 +2,7 @@
 #ifndef LMC_RPC_CALL_H
 #define LMC_RPC_CALL_H
 
+#include <stddef.h>
 #include <zmq.h>
 
 #include "rpc/pool.h"
@@ -10,6 +11,14 @@
 enum { CALL_IDENTITY = 0, CALL_UID = 1, CALL_OP = 2, CALL_FIRST_ARG = 3 };
 
 typedef struct handler_entry handler_entry;
+
+/* Reply bytes: small replies (the common case) stay in the call object; a
+ * larger one spills to the heap. */
+typedef struct {
+    char *data;                    /* inline_buf or heap */
+    size_t size, cap;
+    char inline_buf[192];
+} call_reply_buffer;
 
 struct lmc_rpc_call {
     lmc_pool_task task;            /* first: the pool links calls through it */
@@ -22,12 +31,14 @@ struct lmc_rpc_call {
     bool zone_ready;
     msgpack_object *args;
     unsigned char *arg_state;      /* 0 = not decoded, 1 = ok, 2 = invalid */
-    msgpack_sbuffer reply;
+    call_reply_buffer reply;
     msgpack_packer packer;
     lmc_handler_result result;
     char error_type[64];
     char error_message[512];
     struct lmc_rpc_call *next_done; /* completion queue link */
+    /* frames, args and arg_state point into this tail: one allocation. */
+    _Alignas(max_align_t) unsigned char tail[];
 };
 
 lmc_rpc_call *lmc_call_new(lmc_rpc_server *server, zmq_msg_t *frames, size_t nframes);
