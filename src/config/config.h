@@ -71,6 +71,7 @@ typedef struct {
 typedef struct {
     char *http_host;                 /* --http-host "0.0.0.0" */
     int http_port;                   /* --http-port 8080 */
+    bool enabled;                    /* --[no-]http, true (lmcached: ZMQ only when off) */
 } lmc_http_config;
 
 /* --- Coordinator (flags fall back to LMCACHE_COORDINATOR_*) -------------- */

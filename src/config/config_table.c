@@ -139,6 +139,9 @@ static const lmc_config_flag flags[] = {
      .def = "0.0.0.0", .json_name = "http_host", .help = "Host the HTTP frontend binds."},
     {.name = "http-port", .group = LMC_FG_HTTP, .kind = LMC_FK_INT, AT(http.http_port),
      .def = "8080", .json_name = "http_port", PORT, .help = "Port of the HTTP frontend."},
+    {.name = "http", .group = LMC_FG_HTTP, .kind = LMC_FK_BOOL, AT(http.enabled),
+     .def = "true", .json_name = "enabled",
+     .help = "Serve the HTTP frontend (lmcached; --no-http runs ZMQ only)."},
 
     /* --- Coordinator ------------------------------------------------------- */
     {.name = "coordinator-url", .group = LMC_FG_COORD, .kind = LMC_FK_STR,

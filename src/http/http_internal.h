@@ -15,6 +15,7 @@ typedef struct {
     lmc_http_backend backend;
     char *version;  /* "NA" when not given */
     char *commit;
+    bool metrics_only;  /* lmc_http_options.metrics_only */
 } lmc_http_site;
 
 typedef struct {

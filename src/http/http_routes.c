@@ -349,7 +349,7 @@ void lmc_http_dispatch(const lmc_http_request *req, lmc_http_reply *out)
     out->allow[0] = '\0';
     for (size_t i = 0; i < N_ROUTES; i++) {
         const route *r = &routes[i];
-        if (!path_matches(r, req->path))
+        if (!path_matches(r, req->path) || (req->site->metrics_only && r->fn != ep_metrics))
             continue;
         if (strcmp(r->method, method) == 0) {
             if (!answer_not_ready(req, r, out))

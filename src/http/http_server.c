@@ -332,6 +332,7 @@ int lmc_http_server_start(const lmc_http_options *opts, const lmc_http_backend *
     s->site.backend = *backend;
     s->site.version = dup_or_na(opts->version);
     s->site.commit = dup_or_na(opts->commit);
+    s->site.metrics_only = opts->metrics_only;
     s->max_body = opts->max_body_bytes ? opts->max_body_bytes : DEFAULT_MAX_BODY;
     int family = AF_INET;
     const char *host = opts->host && *opts->host ? opts->host : "0.0.0.0";

@@ -45,6 +45,8 @@ typedef struct {
     size_t max_body_bytes;     /* larger request bodies get 413; 0 = 1 MiB */
     unsigned timeout_s;        /* idle connection timeout; 0 = 30 s */
     unsigned threads;          /* worker threads; 0 = 2 */
+    bool metrics_only;         /* serve GET/HEAD /metrics only (the standalone
+                                * Prometheus exporter); every other path 404 */
 } lmc_http_options;
 
 typedef struct lmc_http_server lmc_http_server;

@@ -10,6 +10,7 @@
 #include "modules/module.h"
 #include "obs/log.h"
 #include "rpc/rpc.h"
+#include "server/server_internal.h"
 #include "storage/storage_manager.h"
 
 #define DRAIN_MS 5000
@@ -18,26 +19,20 @@
  * "disabled" from module_enabled() when the configuration leaves it out. */
 static const lmc_module_def *const all_modules[] = {
     &lmc_management_module,
+    &lmc_lookup_module,
+    &lmc_engine_driven_module,
 };
 #define N_MODULES (sizeof all_modules / sizeof all_modules[0])
 
-typedef struct {
-    const lmc_module_def *def;
-    void *state;
-} module_instance;
+_Static_assert(N_MODULES <= LMC_SERVER_MAX_MODULES, "raise LMC_SERVER_MAX_MODULES");
 
-struct lmc_server {
-    const lmc_config *cfg;
-    lmc_module_ctx ctx;
-    lmc_rpc_server *rpc;
-    module_instance modules[N_MODULES];
-    size_t n_modules;
-};
-
+/* --supported-transfer-mode picks the transfer modules: engine_driven and
+ * auto load the engine-driven one, lmcache_driven does not (its ops then
+ * have no handler and are dropped, as upstream). */
 static bool module_enabled(const lmc_module_def *def, const lmc_config *cfg)
 {
-    (void)def;
-    (void)cfg;
+    if (def == &lmc_engine_driven_module)
+        return strcmp(cfg->mp.supported_transfer_mode, "lmcache_driven") != 0;
     return true;
 }
 
@@ -65,6 +60,16 @@ static int create_services(lmc_server *s, char *err, size_t errlen)
     s->ctx.hasher = hasher;
     s->ctx.interner = lmc_key_interner_new();
     if (!s->ctx.interner) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    s->ctx.layouts = lmc_layout_registry_new();
+    /* Abandoned sessions go after twice the read TTL: their locks are gone. */
+    lmc_sessions_options so = {.max_sessions = 65536,
+                               .max_idle_ms = 2000LL * cfg->storage.l1_read_ttl_seconds,
+                               .hasher = hasher};
+    s->ctx.sessions = lmc_sessions_new(&so);
+    if (!s->ctx.layouts || !s->ctx.sessions) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -143,10 +148,12 @@ int lmc_server_new(const lmc_config *cfg, lmc_server **out, char *err, size_t er
     };
     /* Bind first: a busy port fails before any memory is committed. */
     if (lmc_rpc_server_new(&ro, &s->rpc, err, errlen) != 0 ||
+        lmc_server_start_frontends(s, err, errlen) != 0 ||
         create_services(s, err, errlen) != 0 || create_modules(s, err, errlen) != 0) {
         lmc_server_free(s);
         return -1;
     }
+    lmc_server_frontends_ready(s);
     LMC_INFO("lmcached listening on %s (chunk size %d, hash %s, %d cpu / %d gpu workers)", url,
              cfg->mp.chunk_size, cfg->mp.hash_algorithm, cfg->mp.max_cpu_workers,
              cfg->mp.max_gpu_workers);
@@ -197,6 +204,7 @@ void lmc_server_free(lmc_server *s)
 {
     if (!s)
         return;
+    lmc_server_stop_frontends(s); /* no HTTP callback runs after this */
     if (s->rpc)
         lmc_rpc_server_join_workers(s->rpc);
     for (size_t i = s->n_modules; i-- > 0;)
@@ -205,6 +213,9 @@ void lmc_server_free(lmc_server *s)
     if (s->ctx.storage)
         lmc_storage_manager_close(s->ctx.storage);
     lmc_event_bus_free(s->ctx.events);
+    lmc_server_free_metrics(s); /* after the bus: its subscriber points here */
+    lmc_sessions_free(s->ctx.sessions);
+    lmc_layout_registry_free(s->ctx.layouts);
     lmc_token_hasher_free((lmc_token_hasher *)s->ctx.hasher);
     lmc_key_interner_free(s->ctx.interner);
     lmc_liveness_free(s->ctx.liveness);

@@ -72,8 +72,10 @@ class Dealer:
 class Server:
     def __init__(self, *extra_args, port=None):
         self.port = port or free_port()
+        self.http_port = free_port()
         self.url = f"tcp://127.0.0.1:{self.port}"
-        args = [LMCACHED, "--host", "127.0.0.1", "--port", str(self.port)]
+        args = [LMCACHED, "--host", "127.0.0.1", "--port", str(self.port),
+                "--http-host", "127.0.0.1", "--http-port", str(self.http_port)]
         args += BASE_ARGS + list(extra_args)  # a later --host wins
         self.log_path = f"/tmp/lmcached-e2e-{self.port}.log"
         self.log = open(self.log_path, "w+b")

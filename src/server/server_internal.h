@@ -1,0 +1,47 @@
+/* Internal to src/server/: the server object shared by the compositor
+ * (server.c) and the HTTP/metrics frontends (server_frontends.c). */
+#ifndef LMC_SERVER_SERVER_INTERNAL_H
+#define LMC_SERVER_SERVER_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "http/http_server.h"
+#include "modules/module.h"
+#include "obs/metrics.h"
+#include "plugins/plugins.h"
+#include "rpc/rpc.h"
+#include "server/server.h"
+
+#define LMC_SERVER_MAX_MODULES 16
+
+typedef struct {
+    const lmc_module_def *def;
+    void *state;
+} module_instance;
+
+struct lmc_server {
+    const lmc_config *cfg;
+    lmc_module_ctx ctx;
+    lmc_rpc_server *rpc;
+    module_instance modules[LMC_SERVER_MAX_MODULES];
+    size_t n_modules;
+    lmc_metrics *metrics;
+    lmc_http_server *http;       /* NULL with --no-http */
+    lmc_http_server *exporter;   /* --no-http: /metrics alone on --prometheus-port */
+    lmc_plugins *plugins;        /* runtime plugins; NULL when none run */
+    atomic_bool ready;           /* HTTP answers 503 until modules are up */
+};
+
+/* Metrics registry and HTTP listener; before storage so that a busy HTTP
+ * port fails before memory is committed. */
+int lmc_server_start_frontends(lmc_server *s, char *err, size_t errlen);
+/* After the modules exist: event-bus metrics, ready = true, then the
+ * runtime plugins are launched. */
+void lmc_server_frontends_ready(lmc_server *s);
+/* Stops the runtime plugins and the HTTP listeners (no callback runs
+ * after it returns). */
+void lmc_server_stop_frontends(lmc_server *s);
+void lmc_server_free_metrics(lmc_server *s);
+
+#endif
