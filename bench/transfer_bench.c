@@ -1,0 +1,447 @@
+/* transfer_bench: the engine-driven transfer path and LOOKUP latency, with
+ * lmcached embedded in this process (src/server/server.h) and a client that
+ * behaves like upstream's worker and scheduler adapters over TCP.
+ *
+ *   1. store N chunks of 2 MiB through PREPARE_STORE / copy into the mapped
+ *      pool / COMMIT_STORE, then retrieve them through LOOKUP, then
+ *      PREPARE_RETRIEVE / copy out / COMMIT_RETRIEVE; effective bandwidth
+ *      beside a single-thread memcpy of the same bytes (goal >= 0.8x);
+ *   2. LOOKUP + QUERY_PREFETCH_STATUS of a 32,768-token prompt (chunk 256)
+ *      fully in L1: p50/p99 beside the NOOP round trip (goal p50 <= 3x);
+ *   3. server CPU per chunk op = process CPU - client thread CPU.
+ *
+ *   transfer_bench [--chunks N] [--iters M]      (defaults 256, 2000) */
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config/config.h"
+#include "rpc/client.h"
+#include "rpc/wire.h"
+#include "server/server.h"
+
+#define CS 256
+#define LAYERS 8
+#define HIDDEN 256                                  /* 2*8*256*256*2 B = 2 MiB */
+#define OBJ ((size_t)2 * LAYERS * CS * HIDDEN * 2)
+#define BATCH 16                                    /* chunks per request */
+#define INSTANCE 4242
+#define LOOKUP_TOKENS 32768
+
+typedef struct {
+    lmc_client *c;
+    uint8_t *pool;
+    size_t pool_size;
+} bench;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static double cpu_s(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void pack_key(msgpack_sbuffer *sb, const uint64_t *toks, size_t n, size_t start,
+                     size_t end, const char *rid, bool worker)
+{
+    msgpack_packer pk;
+    msgpack_sbuffer_init(sb);
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 8);
+    lmc_mp_pack_cstr(&pk, "model_name"), lmc_mp_pack_cstr(&pk, "bench-model");
+    lmc_mp_pack_cstr(&pk, "world_size"), msgpack_pack_int(&pk, 1);
+    lmc_mp_pack_cstr(&pk, "worker_id");
+    worker ? msgpack_pack_int(&pk, 0) : msgpack_pack_nil(&pk);
+    lmc_mp_pack_cstr(&pk, "token_ids"), msgpack_pack_array(&pk, (uint32_t)n);
+    for (size_t i = 0; i < n; i++)
+        msgpack_pack_uint64(&pk, toks[i]);
+    lmc_mp_pack_cstr(&pk, "start"), msgpack_pack_uint64(&pk, start);
+    lmc_mp_pack_cstr(&pk, "end"), msgpack_pack_uint64(&pk, end);
+    lmc_mp_pack_cstr(&pk, "request_id"), lmc_mp_pack_cstr(&pk, rid);
+    lmc_mp_pack_cstr(&pk, "cache_salt"), lmc_mp_pack_cstr(&pk, "");
+}
+
+static void pack_int(msgpack_sbuffer *sb, int64_t v)
+{
+    msgpack_packer pk;
+    msgpack_sbuffer_init(sb);
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    msgpack_pack_int64(&pk, v);
+}
+
+static void pack_str_arg(msgpack_sbuffer *sb, const char *s)
+{
+    msgpack_packer pk;
+    msgpack_sbuffer_init(sb);
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    lmc_mp_pack_cstr(&pk, s);
+}
+
+static bool map_uint(const msgpack_object *map, const char *k, uint64_t *out)
+{
+    const msgpack_object *o = lmc_mp_map_get(map, k);
+    return o && lmc_mp_get_uint(o, out);
+}
+
+/* Calls op; unpacks the reply into `zone`/`out` (nil when None). */
+static int call(bench *b, int op, msgpack_sbuffer *args, size_t n, msgpack_zone *zone,
+                msgpack_object *out)
+{
+    lmc_client_reply r;
+    if (lmc_client_call(b->c, op, args, n, 10000, &r) != LMC_CLIENT_OK)
+        return -1;
+    out->type = MSGPACK_OBJECT_NIL;
+    size_t off = 0;
+    /* Unpacked strings point into the buffer: keep a copy in the zone. */
+    char *copy = r.has_response && zone ? msgpack_zone_malloc(zone, r.len + 1) : NULL;
+    if (copy) {
+        memcpy(copy, r.data, r.len);
+        msgpack_unpack(copy, r.len, &off, zone, out);
+    }
+    lmc_client_reply_free(&r);
+    return 0;
+}
+
+static int register_worker(bench *b)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 8);
+    lmc_mp_pack_cstr(&pk, "instance_id"), msgpack_pack_int(&pk, INSTANCE);
+    lmc_mp_pack_cstr(&pk, "model_name"), lmc_mp_pack_cstr(&pk, "bench-model");
+    lmc_mp_pack_cstr(&pk, "world_size"), msgpack_pack_int(&pk, 1);
+    lmc_mp_pack_cstr(&pk, "block_size"), msgpack_pack_int(&pk, 16);
+    lmc_mp_pack_cstr(&pk, "num_layers"), msgpack_pack_int(&pk, LAYERS);
+    lmc_mp_pack_cstr(&pk, "hidden_dim_size"), msgpack_pack_int(&pk, HIDDEN);
+    lmc_mp_pack_cstr(&pk, "dtype_str"), lmc_mp_pack_cstr(&pk, "float16");
+    lmc_mp_pack_cstr(&pk, "use_mla"), msgpack_pack_false(&pk);
+    msgpack_zone zone;
+    msgpack_zone_init(&zone, 4096);
+    msgpack_object rep;
+    int rc = call(b, LMC_OP_REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, &sb, 1, &zone, &rep);
+    const char *name;
+    size_t len;
+    uint64_t size;
+    char path[300];
+    const msgpack_object *name_o = lmc_mp_map_get(&rep, "shm_name");
+    if (rc == 0 && name_o && lmc_mp_get_str(name_o, &name, &len) && len &&
+        map_uint(&rep, "pool_size", &size)) {
+        snprintf(path, sizeof path, "/dev/shm/%.*s", (int)len, name);
+        int fd = open(path, O_RDWR);
+        b->pool = fd >= 0 ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : NULL;
+        b->pool_size = size;
+        if (fd >= 0)
+            close(fd);
+    }
+    msgpack_zone_destroy(&zone);
+    msgpack_sbuffer_destroy(&sb);
+    if (!b->pool || b->pool == MAP_FAILED)
+        fprintf(stderr, "transfer_bench: register failed (rc %d, reply type %d)\n", rc, rep.type);
+    return b->pool && b->pool != MAP_FAILED ? 0 : -1;
+}
+
+/* Slots of a PREPARE_* reply ({"context": {"slots": [...]}}) -> offsets. */
+static size_t slot_offsets(const msgpack_object *rep, uint64_t *offs, size_t cap)
+{
+    const msgpack_object *slots = lmc_mp_map_get(lmc_mp_map_get(rep, "context"), "slots");
+    size_t n = 0;
+    for (uint32_t i = 0; slots && i < slots->via.array.size && n < cap; i++)
+        n += map_uint(&slots->via.array.ptr[i], "offset", &offs[n]);
+    return n;
+}
+
+/* One request of BATCH chunks: prepare, copy in (or out), commit. */
+static int transfer(bench *b, const uint64_t *toks, const char *rid, uint8_t *data, bool store)
+{
+    msgpack_sbuffer args[3];
+    pack_key(&args[0], toks, BATCH * CS, 0, BATCH * CS, rid, true);
+    pack_int(&args[1], INSTANCE);
+    msgpack_sbuffer_init(&args[2]);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &args[2], msgpack_sbuffer_write);
+    msgpack_pack_bin(&pk, 0);
+    msgpack_zone zone;
+    msgpack_zone_init(&zone, 8192);
+    msgpack_object rep;
+    uint64_t offs[BATCH];
+    int rc = call(b, store ? LMC_OP_PREPARE_STORE : LMC_OP_PREPARE_RETRIEVE, args, 2, &zone, &rep);
+    size_t n = rc == 0 ? slot_offsets(&rep, offs, BATCH) : 0;
+    for (size_t i = 0; i < n; i++) {
+        if (store)
+            memcpy(b->pool + offs[i], data + i * OBJ, OBJ);
+        else
+            memcpy(data + i * OBJ, b->pool + offs[i], OBJ);
+    }
+    if (rc == 0)
+        rc = call(b, store ? LMC_OP_COMMIT_STORE : LMC_OP_COMMIT_RETRIEVE, args, store ? 3 : 2,
+                  NULL, &rep);
+    msgpack_zone_destroy(&zone);
+    for (int i = 0; i < 3; i++)
+        msgpack_sbuffer_destroy(&args[i]);
+    return rc == 0 && n == BATCH ? 0 : -1;
+}
+
+/* LOOKUP + QUERY_PREFETCH_STATUS; returns the hit chunks or -1. */
+static int64_t lookup(bench *b, msgpack_sbuffer *key, const char *rid)
+{
+    msgpack_sbuffer args[2];
+    args[0] = *key;
+    pack_int(&args[1], 1);
+    msgpack_zone zone;
+    msgpack_zone_init(&zone, 256);
+    msgpack_object rep;
+    int64_t hits = -1;
+    msgpack_sbuffer q;
+    pack_str_arg(&q, rid);
+    if (call(b, LMC_OP_LOOKUP, args, 2, NULL, &rep) == 0 &&
+        call(b, LMC_OP_QUERY_PREFETCH_STATUS, &q, 1, &zone, &rep) == 0)
+        lmc_mp_get_int(&rep, &hits);
+    msgpack_sbuffer_destroy(&args[1]);
+    msgpack_sbuffer_destroy(&q);
+    msgpack_zone_destroy(&zone);
+    return hits;
+}
+
+static void fill_tokens(uint64_t *t, size_t n, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        t[i] = (seed * 2654435761u + i * 40503u) % 128000;
+}
+
+static double process_cpu(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec +
+           ru.ru_stime.tv_usec / 1e6;
+}
+
+typedef struct {
+    double wall, server_cpu;
+} phase;
+
+/* Runs all requests of one direction; returns wall time and server CPU. */
+static int run_phase(bench *b, uint64_t *toks, size_t reqs, uint8_t *data, bool store, phase *ph)
+{
+    double p0 = process_cpu(), c0 = cpu_s(CLOCK_THREAD_CPUTIME_ID), t0 = now_s();
+    char rid[32];
+    for (size_t r = 0; r < reqs; r++) {
+        snprintf(rid, sizeof rid, "req-%zu", r);
+        if (transfer(b, toks + r * BATCH * CS, rid, data + r * BATCH * OBJ, store) != 0)
+            return -1;
+    }
+    ph->wall = now_s() - t0;
+    ph->server_cpu = (process_cpu() - p0) - (cpu_s(CLOCK_THREAD_CPUTIME_ID) - c0);
+    return 0;
+}
+
+static int lookup_all(bench *b, uint64_t *toks, size_t reqs)
+{
+    char rid[32];
+    for (size_t r = 0; r < reqs; r++) {
+        msgpack_sbuffer key;
+        snprintf(rid, sizeof rid, "req-%zu", r);
+        pack_key(&key, toks + r * BATCH * CS, BATCH * CS, 0, BATCH * CS, rid, false);
+        int64_t h = lookup(b, &key, rid);
+        msgpack_sbuffer_destroy(&key);
+        if (h != BATCH)
+            return -1;
+    }
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int bandwidth(bench *b, size_t chunks)
+{
+    size_t reqs = chunks / BATCH, bytes = reqs * BATCH * OBJ;
+    uint64_t *toks = malloc(reqs * BATCH * CS * sizeof *toks);
+    uint8_t *src = malloc(bytes), *dst = malloc(bytes);
+    if (!toks || !src || !dst)
+        return -1;
+    fill_tokens(toks, reqs * BATCH * CS, 1);
+    memset(dst, 0xa5, bytes);   /* non-zero: malloc+memset(0) may become calloc (untouched pages) */
+    for (size_t i = 0; i < bytes; i++)
+        src[i] = (uint8_t)(i * 131 + (i >> 12));
+    msgpack_sbuffer none;
+    msgpack_sbuffer_init(&none);
+    phase st, rt;
+    /* Warm-up store: tmpfs commits pool pages on first touch. */
+    if (run_phase(b, toks, reqs, src, true, &st) != 0)
+        return -1;
+    msgpack_sbuffer clr;
+    msgpack_packer pk;
+    msgpack_sbuffer_init(&clr);
+    msgpack_packer_init(&pk, &clr, msgpack_sbuffer_write);
+    msgpack_pack_true(&pk);
+    msgpack_object rep;
+    call(b, LMC_OP_CLEAR, &clr, 1, NULL, &rep);
+    if (run_phase(b, toks, reqs, src, true, &st) != 0 || lookup_all(b, toks, reqs) != 0 ||
+        run_phase(b, toks, reqs, dst, false, &rt) != 0)
+        return -1;
+    int same = memcmp(src, dst, bytes) == 0;
+    double t0 = now_s();
+    memcpy(dst, src, bytes);
+    double mc = now_s() - t0;
+    double gib = bytes / (double)(1u << 30);
+    printf("chunks: %zu x %zu B in requests of %d (%.2f GiB), retrieved bytes %s\n",
+           reqs * BATCH, OBJ, BATCH, gib, same ? "identical" : "DIFFER");
+    printf("memcpy (1 thread)   : %7.2f GiB/s\n", gib / mc);
+    printf("store  (prep+copy+commit): %7.2f GiB/s = %.2fx memcpy (goal >= 0.8x)\n",
+           gib / st.wall, (gib / st.wall) / (gib / mc));
+    printf("retrieve (prep+copy+commit): %7.2f GiB/s = %.2fx memcpy (goal >= 0.8x)\n",
+           gib / rt.wall, (gib / rt.wall) / (gib / mc));
+    printf("server CPU per chunk: store %.2f us, retrieve %.2f us\n",
+           st.server_cpu * 1e6 / (reqs * BATCH), rt.server_cpu * 1e6 / (reqs * BATCH));
+    free(toks);
+    free(src);
+    free(dst);
+    return same ? 0 : -1;
+}
+
+static double pct(double *v, size_t n, double p)
+{
+    return v[(size_t)(p * (n - 1))];
+}
+
+/* Stores a 32k-token prompt, then times LOOKUP+QUERY against NOOP. */
+static int lookup_latency(bench *b, size_t iters)
+{
+    uint64_t *toks = malloc(LOOKUP_TOKENS * sizeof *toks);
+    uint8_t *data = malloc(BATCH * OBJ);
+    double *lat = malloc(iters * sizeof *lat), *noop = malloc(iters * sizeof *noop);
+    char rid[32];
+    if (!toks || !data || !lat || !noop)
+        return -1;
+    fill_tokens(toks, LOOKUP_TOKENS, 7);
+    memset(data, 1, BATCH * OBJ);
+    for (size_t c = 0; c < LOOKUP_TOKENS / CS; c += BATCH) {
+        msgpack_sbuffer args[3];
+        pack_key(&args[0], toks, LOOKUP_TOKENS, c * CS, (c + BATCH) * CS, "L", true);
+        pack_int(&args[1], INSTANCE);
+        msgpack_sbuffer_init(&args[2]);
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &args[2], msgpack_sbuffer_write);
+        msgpack_pack_bin(&pk, 0);
+        msgpack_object rep;
+        call(b, LMC_OP_PREPARE_STORE, args, 2, NULL, &rep);
+        call(b, LMC_OP_COMMIT_STORE, args, 3, NULL, &rep);
+        for (int i = 0; i < 3; i++)
+            msgpack_sbuffer_destroy(&args[i]);
+    }
+    double p0 = process_cpu(), c0 = cpu_s(CLOCK_THREAD_CPUTIME_ID), srv_lookup = 0;
+    for (size_t i = 0; i < iters; i++) {
+        msgpack_sbuffer key, end;
+        snprintf(rid, sizeof rid, "lat-%zu", i);
+        pack_key(&key, toks, LOOKUP_TOKENS, 0, LOOKUP_TOKENS, rid, false);
+        double t0 = now_s();
+        int64_t h = lookup(b, &key, rid);
+        lat[i] = now_s() - t0;
+        if (h != LOOKUP_TOKENS / CS)
+            return -1;
+        msgpack_object rep;
+        msgpack_sbuffer args[2] = {key};
+        pack_int(&args[1], 1);
+        call(b, LMC_OP_FREE_LOOKUP_LOCKS, args, 2, NULL, &rep);
+        pack_str_arg(&end, rid);
+        call(b, LMC_OP_END_SESSION, &end, 1, NULL, &rep);
+        msgpack_sbuffer_destroy(&key);
+        msgpack_sbuffer_destroy(&args[1]);
+        msgpack_sbuffer_destroy(&end);
+    }
+    srv_lookup = (process_cpu() - p0) - (cpu_s(CLOCK_THREAD_CPUTIME_ID) - c0);
+    for (size_t i = 0; i < iters; i++) {
+        msgpack_object rep;
+        double t0 = now_s();
+        call(b, LMC_OP_NOOP, NULL, 0, NULL, &rep);
+        noop[i] = now_s() - t0;
+    }
+    qsort(lat, iters, sizeof *lat, cmp_double);
+    qsort(noop, iters, sizeof *noop, cmp_double);
+    printf("LOOKUP+QUERY (32768 tokens, 128 chunks hit): p50 %.1f us, p99 %.1f us\n",
+           pct(lat, iters, 0.5) * 1e6, pct(lat, iters, 0.99) * 1e6);
+    printf("NOOP round trip                            : p50 %.1f us, p99 %.1f us\n",
+           pct(noop, iters, 0.5) * 1e6, pct(noop, iters, 0.99) * 1e6);
+    printf("ratio p50 = %.2fx NOOP (goal <= 3x)\n", pct(lat, iters, 0.5) / pct(noop, iters, 0.5));
+    printf("server CPU per lookup cycle (LOOKUP+QUERY+FREE+END): %.1f us\n",
+           srv_lookup * 1e6 / iters);
+    free(toks);
+    free(data);
+    free(lat);
+    free(noop);
+    return 0;
+}
+
+static void *serve(void *arg)
+{
+    lmc_server_run(arg, -1);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    size_t chunks = 256, iters = 2000;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--chunks") == 0)
+            chunks = strtoul(argv[i + 1], NULL, 10) / BATCH * BATCH;
+        else if (strcmp(argv[i], "--iters") == 0)
+            iters = strtoul(argv[i + 1], NULL, 10);
+    }
+    if (chunks < BATCH || iters < 2) {
+        fprintf(stderr, "usage: transfer_bench [--chunks N>=16] [--iters M>=2]\n");
+        return 1;
+    }
+    char port[16], http_port[16], l1[32];
+    snprintf(port, sizeof port, "%d", 20000 + getpid() % 20000);
+    snprintf(http_port, sizeof http_port, "%d", 40001 + getpid() % 20000);
+    snprintf(l1, sizeof l1, "%.3f", (chunks * OBJ + 160.0 * OBJ) / (1u << 30) + 0.25);
+    char *args[] = {"lmcached", "--host", "127.0.0.1", "--port", port, "--chunk-size", "256",
+                    "--l1-size-gb", l1, "--eviction-policy", "LRU", "--log-level", "WARNING",
+                    "--max-workers", "2", "--http-host", "127.0.0.1", "--http-port", http_port,
+                    NULL};
+    lmc_config cfg;
+    char err[256];
+    lmc_server *srv;
+    if (lmc_config_parse(&cfg, (int)(sizeof args / sizeof args[0]) - 1, args, NULL, stdout, err, sizeof err) != LMC_CONFIG_OK ||
+        lmc_server_new(&cfg, &srv, err, sizeof err) != 0) {
+        fprintf(stderr, "transfer_bench: %s\n", err);
+        return 1;
+    }
+    pthread_t th;
+    pthread_create(&th, NULL, serve, srv);
+    char url[64];
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%s", port);
+    bench b = {.c = lmc_client_connect(url)};
+    int rc = !b.c || register_worker(&b) != 0 || bandwidth(&b, chunks) != 0 ||
+             lookup_latency(&b, iters) != 0;
+    if (rc)
+        fprintf(stderr, "transfer_bench: a request failed\n");
+    if (b.pool)
+        munmap(b.pool, b.pool_size);
+    lmc_client_close(b.c);
+    lmc_server_stop(srv);
+    pthread_join(th, NULL);
+    lmc_server_free(srv);
+    lmc_config_free(&cfg);
+    return rc;
+}
