@@ -50,8 +50,11 @@ unit: build
 e2e: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -R '^e2e$$'
 
+# Every benchmark prints its own same-run baseline; see BENCHMARKS.md.
 bench: build
 	./bench/run.sh $(BUILD_DIR)
+	./$(BUILD_DIR)/hash_bench
+	./$(BUILD_DIR)/transfer_bench --chunks 128 --iters 500
 
 # Sanitizer builds: ASan+UBSan and TSan, each in its own build tree.
 asan: deps

@@ -15,6 +15,8 @@ def test_cli_commands(server):
     assert r.returncode == 0 and r.stdout.strip() == "true"
     r = run_cli(*base, "clear")
     assert r.returncode == 0 and "Cache cleared successfully." in r.stdout
+    r = run_cli(*base, "end-session", "req-1")
+    assert r.returncode == 0 and "Session req-1 ended." in r.stdout
 
 
 def test_cli_without_server_times_out_with_exit_1():
