@@ -180,8 +180,8 @@ int lmc_sessions_hash_range(lmc_sessions *s, const char *rid, size_t len, const 
 {
     if (end <= start)
         return LMC_HASH_OK;
-    lmc_session *se = lmc_sessions_acquire(s, rid, len, false);
-    if (!se)
+    lmc_session *se = lmc_sessions_acquire(s, rid, len, true);
+    if (!se) /* out of memory: still answer, just without caching */
         return lmc_hash_chunks(s->o.hasher, tokens, n_tokens, start, end, out);
     const uint8_t *h;
     int rc = lmc_session_hashes(se, tokens, n_tokens, start, end, &h);

@@ -68,9 +68,12 @@ size_t lmc_sessions_count(lmc_sessions *s);
  * valid while the session is held.  LMC_HASH_* code. */
 int lmc_session_hashes(lmc_session *se, const uint64_t *tokens, size_t n_tokens, size_t start,
                        size_t end, const uint8_t **out);
-/* Hashes of chunks [start/cs, end/cs) copied to `out`: from rid's session
- * chain when the session exists (transfer ops of a looked-up request), else
- * computed directly.  LMC_HASH_* code. */
+/* Hashes of chunks [start/cs, end/cs) copied to `out`, from rid's session
+ * chain.  The session is created when absent: a worker storing a growing
+ * prompt chunk range by chunk range (each request carries every token from
+ * position 0) then hashes each chunk once instead of the whole prefix every
+ * time.  Such sessions are bounded like all others (count, idle age).
+ * LMC_HASH_* code. */
 int lmc_sessions_hash_range(lmc_sessions *s, const char *rid, size_t len, const uint64_t *tokens,
                             size_t n_tokens, size_t start, size_t end, uint8_t *out);
 /* Replaces the lock record (the caller has dealt with the old one). */
