@@ -124,6 +124,20 @@ static bool read_header(mp_cursor *c, uint64_t *payload, uint64_t *children)
     }
 }
 
+/* Fast path for the bulk of every big payload: runs of non-negative ints
+ * (token ids, block ids) inside an array. */
+static void skip_int_run(mp_cursor *c, uint64_t *pending)
+{
+    while (*pending > 0 && c->p < c->end) {
+        uint8_t b = *c->p;
+        size_t width = b <= 0x7f ? 1 : b == 0xcd ? 3 : b == 0xcc ? 2 : b == 0xce ? 5 : 0;
+        if (width == 0 || (size_t)(c->end - c->p) < width)
+            return;
+        c->p += width;
+        (*pending)--;
+    }
+}
+
 bool lmc_mp_validate(const uint8_t *data, size_t len, unsigned max_depth)
 {
     enum { MAX_DEPTH_CAP = 64 };
@@ -134,7 +148,10 @@ bool lmc_mp_validate(const uint8_t *data, size_t len, unsigned max_depth)
     unsigned depth = 0;
     pending[0] = 1;
     while (depth > 0 || pending[0] > 0) {
+        skip_int_run(&c, &pending[depth]);
         if (pending[depth] == 0) {
+            if (depth == 0)
+                break;
             depth--;
             continue;
         }

@@ -1,0 +1,190 @@
+/* Wire encodings: what our packers emit must be what upstream's msgspec
+ * emits (wire-protocol.md §2), and the accessors must apply its decoding
+ * rules (coercions only where msgspec coerces). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "rpc/wire.h"
+
+typedef struct {
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+} packbuf;
+
+static void pb_init(packbuf *b)
+{
+    msgpack_sbuffer_init(&b->sb);
+    msgpack_packer_init(&b->pk, &b->sb, msgpack_sbuffer_write);
+}
+
+static void expect_bytes(packbuf *b, const char *hex_bytes, size_t n)
+{
+    assert_int_equal(b->sb.size, n);
+    assert_memory_equal(b->sb.data, hex_bytes, n);
+    msgpack_sbuffer_destroy(&b->sb);
+}
+
+static void test_ints_use_the_smallest_form(void **state)
+{
+    (void)state;
+    struct { int64_t v; const char *bytes; size_t n; } cases[] = {
+        {0, "\x00", 1},
+        {127, "\x7f", 1},
+        {128, "\xcc\x80", 2},
+        {256, "\xcd\x01\x00", 3},            /* GET_CHUNK_SIZE 256 */
+        {65536, "\xce\x00\x01\x00\x00", 5},
+        {2704798079673665322LL, "\xcf\x25\x89\x5f\x85\xd8\x1b\x87\x2a", 9}, /* 63-bit id */
+        {-1, "\xff", 1},
+        {-32, "\xe0", 1},
+        {-33, "\xd0\xdf", 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        packbuf b;
+        pb_init(&b);
+        msgpack_pack_int64(&b.pk, cases[i].v);
+        expect_bytes(&b, cases[i].bytes, cases[i].n);
+    }
+}
+
+static void test_str_bin_float_bool_nil(void **state)
+{
+    (void)state;
+    packbuf b;
+    pb_init(&b);
+    lmc_mp_pack_cstr(&b.pk, "OK");
+    expect_bytes(&b, "\xa2OK", 3);                      /* NOOP reply */
+    pb_init(&b);
+    char s40[41];
+    memset(s40, 'x', 40);
+    s40[40] = 0;
+    lmc_mp_pack_cstr(&b.pk, s40);                       /* str8, as msgspec */
+    assert_int_equal((unsigned char)b.sb.data[0], 0xd9);
+    assert_int_equal((unsigned char)b.sb.data[1], 40);
+    msgpack_sbuffer_destroy(&b.sb);
+    pb_init(&b);
+    msgpack_pack_array(&b.pk, 2);                      /* (b"", True) */
+    msgpack_pack_bin(&b.pk, 0);
+    msgpack_pack_true(&b.pk);
+    expect_bytes(&b, "\x92\xc4\x00\xc3", 4);
+    pb_init(&b);
+    msgpack_pack_double(&b.pk, 1.5);
+    expect_bytes(&b, "\xcb\x3f\xf8\x00\x00\x00\x00\x00\x00", 9);
+    pb_init(&b);
+    msgpack_pack_array(&b.pk, 0);                      /* GET_EXPERIMENTAL [] */
+    expect_bytes(&b, "\x90", 1);
+    pb_init(&b);
+    msgpack_pack_nil(&b.pk);
+    expect_bytes(&b, "\xc0", 1);
+}
+
+/* The PREPARE_STORE reply example of wire-protocol.md §2.1. */
+static void test_prepare_store_reply_example(void **state)
+{
+    (void)state;
+    packbuf b;
+    pb_init(&b);
+    msgpack_packer *pk = &b.pk;
+    msgpack_pack_map(pk, 1);
+    lmc_mp_pack_cstr(pk, "context");
+    msgpack_pack_map(pk, 2);
+    lmc_mp_pack_cstr(pk, "slots");
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_map(pk, 4);
+    lmc_mp_pack_cstr(pk, "offset");
+    msgpack_pack_uint64(pk, 0);
+    lmc_mp_pack_cstr(pk, "length");
+    msgpack_pack_uint64(pk, 8);
+    lmc_mp_pack_cstr(pk, "shape");
+    msgpack_pack_array(pk, 4);
+    msgpack_pack_int(pk, 2);
+    msgpack_pack_int(pk, 1);
+    msgpack_pack_int(pk, 4);
+    msgpack_pack_int(pk, 1);
+    lmc_mp_pack_cstr(pk, "dtype");
+    lmc_mp_pack_cstr(pk, "float16");
+    lmc_mp_pack_cstr(pk, "chunk_indices");
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_int(pk, 0);
+    static const char expected[] =
+        "\x81\xa7" "context" "\x82\xa5" "slots" "\x91\x84\xa6" "offset" "\x00\xa6" "length"
+        "\x08\xa5" "shape" "\x94\x02\x01\x04\x01\xa5" "dtype" "\xa7" "float16"
+        "\xad" "chunk_indices" "\x91\x00";
+    expect_bytes(&b, expected, sizeof expected - 1);
+}
+
+static msgpack_object decode(msgpack_zone *z, const char *bytes, size_t n)
+{
+    msgpack_object o;
+    size_t off = 0;
+    assert_true(lmc_mp_validate((const uint8_t *)bytes, n, 8));
+    assert_int_equal(msgpack_unpack(bytes, n, &off, z, &o), MSGPACK_UNPACK_SUCCESS);
+    return o;
+}
+
+static void test_accessors_follow_msgspec_rules(void **state)
+{
+    (void)state;
+    msgpack_zone z;
+    msgpack_zone_init(&z, 1024);
+    int64_t i;
+    uint64_t u;
+    double d;
+    bool b;
+    msgpack_object o = decode(&z, "\xcf\x25\x89\x5f\x85\xd8\x1b\x87\x2a", 9);
+    assert_true(lmc_mp_get_int(&o, &i) && i == 2704798079673665322LL);
+    o = decode(&z, "\xcf\xff\xff\xff\xff\xff\xff\xff\xff", 9);  /* > INT64_MAX */
+    assert_false(lmc_mp_get_int(&o, &i));
+    assert_true(lmc_mp_get_uint(&o, &u) && u == UINT64_MAX);
+    o = decode(&z, "\xd0\xdf", 2);
+    assert_true(lmc_mp_get_int(&o, &i) && i == -33);
+    assert_false(lmc_mp_get_uint(&o, &u));
+    o = decode(&z, "\xca\x3f\xc0\x00\x00", 5);                  /* float32 accepted */
+    assert_true(lmc_mp_get_double(&o, &d) && d == 1.5);
+    o = decode(&z, "\x05", 1);
+    assert_true(lmc_mp_get_double(&o, &d) && d == 5.0);
+    assert_true(lmc_mp_get_bool(&o, &b) == false);              /* 5 is not a bool */
+    o = decode(&z, "\x01", 1);
+    assert_true(lmc_mp_get_bool(&o, &b) && b);                  /* whole-frame bool: 0/1 */
+    o = decode(&z, "\xc2", 1);
+    assert_true(lmc_mp_get_bool(&o, &b) && !b);
+    o = decode(&z, "\xa2OK", 3);
+    const char *p;
+    size_t n;
+    assert_true(lmc_mp_get_str(&o, &p, &n) && n == 2 && memcmp(p, "OK", 2) == 0);
+    assert_false(lmc_mp_get_bin(&o, (const uint8_t **)&p, &n)); /* str is never bytes */
+    o = decode(&z, "\x82\xa1" "a" "\x01\xa1" "b" "\xc0", 7);
+    assert_non_null(lmc_mp_map_get(&o, "a"));
+    assert_true(lmc_mp_is_nil(lmc_mp_map_get(&o, "b")));
+    assert_null(lmc_mp_map_get(&o, "c"));
+    msgpack_zone_destroy(&z);
+}
+
+static void test_validate_fast_path_edges(void **state)
+{
+    (void)state;
+    /* array16 of ints mixing widths, then truncated variants */
+    const char ok[] = "\xdc\x00\x05\x01\xcc\x80\xcd\x01\x00\xce\x00\x01\x00\x00\x7f";
+    assert_true(lmc_mp_validate((const uint8_t *)ok, sizeof ok - 1, 4));
+    for (size_t cut = 1; cut < sizeof ok - 1; cut++)
+        assert_false(lmc_mp_validate((const uint8_t *)ok, cut, 4));
+    const char extra[] = "\x91\x01\x02";                         /* trailing byte */
+    assert_false(lmc_mp_validate((const uint8_t *)extra, 3, 4));
+    const char nested[] = "\x92\x91\x01\x92\x02\x03";
+    assert_true(lmc_mp_validate((const uint8_t *)nested, 6, 4));
+    assert_false(lmc_mp_validate((const uint8_t *)nested, 6, 1));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ints_use_the_smallest_form),
+        cmocka_unit_test(test_str_bin_float_bool_nil),
+        cmocka_unit_test(test_prepare_store_reply_example),
+        cmocka_unit_test(test_accessors_follow_msgspec_rules),
+        cmocka_unit_test(test_validate_fast_path_edges),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
