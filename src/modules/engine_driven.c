@@ -115,9 +115,12 @@ static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, char *err, size
     const msgpack_object *id_o = lmc_rpc_call_arg(call, 1);
     if (!id_o || id_o->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(id_o, &op->instance_id))
         return snprintf(err, errlen, "instance_id must be an int"), -1;
-    const msgpack_object *k_o = lmc_rpc_call_arg(call, 0);
-    if (!k_o || lmc_ipc_key_decode(k_o, m->cs, &op->key, err, errlen) != 0)
-        return k_o ? -1 : (snprintf(err, errlen, "missing key frame"), -1);
+    size_t len;
+    const uint8_t *frame = lmc_rpc_call_arg_raw(call, 0, &len);
+    if (!frame)
+        return snprintf(err, errlen, "missing key frame"), -1;
+    if (lmc_ipc_key_decode_frame(frame, len, m->cs, &op->key, err, errlen) != 0)
+        return -1;
     if (!op->key.has_worker) {
         lmc_ipc_key_free(&op->key);
         return snprintf(err, errlen, "worker_id must not be None on transfer ops"), -1;

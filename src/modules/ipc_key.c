@@ -2,111 +2,152 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "rpc/wire.h"
 
 #define FAIL(...) (snprintf(err, errlen, __VA_ARGS__), -1)
 
-/* Required int field that must not be a bool (msgspec is strict inside a
- * struct: a bool where an int is declared does not decode). */
-static int get_strict_int(const msgpack_object *map, const char *name, int64_t *out)
+/* ---- one-pass decoding from the raw frame ------------------------------- */
+
+typedef struct {
+    bool has_model, has_world, has_worker_field, has_tokens, has_start, has_end, has_rid;
+    int64_t world_size, worker_id, start, end, readers;
+} key_fields;
+
+static bool name_is(const char *name, size_t len, const char *want)
 {
-    const msgpack_object *o = lmc_mp_map_get(map, name);
-    if (!o || o->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(o, out))
-        return -1;
-    return 0;
+    return strlen(want) == len && memcmp(name, want, len) == 0;
 }
 
-static int decode_tokens(const msgpack_object *arr, lmc_ipc_key *k, char *err, size_t errlen)
+static int read_tokens(lmc_mp_reader *r, lmc_ipc_key *k, char *err, size_t errlen)
 {
-    if (!arr || arr->type != MSGPACK_OBJECT_ARRAY)
+    uint32_t n;
+    if (!lmc_mpr_array(r, &n))
         return FAIL("token_ids must be an array of ints");
-    k->n_tokens = arr->via.array.size;
-    k->tokens = malloc((k->n_tokens ? k->n_tokens : 1) * sizeof *k->tokens);
+    free(k->tokens); /* a repeated key: the last one wins, as in msgspec */
+    k->n_tokens = n;
+    k->tokens = malloc((n ? n : 1) * sizeof *k->tokens);
     if (!k->tokens)
         return FAIL("out of memory");
-    for (size_t i = 0; i < k->n_tokens; i++) {
-        const msgpack_object *t = &arr->via.array.ptr[i];
-        if (t->type != MSGPACK_OBJECT_POSITIVE_INTEGER || t->via.u64 > UINT32_MAX)
-            return FAIL("token_ids[%zu] is not an int in 0..2^32-1", i);
-        k->tokens[i] = t->via.u64;
+    size_t got = lmc_mpr_uints(r, n, UINT32_MAX, k->tokens);
+    if (got < n)
+        return FAIL("token_ids[%zu] is not an int in 0..2^32-1", got);
+    return 0;
+}
+
+/* int | None field: *present false for None. */
+static bool read_opt_int(lmc_mp_reader *r, int64_t *out, bool *present)
+{
+    *present = !lmc_mpr_nil(r);
+    return !*present || lmc_mpr_int(r, out);
+}
+
+static int read_field(lmc_mp_reader *r, const char *name, size_t len, lmc_ipc_key *k,
+                      key_fields *f, char *err, size_t errlen)
+{
+    bool present;
+    if (name_is(name, len, "token_ids"))
+        return f->has_tokens = true, read_tokens(r, k, err, errlen);
+    if (name_is(name, len, "model_name"))
+        return (f->has_model = lmc_mpr_str(r, &k->model_name, &k->model_len)) ? 0
+               : FAIL("model_name must be a non-empty str without '@'");
+    if (name_is(name, len, "request_id"))
+        return (f->has_rid = lmc_mpr_str(r, &k->request_id, &k->request_id_len)) ? 0
+               : FAIL("request_id must be a str");
+    if (name_is(name, len, "cache_salt")) {
+        k->cache_salt = "", k->salt_len = 0;
+        return lmc_mpr_nil(r) || lmc_mpr_str(r, &k->cache_salt, &k->salt_len)
+                   ? 0 : FAIL("cache_salt must be a str of at most 128 chars without '@/\\'");
     }
-    return 0;
-}
-
-static int decode_strings(const msgpack_object *o, lmc_ipc_key *k, char *err, size_t errlen)
-{
-    const msgpack_object *m = lmc_mp_map_get(o, "model_name");
-    if (!m || !lmc_mp_get_str(m, &k->model_name, &k->model_len) ||
-        !lmc_model_name_valid(k->model_name, k->model_len))
-        return FAIL("model_name must be a non-empty str without '@'");
-    const msgpack_object *r = lmc_mp_map_get(o, "request_id");
-    if (!r || !lmc_mp_get_str(r, &k->request_id, &k->request_id_len))
-        return FAIL("request_id must be a str");
-    const msgpack_object *s = lmc_mp_map_get(o, "cache_salt");
-    k->cache_salt = "";
-    k->salt_len = 0;
-    if (s && !lmc_mp_is_nil(s) &&
-        (!lmc_mp_get_str(s, &k->cache_salt, &k->salt_len) ||
-         !lmc_cache_salt_valid(k->cache_salt, k->salt_len)))
-        return FAIL("cache_salt must be a str of at most 128 chars without '@/\\'");
-    return 0;
-}
-
-static int decode_ranks(const msgpack_object *o, lmc_ipc_key *k, char *err, size_t errlen)
-{
-    int64_t ws, wid, readers = 0;
-    if (get_strict_int(o, "world_size", &ws) != 0 || ws < 1 || ws > 255)
-        return FAIL("world_size must be an int in 1..255");
-    k->world_size = (uint32_t)ws;
-    const msgpack_object *w = lmc_mp_map_get(o, "worker_id");
-    if (!w)
-        return FAIL("worker_id is required (int or None)");
-    k->has_worker = !lmc_mp_is_nil(w);
-    if (k->has_worker) {
-        if (get_strict_int(o, "worker_id", &wid) != 0 || wid < 0 || wid >= ws)
+    if (name_is(name, len, "world_size"))
+        return (f->has_world = lmc_mpr_int(r, &f->world_size)) ? 0
+               : FAIL("world_size must be an int in 1..255");
+    if (name_is(name, len, "worker_id")) {
+        f->has_worker_field = true;
+        if (!read_opt_int(r, &f->worker_id, &k->has_worker))
             return FAIL("worker_id must be None or an int in 0..world_size-1");
-        k->worker_id = (uint32_t)wid;
+        return 0;
     }
-    const msgpack_object *nr = lmc_mp_map_get(o, "num_kv_readers");
-    if (nr && !lmc_mp_is_nil(nr) &&
-        (get_strict_int(o, "num_kv_readers", &readers) != 0 || readers < 0))
-        return FAIL("num_kv_readers must be a non-negative int");
-    /* 0 = "field not sent" by older clients: one reader per object. */
-    k->num_kv_readers = readers == 0 ? 1 : (readers > 128 ? 128 : (uint32_t)readers);
-    return 0;
+    if (name_is(name, len, "start"))
+        return (f->has_start = lmc_mpr_int(r, &f->start)) ? 0 : FAIL("start and end must be ints");
+    if (name_is(name, len, "end"))
+        return (f->has_end = lmc_mpr_int(r, &f->end)) ? 0 : FAIL("start and end must be ints");
+    if (name_is(name, len, "num_kv_readers"))
+        return read_opt_int(r, &f->readers, &present) ? 0
+               : FAIL("num_kv_readers must be a non-negative int");
+    return lmc_mpr_skip(r, 32) ? 0 : FAIL("malformed value of field '%.*s'", (int)len, name);
 }
 
-static int decode_range(const msgpack_object *o, uint32_t cs, lmc_ipc_key *k, char *err,
+/* Field presence, ranges and chunk alignment (wire-protocol.md §4.1, §5).
+ * msgspec is strict inside a struct: a bool where an int is declared does
+ * not decode, which lmc_mpr_int already enforces. */
+static int check_fields(const key_fields *f, uint32_t cs, lmc_ipc_key *k, char *err,
                         size_t errlen)
 {
-    int64_t start, end;
-    if (get_strict_int(o, "start", &start) != 0 || get_strict_int(o, "end", &end) != 0)
+    if (!f->has_model || !lmc_model_name_valid(k->model_name, k->model_len))
+        return FAIL("model_name must be a non-empty str without '@'");
+    if (!f->has_rid)
+        return FAIL("request_id must be a str");
+    if (!lmc_cache_salt_valid(k->cache_salt, k->salt_len))
+        return FAIL("cache_salt must be a str of at most 128 chars without '@/\\'");
+    if (!f->has_world || f->world_size < 1 || f->world_size > 255)
+        return FAIL("world_size must be an int in 1..255");
+    k->world_size = (uint32_t)f->world_size;
+    if (!f->has_worker_field)
+        return FAIL("worker_id is required (int or None)");
+    if (k->has_worker && (f->worker_id < 0 || f->worker_id >= f->world_size))
+        return FAIL("worker_id must be None or an int in 0..world_size-1");
+    k->worker_id = k->has_worker ? (uint32_t)f->worker_id : 0;
+    if (f->readers < 0)
+        return FAIL("num_kv_readers must be a non-negative int");
+    /* 0 = "field not sent" by older clients: one reader per object. */
+    k->num_kv_readers = f->readers == 0 ? 1 : (f->readers > 128 ? 128 : (uint32_t)f->readers);
+    if (!f->has_tokens)
+        return FAIL("token_ids must be an array of ints");
+    if (!f->has_start || !f->has_end)
         return FAIL("start and end must be ints");
-    if (start < 0 || start > end || (uint64_t)end > k->n_tokens)
+    if (f->start < 0 || f->start > f->end || (uint64_t)f->end > k->n_tokens)
         return FAIL("need 0 <= start (%lld) <= end (%lld) <= len(token_ids) (%zu)",
-                    (long long)start, (long long)end, k->n_tokens);
-    if (start % cs != 0 || end % cs != 0)
+                    (long long)f->start, (long long)f->end, k->n_tokens);
+    if (f->start % cs != 0 || f->end % cs != 0)
         return FAIL("start (%lld) and end (%lld) must be multiples of the chunk size %u",
-                    (long long)start, (long long)end, cs);
-    k->start = (size_t)start;
-    k->end = (size_t)end;
+                    (long long)f->start, (long long)f->end, cs);
+    k->start = (size_t)f->start;
+    k->end = (size_t)f->end;
     return 0;
 }
 
-int lmc_ipc_key_decode(const msgpack_object *o, uint32_t cs, lmc_ipc_key *out, char *err,
-                       size_t errlen)
+int lmc_ipc_key_decode_frame(const uint8_t *data, size_t len, uint32_t cs, lmc_ipc_key *out,
+                             char *err, size_t errlen)
 {
-    *out = (lmc_ipc_key){0};
-    if (!o || o->type != MSGPACK_OBJECT_MAP)
+    *out = (lmc_ipc_key){.cache_salt = ""};
+    key_fields f = {0};
+    lmc_mp_reader r;
+    uint32_t n;
+    lmc_mpr_init(&r, data, len);
+    if (!data || !lmc_mpr_map(&r, &n))
         return FAIL("key must be a map (IPCCacheServerKey)");
-    if (decode_strings(o, out, err, errlen) != 0 || decode_ranks(o, out, err, errlen) != 0 ||
-        decode_tokens(lmc_mp_map_get(o, "token_ids"), out, err, errlen) != 0 ||
-        decode_range(o, cs, out, err, errlen) != 0) {
-        lmc_ipc_key_free(out);
-        return -1;
+    for (uint32_t i = 0; i < n; i++) {
+        const char *name;
+        size_t nlen;
+        if (!lmc_mpr_str(&r, &name, &nlen)) {
+            snprintf(err, errlen, "key field names must be str");
+            goto fail;
+        }
+        if (read_field(&r, name, nlen, out, &f, err, errlen) != 0)
+            goto fail;
     }
+    if (!lmc_mpr_at_end(&r)) {
+        snprintf(err, errlen, "trailing bytes after the key");
+        goto fail;
+    }
+    if (check_fields(&f, cs, out, err, errlen) != 0)
+        goto fail;
     return 0;
+fail:
+    lmc_ipc_key_free(out);
+    return -1;
 }
 
 void lmc_ipc_key_free(lmc_ipc_key *k)

@@ -28,12 +28,13 @@ typedef struct {
 static int decode_key(lookup_mod *m, lmc_rpc_call *call, lmc_ipc_key *k, char *err,
                       size_t errlen)
 {
-    const msgpack_object *o = lmc_rpc_call_arg(call, 0);
-    if (!o) {
-        snprintf(err, errlen, "missing or undecodable key frame");
+    size_t len;
+    const uint8_t *frame = lmc_rpc_call_arg_raw(call, 0, &len);
+    if (!frame) {
+        snprintf(err, errlen, "missing key frame");
         return -1;
     }
-    return lmc_ipc_key_decode(o, m->chunk_size, k, err, errlen);
+    return lmc_ipc_key_decode_frame(frame, len, m->chunk_size, k, err, errlen);
 }
 
 /* Gives back the shares of every key not yet freed (an undelivered or

@@ -138,35 +138,210 @@ static void skip_int_run(mp_cursor *c, uint64_t *pending)
     }
 }
 
-bool lmc_mp_validate(const uint8_t *data, size_t len, unsigned max_depth)
+/* Consumes exactly one document at the cursor, checking every length
+ * against the remaining bytes and nesting against max_depth. */
+static bool skip_value(mp_cursor *c, unsigned max_depth)
 {
     enum { MAX_DEPTH_CAP = 64 };
     uint64_t pending[MAX_DEPTH_CAP + 1]; /* objects still owed at each level */
     if (max_depth > MAX_DEPTH_CAP)
         max_depth = MAX_DEPTH_CAP;
-    mp_cursor c = {data, data + len};
     unsigned depth = 0;
     pending[0] = 1;
-    while (depth > 0 || pending[0] > 0) {
-        skip_int_run(&c, &pending[depth]);
+    for (;;) {
+        skip_int_run(c, &pending[depth]);
         if (pending[depth] == 0) {
             if (depth == 0)
-                break;
+                return true;
             depth--;
             continue;
         }
         pending[depth]--;
         uint64_t payload, children;
-        if (!read_header(&c, &payload, &children) || !take(&c, payload))
+        if (!read_header(c, &payload, &children) || !take(c, payload))
             return false;
         if (children == 0)
             continue;
         /* Every child needs at least one byte: reject impossible counts early. */
-        if (children > (uint64_t)(c.end - c.p) || depth + 1 > max_depth)
+        if (children > (uint64_t)(c->end - c->p) || depth + 1 > max_depth)
             return false;
         pending[++depth] = children;
     }
-    return c.p == c.end;
+}
+
+bool lmc_mp_validate(const uint8_t *data, size_t len, unsigned max_depth)
+{
+    mp_cursor c = {data, data + len};
+    return skip_value(&c, max_depth) && c.p == c.end;
+}
+
+/* ---- pull reader -------------------------------------------------------- */
+
+bool lmc_mpr_skip(lmc_mp_reader *r, unsigned max_depth)
+{
+    mp_cursor c = {r->p, r->end};
+    if (!skip_value(&c, max_depth))
+        return false;
+    r->p = c.p;
+    return true;
+}
+
+/* Reads a container header of the given family; false leaves r as it was. */
+static bool read_container(lmc_mp_reader *r, bool map, uint32_t *count)
+{
+    mp_cursor c = {r->p, r->end};
+    if (c.p >= c.end)
+        return false;
+    uint8_t b = *c.p;
+    uint64_t n;
+    if ((!map && b >= 0x90 && b <= 0x9f) || (map && b >= 0x80 && b <= 0x8f)) {
+        c.p++;
+        n = b & 0x0f;
+    } else if (b == (map ? 0xde : 0xdc) || b == (map ? 0xdf : 0xdd)) {
+        c.p++;
+        if (!read_be(&c, b == 0xde || b == 0xdc ? 2 : 4, &n))
+            return false;
+    } else {
+        return false;
+    }
+    /* Every element needs at least one byte (two for a map entry). */
+    if (n * (map ? 2u : 1u) > (uint64_t)(c.end - c.p))
+        return false;
+    *count = (uint32_t)n;
+    r->p = c.p;
+    return true;
+}
+
+bool lmc_mpr_map(lmc_mp_reader *r, uint32_t *count)
+{
+    return read_container(r, true, count);
+}
+
+bool lmc_mpr_array(lmc_mp_reader *r, uint32_t *count)
+{
+    return read_container(r, false, count);
+}
+
+bool lmc_mpr_str(lmc_mp_reader *r, const char **ptr, size_t *len)
+{
+    mp_cursor c = {r->p, r->end};
+    if (c.p >= c.end)
+        return false;
+    uint8_t b = *c.p++;
+    uint64_t n;
+    if (b >= 0xa0 && b <= 0xbf)
+        n = b & 0x1f;
+    else if (b < 0xd9 || b > 0xdb || !read_be(&c, (size_t)1 << (b - 0xd9), &n))
+        return false;
+    if (n > (uint64_t)(c.end - c.p))
+        return false;
+    *ptr = (const char *)c.p;
+    *len = (size_t)n;
+    r->p = c.p + n;
+    return true;
+}
+
+/* Reads any msgpack int: *neg tells a negative value (then in *bits as int64). */
+static bool read_any_int(lmc_mp_reader *r, uint64_t *bits, bool *neg)
+{
+    mp_cursor c = {r->p, r->end};
+    if (c.p >= c.end)
+        return false;
+    uint8_t b = *c.p++;
+    uint64_t v;
+    *neg = false;
+    if (b <= 0x7f) {
+        v = b;
+    } else if (b >= 0xe0) {
+        v = (uint64_t)(int64_t)(int8_t)b;
+        *neg = true;
+    } else if (b >= 0xcc && b <= 0xcf) {
+        if (!read_be(&c, (size_t)1 << (b - 0xcc), &v))
+            return false;
+    } else if (b >= 0xd0 && b <= 0xd3) {
+        size_t w = (size_t)1 << (b - 0xd0);
+        if (!read_be(&c, w, &v))
+            return false;
+        unsigned shift = (unsigned)(64 - 8 * w);
+        v = (uint64_t)(((int64_t)(v << shift)) >> shift); /* sign-extend */
+        *neg = (int64_t)v < 0;
+    } else {
+        return false;
+    }
+    *bits = v;
+    r->p = c.p;
+    return true;
+}
+
+bool lmc_mpr_uint(lmc_mp_reader *r, uint64_t *out)
+{
+    const uint8_t *save = r->p;
+    uint64_t v;
+    bool neg;
+    if (!read_any_int(r, &v, &neg))
+        return false;
+    if (neg) {
+        r->p = save;
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool lmc_mpr_int(lmc_mp_reader *r, int64_t *out)
+{
+    const uint8_t *save = r->p;
+    uint64_t v;
+    bool neg;
+    if (!read_any_int(r, &v, &neg))
+        return false;
+    if (!neg && v > (uint64_t)INT64_MAX) {
+        r->p = save;
+        return false;
+    }
+    *out = (int64_t)v;
+    return true;
+}
+
+size_t lmc_mpr_uints(lmc_mp_reader *r, size_t n, uint64_t max, uint64_t *out)
+{
+    const uint8_t *p = r->p, *end = r->end;
+    size_t i = 0;
+    for (; i < n && p < end; i++) {
+        const uint8_t *elem = p;
+        uint8_t b = *p;
+        uint64_t v;
+        if (b <= 0x7f) {
+            v = b, p += 1;
+        } else if (b == 0xcd && end - p >= 3) {
+            v = (uint64_t)p[1] << 8 | p[2], p += 3;
+        } else if (b == 0xce && end - p >= 5) {
+            v = (uint64_t)p[1] << 24 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 8 | p[4], p += 5;
+        } else if (b == 0xcc && end - p >= 2) {
+            v = p[1], p += 2;
+        } else {
+            r->p = p; /* other widths (and bad bytes) take the general path */
+            if (!lmc_mpr_uint(r, &v))
+                return i;
+            p = r->p;
+        }
+        if (v > max) {
+            p = elem; /* leave the offending element unread */
+            break;
+        }
+        out[i] = v;
+    }
+    r->p = p;
+    return i;
+}
+
+bool lmc_mpr_nil(lmc_mp_reader *r)
+{
+    if (r->p < r->end && *r->p == 0xc0) {
+        r->p++;
+        return true;
+    }
+    return false;
 }
 
 /* ---- accessors ---------------------------------------------------------- */

@@ -74,6 +74,40 @@ bool lmc_mp_is_nil(const msgpack_object *o);
 const msgpack_object *lmc_mp_map_get(const msgpack_object *map, const char *key);
 bool lmc_mp_str_eq(const msgpack_object *o, const char *s);
 
+/* ---- pull reader ---------------------------------------------------------
+ * Reads one msgpack document in place, bounds-checked at every step, with
+ * no allocation and no object tree: the decoder for big payloads (a prompt's
+ * token ids) where msgpack-c's object tree would cost more than the work.
+ * Each read returns false (and consumes nothing) when the next value has
+ * another type or is truncated. */
+typedef struct {
+    const uint8_t *p;
+    const uint8_t *end;
+} lmc_mp_reader;
+
+static inline void lmc_mpr_init(lmc_mp_reader *r, const uint8_t *data, size_t len)
+{
+    r->p = data;
+    r->end = data + len;
+}
+static inline bool lmc_mpr_at_end(const lmc_mp_reader *r)
+{
+    return r->p == r->end;
+}
+bool lmc_mpr_map(lmc_mp_reader *r, uint32_t *count);
+bool lmc_mpr_array(lmc_mp_reader *r, uint32_t *count);
+bool lmc_mpr_str(lmc_mp_reader *r, const char **ptr, size_t *len);
+bool lmc_mpr_uint(lmc_mp_reader *r, uint64_t *out);   /* non-negative int */
+bool lmc_mpr_int(lmc_mp_reader *r, int64_t *out);     /* any int, never a bool */
+bool lmc_mpr_nil(lmc_mp_reader *r);                   /* consumes a nil */
+/* Reads `n` non-negative ints, each <= `max`, into out[] (the elements of an
+ * array whose header was already read).  The hot loop of every LOOKUP: a
+ * prompt's token ids.  Returns the count read; < n means the next element
+ * is not such an int, and it is left unread. */
+size_t lmc_mpr_uints(lmc_mp_reader *r, size_t n, uint64_t max, uint64_t *out);
+/* Skips one whole value (nesting limited to `max_depth`). */
+bool lmc_mpr_skip(lmc_mp_reader *r, unsigned max_depth);
+
 /* Packs a NUL-terminated string as msgpack str. */
 int lmc_mp_pack_cstr(msgpack_packer *pk, const char *s);
 

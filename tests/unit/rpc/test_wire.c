@@ -177,6 +177,53 @@ static void test_validate_fast_path_edges(void **state)
     assert_false(lmc_mp_validate((const uint8_t *)nested, 6, 1));
 }
 
+static void test_pull_reader(void **state)
+{
+    (void)state;
+    /* {"a": [1, 200, 300, 70000, 2^33], "b": None, "s": "hi", "n": -5} */
+    const char doc[] = "\x84\xa1" "a" "\x95\x01\xcc\xc8\xcd\x01\x2c\xce\x00\x01\x11\x70"
+                       "\xcf\x00\x00\x00\x02\x00\x00\x00\x00"
+                       "\xa1" "b" "\xc0\xa1" "s" "\xa2" "hi" "\xa1" "n" "\xfb";
+    lmc_mp_reader r;
+    lmc_mpr_init(&r, (const uint8_t *)doc, sizeof doc - 1);
+    uint32_t n;
+    const char *p;
+    size_t len;
+    uint64_t v[5];
+    int64_t i;
+    assert_false(lmc_mpr_array(&r, &n));                 /* it is a map: nothing consumed */
+    assert_true(lmc_mpr_map(&r, &n) && n == 4);
+    assert_true(lmc_mpr_str(&r, &p, &len) && len == 1 && *p == 'a');
+    assert_true(lmc_mpr_array(&r, &n) && n == 5);
+    assert_int_equal(lmc_mpr_uints(&r, 5, UINT32_MAX, v), 4); /* 2^33 > max */
+    assert_int_equal(v[0], 1);
+    assert_int_equal(v[1], 200);
+    assert_int_equal(v[2], 300);
+    assert_int_equal(v[3], 70000);
+    assert_true(lmc_mpr_skip(&r, 4));                    /* the rejected element */
+    assert_true(lmc_mpr_str(&r, &p, &len));
+    assert_true(lmc_mpr_nil(&r));
+    assert_true(lmc_mpr_str(&r, &p, &len));
+    assert_false(lmc_mpr_int(&r, &i));                   /* a str, not an int */
+    assert_true(lmc_mpr_str(&r, &p, &len) && len == 2 && memcmp(p, "hi", 2) == 0);
+    assert_true(lmc_mpr_str(&r, &p, &len));
+    uint64_t u;
+    assert_false(lmc_mpr_uint(&r, &u));                  /* negative */
+    assert_true(lmc_mpr_int(&r, &i) && i == -5);
+    assert_true(lmc_mpr_at_end(&r));
+    /* Truncation anywhere is detected, and bools are never ints. */
+    for (size_t cut = 0; cut < sizeof doc - 1; cut++) {
+        lmc_mpr_init(&r, (const uint8_t *)doc, cut);
+        assert_false(lmc_mpr_skip(&r, 4) && lmc_mpr_at_end(&r) && cut == sizeof doc - 1);
+    }
+    lmc_mpr_init(&r, (const uint8_t *)"\xc3", 1);
+    assert_false(lmc_mpr_int(&r, &i));
+    lmc_mpr_init(&r, (const uint8_t *)"\xd1\xff\x00", 3);  /* int16 -256 */
+    assert_true(lmc_mpr_int(&r, &i) && i == -256);
+    lmc_mpr_init(&r, (const uint8_t *)"\xdc\xff\xff\x01", 4); /* array16 too long */
+    assert_false(lmc_mpr_array(&r, &n));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -185,6 +232,7 @@ int main(void)
         cmocka_unit_test(test_prepare_store_reply_example),
         cmocka_unit_test(test_accessors_follow_msgspec_rules),
         cmocka_unit_test(test_validate_fast_path_edges),
+        cmocka_unit_test(test_pull_reader),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
