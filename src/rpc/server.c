@@ -242,8 +242,12 @@ static void finish_call(lmc_rpc_server *s, lmc_rpc_call *c)
     case LMC_HANDLER_ERROR:
     default: {
         char why[640];
-        snprintf(why, sizeof why, "%s failed: %s", lmc_op_name(c->op_id) ? lmc_op_name(c->op_id) : "op",
-                 c->error_message[0] ? c->error_message : "handler error");
+        const char *msg = c->error_message[0] ? c->error_message : "handler error";
+        if (c->handler) /* an op that has a handler failed; else msg says why */
+            snprintf(why, sizeof why, "%s failed: %s",
+                     lmc_op_name(c->op_id) ? lmc_op_name(c->op_id) : "op", msg);
+        else
+            snprintf(why, sizeof why, "%s", msg);
         log_drop(s, why);
         if (s->opts.error_frames)
             send_error_frames(s, c);
