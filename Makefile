@@ -11,7 +11,7 @@ DEB_PACKAGES := build-essential cmake pkg-config libzmq3-dev libmsgpack-dev \
 	libjansson-dev libmicrohttpd-dev libssl-dev libcurl4-openssl-dev liburing-dev \
 	libhiredis-dev librust-blake3-dev libcmocka-dev python3 python3-zmq \
 	python3-msgpack python3-pytest python3-prometheus-client b3sum \
-	chromium python3-websocket
+	chromium python3-websocket wrk redis-server redis-tools
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

@@ -12,6 +12,7 @@
  *
  *   transfer_bench [--chunks N] [--iters M]      (defaults 256, 2000) */
 #include <fcntl.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -400,6 +401,10 @@ static void *serve(void *arg)
 
 int main(int argc, char **argv)
 {
+    /* Same malloc policy as lmcached's main(): request buffers stay in the
+     * reusable heap instead of fresh mmaps. */
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
     size_t chunks = 256, iters = 2000;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--chunks") == 0)

@@ -1,4 +1,5 @@
 /* lmcached: the LMCache multiprocess KV-cache server. */
+#include <curl/curl.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -50,6 +51,10 @@ int main(int argc, char **argv)
     mallopt(M_MMAP_THRESHOLD, 64 << 20);
     mallopt(M_TRIM_THRESHOLD, 256 << 20);
 
+    /* libcurl's global set-up is not thread-safe: do it before any thread
+     * (the S3 adapter, OTLP export) could trigger it lazily. */
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+
     int stop_fd = open_stop_signalfd(); /* before any thread starts */
     if (stop_fd < 0) {
         perror("lmcached: signalfd");
@@ -68,6 +73,7 @@ int main(int argc, char **argv)
     lmc_server_free(server);
     close(stop_fd);
     lmc_config_free(&cfg);
+    curl_global_cleanup();
     LMC_INFO("bye");
     return rc == 0 ? 0 : 1;
 }

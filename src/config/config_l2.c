@@ -1,20 +1,197 @@
-/* Validation of --l2-adapter JSON entries.  Here only what every adapter
- * shares (storage.md §1.5): a JSON object with a string "type" and, when
- * given, an "affinity_tag" naming a DRAM or DEVDAX L1.  Per-type checks are
- * the L2 work's job: add a row to l2_type_checks below. */
+/* Validation of --l2-adapter JSON entries (storage.md §1.5, docs/l2.md).
+ *
+ * Every entry is a JSON object with a string "type" and, when given, an
+ * "affinity_tag" naming a DRAM or DEVDAX L1.  The per-type field schemas
+ * below are checked twice: leniently at flag validation (fields that are
+ * present and known must have the right JSON type and range; exit 2), and
+ * strictly by the adapter factory at start-up (unknown types and fields and
+ * missing required fields are errors too).  The split keeps plain parsing
+ * of not-yet-implemented adapter types (resp, s3, ...) working. */
 #include "config/config_internal.h"
+#include "config/config_l2.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+typedef enum {
+    F_STR, F_BOOL, F_NUM_GE0, F_FRACTION, F_INT, F_INT_GE0, F_INT_GT0, F_OBJECT, F_ADAPTER,
+} field_kind;
+
+typedef struct {
+    const char *name;
+    field_kind kind;
+} field_spec;
+
+static const field_spec common_fields[] = {
+    {"type", F_STR}, {"eviction", F_OBJECT}, {"persist_enabled", F_BOOL},
+    {"max_capacity_gb", F_NUM_GE0}, {"affinity_tag", F_STR}, {"shared", F_BOOL},
+    {NULL, F_STR},
+};
+static const field_spec mock_fields[] = {{"num_workers", F_INT_GT0}, {NULL, F_STR}};
+static const field_spec fault_fields[] = {
+    {"inner", F_ADAPTER}, {"fail_rate", F_FRACTION}, {"delay_rate", F_FRACTION},
+    {"delay_ms", F_INT_GE0}, {"seed", F_INT_GE0}, {NULL, F_STR},
+};
+static const field_spec fs_fields[] = {
+    {"base_path", F_STR}, {"relative_tmp_dir", F_STR}, {"read_ahead_size", F_INT_GT0},
+    {"use_odirect", F_BOOL}, {"recover_on_start", F_BOOL}, {"num_workers", F_INT_GT0},
+    {"verify_checksum", F_BOOL}, {NULL, F_STR},
+};
+
+/* RESP: host/port may also come from LMCACHE_RESP_HOST/PORT. */
+static const field_spec resp_fields[] = {
+    {"host", F_STR}, {"port", F_INT_GT0}, {"num_workers", F_INT_GT0}, {"username", F_STR},
+    {"password", F_STR}, {"timeout_ms", F_INT_GT0}, {NULL, F_STR},
+};
+/* Upstream's s3 fields, plus lmcached's s3_create_bucket. */
+static const field_spec s3_fields[] = {
+    {"s3_endpoint", F_STR}, {"s3_region", F_STR}, {"s3_num_io_threads", F_INT_GT0},
+    {"s3_prefer_http2", F_BOOL}, {"s3_enable_s3express", F_BOOL}, {"disable_tls", F_BOOL},
+    {"aws_access_key_id", F_STR}, {"aws_secret_access_key", F_STR},
+    {"s3_create_bucket", F_BOOL}, {"num_workers", F_INT_GT0}, {NULL, F_STR},
+};
+
+static const struct {
+    const char *type;
+    const field_spec *fields;
+    const char *required;   /* NULL: none */
+} l2_types[] = {
+    {"mock", mock_fields, NULL},
+    {"fault_inject", fault_fields, "inner"},
+    {"fs", fs_fields, "base_path"},
+    {"resp", resp_fields, NULL},
+    {"s3", s3_fields, "s3_endpoint"},
+};
+#define N_L2_TYPES (sizeof l2_types / sizeof l2_types[0])
+
+static int check_json(const json_t *o, bool strict, int depth, char *err, size_t errlen);
+
+static const char *kind_text(field_kind k)
+{
+    static const char *const text[] = {
+        "a string", "a boolean", "a number >= 0", "a number in [0, 1]", "an integer",
+        "an integer >= 0", "an integer > 0", "a JSON object", "an adapter JSON object",
+    };
+    return text[k];
+}
+
+static bool value_ok(const json_t *v, field_kind k)
+{
+    double d = json_number_value(v);
+    switch (k) {
+    case F_STR: return json_is_string(v);
+    case F_BOOL: return json_is_boolean(v);
+    case F_NUM_GE0: return json_is_number(v) && isfinite(d) && d >= 0;
+    case F_FRACTION: return json_is_number(v) && d >= 0 && d <= 1;
+    case F_INT: return json_is_integer(v);
+    case F_INT_GE0: return json_is_integer(v) && json_integer_value(v) >= 0;
+    case F_INT_GT0: return json_is_integer(v) && json_integer_value(v) > 0;
+    case F_OBJECT: case F_ADAPTER: return json_is_object(v);
+    }
+    return false;
+}
+
+static const field_spec *find_field(const field_spec *t, const char *name)
+{
+    for (; t && t->name; t++)
+        if (strcmp(t->name, name) == 0)
+            return t;
+    return NULL;
+}
+
+static int check_field(const field_spec *f, const json_t *v, bool strict, int depth, char *err,
+                       size_t errlen)
+{
+    if (!value_ok(v, f->kind)) {
+        snprintf(err, errlen, "\"%s\" must be %s", f->name, kind_text(f->kind));
+        return -1;
+    }
+    if (f->kind == F_ADAPTER)
+        return check_json(v, strict, depth + 1, err, errlen);
+    const char *s = json_string_value(v);
+    if (strcmp(f->name, "relative_tmp_dir") == 0 && (s[0] == '/' || strstr(s, ".."))) {
+        snprintf(err, errlen, "\"relative_tmp_dir\" must be relative without '..'");
+        return -1;
+    }
+    return 0;
+}
+
+static int check_fields(const json_t *o, size_t t, bool strict, int depth, char *err,
+                        size_t errlen)
+{
+    const char *name;
+    json_t *v;
+    json_object_foreach((json_t *)o, name, v) {
+        const field_spec *f = find_field(common_fields, name);
+        if (!f && t < N_L2_TYPES)
+            f = find_field(l2_types[t].fields, name);
+        if (!f && strict) {
+            snprintf(err, errlen, "unknown field \"%s\" for L2 adapter type '%s'", name,
+                     json_string_value(json_object_get(o, "type")));
+            return -1;
+        }
+        if (f && check_field(f, v, strict, depth, err, errlen) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int check_json(const json_t *o, bool strict, int depth, char *err, size_t errlen)
+{
+    const char *type = json_string_value(json_object_get(o, "type"));
+    if (!json_is_object(o) || !type || !*type) {
+        snprintf(err, errlen, "an adapter must be a JSON object with a non-empty \"type\"");
+        return -1;
+    }
+    if (depth > 4) {
+        snprintf(err, errlen, "adapters nested too deeply");
+        return -1;
+    }
+    size_t t = 0;
+    while (t < N_L2_TYPES && strcmp(l2_types[t].type, type) != 0)
+        t++;
+    if (t == N_L2_TYPES && strict) {
+        snprintf(err, errlen, "unknown L2 adapter type '%s' (known: mock, fault_inject, fs, resp, s3)",
+                 type);
+        return -1;
+    }
+    if (strict && t < N_L2_TYPES && l2_types[t].required &&
+        !json_object_get(o, l2_types[t].required)) {
+        snprintf(err, errlen, "L2 adapter type '%s' needs \"%s\"", type, l2_types[t].required);
+        return -1;
+    }
+    return check_fields(o, t, strict, depth, err, errlen);
+}
+
+int lmc_l2_adapter_json_check(const json_t *o, bool strict, char *err, size_t errlen)
+{
+    return check_json(o, strict, 0, err, errlen);
+}
 
 /* Per-adapter-type hook: returns 0, or -1 after lmc_cfg_fail(e, ...). */
 typedef int (*l2_type_check_fn)(const json_t *entry, size_t index, const lmc_config *cfg,
                                  lmc_cfg_err *e);
 
+static int check_lenient(const json_t *o, size_t i, const lmc_config *cfg, lmc_cfg_err *e)
+{
+    (void)cfg;
+    char msg[256];
+    if (lmc_l2_adapter_json_check(o, false, msg, sizeof msg) != 0)
+        return lmc_cfg_fail(e, "--l2-adapter[%zu]: %s", i, msg);
+    return 0;
+}
+
 static const struct {
     const char *type;
     l2_type_check_fn check;
 } l2_type_checks[] = {
+    {"mock", check_lenient},
+    {"fault_inject", check_lenient},
+    {"fs", check_lenient},
+    {"resp", check_lenient},
+    {"s3", check_lenient},
     {NULL, NULL}, /* sentinel; per-type validators go above this line */
 };
 

@@ -5,8 +5,11 @@
  * LOOKUP hashes the prompt through the session's cached chain, read-locks
  * the leading run of whole hit chunks (num_kv_readers shares per object)
  * and registers a prefetch job.  With L1 only the job completes inside the
- * LOOKUP handler; the registry (prefetch_jobs.h) is already shaped for an
- * L2 prefetch that completes it later and wakes WAIT_PREFETCH_STATUS. */
+ * LOOKUP handler.  With an L2 tier the keys after the L1 run go to the
+ * storage manager's L2 prefetch: the job completes from the prefetch
+ * thread (waking WAIT_PREFETCH_STATUS), the loaded chunks are appended to
+ * the session's lock record, and QUERY_PREFETCH_LOOKUP_HITS answers as soon
+ * as the L2 lookup phase is over (docs/l2.md). */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +25,22 @@ typedef struct {
     lmc_module_ctx *ctx;
     lmc_jobs *jobs;
     uint32_t chunk_size;
-    atomic_uint_fast64_t lookups, hit_chunks, freed_keys, waits_parked;
+    atomic_uint_fast64_t lookups, hit_chunks, freed_keys, waits_parked, l2_prefetches,
+        l2_hit_chunks;
 } lookup_mod;
+
+/* One LOOKUP's L2 prefetch in flight; owned by the prefetch callbacks. */
+typedef struct {
+    lookup_mod *m;
+    char *rid;
+    size_t rid_len;
+    uint64_t job_id;
+    int64_t l1_chunks;
+    const lmc_object_key *session_keys;   /* identity of the lock record extended */
+    size_t l1_keys;                       /* its length before the extension */
+    lmc_object_key *keys;                 /* copy of the prefetched keys */
+    uint32_t per, readers;
+} l2_lookup;
 
 static int decode_key(lookup_mod *m, lmc_rpc_call *call, lmc_ipc_key *k, char *err,
                       size_t errlen)
@@ -82,7 +99,7 @@ static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
     if (locked > full)
         lmc_storage_manager_finish_read(m->ctx->storage, keys + full, locked - full,
                                         k->num_kv_readers, NULL);
-    uint8_t *freed = calloc(full ? full : 1, 1);
+    uint8_t *freed = calloc(n, 1);   /* n: an L2 prefetch may extend the record */
     if (!freed) {
         lmc_storage_manager_finish_read(m->ctx->storage, keys, full, k->num_kv_readers, NULL);
         free(keys);
@@ -92,6 +109,86 @@ static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
                                    .first_chunk = k->start / m->chunk_size,
                                    .keys_per_chunk = per, .readers = k->num_kv_readers};
     return (int64_t)(full / per);
+}
+
+static void l2_lookup_free(l2_lookup *p)
+{
+    free(p->rid);
+    free(p->keys);
+    free(p);
+}
+
+/* Prefetch thread: the L2 lookup phase is over. */
+static void l2_lookup_done(void *user, size_t units)
+{
+    l2_lookup *p = user;
+    lmc_jobs_set_lookup_hits(p->m->jobs, p->rid, p->rid_len, p->job_id,
+                             p->l1_chunks + (int64_t)units);
+}
+
+/* Prefetch thread: keys[0..units*per) are loaded and read-locked.  They
+ * join the session's lock record if that is still this LOOKUP's (same job,
+ * same record); otherwise nobody can retrieve them and the locks go back. */
+static void l2_done(void *user, size_t units)
+{
+    l2_lookup *p = user;
+    lookup_mod *m = p->m;
+    size_t nk = units * p->per;
+    bool attached = false;
+    lmc_session *se = lmc_sessions_acquire(m->ctx->sessions, p->rid, p->rid_len, false);
+    if (se) {
+        if (nk && se->locks.keys == p->session_keys && se->locks.n == p->l1_keys &&
+            lmc_jobs_is_current(m->jobs, p->rid, p->rid_len, p->job_id)) {
+            se->locks.n += nk;
+            attached = true;
+        }
+        lmc_sessions_release(m->ctx->sessions, se);
+    }
+    if (nk && !attached)
+        lmc_storage_manager_finish_read(m->ctx->storage, p->keys, nk, p->readers, NULL);
+    int64_t hits = p->l1_chunks + (int64_t)units;
+    lmc_jobs_complete(m->jobs, p->rid, p->rid_len, p->job_id, hits);
+    atomic_fetch_add(&m->hit_chunks, (uint64_t)hits);
+    atomic_fetch_add(&m->l2_hit_chunks, units);
+    l2_lookup_free(p);
+}
+
+/* Sends the keys after the session's L1 run to the L2 tier.  True when the
+ * prefetch took over completing job `id`. */
+static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint64_t id,
+                     int64_t l1_chunks, size_t n_keys, uint64_t object_size)
+{
+    lmc_lookup_locks *l = &se->locks;
+    size_t rest = n_keys - l->n;
+    if (!l->keys || rest < l->keys_per_chunk || !lmc_storage_manager_has_l2(m->ctx->storage))
+        return false;
+    l2_lookup *p = calloc(1, sizeof *p);
+    if (!p || !(p->rid = malloc(k->request_id_len + 1)) ||
+        !(p->keys = malloc(rest * sizeof *p->keys))) {
+        if (p)
+            l2_lookup_free(p);
+        return false;
+    }
+    memcpy(p->rid, k->request_id, k->request_id_len);
+    memcpy(p->keys, l->keys + l->n, rest * sizeof *p->keys);
+    p->m = m;
+    p->rid_len = k->request_id_len;
+    p->job_id = id;
+    p->l1_chunks = l1_chunks;
+    p->session_keys = l->keys;
+    p->l1_keys = l->n;
+    p->per = l->keys_per_chunk;
+    p->readers = l->readers;
+    lmc_storage_l2_request req = {
+        .keys = p->keys, .n = rest, .keys_per_unit = p->per, .object_size = object_size,
+        .readers = p->readers, .on_lookup_done = l2_lookup_done, .on_done = l2_done, .user = p,
+    };
+    if (lmc_storage_manager_prefetch_l2(m->ctx->storage, &req) != 0) {
+        l2_lookup_free(p);
+        return false;
+    }
+    atomic_fetch_add(&m->l2_prefetches, 1);
+    return true;
 }
 
 /* LOOKUP(key, tp_size) -> void */
@@ -109,6 +206,7 @@ static lmc_handler_result lookup(void *state, lmc_rpc_call *call)
         return lmc_rpc_call_fail(call, "MemoryError", "LOOKUP: out of memory");
     }
     int64_t hits = 0;
+    bool l2_pending = false;
     lmc_layout layout;
     bool have_layout = lmc_layout_registry_get(m->ctx->layouts, k.model_name, k.model_len,
                                                k.world_size, &layout);
@@ -121,11 +219,20 @@ static lmc_handler_result lookup(void *state, lmc_rpc_call *call)
         se->hit_chunks = -1;
         if (have_layout)
             hits = lock_hits(m, se, &k, &layout);
+        /* The session is held, so the prefetch's completion (which takes
+         * it) cannot overtake this handler. */
+        if (have_layout)
+            l2_pending = start_l2(m, se, &k, id, hits,
+                                  lmc_ipc_key_num_chunks(&k, m->chunk_size) *
+                                      layout.num_groups * lmc_ipc_key_num_ranks(&k),
+                                  layout.object_size);
         lmc_sessions_release(m->ctx->sessions, se);
     }
-    lmc_jobs_complete(m->jobs, k.request_id, k.request_id_len, id, hits);
     atomic_fetch_add(&m->lookups, 1);
-    atomic_fetch_add(&m->hit_chunks, (uint64_t)hits);
+    if (!l2_pending) {
+        lmc_jobs_complete(m->jobs, k.request_id, k.request_id_len, id, hits);
+        atomic_fetch_add(&m->hit_chunks, (uint64_t)hits);
+    }
     lmc_ipc_key_free(&k);
     return LMC_HANDLER_VOID;
 }
@@ -338,7 +445,9 @@ static int lookup_create(lmc_module_ctx *ctx, void **state, char *err, size_t er
 static json_t *lookup_status(void *state)
 {
     lookup_mod *m = state;
-    return json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "is_healthy", 1, "sessions",
+    return json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "is_healthy", 1,
+                     "l2_prefetches", (json_int_t)atomic_load(&m->l2_prefetches),
+                     "l2_hit_chunks", (json_int_t)atomic_load(&m->l2_hit_chunks), "sessions",
                      (json_int_t)lmc_sessions_count(m->ctx->sessions), "jobs",
                      (json_int_t)lmc_jobs_count(m->jobs), "parked_waits",
                      (json_int_t)lmc_jobs_waiter_count(m->jobs), "lookups",
@@ -351,6 +460,9 @@ static json_t *lookup_status(void *state)
 static void lookup_close(void *state)
 {
     lookup_mod *m = state;
+    /* Answers every L2 prefetch in flight now: their callbacks use m. */
+    if (m->ctx->storage)
+        lmc_storage_manager_stop_l2_prefetch(m->ctx->storage);
     lmc_jobs_free(m->jobs);   /* parked WAITs are answered None */
     free(m);
 }

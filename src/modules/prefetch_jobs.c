@@ -192,6 +192,15 @@ void lmc_jobs_set_lookup_hits(lmc_jobs *j, const char *rid, size_t len, uint64_t
     pthread_mutex_unlock(&j->lock);
 }
 
+bool lmc_jobs_is_current(lmc_jobs *j, const char *rid, size_t len, uint64_t id)
+{
+    pthread_mutex_lock(&j->lock);
+    job *jb = find_id(j, rid, len, id);
+    bool current = jb && !jb->done;
+    pthread_mutex_unlock(&j->lock);
+    return current;
+}
+
 void lmc_jobs_complete(lmc_jobs *j, const char *rid, size_t len, uint64_t id, int64_t hits)
 {
     waiter *fired = NULL;

@@ -2,8 +2,7 @@
  * consumed by the first QUERY/WAIT_PREFETCH_STATUS that sees it done.
  *
  * A job is RUNNING from submit() until complete(); an L1-only LOOKUP
- * completes it at once, an L2 prefetch (later) completes it from its own
- * thread.  WAIT_PREFETCH_STATUS never blocks a thread: wait() either
+ * completes it at once, an L2 prefetch completes it from its own thread.  WAIT_PREFETCH_STATUS never blocks a thread: wait() either
  * answers at once or parks a waiter callback that complete(), drop(),
  * a timeout (expire(), driven by the registry's timer thread or by tests
  * with an injected clock) or free() calls exactly once.
@@ -54,6 +53,10 @@ void lmc_jobs_set_lookup_hits(lmc_jobs *j, const char *rid, size_t len, uint64_t
 /* Finishes job `id` (ignored if it was replaced or dropped meanwhile).  The
  * first parked waiter receives the result and consumes the job. */
 void lmc_jobs_complete(lmc_jobs *j, const char *rid, size_t len, uint64_t id, int64_t hits);
+
+/* True while job `id` is rid's job and not yet completed (an asynchronous
+ * prefetch checks that its result still belongs to the request). */
+bool lmc_jobs_is_current(lmc_jobs *j, const char *rid, size_t len, uint64_t id);
 
 /* QUERY_PREFETCH_STATUS: DONE (consumed), RUNNING or UNKNOWN. */
 lmc_job_status lmc_jobs_query(lmc_jobs *j, const char *rid, size_t len, int64_t *hits);

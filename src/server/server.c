@@ -11,6 +11,7 @@
 #include "obs/log.h"
 #include "rpc/rpc.h"
 #include "server/server_internal.h"
+#include "storage/l2/l2_service.h"
 #include "storage/storage_manager.h"
 
 #define DRAIN_MS 5000
@@ -74,7 +75,10 @@ static int create_services(lmc_server *s, char *err, size_t errlen)
         return -1;
     }
     s->ctx.storage = lmc_storage_manager_create(cfg, err, errlen);
-    return s->ctx.storage ? 0 : -1;
+    if (!s->ctx.storage)
+        return -1;
+    /* The storage manager owns the L2 tier from here (closed with it). */
+    return lmc_l2_attach(s->ctx.storage, cfg, err, errlen);
 }
 
 static int create_modules(lmc_server *s, char *err, size_t errlen)
@@ -174,9 +178,12 @@ void lmc_server_stop(lmc_server *s)
 json_t *lmc_server_report_status(lmc_server *s)
 {
     const lmc_config *cfg = s->cfg;
-    bool healthy = true;
+    /* HTTP threads may ask while start-up is still creating services and
+     * modules; `ready` (release-stored after the last one) orders them. */
+    bool up = atomic_load_explicit(&s->ready, memory_order_acquire);
+    bool healthy = up;
     json_t *mods = json_object();
-    for (size_t i = 0; i < s->n_modules; i++) {
+    for (size_t i = 0; up && i < s->n_modules; i++) {
         const module_instance *mi = &s->modules[i];
         if (!mi->def->report_status)
             continue;
@@ -190,7 +197,7 @@ json_t *lmc_server_report_status(lmc_server *s)
                                "chunk_size", cfg->mp.chunk_size, "hash_algorithm",
                                cfg->mp.hash_algorithm, "instance_id", cfg->mp.instance_id,
                                "modules", mods);
-    if (s->ctx.storage) {
+    if (up && s->ctx.storage) {
         json_t *sm = lmc_storage_manager_report_status(s->ctx.storage);
         if (json_is_false(json_object_get(sm, "is_healthy")))
             healthy = false;

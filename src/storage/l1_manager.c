@@ -10,7 +10,8 @@
 
 typedef struct l1_record {
     uint64_t offset;
-    uint64_t size;
+    uint64_t size;           /* aligned allocation */
+    uint64_t raw_size;       /* object_size the writer asked for (L2 copies exactly it) */
     lmc_ttl_lock lock;       /* write lock (staging) or read lock (resident) */
     bool is_temporary;
 } l1_record;
@@ -454,8 +455,8 @@ static uint32_t clamp_readers(uint32_t readers)
 /* First pass of reserve_write for one key.  Returns the final result, or
  * OUT_OF_MEMORY as "needs a buffer from the batched allocation". */
 static lmc_l1_result classify_for_write(lmc_l1_manager *m, const lmc_object_key *key,
-                                        bool is_temporary, uint64_t unit, const char *tag,
-                                        int64_t now, uint64_t *offset)
+                                        bool is_temporary, uint64_t unit, uint64_t raw,
+                                        const char *tag, int64_t now, uint64_t *offset)
 {
     l1_entry *e = find_entry(m, key);
     if (e && e->resident)
@@ -471,6 +472,7 @@ static lmc_l1_result classify_for_write(lmc_l1_manager *m, const lmc_object_key 
              (unsigned long long)s->rec.offset);
     lmc_ttl_lock_acquire(&s->rec.lock, 1, now, m->write_ttl_ms);
     s->rec.is_temporary = is_temporary;
+    s->rec.raw_size = raw;
     *offset = s->rec.offset;
     return LMC_L1_SUCCESS;
 }
@@ -504,14 +506,16 @@ static lmc_l1_result stage_new_buffer(lmc_l1_manager *m, const lmc_object_key *k
 }
 
 static void stage_batch(lmc_l1_manager *m, const lmc_object_key *keys, const bool *is_temporary,
-                        size_t n, const uint64_t *units, uint64_t unit, const char *tag,
-                        int64_t now, uint64_t *offsets, lmc_l1_result *results)
+                        size_t n, const uint64_t *units, uint64_t unit, uint64_t raw,
+                        const char *tag, int64_t now, uint64_t *offsets,
+                        lmc_l1_result *results)
 {
     size_t next_unit = 0;
     for (size_t i = 0; i < n; i++) {
         if (results[i] != LMC_L1_OUT_OF_MEMORY)
             continue;
-        l1_record rec = {units[next_unit++], unit, {0, 0}, is_temporary && is_temporary[i]};
+        l1_record rec = {units[next_unit++], unit, raw, {0, 0},
+                         is_temporary && is_temporary[i]};
         lmc_ttl_lock_acquire(&rec.lock, 1, now, m->write_ttl_ms);
         results[i] = stage_new_buffer(m, &keys[i], &rec, tag, now);
         if (results[i] == LMC_L1_SUCCESS)
@@ -534,12 +538,14 @@ int lmc_l1_manager_reserve_write(lmc_l1_manager *m, const lmc_object_key *keys,
     size_t needed = 0;
     for (size_t i = 0; i < n; i++) {
         bool temp = is_temporary && is_temporary[i];
-        results[i] = classify_for_write(m, &keys[i], temp, unit, tag, now, &offsets[i]);
+        results[i] = classify_for_write(m, &keys[i], temp, unit, object_size, tag, now,
+                                        &offsets[i]);
         needed += results[i] == LMC_L1_OUT_OF_MEMORY;
     }
     uint64_t got_unit;
     if (needed > 0 && lmc_l1_alloc_batch(m->alloc, object_size, needed, units, &got_unit) == 0)
-        stage_batch(m, keys, is_temporary, n, units, unit, tag, now, offsets, results);
+        stage_batch(m, keys, is_temporary, n, units, unit, object_size, tag, now, offsets,
+                    results);
     l1_event *ev = event_begin(m, LMC_L1_EVENT_WRITE_RESERVED, n);
     for (size_t i = 0; i < n; i++)
         if (results[i] == LMC_L1_SUCCESS)
@@ -704,6 +710,17 @@ static bool finish_read_one(lmc_l1_manager *m, l1_entry *e, uint32_t readers, in
     free_resident(m, e);
     drop_entry_if_empty(m, e);
     return true;
+}
+
+void lmc_l1_manager_object_sizes(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
+                                 uint64_t *sizes)
+{
+    pthread_mutex_lock(&m->mutex);
+    for (size_t i = 0; i < n; i++) {
+        l1_entry *e = find_entry(m, &keys[i]);
+        sizes[i] = e && e->resident ? e->object.raw_size : 0;
+    }
+    pthread_mutex_unlock(&m->mutex);
 }
 
 int lmc_l1_manager_finish_read(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,

@@ -141,6 +141,10 @@ size_t lmc_l1_manager_reserve_read_prefix(lmc_l1_manager *m, const lmc_object_ke
  * caller's read lock keeps the range valid until its finish_read. */
 int lmc_l1_manager_unsafe_read(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
                                lmc_l1_range *ranges, lmc_l1_result *results);
+/* The unaligned object size the writer reserved, per resident key (0 when
+ * not resident).  Ranges carry the aligned size; L2 copies exactly this. */
+void lmc_l1_manager_object_sizes(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
+                                 uint64_t *sizes);
 /* Releases `readers` read locks (at least 1): NOT_EXIST if not resident,
  * WRONG_STATE if not read-locked.  A temporary object is freed when its
  * count reaches 0. */

@@ -25,6 +25,8 @@ struct lmc_storage_manager {
     pthread_t grower;
     bool grower_running;
     bool grower_stop;
+    const lmc_storage_tier_ops *l2_ops;   /* set once before concurrent use */
+    void *l2;
 };
 
 /* ---- listeners --------------------------------------------------------- */
@@ -67,6 +69,21 @@ int lmc_storage_manager_add_listener(lmc_storage_manager *sm, const lmc_storage_
     }
     pthread_mutex_unlock(&sm->listeners_mutex);
     return rc;
+}
+
+void lmc_storage_manager_remove_listener(lmc_storage_manager *sm, const lmc_storage_listener *l)
+{
+    pthread_mutex_lock(&sm->listeners_mutex);
+    for (size_t i = 0; i < sm->num_listeners; i++) {
+        lmc_storage_listener *x = &sm->listeners[i];
+        if (x->user == l->user && x->on_written == l->on_written &&
+            x->on_deleted == l->on_deleted && x->on_accessed == l->on_accessed) {
+            memmove(x, x + 1, (sm->num_listeners - i - 1) * sizeof *x);
+            sm->num_listeners--;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&sm->listeners_mutex);
 }
 
 /* ---- lazy growth ------------------------------------------------------- */
@@ -255,6 +272,8 @@ void lmc_storage_manager_close(lmc_storage_manager *sm)
 {
     if (!sm)
         return;
+    if (sm->l2_ops)
+        sm->l2_ops->close(sm->l2);   /* releases its L1 locks and staging first */
     stop_grower(sm);
     if (sm->eviction)
         lmc_l1_eviction_free(sm->eviction);
@@ -356,6 +375,50 @@ int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_ke
     return rc;
 }
 
+int lmc_storage_manager_reserve_read(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                     size_t n, uint32_t readers, lmc_l1_result *results)
+{
+    return lmc_l1_manager_reserve_read(sm->l1, keys, n, readers, results);
+}
+
+int lmc_storage_manager_finish_write_and_delete(lmc_storage_manager *sm,
+                                                const lmc_object_key *keys, size_t n,
+                                                const char *writer_tag, lmc_l1_result *results)
+{
+    lmc_l1_result *r = results_or_scratch(results, n);
+    if (!r)
+        return -1;
+    int rc = lmc_l1_manager_finish_write_and_delete(sm->l1, keys, n, tag_or_default(writer_tag),
+                                                    r);
+    release_results(r, results);
+    return rc;
+}
+
+/* ---- L2 tier ----------------------------------------------------------- */
+
+void lmc_storage_manager_attach_l2(lmc_storage_manager *sm, const lmc_storage_tier_ops *ops,
+                                   void *impl)
+{
+    sm->l2_ops = ops;
+    sm->l2 = impl;
+}
+
+bool lmc_storage_manager_has_l2(const lmc_storage_manager *sm)
+{
+    return sm->l2_ops != NULL;
+}
+
+int lmc_storage_manager_prefetch_l2(lmc_storage_manager *sm, const lmc_storage_l2_request *req)
+{
+    return sm->l2_ops ? sm->l2_ops->prefetch(sm->l2, req) : -1;
+}
+
+void lmc_storage_manager_stop_l2_prefetch(lmc_storage_manager *sm)
+{
+    if (sm->l2_ops)
+        sm->l2_ops->stop_prefetch(sm->l2);
+}
+
 /* ---- maintenance and status -------------------------------------------- */
 
 int lmc_storage_manager_delete(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
@@ -445,6 +508,14 @@ json_t *lmc_storage_manager_report_status(lmc_storage_manager *sm)
                    "l1_capacity_bytes_by_backend",
                    json_object_get(l1, "capacity_bytes_by_backend"),
                    "l1_arena", arena_status(sm));
+    if (st && sm->l2_ops) {
+        json_t *l2 = sm->l2_ops->report_status(sm->l2);
+        if (json_is_false(json_object_get(l2, "is_healthy")))
+            json_object_set(st, "is_healthy", json_false());
+        json_object_del(l2, "is_healthy");
+        json_object_update(st, l2);
+        json_decref(l2);
+    }
 out:
     json_decref(l1);
     json_decref(ev);

@@ -11,9 +11,11 @@
  * see l1_manager.h), never with an L1 lock held, so they may call back into
  * the storage manager.  They should still be quick and must not block.
  *
- * Extension points (not implemented yet): L2 write-behind and the event bus
- * subscribe through listeners; multiple L1s, L2 prefetch and P2P serving
- * plug in behind these same calls. */
+ * L2: the storage manager does not know adapters.  An L2 tier (src/storage/l2,
+ * library lmc_storage_l2, which depends on this one and not the other way
+ * round) attaches itself through lmc_storage_tier_ops; the write-behind
+ * subscribes as a listener.  Multiple L1s and P2P serving would plug in
+ * behind these same calls. */
 #ifndef LMC_STORAGE_STORAGE_MANAGER_H
 #define LMC_STORAGE_STORAGE_MANAGER_H
 
@@ -85,6 +87,11 @@ typedef struct lmc_storage_listener {
 /* 0, or -1 when LMC_STORAGE_MAX_LISTENERS are registered already. */
 int lmc_storage_manager_add_listener(lmc_storage_manager *sm, const lmc_storage_listener *l);
 
+/* Removes a listener registered with exactly these callbacks and user.  Must
+ * not race with an event being delivered to it (remove while no calls that
+ * produce events are in flight, e.g. at shutdown). */
+void lmc_storage_manager_remove_listener(lmc_storage_manager *sm, const lmc_storage_listener *l);
+
 /* ---- write ------------------------------------------------------------- */
 /* Reserves one staging buffer of `object_size` raw bytes per key for
  * `writer_tag` (NULL: "storage_manager").  results[i] == LMC_L1_SUCCESS
@@ -116,6 +123,56 @@ size_t lmc_storage_manager_read(lmc_storage_manager *sm, const lmc_object_key *k
 /* Releases `readers` read locks per key (results may be NULL). */
 int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_key *keys,
                                     size_t n, uint32_t readers, lmc_l1_result *results);
+
+/* Read locks on resident keys (not a prefix: every key independently). */
+int lmc_storage_manager_reserve_read(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                     size_t n, uint32_t readers, lmc_l1_result *results);
+/* Drops the tag's live staging buffers (a failed load; results may be NULL). */
+int lmc_storage_manager_finish_write_and_delete(lmc_storage_manager *sm,
+                                                const lmc_object_key *keys, size_t n,
+                                                const char *writer_tag, lmc_l1_result *results);
+
+/* ---- L2 tier (docs/l2.md) ----------------------------------------------
+ * A prefetch request: keys[0..n) are the L1 misses after the caller's L1
+ * hit run, in units of keys_per_unit keys (a chunk = groups x ranks); only
+ * whole units count.  The tier looks the keys up in its adapters, loads
+ * the leading run of available units into fresh L1 objects of object_size
+ * bytes and read-locks each `readers` times.  Callbacks run on the tier's
+ * thread, never inside prefetch(), with no storage lock held:
+ *   on_lookup_done(user, units): the lookup phase is over (may be NULL);
+ *   on_done(user, units): exactly once; keys[0..units*keys_per_unit) are
+ *   then resident and read-locked (`readers` shares) for the caller. */
+typedef struct lmc_storage_l2_request {
+    const lmc_object_key *keys;   /* copied by prefetch() */
+    size_t n;
+    uint32_t keys_per_unit;
+    uint64_t object_size;
+    uint32_t readers;
+    void (*on_lookup_done)(void *user, size_t units);
+    void (*on_done)(void *user, size_t units);
+    void *user;
+} lmc_storage_l2_request;
+
+typedef struct lmc_storage_tier_ops {
+    /* 0: accepted (on_done will be called); -1: refused (no call). */
+    int (*prefetch)(void *impl, const lmc_storage_l2_request *req);
+    /* Finishes every pending prefetch with on_done(0) and refuses new ones;
+     * after it no callback runs (owners of callback state call it first). */
+    void (*stop_prefetch)(void *impl);
+    /* New reference: an object whose fields are merged into the status. */
+    json_t *(*report_status)(void *impl);
+    /* Stops the tier's threads and frees it; runs while L1 is still alive. */
+    void (*close)(void *impl);
+} lmc_storage_tier_ops;
+
+/* The storage manager owns `impl` from here on (close() closes it first).
+ * Call once, before concurrent use. */
+void lmc_storage_manager_attach_l2(lmc_storage_manager *sm, const lmc_storage_tier_ops *ops,
+                                   void *impl);
+bool lmc_storage_manager_has_l2(const lmc_storage_manager *sm);
+/* -1 without an L2 tier or when refused: the caller has no L2 hits then. */
+int lmc_storage_manager_prefetch_l2(lmc_storage_manager *sm, const lmc_storage_l2_request *req);
+void lmc_storage_manager_stop_l2_prefetch(lmc_storage_manager *sm);
 
 /* ---- maintenance ------------------------------------------------------- */
 /* Idempotent: missing keys are neither deleted nor skipped.  0 or -1. */

@@ -1,0 +1,359 @@
+/* Asynchronous adapter over a synchronous backend: a FIFO of tasks, N worker
+ * threads, one completed list and one eventfd per kind of task. */
+#include "storage/l2/l2_adapter.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+typedef struct task {
+    uint64_t id;
+    lmc_l2_op op;
+    size_t n;
+    lmc_object_key *keys;
+    uint64_t *sizes;          /* NULL for a lookup without sizes */
+    uint8_t **bufs;           /* store/load */
+    uint8_t *bitmap;          /* lookup/load result */
+    int64_t result;           /* store result */
+    struct task *next;
+} task;
+
+struct lmc_l2_adapter {
+    lmc_l2_backend *be;
+    uint8_t *base;
+    pthread_mutex_t mu;       /* guards queue, done lists, next_id, stop */
+    pthread_cond_t cv;
+    task *head, *tail;
+    task *done[LMC_L2_NUM_OPS];
+    uint64_t next_id;
+    bool stop;
+    int efd[LMC_L2_NUM_OPS];
+    pthread_t *workers;
+    size_t num_workers;
+    atomic_uint_fast64_t stores_ok, stores_failed, bytes_stored, lookups, lookup_keys,
+        lookup_hits, loads, load_keys, load_ok, deleted;
+};
+
+static void task_free(task *t)
+{
+    if (!t)
+        return;
+    free(t->keys);
+    free(t->sizes);
+    free(t->bufs);
+    free(t->bitmap);
+    free(t);
+}
+
+void lmc_l2_drain_fd(int fd)
+{
+    uint64_t v;
+    while (read(fd, &v, sizeof v) == (ssize_t)sizeof v) {
+    }
+}
+
+static void run_task(lmc_l2_adapter *a, task *t)
+{
+    const lmc_l2_backend_ops *ops = a->be->ops;
+    size_t hits = 0;
+    switch (t->op) {
+    case LMC_L2_OP_STORE:
+        t->result = ops->store(a->be, t->keys, t->bufs, t->sizes, t->n);
+        atomic_fetch_add(t->result >= 0 ? &a->stores_ok : &a->stores_failed, 1);
+        if (t->result > 0)
+            atomic_fetch_add(&a->bytes_stored, (uint64_t)t->result);
+        return;
+    case LMC_L2_OP_LOOKUP:
+        ops->lookup_and_lock(a->be, t->keys, t->sizes, t->n, t->bitmap);
+        for (size_t i = 0; i < t->n; i++)
+            hits += t->bitmap[i] != 0;
+        atomic_fetch_add(&a->lookups, 1);
+        atomic_fetch_add(&a->lookup_keys, t->n);
+        atomic_fetch_add(&a->lookup_hits, hits);
+        return;
+    case LMC_L2_OP_LOAD:
+        ops->load(a->be, t->keys, t->bufs, t->sizes, t->n, t->bitmap);
+        for (size_t i = 0; i < t->n; i++)
+            hits += t->bitmap[i] != 0;
+        atomic_fetch_add(&a->loads, 1);
+        atomic_fetch_add(&a->load_keys, t->n);
+        atomic_fetch_add(&a->load_ok, hits);
+        return;
+    default:
+        return;
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    lmc_l2_adapter *a = arg;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (!a->stop && !a->head)
+            pthread_cond_wait(&a->cv, &a->mu);
+        if (a->stop)
+            break;
+        task *t = a->head;
+        a->head = t->next;
+        if (!a->head)
+            a->tail = NULL;
+        pthread_mutex_unlock(&a->mu);
+        run_task(a, t);
+        pthread_mutex_lock(&a->mu);
+        t->next = a->done[t->op];
+        a->done[t->op] = t;
+        uint64_t one = 1;
+        /* An eventfd write only fails on counter overflow: not reachable. */
+        (void)!write(a->efd[t->op], &one, sizeof one);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+static int start(lmc_l2_adapter *a, size_t num_workers)
+{
+    for (int k = 0; k < LMC_L2_NUM_OPS; k++) {
+        a->efd[k] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (a->efd[k] < 0)
+            return -1;
+    }
+    a->workers = calloc(num_workers, sizeof *a->workers);
+    if (!a->workers)
+        return -1;
+    for (size_t i = 0; i < num_workers; i++) {
+        if (pthread_create(&a->workers[i], NULL, worker_main, a) != 0)
+            return -1;
+        a->num_workers++;
+    }
+    return 0;
+}
+
+lmc_l2_adapter *lmc_l2_adapter_new(lmc_l2_backend *be, uint8_t *arena_base, size_t num_workers)
+{
+    lmc_l2_adapter *a = calloc(1, sizeof *a);
+    if (!a) {
+        be->ops->destroy(be);
+        return NULL;
+    }
+    a->be = be;
+    a->base = arena_base;
+    a->next_id = 1;
+    for (int k = 0; k < LMC_L2_NUM_OPS; k++)
+        a->efd[k] = -1;
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    if (start(a, num_workers ? num_workers : 1) != 0) {
+        lmc_l2_adapter_close(a);
+        return NULL;
+    }
+    return a;
+}
+
+static void free_list(task *t)
+{
+    while (t) {
+        task *next = t->next;
+        task_free(t);
+        t = next;
+    }
+}
+
+void lmc_l2_adapter_close(lmc_l2_adapter *a)
+{
+    if (!a)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->stop = true;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    for (size_t i = 0; i < a->num_workers; i++)
+        pthread_join(a->workers[i], NULL);
+    free(a->workers);
+    free_list(a->head);
+    for (int k = 0; k < LMC_L2_NUM_OPS; k++) {
+        free_list(a->done[k]);
+        if (a->efd[k] >= 0)
+            close(a->efd[k]);
+    }
+    a->be->ops->destroy(a->be);
+    pthread_cond_destroy(&a->cv);
+    pthread_mutex_destroy(&a->mu);
+    free(a);
+}
+
+const char *lmc_l2_adapter_type(const lmc_l2_adapter *a)
+{
+    return a->be->type;
+}
+
+int lmc_l2_adapter_event_fd(const lmc_l2_adapter *a, lmc_l2_op op)
+{
+    return a->efd[op];
+}
+
+/* A task with copies of the arguments; offsets become arena pointers. */
+static task *make_task(lmc_l2_adapter *a, lmc_l2_op op, const lmc_object_key *keys,
+                       const uint64_t *offsets, const uint64_t *sizes, size_t n)
+{
+    task *t = calloc(1, sizeof *t);
+    if (!t)
+        return NULL;
+    t->op = op;
+    t->n = n;
+    size_t m = n ? n : 1;
+    t->keys = malloc(m * sizeof *t->keys);
+    t->sizes = sizes ? malloc(m * sizeof *t->sizes) : NULL;
+    t->bufs = offsets ? malloc(m * sizeof *t->bufs) : NULL;
+    t->bitmap = op != LMC_L2_OP_STORE ? calloc(m, 1) : NULL;
+    if (!t->keys || (sizes && !t->sizes) || (offsets && !t->bufs) ||
+        (op != LMC_L2_OP_STORE && !t->bitmap)) {
+        task_free(t);
+        return NULL;
+    }
+    memcpy(t->keys, keys, n * sizeof *keys);
+    if (sizes)
+        memcpy(t->sizes, sizes, n * sizeof *sizes);
+    for (size_t i = 0; offsets && i < n; i++)
+        t->bufs[i] = a->base + offsets[i];
+    return t;
+}
+
+static uint64_t submit(lmc_l2_adapter *a, task *t)
+{
+    if (!t)
+        return 0;
+    uint64_t id = 0;
+    pthread_mutex_lock(&a->mu);
+    if (!a->stop) {
+        id = t->id = a->next_id++;
+        t->next = NULL;
+        if (a->tail)
+            a->tail->next = t;
+        else
+            a->head = t;
+        a->tail = t;
+        pthread_cond_signal(&a->cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    if (!id)
+        task_free(t);
+    return id;
+}
+
+uint64_t lmc_l2_adapter_submit_store(lmc_l2_adapter *a, const lmc_object_key *keys,
+                                     const uint64_t *offsets, const uint64_t *sizes, size_t n)
+{
+    return submit(a, make_task(a, LMC_L2_OP_STORE, keys, offsets, sizes, n));
+}
+
+uint64_t lmc_l2_adapter_submit_lookup_and_lock(lmc_l2_adapter *a, const lmc_object_key *keys,
+                                               const uint64_t *sizes, size_t n)
+{
+    return submit(a, make_task(a, LMC_L2_OP_LOOKUP, keys, NULL, sizes, n));
+}
+
+uint64_t lmc_l2_adapter_submit_load(lmc_l2_adapter *a, const lmc_object_key *keys,
+                                    const uint64_t *offsets, const uint64_t *sizes, size_t n)
+{
+    return submit(a, make_task(a, LMC_L2_OP_LOAD, keys, offsets, sizes, n));
+}
+
+/* Unlinks the completed task `id` (0: any) of kind op, or NULL. */
+static task *take_done(lmc_l2_adapter *a, lmc_l2_op op, uint64_t id)
+{
+    pthread_mutex_lock(&a->mu);
+    task *found = NULL;
+    for (task **p = &a->done[op]; *p; p = &(*p)->next) {
+        if (id == 0 || (*p)->id == id) {
+            found = *p;
+            *p = found->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&a->mu);
+    return found;
+}
+
+bool lmc_l2_adapter_pop_completed_store(lmc_l2_adapter *a, uint64_t *id, int64_t *result)
+{
+    task *t = take_done(a, LMC_L2_OP_STORE, 0);
+    if (!t)
+        return false;
+    *id = t->id;
+    *result = t->result;
+    task_free(t);
+    return true;
+}
+
+static bool query(lmc_l2_adapter *a, lmc_l2_op op, uint64_t id, uint8_t *out)
+{
+    task *t = take_done(a, op, id);
+    if (!t)
+        return false;
+    memcpy(out, t->bitmap, t->n);
+    task_free(t);
+    return true;
+}
+
+bool lmc_l2_adapter_query_lookup(lmc_l2_adapter *a, uint64_t id, uint8_t *found)
+{
+    return query(a, LMC_L2_OP_LOOKUP, id, found);
+}
+
+bool lmc_l2_adapter_query_load(lmc_l2_adapter *a, uint64_t id, uint8_t *ok)
+{
+    return query(a, LMC_L2_OP_LOAD, id, ok);
+}
+
+void lmc_l2_adapter_unlock(lmc_l2_adapter *a, const lmc_object_key *keys, size_t n)
+{
+    if (n)
+        a->be->ops->unlock(a->be, keys, n);
+}
+
+size_t lmc_l2_adapter_delete(lmc_l2_adapter *a, const lmc_object_key *keys, size_t n)
+{
+    size_t d = n ? a->be->ops->remove(a->be, keys, n) : 0;
+    atomic_fetch_add(&a->deleted, d);
+    return d;
+}
+
+void lmc_l2_adapter_usage(lmc_l2_adapter *a, lmc_l2_usage *u)
+{
+    memset(u, 0, sizeof *u);
+    a->be->ops->usage(a->be, u);
+}
+
+lmc_l2_backend *lmc_l2_adapter_backend(lmc_l2_adapter *a)
+{
+    return a->be;
+}
+
+json_t *lmc_l2_adapter_status(lmc_l2_adapter *a)
+{
+    lmc_l2_usage u;
+    lmc_l2_adapter_usage(a, &u);
+    json_t *be = a->be->ops->status(a->be);
+    json_t *st = json_pack(
+        "{s:s, s:b, s:I, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:I, s:I, s:I,"
+        " s:f}",
+        "type_name", a->be->type, "is_healthy", 1, "num_workers", (json_int_t)a->num_workers,
+        "counters", "stores_ok", (json_int_t)atomic_load(&a->stores_ok), "stores_failed",
+        (json_int_t)atomic_load(&a->stores_failed), "bytes_stored",
+        (json_int_t)atomic_load(&a->bytes_stored), "lookups", (json_int_t)atomic_load(&a->lookups),
+        "lookup_keys", (json_int_t)atomic_load(&a->lookup_keys), "lookup_hits",
+        (json_int_t)atomic_load(&a->lookup_hits), "loads", (json_int_t)atomic_load(&a->loads),
+        "load_keys", (json_int_t)atomic_load(&a->load_keys), "load_ok",
+        (json_int_t)atomic_load(&a->load_ok), "deleted", (json_int_t)atomic_load(&a->deleted),
+        "used_bytes", (json_int_t)u.used_bytes, "capacity_bytes", (json_int_t)u.capacity_bytes,
+        "num_keys", (json_int_t)u.num_keys, "usage_fraction",
+        u.capacity_bytes ? (double)u.used_bytes / (double)u.capacity_bytes : -1.0);
+    if (st && be)
+        json_object_update(st, be);
+    json_decref(be);
+    return st;
+}

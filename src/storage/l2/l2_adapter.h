@@ -1,0 +1,143 @@
+/* L2 adapters (storage.md §4.1, docs/l2.md).
+ *
+ * Two layers:
+ *  - a *backend* (lmc_l2_backend) does the actual work synchronously and
+ *    must be thread-safe: mock (memory), fs (one file per object) and
+ *    fault_inject (wraps another backend);
+ *  - the *adapter* (lmc_l2_adapter) is what the controllers use: it runs
+ *    backend calls on its own worker threads and reports completion through
+ *    three eventfds (store, lookup, load) plus "pop completed" / "query
+ *    once" calls, like upstream's native-connector bridge.
+ *
+ * Buffers are L1 arena ranges: the caller passes arena offsets and sizes;
+ * the adapter adds the arena base it was created with.  A buffer must stay
+ * valid (read-locked for stores, write-reserved for loads) until its task
+ * completed or the adapter was closed.
+ *
+ * Dependency direction: src/storage/l2 (lmc_storage_l2) uses lmc_storage;
+ * lmc_storage knows L2 only through lmc_storage_tier_ops (storage_manager.h). */
+#ifndef LMC_STORAGE_L2_ADAPTER_H
+#define LMC_STORAGE_L2_ADAPTER_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "storage/object_key.h"
+
+typedef struct lmc_l2_usage {
+    uint64_t used_bytes;
+    uint64_t capacity_bytes;   /* 0 = unknown / unlimited */
+    uint64_t num_keys;
+} lmc_l2_usage;
+
+/* ---- backend (synchronous, thread-safe) ------------------------------- */
+typedef struct lmc_l2_backend lmc_l2_backend;
+
+typedef struct lmc_l2_backend_ops {
+    /* Stores every key (an existing key is skipped and counts as stored).
+     * Returns the bytes written, or -1 when any key failed. */
+    int64_t (*store)(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
+                     const uint64_t *sizes, size_t n);
+    /* found[i] = 1 when keys[i] is present (and, when sizes != NULL, has
+     * that size); found keys are locked against deletion until unlock(). */
+    void (*lookup_and_lock)(lmc_l2_backend *b, const lmc_object_key *keys,
+                            const uint64_t *sizes, size_t n, uint8_t *found);
+    /* Reads exactly sizes[i] bytes into bufs[i]; ok[i] = 1 on success. */
+    void (*load)(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
+                 const uint64_t *sizes, size_t n, uint8_t *ok);
+    void (*unlock)(lmc_l2_backend *b, const lmc_object_key *keys, size_t n);
+    /* Deletes unlocked keys; returns how many were deleted. */
+    size_t (*remove)(lmc_l2_backend *b, const lmc_object_key *keys, size_t n);
+    void (*usage)(lmc_l2_backend *b, lmc_l2_usage *u);
+    /* Appends {key: EncodedObjectKey, size_bytes, name} of every key of
+     * `model` (NULL: all) to `entries`. */
+    void (*list)(lmc_l2_backend *b, const char *model, json_t *entries);
+    /* New reference: backend-specific status fields. */
+    json_t *(*status)(lmc_l2_backend *b);
+    void (*destroy)(lmc_l2_backend *b);
+} lmc_l2_backend_ops;
+
+struct lmc_l2_backend {
+    const lmc_l2_backend_ops *ops;
+    const char *type;
+};
+
+/* Builds a backend from one --l2-adapter JSON object (validated strictly
+ * with lmc_l2_adapter_json_check first).  *num_workers gets the configured
+ * worker count.  NULL with a one-line reason in err. */
+lmc_l2_backend *lmc_l2_backend_from_json(const json_t *o, size_t *num_workers, char *err,
+                                         size_t errlen);
+
+/* Concrete backends (also used directly by tests). */
+lmc_l2_backend *lmc_l2_mock_new(uint64_t capacity_bytes);
+typedef struct lmc_l2_fs_options {
+    const char *base_path;          /* required */
+    const char *relative_tmp_dir;   /* NULL or "": "<name>.tmp" beside the file */
+    uint64_t capacity_bytes;        /* 0: unlimited */
+    uint64_t read_ahead_size;       /* 0: off */
+    bool use_odirect;
+    bool recover_on_start;
+    bool verify_checksum;           /* write and check "<name>.b3" sidecars */
+} lmc_l2_fs_options;
+lmc_l2_backend *lmc_l2_fs_new(const lmc_l2_fs_options *o, char *err, size_t errlen);
+typedef struct lmc_l2_fault_options {
+    double fail_rate;     /* fraction of calls that fail */
+    double delay_rate;    /* fraction of calls delayed by delay_ms */
+    uint32_t delay_ms;
+    uint64_t seed;
+} lmc_l2_fault_options;
+/* Takes ownership of `inner`. */
+lmc_l2_backend *lmc_l2_fault_new(lmc_l2_backend *inner, const lmc_l2_fault_options *o);
+
+/* ---- adapter (asynchronous) ------------------------------------------- */
+typedef enum { LMC_L2_OP_STORE, LMC_L2_OP_LOOKUP, LMC_L2_OP_LOAD, LMC_L2_NUM_OPS } lmc_l2_op;
+
+typedef struct lmc_l2_adapter lmc_l2_adapter;
+
+/* Takes ownership of `be`; `arena_base` is where arena offsets start.
+ * NULL on failure (be is destroyed then). */
+lmc_l2_adapter *lmc_l2_adapter_new(lmc_l2_backend *be, uint8_t *arena_base, size_t num_workers);
+/* Joins the workers (a running call finishes, queued tasks are dropped),
+ * closes the eventfds, destroys the backend.  NULL is a no-op. */
+void lmc_l2_adapter_close(lmc_l2_adapter *a);
+
+const char *lmc_l2_adapter_type(const lmc_l2_adapter *a);
+/* Readable (counter > 0) when a task of that kind completed.  The reader
+ * drains it with lmc_l2_drain_fd() and then pops/queries. */
+int lmc_l2_adapter_event_fd(const lmc_l2_adapter *a, lmc_l2_op op);
+void lmc_l2_drain_fd(int fd);
+
+/* All submit calls copy their arguments and return a task id (> 0), or 0
+ * when out of memory or closed. */
+uint64_t lmc_l2_adapter_submit_store(lmc_l2_adapter *a, const lmc_object_key *keys,
+                                     const uint64_t *offsets, const uint64_t *sizes, size_t n);
+/* One completed store: true with *id and *result (bytes >= 0, or -1). */
+bool lmc_l2_adapter_pop_completed_store(lmc_l2_adapter *a, uint64_t *id, int64_t *result);
+/* sizes may be NULL (no size check). */
+uint64_t lmc_l2_adapter_submit_lookup_and_lock(lmc_l2_adapter *a, const lmc_object_key *keys,
+                                               const uint64_t *sizes, size_t n);
+/* True exactly once, when task `id` finished: found[0..n) filled. */
+bool lmc_l2_adapter_query_lookup(lmc_l2_adapter *a, uint64_t id, uint8_t *found);
+uint64_t lmc_l2_adapter_submit_load(lmc_l2_adapter *a, const lmc_object_key *keys,
+                                    const uint64_t *offsets, const uint64_t *sizes, size_t n);
+bool lmc_l2_adapter_query_load(lmc_l2_adapter *a, uint64_t id, uint8_t *ok);
+/* Synchronous and cheap (a refcount), so fire-and-forget is trivially met. */
+void lmc_l2_adapter_unlock(lmc_l2_adapter *a, const lmc_object_key *keys, size_t n);
+size_t lmc_l2_adapter_delete(lmc_l2_adapter *a, const lmc_object_key *keys, size_t n);
+void lmc_l2_adapter_usage(lmc_l2_adapter *a, lmc_l2_usage *u);
+/* {entries: [{key, size_bytes}], next_page_token: str|null}, sorted by the
+ * canonical key string; `cursor` is the token of the previous page. */
+json_t *lmc_l2_adapter_list_keys(lmc_l2_adapter *a, const char *model, size_t page_size,
+                                 const char *cursor);
+/* {type_name, is_healthy, counters, usage, backend fields}.  New reference. */
+json_t *lmc_l2_adapter_status(lmc_l2_adapter *a);
+
+/* The adapter's backend (tests, status). */
+lmc_l2_backend *lmc_l2_adapter_backend(lmc_l2_adapter *a);
+
+/* Helpers shared by backends. */
+json_t *lmc_l2_encode_key(const lmc_object_key *k);
+
+#endif

@@ -1,0 +1,485 @@
+/* "fs" backend (storage.md §4.2): one file per object in a flat directory,
+ * named by lmc_object_key_to_filename() and holding the raw object bytes,
+ * so the directory is interchangeable with an upstream server's.
+ *
+ * Integrity: beside "<name>" we keep "<name>.b3" (BLAKE3 of the data, hex),
+ * leaving the data file in upstream's format.  A load checks the size
+ * against the expected object size (a truncated file is a miss) and, when
+ * the sidecar exists, the checksum (a corrupted file is a miss).  Files
+ * without a sidecar (written by upstream) are accepted on size alone.
+ *
+ * The in-memory index (key -> size, lock count) serves accounting, listing
+ * and locks; presence itself is always checked on disk, so files written by
+ * another server on a shared directory are found too.  One mutex guards the
+ * index and counters; file I/O runs outside it. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "blake3.h"
+#include "obs/log.h"
+#include "storage/key_table.h"
+#include "storage/l2/l2_adapter.h"
+
+#define FS_PATH_MAX 4096
+#define DIRECT_ALIGN 4096u
+
+typedef struct fs_item {
+    lmc_object_key key;      /* strings interned in fs.interner */
+    uint64_t size;
+    uint32_t locks;
+} fs_item;
+
+typedef struct fs {
+    lmc_l2_backend base;     /* first */
+    lmc_l2_fs_options o;
+    char *base_path, *tmp_dir;
+    pthread_mutex_t mu;      /* guards table, used, tmp_seq, counters */
+    lmc_key_table table;
+    lmc_key_interner *interner;
+    uint64_t used, tmp_seq;
+    uint64_t corrupt, truncated, recovered, skipped_existing, io_errors;
+} fs;
+
+static int key_path(const fs *f, const lmc_object_key *k, const char *suffix, char *out,
+                    size_t cap)
+{
+    char name[1024];
+    if (lmc_object_key_to_filename(k, name, sizeof name) < 0)
+        return -1;
+    int n = snprintf(out, cap, "%s/%s%s", f->base_path, name, suffix);
+    return n > 0 && (size_t)n < cap ? 0 : -1;
+}
+
+/* ---- index ------------------------------------------------------------- */
+
+/* Records (key, size) if new; the caller holds f->mu. */
+static fs_item *index_add_locked(fs *f, const lmc_object_key *k, uint64_t size)
+{
+    fs_item *it = lmc_key_table_find(&f->table, k);
+    if (it)
+        return it;
+    it = calloc(1, sizeof *it);
+    if (!it)
+        return NULL;
+    it->key = *k;
+    it->key.model_name = lmc_intern(f->interner, k->model_name, strlen(k->model_name));
+    it->key.cache_salt = lmc_intern(f->interner, k->cache_salt, strlen(k->cache_salt));
+    it->size = size;
+    if (!it->key.model_name || !it->key.cache_salt || lmc_key_table_insert(&f->table, it)) {
+        free(it);
+        return NULL;
+    }
+    f->used += size;
+    return it;
+}
+
+static void count(fs *f, uint64_t *counter)
+{
+    pthread_mutex_lock(&f->mu);
+    (*counter)++;
+    pthread_mutex_unlock(&f->mu);
+}
+
+/* ---- raw I/O ----------------------------------------------------------- */
+
+static bool direct_ok(const fs *f, const void *buf, uint64_t size)
+{
+    return f->o.use_odirect && (uintptr_t)buf % DIRECT_ALIGN == 0 && size % DIRECT_ALIGN == 0;
+}
+
+/* O_DIRECT when asked for and aligned; filesystems without it (tmpfs)
+ * fall back to buffered I/O. */
+static int open_io(const fs *f, const char *path, int flags, const void *buf, uint64_t size)
+{
+    if (direct_ok(f, buf, size)) {
+        int fd = open(path, flags | O_DIRECT | O_CLOEXEC, 0644);
+        if (fd >= 0 || errno != EINVAL)
+            return fd;
+    }
+    return open(path, flags | O_CLOEXEC, 0644);
+}
+
+static int write_all(int fd, const uint8_t *p, uint64_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (uint64_t)w;
+    }
+    return 0;
+}
+
+/* Reads exactly n bytes; the first read asks for read_ahead bytes only so
+ * the kernel starts read-ahead early (upstream's read_ahead_size). */
+static int read_all(int fd, uint8_t *p, uint64_t n, uint64_t read_ahead)
+{
+    uint64_t want = read_ahead && read_ahead < n ? read_ahead : n;
+    while (n > 0) {
+        ssize_t r = read(fd, p, want < n ? want : n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        p += r;
+        n -= (uint64_t)r;
+        want = n;
+    }
+    return 0;
+}
+
+static void checksum_hex(const uint8_t *p, uint64_t n, char out[65])
+{
+    blake3_hasher h;
+    uint8_t d[32];
+    blake3_hasher_init(&h);
+    blake3_hasher_update(&h, p, n);
+    blake3_hasher_finalize(&h, d, sizeof d);
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
+/* Writes `p` to a fresh temp file and renames it onto `final`. */
+static int publish(fs *f, const char *final, const char *name, const uint8_t *p, uint64_t n)
+{
+    char tmp[FS_PATH_MAX];
+    pthread_mutex_lock(&f->mu);
+    uint64_t seq = ++f->tmp_seq;
+    pthread_mutex_unlock(&f->mu);
+    /* Unique per write: two workers storing the same key never share one. */
+    int len = snprintf(tmp, sizeof tmp, "%s/%s.%ld.%llu.tmp", f->tmp_dir, name, (long)getpid(),
+                       (unsigned long long)seq);
+    if (len < 0 || (size_t)len >= sizeof tmp)
+        return -1;
+    int fd = open_io(f, tmp, O_WRONLY | O_CREAT | O_TRUNC, p, n);
+    if (fd < 0)
+        return -1;
+    int rc = write_all(fd, p, n);
+    rc |= close(fd);
+    if (rc == 0 && rename(tmp, final) == 0)
+        return 0;
+    unlink(tmp);
+    return -1;
+}
+
+/* ---- operations -------------------------------------------------------- */
+
+static int store_one(fs *f, const lmc_object_key *k, const uint8_t *buf, uint64_t size)
+{
+    char path[FS_PATH_MAX], name[1024];
+    struct stat st;
+    if (key_path(f, k, "", path, sizeof path) != 0 ||
+        lmc_object_key_to_filename(k, name, sizeof name) < 0)
+        return -1;
+    if (stat(path, &st) == 0) {   /* skip existing (upstream does the same) */
+        count(f, &f->skipped_existing);
+        return 0;
+    }
+    pthread_mutex_lock(&f->mu);
+    bool full = f->o.capacity_bytes && f->used + size > f->o.capacity_bytes;
+    pthread_mutex_unlock(&f->mu);
+    if (full)
+        return -1;   /* no L2 eviction yet: a full adapter refuses stores */
+    if (f->o.verify_checksum) {
+        /* Sidecar first: a data file never exists without its checksum
+         * from this writer (a crash leaves at most an orphan sidecar). */
+        char sum[66], spath[FS_PATH_MAX], sname[1100];
+        checksum_hex(buf, size, sum);
+        sum[64] = '\n';
+        snprintf(sname, sizeof sname, "%s.b3", name);
+        if (key_path(f, k, ".b3", spath, sizeof spath) != 0 ||
+            publish(f, spath, sname, (const uint8_t *)sum, 65) != 0)
+            return -1;
+    }
+    if (publish(f, path, name, buf, size) != 0)
+        return -1;
+    pthread_mutex_lock(&f->mu);
+    index_add_locked(f, k, size);
+    pthread_mutex_unlock(&f->mu);
+    return 0;
+}
+
+static int64_t fs_store(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
+                        const uint64_t *sizes, size_t n)
+{
+    fs *f = (fs *)b;
+    int64_t bytes = 0;
+    bool failed = false;
+    for (size_t i = 0; i < n; i++) {
+        if (store_one(f, &keys[i], bufs[i], sizes[i]) == 0) {
+            bytes += (int64_t)sizes[i];
+        } else {
+            failed = true;
+            count(f, &f->io_errors);
+        }
+    }
+    return failed ? -1 : bytes;
+}
+
+static void fs_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uint64_t *sizes,
+                      size_t n, uint8_t *found)
+{
+    fs *f = (fs *)b;
+    for (size_t i = 0; i < n; i++) {
+        char path[FS_PATH_MAX];
+        struct stat st;
+        found[i] = key_path(f, &keys[i], "", path, sizeof path) == 0 &&
+                   stat(path, &st) == 0 && S_ISREG(st.st_mode);
+        if (found[i] && sizes && (uint64_t)st.st_size != sizes[i]) {
+            found[i] = 0;   /* truncated (or foreign): never serve it */
+            count(f, &f->truncated);
+        }
+        if (!found[i])
+            continue;
+        pthread_mutex_lock(&f->mu);
+        fs_item *it = index_add_locked(f, &keys[i], (uint64_t)st.st_size);
+        if (it)
+            it->locks++;
+        else
+            found[i] = 0;
+        pthread_mutex_unlock(&f->mu);
+    }
+}
+
+/* 0 when the sidecar is absent or matches; -1 when it does not match. */
+static int verify(fs *f, const lmc_object_key *k, const uint8_t *buf, uint64_t size)
+{
+    char spath[FS_PATH_MAX], want[65], got[65];
+    if (!f->o.verify_checksum || key_path(f, k, ".b3", spath, sizeof spath) != 0)
+        return 0;
+    int fd = open(spath, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;   /* upstream-written file: accepted on size alone */
+    ssize_t r = read(fd, want, 64);
+    close(fd);
+    if (r != 64)
+        return -1;
+    want[64] = '\0';
+    checksum_hex(buf, size, got);
+    return memcmp(want, got, 64) == 0 ? 0 : -1;
+}
+
+static bool load_one(fs *f, const lmc_object_key *k, uint8_t *buf, uint64_t size)
+{
+    char path[FS_PATH_MAX];
+    struct stat st;
+    if (key_path(f, k, "", path, sizeof path) != 0)
+        return false;
+    int fd = open_io(f, path, O_RDONLY, buf, size);
+    if (fd < 0)
+        return false;
+    bool ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size == size;
+    if (!ok)
+        count(f, &f->truncated);
+    if (ok && f->o.read_ahead_size)
+        posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    ok = ok && read_all(fd, buf, size, f->o.read_ahead_size) == 0;
+    close(fd);
+    if (ok && verify(f, k, buf, size) != 0) {
+        LMC_WARN("L2 fs: checksum mismatch in %s: treated as a miss", path);
+        count(f, &f->corrupt);
+        ok = false;
+    }
+    return ok;
+}
+
+static void fs_load(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
+                    const uint64_t *sizes, size_t n, uint8_t *ok)
+{
+    fs *f = (fs *)b;
+    for (size_t i = 0; i < n; i++)
+        ok[i] = load_one(f, &keys[i], bufs[i], sizes[i]);
+}
+
+static void fs_unlock(lmc_l2_backend *b, const lmc_object_key *keys, size_t n)
+{
+    fs *f = (fs *)b;
+    pthread_mutex_lock(&f->mu);
+    for (size_t i = 0; i < n; i++) {
+        fs_item *it = lmc_key_table_find(&f->table, &keys[i]);
+        if (it && it->locks)
+            it->locks--;
+    }
+    pthread_mutex_unlock(&f->mu);
+}
+
+/* A missing file counts as deleted; another unlink error keeps the key. */
+static size_t fs_remove(lmc_l2_backend *b, const lmc_object_key *keys, size_t n)
+{
+    fs *f = (fs *)b;
+    size_t done = 0;
+    for (size_t i = 0; i < n; i++) {
+        char path[FS_PATH_MAX], spath[FS_PATH_MAX];
+        pthread_mutex_lock(&f->mu);
+        fs_item *it = lmc_key_table_find(&f->table, &keys[i]);
+        bool locked = it && it->locks;
+        pthread_mutex_unlock(&f->mu);
+        if (locked || key_path(f, &keys[i], "", path, sizeof path) != 0 ||
+            key_path(f, &keys[i], ".b3", spath, sizeof spath) != 0)
+            continue;
+        if (unlink(path) != 0 && errno != ENOENT)
+            continue;
+        unlink(spath);
+        pthread_mutex_lock(&f->mu);
+        it = lmc_key_table_remove(&f->table, &keys[i]);
+        if (it)
+            f->used -= it->size;
+        pthread_mutex_unlock(&f->mu);
+        free(it);
+        done++;
+    }
+    return done;
+}
+
+static void fs_usage(lmc_l2_backend *b, lmc_l2_usage *u)
+{
+    fs *f = (fs *)b;
+    pthread_mutex_lock(&f->mu);
+    u->used_bytes = f->used;
+    u->capacity_bytes = f->o.capacity_bytes;
+    u->num_keys = f->table.count;
+    pthread_mutex_unlock(&f->mu);
+}
+
+static void fs_list(lmc_l2_backend *b, const char *model, json_t *entries)
+{
+    fs *f = (fs *)b;
+    pthread_mutex_lock(&f->mu);
+    for (size_t i = 0; i < f->table.capacity; i++) {
+        fs_item *it = lmc_key_table_slot_item(&f->table, i);
+        char name[1024];
+        if (!it || (model && strcmp(model, it->key.model_name) != 0) ||
+            lmc_object_key_to_string(&it->key, name, sizeof name) < 0)
+            continue;
+        json_array_append_new(entries, json_pack("{s:s, s:o, s:I}", "name", name, "key",
+                                                 lmc_l2_encode_key(&it->key), "size_bytes",
+                                                 (json_int_t)it->size));
+    }
+    pthread_mutex_unlock(&f->mu);
+}
+
+static json_t *fs_status(lmc_l2_backend *b)
+{
+    fs *f = (fs *)b;
+    pthread_mutex_lock(&f->mu);
+    json_t *st = json_pack("{s:s, s:b, s:b, s:I, s:I, s:I, s:I, s:I}", "base_path",
+                           f->base_path, "use_odirect", f->o.use_odirect, "verify_checksum",
+                           f->o.verify_checksum, "corrupt_files_detected",
+                           (json_int_t)f->corrupt, "truncated_files_detected",
+                           (json_int_t)f->truncated, "recovered_keys",
+                           (json_int_t)f->recovered, "skipped_existing",
+                           (json_int_t)f->skipped_existing, "io_errors",
+                           (json_int_t)f->io_errors);
+    pthread_mutex_unlock(&f->mu);
+    return st;
+}
+
+static void fs_destroy(lmc_l2_backend *b)
+{
+    fs *f = (fs *)b;
+    for (size_t i = 0; f->table.slots && i < f->table.capacity; i++)
+        free(lmc_key_table_slot_item(&f->table, i));
+    lmc_key_table_destroy(&f->table);
+    lmc_key_interner_free(f->interner);
+    pthread_mutex_destroy(&f->mu);
+    free(f->base_path);
+    free(f->tmp_dir);
+    free(f);
+}
+
+static const lmc_l2_backend_ops fs_ops = {
+    fs_store, fs_lookup, fs_load, fs_unlock, fs_remove,
+    fs_usage, fs_list, fs_status, fs_destroy,
+};
+
+/* ---- creation and recovery --------------------------------------------- */
+
+/* Indexes every "<key>.data" file so a restarted server accounts for (and
+ * lists) what an earlier one - or an upstream server - left behind. */
+static void recover(fs *f)
+{
+    DIR *d = opendir(f->base_path);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        lmc_object_key k;
+        char path[FS_PATH_MAX];
+        struct stat st;
+        if (lmc_object_key_parse_filename(f->interner, e->d_name, &k) != 0)
+            continue;   /* temp files, sidecars, foreign files */
+        int n = snprintf(path, sizeof path, "%s/%s", f->base_path, e->d_name);
+        if (n < 0 || (size_t)n >= sizeof path || stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        pthread_mutex_lock(&f->mu);
+        if (index_add_locked(f, &k, (uint64_t)st.st_size))
+            f->recovered++;
+        pthread_mutex_unlock(&f->mu);
+    }
+    closedir(d);
+}
+
+static int make_dir(const char *path, char *err, size_t errlen)
+{
+    if (mkdir(path, 0755) == 0 || errno == EEXIST)
+        return 0;
+    snprintf(err, errlen, "L2 fs: cannot create %s: %s", path, strerror(errno));
+    return -1;
+}
+
+static int set_paths(fs *f, const lmc_l2_fs_options *o, char *err, size_t errlen)
+{
+    f->base_path = strdup(o->base_path);
+    size_t len = strlen(o->base_path) + (o->relative_tmp_dir ? strlen(o->relative_tmp_dir) : 0);
+    f->tmp_dir = malloc(len + 2);
+    if (!f->base_path || !f->tmp_dir) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (o->relative_tmp_dir && *o->relative_tmp_dir)
+        snprintf(f->tmp_dir, len + 2, "%s/%s", o->base_path, o->relative_tmp_dir);
+    else
+        snprintf(f->tmp_dir, len + 2, "%s", o->base_path);
+    return make_dir(f->base_path, err, errlen) || make_dir(f->tmp_dir, err, errlen) ? -1 : 0;
+}
+
+lmc_l2_backend *lmc_l2_fs_new(const lmc_l2_fs_options *o, char *err, size_t errlen)
+{
+    fs *f = calloc(1, sizeof *f);
+    if (!f || !o->base_path || !*o->base_path) {
+        free(f);
+        snprintf(err, errlen, f ? "L2 fs: base_path is required" : "out of memory");
+        return NULL;
+    }
+    f->base = (lmc_l2_backend){&fs_ops, "fs"};
+    f->o = *o;
+    pthread_mutex_init(&f->mu, NULL);
+    f->interner = lmc_key_interner_new();
+    if (!f->interner || lmc_key_table_init(&f->table, offsetof(fs_item, key), 1024) != 0) {
+        snprintf(err, errlen, "out of memory");
+        fs_destroy(&f->base);
+        return NULL;
+    }
+    if (set_paths(f, o, err, errlen) != 0) {
+        fs_destroy(&f->base);
+        return NULL;
+    }
+    f->o.base_path = f->base_path;
+    f->o.relative_tmp_dir = NULL;
+    if (o->recover_on_start)
+        recover(f);
+    LMC_INFO("L2 fs: %s (%llu keys, %llu bytes recovered)", f->base_path,
+             (unsigned long long)f->recovered, (unsigned long long)f->used);
+    return &f->base;
+}

@@ -1,0 +1,44 @@
+/* Private to src/storage/l2: the two controllers the L2 service runs. */
+#ifndef LMC_STORAGE_L2_INTERNAL_H
+#define LMC_STORAGE_L2_INTERNAL_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "storage/l2/l2_adapter.h"
+#include "storage/storage_manager.h"
+
+#define LMC_L2_PREFETCH_TAG "l2_prefetch"
+
+/* Write-behind (storage.md §2.2 step 4): one thread.  Lifecycle: new ->
+ * (running) -> stop (joins the thread, unregisters the listener) -> the
+ * owner closes the adapters -> free (releases the read locks of stores that
+ * never completed). */
+typedef struct lmc_l2_store_ctl lmc_l2_store_ctl;
+lmc_l2_store_ctl *lmc_l2_store_ctl_new(lmc_storage_manager *sm, lmc_l2_adapter *const *ad,
+                                       size_t n_adapters, bool skip_l1);
+void lmc_l2_store_ctl_stop(lmc_l2_store_ctl *c);
+void lmc_l2_store_ctl_free(lmc_l2_store_ctl *c);
+json_t *lmc_l2_store_ctl_status(lmc_l2_store_ctl *c);
+
+/* Prefetch (storage.md §2.3): one thread.  Lifecycle: new -> submit* ->
+ * stop (joins the thread; every undelivered request gets on_done(0)) ->
+ * the owner closes the adapters -> free (drops leftover L1 staging). */
+typedef struct lmc_l2_prefetch_ctl lmc_l2_prefetch_ctl;
+typedef struct {
+    bool retain;                 /* --l2-prefetch-policy retain */
+    size_t max_in_flight;
+    double load_timeout_s;       /* <= 0: none */
+} lmc_l2_prefetch_options;
+lmc_l2_prefetch_ctl *lmc_l2_prefetch_ctl_new(lmc_storage_manager *sm, lmc_l2_adapter *const *ad,
+                                             size_t n_adapters,
+                                             const lmc_l2_prefetch_options *o);
+int lmc_l2_prefetch_ctl_submit(lmc_l2_prefetch_ctl *c, const lmc_storage_l2_request *req);
+void lmc_l2_prefetch_ctl_stop(lmc_l2_prefetch_ctl *c);
+void lmc_l2_prefetch_ctl_free(lmc_l2_prefetch_ctl *c);
+json_t *lmc_l2_prefetch_ctl_status(lmc_l2_prefetch_ctl *c);
+
+int64_t lmc_l2_now_ms(void);
+
+#endif

@@ -1,0 +1,131 @@
+/* Builds the L2 tier from the configuration and implements
+ * lmc_storage_tier_ops for the storage manager.
+ *
+ * Close order matters: stop the controllers' threads (prefetch answers
+ * its pending requests with 0 hits), close the adapters (their workers are
+ * joined, so nothing writes into L1 any more), then let the controllers
+ * give back the L1 read locks and staging buffers they still hold. */
+#include "storage/l2/l2_service.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "obs/log.h"
+#include "storage/l2/l2_internal.h"
+
+typedef struct l2_service {
+    lmc_storage_manager *sm;
+    lmc_l2_adapter **ad;
+    size_t na;
+    lmc_l2_store_ctl *store;
+    lmc_l2_prefetch_ctl *prefetch;
+} l2_service;
+
+static int svc_prefetch(void *impl, const lmc_storage_l2_request *req)
+{
+    l2_service *s = impl;
+    return lmc_l2_prefetch_ctl_submit(s->prefetch, req);
+}
+
+static void svc_stop_prefetch(void *impl)
+{
+    l2_service *s = impl;
+    lmc_l2_prefetch_ctl_stop(s->prefetch);
+}
+
+static json_t *svc_status(void *impl)
+{
+    l2_service *s = impl;
+    json_t *list = json_array();
+    bool healthy = true;
+    for (size_t a = 0; list && a < s->na; a++) {
+        json_t *st = lmc_l2_adapter_status(s->ad[a]);
+        healthy = healthy && !json_is_false(json_object_get(st, "is_healthy"));
+        json_array_append_new(list, st ? st : json_null());
+    }
+    return json_pack("{s:b, s:I, s:o, s:o, s:o}", "is_healthy", healthy, "num_l2_adapters",
+                     (json_int_t)s->na, "l2_adapters", list ? list : json_array(),
+                     "store_controller", lmc_l2_store_ctl_status(s->store),
+                     "prefetch_controller", lmc_l2_prefetch_ctl_status(s->prefetch));
+}
+
+static void svc_close(void *impl)
+{
+    l2_service *s = impl;
+    if (s->prefetch)
+        lmc_l2_prefetch_ctl_stop(s->prefetch);
+    if (s->store)
+        lmc_l2_store_ctl_stop(s->store);
+    for (size_t a = 0; a < s->na; a++)
+        lmc_l2_adapter_close(s->ad[a]);
+    lmc_l2_prefetch_ctl_free(s->prefetch);
+    lmc_l2_store_ctl_free(s->store);
+    free(s->ad);
+    free(s);
+}
+
+static const lmc_storage_tier_ops svc_ops = {
+    svc_prefetch, svc_stop_prefetch, svc_status, svc_close,
+};
+
+static lmc_l2_adapter *adapter_from_text(const char *text, size_t i, uint8_t *base, char *err,
+                                         size_t errlen)
+{
+    json_error_t jerr;
+    char why[512];
+    json_t *o = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    size_t workers = 1;
+    lmc_l2_backend *be = o ? lmc_l2_backend_from_json(o, &workers, why, sizeof why) : NULL;
+    if (!o)
+        snprintf(why, sizeof why, "invalid JSON (%s)", jerr.text);
+    json_decref(o);
+    lmc_l2_adapter *a = be ? lmc_l2_adapter_new(be, base, workers) : NULL;
+    if (be && !a)
+        snprintf(why, sizeof why, "cannot start its workers");
+    if (!a)
+        snprintf(err, errlen, "--l2-adapter[%zu]: %s", i, why);
+    return a;
+}
+
+static int build(l2_service *s, const lmc_config *cfg, char *err, size_t errlen)
+{
+    const lmc_strlist *l = &cfg->storage.l2_adapter_json;
+    uint8_t *base = lmc_storage_manager_l1_arena(s->sm)->base;
+    s->ad = calloc(l->count, sizeof *s->ad);
+    if (!s->ad)
+        return snprintf(err, errlen, "out of memory"), -1;
+    for (; s->na < l->count; s->na++)
+        if (!(s->ad[s->na] = adapter_from_text(l->items[s->na], s->na, base, err, errlen)))
+            return -1;
+    const lmc_storage_config *sc = &cfg->storage;
+    lmc_l2_prefetch_options po = {
+        .retain = sc->l2_prefetch_policy && strcmp(sc->l2_prefetch_policy, "retain") == 0,
+        .max_in_flight = (size_t)sc->l2_prefetch_max_in_flight,
+        .load_timeout_s = sc->l2_prefetch_load_timeout.set ? sc->l2_prefetch_load_timeout.value
+                                                           : 0,
+    };
+    bool skip_l1 = sc->l2_store_policy && strcmp(sc->l2_store_policy, "skip_l1") == 0;
+    s->store = lmc_l2_store_ctl_new(s->sm, s->ad, s->na, skip_l1);
+    s->prefetch = lmc_l2_prefetch_ctl_new(s->sm, s->ad, s->na, &po);
+    if (!s->store || !s->prefetch)
+        return snprintf(err, errlen, "cannot start the L2 controllers"), -1;
+    return 0;
+}
+
+int lmc_l2_attach(lmc_storage_manager *sm, const lmc_config *cfg, char *err, size_t errlen)
+{
+    if (cfg->storage.l2_adapter_json.count == 0)
+        return 0;
+    l2_service *s = calloc(1, sizeof *s);
+    if (!s)
+        return snprintf(err, errlen, "out of memory"), -1;
+    s->sm = sm;
+    if (build(s, cfg, err, errlen) != 0) {
+        svc_close(s);
+        return -1;
+    }
+    lmc_storage_manager_attach_l2(sm, &svc_ops, s);
+    LMC_INFO("L2: %zu adapter(s)", s->na);
+    return 0;
+}

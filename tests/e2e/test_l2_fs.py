@@ -1,0 +1,246 @@
+"""L2 tier over the engine-driven path (docs/l2.md): write-behind to the fs
+adapter, LOOKUP hits served from L2 after L1 eviction, restart recovery,
+upstream-format files, and corrupted/truncated file detection."""
+import json
+import os
+import re
+import time
+import urllib.request
+
+import pytest
+
+from conftest import Server
+from test_lookup_engine_driven import (CLEAR, CS, LOOKUP, WAIT, LOOKUP_HITS, Worker, chunk_bytes,
+                                       key, prompt, unpack)
+
+
+def start(path, *extra):
+    spec = {"type": "fs", "base_path": str(path)}
+    return Server("--chunk-size", str(CS), "--l2-adapter", json.dumps(spec), *extra)
+
+
+def status(srv):
+    url = f"http://127.0.0.1:{srv.http_port}/status"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())["storage_manager"]
+
+
+def data_files(path):
+    return sorted(f for f in os.listdir(path) if f.endswith(".data"))
+
+
+def wait_stored(srv, path, n_files, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sc = status(srv)["store_controller"]
+        if len(data_files(path)) >= n_files and sc["batches_in_flight"] == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"L2 store did not finish: {os.listdir(path)}")
+
+
+def lookup_wait(sched, tokens, rid, **kw):
+    end = len(tokens) // CS * CS
+    assert sched.call(LOOKUP, key(tokens, 0, end, rid, **kw), 1) is not None
+    return unpack(sched.call(WAIT, rid, 10.0, timeout_ms=15000))
+
+
+def store_all(srv, toks):
+    ws = [Worker(srv, 1001, 0), Worker(srv, 1002, 1)]
+    for w in ws:
+        w.store(toks, 0, len(toks))
+    return ws
+
+
+def file_of(path, rank, toks, c):
+    """The .data file holding chunk c of rank (matched by content)."""
+    want = chunk_bytes(rank, toks, c)
+    for f in data_files(path):
+        with open(os.path.join(path, f), "rb") as fh:
+            if fh.read() == want:
+                return os.path.join(path, f)
+    raise AssertionError(f"no file for rank {rank} chunk {c}")
+
+
+def close_all(ws, sched):
+    for w in ws:
+        w.close()
+    sched.close()
+
+
+def test_store_evict_then_hits_from_l2(tmp_path):
+    srv = start(tmp_path)
+    try:
+        toks = prompt(101)
+        ws = store_all(srv, toks)
+        wait_stored(srv, tmp_path, 8)
+        names = data_files(tmp_path)
+        # Upstream's file name form: <model>@0x<kv_rank 8 hex>@<group hex>@<hash hex>.data
+        assert all(re.fullmatch(r"m@0x020([01])020\1@0@[0-9a-f]{64}\.data", n) for n in names), names
+        assert all(os.path.exists(os.path.join(tmp_path, n + ".b3")) for n in names)
+        sched = srv.dealer()
+        assert sched.call(CLEAR, False) is not None       # evict: L1 is empty now
+        assert lookup_wait(sched, toks, "r1") == 4        # all four from L2
+        assert unpack(sched.call(LOOKUP_HITS, "r1")) == 0  # consumed with the job
+        for w in ws:
+            assert w.retrieve(toks, 0, 64, "r1") == [chunk_bytes(w.rank, toks, c) for c in range(4)]
+        st = status(srv)
+        assert st["num_l2_adapters"] == 1
+        ad = st["l2_adapters"][0]
+        assert ad["type_name"] == "fs" and ad["counters"]["stores_ok"] >= 1
+        assert ad["counters"]["load_ok"] == 8 and ad["num_keys"] == 8
+        assert st["prefetch_controller"]["hit_chunks"] == 4
+        assert st["store_controller"]["stores_failed"] == 0
+        # Prefetched objects are temporary: retrieved, they are gone from L1,
+        # and a new lookup loads them again.
+        assert lookup_wait(sched, toks, "r2") == 4
+        close_all(ws, sched)
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
+def test_partial_l1_hits_extended_from_l2(tmp_path):
+    srv = start(tmp_path)
+    try:
+        toks = prompt(102)
+        ws = store_all(srv, toks)
+        wait_stored(srv, tmp_path, 8)
+        sched = srv.dealer()
+        assert sched.call(CLEAR, False) is not None
+        # Chunks 0-1 back in L1 from the engine, 2-3 only in L2.
+        for w in ws:
+            w.store(toks, 0, 32)
+        assert lookup_wait(sched, toks, "p") == 4
+        for w in ws:
+            assert w.retrieve(toks, 0, 64, "p") == [chunk_bytes(w.rank, toks, c) for c in range(4)]
+        close_all(ws, sched)
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
+def test_restart_recovers_and_accepts_upstream_files(tmp_path):
+    toks = prompt(103)
+    srv = start(tmp_path)
+    try:
+        ws = store_all(srv, toks)
+        wait_stored(srv, tmp_path, 8)
+        for w in ws:
+            w.close()
+    finally:
+        assert srv.stop() == 0, srv.output()
+    # An upstream server writes raw bytes and no sidecar: re-create chunk 0
+    # of rank 0 that way, by hand.
+    f0 = file_of(tmp_path, 0, toks, 0)
+    os.unlink(f0)
+    os.unlink(f0 + ".b3")
+    with open(f0, "wb") as fh:
+        fh.write(chunk_bytes(0, toks, 0))
+    srv = start(tmp_path)
+    try:
+        assert status(srv)["l2_adapters"][0]["recovered_keys"] == 8
+        sched = srv.dealer()
+        ws = [Worker(srv, 1001, 0), Worker(srv, 1002, 1)]
+        assert lookup_wait(sched, toks, "again") == 4
+        for w in ws:
+            assert w.retrieve(toks, 0, 64, "again") == [chunk_bytes(w.rank, toks, c) for c in range(4)]
+        close_all(ws, sched)
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
+def test_corrupt_and_truncated_files_are_misses(tmp_path):
+    srv = start(tmp_path)
+    try:
+        toks = prompt(104)
+        ws = store_all(srv, toks)
+        wait_stored(srv, tmp_path, 8)
+        sched = srv.dealer()
+        assert sched.call(CLEAR, False) is not None
+        # Same size, different bytes: caught by the checksum at load.
+        f3 = file_of(tmp_path, 0, toks, 3)
+        with open(f3, "r+b") as fh:
+            fh.seek(100)
+            fh.write(b"\xff\xee")
+        assert lookup_wait(sched, toks, "c") == 3
+        for w in ws:
+            assert w.retrieve(toks, 0, 48, "c") == [chunk_bytes(w.rank, toks, c) for c in range(3)]
+        assert status(srv)["l2_adapters"][0]["corrupt_files_detected"] >= 1
+        # Truncated: a miss from the lookup on.
+        f1 = file_of(tmp_path, 1, toks, 1)
+        with open(f1, "r+b") as fh:
+            fh.truncate(100)
+        assert lookup_wait(sched, toks, "t") == 1
+        for w in ws:
+            assert w.retrieve(toks, 0, 16, "t") == [chunk_bytes(w.rank, toks, 0)]
+        assert status(srv)["l2_adapters"][0]["truncated_files_detected"] >= 1
+        close_all(ws, sched)
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
+def test_bad_adapter_flags_exit_2(tmp_path):
+    from conftest import run_lmcached
+    r = run_lmcached("--l1-size-gb", "0.0625", "--eviction-policy", "LRU", "--l2-adapter",
+                     '{"type":"fs","base_path":"/tmp/x","num_workers":0}')
+    assert r.returncode == 2 and "num_workers" in r.stderr
+    r = run_lmcached("--l1-size-gb", "0.0625", "--eviction-policy", "LRU", "--l2-adapter",
+                     '{"type":"nope"}', "--port", "1")
+    assert r.returncode != 0 and "unknown L2 adapter type 'nope'" in r.stderr
+    r = run_lmcached("--l1-size-gb", "0.0625", "--eviction-policy", "LRU", "--l2-adapter",
+                     json.dumps({"type": "fs", "base_path": str(tmp_path), "junk": 1}), "--port", "1")
+    assert r.returncode != 0 and 'unknown field "junk"' in r.stderr
+
+
+def test_failing_adapter_degrades_to_misses(tmp_path):
+    spec = {"type": "fault_inject", "fail_rate": 1.0, "seed": 7,
+            "inner": {"type": "fs", "base_path": str(tmp_path)}}
+    srv = Server("--chunk-size", str(CS), "--l2-adapter", json.dumps(spec),
+                 "--l2-prefetch-load-timeout", "2")
+    try:
+        toks = prompt(105)
+        ws = store_all(srv, toks)
+        sched = srv.dealer()
+        deadline = time.monotonic() + 10
+        while status(srv)["store_controller"]["stores_failed"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status(srv)["store_controller"]["stores_failed"] >= 2
+        assert data_files(tmp_path) == []
+        assert lookup_wait(sched, toks, "f") == 4          # still in L1
+        for w in ws:
+            assert w.retrieve(toks, 0, 64, "f") is not None
+        assert sched.call(CLEAR, False) is not None
+        assert lookup_wait(sched, toks, "g") == 0          # no L2 copy: a miss, no hang
+        close_all(ws, sched)
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
+def test_lookup_hits_before_load_and_retain_policy(tmp_path):
+    spec = {"type": "fault_inject", "delay_rate": 1.0, "delay_ms": 300, "seed": 1,
+            "inner": {"type": "fs", "base_path": str(tmp_path)}}
+    srv = Server("--chunk-size", str(CS), "--l2-adapter", json.dumps(spec),
+                 "--l2-prefetch-policy", "retain")
+    try:
+        toks = prompt(106)
+        ws = store_all(srv, toks)
+        wait_stored(srv, tmp_path, 8)
+        sched = srv.dealer()
+        assert sched.call(CLEAR, False) is not None
+        assert sched.call(LOOKUP, key(toks, 0, 64, "h"), 1) is not None
+        assert unpack(sched.call(LOOKUP_HITS, "h")) is None   # lookup phase still running
+        hits = None
+        deadline = time.monotonic() + 10
+        while hits is None and time.monotonic() < deadline:
+            hits = unpack(sched.call(LOOKUP_HITS, "h"))
+            time.sleep(0.01)
+        assert hits == 4                                      # known before the loads end
+        assert unpack(sched.call(WAIT, "h", 10.0, timeout_ms=15000)) == 4
+        for w in ws:
+            assert w.retrieve(toks, 0, 64, "h") == [chunk_bytes(w.rank, toks, c) for c in range(4)]
+        loaded = status(srv)["prefetch_controller"]["loaded_keys"]
+        # retain: the prefetched chunks stayed resident, the next lookup is L1 only.
+        assert lookup_wait(sched, toks, "h2") == 4
+        assert status(srv)["prefetch_controller"]["loaded_keys"] == loaded
+        close_all(ws, sched)
+    finally:
+        assert srv.stop() == 0, srv.output()

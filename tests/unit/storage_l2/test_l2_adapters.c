@@ -1,0 +1,371 @@
+/* L2 adapters through the asynchronous interface: mock, fs, fault_inject. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "storage/l2/l2_adapter.h"
+
+#define OBJ 1000u   /* deliberately not a multiple of any block size */
+#define N 4
+
+typedef struct {
+    lmc_key_interner *in;
+    lmc_object_key keys[N];
+    uint8_t *arena;          /* [0, N*OBJ) source, [N*OBJ, 2*N*OBJ) destination */
+    uint64_t src[N], dst[N], sizes[N];
+    char dir[64];
+} fx;
+
+static void make_key(fx *f, size_t i, const char *model)
+{
+    lmc_object_key *k = &f->keys[i];
+    memset(k, 0, sizeof *k);
+    for (int b = 0; b < 32; b++)
+        k->chunk_hash[b] = (uint8_t)(i * 37 + b);
+    k->chunk_hash_len = 32;
+    k->kv_rank = lmc_kv_rank_for_worker(2, (uint32_t)(i % 2));
+    k->model_name = lmc_intern(f->in, model, strlen(model));
+    k->cache_salt = lmc_intern(f->in, "", 0);
+}
+
+static int setup(void **state)
+{
+    fx *f = calloc(1, sizeof *f);
+    f->in = lmc_key_interner_new();
+    f->arena = malloc(2 * N * OBJ);
+    for (size_t i = 0; i < N; i++) {
+        make_key(f, i, i == 3 ? "org/other" : "org/model");
+        f->src[i] = i * OBJ;
+        f->dst[i] = (N + i) * OBJ;
+        f->sizes[i] = OBJ;
+        for (size_t b = 0; b < OBJ; b++)
+            f->arena[i * OBJ + b] = (uint8_t)(b * 7 + i);
+    }
+    memset(f->arena + N * OBJ, 0, N * OBJ);
+    snprintf(f->dir, sizeof f->dir, "/tmp/lmc-l2-test-%ld", (long)getpid());
+    *state = f;
+    return 0;
+}
+
+static void rm_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[512];
+    while (d && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    if (d)
+        closedir(d);
+    rmdir(dir);
+}
+
+static int teardown(void **state)
+{
+    fx *f = *state;
+    rm_dir(f->dir);
+    free(f->arena);
+    lmc_key_interner_free(f->in);
+    free(f);
+    return 0;
+}
+
+static void wait_fd(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 10000), 1);
+    lmc_l2_drain_fd(fd);
+}
+
+static int64_t store(lmc_l2_adapter *a, fx *f, size_t n)
+{
+    uint64_t id = lmc_l2_adapter_submit_store(a, f->keys, f->src, f->sizes, n), got;
+    int64_t result;
+    assert_true(id > 0);
+    while (!lmc_l2_adapter_pop_completed_store(a, &got, &result))
+        wait_fd(lmc_l2_adapter_event_fd(a, LMC_L2_OP_STORE));
+    assert_int_equal(got, id);
+    return result;
+}
+
+static void lookup(lmc_l2_adapter *a, fx *f, const uint64_t *sizes, uint8_t *found)
+{
+    uint64_t id = lmc_l2_adapter_submit_lookup_and_lock(a, f->keys, sizes, N);
+    assert_true(id > 0);
+    while (!lmc_l2_adapter_query_lookup(a, id, found))
+        wait_fd(lmc_l2_adapter_event_fd(a, LMC_L2_OP_LOOKUP));
+    assert_false(lmc_l2_adapter_query_lookup(a, id, found));   /* exactly once */
+}
+
+static void load(lmc_l2_adapter *a, fx *f, uint8_t *ok)
+{
+    memset(f->arena + N * OBJ, 0, N * OBJ);
+    uint64_t id = lmc_l2_adapter_submit_load(a, f->keys, f->dst, f->sizes, N);
+    assert_true(id > 0);
+    while (!lmc_l2_adapter_query_load(a, id, ok))
+        wait_fd(lmc_l2_adapter_event_fd(a, LMC_L2_OP_LOAD));
+}
+
+static bool same(fx *f, size_t i)
+{
+    return memcmp(f->arena + f->src[i], f->arena + f->dst[i], OBJ) == 0;
+}
+
+/* store 3 of 4, lookup, load, bytes equal, list, delete. */
+static void common_contract(lmc_l2_adapter *a, fx *f)
+{
+    uint8_t found[N], ok[N];
+    assert_int_equal(store(a, f, 3), 3 * OBJ);
+    assert_int_equal(store(a, f, 3), 3 * OBJ);   /* existing keys: skipped, success */
+    lookup(a, f, f->sizes, found);
+    assert_memory_equal(found, ((uint8_t[]){1, 1, 1, 0}), N);
+    load(a, f, ok);
+    assert_memory_equal(ok, ((uint8_t[]){1, 1, 1, 0}), N);
+    for (size_t i = 0; i < 3; i++)
+        assert_true(same(f, i));
+    /* Locked keys survive a delete until unlocked. */
+    assert_int_equal(lmc_l2_adapter_delete(a, &f->keys[0], 1), 0);
+    lmc_l2_adapter_unlock(a, f->keys, N);
+    lmc_l2_usage u;
+    lmc_l2_adapter_usage(a, &u);
+    assert_int_equal(u.used_bytes, 3 * OBJ);
+    assert_int_equal(u.num_keys, 3);
+    json_t *page = lmc_l2_adapter_list_keys(a, "org/model", 2, NULL);
+    assert_int_equal(json_array_size(json_object_get(page, "entries")), 2);
+    const char *tok = json_string_value(json_object_get(page, "next_page_token"));
+    assert_non_null(tok);
+    json_t *page2 = lmc_l2_adapter_list_keys(a, "org/model", 2, tok);
+    assert_int_equal(json_array_size(json_object_get(page2, "entries")), 1);
+    assert_true(json_is_null(json_object_get(page2, "next_page_token")));
+    json_decref(page);
+    json_decref(page2);
+    assert_int_equal(lmc_l2_adapter_delete(a, &f->keys[0], 1), 1);
+    lookup(a, f, NULL, found);
+    assert_memory_equal(found, ((uint8_t[]){0, 1, 1, 0}), N);
+    lmc_l2_adapter_unlock(a, f->keys, N);
+}
+
+static void test_mock(void **state)
+{
+    fx *f = *state;
+    lmc_l2_adapter *a = lmc_l2_adapter_new(lmc_l2_mock_new(0), f->arena, 2);
+    assert_non_null(a);
+    common_contract(a, f);
+    json_t *st = lmc_l2_adapter_status(a);
+    assert_string_equal(json_string_value(json_object_get(st, "type_name")), "mock");
+    assert_true(json_integer_value(json_object_get(json_object_get(st, "counters"),
+                                                   "stores_ok")) >= 2);
+    json_decref(st);
+    lmc_l2_adapter_close(a);
+}
+
+static lmc_l2_adapter *open_fs(fx *f, bool recover)
+{
+    char err[256];
+    lmc_l2_fs_options o = {.base_path = f->dir, .recover_on_start = recover,
+                           .verify_checksum = true, .read_ahead_size = 256};
+    lmc_l2_backend *be = lmc_l2_fs_new(&o, err, sizeof err);
+    assert_non_null(be);
+    return lmc_l2_adapter_new(be, f->arena, 3);
+}
+
+static char *path_of(fx *f, size_t i, const char *suffix)
+{
+    static char path[2][1024];   /* test-only scratch; two live at a time */
+    static int turn;
+    char name[512];
+    assert_true(lmc_object_key_to_filename(&f->keys[i], name, sizeof name) > 0);
+    char *p = path[turn++ % 2];
+    snprintf(p, 1024, "%s/%s%s", f->dir, name, suffix);
+    return p;
+}
+
+static json_int_t fs_counter(lmc_l2_adapter *a, const char *name)
+{
+    json_t *st = lmc_l2_adapter_status(a);
+    json_int_t v = json_integer_value(json_object_get(st, name));
+    json_decref(st);
+    return v;
+}
+
+static void test_fs_contract_and_format(void **state)
+{
+    fx *f = *state;
+    lmc_l2_adapter *a = open_fs(f, true);
+    common_contract(a, f);
+    /* Upstream format: "<model, / -> -SEP->@0x<rank>@<group>@<hash>.data",
+     * raw bytes only; the checksum sits beside it. */
+    struct stat st;
+    char *p = path_of(f, 1, "");
+    assert_non_null(strstr(p, "/org-SEP-model@0x02010201@0@2526"));
+    assert_int_equal(stat(p, &st), 0);
+    assert_int_equal(st.st_size, OBJ);
+    assert_int_equal(stat(path_of(f, 1, ".b3"), &st), 0);
+    FILE *fp = fopen(p, "rb");
+    uint8_t buf[OBJ];
+    assert_int_equal(fread(buf, 1, OBJ, fp), OBJ);
+    fclose(fp);
+    assert_memory_equal(buf, f->arena + f->src[1], OBJ);
+    lmc_l2_adapter_close(a);
+}
+
+static void test_fs_recovery(void **state)
+{
+    fx *f = *state;
+    lmc_l2_adapter *a = open_fs(f, true);
+    assert_int_equal(store(a, f, N), N * OBJ);
+    lmc_l2_adapter_close(a);
+    a = open_fs(f, true);
+    assert_int_equal(fs_counter(a, "recovered_keys"), N);
+    lmc_l2_usage u;
+    lmc_l2_adapter_usage(a, &u);
+    assert_int_equal(u.used_bytes, N * OBJ);
+    json_t *page = lmc_l2_adapter_list_keys(a, NULL, 100, NULL);
+    assert_int_equal(json_array_size(json_object_get(page, "entries")), N);
+    json_decref(page);
+    uint8_t ok[N];
+    load(a, f, ok);
+    assert_memory_equal(ok, ((uint8_t[]){1, 1, 1, 1}), N);
+    lmc_l2_adapter_close(a);
+    a = open_fs(f, false);
+    assert_int_equal(fs_counter(a, "recovered_keys"), 0);
+    lmc_l2_adapter_close(a);
+}
+
+static void test_fs_corruption(void **state)
+{
+    fx *f = *state;
+    lmc_l2_adapter *a = open_fs(f, true);
+    assert_int_equal(store(a, f, N), N * OBJ);
+    /* 0: a bit flip (same size); 1: truncated; 2: no sidecar (upstream). */
+    FILE *fp = fopen(path_of(f, 0, ""), "r+b");
+    fseek(fp, 10, SEEK_SET);
+    fputc(0xAB ^ f->arena[10], fp);
+    fclose(fp);
+    assert_int_equal(truncate(path_of(f, 1, ""), OBJ / 2), 0);
+    assert_int_equal(unlink(path_of(f, 2, ".b3")), 0);
+    uint8_t found[N], ok[N];
+    lookup(a, f, f->sizes, found);
+    assert_memory_equal(found, ((uint8_t[]){1, 0, 1, 1}), N);
+    lmc_l2_adapter_unlock(a, f->keys, N);
+    assert_int_equal(fs_counter(a, "truncated_files_detected"), 1);
+    load(a, f, ok);
+    assert_memory_equal(ok, ((uint8_t[]){0, 0, 1, 1}), N);
+    assert_true(same(f, 2) && same(f, 3));
+    assert_int_equal(fs_counter(a, "corrupt_files_detected"), 1);
+    /* Without a sidecar a wrong size is still caught. */
+    assert_int_equal(truncate(path_of(f, 2, ""), OBJ - 1), 0);
+    load(a, f, ok);
+    assert_memory_equal(ok, ((uint8_t[]){0, 0, 0, 1}), N);
+    lmc_l2_adapter_close(a);
+}
+
+static void test_fault_inject(void **state)
+{
+    fx *f = *state;
+    lmc_l2_fault_options all = {.fail_rate = 1.0, .seed = 1};
+    lmc_l2_adapter *a = lmc_l2_adapter_new(lmc_l2_fault_new(lmc_l2_mock_new(0), &all),
+                                           f->arena, 1);
+    uint8_t found[N];
+    assert_int_equal(store(a, f, N), -1);
+    lookup(a, f, NULL, found);
+    assert_memory_equal(found, ((uint8_t[]){0, 0, 0, 0}), N);
+    lmc_l2_adapter_close(a);
+
+    lmc_l2_fault_options none = {.delay_rate = 1.0, .delay_ms = 5, .seed = 2};
+    a = lmc_l2_adapter_new(lmc_l2_fault_new(lmc_l2_mock_new(0), &none), f->arena, 1);
+    common_contract(a, f);
+    json_t *st = lmc_l2_adapter_status(a);
+    json_t *fi = json_object_get(st, "fault_inject");
+    assert_true(json_integer_value(json_object_get(fi, "delayed")) > 0);
+    assert_int_equal(json_integer_value(json_object_get(fi, "failed")), 0);
+    json_decref(st);
+    lmc_l2_adapter_close(a);
+}
+
+/* Same seed, same decisions: a failing run is reproducible. */
+static void test_fault_inject_seeded(void **state)
+{
+    fx *f = *state;
+    int64_t runs[2][16];
+    for (int r = 0; r < 2; r++) {
+        lmc_l2_fault_options half = {.fail_rate = 0.5, .seed = 42};
+        lmc_l2_adapter *a = lmc_l2_adapter_new(lmc_l2_fault_new(lmc_l2_mock_new(0), &half),
+                                               f->arena, 1);
+        for (int i = 0; i < 16; i++)
+            runs[r][i] = store(a, f, 1);
+        lmc_l2_adapter_close(a);
+    }
+    assert_memory_equal(runs[0], runs[1], sizeof runs[0]);
+    int fails = 0;
+    for (int i = 0; i < 16; i++)
+        fails += runs[0][i] < 0;
+    assert_true(fails > 0 && fails < 16);
+}
+
+static void test_from_json(void **state)
+{
+    fx *f = *state;
+    char err[256], text[256];
+    size_t workers = 0;
+    snprintf(text, sizeof text,
+             "{\"type\":\"fault_inject\",\"fail_rate\":0,\"inner\":{\"type\":\"fs\","
+             "\"base_path\":\"%s\",\"num_workers\":3}}", f->dir);
+    json_t *o = json_loads(text, 0, NULL);
+    lmc_l2_backend *be = lmc_l2_backend_from_json(o, &workers, err, sizeof err);
+    assert_non_null(be);
+    assert_int_equal(workers, 3);
+    assert_string_equal(be->type, "fault_inject");
+    be->ops->destroy(be);
+    json_decref(o);
+    o = json_loads("{\"type\":\"fs\",\"base_path\":\"/tmp/x\",\"nope\":1}", 0, NULL);
+    assert_null(lmc_l2_backend_from_json(o, &workers, err, sizeof err));
+    assert_non_null(strstr(err, "unknown field \"nope\""));
+    json_decref(o);
+    o = json_loads("{\"type\":\"gcs\"}", 0, NULL);
+    assert_null(lmc_l2_backend_from_json(o, &workers, err, sizeof err));
+    assert_non_null(strstr(err, "unknown L2 adapter type 'gcs'"));
+    json_decref(o);
+    o = json_loads("{\"type\":\"s3\"}", 0, NULL);
+    assert_null(lmc_l2_backend_from_json(o, &workers, err, sizeof err));
+    assert_non_null(strstr(err, "needs \"s3_endpoint\""));
+    json_decref(o);
+    o = json_loads("{\"type\":\"s3\",\"s3_endpoint\":\"nodot\"}", 0, NULL);
+    assert_null(lmc_l2_backend_from_json(o, &workers, err, sizeof err));
+    assert_non_null(strstr(err, "<bucket>.<host>"));
+    json_decref(o);
+    o = json_loads("{\"type\":\"resp\",\"host\":\"h\",\"port\":0}", 0, NULL);
+    assert_null(lmc_l2_backend_from_json(o, &workers, err, sizeof err));
+    json_decref(o);
+    o = json_loads("{\"type\":\"fault_inject\"}", 0, NULL);
+    assert_null(lmc_l2_backend_from_json(o, &workers, err, sizeof err));
+    assert_non_null(strstr(err, "needs \"inner\""));
+    json_decref(o);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_mock, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fs_contract_and_format, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fs_recovery, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fs_corruption, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fault_inject, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fault_inject_seeded, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_from_json, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
