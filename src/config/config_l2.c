@@ -101,6 +101,25 @@ static const field_spec *find_field(const field_spec *t, const char *name)
     return NULL;
 }
 
+/* {"eviction_policy": LRU|IsolatedLRU|noop, "trigger_watermark": (0,1],
+ *  "eviction_ratio": (0,1]} (storage.md §1.5). */
+static int check_eviction(const json_t *ev, char *err, size_t errlen)
+{
+    const char *policy = json_string_value(json_object_get(ev, "eviction_policy"));
+    json_t *wm = json_object_get(ev, "trigger_watermark"), *r = json_object_get(ev, "eviction_ratio");
+    if (json_object_get(ev, "eviction_policy") &&
+        (!policy || (strcmp(policy, "LRU") && strcmp(policy, "IsolatedLRU") && strcmp(policy, "noop")))) {
+        snprintf(err, errlen, "\"eviction_policy\" must be LRU, IsolatedLRU or noop");
+        return -1;
+    }
+    if ((wm && (!json_is_number(wm) || !(json_number_value(wm) > 0) || json_number_value(wm) > 1)) ||
+        (r && (!json_is_number(r) || !(json_number_value(r) > 0) || json_number_value(r) > 1))) {
+        snprintf(err, errlen, "\"trigger_watermark\" and \"eviction_ratio\" must be in (0, 1]");
+        return -1;
+    }
+    return 0;
+}
+
 static int check_field(const field_spec *f, const json_t *v, bool strict, int depth, char *err,
                        size_t errlen)
 {
@@ -110,6 +129,8 @@ static int check_field(const field_spec *f, const json_t *v, bool strict, int de
     }
     if (f->kind == F_ADAPTER)
         return check_json(v, strict, depth + 1, err, errlen);
+    if (strcmp(f->name, "eviction") == 0)
+        return check_eviction(v, err, errlen);
     const char *s = json_string_value(v);
     if (strcmp(f->name, "relative_tmp_dir") == 0 && (s[0] == '/' || strstr(s, ".."))) {
         snprintf(err, errlen, "\"relative_tmp_dir\" must be relative without '..'");

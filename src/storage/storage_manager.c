@@ -27,6 +27,7 @@ struct lmc_storage_manager {
     bool grower_stop;
     const lmc_storage_tier_ops *l2_ops;   /* set once before concurrent use */
     void *l2;
+    lmc_quotas *quotas;                   /* per-salt L2 limits (storage.md §7) */
 };
 
 /* ---- listeners --------------------------------------------------------- */
@@ -247,6 +248,10 @@ lmc_storage_manager *lmc_storage_manager_create_with_options(const lmc_storage_o
     pthread_condattr_destroy(&attr);
     if (create_l1(sm, err, errlen) != 0 || create_eviction(sm, err, errlen) != 0)
         goto fail;
+    if (!(sm->quotas = lmc_quotas_new())) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
     if (start_grower(sm) != 0) {
         snprintf(err, errlen, "cannot start the L1 growth thread");
         goto fail;
@@ -258,6 +263,11 @@ lmc_storage_manager *lmc_storage_manager_create_with_options(const lmc_storage_o
 fail:
     lmc_storage_manager_close(sm);
     return NULL;
+}
+
+lmc_quotas *lmc_storage_manager_quotas(lmc_storage_manager *sm)
+{
+    return sm->quotas;
 }
 
 lmc_storage_manager *lmc_storage_manager_create(const lmc_config *cfg, char *err, size_t errlen)
@@ -279,6 +289,7 @@ void lmc_storage_manager_close(lmc_storage_manager *sm)
         lmc_l1_eviction_free(sm->eviction);
     lmc_l1_manager_free(sm->l1);
     lmc_l1_arena_destroy(sm->arena);
+    lmc_quotas_free(sm->quotas);
     pthread_cond_destroy(&sm->grower_wake);
     pthread_mutex_destroy(&sm->grower_mutex);
     pthread_mutex_destroy(&sm->listeners_mutex);

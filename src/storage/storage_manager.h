@@ -28,6 +28,7 @@
 #include "storage/l1_arena.h"
 #include "storage/l1_manager.h"
 #include "storage/object_key.h"
+#include "storage/quota.h"
 #include "storage/ttl_lock.h"
 
 #define LMC_STORAGE_DEFAULT_WRITER_TAG "storage_manager"
@@ -167,6 +168,9 @@ typedef struct lmc_storage_tier_ops {
 
 /* The storage manager owns `impl` from here on (close() closes it first).
  * Call once, before concurrent use. */
+/* The per-salt L2 quota registry (owned by the storage manager). */
+lmc_quotas *lmc_storage_manager_quotas(lmc_storage_manager *sm);
+
 void lmc_storage_manager_attach_l2(lmc_storage_manager *sm, const lmc_storage_tier_ops *ops,
                                    void *impl);
 bool lmc_storage_manager_has_l2(const lmc_storage_manager *sm);

@@ -244,3 +244,27 @@ def test_lookup_hits_before_load_and_retain_policy(tmp_path):
         close_all(ws, sched)
     finally:
         assert srv.stop() == 0, srv.output()
+
+
+def test_l2_eviction_keeps_the_fs_store_under_capacity(tmp_path):
+    from test_lookup_engine_driven import OBJ
+    spec = {"type": "fs", "base_path": str(tmp_path),
+            "max_capacity_gb": 10 * OBJ / 2**30,
+            "eviction": {"eviction_policy": "LRU", "trigger_watermark": 0.5,
+                         "eviction_ratio": 0.5}}
+    srv = Server("--chunk-size", str(CS), "--l2-adapter", json.dumps(spec))
+    try:
+        toks = prompt(111)
+        ws = store_all(srv, toks)                  # 8 objects: 0.8 of capacity
+        wait_stored(srv, tmp_path, 8)
+        deadline = time.monotonic() + 10           # the controller ticks every second
+        while len(data_files(tmp_path)) > 5:
+            assert time.monotonic() < deadline, data_files(tmp_path)
+            time.sleep(0.1)
+        ev = status(srv)["l2_eviction_controller"]["adapters"][0]
+        assert ev["eviction_policy"] == "LRU" and ev["evicted_keys"] >= 3
+        assert ev["tracked_keys"] == len(data_files(tmp_path))
+        for w in ws:
+            w.close()
+    finally:
+        assert srv.stop() == 0, srv.output()

@@ -36,6 +36,7 @@ struct lmc_l2_adapter {
     size_t num_workers;
     atomic_uint_fast64_t stores_ok, stores_failed, bytes_stored, lookups, lookup_keys,
         lookup_hits, loads, load_keys, load_ok, deleted;
+    lmc_l2_observer obs;      /* all callbacks NULL unless L2 eviction tracks us */
 };
 
 static void task_free(task *t)
@@ -66,6 +67,8 @@ static void run_task(lmc_l2_adapter *a, task *t)
         atomic_fetch_add(t->result >= 0 ? &a->stores_ok : &a->stores_failed, 1);
         if (t->result > 0)
             atomic_fetch_add(&a->bytes_stored, (uint64_t)t->result);
+        if (t->result >= 0 && a->obs.on_stored)
+            a->obs.on_stored(a->obs.user, t->keys, t->sizes, t->n);
         return;
     case LMC_L2_OP_LOOKUP:
         ops->lookup_and_lock(a->be, t->keys, t->sizes, t->n, t->bitmap);
@@ -82,6 +85,8 @@ static void run_task(lmc_l2_adapter *a, task *t)
         atomic_fetch_add(&a->loads, 1);
         atomic_fetch_add(&a->load_keys, t->n);
         atomic_fetch_add(&a->load_ok, hits);
+        if (a->obs.on_loaded)
+            a->obs.on_loaded(a->obs.user, t->keys, t->bitmap, t->n);
         return;
     default:
         return;
@@ -319,7 +324,14 @@ size_t lmc_l2_adapter_delete(lmc_l2_adapter *a, const lmc_object_key *keys, size
 {
     size_t d = n ? a->be->ops->remove(a->be, keys, n) : 0;
     atomic_fetch_add(&a->deleted, d);
+    if (d == n && n && a->obs.on_deleted) /* partial: the caller retries per key */
+        a->obs.on_deleted(a->obs.user, keys, n);
     return d;
+}
+
+void lmc_l2_adapter_set_observer(lmc_l2_adapter *a, const lmc_l2_observer *obs)
+{
+    a->obs = *obs;
 }
 
 void lmc_l2_adapter_usage(lmc_l2_adapter *a, lmc_l2_usage *u)

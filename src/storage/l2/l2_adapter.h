@@ -134,6 +134,17 @@ json_t *lmc_l2_adapter_list_keys(lmc_l2_adapter *a, const char *model, size_t pa
 /* {type_name, is_healthy, counters, usage, backend fields}.  New reference. */
 json_t *lmc_l2_adapter_status(lmc_l2_adapter *a);
 
+/* Observer of what the adapter's tasks did, for the L2 eviction tracker.
+ * Called on adapter worker threads (stored, loaded) or the deleting
+ * thread, with no adapter lock held.  Set before the first task. */
+typedef struct lmc_l2_observer {
+    void *user;
+    void (*on_stored)(void *user, const lmc_object_key *keys, const uint64_t *sizes, size_t n);
+    void (*on_loaded)(void *user, const lmc_object_key *keys, const uint8_t *ok, size_t n);
+    void (*on_deleted)(void *user, const lmc_object_key *keys, size_t n);
+} lmc_l2_observer;
+void lmc_l2_adapter_set_observer(lmc_l2_adapter *a, const lmc_l2_observer *obs);
+
 /* The adapter's backend (tests, status). */
 lmc_l2_backend *lmc_l2_adapter_backend(lmc_l2_adapter *a);
 

@@ -136,10 +136,5 @@ lmc_l2_backend *lmc_l2_backend_from_json(const json_t *o, size_t *num_workers, c
 {
     if (lmc_l2_adapter_json_check(o, true, err, errlen) != 0)
         return NULL;
-    const char *policy = json_string_value(
-        json_object_get(json_object_get(o, "eviction"), "eviction_policy"));
-    if (policy && strcmp(policy, "noop") != 0)
-        LMC_WARN("L2 adapter '%s': L2 eviction is not implemented yet; \"eviction\" ignored",
-                 json_string_value(json_object_get(o, "type")));
     return make(o, num_workers, err, errlen);
 }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "obs/log.h"
+#include "storage/l2/l2_eviction.h"
 #include "storage/l2/l2_internal.h"
 
 typedef struct l2_service {
@@ -20,6 +21,7 @@ typedef struct l2_service {
     size_t na;
     lmc_l2_store_ctl *store;
     lmc_l2_prefetch_ctl *prefetch;
+    lmc_l2_eviction *eviction;
 } l2_service;
 
 static int svc_prefetch(void *impl, const lmc_storage_l2_request *req)
@@ -44,10 +46,12 @@ static json_t *svc_status(void *impl)
         healthy = healthy && !json_is_false(json_object_get(st, "is_healthy"));
         json_array_append_new(list, st ? st : json_null());
     }
-    return json_pack("{s:b, s:I, s:o, s:o, s:o}", "is_healthy", healthy, "num_l2_adapters",
-                     (json_int_t)s->na, "l2_adapters", list ? list : json_array(),
-                     "store_controller", lmc_l2_store_ctl_status(s->store),
-                     "prefetch_controller", lmc_l2_prefetch_ctl_status(s->prefetch));
+    return json_pack("{s:b, s:I, s:o, s:o, s:o, s:o}", "is_healthy", healthy,
+                     "num_l2_adapters", (json_int_t)s->na, "l2_adapters",
+                     list ? list : json_array(), "store_controller",
+                     lmc_l2_store_ctl_status(s->store), "prefetch_controller",
+                     lmc_l2_prefetch_ctl_status(s->prefetch), "l2_eviction_controller",
+                     lmc_l2_eviction_status(s->eviction));
 }
 
 static void svc_close(void *impl)
@@ -57,10 +61,12 @@ static void svc_close(void *impl)
         lmc_l2_prefetch_ctl_stop(s->prefetch);
     if (s->store)
         lmc_l2_store_ctl_stop(s->store);
+    lmc_l2_eviction_stop(s->eviction);
     for (size_t a = 0; a < s->na; a++)
         lmc_l2_adapter_close(s->ad[a]);
     lmc_l2_prefetch_ctl_free(s->prefetch);
     lmc_l2_store_ctl_free(s->store);
+    lmc_l2_eviction_free(s->eviction);
     free(s->ad);
     free(s);
 }
@@ -88,6 +94,27 @@ static lmc_l2_adapter *adapter_from_text(const char *text, size_t i, uint8_t *ba
     return a;
 }
 
+/* Adapters whose JSON has an "eviction" object get an eviction target. */
+static int start_eviction(l2_service *s, const lmc_strlist *l)
+{
+    json_t **docs = calloc(s->na ? s->na : 1, sizeof *docs);
+    const json_t **ev = calloc(s->na ? s->na : 1, sizeof *ev);
+    int rc = docs && ev ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < s->na; i++) {
+        docs[i] = json_loads(l->items[i], 0, NULL);
+        ev[i] = json_object_get(docs[i], "eviction");
+    }
+    if (rc == 0) {
+        s->eviction = lmc_l2_eviction_new(s->ad, ev, s->na, lmc_storage_manager_quotas(s->sm), 0);
+        rc = s->eviction ? 0 : -1;
+    }
+    for (size_t i = 0; docs && i < s->na; i++)
+        json_decref(docs[i]);
+    free(docs);
+    free(ev);
+    return rc;
+}
+
 static int build(l2_service *s, const lmc_config *cfg, char *err, size_t errlen)
 {
     const lmc_strlist *l = &cfg->storage.l2_adapter_json;
@@ -105,6 +132,8 @@ static int build(l2_service *s, const lmc_config *cfg, char *err, size_t errlen)
         .load_timeout_s = sc->l2_prefetch_load_timeout.set ? sc->l2_prefetch_load_timeout.value
                                                            : 0,
     };
+    if (start_eviction(s, l) != 0)
+        return snprintf(err, errlen, "cannot start the L2 eviction controller"), -1;
     bool skip_l1 = sc->l2_store_policy && strcmp(sc->l2_store_policy, "skip_l1") == 0;
     s->store = lmc_l2_store_ctl_new(s->sm, s->ad, s->na, skip_l1);
     s->prefetch = lmc_l2_prefetch_ctl_new(s->sm, s->ad, s->na, &po);

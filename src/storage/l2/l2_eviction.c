@@ -1,0 +1,387 @@
+/* L2 eviction (storage.md §2.5): one thread for every adapter whose JSON has
+ * an "eviction" object.  Each tracked adapter gets an observer that keeps
+ * the keys this server stored there (with sizes) in LRU order:
+ *
+ *   LRU          when the adapter's usage reaches watermark x capacity
+ *                (max_capacity_gb > 0), delete ratio x tracked keys,
+ *                least recently stored or loaded first;
+ *   IsolatedLRU  one LRU per cache_salt; a salt at or above watermark x its
+ *                quota loses ratio of its keys, a salt without a quota
+ *                (limit 0) loses all of them: quotas are an allowlist;
+ *   noop         tracked, never evicted.
+ *
+ * Objects stored before this process started are not tracked, so they are
+ * not eviction candidates (docs/l2.md).  Locks: `mu` guards a target's
+ * table and totals; the LRU policies have their own locks; nothing is held
+ * while the adapter deletes. */
+#include "storage/l2/l2_eviction.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "obs/log.h"
+#include "storage/eviction_policy.h"
+#include "storage/key_table.h"
+
+typedef struct {
+    lmc_object_key key;
+    uint64_t size;
+} tracked;
+
+typedef struct {
+    const char *salt;              /* interned */
+    lmc_eviction_policy *lru;
+    uint64_t bytes;
+    size_t keys;
+} salt_group;
+
+typedef struct {
+    lmc_l2_adapter *ad;
+    size_t index;
+    char policy[16];               /* LRU, IsolatedLRU or noop */
+    double watermark, ratio;
+    pthread_mutex_t mu;
+    lmc_key_table table;
+    lmc_eviction_policy *lru;      /* LRU / noop */
+    salt_group *groups;            /* IsolatedLRU */
+    size_t n_groups, cap_groups;
+    uint64_t bytes, cycles, triggered, evicted;
+} target;
+
+struct lmc_l2_eviction {
+    target *t;
+    size_t n;
+    lmc_quotas *quotas;
+    unsigned period_ms;
+    pthread_t thread;
+    bool running, stop;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+};
+
+/* ---- tracking ------------------------------------------------------------- */
+
+static salt_group *group_of(target *t, const char *salt)
+{
+    for (size_t i = 0; i < t->n_groups; i++) {
+        if (t->groups[i].salt == salt || strcmp(t->groups[i].salt, salt) == 0)
+            return &t->groups[i];
+    }
+    if (t->n_groups == t->cap_groups) {
+        size_t cap = t->cap_groups ? 2 * t->cap_groups : 8;
+        salt_group *g = realloc(t->groups, cap * sizeof *g);
+        if (!g)
+            return NULL;
+        t->groups = g;
+        t->cap_groups = cap;
+    }
+    lmc_eviction_policy *lru = lmc_eviction_policy_lru_new();
+    if (!lru)
+        return NULL;
+    t->groups[t->n_groups] = (salt_group){.salt = salt, .lru = lru};
+    return &t->groups[t->n_groups++];
+}
+
+static lmc_eviction_policy *policy_for(target *t, const lmc_object_key *k, salt_group **g)
+{
+    *g = NULL;
+    if (strcmp(t->policy, "IsolatedLRU") != 0)
+        return t->lru;
+    *g = group_of(t, k->cache_salt);
+    return *g ? (*g)->lru : NULL;
+}
+
+/* Tracks a stored batch; the policy sees each run of same-policy keys as
+ * one batch, so a prefix's last chunk becomes the first victim. */
+static void on_stored(void *user, const lmc_object_key *keys, const uint64_t *sizes, size_t n)
+{
+    target *t = user;
+    lmc_object_key *fresh = malloc((n ? n : 1) * sizeof *fresh);
+    size_t m = 0;
+    lmc_eviction_policy *run_policy = NULL;
+    pthread_mutex_lock(&t->mu);
+    for (size_t i = 0; fresh && i < n; i++) {
+        tracked *e = lmc_key_table_find(&t->table, &keys[i]);
+        salt_group *g;
+        lmc_eviction_policy *p = policy_for(t, &keys[i], &g);
+        if (e || !p || !(e = malloc(sizeof *e)))
+            continue;
+        *e = (tracked){keys[i], sizes[i]};
+        if (lmc_key_table_insert(&t->table, e) != 0) {
+            free(e);
+            continue;
+        }
+        t->bytes += e->size;
+        if (g) {
+            g->bytes += e->size;
+            g->keys++;
+        }
+        if (p != run_policy && m) { /* flush the previous run */
+            run_policy->ops->on_keys_added(run_policy, fresh, m);
+            m = 0;
+        }
+        run_policy = p;
+        fresh[m++] = keys[i];
+    }
+    if (m)
+        run_policy->ops->on_keys_added(run_policy, fresh, m);
+    pthread_mutex_unlock(&t->mu);
+    free(fresh);
+}
+
+static void on_loaded(void *user, const lmc_object_key *keys, const uint8_t *ok, size_t n)
+{
+    target *t = user;
+    for (size_t i = 0; i < n; i++) {
+        salt_group *g;
+        pthread_mutex_lock(&t->mu);
+        lmc_eviction_policy *p = ok[i] ? policy_for(t, &keys[i], &g) : NULL;
+        pthread_mutex_unlock(&t->mu);
+        if (p)
+            p->ops->on_keys_accessed(p, &keys[i], 1);
+    }
+}
+
+static void on_deleted(void *user, const lmc_object_key *keys, size_t n)
+{
+    target *t = user;
+    for (size_t i = 0; i < n; i++) {
+        pthread_mutex_lock(&t->mu);
+        tracked *e = lmc_key_table_remove(&t->table, &keys[i]);
+        salt_group *g;
+        lmc_eviction_policy *p = e ? policy_for(t, &keys[i], &g) : NULL;
+        if (e) {
+            t->bytes -= e->size;
+            if (g) {
+                g->bytes -= e->size;
+                g->keys--;
+            }
+        }
+        pthread_mutex_unlock(&t->mu);
+        if (p)
+            p->ops->on_keys_removed(p, &keys[i], 1);
+        free(e);
+    }
+}
+
+/* ---- eviction cycles -------------------------------------------------------- */
+
+static lmc_l1_evictability always(void *user, const lmc_object_key *key)
+{
+    (void)user, (void)key;
+    return LMC_L1_EVICTABLE;
+}
+
+/* Deletes victims one by one: a key the backend keeps (locked by a running
+ * prefetch) stays tracked and is tried again next cycle. */
+static size_t delete_victims(target *t, const lmc_object_key *v, size_t n)
+{
+    size_t done = 0;
+    for (size_t i = 0; i < n; i++)
+        done += lmc_l2_adapter_delete(t->ad, &v[i], 1);
+    t->evicted += done;
+    return done;
+}
+
+static size_t evict_from(target *t, lmc_eviction_policy *p, size_t want)
+{
+    if (want == 0)
+        return 0;
+    lmc_object_key *v = malloc(want * sizeof *v);
+    size_t got = v ? p->ops->select_victims(p, want, always, NULL, v) : 0;
+    size_t done = delete_victims(t, v, got);
+    free(v);
+    return done;
+}
+
+static size_t share(double ratio, size_t tracked_keys)
+{
+    size_t n = (size_t)ceil(ratio * (double)tracked_keys);
+    return n ? n : 1;
+}
+
+static void cycle_aggregate(target *t)
+{
+    lmc_l2_usage u;
+    lmc_l2_adapter_usage(t->ad, &u);
+    pthread_mutex_lock(&t->mu);
+    uint64_t used = u.used_bytes > t->bytes ? u.used_bytes : t->bytes;
+    size_t tracked_keys = t->table.count;
+    pthread_mutex_unlock(&t->mu);
+    if (strcmp(t->policy, "LRU") != 0 || u.capacity_bytes == 0 || tracked_keys == 0 ||
+        (double)used < t->watermark * (double)u.capacity_bytes)
+        return;
+    t->triggered++;
+    evict_from(t, t->lru, share(t->ratio, tracked_keys));
+}
+
+static void cycle_isolated(target *t, lmc_quotas *q)
+{
+    pthread_mutex_lock(&t->mu);
+    size_t n = t->n_groups;
+    salt_group *snap = malloc((n ? n : 1) * sizeof *snap);
+    if (snap)
+        memcpy(snap, t->groups, n * sizeof *snap);
+    pthread_mutex_unlock(&t->mu);
+    for (size_t i = 0; snap && i < n; i++) {
+        if (snap[i].bytes == 0)
+            continue;
+        uint64_t limit = lmc_quotas_get_limit(q, snap[i].salt);
+        if (limit && (double)snap[i].bytes < t->watermark * (double)limit)
+            continue;
+        t->triggered++;
+        /* No quota = not allowed: everything goes (allowlist semantics). */
+        evict_from(t, snap[i].lru, limit ? share(t->ratio, snap[i].keys) : snap[i].keys);
+    }
+    free(snap);
+}
+
+void lmc_l2_eviction_run_once(lmc_l2_eviction *e)
+{
+    for (size_t i = 0; i < e->n; i++) {
+        target *t = &e->t[i];
+        t->cycles++;
+        if (strcmp(t->policy, "IsolatedLRU") == 0)
+            cycle_isolated(t, e->quotas);
+        else
+            cycle_aggregate(t);
+    }
+}
+
+static void *eviction_main(void *arg)
+{
+    lmc_l2_eviction *e = arg;
+    pthread_mutex_lock(&e->lock);
+    while (!e->stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += e->period_ms / 1000;
+        until.tv_nsec += (long)(e->period_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&e->wake, &e->lock, &until);
+        if (e->stop)
+            break;
+        pthread_mutex_unlock(&e->lock);
+        lmc_l2_eviction_run_once(e);
+        pthread_mutex_lock(&e->lock);
+    }
+    pthread_mutex_unlock(&e->lock);
+    return NULL;
+}
+
+/* ---- lifetime ------------------------------------------------------------------ */
+
+static int init_target(target *t, lmc_l2_adapter *ad, size_t index, const json_t *ev)
+{
+    const char *policy = json_string_value(json_object_get(ev, "eviction_policy"));
+    json_t *wm = json_object_get(ev, "trigger_watermark"), *r = json_object_get(ev, "eviction_ratio");
+    snprintf(t->policy, sizeof t->policy, "%s", policy ? policy : "LRU");
+    t->ad = ad;
+    t->index = index;
+    t->watermark = wm ? json_number_value(wm) : 0.8;
+    t->ratio = r ? json_number_value(r) : 0.2;
+    pthread_mutex_init(&t->mu, NULL);
+    if (lmc_key_table_init(&t->table, offsetof(tracked, key), 1024) != 0)
+        return -1;
+    t->lru = strcmp(t->policy, "noop") == 0 ? lmc_eviction_policy_noop_new()
+                                            : lmc_eviction_policy_lru_new();
+    if (!t->lru)
+        return -1;
+    lmc_l2_observer obs = {t, on_stored, on_loaded, on_deleted};
+    lmc_l2_adapter_set_observer(ad, &obs);
+    return 0;
+}
+
+lmc_l2_eviction *lmc_l2_eviction_new(lmc_l2_adapter *const *adapters,
+                                     const json_t *const *eviction_configs, size_t n,
+                                     lmc_quotas *quotas, unsigned period_ms)
+{
+    lmc_l2_eviction *e = calloc(1, sizeof *e);
+    if (!e)
+        return NULL;
+    e->quotas = quotas;
+    e->period_ms = period_ms ? period_ms : 1000;
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_cond_init(&e->wake, NULL);
+    e->t = calloc(n ? n : 1, sizeof *e->t);
+    if (!e->t)
+        goto fail;
+    for (size_t i = 0; i < n; i++) {
+        if (!eviction_configs[i])
+            continue;
+        if (init_target(&e->t[e->n++], adapters[i], i, eviction_configs[i]) != 0)
+            goto fail;
+    }
+    if (e->n && pthread_create(&e->thread, NULL, eviction_main, e) != 0)
+        goto fail;
+    e->running = e->n > 0;
+    return e;
+fail:
+    lmc_l2_eviction_free(e);
+    return NULL;
+}
+
+void lmc_l2_eviction_stop(lmc_l2_eviction *e)
+{
+    if (!e || !e->running)
+        return;
+    pthread_mutex_lock(&e->lock);
+    e->stop = true;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->lock);
+    pthread_join(e->thread, NULL);
+    e->running = false;
+}
+
+void lmc_l2_eviction_free(lmc_l2_eviction *e)
+{
+    if (!e)
+        return;
+    lmc_l2_eviction_stop(e);
+    for (size_t i = 0; e->t && i < e->n; i++) {
+        target *t = &e->t[i];
+        for (size_t s = 0; s < t->table.capacity; s++)
+            free(lmc_key_table_slot_item(&t->table, s));
+        lmc_key_table_destroy(&t->table);
+        if (t->lru)
+            lmc_eviction_policy_free(t->lru);
+        for (size_t g = 0; g < t->n_groups; g++)
+            lmc_eviction_policy_free(t->groups[g].lru);
+        free(t->groups);
+        pthread_mutex_destroy(&t->mu);
+    }
+    free(e->t);
+    pthread_mutex_destroy(&e->lock);
+    pthread_cond_destroy(&e->wake);
+    free(e);
+}
+
+json_t *lmc_l2_eviction_status(lmc_l2_eviction *e)
+{
+    json_t *list = json_array();
+    for (size_t i = 0; e && i < e->n; i++) {
+        target *t = &e->t[i];
+        json_t *salts = json_object();
+        pthread_mutex_lock(&t->mu);
+        for (size_t g = 0; g < t->n_groups; g++)
+            json_object_set_new(salts, t->groups[g].salt,
+                                json_pack("{s:I, s:I}", "bytes", (json_int_t)t->groups[g].bytes,
+                                          "keys", (json_int_t)t->groups[g].keys));
+        json_array_append_new(
+            list, json_pack("{s:I, s:s, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:o}", "adapter_index",
+                            (json_int_t)t->index, "eviction_policy", t->policy,
+                            "trigger_watermark", t->watermark, "eviction_ratio", t->ratio,
+                            "tracked_keys", (json_int_t)t->table.count, "tracked_bytes",
+                            (json_int_t)t->bytes, "cycles", (json_int_t)t->cycles,
+                            "triggered", (json_int_t)t->triggered, "evicted_keys",
+                            (json_int_t)t->evicted, "salts", salts));
+        pthread_mutex_unlock(&t->mu);
+    }
+    return json_pack("{s:b, s:o}", "is_healthy", 1, "adapters", list);
+}

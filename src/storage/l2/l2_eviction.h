@@ -1,0 +1,26 @@
+/* L2 eviction controller (storage.md §2.5): see l2_eviction.c. */
+#ifndef LMC_STORAGE_L2_EVICTION_H
+#define LMC_STORAGE_L2_EVICTION_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "storage/l2/l2_adapter.h"
+#include "storage/quota.h"
+
+typedef struct lmc_l2_eviction lmc_l2_eviction;
+
+/* eviction_configs[i] is adapter i's "eviction" object, or NULL when that
+ * adapter is not evicted.  Installs observers on the tracked adapters (call
+ * before any task runs) and starts one thread ticking every period_ms
+ * (0 = 1000).  NULL on allocation failure. */
+lmc_l2_eviction *lmc_l2_eviction_new(lmc_l2_adapter *const *adapters,
+                                     const json_t *const *eviction_configs, size_t n,
+                                     lmc_quotas *quotas, unsigned period_ms);
+/* One synchronous cycle (tests). */
+void lmc_l2_eviction_run_once(lmc_l2_eviction *e);
+void lmc_l2_eviction_stop(lmc_l2_eviction *e);   /* joins the thread */
+void lmc_l2_eviction_free(lmc_l2_eviction *e);
+json_t *lmc_l2_eviction_status(lmc_l2_eviction *e);
+
+#endif

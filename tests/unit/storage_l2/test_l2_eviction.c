@@ -1,0 +1,167 @@
+/* L2 eviction (aggregate LRU against capacity, IsolatedLRU against quotas)
+ * over the mock adapter, and the quota registry. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "storage/l2/l2_adapter.h"
+#include "storage/l2/l2_eviction.h"
+#include "storage/quota.h"
+
+#define OBJ 1000
+
+static uint8_t arena[64 * OBJ];
+
+static lmc_object_key key(int i, const char *salt)
+{
+    lmc_object_key k = {.chunk_hash_len = 32, .model_name = "m", .cache_salt = salt};
+    k.chunk_hash[0] = (uint8_t)i;
+    k.chunk_hash[1] = (uint8_t)(i >> 8);
+    return k;
+}
+
+/* Stores keys[0..n) (each OBJ bytes) and waits for the task. */
+static void store(lmc_l2_adapter *a, const lmc_object_key *keys, size_t n)
+{
+    uint64_t offs[64], sizes[64], id, got;
+    int64_t result;
+    for (size_t i = 0; i < n; i++)
+        offs[i] = i * OBJ, sizes[i] = OBJ;
+    id = lmc_l2_adapter_submit_store(a, keys, offs, sizes, n);
+    assert_true(id > 0);
+    for (int i = 0; i < 2000; i++) {
+        if (lmc_l2_adapter_pop_completed_store(a, &got, &result)) {
+            assert_int_equal(got, id);
+            assert_int_equal(result, (int64_t)(n * OBJ));
+            return;
+        }
+        usleep(1000);
+    }
+    fail_msg("store did not complete");
+}
+
+static bool present(lmc_l2_adapter *a, const lmc_object_key *k)
+{
+    uint8_t found = 0;
+    uint64_t size = OBJ;
+    lmc_l2_backend *be = lmc_l2_adapter_backend(a);
+    be->ops->lookup_and_lock(be, k, &size, 1, &found);
+    if (found)
+        be->ops->unlock(be, k, 1);
+    return found;
+}
+
+static void test_aggregate_lru_evicts_oldest_above_watermark(void **state)
+{
+    (void)state;
+    lmc_l2_adapter *a = lmc_l2_adapter_new(lmc_l2_mock_new(10 * OBJ), arena, 1);
+    json_t *ev = json_pack("{s:s, s:f, s:f}", "eviction_policy", "LRU", "trigger_watermark", 0.8,
+                           "eviction_ratio", 0.25);
+    const json_t *evs[] = {ev};
+    lmc_quotas *q = lmc_quotas_new();
+    lmc_l2_eviction *e = lmc_l2_eviction_new(&a, evs, 1, q, 60000);
+    lmc_object_key k[8];
+    for (int i = 0; i < 8; i++)
+        k[i] = key(i, "");
+    store(a, k, 4);          /* 4 of 10: below the watermark */
+    lmc_l2_eviction_run_once(e);
+    for (int i = 0; i < 4; i++)
+        assert_true(present(a, &k[i]));
+    store(a, k + 4, 4);      /* 8 of 10 = 0.8: evict 25 % of 8 = 2, oldest first */
+    lmc_l2_eviction_run_once(e);
+    /* The older batch goes first, and within it the last chunks: a cached
+     * prefix shrinks from its end. */
+    assert_true(present(a, &k[0]));
+    assert_true(present(a, &k[1]));
+    assert_false(present(a, &k[2]));
+    assert_false(present(a, &k[3]));
+    for (int i = 4; i < 8; i++)
+        assert_true(present(a, &k[i]));
+    json_t *st = lmc_l2_eviction_status(e);
+    json_t *t0 = json_array_get(json_object_get(st, "adapters"), 0);
+    assert_int_equal(json_integer_value(json_object_get(t0, "evicted_keys")), 2);
+    assert_int_equal(json_integer_value(json_object_get(t0, "tracked_keys")), 6);
+    json_decref(st);
+    lmc_l2_eviction_free(e);
+    lmc_l2_adapter_close(a);
+    lmc_quotas_free(q);
+    json_decref(ev);
+}
+
+static void test_isolated_lru_enforces_quotas_as_allowlist(void **state)
+{
+    (void)state;
+    lmc_l2_adapter *a = lmc_l2_adapter_new(lmc_l2_mock_new(0), arena, 1);
+    json_t *ev = json_pack("{s:s, s:f, s:f}", "eviction_policy", "IsolatedLRU",
+                           "trigger_watermark", 1.0, "eviction_ratio", 0.5);
+    const json_t *evs[] = {ev};
+    lmc_quotas *q = lmc_quotas_new();
+    assert_int_equal(lmc_quotas_set(q, "paid", 4 * OBJ), 0);
+    lmc_l2_eviction *e = lmc_l2_eviction_new(&a, evs, 1, q, 60000);
+    lmc_object_key paid[4], rogue[2];
+    for (int i = 0; i < 4; i++)
+        paid[i] = key(i, "paid");
+    for (int i = 0; i < 2; i++)
+        rogue[i] = key(100 + i, "rogue");
+    store(a, paid, 3);       /* 3 of 4 KB: within quota */
+    store(a, rogue, 2);      /* no quota: wiped */
+    lmc_l2_eviction_run_once(e);
+    for (int i = 0; i < 3; i++)
+        assert_true(present(a, &paid[i]));
+    assert_false(present(a, &rogue[0]));
+    assert_false(present(a, &rogue[1]));
+    store(a, paid + 3, 1);   /* 4 of 4: at the watermark, half goes */
+    lmc_l2_eviction_run_once(e);
+    int left = 0;
+    for (int i = 0; i < 4; i++)
+        left += present(a, &paid[i]);
+    assert_int_equal(left, 2);
+    lmc_l2_eviction_free(e);
+    lmc_l2_adapter_close(a);
+    lmc_quotas_free(q);
+    json_decref(ev);
+}
+
+static void test_quota_registry(void **state)
+{
+    (void)state;
+    lmc_quotas *q = lmc_quotas_new();
+    uint64_t lim;
+    assert_false(lmc_quotas_has(q, "a"));
+    assert_int_equal(lmc_quotas_get_limit(q, "a"), 0);
+    assert_false(lmc_quotas_effective_limit(q, "a", &lim));   /* exempt without default */
+    assert_int_equal(lmc_quotas_set(q, "a", 0), 0);           /* 0 is registered */
+    assert_true(lmc_quotas_has(q, "a"));
+    lmc_quotas_set(q, "b", 5);
+    lmc_quotas_set_default(q, true, 7);
+    assert_true(lmc_quotas_effective_limit(q, "zzz", &lim) && lim == 7);
+    assert_true(lmc_quotas_effective_limit(q, "b", &lim) && lim == 5);
+    json_t *snap = lmc_quotas_capture(q);
+    assert_true(lmc_quotas_delete(q, "b"));
+    assert_false(lmc_quotas_delete(q, "b"));
+    lmc_quotas *r = lmc_quotas_new();
+    assert_int_equal(lmc_quotas_restore(r, snap), 0);
+    assert_int_equal(lmc_quotas_get_limit(r, "b"), 5);
+    assert_true(lmc_quotas_effective_limit(r, "x", &lim) && lim == 7);
+    json_t *bad = json_pack("{s:{s:i}}", "limits", "a", -1);
+    assert_int_equal(lmc_quotas_restore(r, bad), -1);
+    assert_int_equal(lmc_quotas_get_limit(r, "b"), 5);        /* unchanged */
+    json_decref(bad);
+    json_decref(snap);
+    lmc_quotas_free(q);
+    lmc_quotas_free(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_aggregate_lru_evicts_oldest_above_watermark),
+        cmocka_unit_test(test_isolated_lru_enforces_quotas_as_allowlist),
+        cmocka_unit_test(test_quota_registry),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
