@@ -2,11 +2,9 @@
  *
  * Every entry is a JSON object with a string "type" and, when given, an
  * "affinity_tag" naming a DRAM or DEVDAX L1.  The per-type field schemas
- * below are checked twice: leniently at flag validation (fields that are
- * present and known must have the right JSON type and range; exit 2), and
- * strictly by the adapter factory at start-up (unknown types and fields and
- * missing required fields are errors too).  The split keeps plain parsing
- * of not-yet-implemented adapter types (resp, s3, ...) working. */
+ * below are checked strictly at flag validation (unknown types and fields,
+ * missing required fields, wrong JSON types and ranges: exit 2), and again
+ * by the adapter factory at start-up, which builds from the same tables. */
 #include "config/config_internal.h"
 #include "config/config_l2.h"
 
@@ -191,37 +189,14 @@ int lmc_l2_adapter_json_check(const json_t *o, bool strict, char *err, size_t er
     return check_json(o, strict, 0, err, errlen);
 }
 
-/* Per-adapter-type hook: returns 0, or -1 after lmc_cfg_fail(e, ...). */
-typedef int (*l2_type_check_fn)(const json_t *entry, size_t index, const lmc_config *cfg,
-                                 lmc_cfg_err *e);
-
-static int check_lenient(const json_t *o, size_t i, const lmc_config *cfg, lmc_cfg_err *e)
+/* The full schema at flag time: an unknown type or field, a missing
+ * required field or a bad value is a flag error (exit 2, nothing started);
+ * the adapter factory checks the same schema again at start-up. */
+static int check_schema(const json_t *o, size_t i, lmc_cfg_err *e)
 {
-    (void)cfg;
     char msg[256];
-    if (lmc_l2_adapter_json_check(o, false, msg, sizeof msg) != 0)
+    if (lmc_l2_adapter_json_check(o, true, msg, sizeof msg) != 0)
         return lmc_cfg_fail(e, "--l2-adapter[%zu]: %s", i, msg);
-    return 0;
-}
-
-static const struct {
-    const char *type;
-    l2_type_check_fn check;
-} l2_type_checks[] = {
-    {"mock", check_lenient},
-    {"fault_inject", check_lenient},
-    {"fs", check_lenient},
-    {"resp", check_lenient},
-    {"s3", check_lenient},
-    {NULL, NULL}, /* sentinel; per-type validators go above this line */
-};
-
-static int run_type_hook(const json_t *o, const char *type, size_t i, const lmc_config *cfg,
-                         lmc_cfg_err *e)
-{
-    for (size_t k = 0; l2_type_checks[k].type; k++)
-        if (strcmp(l2_type_checks[k].type, type) == 0)
-            return l2_type_checks[k].check(o, i, cfg, e);
     return 0;
 }
 
@@ -259,7 +234,7 @@ static int check_adapter(const char *text, size_t i, const lmc_config *cfg, lmc_
         rc = lmc_cfg_fail(e, "--l2-adapter[%zu]: needs a non-empty string \"type\", got '%s'",
                           i, text);
     else
-        rc = check_affinity(o, i, cfg, e) ? -1 : run_type_hook(o, type, i, cfg, e);
+        rc = check_affinity(o, i, cfg, e) ? -1 : check_schema(o, i, e);
     json_decref(o);
     return rc;
 }

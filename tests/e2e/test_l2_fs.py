@@ -185,10 +185,17 @@ def test_bad_adapter_flags_exit_2(tmp_path):
     assert r.returncode == 2 and "num_workers" in r.stderr
     r = run_lmcached("--l1-size-gb", "0.0625", "--eviction-policy", "LRU", "--l2-adapter",
                      '{"type":"nope"}', "--port", "1")
-    assert r.returncode != 0 and "unknown L2 adapter type 'nope'" in r.stderr
+    assert r.returncode == 2 and "unknown L2 adapter type 'nope'" in r.stderr
     r = run_lmcached("--l1-size-gb", "0.0625", "--eviction-policy", "LRU", "--l2-adapter",
                      json.dumps({"type": "fs", "base_path": str(tmp_path), "junk": 1}), "--port", "1")
-    assert r.returncode != 0 and 'unknown field "junk"' in r.stderr
+    assert r.returncode == 2 and 'unknown field "junk"' in r.stderr
+    for bad in ({"type": "fs"},                                       # missing base_path
+                {"type": "s3", "s3_endpoint": "b.h", "s3_region": 5},   # wrong JSON type
+                {"type": "resp", "host": "h", "port": 1,
+                 "eviction": {"eviction_policy": "FIFO"}}):            # unknown policy
+        r = run_lmcached("--l1-size-gb", "0.0625", "--eviction-policy", "LRU", "--l2-adapter",
+                         json.dumps(bad), "--port", "1")
+        assert r.returncode == 2 and "--l2-adapter[0]" in r.stderr, (bad, r.stderr)
 
 
 def test_failing_adapter_degrades_to_misses(tmp_path):

@@ -220,7 +220,7 @@ static const char *const all_args[] = {
     "--eviction-trigger-watermark", "0.9", "--eviction-ratio", "0.1", "--l2-store-policy",
     "skip_l1", "--l2-prefetch-policy", "retain", "--l2-prefetch-max-in-flight", "16",
     "--l2-prefetch-load-timeout", "1.5", "--periodic-notifier-interval-ms", "10",
-    "--l2-adapter", "{\"type\":\"fs\"}", "--l2-adapter", "{\"type\":\"resp\"}",
+    "--l2-adapter", "{\"type\":\"fs\",\"base_path\":\"/tmp/x\"}", "--l2-adapter", "{\"type\":\"resp\",\"host\":\"h\",\"port\":1}",
     "--disable-observability", "--disable-metrics", "--disable-logging", "--enable-tracing",
     "--otlp-endpoint", "http://otel:4317", "--event-bus-queue-size", "5", "--prometheus-port",
     "9191", "--metrics-sample-rate", "0.5", "--lookup-hash-log-dir", "/tmp/lh",
@@ -296,8 +296,8 @@ static void assert_all_storage(const lmc_storage_config *s)
     assert_true(s->l2_prefetch_load_timeout.set && s->l2_prefetch_load_timeout.value == 1.5);
     assert_int_equal(s->periodic_notifier_interval_ms, 10);
     assert_int_equal(s->l2_adapter_json.count, 2);
-    assert_string_equal(s->l2_adapter_json.items[0], "{\"type\":\"fs\"}");
-    assert_string_equal(s->l2_adapter_json.items[1], "{\"type\":\"resp\"}");
+    assert_string_equal(s->l2_adapter_json.items[0], "{\"type\":\"fs\",\"base_path\":\"/tmp/x\"}");
+    assert_string_equal(s->l2_adapter_json.items[1], "{\"type\":\"resp\",\"host\":\"h\",\"port\":1}");
 }
 
 static void assert_all_obs(const lmc_obs_config *o)
@@ -382,11 +382,11 @@ static void test_equals_form(void **state)
     (void)state;
     lmc_config c;
     PARSE_OK(&c, "--port=6001", "--coordinator-url=http://h/x?a=b", "--shm-name=",
-             "--l2-adapter={\"type\":\"fs\",\"p\":\"a=b\"}", "--metrics-sample-rate=1");
+             "--l2-adapter={\"type\":\"fs\",\"base_path\":\"a=b\"}", "--metrics-sample-rate=1");
     assert_int_equal(c.mp.port, 6001);
     assert_string_equal(c.coordinator.url, "http://h/x?a=b");
     assert_string_equal(c.mp.shm_name, "");
-    assert_string_equal(c.storage.l2_adapter_json.items[0], "{\"type\":\"fs\",\"p\":\"a=b\"}");
+    assert_string_equal(c.storage.l2_adapter_json.items[0], "{\"type\":\"fs\",\"base_path\":\"a=b\"}");
     assert_true(c.obs.metrics_sample_rate == 1.0);
     lmc_config_free(&c);
 }
@@ -463,11 +463,11 @@ static void test_repeatable(void **state)
 {
     (void)state;
     lmc_config c;
-    PARSE_OK(&c, "--l2-adapter", "{\"type\":\"a\"}", "--port", "1234", "--l2-adapter",
-             "{\"type\":\"b\"}", "--l2-adapter={\"type\":\"c\"}");
+    PARSE_OK(&c, "--l2-adapter", "{\"type\":\"mock\",\"num_workers\":1}", "--port", "1234", "--l2-adapter",
+             "{\"type\":\"mock\",\"num_workers\":2}", "--l2-adapter={\"type\":\"mock\",\"num_workers\":3}");
     assert_int_equal(c.storage.l2_adapter_json.count, 3);
-    assert_string_equal(c.storage.l2_adapter_json.items[0], "{\"type\":\"a\"}");
-    assert_string_equal(c.storage.l2_adapter_json.items[2], "{\"type\":\"c\"}");
+    assert_string_equal(c.storage.l2_adapter_json.items[0], "{\"type\":\"mock\",\"num_workers\":1}");
+    assert_string_equal(c.storage.l2_adapter_json.items[2], "{\"type\":\"mock\",\"num_workers\":3}");
     lmc_config_free(&c);
     assert_int_equal(parse_list(&c, NULL, false,
                                 ARGS("--eviction-policy", "LRU", "--l1-manager",

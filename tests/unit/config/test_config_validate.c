@@ -480,7 +480,7 @@ static void test_l2_adapter_shape(void **state)
     (void)state;
     OK("--l2-adapter", "{\"type\":\"fs\",\"base_path\":\"/tmp/x\"}");
     ERR("--l2-adapter[0]: invalid JSON", "--l2-adapter", "{type:fs}");
-    ERR("--l2-adapter[1]: must be a JSON object, got '[]'", "--l2-adapter", "{\"type\":\"fs\"}",
+    ERR("--l2-adapter[1]: must be a JSON object, got '[]'", "--l2-adapter", "{\"type\":\"fs\",\"base_path\":\"/tmp/x\"}",
         "--l2-adapter", "[]");
     ERR("--l2-adapter[0]: needs a non-empty string \"type\"", "--l2-adapter", "{\"path\":1}");
     ERR("needs a non-empty string \"type\"", "--l2-adapter", "{\"type\":3}");
@@ -492,17 +492,17 @@ static void test_l2_affinity(void **state)
     (void)state;
     const char *dram = "{\"type\":\"DRAM\",\"tag\":\"mem\",\"size_gb\":1}";
     const char *gds = "{\"type\":\"GDS\",\"tag\":\"g\",\"size_gb\":1,\"path\":\"/x\"}";
-    OK("--l2-adapter", "{\"type\":\"fs\",\"affinity_tag\":\"_default\"}");
+    OK("--l2-adapter", "{\"type\":\"fs\",\"base_path\":\"/x\",\"affinity_tag\":\"_default\"}");
     ERR("--l2-adapter[0]: \"affinity_tag\" 'mem' names no L1", "--l2-adapter",
-        "{\"type\":\"fs\",\"affinity_tag\":\"mem\"}");
+        "{\"type\":\"fs\",\"base_path\":\"/x\",\"affinity_tag\":\"mem\"}");
     MGR_OK("--eviction-policy", "LRU", "--l1-manager", dram, "--l2-adapter",
-           "{\"type\":\"fs\",\"affinity_tag\":\"mem\"}");
+           "{\"type\":\"fs\",\"base_path\":\"/x\",\"affinity_tag\":\"mem\"}");
     MGR_ERR("\"affinity_tag\" '_default' names no L1", "--eviction-policy", "LRU",
-            "--l1-manager", dram, "--l2-adapter", "{\"type\":\"fs\"}");
+            "--l1-manager", dram, "--l2-adapter", "{\"type\":\"fs\",\"base_path\":\"/tmp/x\"}");
     MGR_ERR("\"affinity_tag\" 'g' is a GDS L1", "--eviction-policy", "LRU", "--l1-manager",
-            dram, "--l1-manager", gds, "--l2-adapter", "{\"type\":\"fs\",\"affinity_tag\":\"g\"}");
+            dram, "--l1-manager", gds, "--l2-adapter", "{\"type\":\"fs\",\"base_path\":\"/x\",\"affinity_tag\":\"g\"}");
     ERR("\"affinity_tag\" must be a string", "--l2-adapter",
-        "{\"type\":\"fs\",\"affinity_tag\":1}");
+        "{\"type\":\"fs\",\"base_path\":\"/x\",\"affinity_tag\":1}");
 }
 
 int main(void)
