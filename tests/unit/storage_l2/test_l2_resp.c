@@ -11,6 +11,10 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <sys/socket.h>
 #include <cmocka.h>
 
 #include "storage/l2/l2_resp.h"
@@ -18,9 +22,32 @@
 
 #define OBJ 70000 /* > the connection buffer: payloads go straight to the caller */
 
-static int base_port(void)
+
+/* Ports the kernel says are free now; `bus` also requires port+10000 free
+ * (Redis Cluster's bus), so those come from a range that leaves room. */
+static bool port_free(int port)
 {
-    return 31000 + (int)(getpid() % 2000) * 8;
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    bool ok = s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0;
+    if (s >= 0)
+        close(s);
+    return ok;
+}
+
+static int pick_ports(int n, bool bus)
+{
+    srand((unsigned)getpid() ^ (unsigned)time(NULL));
+    for (int attempt = 0; attempt < 1000; attempt++) {
+        int base = 20000 + rand() % 20000;
+        bool ok = true;
+        for (int i = 0; ok && i < n; i++)
+            ok = port_free(base + i) && (!bus || port_free(base + i + 10000));
+        if (ok)
+            return base;
+    }
+    return -1;
 }
 
 static pid_t start_redis(int port, const char *extra1, const char *extra2, const char *dir)
@@ -128,7 +155,7 @@ static void test_key_slot(void **state)
 static void test_single_node_round_trip_and_restart(void **state)
 {
     (void)state;
-    int port = base_port();
+    int port = pick_ports(1, false);
     pid_t pid = start_redis(port, NULL, NULL, "/tmp");
     assert_true(pid > 0);
     lmc_l2_backend *b = connect_backend(port, "");
@@ -177,7 +204,7 @@ static void test_single_node_round_trip_and_restart(void **state)
 static void test_auth(void **state)
 {
     (void)state;
-    int port = base_port() + 1;
+    int port = pick_ports(1, false);
     pid_t pid = start_redis(port, "--requirepass", "s3cret", "/tmp");
     assert_true(pid > 0);
     lmc_l2_backend *good = connect_backend(port, "s3cret");
@@ -196,7 +223,7 @@ static void test_auth(void **state)
 static void test_cluster_routing(void **state)
 {
     (void)state;
-    int port = base_port() + 2;
+    int port = pick_ports(3, true);
     char dir[] = "/tmp/lmc-redis-cluster-XXXXXX";
     assert_non_null(mkdtemp(dir));
     pid_t pids[3];
