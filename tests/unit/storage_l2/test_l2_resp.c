@@ -17,38 +17,12 @@
 #include <sys/socket.h>
 #include <cmocka.h>
 
+#include "ports.h"
 #include "storage/l2/l2_resp.h"
 #include "storage/l2/l2_resp_conn.h"
 
 #define OBJ 70000 /* > the connection buffer: payloads go straight to the caller */
 
-
-/* Ports the kernel says are free now; `bus` also requires port+10000 free
- * (Redis Cluster's bus), so those come from a range that leaves room. */
-static bool port_free(int port)
-{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    bool ok = s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0;
-    if (s >= 0)
-        close(s);
-    return ok;
-}
-
-static int pick_ports(int n, bool bus)
-{
-    srand((unsigned)getpid() ^ (unsigned)time(NULL));
-    for (int attempt = 0; attempt < 1000; attempt++) {
-        int base = 20000 + rand() % 20000;
-        bool ok = true;
-        for (int i = 0; ok && i < n; i++)
-            ok = port_free(base + i) && (!bus || port_free(base + i + 10000));
-        if (ok)
-            return base;
-    }
-    return -1;
-}
 
 static pid_t start_redis(int port, const char *extra1, const char *extra2, const char *dir)
 {

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 #include <curl/curl.h>
 
+#include "ports.h"
 #include "storage/l2/l2_s3.h"
 
 #define AK "AKIAIOSFODNN7EXAMPLE"
@@ -66,33 +67,6 @@ static void test_uri_encoding(void **state)
     assert_int_equal(lmc_s3_uri_encode("abcdef", 6, true, out, 4), -1);
 }
 
-
-/* Ports the kernel says are free now; `bus` also requires port+10000 free
- * (Redis Cluster's bus), so those come from a range that leaves room. */
-static bool port_free(int port)
-{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    bool ok = s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0;
-    if (s >= 0)
-        close(s);
-    return ok;
-}
-
-static int pick_ports(int n, bool bus)
-{
-    srand((unsigned)getpid() ^ (unsigned)time(NULL));
-    for (int attempt = 0; attempt < 1000; attempt++) {
-        int base = 20000 + rand() % 20000;
-        bool ok = true;
-        for (int i = 0; ok && i < n; i++)
-            ok = port_free(base + i) && (!bus || port_free(base + i + 10000));
-        if (ok)
-            return base;
-    }
-    return -1;
-}
 
 static pid_t start_moto(int port)
 {
