@@ -270,6 +270,12 @@ lmc_quotas *lmc_storage_manager_quotas(lmc_storage_manager *sm)
     return sm->quotas;
 }
 
+json_t *lmc_storage_manager_l2_usage_by_salt(lmc_storage_manager *sm)
+{
+    return sm->l2_ops && sm->l2_ops->usage_by_salt ? sm->l2_ops->usage_by_salt(sm->l2)
+                                                   : json_object();
+}
+
 lmc_storage_manager *lmc_storage_manager_create(const lmc_config *cfg, char *err, size_t errlen)
 {
     lmc_storage_options o;

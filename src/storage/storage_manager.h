@@ -162,15 +162,21 @@ typedef struct lmc_storage_tier_ops {
     void (*stop_prefetch)(void *impl);
     /* New reference: an object whose fields are merged into the status. */
     json_t *(*report_status)(void *impl);
+    /* New reference: {cache_salt: bytes} over the tier's adapters. */
+    json_t *(*usage_by_salt)(void *impl);
     /* Stops the tier's threads and frees it; runs while L1 is still alive. */
     void (*close)(void *impl);
 } lmc_storage_tier_ops;
 
-/* The storage manager owns `impl` from here on (close() closes it first).
- * Call once, before concurrent use. */
 /* The per-salt L2 quota registry (owned by the storage manager). */
 lmc_quotas *lmc_storage_manager_quotas(lmc_storage_manager *sm);
+/* Bytes per cache_salt held in L2 ({salt: bytes}, summed over the adapters
+ * that track salts, i.e. those with an "eviction" config).  New reference;
+ * an empty object without an L2 tier. */
+json_t *lmc_storage_manager_l2_usage_by_salt(lmc_storage_manager *sm);
 
+/* The storage manager owns `impl` from here on (close() closes it first).
+ * Call once, before concurrent use. */
 void lmc_storage_manager_attach_l2(lmc_storage_manager *sm, const lmc_storage_tier_ops *ops,
                                    void *impl);
 bool lmc_storage_manager_has_l2(const lmc_storage_manager *sm);

@@ -385,3 +385,19 @@ json_t *lmc_l2_eviction_status(lmc_l2_eviction *e)
     }
     return json_pack("{s:b, s:o}", "is_healthy", 1, "adapters", list);
 }
+
+json_t *lmc_l2_eviction_usage_by_salt(lmc_l2_eviction *e)
+{
+    json_t *out = json_object();
+    for (size_t i = 0; e && i < e->n; i++) {
+        target *t = &e->t[i];
+        pthread_mutex_lock(&t->mu);
+        for (size_t g = 0; g < t->n_groups; g++) {
+            json_int_t before = json_integer_value(json_object_get(out, t->groups[g].salt));
+            json_object_set_new(out, t->groups[g].salt,
+                                json_integer(before + (json_int_t)t->groups[g].bytes));
+        }
+        pthread_mutex_unlock(&t->mu);
+    }
+    return out;
+}

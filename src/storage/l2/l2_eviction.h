@@ -22,5 +22,8 @@ void lmc_l2_eviction_run_once(lmc_l2_eviction *e);
 void lmc_l2_eviction_stop(lmc_l2_eviction *e);   /* joins the thread */
 void lmc_l2_eviction_free(lmc_l2_eviction *e);
 json_t *lmc_l2_eviction_status(lmc_l2_eviction *e);
+/* {cache_salt: bytes} summed over the IsolatedLRU targets (the only ones
+ * that count per salt).  New reference. */
+json_t *lmc_l2_eviction_usage_by_salt(lmc_l2_eviction *e);
 
 #endif

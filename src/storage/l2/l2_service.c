@@ -71,8 +71,18 @@ static void svc_close(void *impl)
     free(s);
 }
 
+static json_t *svc_usage_by_salt(void *impl)
+{
+    l2_service *s = impl;
+    return lmc_l2_eviction_usage_by_salt(s->eviction);
+}
+
 static const lmc_storage_tier_ops svc_ops = {
-    svc_prefetch, svc_stop_prefetch, svc_status, svc_close,
+    .prefetch = svc_prefetch,
+    .stop_prefetch = svc_stop_prefetch,
+    .report_status = svc_status,
+    .usage_by_salt = svc_usage_by_salt,
+    .close = svc_close,
 };
 
 static lmc_l2_adapter *adapter_from_text(const char *text, size_t i, uint8_t *base, char *err,

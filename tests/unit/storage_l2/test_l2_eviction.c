@@ -109,11 +109,18 @@ static void test_isolated_lru_enforces_quotas_as_allowlist(void **state)
         rogue[i] = key(100 + i, "rogue");
     store(a, paid, 3);       /* 3 of 4 KB: within quota */
     store(a, rogue, 2);      /* no quota: wiped */
+    json_t *usage = lmc_l2_eviction_usage_by_salt(e);
+    assert_int_equal(json_integer_value(json_object_get(usage, "paid")), 3 * OBJ);
+    assert_int_equal(json_integer_value(json_object_get(usage, "rogue")), 2 * OBJ);
+    json_decref(usage);
     lmc_l2_eviction_run_once(e);
     for (int i = 0; i < 3; i++)
         assert_true(present(a, &paid[i]));
     assert_false(present(a, &rogue[0]));
     assert_false(present(a, &rogue[1]));
+    usage = lmc_l2_eviction_usage_by_salt(e);
+    assert_int_equal(json_integer_value(json_object_get(usage, "rogue")), 0);
+    json_decref(usage);
     store(a, paid + 3, 1);   /* 4 of 4: at the watermark, half goes */
     lmc_l2_eviction_run_once(e);
     int left = 0;
