@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <time.h>
 
 #define MAX_SUBSCRIBERS 32
 
@@ -18,6 +19,8 @@ typedef struct {
 struct lmc_event_bus {
     pthread_mutex_t lock;
     pthread_cond_t ready;
+    pthread_cond_t idle;      /* signalled when the queue empties */
+    bool delivering;
     pthread_t thread;
     bool stopping;
     lmc_event *ring;          /* capacity slots, head..head+count */
@@ -47,6 +50,7 @@ static void *drain_main(void *arg)
         lmc_event ev = bus->ring[bus->head];
         bus->head = (bus->head + 1) % bus->capacity;
         bus->count--;
+        bus->delivering = true;
         subscriber subs[MAX_SUBSCRIBERS];
         size_t n = bus->n_subs;
         memcpy(subs, bus->subs, n * sizeof subs[0]);
@@ -55,7 +59,11 @@ static void *drain_main(void *arg)
         json_decref(ev.metadata);
         pthread_mutex_lock(&bus->lock);
         bus->delivered++;
+        bus->delivering = false;
+        if (bus->count == 0)
+            pthread_cond_broadcast(&bus->idle);
     }
+    pthread_cond_broadcast(&bus->idle);
     pthread_mutex_unlock(&bus->lock);
     return NULL;
 }
@@ -75,7 +83,11 @@ lmc_event_bus *lmc_event_bus_new(size_t capacity)
     bus->capacity = capacity;
     pthread_mutex_init(&bus->lock, NULL);
     pthread_cond_init(&bus->ready, NULL);
+    pthread_cond_init(&bus->idle, NULL);
     if (pthread_create(&bus->thread, NULL, drain_main, bus) != 0) {
+        pthread_mutex_destroy(&bus->lock);
+        pthread_cond_destroy(&bus->ready);
+        pthread_cond_destroy(&bus->idle);
         free(bus->ring);
         free(bus);
         return NULL;
@@ -120,9 +132,31 @@ void lmc_event_bus_publish(lmc_event_bus *bus, const char *type, const char *ses
 lmc_event_bus_stats lmc_event_bus_get_stats(lmc_event_bus *bus)
 {
     pthread_mutex_lock(&bus->lock);
-    lmc_event_bus_stats st = {bus->published, bus->delivered, bus->dropped, bus->count};
+    lmc_event_bus_stats st = {bus->published, bus->delivered, bus->dropped, bus->count, 0};
+    if (bus->count)
+        st.oldest_timestamp = bus->ring[bus->head].timestamp;
     pthread_mutex_unlock(&bus->lock);
     return st;
+}
+
+int lmc_event_bus_drain(lmc_event_bus *bus, double timeout_s)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    double whole = (double)(time_t)timeout_s;
+    deadline.tv_sec += (time_t)timeout_s;
+    deadline.tv_nsec += (long)((timeout_s - whole) * 1e9);
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    int rc = 0;
+    pthread_mutex_lock(&bus->lock);
+    while ((bus->count > 0 || bus->delivering) && rc == 0)
+        rc = pthread_cond_timedwait(&bus->idle, &bus->lock, &deadline);
+    bool drained = bus->count == 0 && !bus->delivering;
+    pthread_mutex_unlock(&bus->lock);
+    return drained ? 0 : -1;
 }
 
 void lmc_event_bus_free(lmc_event_bus *bus)
@@ -136,6 +170,7 @@ void lmc_event_bus_free(lmc_event_bus *bus)
     pthread_join(bus->thread, NULL);
     pthread_mutex_destroy(&bus->lock);
     pthread_cond_destroy(&bus->ready);
+    pthread_cond_destroy(&bus->idle);
     free(bus->ring);
     free(bus);
 }

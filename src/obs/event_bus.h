@@ -24,6 +24,7 @@ typedef struct lmc_event_bus lmc_event_bus;
 typedef struct {
     uint64_t published, delivered, dropped;
     size_t queued;
+    double oldest_timestamp;  /* of the oldest queued event; 0 when empty */
 } lmc_event_bus_stats;
 
 lmc_event_bus *lmc_event_bus_new(size_t capacity);
@@ -32,6 +33,10 @@ int lmc_event_bus_subscribe(lmc_event_bus *bus, const char *type, lmc_event_fn f
 void lmc_event_bus_publish(lmc_event_bus *bus, const char *type, const char *session_id,
                            json_t *metadata);
 lmc_event_bus_stats lmc_event_bus_get_stats(lmc_event_bus *bus);
+/* Waits until every event published before the call has been handed to
+ * the subscribers, or `timeout_s` passed.  0 when drained, -1 on timeout.
+ * Not from a subscriber (it would wait for itself). */
+int lmc_event_bus_drain(lmc_event_bus *bus, double timeout_s);
 /* Delivers what is queued, stops the drain thread, frees everything. */
 void lmc_event_bus_free(lmc_event_bus *bus);
 

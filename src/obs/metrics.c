@@ -501,6 +501,47 @@ static void run_collectors(lmc_metrics *r)
     }
 }
 
+/* ---- snapshot (OTLP export) ------------------------------------------ */
+
+static json_t *series_json(const lmc_metric *m, const series *s)
+{
+    json_t *labels = json_object();
+    for (size_t i = 0; i < m->n_labels; i++)
+        json_object_set_new(labels, m->labels[i], json_string(s->values[i]));
+    if (m->type != LMC_METRIC_HISTOGRAM)
+        return json_pack("{s:o, s:f}", "labels", labels, "value", s->value);
+    json_t *buckets = json_array();
+    for (size_t b = 0; b <= m->n_bounds; b++)
+        json_array_append_new(buckets, json_integer((json_int_t)s->buckets[b]));
+    return json_pack("{s:o, s:o, s:f, s:I}", "labels", labels, "buckets", buckets, "sum",
+                     s->sum, "count", (json_int_t)s->count);
+}
+
+static json_t *family_json(const lmc_metric *m)
+{
+    json_t *bounds = json_array(), *list = json_array();
+    for (size_t b = 0; b < m->n_bounds; b++)
+        json_array_append_new(bounds, json_real(m->bounds[b]));
+    for (const series *s = m->head; s; s = s->next)
+        json_array_append_new(list, series_json(m, s));
+    return json_pack("{s:s, s:s, s:s, s:o, s:o}", "name", m->name, "help", m->help, "type",
+                     type_name(m->type), "bounds", bounds, "series", list);
+}
+
+json_t *lmc_metrics_snapshot(lmc_metrics *r)
+{
+    if (!r)
+        return NULL;
+    run_collectors(r);
+    json_t *out = json_array();
+    pthread_mutex_lock(&r->lock);
+    r->dropped->head->value = (double)r->series_dropped;
+    for (const lmc_metric *m = r->head; m && out; m = m->next)
+        json_array_append_new(out, family_json(m));
+    pthread_mutex_unlock(&r->lock);
+    return out;
+}
+
 char *lmc_metrics_render(lmc_metrics *r)
 {
     if (!r)

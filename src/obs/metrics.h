@@ -70,6 +70,12 @@ int lmc_metrics_add_collector(lmc_metrics *r, lmc_metrics_collect_fn fn, void *u
  * registration order, series in creation order); malloc'd, caller frees.
  * NULL on allocation failure. */
 char *lmc_metrics_render(lmc_metrics *r);
+/* Runs the collectors and returns every family as JSON (new reference):
+ * [{"name", "help", "type": "counter"|"gauge"|"histogram", "bounds": [..],
+ *   "series": [{"labels": {name: value}, "value"} or
+ *              {"labels", "buckets": [non-cumulative counts, +Inf last],
+ *               "sum", "count"}]}].  Used by the OTLP exporter. */
+json_t *lmc_metrics_snapshot(lmc_metrics *r);
 #define LMC_METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
 /* ---- collectors ----------------------------------------------------- */
@@ -81,7 +87,7 @@ int lmc_metrics_add_process_collector(lmc_metrics *r);
 
 /* Subscribes to every event (lmcache_mp_events_total{event_type}) and
  * exports the bus's own counters (published/delivered/dropped, queue
- * depth).  The bus must be freed before the registry. */
+ * depth, drain lag).  The event-driven families are in event_metrics.h.  The bus must be freed before the registry. */
 int lmc_metrics_attach_event_bus(lmc_metrics *r, lmc_event_bus *bus);
 
 /* RPC core totals, mirrored as lmcache_mp_rpc_*_total counters. */

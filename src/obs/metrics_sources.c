@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "obs/metrics.h"
@@ -136,7 +137,7 @@ int lmc_metrics_add_process_collector(lmc_metrics *r)
 
 typedef struct {
     lmc_event_bus *bus;
-    lmc_metric *events, *published, *delivered, *dropped, *queued;
+    lmc_metric *events, *published, *delivered, *dropped, *queued, *lag;
 } bus_metrics;
 
 static void on_event(const lmc_event *ev, void *user)
@@ -155,6 +156,13 @@ static void collect_bus(lmc_metrics *r, void *user)
     lmc_metric_set(bm->delivered, NULL, (double)st.delivered);
     lmc_metric_set(bm->dropped, NULL, (double)st.dropped);
     lmc_metric_set(bm->queued, NULL, (double)st.queued);
+    double lag = 0;
+    if (st.queued) {
+        struct timeval tv;
+        gettimeofday(&tv, NULL);
+        lag = (double)tv.tv_sec + (double)tv.tv_usec / 1e6 - st.oldest_timestamp;
+    }
+    lmc_metric_set(bm->lag, NULL, lag > 0 ? lag : 0);
 }
 
 static bool register_bus_metrics(lmc_metrics *r, bus_metrics *bm)
@@ -170,7 +178,11 @@ static bool register_bus_metrics(lmc_metrics *r, bus_metrics *bm)
                                       "Events dropped because the queue was full", NULL);
     bm->queued = lmc_metrics_gauge(r, "lmcache_mp_event_bus_queue_depth",
                                    "Events waiting in the event bus queue", NULL);
-    return bm->events && bm->published && bm->delivered && bm->dropped && bm->queued;
+    bm->lag = lmc_metrics_gauge(r, "lmcache_mp_event_bus_drain_lag_seconds",
+                                "Age of the oldest queued event (0 when the queue is empty)",
+                                NULL);
+    return bm->events && bm->published && bm->delivered && bm->dropped && bm->queued &&
+           bm->lag;
 }
 
 int lmc_metrics_attach_event_bus(lmc_metrics *r, lmc_event_bus *bus)

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "obs/event_logging.h"
+#include "obs/event_metrics.h"
 #include "obs/log.h"
 #include "server/server_internal.h"
 #include "storage/storage_manager.h"
@@ -53,9 +55,21 @@ static char *http_metrics(void *user)
     return lmc_metrics_render(s->metrics);
 }
 
+/* The collectors read what lmc_server_new() builds after the HTTP frontend
+ * is already serving: the acquire load of `ready` orders those reads after
+ * the construction (a /metrics scrape during start-up sees process
+ * metrics only). */
+static json_t *status_when_ready(void *user)
+{
+    lmc_server *s = user;
+    return atomic_load(&s->ready) ? lmc_server_report_status(s) : NULL;
+}
+
 static lmc_metrics_rpc_counts rpc_counts(void *user)
 {
     lmc_server *s = user;
+    if (!atomic_load(&s->ready))
+        return (lmc_metrics_rpc_counts){0, 0, 0, 0};
     lmc_rpc_stats st = lmc_rpc_server_stats(s->rpc);
     return (lmc_metrics_rpc_counts){st.received, st.replied, st.dropped, st.error_frames};
 }
@@ -106,12 +120,15 @@ static void start_exporter(lmc_server *s)
              lmc_http_server_port(s->exporter));
 }
 
+/* With --disable-metrics the registry keeps the process collector alone,
+ * so /metrics still answers (process_* families only). */
 int lmc_server_start_frontends(lmc_server *s, char *err, size_t errlen)
 {
+    bool full = !s->cfg->obs.disable_metrics;
     s->metrics = lmc_metrics_new();
     if (!s->metrics || lmc_metrics_add_process_collector(s->metrics) != 0 ||
-        lmc_metrics_add_rpc_source(s->metrics, rpc_counts, s) != 0 ||
-        lmc_metrics_add_status_source(s->metrics, http_status, s) != 0) {
+        (full && lmc_metrics_add_rpc_source(s->metrics, rpc_counts, s) != 0) ||
+        (full && lmc_metrics_add_status_source(s->metrics, status_when_ready, s) != 0)) {
         snprintf(err, errlen, "cannot set up metrics");
         return -1;
     }
@@ -121,10 +138,83 @@ int lmc_server_start_frontends(lmc_server *s, char *err, size_t errlen)
     return 0;
 }
 
+static void attach_hash_log(lmc_server *s)
+{
+    const lmc_obs_config *obs = &s->cfg->obs;
+    lmc_lookup_hash_log_options o = {
+        .dir = obs->lookup_hash_log_dir,
+        .rotation_interval = obs->lookup_hash_log_rotation_interval,
+        .max_size = obs->lookup_hash_log_rotation_max_size,
+        .max_files = obs->lookup_hash_log_max_files,
+    };
+    char err[256];
+    s->hash_log = lmc_lookup_hash_log_open(&o, err, sizeof err);
+    if (!s->hash_log || lmc_lookup_hash_log_attach(s->hash_log, s->ctx.events) != 0)
+        LMC_WARN("lookup hash log disabled: %s", s->hash_log ? "too many subscribers" : err);
+    else
+        LMC_INFO("lookup hash log in %s", o.dir);
+}
+
+/* Every subscriber needs the bus: with --disable-observability none runs. */
+static void attach_subscribers(lmc_server *s)
+{
+    const lmc_obs_config *obs = &s->cfg->obs;
+    lmc_event_bus *bus = s->ctx.events;
+    bool hash_log = obs->lookup_hash_log_dir && *obs->lookup_hash_log_dir;
+    if (!bus) {
+        if (hash_log || obs->enable_tracing)
+            LMC_WARN("--disable-observability: no lookup hash log and no tracing");
+        return;
+    }
+    if (!obs->disable_metrics &&
+        (lmc_metrics_attach_event_bus(s->metrics, bus) != 0 ||
+         lmc_metrics_attach_event_metrics(s->metrics, bus, obs->metrics_sample_rate) != 0))
+        LMC_WARN("event metrics are incomplete: cannot subscribe");
+    if (!obs->disable_logging && lmc_event_logging_attach(bus) != 0)
+        LMC_WARN("event logging disabled: cannot subscribe");
+    if (hash_log)
+        attach_hash_log(s);
+    if (obs->enable_tracing) {
+        s->spans = lmc_span_recorder_new(65536);
+        if (!s->spans || lmc_span_recorder_attach(s->spans, bus) != 0)
+            LMC_WARN("tracing disabled: cannot subscribe");
+    }
+}
+
+/* OTEL_METRIC_EXPORT_INTERVAL (ms, the OpenTelemetry SDK variable)
+ * overrides the 10 s period. */
+static double export_interval(void)
+{
+    const char *env = getenv("OTEL_METRIC_EXPORT_INTERVAL");
+    double ms = env ? strtod(env, NULL) : 0;
+    return ms > 0 ? ms / 1000.0 : 10.0;
+}
+
+static void start_otlp(lmc_server *s)
+{
+    const lmc_obs_config *obs = &s->cfg->obs;
+    const char *ep = obs->otlp_endpoint && *obs->otlp_endpoint
+                         ? obs->otlp_endpoint : getenv("OTEL_EXPORTER_OTLP_ENDPOINT");
+    if (!ep || !*ep || (obs->disable_metrics && !s->spans))
+        return;
+    lmc_otlp_options o = {
+        .endpoint = ep, .instance_id = s->cfg->mp.instance_id,
+        .version = LMC_VERSION_STRING, .interval_s = export_interval(),
+        .metrics = obs->disable_metrics ? NULL : s->metrics, .spans = s->spans,
+    };
+    char err[256];
+    s->otlp = lmc_otlp_start(&o, err, sizeof err);
+    if (!s->otlp)
+        LMC_WARN("OTLP export disabled: %s", err);
+    else
+        LMC_INFO("OTLP/HTTP export to %s every %.3g s%s", ep, o.interval_s,
+                 s->spans ? " (metrics and traces)" : "");
+}
+
 void lmc_server_frontends_ready(lmc_server *s)
 {
-    if (s->ctx.events && !s->cfg->obs.disable_metrics)
-        lmc_metrics_attach_event_bus(s->metrics, s->ctx.events);
+    attach_subscribers(s);
+    start_otlp(s);
     atomic_store(&s->ready, true);
     s->plugins = lmc_plugins_start(s->cfg, environ);
 }
@@ -137,10 +227,21 @@ void lmc_server_stop_frontends(lmc_server *s)
     s->http = NULL;
     lmc_http_server_stop(s->exporter);
     s->exporter = NULL;
+    if (s->otlp) {
+        /* The last export sees every event published so far. */
+        if (s->ctx.events)
+            lmc_event_bus_drain(s->ctx.events, 1.0);
+        lmc_otlp_stop(s->otlp);
+        s->otlp = NULL;
+    }
 }
 
 void lmc_server_free_metrics(lmc_server *s)
 {
+    lmc_span_recorder_free(s->spans);
+    s->spans = NULL;
+    lmc_lookup_hash_log_close(s->hash_log);
+    s->hash_log = NULL;
     lmc_metrics_free(s->metrics);
     s->metrics = NULL;
 }

@@ -8,7 +8,10 @@
 
 #include "http/http_server.h"
 #include "modules/module.h"
+#include "obs/lookup_hash_log.h"
 #include "obs/metrics.h"
+#include "obs/otlp.h"
+#include "obs/spans.h"
 #include "plugins/plugins.h"
 #include "rpc/rpc.h"
 #include "server/server.h"
@@ -30,18 +33,23 @@ struct lmc_server {
     lmc_http_server *http;       /* NULL with --no-http */
     lmc_http_server *exporter;   /* --no-http: /metrics alone on --prometheus-port */
     lmc_plugins *plugins;        /* runtime plugins; NULL when none run */
+    lmc_otlp *otlp;              /* --otlp-endpoint; NULL when unset */
+    lmc_span_recorder *spans;    /* --enable-tracing; freed after the bus */
+    lmc_lookup_hash_log *hash_log; /* --lookup-hash-log-dir; freed after the bus */
     atomic_bool ready;           /* HTTP answers 503 until modules are up */
 };
 
 /* Metrics registry and HTTP listener; before storage so that a busy HTTP
  * port fails before memory is committed. */
 int lmc_server_start_frontends(lmc_server *s, char *err, size_t errlen);
-/* After the modules exist: event-bus metrics, ready = true, then the
- * runtime plugins are launched. */
+/* After the modules exist: the event subscribers (metrics, logging, lookup
+ * hash log, spans) and the OTLP exporter, ready = true, then the runtime
+ * plugins are launched. */
 void lmc_server_frontends_ready(lmc_server *s);
-/* Stops the runtime plugins and the HTTP listeners (no callback runs
- * after it returns). */
+/* Stops the runtime plugins, the OTLP exporter (after a last export) and
+ * the HTTP listeners (no callback runs after it returns). */
 void lmc_server_stop_frontends(lmc_server *s);
+/* After the event bus is freed: the subscribers' state and the registry. */
 void lmc_server_free_metrics(lmc_server *s);
 
 #endif

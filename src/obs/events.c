@@ -1,0 +1,92 @@
+/* Event metadata helpers (events.h). */
+#include "obs/events.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static json_t *hex_array(const uint8_t *hashes, size_t n, size_t len)
+{
+    static const char digits[] = "0123456789abcdef";
+    json_t *arr = json_array();
+    char *hex = malloc(2 * len + 1);
+    for (size_t i = 0; arr && hex && i < n; i++) {
+        const uint8_t *h = hashes + i * len;
+        for (size_t j = 0; j < len; j++) {
+            hex[2 * j] = digits[h[j] >> 4];
+            hex[2 * j + 1] = digits[h[j] & 15];
+        }
+        hex[2 * len] = '\0';
+        json_array_append_new(arr, json_string(hex));
+    }
+    free(hex);
+    return arr;
+}
+
+json_t *lmc_event_lookup_metadata(const lmc_lookup_event_info *in)
+{
+    json_t *meta = json_pack(
+        "{s:s%, s:s%, s:s%, s:I, s:I, s:I, s:I, s:I}", "request_id",
+        in->request_id ? in->request_id : "", in->request_id ? in->request_id_len : 0,
+        "model_name", in->model_name ? in->model_name : "", in->model_name ? in->model_len : 0,
+        "cache_salt", in->cache_salt ? in->cache_salt : "", in->cache_salt ? in->salt_len : 0,
+        "requested_tokens", (json_int_t)in->requested_tokens, "hit_tokens",
+        (json_int_t)in->hit_tokens, "hit_tokens_l2", (json_int_t)in->hit_tokens_l2,
+        "requested_chunks", (json_int_t)in->requested_chunks, "hit_chunks",
+        (json_int_t)in->hit_chunks);
+    if (!meta)
+        return NULL;
+    if (in->hashes && in->n_hashes && in->hash_len)
+        json_object_set_new(meta, "chunk_hashes",
+                            hex_array(in->hashes, in->n_hashes, in->hash_len));
+    if (in->early_exit)
+        json_object_set_new(meta, "early_exit", json_string(in->early_exit));
+    return meta;
+}
+
+/* FNV-1a, then a 64-bit finaliser so that nearby keys spread evenly. */
+static uint64_t key_hash(const char *key)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++) {
+        h ^= *p;
+        h *= 0x100000001b3ULL;
+    }
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 33;
+    return h;
+}
+
+bool lmc_obs_sampled(const char *key, double rate)
+{
+    if (rate >= 1)
+        return true;
+    if (!(rate > 0) || !key)
+        return false;
+    double u = (double)(key_hash(key) >> 11) * 0x1p-53; /* uniform in [0, 1) */
+    return u < rate;
+}
+
+const char *lmc_event_str(const json_t *meta, const char *key)
+{
+    const char *s = json_string_value(json_object_get(meta, key));
+    return s ? s : "";
+}
+
+double lmc_event_num(const json_t *meta, const char *key)
+{
+    const json_t *v = json_object_get(meta, key);
+    return json_is_number(v) ? json_number_value(v) : 0;
+}
+
+const char *lmc_event_label(const json_t *meta, const char *key, char *buf, size_t len)
+{
+    const json_t *v = json_object_get(meta, key);
+    if (json_is_integer(v)) {
+        snprintf(buf, len, "%lld", (long long)json_integer_value(v));
+        return buf;
+    }
+    return lmc_event_str(meta, key);
+}

@@ -1,0 +1,95 @@
+/* Event types published on the event bus (event_bus.h) and the metadata
+ * each one carries.  Producers call
+ *     lmc_event_bus_publish(bus, LMC_EVENT_X, session_id, metadata)
+ * with `metadata` a JSON object of the fields listed here (the bus steals
+ * it).  Fields marked optional may be absent; consumers treat a missing
+ * number as 0 and a missing string as "".  Names follow ops-surface.md §3
+ * where it gives them (the *_START / *_END span pairs); docs/observability.md
+ * lists which subscriber reads which field.
+ *
+ * session_id: the request id for lookup/store/retrieve events (it pairs a
+ * *_START with its *_END), empty otherwise. */
+#ifndef LMC_OBS_EVENTS_H
+#define LMC_OBS_EVENTS_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* LOOKUP_START (optional, opens the mp.lookup_prefetch span):
+ *   {request_id, model_name, cache_salt}
+ * LOOKUP_END: one completed LOOKUP
+ *   {request_id: str, model_name: str, cache_salt: str,
+ *    requested_tokens: int   chunk-aligned tokens submitted,
+ *    hit_tokens: int         contiguous prefix found (L1 + L2),
+ *    hit_tokens_l2: int      optional, part of hit_tokens found in L2 (0),
+ *    requested_chunks: int, hit_chunks: int,
+ *    chunk_hashes: [hex str] optional, one per requested chunk,
+ *    early_exit: str         optional: no_gpu_context | empty_chunk_hashes |
+ *                            no_group_layout_descs} */
+#define LMC_EVENT_LOOKUP_START "LOOKUP_START"
+#define LMC_EVENT_LOOKUP_END "LOOKUP_END"
+
+/* STORE_START / STORE_END: a GPU -> CPU (L0 -> L1) transfer of one request
+ *   {model_name, engine_id, device: str|int, worker_id: int,
+ *    cache_salt, num_chunks: int, bytes: int (END)}
+ * RETRIEVE_START / RETRIEVE_END: CPU -> GPU, same fields.  A START and an
+ * END pair by (session_id, device). */
+#define LMC_EVENT_STORE_START "STORE_START"
+#define LMC_EVENT_STORE_END "STORE_END"
+#define LMC_EVENT_RETRIEVE_START "RETRIEVE_START"
+#define LMC_EVENT_RETRIEVE_END "RETRIEVE_END"
+
+/* REPORT_BLOCK_ALLOCATION: published by the management module
+ *   {instance_id: int, model_name: str, records: [...]} */
+#define LMC_EVENT_REPORT_BLOCK_ALLOCATION "REPORT_BLOCK_ALLOCATION"
+
+/* L1 storage events (the storage manager publishes them):
+ * L1_READ            {num_keys}   keys whose L1 read finished
+ * L1_WRITE           {num_keys}   keys written to L1
+ * L1_KEYS_EVICTED    {keys: [{hash: hex str, lifetime_s: num, idle_s: num}]}
+ *                    lifetime: allocation -> eviction, idle: last touch ->
+ *                    eviction; sampled by hash (--metrics-sample-rate)
+ * L1_ALLOCATION_FAILURE {during: l1_store|l2_prefetch, model_name, num_keys}
+ * L1_READ_FAILURE    {during: l2_store|l1_retrieve,
+ *                     reason: not_found|write_locked, model_name, num_keys} */
+#define LMC_EVENT_L1_READ "L1_READ"
+#define LMC_EVENT_L1_WRITE "L1_WRITE"
+#define LMC_EVENT_L1_KEYS_EVICTED "L1_KEYS_EVICTED"
+#define LMC_EVENT_L1_ALLOCATION_FAILURE "L1_ALLOCATION_FAILURE"
+#define LMC_EVENT_L1_READ_FAILURE "L1_READ_FAILURE"
+
+/* What a LOOKUP_END carries; strings are (pointer, length), not
+ * NUL-terminated.  `hashes` are n_hashes digests of hash_len bytes each,
+ * contiguous (NULL/0 to leave chunk_hashes out). */
+typedef struct {
+    const char *request_id;
+    size_t request_id_len;
+    const char *model_name;
+    size_t model_len;
+    const char *cache_salt;
+    size_t salt_len;
+    int64_t requested_tokens, hit_tokens, hit_tokens_l2;
+    int64_t requested_chunks, hit_chunks;
+    const uint8_t *hashes;
+    size_t n_hashes, hash_len;
+    const char *early_exit;  /* NULL when the lookup probed */
+} lmc_lookup_event_info;
+
+/* Builds the LOOKUP_END metadata (new reference; NULL on allocation
+ * failure, which lmc_event_bus_publish accepts). */
+json_t *lmc_event_lookup_metadata(const lmc_lookup_event_info *info);
+
+/* Deterministic sampling for lifecycle histograms: true for about a
+ * fraction `rate` of all keys, always the same answer for the same key.
+ * rate >= 1 samples everything, rate <= 0 nothing. */
+bool lmc_obs_sampled(const char *key, double rate);
+
+/* Metadata accessors that never fail: "" / 0 when missing or mistyped.
+ * lmc_event_label also formats integers (device, worker_id) into buf. */
+const char *lmc_event_str(const json_t *meta, const char *key);
+double lmc_event_num(const json_t *meta, const char *key);
+const char *lmc_event_label(const json_t *meta, const char *key, char *buf, size_t len);
+
+#endif
