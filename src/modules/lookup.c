@@ -17,6 +17,7 @@
 #include "modules/ipc_key.h"
 #include "modules/module.h"
 #include "modules/prefetch_jobs.h"
+#include "obs/events.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
 #include "storage/storage_manager.h"
@@ -40,6 +41,7 @@ typedef struct {
     size_t l1_keys;                       /* its length before the extension */
     lmc_object_key *keys;                 /* copy of the prefetched keys */
     uint32_t per, readers;
+    json_t *event;                        /* LOOKUP_END, published when done; may be NULL */
 } l2_lookup;
 
 static int decode_key(lookup_mod *m, lmc_rpc_call *call, lmc_ipc_key *k, char *err,
@@ -72,11 +74,14 @@ static void release_unfreed(lookup_mod *m, lmc_lookup_locks *l)
 
 /* Locks the leading hit run of whole chunks and records it on the session.
  * Returns the hit count in chunks. */
+/* *hashes_out: the chunk hashes (valid while the session is held), or NULL
+ * when nothing was hashed. */
 static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
-                         const lmc_layout *layout)
+                         const lmc_layout *layout, const uint8_t **hashes_out)
 {
     size_t n_chunks = lmc_ipc_key_num_chunks(k, m->chunk_size);
     const uint8_t *hashes;
+    *hashes_out = NULL;
     if (n_chunks == 0)
         return 0;
     int rc = lmc_session_hashes(se, k->tokens, k->n_tokens, k->start, k->end, &hashes);
@@ -85,6 +90,7 @@ static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
                  lmc_hash_strerror(rc));
         return 0;
     }
+    *hashes_out = hashes;
     uint32_t per = layout->num_groups * lmc_ipc_key_num_ranks(k);
     size_t n = n_chunks * per;
     lmc_object_key *keys = malloc(n * sizeof *keys);
@@ -113,6 +119,7 @@ static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
 
 static void l2_lookup_free(l2_lookup *p)
 {
+    json_decref(p->event);
     free(p->rid);
     free(p->keys);
     free(p);
@@ -147,6 +154,14 @@ static void l2_done(void *user, size_t units)
     if (nk && !attached)
         lmc_storage_manager_finish_read(m->ctx->storage, p->keys, nk, p->readers, NULL);
     int64_t hits = p->l1_chunks + (int64_t)units;
+    if (p->event) { /* the final answer is known only now */
+        json_int_t cs = (json_int_t)m->chunk_size;
+        json_object_set_new(p->event, "hit_chunks", json_integer(hits));
+        json_object_set_new(p->event, "hit_tokens", json_integer(hits * cs));
+        json_object_set_new(p->event, "hit_tokens_l2", json_integer((json_int_t)units * cs));
+        lmc_event_bus_publish(m->ctx->events, LMC_EVENT_LOOKUP_END, p->rid, p->event);
+        p->event = NULL;
+    }
     lmc_jobs_complete(m->jobs, p->rid, p->rid_len, p->job_id, hits);
     atomic_fetch_add(&m->hit_chunks, (uint64_t)hits);
     atomic_fetch_add(&m->l2_hit_chunks, units);
@@ -156,7 +171,7 @@ static void l2_done(void *user, size_t units)
 /* Sends the keys after the session's L1 run to the L2 tier.  True when the
  * prefetch took over completing job `id`. */
 static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint64_t id,
-                     int64_t l1_chunks, size_t n_keys, uint64_t object_size)
+                     int64_t l1_chunks, size_t n_keys, uint64_t object_size, json_t **event)
 {
     lmc_lookup_locks *l = &se->locks;
     size_t rest = n_keys - l->n;
@@ -170,6 +185,7 @@ static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint6
         return false;
     }
     memcpy(p->rid, k->request_id, k->request_id_len);
+    p->rid[k->request_id_len] = '\0';
     memcpy(p->keys, l->keys + l->n, rest * sizeof *p->keys);
     p->m = m;
     p->rid_len = k->request_id_len;
@@ -179,16 +195,40 @@ static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint6
     p->l1_keys = l->n;
     p->per = l->keys_per_chunk;
     p->readers = l->readers;
+    p->event = *event; /* before submitting: the callbacks may run at once */
     lmc_storage_l2_request req = {
         .keys = p->keys, .n = rest, .keys_per_unit = p->per, .object_size = object_size,
         .readers = p->readers, .on_lookup_done = l2_lookup_done, .on_done = l2_done, .user = p,
     };
     if (lmc_storage_manager_prefetch_l2(m->ctx->storage, &req) != 0) {
+        p->event = NULL; /* still the caller's */
         l2_lookup_free(p);
         return false;
     }
+    *event = NULL;
     atomic_fetch_add(&m->l2_prefetches, 1);
     return true;
+}
+
+/* LOOKUP_END metadata (obs/events.h) for the event bus; NULL without one. */
+static json_t *lookup_event(lookup_mod *m, const lmc_ipc_key *k, const uint8_t *hashes,
+                            int64_t hits, bool have_layout)
+{
+    if (!m->ctx->events)
+        return NULL;
+    size_t n_chunks = lmc_ipc_key_num_chunks(k, m->chunk_size);
+    lmc_lookup_event_info ev = {
+        .request_id = k->request_id, .request_id_len = k->request_id_len,
+        .model_name = k->model_name, .model_len = k->model_len,
+        .cache_salt = k->cache_salt, .salt_len = k->salt_len,
+        .requested_tokens = (int64_t)(n_chunks * m->chunk_size),
+        .hit_tokens = hits * (int64_t)m->chunk_size,
+        .requested_chunks = (int64_t)n_chunks, .hit_chunks = hits,
+        .hashes = hashes, .n_hashes = hashes ? n_chunks : 0, .hash_len = LMC_TOKEN_HASH_LEN,
+        .early_exit = !have_layout ? "no_group_layout_descs"
+                      : n_chunks == 0 ? "empty_chunk_hashes" : NULL,
+    };
+    return lmc_event_lookup_metadata(&ev);
 }
 
 /* LOOKUP(key, tp_size) -> void */
@@ -207,6 +247,7 @@ static lmc_handler_result lookup(void *state, lmc_rpc_call *call)
     }
     int64_t hits = 0;
     bool l2_pending = false;
+    json_t *event = NULL;
     lmc_layout layout;
     bool have_layout = lmc_layout_registry_get(m->ctx->layouts, k.model_name, k.model_len,
                                                k.world_size, &layout);
@@ -217,16 +258,23 @@ static lmc_handler_result lookup(void *state, lmc_rpc_call *call)
         else
             lmc_lookup_locks_clear(&se->locks);  /* delivered: retrieves consume them */
         se->hit_chunks = -1;
+        const uint8_t *hashes = NULL;
         if (have_layout)
-            hits = lock_hits(m, se, &k, &layout);
+            hits = lock_hits(m, se, &k, &layout, &hashes);
+        event = lookup_event(m, &k, hashes, hits, have_layout);
         /* The session is held, so the prefetch's completion (which takes
          * it) cannot overtake this handler. */
         if (have_layout)
             l2_pending = start_l2(m, se, &k, id, hits,
                                   lmc_ipc_key_num_chunks(&k, m->chunk_size) *
                                       layout.num_groups * lmc_ipc_key_num_ranks(&k),
-                                  layout.object_size);
+                                  layout.object_size, &event);
         lmc_sessions_release(m->ctx->sessions, se);
+    }
+    if (event) { /* complete now (with an L2 prefetch, the prefetch publishes it) */
+        char sid[256];
+        snprintf(sid, sizeof sid, "%.*s", (int)k.request_id_len, k.request_id);
+        lmc_event_bus_publish(m->ctx->events, LMC_EVENT_LOOKUP_END, sid, event);
     }
     atomic_fetch_add(&m->lookups, 1);
     if (!l2_pending) {

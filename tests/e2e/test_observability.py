@@ -244,3 +244,36 @@ def test_otlp_unreachable_endpoint_keeps_serving(start_server, monkeypatch):
     assert wait_for(lambda: 'result="failure"' in metrics_text(s.http_port), timeout=10)
     report_blocks(s, 1)
     assert s.alive()
+
+
+def test_lookups_feed_metrics_and_the_hash_log(tmp_path):
+    """A real store + LOOKUP moves the lookup counters (labelled by model and
+    salt) and writes the prompt's chunk hashes to the lookup hash log."""
+    from test_lookup_engine_driven import CS, LOOKUP, WAIT, Worker, key, prompt, unpack
+    logdir = tmp_path / "hashes"
+    s = Server("--chunk-size", str(CS), "--lookup-hash-log-dir", str(logdir))
+    try:
+        toks = prompt(301)
+        ws = [Worker(s, 5001, 0), Worker(s, 5002, 1)]
+        for w in ws:
+            w.store(toks, 0, 2 * CS)                      # 2 of the 4 chunks stored
+        sched = s.dealer()
+        assert sched.call(LOOKUP, key(toks, 0, 4 * CS, "obs-1"), 1) is not None
+        assert unpack(sched.call(WAIT, "obs-1", 5.0)) == 2
+        labels = 'model_name="m",cache_salt=""'
+        assert wait_for(lambda: value(metrics_text(s.http_port),
+                                      f"lmcache_mp_lookup_requested_total{{{labels}}}") == 4 * CS)
+        text = metrics_text(s.http_port)
+        assert value(text, f"lmcache_mp_lookup_hit_total{{{labels}}}") == 2 * CS
+        assert value(text, f"lmcache_mp_lookups_total{{{labels}}}") == 1
+        assert wait_for(lambda: any(logdir.iterdir()))
+        files = sorted(logdir.iterdir())
+        assert wait_for(lambda: files[0].read_text().strip() != "")
+        rec = json.loads(files[0].read_text().splitlines()[0])
+        assert rec["request_id"] == "obs-1" and len(rec["hashes"]) == 4
+        assert all(len(h) == 64 for h in rec["hashes"])
+        for w in ws:
+            w.close()
+        sched.close()
+    finally:
+        assert s.stop() == 0, s.output()
