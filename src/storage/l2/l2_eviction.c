@@ -18,6 +18,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -48,7 +49,8 @@ typedef struct {
     lmc_eviction_policy *lru;      /* LRU / noop */
     salt_group *groups;            /* IsolatedLRU */
     size_t n_groups, cap_groups;
-    uint64_t bytes, cycles, triggered, evicted;
+    uint64_t bytes;                /* under mu */
+    _Atomic uint64_t cycles, triggered, evicted; /* eviction thread writes, status reads */
 } target;
 
 struct lmc_l2_eviction {
