@@ -7,6 +7,7 @@
 
 #include "http/http_internal.h"
 #include "http/http_json.h"
+#include "http/http_quota.h"
 #include "obs/log.h"
 
 /* How an endpoint answers while backend.ready() is false (§1.1). */
@@ -301,10 +302,14 @@ static const route routes[] = {
     NBP("GET", "/cache/prefetches/", "L2 prefetch is"),
     NB("POST", "/cache/checksums", "KV checksums are"),
     NB("GET", "/kvcache/check", "KV checksums are"),
-    NB("GET", "/api/quota", "quotas are"),
-    NBP("GET", "/api/quota/", "quotas are"),
-    NBP("PUT", "/api/quota/", "quotas are"),
-    NBP("DELETE", "/api/quota/", "quotas are"),
+    {"GET", "/quota", false, READY_DETAIL, lmc_http_quota_list, "/quota/"},
+    {"GET", "/quota/", true, READY_DETAIL, lmc_http_quota_get, "/quota/"},
+    {"PUT", "/quota/", true, READY_DETAIL, lmc_http_quota_put, "/quota/"},
+    {"DELETE", "/quota/", true, READY_DETAIL, lmc_http_quota_delete, "/quota/"},
+    {"GET", "/api/quota", false, READY_DETAIL, lmc_http_quota_list, "/api/quota/"},
+    {"GET", "/api/quota/", true, READY_DETAIL, lmc_http_quota_get, "/api/quota/"},
+    {"PUT", "/api/quota/", true, READY_DETAIL, lmc_http_quota_put, "/api/quota/"},
+    {"DELETE", "/api/quota/", true, READY_DETAIL, lmc_http_quota_delete, "/api/quota/"},
     NB("POST", "/api/kv/store", "KV transfer over HTTP is"),
     NB("POST", "/api/kv/retrieve", "KV transfer over HTTP is"),
     NB("POST", "/api/kv/lookup", "KV lookup over HTTP is"),

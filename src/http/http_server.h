@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stddef.h>
 
 /* What the server provides.  Every callback receives `user`.  JSON
@@ -35,6 +36,12 @@ typedef struct {
     /* /metrics: Prometheus text (lmc_metrics_render); malloc'd, the
      * frontend frees it.  NULL callback = 404. */
     char *(*metrics)(void *user);
+    /* Quotas (/quota, /api/quota; storage.md §7).  NULL callbacks = 501.
+     * set: 0 or -1; remove: true when the salt had a quota; snapshot: new
+     * {"limits": {salt: bytes}, "usage": {salt: bytes}}. */
+    int (*quota_set)(void *user, const char *salt, uint64_t limit_bytes);
+    bool (*quota_remove)(void *user, const char *salt);
+    json_t *(*quota_snapshot)(void *user);
 } lmc_http_backend;
 
 typedef struct {

@@ -37,6 +37,31 @@ static json_t *http_config(void *user)
     return cfg;
 }
 
+/* Quotas live in the storage manager; the HTTP threads reach them through
+ * these (storage.md §7).  The storage manager exists once HTTP answers
+ * non-503, since quota routes wait for readiness. */
+static int http_quota_set(void *user, const char *salt, uint64_t limit_bytes)
+{
+    lmc_server *s = user;
+    return lmc_quotas_set(lmc_storage_manager_quotas(s->ctx.storage), salt, limit_bytes);
+}
+
+static bool http_quota_remove(void *user, const char *salt)
+{
+    lmc_server *s = user;
+    return lmc_quotas_delete(lmc_storage_manager_quotas(s->ctx.storage), salt);
+}
+
+static json_t *http_quota_snapshot(void *user)
+{
+    lmc_server *s = user;
+    json_t *cap = lmc_quotas_capture(lmc_storage_manager_quotas(s->ctx.storage));
+    json_t *snap = json_pack("{s:O, s:o}", "limits", json_object_get(cap, "limits"), "usage",
+                             lmc_storage_manager_l2_usage_by_salt(s->ctx.storage));
+    json_decref(cap);
+    return snap;
+}
+
 static int http_clear(void *user, bool force, char *err, size_t errlen)
 {
     lmc_server *s = user;
@@ -77,6 +102,8 @@ static lmc_metrics_rpc_counts rpc_counts(void *user)
 static int start_http(lmc_server *s, char *err, size_t errlen)
 {
     static const lmc_http_backend backend_template = {
+        .quota_set = http_quota_set, .quota_remove = http_quota_remove,
+        .quota_snapshot = http_quota_snapshot,
         .ready = http_ready, .status = http_status, .config = http_config,
         .clear = http_clear, .metrics = http_metrics,
     };

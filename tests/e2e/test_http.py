@@ -175,7 +175,6 @@ def test_errors(hs):
     assert st == 400 and json.loads(body) == {"error": "invalid JSON body"}
     for method, path in [("GET", "/cache/objects"), ("POST", "/cache/prefetches"),
                          ("GET", "/cache/prefetches/x"), ("POST", "/cache/checksums"),
-                         ("GET", "/api/quota"), ("PUT", "/api/quota/_default"),
                          ("POST", "/api/kv/lookup"), ("GET", "/config/policies")]:
         st, _, body = request(p, method, path, body="{}")
         assert st == 501, (method, path, st)
@@ -305,3 +304,29 @@ def test_http_port_in_use_fails_cleanly(hs, start_server):
         port = busy.getsockname()[1]
         with pytest.raises(RuntimeError):
             start_server("--http-host", "127.0.0.1", "--http-port", str(port))
+
+
+def test_quota_api(hs):
+    p = hs.http_port
+    for base in ("/quota", "/api/quota"):
+        st, _, body = request(p, "PUT", base + "/tenant-a", body={"limit_gb": 1.5})
+        assert st == 200 and json.loads(body) == {"cache_salt": "tenant-a", "limit_gb": 1.5,
+                                                  "status": "ok"}
+        got = get_json(p, base + "/tenant-a")
+        assert got == {"cache_salt": "tenant-a", "limit_gb": 1.5, "current_usage_gb": 0.0,
+                       "exists": True}
+        st, _, body = request(p, "PUT", base + "/_default", body={"limit_gb": 0})
+        assert st == 200 and json.loads(body)["cache_salt"] == ""      # the empty salt
+        users = get_json(p, base)["users"]
+        assert users["tenant-a"]["limit_gb"] == 1.5 and users[""]["limit_gb"] == 0
+        for bad in ("{not json", "[]", "{}", '{"limit_gb": "1"}', '{"limit_gb": -1}',
+                    '{"limit_gb": 1e999}'):
+            st, _, body = request(p, "PUT", base + "/x", body=bad,
+                                  headers={"Content-Type": "application/json"})
+            assert st == 400 and "detail" in json.loads(body), (bad, st)
+        st, _, body = request(p, "DELETE", base + "/tenant-a")
+        assert json.loads(body) == {"cache_salt": "tenant-a", "status": "removed"}
+        st, _, body = request(p, "DELETE", base + "/tenant-a")
+        assert json.loads(body) == {"cache_salt": "tenant-a", "status": "not_found"}
+        assert get_json(p, base + "/tenant-a")["exists"] is False
+        request(p, "DELETE", base + "/_default")

@@ -275,3 +275,41 @@ def test_l2_eviction_keeps_the_fs_store_under_capacity(tmp_path):
             w.close()
     finally:
         assert srv.stop() == 0, srv.output()
+
+
+def test_isolated_lru_quota_usage_and_allowlist(tmp_path):
+    from test_lookup_engine_driven import OBJ, Worker
+    spec = {"type": "fs", "base_path": str(tmp_path),
+            "eviction": {"eviction_policy": "IsolatedLRU", "trigger_watermark": 1.0,
+                         "eviction_ratio": 0.5}}
+    srv = Server("--chunk-size", str(CS), "--l2-adapter", json.dumps(spec))
+    base = f"http://127.0.0.1:{srv.http_port}"
+
+    def http(method, path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+    try:
+        http("PUT", "/quota/paid", {"limit_gb": 1.0})
+        ws = [Worker(srv, 6001, 0), Worker(srv, 6002, 1)]
+        toks = prompt(121)
+        for w in ws:
+            w.store(toks, 0, len(toks), salt="paid")
+        wait_stored(srv, tmp_path, 8)
+        got = http("GET", "/quota/paid")
+        assert got["exists"] and abs(got["current_usage_gb"] * 2**30 - 8 * OBJ) < 1
+        toks2 = prompt(122)                        # a tenant without a quota...
+        for w in ws:
+            w.store(toks2, 0, len(toks2), salt="free-rider")
+        deadline = time.monotonic() + 10           # ...is wiped at the next cycle
+        while http("GET", "/quota").get("users", {}).get("free-rider", {}).get(
+                "current_usage_gb", 1) > 0 or len(data_files(tmp_path)) != 8:
+            assert time.monotonic() < deadline, (http("GET", "/quota"), data_files(tmp_path))
+            time.sleep(0.1)
+        for w in ws:
+            w.close()
+    finally:
+        assert srv.stop() == 0, srv.output()

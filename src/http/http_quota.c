@@ -1,0 +1,105 @@
+/* Quota endpoints (storage.md §7): /quota[/{salt}] and the legacy
+ * /api/quota[/{salt}].  GB = 2^30 bytes; the path segment "_default" names
+ * the empty salt.  Errors use FastAPI's {"detail": ...} shape. */
+#include <math.h>
+#include <microhttpd.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http/http_internal.h"
+#include "http/http_json.h"
+#include "http/http_quota.h"
+
+#define GB ((double)(1ull << 30))
+
+static const char *salt_of(const lmc_http_request *req, const char *prefix)
+{
+    const char *salt = req->path + strlen(prefix);
+    return strcmp(salt, "_default") == 0 ? "" : salt;
+}
+
+static bool available(const lmc_http_request *req, lmc_http_reply *out)
+{
+    const lmc_http_backend *b = &req->site->backend;
+    if (b->quota_set && b->quota_remove && b->quota_snapshot)
+        return true;
+    lmc_http_reply_json(out, MHD_HTTP_NOT_IMPLEMENTED,
+                        lmc_http_detail("quotas are not available in this build"));
+    return false;
+}
+
+static double gb_of(const json_t *obj, const char *salt)
+{
+    return (double)json_integer_value(json_object_get(obj, salt)) / GB;
+}
+
+/* PUT {"limit_gb": number >= 0, finite} */
+void lmc_http_quota_put(const lmc_http_request *req, lmc_http_reply *out, const char *prefix)
+{
+    if (!available(req, out))
+        return;
+    const char *salt = salt_of(req, prefix);
+    json_t *body = req->body ? json_loadb(req->body, req->body_len, 0, NULL) : NULL;
+    json_t *v = json_object_get(body, "limit_gb");
+    double gb = json_number_value(v);
+    if (!body || !json_is_object(body)) {
+        lmc_http_reply_json(out, MHD_HTTP_BAD_REQUEST, lmc_http_detail("body must be a JSON object"));
+    } else if (!json_is_number(v) || !isfinite(gb) || gb < 0) {
+        lmc_http_reply_json(out, MHD_HTTP_BAD_REQUEST,
+                            lmc_http_detail("\"limit_gb\" must be a finite number >= 0"));
+    } else if (req->site->backend.quota_set(req->site->backend.user, salt,
+                                            (uint64_t)llround(gb * GB)) != 0) {
+        lmc_http_reply_json(out, MHD_HTTP_INTERNAL_SERVER_ERROR, lmc_http_detail("out of memory"));
+    } else {
+        lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:s, s:f, s:s}", "cache_salt", salt,
+                                                        "limit_gb", gb, "status", "ok"));
+    }
+    json_decref(body);
+}
+
+void lmc_http_quota_get(const lmc_http_request *req, lmc_http_reply *out, const char *prefix)
+{
+    if (!available(req, out))
+        return;
+    const char *salt = salt_of(req, prefix);
+    json_t *snap = req->site->backend.quota_snapshot(req->site->backend.user);
+    json_t *limits = json_object_get(snap, "limits"), *usage = json_object_get(snap, "usage");
+    lmc_http_reply_json(out, MHD_HTTP_OK,
+                        json_pack("{s:s, s:f, s:f, s:b}", "cache_salt", salt, "limit_gb",
+                                  gb_of(limits, salt), "current_usage_gb", gb_of(usage, salt),
+                                  "exists", json_object_get(limits, salt) != NULL));
+    json_decref(snap);
+}
+
+void lmc_http_quota_delete(const lmc_http_request *req, lmc_http_reply *out, const char *prefix)
+{
+    if (!available(req, out))
+        return;
+    const char *salt = salt_of(req, prefix);
+    bool removed = req->site->backend.quota_remove(req->site->backend.user, salt);
+    lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:s, s:s}", "cache_salt", salt, "status",
+                                                    removed ? "removed" : "not_found"));
+}
+
+/* {"users": {salt: {limit_gb, current_usage_gb}}} over salts with a quota
+ * or with bytes in L2. */
+void lmc_http_quota_list(const lmc_http_request *req, lmc_http_reply *out, const char *prefix)
+{
+    (void)prefix;
+    if (!available(req, out))
+        return;
+    json_t *snap = req->site->backend.quota_snapshot(req->site->backend.user);
+    json_t *limits = json_object_get(snap, "limits"), *usage = json_object_get(snap, "usage");
+    json_t *users = json_object();
+    const char *salt;
+    json_t *v;
+    for (int pass = 0; pass < 2; pass++) {
+        json_object_foreach(pass ? usage : limits, salt, v) {
+            json_object_set_new(users, salt,
+                                json_pack("{s:f, s:f}", "limit_gb", gb_of(limits, salt),
+                                          "current_usage_gb", gb_of(usage, salt)));
+        }
+    }
+    lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:o}", "users", users));
+    json_decref(snap);
+}
