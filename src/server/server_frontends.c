@@ -62,6 +62,25 @@ static json_t *http_quota_snapshot(void *user)
     return snap;
 }
 
+/* /config/adapters: the L2 adapters in priority order (index 0 = primary). */
+static json_t *http_adapters(void *user)
+{
+    lmc_server *s = user;
+    json_t *status = lmc_storage_manager_report_status(s->ctx.storage);
+    json_t *list = json_array();
+    size_t i;
+    json_t *a;
+    json_array_foreach(json_object_get(status, "l2_adapters"), i, a) {
+        json_array_append_new(list, json_pack("{s:I, s:s, s:s, s:b, s:b}", "index", (json_int_t)i,
+                                              "type_name",
+                                              json_string_value(json_object_get(a, "type_name")),
+                                              "tier", "l2", "primary", i == 0,
+                                              "reconfigurable", 0));
+    }
+    json_decref(status);
+    return list;
+}
+
 static int http_clear(void *user, bool force, char *err, size_t errlen)
 {
     lmc_server *s = user;
@@ -103,7 +122,7 @@ static int start_http(lmc_server *s, char *err, size_t errlen)
 {
     static const lmc_http_backend backend_template = {
         .quota_set = http_quota_set, .quota_remove = http_quota_remove,
-        .quota_snapshot = http_quota_snapshot,
+        .quota_snapshot = http_quota_snapshot, .adapters = http_adapters,
         .ready = http_ready, .status = http_status, .config = http_config,
         .clear = http_clear, .metrics = http_metrics,
     };

@@ -313,3 +313,18 @@ def test_isolated_lru_quota_usage_and_allowlist(tmp_path):
             w.close()
     finally:
         assert srv.stop() == 0, srv.output()
+
+
+def test_config_adapters_lists_l2_adapters(tmp_path):
+    specs = [{"type": "fs", "base_path": str(tmp_path)}, {"type": "mock"}]
+    srv = Server("--chunk-size", str(CS), *sum((["--l2-adapter", json.dumps(s)] for s in specs), []))
+    try:
+        url = f"http://127.0.0.1:{srv.http_port}/config/adapters"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            body = json.loads(r.read())
+        assert body == {"adapters": [
+            {"index": 0, "type_name": "fs", "tier": "l2", "primary": True, "reconfigurable": False},
+            {"index": 1, "type_name": "mock", "tier": "l2", "primary": False,
+             "reconfigurable": False}]}
+    finally:
+        assert srv.stop() == 0, srv.output()
