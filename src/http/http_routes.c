@@ -7,6 +7,7 @@
 
 #include "http/http_internal.h"
 #include "http/http_json.h"
+#include "http/http_objects.h"
 #include "http/http_quota.h"
 #include "obs/log.h"
 
@@ -296,8 +297,8 @@ static const route routes[] = {
     NB("GET", "/config/policies", "runtime policies are"),
     NB("PATCH", "/config/policies", "runtime policies are"),
     NB("POST", "/config/policies/validate", "runtime policies are"),
-    NB("GET", "/cache/objects", "L2 object listing is"),
-    NB("DELETE", "/cache/objects", "object deletion is"),
+    {"GET", "/cache/objects", false, READY_DETAIL, lmc_http_objects_list, NULL},
+    {"DELETE", "/cache/objects", false, READY_DETAIL, lmc_http_objects_remove, NULL},
     NB("POST", "/cache/prefetches", "L2 prefetch is"),
     NBP("GET", "/cache/prefetches/", "L2 prefetch is"),
     NB("POST", "/cache/checksums", "KV checksums are"),

@@ -42,6 +42,16 @@ typedef struct {
     int (*quota_set)(void *user, const char *salt, uint64_t limit_bytes);
     bool (*quota_remove)(void *user, const char *salt);
     json_t *(*quota_snapshot)(void *user);
+    /* /cache/objects.  NULL callbacks = 501.  Each returns the reply body
+     * (new reference) or NULL with *status (404, 503, ...) and err set.
+     * list: one page of an L2 adapter's keys (adapter NULL = primary).
+     * remove: `body` is {"keys":[EncodedObjectKey], "tier", "adapter",
+     * "force"} with keys already checked to be an array of <= 10000. */
+    json_t *(*objects_list)(void *user, const char *adapter, const char *model,
+                            size_t page_size, const char *page_token, unsigned *status,
+                            char *err, size_t errlen);
+    json_t *(*objects_remove)(void *user, const json_t *body, unsigned *status, char *err,
+                              size_t errlen);
 } lmc_http_backend;
 
 typedef struct {

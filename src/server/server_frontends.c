@@ -62,6 +62,110 @@ static json_t *http_quota_snapshot(void *user)
     return snap;
 }
 
+/* ---- /cache/objects ------------------------------------------------------ */
+
+static json_t *http_objects_list(void *user, const char *adapter, const char *model,
+                                 size_t page_size, const char *page_token, unsigned *status,
+                                 char *err, size_t errlen)
+{
+    lmc_server *s = user;
+    int a = lmc_storage_manager_l2_find_adapter(s->ctx.storage, adapter);
+    if (a < 0) {
+        bool none = lmc_storage_manager_l2_find_adapter(s->ctx.storage, NULL) < 0;
+        *status = none ? 503 : 404;
+        snprintf(err, errlen, none ? "no L2 adapters" : "no L2 adapter '%s'", adapter);
+        return NULL;
+    }
+    json_t *page = lmc_storage_manager_l2_list(s->ctx.storage, a, model, page_size, page_token);
+    if (!page) {
+        *status = 503;
+        snprintf(err, errlen, "the adapter cannot list its keys");
+    }
+    return page;
+}
+
+static int hex_nibble(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* EncodedObjectKey {chunk_hash_hex, model_name, kv_rank, object_group_id=0,
+ * cache_salt=""} -> key interned in the server's interner. */
+static int decode_encoded_key(lmc_server *s, const json_t *o, lmc_object_key *k, char *why,
+                              size_t whylen)
+{
+    const char *hex = json_string_value(json_object_get(o, "chunk_hash_hex"));
+    const char *model = json_string_value(json_object_get(o, "model_name"));
+    json_t *salt_j = json_object_get(o, "cache_salt"), *group_j = json_object_get(o, "object_group_id");
+    json_t *rank_j = json_object_get(o, "kv_rank");
+    const char *salt = salt_j ? json_string_value(salt_j) : "";
+    size_t hl = hex ? strlen(hex) : 0;
+    *k = (lmc_object_key){0};
+    if (!json_is_object(o) || !hex || hl == 0 || hl % 2 || hl > 2 * LMC_CHUNK_HASH_MAX)
+        return snprintf(why, whylen, "chunk_hash_hex must be lower-case hex of 1..32 bytes"), -1;
+    for (size_t i = 0; i < hl / 2; i++) {
+        int hi = hex_nibble(hex[2 * i]), lo = hex_nibble(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return snprintf(why, whylen, "chunk_hash_hex must be lower-case hex"), -1;
+        k->chunk_hash[i] = (uint8_t)(hi << 4 | lo);
+    }
+    k->chunk_hash_len = (uint8_t)(hl / 2);
+    if (!model || !lmc_model_name_valid(model, strlen(model)))
+        return snprintf(why, whylen, "model_name must be a non-empty str without '@'"), -1;
+    if (!salt || !lmc_cache_salt_valid(salt, strlen(salt)))
+        return snprintf(why, whylen, "cache_salt is invalid"), -1;
+    if (!json_is_integer(rank_j) || json_integer_value(rank_j) < 0 ||
+        json_integer_value(rank_j) > UINT32_MAX ||
+        (group_j && (!json_is_integer(group_j) || json_integer_value(group_j) < 0 ||
+                     json_integer_value(group_j) > UINT32_MAX)))
+        return snprintf(why, whylen, "kv_rank and object_group_id must be u32 integers"), -1;
+    k->kv_rank = (uint32_t)json_integer_value(rank_j);
+    k->object_group_id = group_j ? (uint32_t)json_integer_value(group_j) : 0;
+    k->model_name = lmc_intern(s->ctx.interner, model, strlen(model));
+    k->cache_salt = lmc_intern(s->ctx.interner, salt, strlen(salt));
+    return k->model_name && k->cache_salt ? 0 : (snprintf(why, whylen, "out of memory"), -1);
+}
+
+static json_t *http_objects_remove(void *user, const json_t *body, unsigned *status, char *err,
+                                   size_t errlen)
+{
+    lmc_server *s = user;
+    const json_t *keys_j = json_object_get(body, "keys");
+    const char *tier = json_string_value(json_object_get(body, "tier"));
+    const char *adapter = json_string_value(json_object_get(body, "adapter"));
+    bool force = json_is_true(json_object_get(body, "force"));
+    bool l1 = tier && (!strcmp(tier, "l1") || !strcmp(tier, "all"));
+    bool l2 = !tier || strcmp(tier, "l1") != 0;
+    int a = l2 ? lmc_storage_manager_l2_find_adapter(s->ctx.storage, adapter) : -1;
+    if (l2 && a < 0) {
+        bool none = lmc_storage_manager_l2_find_adapter(s->ctx.storage, NULL) < 0;
+        *status = none ? 503 : 404;
+        snprintf(err, errlen, none ? "no L2 adapters" : "no L2 adapter '%s'", adapter);
+        return NULL;
+    }
+    size_t n = json_array_size(keys_j);
+    lmc_object_key *keys = malloc((n ? n : 1) * sizeof *keys);
+    if (!keys)
+        return *status = 500, snprintf(err, errlen, "out of memory"), NULL;
+    for (size_t i = 0; i < n; i++) {
+        char why[160];
+        if (decode_encoded_key(s, json_array_get(keys_j, i), &keys[i], why, sizeof why) != 0) {
+            free(keys);
+            *status = 400;
+            snprintf(err, errlen, "keys[%zu]: %s", i, why);
+            return NULL;
+        }
+    }
+    size_t deleted = 0, skipped = 0;
+    if (l1)
+        lmc_storage_manager_delete(s->ctx.storage, keys, n, force, &deleted, &skipped);
+    if (l2)
+        deleted += lmc_storage_manager_l2_delete(s->ctx.storage, a, keys, n);
+    free(keys);
+    return json_pack("{s:I, s:I, s:b}", "deleted", (json_int_t)deleted, "skipped",
+                     (json_int_t)skipped, "ok", 1);
+}
+
 /* /config/adapters: the L2 adapters in priority order (index 0 = primary). */
 static json_t *http_adapters(void *user)
 {
@@ -123,6 +227,7 @@ static int start_http(lmc_server *s, char *err, size_t errlen)
     static const lmc_http_backend backend_template = {
         .quota_set = http_quota_set, .quota_remove = http_quota_remove,
         .quota_snapshot = http_quota_snapshot, .adapters = http_adapters,
+        .objects_list = http_objects_list, .objects_remove = http_objects_remove,
         .ready = http_ready, .status = http_status, .config = http_config,
         .clear = http_clear, .metrics = http_metrics,
     };

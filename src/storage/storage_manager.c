@@ -270,6 +270,27 @@ lmc_quotas *lmc_storage_manager_quotas(lmc_storage_manager *sm)
     return sm->quotas;
 }
 
+int lmc_storage_manager_l2_find_adapter(lmc_storage_manager *sm, const char *type)
+{
+    return sm->l2_ops && sm->l2_ops->find_adapter ? sm->l2_ops->find_adapter(sm->l2, type) : -1;
+}
+
+json_t *lmc_storage_manager_l2_list(lmc_storage_manager *sm, int adapter, const char *model,
+                                   size_t page_size, const char *page_token)
+{
+    return sm->l2_ops && sm->l2_ops->list_objects
+               ? sm->l2_ops->list_objects(sm->l2, adapter, model, page_size, page_token)
+               : NULL;
+}
+
+size_t lmc_storage_manager_l2_delete(lmc_storage_manager *sm, int adapter,
+                                     const lmc_object_key *keys, size_t n)
+{
+    return sm->l2_ops && sm->l2_ops->delete_objects
+               ? sm->l2_ops->delete_objects(sm->l2, adapter, keys, n)
+               : 0;
+}
+
 json_t *lmc_storage_manager_l2_usage_by_salt(lmc_storage_manager *sm)
 {
     return sm->l2_ops && sm->l2_ops->usage_by_salt ? sm->l2_ops->usage_by_salt(sm->l2)

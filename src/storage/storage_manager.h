@@ -164,6 +164,16 @@ typedef struct lmc_storage_tier_ops {
     json_t *(*report_status)(void *impl);
     /* New reference: {cache_salt: bytes} over the tier's adapters. */
     json_t *(*usage_by_salt)(void *impl);
+    /* Index of the adapter whose type name is `type` (case-insensitive; NULL
+     * = the primary, 0), or -1 when none matches. */
+    int (*find_adapter)(void *impl, const char *type);
+    /* One page {"adapter", "shared", "entries", "next_page_token"}.  New
+     * reference; NULL when the adapter cannot list. */
+    json_t *(*list_objects)(void *impl, int adapter, const char *model, size_t page_size,
+                            const char *page_token);
+    /* Deletes keys from one adapter (absent or locked keys are skipped);
+     * returns how many were removed. */
+    size_t (*delete_objects)(void *impl, int adapter, const lmc_object_key *keys, size_t n);
     /* Stops the tier's threads and frees it; runs while L1 is still alive. */
     void (*close)(void *impl);
 } lmc_storage_tier_ops;
@@ -174,6 +184,14 @@ lmc_quotas *lmc_storage_manager_quotas(lmc_storage_manager *sm);
  * that track salts, i.e. those with an "eviction" config).  New reference;
  * an empty object without an L2 tier. */
 json_t *lmc_storage_manager_l2_usage_by_salt(lmc_storage_manager *sm);
+
+/* L2 object listing and deletion (HTTP /cache/objects).  Without an L2
+ * tier find returns -1 and the others do nothing. */
+int lmc_storage_manager_l2_find_adapter(lmc_storage_manager *sm, const char *type);
+json_t *lmc_storage_manager_l2_list(lmc_storage_manager *sm, int adapter, const char *model,
+                                   size_t page_size, const char *page_token);
+size_t lmc_storage_manager_l2_delete(lmc_storage_manager *sm, int adapter,
+                                     const lmc_object_key *keys, size_t n);
 
 /* The storage manager owns `impl` from here on (close() closes it first).
  * Call once, before concurrent use. */

@@ -173,7 +173,9 @@ def test_errors(hs):
     assert st == 422 and json.loads(body)["detail"][0]["type"] == "json_invalid"
     st, _, body = request(p, "POST", "/coordinator/command", body="{oops")
     assert st == 400 and json.loads(body) == {"error": "invalid JSON body"}
-    for method, path in [("GET", "/cache/objects"), ("POST", "/cache/prefetches"),
+    st, _, body = request(p, "GET", "/cache/objects")          # no L2 adapters here
+    assert st == 503 and "no L2 adapters" in json.loads(body)["detail"]
+    for method, path in [("POST", "/cache/prefetches"),
                          ("GET", "/cache/prefetches/x"), ("POST", "/cache/checksums"),
                          ("POST", "/api/kv/lookup"), ("GET", "/config/policies")]:
         st, _, body = request(p, method, path, body="{}")

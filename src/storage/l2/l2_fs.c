@@ -328,7 +328,8 @@ static size_t fs_remove(lmc_l2_backend *b, const lmc_object_key *keys, size_t n)
         if (locked || key_path(f, &keys[i], "", path, sizeof path) != 0 ||
             key_path(f, &keys[i], ".b3", spath, sizeof spath) != 0)
             continue;
-        if (unlink(path) != 0 && errno != ENOENT)
+        bool removed = unlink(path) == 0;
+        if (!removed && errno != ENOENT)
             continue;
         unlink(spath);
         pthread_mutex_lock(&f->mu);
@@ -337,7 +338,7 @@ static size_t fs_remove(lmc_l2_backend *b, const lmc_object_key *keys, size_t n)
             f->used -= it->size;
         pthread_mutex_unlock(&f->mu);
         free(it);
-        done++;
+        done += removed; /* an absent key is skipped, not counted */
     }
     return done;
 }

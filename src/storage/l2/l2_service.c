@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "obs/log.h"
 #include "storage/l2/l2_eviction.h"
@@ -77,7 +78,49 @@ static json_t *svc_usage_by_salt(void *impl)
     return lmc_l2_eviction_usage_by_salt(s->eviction);
 }
 
+static int svc_find_adapter(void *impl, const char *type)
+{
+    l2_service *s = impl;
+    if (!type || !*type)
+        return s->na ? 0 : -1;
+    for (size_t a = 0; a < s->na; a++) {
+        if (strcasecmp(lmc_l2_adapter_type(s->ad[a]), type) == 0)
+            return (int)a;
+    }
+    return -1;
+}
+
+static json_t *svc_list_objects(void *impl, int adapter, const char *model, size_t page_size,
+                                const char *page_token)
+{
+    l2_service *s = impl;
+    if (adapter < 0 || (size_t)adapter >= s->na)
+        return NULL;
+    json_t *page = lmc_l2_adapter_list_keys(s->ad[adapter], model, page_size, page_token);
+    if (page) {
+        json_object_set_new(page, "adapter", json_string(lmc_l2_adapter_type(s->ad[adapter])));
+        json_object_set_new(page, "shared", json_false());
+    }
+    return page;
+}
+
+static size_t svc_delete_objects(void *impl, int adapter, const lmc_object_key *keys, size_t n)
+{
+    l2_service *s = impl;
+    if (adapter < 0 || (size_t)adapter >= s->na)
+        return 0;
+    /* One key at a time: a locked key must not hide the others' deletion,
+     * and the eviction tracker follows each removal. */
+    size_t done = 0;
+    for (size_t i = 0; i < n; i++)
+        done += lmc_l2_adapter_delete(s->ad[adapter], &keys[i], 1);
+    return done;
+}
+
 static const lmc_storage_tier_ops svc_ops = {
+    .find_adapter = svc_find_adapter,
+    .list_objects = svc_list_objects,
+    .delete_objects = svc_delete_objects,
     .prefetch = svc_prefetch,
     .stop_prefetch = svc_stop_prefetch,
     .report_status = svc_status,

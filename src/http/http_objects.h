@@ -1,0 +1,10 @@
+/* /cache/objects handlers (http_objects.c). */
+#ifndef LMC_HTTP_HTTP_OBJECTS_H
+#define LMC_HTTP_HTTP_OBJECTS_H
+
+#include "http/http_internal.h"
+
+void lmc_http_objects_list(const lmc_http_request *req, lmc_http_reply *out, const char *arg);
+void lmc_http_objects_remove(const lmc_http_request *req, lmc_http_reply *out, const char *arg);
+
+#endif
