@@ -23,6 +23,7 @@
 #include "modules/ed_internal.h"
 #include "modules/ipc_key.h"
 #include "modules/module.h"
+#include "obs/events.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
 #include "storage/storage_manager.h"
@@ -270,6 +271,27 @@ static void reserve(engine_mod *m, ed_op *op, uint64_t *offsets, lmc_l1_result *
     }
 }
 
+/* STORE_* / RETRIEVE_* events (obs/events.h): PREPARE opens a transfer,
+ * COMMIT closes it; the worker copies in between, so START -> END is the
+ * engine's copy time.  Keyed by (request id, worker) like upstream's
+ * (session, device). */
+static void publish_transfer(engine_mod *m, const char *type, const ed_op *op, size_t chunks,
+                             uint64_t bytes)
+{
+    if (!m->ctx->events)
+        return;
+    char sid[256], engine[32];
+    snprintf(sid, sizeof sid, "%.*s", (int)op->key.request_id_len, op->key.request_id);
+    snprintf(engine, sizeof engine, "%lld", (long long)op->instance_id);
+    json_t *meta = json_pack("{s:s%, s:s, s:s, s:I, s:s%, s:I, s:I}", "model_name",
+                             op->key.model_name, op->key.model_len, "engine_id", engine,
+                             "device", "cpu", "worker_id",
+                             (json_int_t)op->key.worker_id, "cache_salt", op->key.cache_salt,
+                             op->key.salt_len, "num_chunks", (json_int_t)chunks, "bytes",
+                             (json_int_t)bytes);
+    lmc_event_bus_publish(m->ctx->events, type, sid, meta);
+}
+
 /* PREPARE_STORE(key, instance_id) -> {"context": {"slots", "chunk_indices"}} */
 static lmc_handler_result prepare_store(void *state, lmc_rpc_call *call)
 {
@@ -307,6 +329,8 @@ static lmc_handler_result prepare_store(void *state, lmc_rpc_call *call)
         LMC_WARN("PREPARE_STORE: instance %lld is not registered", (long long)op.instance_id);
     pack_store_reply(lmc_rpc_call_reply(call), offsets, idx, ok, &op.layout);
     atomic_fetch_add(&m->chunks_reserved, ok);
+    if (ok)
+        publish_transfer(m, LMC_EVENT_STORE_START, &op, ok, 0);
     free(offsets);
     free(res);
     free(idx);
@@ -332,6 +356,7 @@ static lmc_handler_result commit_store(void *state, lmc_rpc_call *call)
     if (p) {
         lmc_storage_manager_finish_write(m->ctx->storage, p->keys, p->n, op.tag, NULL);
         atomic_fetch_add(&m->chunks_committed, p->n);
+        publish_transfer(m, LMC_EVENT_STORE_END, &op, p->n, p->n * op.layout.object_size);
         free_pending(p);
     }
     msgpack_packer *pk = lmc_rpc_call_reply(call);
@@ -359,6 +384,8 @@ static lmc_handler_result prepare_retrieve(void *state, lmc_rpc_call *call)
     }
     pack_retrieve_reply(lmc_rpc_call_reply(call), ok ? ranges : NULL, op.n, &op.layout);
     atomic_fetch_add(ok ? &m->retrieves_ok : &m->retrieves_failed, 1);
+    if (ok)
+        publish_transfer(m, LMC_EVENT_RETRIEVE_START, &op, op.n, 0);
     free(ranges);
     free(res);
     lmc_ed_op_free(&op);
@@ -376,6 +403,7 @@ static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
     ed_pending *p = take_pending(m, &op, false);
     if (p) {
         lmc_storage_manager_finish_read(m->ctx->storage, p->keys, p->n, 1, NULL);
+        publish_transfer(m, LMC_EVENT_RETRIEVE_END, &op, p->n, p->n * op.layout.object_size);
         free_pending(p);
     }
     msgpack_pack_true(lmc_rpc_call_reply(call));

@@ -272,6 +272,17 @@ def test_lookups_feed_metrics_and_the_hash_log(tmp_path):
         rec = json.loads(files[0].read_text().splitlines()[0])
         assert rec["request_id"] == "obs-1" and len(rec["hashes"]) == 4
         assert all(len(h) == 64 for h in rec["hashes"])
+        # Engine-driven transfers feed the store/retrieve families.
+        for w in ws:
+            assert w.retrieve(toks, 0, 2 * CS, "obs-1") is not None
+        text = metrics_text(s.http_port)
+        assert value(text, 'lmcache_mp_num_finished_stores_total{device="cpu"}') == 2
+        assert wait_for(lambda: value(metrics_text(s.http_port),
+                                      'lmcache_mp_num_finished_retrieves_total{device="cpu"}') == 2)
+        text = metrics_text(s.http_port)
+        for rank in (0, 1):
+            assert value(text, f'lmcache_mp_num_chunks_loaded_total{{worker_id="{rank}",'
+                               f'{labels}}}') == 2
         for w in ws:
             w.close()
         sched.close()
