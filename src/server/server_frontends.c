@@ -64,18 +64,27 @@ static json_t *http_quota_snapshot(void *user)
 
 /* ---- /cache/objects ------------------------------------------------------ */
 
-static json_t *http_objects_list(void *user, const char *adapter, const char *model,
-                                 size_t page_size, const char *page_token, unsigned *status,
-                                 char *err, size_t errlen)
+/* The adapter's index, or -1 with 503 (no L2 at all) or 404 (no match). */
+static int find_adapter(lmc_server *s, const char *adapter, unsigned *status, char *err,
+                        size_t errlen)
 {
-    lmc_server *s = user;
     int a = lmc_storage_manager_l2_find_adapter(s->ctx.storage, adapter);
     if (a < 0) {
         bool none = lmc_storage_manager_l2_find_adapter(s->ctx.storage, NULL) < 0;
         *status = none ? 503 : 404;
         snprintf(err, errlen, none ? "no L2 adapters" : "no L2 adapter '%s'", adapter);
-        return NULL;
     }
+    return a;
+}
+
+static json_t *http_objects_list(void *user, const char *adapter, const char *model,
+                                 size_t page_size, const char *page_token, unsigned *status,
+                                 char *err, size_t errlen)
+{
+    lmc_server *s = user;
+    int a = find_adapter(s, adapter, status, err, errlen);
+    if (a < 0)
+        return NULL;
     json_t *page = lmc_storage_manager_l2_list(s->ctx.storage, a, model, page_size, page_token);
     if (!page) {
         *status = 503;
@@ -136,13 +145,9 @@ static json_t *http_objects_remove(void *user, const json_t *body, unsigned *sta
     bool force = json_is_true(json_object_get(body, "force"));
     bool l1 = tier && (!strcmp(tier, "l1") || !strcmp(tier, "all"));
     bool l2 = !tier || strcmp(tier, "l1") != 0;
-    int a = l2 ? lmc_storage_manager_l2_find_adapter(s->ctx.storage, adapter) : -1;
-    if (l2 && a < 0) {
-        bool none = lmc_storage_manager_l2_find_adapter(s->ctx.storage, NULL) < 0;
-        *status = none ? 503 : 404;
-        snprintf(err, errlen, none ? "no L2 adapters" : "no L2 adapter '%s'", adapter);
+    int a = l2 ? find_adapter(s, adapter, status, err, errlen) : -1;
+    if (l2 && a < 0)
         return NULL;
-    }
     size_t n = json_array_size(keys_j);
     lmc_object_key *keys = malloc((n ? n : 1) * sizeof *keys);
     if (!keys)
