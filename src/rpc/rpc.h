@@ -89,6 +89,11 @@ int lmc_rpc_server_register(lmc_rpc_server *s, const lmc_rpc_handler_spec *spec,
 int lmc_rpc_server_run(lmc_rpc_server *s, int extra_stop_fd, int drain_ms);
 void lmc_rpc_server_stop(lmc_rpc_server *s);  /* thread-safe */
 lmc_rpc_stats lmc_rpc_server_stats(lmc_rpc_server *s);
+/* Per-op totals since start: requests answered (a reply or a void reply)
+ * and requests dropped (handler failure, or an op without a handler).
+ * Ops are frozen ids 1..LMC_OP_FROZEN_MAX; false for any other id. */
+bool lmc_rpc_server_op_counts(lmc_rpc_server *s, int op_id, uint64_t *replied,
+                              uint64_t *failed);
 /* Runs what is still queued, then joins the worker threads.  After run()
  * returned and before the handler contexts (modules) are closed. */
 void lmc_rpc_server_join_workers(lmc_rpc_server *s);

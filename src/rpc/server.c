@@ -51,6 +51,7 @@ struct lmc_rpc_server {
     unsigned drop_logs_this_second;
     uint64_t drops_suppressed;
     _Atomic uint64_t n_received, n_replied, n_dropped, n_error_frames;
+    _Atomic uint64_t op_replied[LMC_OP_FROZEN_MAX + 1], op_failed[LMC_OP_FROZEN_MAX + 1];
 };
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -218,8 +219,17 @@ static void send_error_frames(lmc_rpc_server *s, lmc_rpc_call *c)
     bump(&s->n_error_frames);
 }
 
+static void count_op(lmc_rpc_server *s, const lmc_rpc_call *c)
+{
+    if (c->op_id < 1 || c->op_id > LMC_OP_FROZEN_MAX)
+        return;
+    bool ok = c->result == LMC_HANDLER_REPLY || c->result == LMC_HANDLER_VOID;
+    bump(ok ? &s->op_replied[c->op_id] : &s->op_failed[c->op_id]);
+}
+
 static void finish_call(lmc_rpc_server *s, lmc_rpc_call *c)
 {
+    count_op(s, c);
     switch (c->result) {
     case LMC_HANDLER_REPLY: {
         /* Copied into a ZMQ-owned frame: replies are small, and this keeps
@@ -316,8 +326,9 @@ static const handler_entry *resolve_op(lmc_rpc_server *s, zmq_msg_t *op_frame, i
     const msgpack_object *o = &up.data;
     int64_t id;
     if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && lmc_mp_get_int(o, &id)) {
-        if (id >= 1 && id <= LMC_OP_FROZEN_MAX && s->frozen[id].used) {
-            *op_id = (int)id;
+        if (id >= 1 && id <= LMC_OP_FROZEN_MAX)
+            *op_id = (int)id; /* counted even without a handler */
+        if (*op_id && s->frozen[id].used) {
             found = &s->frozen[id];
         } else {
             snprintf(why, whylen, "no handler registered for request type %lld", (long long)id);
@@ -510,6 +521,16 @@ lmc_rpc_stats lmc_rpc_server_stats(lmc_rpc_server *s)
         .error_frames = atomic_load(&s->n_error_frames),
     };
     return st;
+}
+
+bool lmc_rpc_server_op_counts(lmc_rpc_server *s, int op_id, uint64_t *replied,
+                              uint64_t *failed)
+{
+    if (op_id < 1 || op_id > LMC_OP_FROZEN_MAX)
+        return false;
+    *replied = atomic_load(&s->op_replied[op_id]);
+    *failed = atomic_load(&s->op_failed[op_id]);
+    return true;
 }
 
 void lmc_rpc_server_join_workers(lmc_rpc_server *s)

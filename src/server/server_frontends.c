@@ -8,6 +8,7 @@
 #include "obs/event_logging.h"
 #include "obs/event_metrics.h"
 #include "obs/log.h"
+#include "rpc/wire.h"
 #include "server/server_internal.h"
 #include "storage/storage_manager.h"
 
@@ -227,6 +228,26 @@ static lmc_metrics_rpc_counts rpc_counts(void *user)
     return (lmc_metrics_rpc_counts){st.received, st.replied, st.dropped, st.error_frames};
 }
 
+/* lmcache_mp_rpc_requests_total{op, result}: per frozen op, requests
+ * answered ("ok") and dropped ("failed", including ops without a handler). */
+static void collect_rpc_ops(lmc_metrics *r, void *user)
+{
+    lmc_server *s = user;
+    static const char *const labels[] = {"op", "result", NULL};
+    lmc_metric *m = lmc_metrics_counter(r, "lmcache_mp_rpc_requests_total",
+                                        "RPC requests by op and result", labels);
+    if (!m || !atomic_load(&s->ready))
+        return;
+    for (int op = 1; op <= LMC_OP_FROZEN_MAX; op++) {
+        uint64_t ok, failed;
+        if (!lmc_rpc_server_op_counts(s->rpc, op, &ok, &failed) || (ok == 0 && failed == 0))
+            continue;
+        const char *ok_v[] = {lmc_op_name(op), "ok"}, *failed_v[] = {lmc_op_name(op), "failed"};
+        lmc_metric_set(m, ok_v, (double)ok);
+        lmc_metric_set(m, failed_v, (double)failed);
+    }
+}
+
 static int start_http(lmc_server *s, char *err, size_t errlen)
 {
     static const lmc_http_backend backend_template = {
@@ -284,6 +305,7 @@ int lmc_server_start_frontends(lmc_server *s, char *err, size_t errlen)
     s->metrics = lmc_metrics_new();
     if (!s->metrics || lmc_metrics_add_process_collector(s->metrics) != 0 ||
         (full && lmc_metrics_add_rpc_source(s->metrics, rpc_counts, s) != 0) ||
+        (full && lmc_metrics_add_collector(s->metrics, collect_rpc_ops, s) != 0) ||
         (full && lmc_metrics_add_status_source(s->metrics, status_when_ready, s) != 0)) {
         snprintf(err, errlen, "cannot set up metrics");
         return -1;

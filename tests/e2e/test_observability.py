@@ -288,3 +288,15 @@ def test_lookups_feed_metrics_and_the_hash_log(tmp_path):
         sched.close()
     finally:
         assert s.stop() == 0, s.output()
+
+
+def test_rpc_requests_by_op(start_server):
+    s = start_server()
+    d = s.dealer()
+    for _ in range(3):
+        assert d.call(NOOP) is not None
+    assert d.call(22, "not-an-id", timeout_ms=300) is None     # PING with a bad id: dropped
+    text = metrics_text(s.http_port)
+    assert value(text, 'lmcache_mp_rpc_requests_total{op="noop",result="ok"}') >= 3
+    assert value(text, 'lmcache_mp_rpc_requests_total{op="ping",result="failed"}') == 1
+    d.close()
