@@ -24,7 +24,7 @@ static bool available(const lmc_http_request *req, lmc_http_reply *out, bool lis
 static void reply_backend(lmc_http_reply *out, json_t *body, unsigned status, const char *err)
 {
     if (body)
-        lmc_http_reply_json(out, MHD_HTTP_OK, body);
+        lmc_http_reply_json(out, status == MHD_HTTP_ACCEPTED ? status : MHD_HTTP_OK, body);
     else
         lmc_http_reply_json(out, status ? status : MHD_HTTP_INTERNAL_SERVER_ERROR,
                             lmc_http_detail("%s", err));
@@ -85,4 +85,41 @@ void lmc_http_objects_remove(const lmc_http_request *req, lmc_http_reply *out, c
         reply_backend(out, reply, status, err); /* status is set by the call above */
     }
     json_decref(body);
+}
+
+/* POST /cache/prefetches, GET /cache/prefetches/{request_id} */
+void lmc_http_prefetch_submit(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    (void)arg;
+    const lmc_http_backend *b = &req->site->backend;
+    if (!b->prefetch_submit) {
+        lmc_http_reply_json(out, MHD_HTTP_NOT_IMPLEMENTED,
+                            lmc_http_detail("L2 prefetch is not available in this build"));
+        return;
+    }
+    json_t *body = req->body ? json_loadb(req->body, req->body_len, 0, NULL) : NULL;
+    if (!json_is_object(body)) {
+        lmc_http_reply_json(out, MHD_HTTP_UNPROCESSABLE_CONTENT,
+                            lmc_http_detail("body must be a JSON object"));
+    } else {
+        unsigned status = 0;
+        char err[256] = "";
+        json_t *reply = b->prefetch_submit(b->user, body, &status, err, sizeof err);
+        reply_backend(out, reply, status, err);
+    }
+    json_decref(body);
+}
+
+void lmc_http_prefetch_query(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+{
+    const lmc_http_backend *b = &req->site->backend;
+    if (!b->prefetch_query) {
+        lmc_http_reply_json(out, MHD_HTTP_NOT_IMPLEMENTED,
+                            lmc_http_detail("L2 prefetch is not available in this build"));
+        return;
+    }
+    unsigned status = 0;
+    char err[256] = "";
+    json_t *reply = b->prefetch_query(b->user, req->path + strlen(arg), &status, err, sizeof err);
+    reply_backend(out, reply, status, err);
 }

@@ -52,6 +52,12 @@ typedef struct {
                             char *err, size_t errlen);
     json_t *(*objects_remove)(void *user, const json_t *body, unsigned *status, char *err,
                               size_t errlen);
+    /* /cache/prefetches (warm L2 -> L1 prefetch).  NULL callbacks = 501.
+     * submit: *status 202 with the body on success; query: 200. */
+    json_t *(*prefetch_submit)(void *user, const json_t *body, unsigned *status, char *err,
+                               size_t errlen);
+    json_t *(*prefetch_query)(void *user, const char *request_id, unsigned *status, char *err,
+                              size_t errlen);
 } lmc_http_backend;
 
 typedef struct {

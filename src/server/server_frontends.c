@@ -10,6 +10,7 @@
 #include "obs/log.h"
 #include "rpc/wire.h"
 #include "server/server_internal.h"
+#include "server/warm_prefetch.h"
 #include "storage/storage_manager.h"
 
 extern char **environ;
@@ -172,6 +173,26 @@ static json_t *http_objects_remove(void *user, const json_t *body, unsigned *sta
                      (json_int_t)skipped, "ok", 1);
 }
 
+/* ---- /cache/prefetches ------------------------------------------------------ */
+
+static json_t *http_prefetch_submit(void *user, const json_t *body, unsigned *status, char *err,
+                                    size_t errlen)
+{
+    lmc_server *s = user;
+    if (!s->warm)
+        return *status = 503, snprintf(err, errlen, "prefetch service unavailable"), NULL;
+    return lmc_warm_prefetch_submit(s->warm, body, status, err, errlen);
+}
+
+static json_t *http_prefetch_query(void *user, const char *id, unsigned *status, char *err,
+                                   size_t errlen)
+{
+    lmc_server *s = user;
+    if (!s->warm)
+        return *status = 503, snprintf(err, errlen, "prefetch service unavailable"), NULL;
+    return lmc_warm_prefetch_query(s->warm, id, status, err, errlen);
+}
+
 /* /config/adapters: the L2 adapters in priority order (index 0 = primary). */
 static json_t *http_adapters(void *user)
 {
@@ -254,6 +275,7 @@ static int start_http(lmc_server *s, char *err, size_t errlen)
         .quota_set = http_quota_set, .quota_remove = http_quota_remove,
         .quota_snapshot = http_quota_snapshot, .adapters = http_adapters,
         .objects_list = http_objects_list, .objects_remove = http_objects_remove,
+        .prefetch_submit = http_prefetch_submit, .prefetch_query = http_prefetch_query,
         .ready = http_ready, .status = http_status, .config = http_config,
         .clear = http_clear, .metrics = http_metrics,
     };
@@ -393,6 +415,7 @@ void lmc_server_frontends_ready(lmc_server *s)
 {
     attach_subscribers(s);
     start_otlp(s);
+    s->warm = lmc_warm_prefetch_new(&s->ctx); /* NULL: /cache/prefetches answers 503 */
     atomic_store(&s->ready, true);
     s->plugins = lmc_plugins_start(s->cfg, environ);
 }
@@ -405,6 +428,8 @@ void lmc_server_stop_frontends(lmc_server *s)
     s->http = NULL;
     lmc_http_server_stop(s->exporter);
     s->exporter = NULL;
+    lmc_warm_prefetch_free(s->warm); /* after HTTP: no request can reach it */
+    s->warm = NULL;
     if (s->otlp) {
         /* The last export sees every event published so far. */
         if (s->ctx.events)

@@ -149,6 +149,8 @@ typedef struct lmc_storage_l2_request {
     uint32_t keys_per_unit;
     uint64_t object_size;
     uint32_t readers;
+    bool retain;                  /* keep loaded objects resident whatever
+                                   * --l2-prefetch-policy says (warm prefetch) */
     void (*on_lookup_done)(void *user, size_t units);
     void (*on_done)(void *user, size_t units);
     void *user;

@@ -175,8 +175,9 @@ def test_errors(hs):
     assert st == 400 and json.loads(body) == {"error": "invalid JSON body"}
     st, _, body = request(p, "GET", "/cache/objects")          # no L2 adapters here
     assert st == 503 and "no L2 adapters" in json.loads(body)["detail"]
-    for method, path in [("POST", "/cache/prefetches"),
-                         ("GET", "/cache/prefetches/x"), ("POST", "/cache/checksums"),
+    st, _, body = request(p, "GET", "/cache/prefetches/none")   # unknown request id
+    assert st == 404 and "detail" in json.loads(body)
+    for method, path in [("POST", "/cache/checksums"),
                          ("POST", "/api/kv/lookup"), ("GET", "/config/policies")]:
         st, _, body = request(p, method, path, body="{}")
         assert st == 501, (method, path, st)

@@ -386,3 +386,59 @@ def test_cache_objects_list_and_delete(tmp_path):
             w.close()
     finally:
         assert srv.stop() == 0, srv.output()
+
+
+def test_warm_prefetch_from_l2(tmp_path):
+    srv = start(tmp_path)
+    base = f"http://127.0.0.1:{srv.http_port}"
+
+    def http(method, path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    try:
+        toks = prompt(141)
+        ws = store_all(srv, toks)
+        wait_stored(srv, tmp_path, 8)
+        sched = srv.dealer()
+        assert sched.call(CLEAR, False) is not None          # L1 empty, L2 has all 8
+        req = {"model_name": "m", "world_size": 2, "token_ids": toks, "cache_salt": "",
+               "source_tier": "l2", "target_tier": "l1"}
+        st, sub = http("POST", "/cache/prefetches", req)
+        assert st == 202 and sub["status"] == "submitted" and sub["chunks"] == 4
+        deadline = time.monotonic() + 10
+        while True:
+            st, res = http("GET", "/cache/prefetches/" + sub["request_id"])
+            assert st == 200
+            if res["status"] == "completed":
+                break
+            assert res["status"] == "pending" and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert res == {"request_id": sub["request_id"], "status": "completed",
+                       "found_keys": 8, "total_keys": 8}
+        assert http("GET", "/cache/prefetches/" + sub["request_id"])[0] == 404  # consumed
+        loads = status(srv)["l2_adapters"][0]["counters"]["load_ok"]
+        # Warm: resident in L1 and unlocked, so a LOOKUP hits without loading again...
+        assert lookup_wait(sched, toks, "w1") == 4
+        assert status(srv)["l2_adapters"][0]["counters"]["load_ok"] == loads
+        for w in ws:
+            assert w.retrieve(toks, 0, 64, "w1") == [chunk_bytes(w.rank, toks, c) for c in range(4)]
+        # ...and unlocked: a non-forced clear can drop them.
+        assert sched.call(CLEAR, False) is not None
+        assert status(srv)["l1_manager"]["num_objects"] == 0
+        # Errors and the no-op.
+        assert http("POST", "/cache/prefetches", {**req, "source_tier": "l1"})[0] == 400
+        assert http("POST", "/cache/prefetches", {**req, "model_name": "other"})[0] == 503
+        assert http("POST", "/cache/prefetches", {**req, "token_ids": "x"})[0] == 422
+        assert http("POST", "/cache/prefetches", {**req, "cache_salt": "a/b"})[0] == 400
+        st, res = http("POST", "/cache/prefetches", {**req, "token_ids": toks[:CS - 1]})
+        assert st == 202 and res == {"chunks": 0, "status": "noop"}
+        close_all(ws, sched)
+    finally:
+        assert srv.stop() == 0, srv.output()

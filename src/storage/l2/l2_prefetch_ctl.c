@@ -206,7 +206,7 @@ static void reserve_plan(lmc_l2_prefetch_ctl *c, preq *q)
     lmc_l1_result *res = malloc(q->plan_n * sizeof *res);
     size_t ok = 0;
     if (res && lmc_storage_manager_reserve_write(c->sm, q->keys, q->plan_n, q->r.object_size,
-                                                 !c->o.retain, LMC_L2_PREFETCH_TAG, q->offsets,
+                                                 !(c->o.retain || q->r.retain), LMC_L2_PREFETCH_TAG, q->offsets,
                                                  res) == 0)
         while (ok < q->plan_n && res[ok] == LMC_L1_SUCCESS)
             ok++;
