@@ -33,6 +33,9 @@ typedef struct {
     size_t len;
     const char *content_type;  /* static string */
     char allow[64];            /* Allow header of a 405, else "" */
+    int n_extra;               /* more headers (static names), e.g. X-LMCache-Hit-Tokens */
+    const char *extra_names[4];
+    char extra_values[4][24];
 } lmc_http_reply;
 
 /* Query-string argument / request header, or NULL. */

@@ -7,6 +7,7 @@
 
 #include "http/http_internal.h"
 #include "http/http_json.h"
+#include "http/http_kv.h"
 #include "http/http_objects.h"
 #include "http/http_quota.h"
 #include "obs/log.h"
@@ -312,9 +313,9 @@ static const route routes[] = {
     {"GET", "/api/quota/", true, READY_DETAIL, lmc_http_quota_get, "/api/quota/"},
     {"PUT", "/api/quota/", true, READY_DETAIL, lmc_http_quota_put, "/api/quota/"},
     {"DELETE", "/api/quota/", true, READY_DETAIL, lmc_http_quota_delete, "/api/quota/"},
-    NB("POST", "/api/kv/store", "KV transfer over HTTP is"),
-    NB("POST", "/api/kv/retrieve", "KV transfer over HTTP is"),
-    NB("POST", "/api/kv/lookup", "KV lookup over HTTP is"),
+    {"POST", "/api/kv/store", false, READY_DETAIL, lmc_http_kv_store, NULL},
+    {"POST", "/api/kv/retrieve", false, READY_DETAIL, lmc_http_kv_retrieve, NULL},
+    {"POST", "/api/kv/lookup", false, READY_DETAIL, lmc_http_kv_lookup, NULL},
     NBP("GET", "/reconfigure/", "reconfiguration is"),
     NBP("POST", "/reconfigure/", "reconfiguration is"),
 };

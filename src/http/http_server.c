@@ -30,6 +30,7 @@ struct lmc_http_server {
     struct MHD_Daemon *daemon;
     int port;
     size_t max_body;
+    size_t max_kv_body;
     lmc_http_site site;
     /* libmicrohttpd's messages (mostly about malformed requests) are rate
      * limited so that a flood of garbage cannot flood the log. */
@@ -43,6 +44,7 @@ struct lmc_http_server {
 typedef struct {
     char *body;
     size_t len, cap;
+    size_t limit;  /* body limit of this request's route */
     bool too_large;
     bool replied;  /* a response was queued before the body was read */
 } request_state;
@@ -103,6 +105,8 @@ static enum MHD_Result queue_reply(struct MHD_Connection *conn, lmc_http_reply *
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->content_type);
     if (r->allow[0])
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, r->allow);
+    for (int i = 0; i < r->n_extra; i++)
+        MHD_add_response_header(resp, r->extra_names[i], r->extra_values[i]);
     enum MHD_Result rc = MHD_queue_response(conn, r->status, resp);
     MHD_destroy_response(resp);
     return rc;
@@ -163,15 +167,17 @@ static void append_body(request_state *rs, const char *data, size_t n, size_t li
 /* ---- libmicrohttpd callbacks ------------------------------------------- */
 
 static enum MHD_Result first_call(lmc_http_server *s, struct MHD_Connection *conn,
-                                  void **con_cls)
+                                  const char *url, void **con_cls)
 {
     request_state *rs = calloc(1, sizeof *rs);
     if (!rs)
         return MHD_NO;
     *con_cls = rs;
-    if (declared_too_large(conn, s->max_body)) {
+    /* KV uploads carry whole tensors; every other body is small JSON. */
+    rs->limit = strcmp(url, "/api/kv/store") == 0 ? s->max_kv_body : s->max_body;
+    if (declared_too_large(conn, rs->limit)) {
         rs->replied = true;
-        return queue_too_large(conn, s->max_body);
+        return queue_too_large(conn, rs->limit);
     }
     return MHD_YES;
 }
@@ -185,10 +191,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     lmc_http_server *s = cls;
     request_state *rs = *con_cls;
     if (!rs)
-        return first_call(s, conn, con_cls);
+        return first_call(s, conn, url, con_cls);
     if (*upload_data_size) {
         if (!rs->replied)
-            append_body(rs, upload_data, *upload_data_size, s->max_body);
+            append_body(rs, upload_data, *upload_data_size, rs->limit);
         *upload_data_size = 0;
         return MHD_YES;
     }
@@ -196,7 +202,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     rs->replied = true;
     if (rs->too_large)
-        return queue_too_large(conn, s->max_body);
+        return queue_too_large(conn, rs->limit);
     lmc_http_request req = {
         .site = &s->site, .method = method, .path = url,
         .body = rs->len ? rs->body : NULL, .body_len = rs->len, .conn = conn,
@@ -334,6 +340,7 @@ int lmc_http_server_start(const lmc_http_options *opts, const lmc_http_backend *
     s->site.commit = dup_or_na(opts->commit);
     s->site.metrics_only = opts->metrics_only;
     s->max_body = opts->max_body_bytes ? opts->max_body_bytes : DEFAULT_MAX_BODY;
+    s->max_kv_body = opts->max_kv_body_bytes ? opts->max_kv_body_bytes : (size_t)1 << 30;
     int family = AF_INET;
     const char *host = opts->host && *opts->host ? opts->host : "0.0.0.0";
     int fd = (s->site.version && s->site.commit)

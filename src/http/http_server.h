@@ -17,6 +17,19 @@
 /* What the server provides.  Every callback receives `user`.  JSON
  * callbacks return a NEW reference (the frontend decrefs it) or NULL on
  * failure (answered 500).  A NULL callback means "not provided". */
+/* Requests and results of the /api/kv endpoints (the server implements them). */
+typedef struct {
+    const char *model;
+    const char *salt;                  /* "" for none */
+    const uint64_t *tokens;
+    size_t n_tokens;
+} lmc_kv_request;
+
+typedef struct {
+    size_t total_tokens, total_chunks;
+    size_t done_tokens, done_chunks;   /* hit (lookup/retrieve) or stored */
+} lmc_kv_counts;
+
 typedef struct {
     void *user;
     /* false until the engine is up: engine-backed endpoints answer 503.
@@ -58,6 +71,14 @@ typedef struct {
                                size_t errlen);
     json_t *(*prefetch_query)(void *user, const char *request_id, unsigned *status, char *err,
                               size_t errlen);
+    /* /api/kv/lookup, /store, /retrieve.  NULL callbacks = 501.  0, or -1
+     * with *status and err.  retrieve: *data is malloc'd (NULL if no hit). */
+    int (*kv_lookup)(void *user, const lmc_kv_request *rq, lmc_kv_counts *out,
+                     unsigned *status, char *err, size_t errlen);
+    int (*kv_store)(void *user, const lmc_kv_request *rq, const uint8_t *data, size_t len,
+                    lmc_kv_counts *out, unsigned *status, char *err, size_t errlen);
+    int (*kv_retrieve)(void *user, const lmc_kv_request *rq, uint8_t **data, size_t *len,
+                       lmc_kv_counts *out, unsigned *status, char *err, size_t errlen);
 } lmc_http_backend;
 
 typedef struct {
@@ -68,6 +89,7 @@ typedef struct {
     size_t max_body_bytes;     /* larger request bodies get 413; 0 = 1 MiB */
     unsigned timeout_s;        /* idle connection timeout; 0 = 30 s */
     unsigned threads;          /* worker threads; 0 = 2 */
+    size_t max_kv_body_bytes;  /* POST /api/kv/store bodies; 0 = 1 GiB */
     bool metrics_only;         /* serve GET/HEAD /metrics only (the standalone
                                 * Prometheus exporter); every other path 404 */
 } lmc_http_options;

@@ -153,6 +153,23 @@ bool lmc_layout_registry_get(lmc_layout_registry *r, const char *model, size_t l
     return e != NULL;
 }
 
+bool lmc_layout_registry_find_model(lmc_layout_registry *r, const char *model, size_t len,
+                                    uint32_t *world_size, lmc_layout *out)
+{
+    bool found = false;
+    pthread_mutex_lock(&r->lock);
+    for (size_t i = 0; i < r->count && !found; i++) {
+        entry *e = &r->entries[i];
+        if (strlen(e->model) == len && memcmp(e->model, model, len) == 0) {
+            *world_size = e->world_size;
+            *out = e->layout;
+            found = true;
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+    return found;
+}
+
 size_t lmc_layout_registry_count(lmc_layout_registry *r)
 {
     pthread_mutex_lock(&r->lock);

@@ -47,6 +47,10 @@ int lmc_layout_registry_acquire(lmc_layout_registry *r, const char *model, uint3
 void lmc_layout_registry_release(lmc_layout_registry *r, const char *model, uint32_t world_size);
 bool lmc_layout_registry_get(lmc_layout_registry *r, const char *model, size_t model_len,
                              uint32_t world_size, lmc_layout *out);
+/* The first registration of `model`, whatever its world size (HTTP KV
+ * endpoints name only the model). */
+bool lmc_layout_registry_find_model(lmc_layout_registry *r, const char *model, size_t len,
+                                    uint32_t *world_size, lmc_layout *out);
 size_t lmc_layout_registry_count(lmc_layout_registry *r);
 /* [{model_name, world_size, object_size, shape, dtype, use_mla, refcount}] */
 json_t *lmc_layout_registry_to_json(lmc_layout_registry *r);

@@ -10,6 +10,7 @@
 #include "obs/log.h"
 #include "rpc/wire.h"
 #include "server/server_internal.h"
+#include "server/kv_http.h"
 #include "server/warm_prefetch.h"
 #include "storage/storage_manager.h"
 
@@ -193,6 +194,29 @@ static json_t *http_prefetch_query(void *user, const char *id, unsigned *status,
     return lmc_warm_prefetch_query(s->warm, id, status, err, errlen);
 }
 
+/* ---- /api/kv ------------------------------------------------------------------ */
+
+static int http_kv_lookup(void *user, const lmc_kv_request *rq, lmc_kv_counts *out,
+                          unsigned *status, char *err, size_t errlen)
+{
+    lmc_server *s = user;
+    return lmc_kv_http_lookup(&s->ctx, rq, out, status, err, errlen);
+}
+
+static int http_kv_store(void *user, const lmc_kv_request *rq, const uint8_t *data, size_t len,
+                         lmc_kv_counts *out, unsigned *status, char *err, size_t errlen)
+{
+    lmc_server *s = user;
+    return lmc_kv_http_store(&s->ctx, rq, data, len, out, status, err, errlen);
+}
+
+static int http_kv_retrieve(void *user, const lmc_kv_request *rq, uint8_t **data, size_t *len,
+                            lmc_kv_counts *out, unsigned *status, char *err, size_t errlen)
+{
+    lmc_server *s = user;
+    return lmc_kv_http_retrieve(&s->ctx, rq, data, len, out, status, err, errlen);
+}
+
 /* /config/adapters: the L2 adapters in priority order (index 0 = primary). */
 static json_t *http_adapters(void *user)
 {
@@ -276,6 +300,7 @@ static int start_http(lmc_server *s, char *err, size_t errlen)
         .quota_snapshot = http_quota_snapshot, .adapters = http_adapters,
         .objects_list = http_objects_list, .objects_remove = http_objects_remove,
         .prefetch_submit = http_prefetch_submit, .prefetch_query = http_prefetch_query,
+        .kv_lookup = http_kv_lookup, .kv_store = http_kv_store, .kv_retrieve = http_kv_retrieve,
         .ready = http_ready, .status = http_status, .config = http_config,
         .clear = http_clear, .metrics = http_metrics,
     };

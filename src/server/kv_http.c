@@ -1,0 +1,203 @@
+#include "server/kv_http.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "modules/ipc_key.h"
+#include "modules/layout_registry.h"
+#include "storage/storage_manager.h"
+
+#define WRITER_TAG "http_kv"
+
+/* Everything one request needs: layout geometry and the expanded keys
+ * (chunk-major: chunk -> rank, one object group). */
+typedef struct {
+    lmc_layout layout;
+    uint32_t ws, cs;
+    size_t n_chunks, per, n_keys;
+    size_t row_bytes;          /* one token of one rank: hidden_dim * itemsize */
+    lmc_object_key *keys;
+} kv_plan;
+
+static int fail(unsigned *status, unsigned code, char *err, size_t errlen, const char *what)
+{
+    *status = code;
+    snprintf(err, errlen, "%s", what);
+    return -1;
+}
+
+static int plan(lmc_module_ctx *ctx, const lmc_kv_request *rq, kv_plan *p, unsigned *status,
+                char *err, size_t errlen)
+{
+    *p = (kv_plan){.cs = lmc_token_hasher_chunk_size(ctx->hasher)};
+    if (!lmc_layout_registry_find_model(ctx->layouts, rq->model, strlen(rq->model), &p->ws,
+                                        &p->layout)) {
+        *status = 400;
+        snprintf(err, errlen, "model_name '%s' is not registered with this engine", rq->model);
+        return -1;
+    }
+    if (p->layout.use_mla || p->layout.num_groups != 1)
+        return fail(status, 400, err, errlen, "only single-group non-MLA layouts over HTTP");
+    if (!lmc_cache_salt_valid(rq->salt, strlen(rq->salt)))
+        return fail(status, 400, err, errlen, "invalid cache_salt");
+    /* object [2, L, cs, H]: one token row of one rank */
+    p->row_bytes = p->layout.object_size / (2ull * p->layout.num_layers * p->cs);
+    p->n_chunks = rq->n_tokens / p->cs;
+    p->per = p->ws;
+    p->n_keys = p->n_chunks * p->per;
+    if (p->n_chunks == 0)
+        return 0;
+    uint8_t *hashes = malloc(p->n_chunks * LMC_TOKEN_HASH_LEN);
+    p->keys = malloc(p->n_keys * sizeof *p->keys);
+    lmc_ipc_key k = {.model_name = rq->model, .model_len = strlen(rq->model),
+                     .world_size = p->ws, .cache_salt = rq->salt, .salt_len = strlen(rq->salt)};
+    int rc = hashes && p->keys ? lmc_hash_chunks(ctx->hasher, rq->tokens, rq->n_tokens, 0,
+                                                 p->n_chunks * p->cs, hashes)
+                               : LMC_HASH_ENOMEM;
+    if (rc == LMC_HASH_OK &&
+        lmc_ipc_key_object_keys(&k, hashes, p->n_chunks, 1, ctx->interner, p->keys) != 0)
+        rc = LMC_HASH_ENOMEM;
+    free(hashes);
+    if (rc != LMC_HASH_OK) {
+        free(p->keys);
+        p->keys = NULL;
+        *status = rc == LMC_HASH_ETOKEN ? 400 : 500;
+        snprintf(err, errlen, "%s", lmc_hash_strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+static void counts(const kv_plan *p, const lmc_kv_request *rq, size_t done_chunks,
+                   lmc_kv_counts *out)
+{
+    *out = (lmc_kv_counts){rq->n_tokens, p->n_chunks, done_chunks * p->cs, done_chunks};
+}
+
+/* Copies token rows between the whole-request tensor [2, L, T, ws*H] and one
+ * rank's chunk object [2, L, cs, H]; to_object picks the direction. */
+static void copy_chunk(const kv_plan *p, uint8_t *whole, size_t total_tokens, uint8_t *object,
+                       size_t chunk, uint32_t rank, bool to_object)
+{
+    size_t full_row = p->row_bytes * p->ws;
+    for (size_t kv_layer = 0; kv_layer < 2ull * p->layout.num_layers; kv_layer++) {
+        for (size_t t = 0; t < p->cs; t++) {
+            uint8_t *w = whole + (kv_layer * total_tokens + chunk * p->cs + t) * full_row +
+                         rank * p->row_bytes;
+            uint8_t *o = object + (kv_layer * p->cs + t) * p->row_bytes;
+            memcpy(to_object ? o : w, to_object ? w : o, p->row_bytes);
+        }
+    }
+}
+
+/* Leading chunks whose every rank is resident, read-locked (1 share). */
+static size_t lock_hits(lmc_module_ctx *ctx, const kv_plan *p)
+{
+    if (!p->n_keys)
+        return 0;
+    size_t locked = lmc_storage_manager_lock_prefix(ctx->storage, p->keys, p->n_keys, 1);
+    size_t full = locked / p->per * p->per;
+    if (locked > full)
+        lmc_storage_manager_finish_read(ctx->storage, p->keys + full, locked - full, 1, NULL);
+    return full / p->per;
+}
+
+int lmc_kv_http_lookup(lmc_module_ctx *ctx, const lmc_kv_request *rq, lmc_kv_counts *out,
+                       unsigned *status, char *err, size_t errlen)
+{
+    kv_plan p;
+    if (plan(ctx, rq, &p, status, err, errlen) != 0)
+        return -1;
+    size_t hits = lock_hits(ctx, &p);
+    if (hits)
+        lmc_storage_manager_finish_read(ctx->storage, p.keys, hits * p.per, 1, NULL);
+    counts(&p, rq, hits, out);
+    free(p.keys);
+    return 0;
+}
+
+int lmc_kv_http_store(lmc_module_ctx *ctx, const lmc_kv_request *rq, const uint8_t *data,
+                      size_t len, lmc_kv_counts *out, unsigned *status, char *err,
+                      size_t errlen)
+{
+    kv_plan p;
+    if (plan(ctx, rq, &p, status, err, errlen) != 0)
+        return -1;
+    size_t expect = 2ull * p.layout.num_layers * rq->n_tokens * p.row_bytes * p.ws;
+    if (len != expect) {
+        free(p.keys);
+        *status = 400;
+        snprintf(err, errlen,
+                 "payload is %zu bytes; [2, %u, %zu tokens, %u ranks x hidden] of %s needs %zu",
+                 len, p.layout.num_layers, rq->n_tokens, p.ws, p.layout.dtype, expect);
+        return -1;
+    }
+    uint64_t *offsets = calloc(p.n_keys + 1, sizeof *offsets);
+    lmc_l1_result *res = calloc(p.n_keys + 1, sizeof *res);
+    if (!offsets || !res) {
+        free(offsets), free(res), free(p.keys);
+        return fail(status, 500, err, errlen, "out of memory");
+    }
+    if (p.n_keys)
+        lmc_storage_manager_reserve_write(ctx->storage, p.keys, p.n_keys, p.layout.object_size,
+                                          false, WRITER_TAG, offsets, res);
+    uint8_t *base = lmc_storage_manager_l1_arena(ctx->storage)->base;
+    size_t stored = 0;
+    bool leading = true;
+    for (size_t c = 0; c < p.n_chunks; c++) {
+        bool whole_chunk = true;
+        for (uint32_t r = 0; r < p.ws; r++) {
+            size_t i = c * p.per + r;
+            if (res[i] == LMC_L1_SUCCESS) {
+                copy_chunk(&p, (uint8_t *)data, rq->n_tokens, base + offsets[i], c, r, true);
+                lmc_storage_manager_finish_write(ctx->storage, &p.keys[i], 1, WRITER_TAG, NULL);
+            } else if (res[i] != LMC_L1_KEY_NOT_WRITABLE) { /* NOT_WRITABLE: already there */
+                whole_chunk = false;
+            }
+        }
+        leading = leading && whole_chunk;
+        stored += leading;
+    }
+    counts(&p, rq, stored, out);
+    free(offsets);
+    free(res);
+    free(p.keys);
+    return 0;
+}
+
+int lmc_kv_http_retrieve(lmc_module_ctx *ctx, const lmc_kv_request *rq, uint8_t **data,
+                         size_t *len, lmc_kv_counts *out, unsigned *status, char *err,
+                         size_t errlen)
+{
+    kv_plan p;
+    *data = NULL;
+    *len = 0;
+    if (plan(ctx, rq, &p, status, err, errlen) != 0)
+        return -1;
+    size_t hits = lock_hits(ctx, &p), n = hits * p.per;
+    lmc_l1_range *ranges = calloc(n + 1, sizeof *ranges);
+    lmc_l1_result *res = calloc(n + 1, sizeof *res);
+    size_t tokens = hits * p.cs;
+    *len = 2ull * p.layout.num_layers * tokens * p.row_bytes * p.ws;
+    *data = *len ? malloc(*len) : NULL;
+    bool ok = ranges && res && (!*len || *data) &&
+              lmc_storage_manager_read(ctx->storage, p.keys, n, ranges, res) == n;
+    uint8_t *base = lmc_storage_manager_l1_arena(ctx->storage)->base;
+    for (size_t i = 0; ok && i < n; i++)
+        copy_chunk(&p, *data, tokens, base + ranges[i].offset, i / p.per,
+                   (uint32_t)(i % p.per), false);
+    if (n)
+        lmc_storage_manager_finish_read(ctx->storage, p.keys, n, 1, NULL);
+    free(ranges);
+    free(res);
+    free(p.keys);
+    if (!ok) {
+        free(*data);
+        *data = NULL;
+        *len = 0;
+        return fail(status, 500, err, errlen, "out of memory");
+    }
+    counts(&p, rq, hits, out);
+    return 0;
+}
