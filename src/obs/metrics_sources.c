@@ -331,11 +331,62 @@ void lmc_metrics_update_from_status(lmc_metrics *r, const json_t *status)
     }
 }
 
+/* Per L2 adapter (label l2_name = its type, as upstream): ops-surface.md
+ * §2.2's l2_store_completed / l2_load_completed counters and usage gauges,
+ * read from storage_manager.l2_adapters[]. */
+static void update_l2_from_status(lmc_metrics *r, const json_t *status)
+{
+    static const char *const labels[] = {"l2_name", NULL};
+    lmc_metric *stores = lmc_metrics_counter(r, "lmcache_mp_l2_store_completed_total",
+                                             "L2 store requests completed", labels);
+    lmc_metric *loads = lmc_metrics_counter(r, "lmcache_mp_l2_load_completed_total",
+                                            "L2 load tasks completed", labels);
+    lmc_metric *used = lmc_metrics_gauge(r, "lmcache_mp_l2_used_bytes",
+                                         "Bytes held by an L2 adapter", labels);
+    lmc_metric *cap = lmc_metrics_gauge(r, "lmcache_mp_l2_capacity_bytes",
+                                        "Capacity of an L2 adapter (0 = unknown)", labels);
+    const json_t *list = json_object_get(json_object_get(status, "storage_manager"), "l2_adapters");
+    if (!stores || !loads || !used || !cap || !json_is_array(list))
+        return;
+    /* Several adapters of one type share the label: sum them per name. */
+    json_t *sums = json_object();
+    size_t i;
+    const json_t *a;
+    json_array_foreach(list, i, a) {
+        const char *name = json_string_value(json_object_get(a, "type_name"));
+        const json_t *c = json_object_get(a, "counters");
+        if (!name)
+            continue;
+        const double add[4] = {json_number_value(json_object_get(c, "stores_ok")) +
+                                   json_number_value(json_object_get(c, "stores_failed")),
+                               json_number_value(json_object_get(c, "loads")),
+                               json_number_value(json_object_get(a, "used_bytes")),
+                               json_number_value(json_object_get(a, "capacity_bytes"))};
+        json_t *acc = json_object_get(sums, name);
+        if (!acc) {
+            acc = json_pack("[f, f, f, f]", 0.0, 0.0, 0.0, 0.0);
+            json_object_set_new(sums, name, acc);
+        }
+        for (size_t k = 0; k < 4; k++)
+            json_array_set_new(acc, k, json_real(json_number_value(json_array_get(acc, k)) + add[k]));
+    }
+    const char *name;
+    json_t *acc;
+    lmc_metric *families[4] = {stores, loads, used, cap};
+    json_object_foreach(sums, name, acc) {
+        const char *values[] = {name};
+        for (size_t k = 0; k < 4; k++)
+            lmc_metric_set(families[k], values, json_number_value(json_array_get(acc, k)));
+    }
+    json_decref(sums);
+}
+
 static void collect_status(lmc_metrics *r, void *user)
 {
     status_source *ss = user;
     json_t *status = ss->fn(ss->user);
     lmc_metrics_update_from_status(r, status);
+    update_l2_from_status(r, status);
     json_decref(status);
 }
 

@@ -91,6 +91,13 @@ def test_store_evict_then_hits_from_l2(tmp_path):
         assert ad["counters"]["load_ok"] == 8 and ad["num_keys"] == 8
         assert st["prefetch_controller"]["hit_chunks"] == 4
         assert st["store_controller"]["stores_failed"] == 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.http_port}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        series = dict(line.rsplit(" ", 1) for line in metrics.splitlines()
+                      if line.startswith("lmcache_mp_l2_"))
+        assert float(series['lmcache_mp_l2_store_completed_total{l2_name="fs"}']) >= 1
+        assert float(series['lmcache_mp_l2_load_completed_total{l2_name="fs"}']) >= 1
+        assert float(series['lmcache_mp_l2_used_bytes{l2_name="fs"}']) > 0
         # Prefetched objects are temporary: retrieved, they are gone from L1,
         # and a new lookup loads them again.
         assert lookup_wait(sched, toks, "r2") == 4
