@@ -458,9 +458,12 @@ static lmc_handler_result end_session(void *state, lmc_rpc_call *call)
 
 static const lmc_rpc_handler_spec lookup_handlers[] = {
     {LMC_OP_LOOKUP, NULL, LMC_POOL_NORMAL, lookup},
-    {LMC_OP_QUERY_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, query_status},
+    /* The two status polls are a table lookup: answered on the socket
+     * thread, they skip two thread hand-offs per scheduler poll.  The job
+     * they read was registered before the LOOKUP's reply went out. */
+    {LMC_OP_QUERY_PREFETCH_STATUS, NULL, LMC_POOL_SYNC, query_status},
     {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, wait_status},
-    {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_NORMAL, query_lookup_hits},
+    {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, query_lookup_hits},
     {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, free_lookup_locks},
     {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, end_session},
 };
