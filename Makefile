@@ -7,21 +7,24 @@ JOBS       ?= $(shell nproc)
 # Arguments for `make run`: a 1 GiB L1 with LRU eviction, ZMQ on localhost:5555.
 RUN_ARGS   ?= --l1-size-gb 1 --eviction-policy LRU
 
-DEB_PACKAGES := build-essential cmake pkg-config libzmq3-dev libmsgpack-dev \
-	libjansson-dev libmicrohttpd-dev libssl-dev libcurl4-openssl-dev liburing-dev \
-	libhiredis-dev librust-blake3-dev libcmocka-dev python3 python3-zmq \
-	python3-msgpack python3-pytest python3-prometheus-client b3sum \
-	chromium python3-websocket wrk redis-server redis-tools
+# What building and running need...
+DEB_BUILD := build-essential cmake pkg-config libzmq3-dev libmsgpack-dev \
+	libjansson-dev libmicrohttpd-dev libssl-dev libcurl4-openssl-dev \
+	librust-blake3-dev libcmocka-dev
+# ...and what the tests and benchmarks start or drive (real servers, a browser).
+DEB_TEST := python3 python3-zmq python3-msgpack python3-pytest \
+	python3-prometheus-client python3-websocket b3sum chromium redis-server \
+	redis-tools wrk
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps configure build run test unit e2e bench asan tsan sanitize clean
+.PHONY: all deps deps-test configure build run test unit e2e bench asan tsan sanitize clean
 
 all: build
 
 # Installs only what is missing; silent when everything is present.
-deps:
-	@missing=$$(for p in $(DEB_PACKAGES); do \
+define install_missing
+	@missing=$$(for p in $(1); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; \
 	  done); \
 	if [ -n "$$missing" ]; then \
@@ -29,6 +32,13 @@ deps:
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
+endef
+
+deps:
+	$(call install_missing,$(DEB_BUILD))
+
+deps-test: deps
+	$(call install_missing,$(DEB_TEST))
 
 $(BUILD_DIR)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
@@ -41,28 +51,28 @@ build: configure
 run: build
 	./$(BUILD_DIR)/lmcached $(RUN_ARGS)
 
-test: build
+test: build deps-test
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
-unit: build
+unit: build deps-test
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -E '^e2e$$'
 
-e2e: build
+e2e: build deps-test
 	cd $(BUILD_DIR) && ctest --output-on-failure -R '^e2e$$'
 
 # Every benchmark prints its own same-run baseline; see BENCHMARKS.md.
-bench: build
+bench: build deps-test
 	./bench/run.sh $(BUILD_DIR)
 	./$(BUILD_DIR)/hash_bench
 	./$(BUILD_DIR)/transfer_bench --chunks 128 --iters 500
 
 # Sanitizer builds: ASan+UBSan and TSan, each in its own build tree.
-asan: deps
+asan: deps-test
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLMC_SANITIZE=address
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ctest --output-on-failure -j $(JOBS)
 
-tsan: deps
+tsan: deps-test
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DLMC_SANITIZE=thread
 	cmake --build build-tsan -j $(JOBS)
 	cd build-tsan && ctest --output-on-failure -j $(JOBS)
