@@ -1,6 +1,7 @@
 """L2 tier over the engine-driven path (docs/l2.md): write-behind to the fs
 adapter, LOOKUP hits served from L2 after L1 eviction, restart recovery,
 upstream-format files, and corrupted/truncated file detection."""
+import functools
 import json
 import os
 import re
@@ -23,6 +24,18 @@ def status(srv):
     url = f"http://127.0.0.1:{srv.http_port}/status"
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.loads(r.read())["storage_manager"]
+
+
+def http_json(srv, method, path, body=None):
+    """(status, decoded JSON body) of a request to srv's HTTP frontend."""
+    req = urllib.request.Request(f"http://127.0.0.1:{srv.http_port}{path}",
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def data_files(path):
@@ -290,14 +303,9 @@ def test_isolated_lru_quota_usage_and_allowlist(tmp_path):
             "eviction": {"eviction_policy": "IsolatedLRU", "trigger_watermark": 1.0,
                          "eviction_ratio": 0.5}}
     srv = Server("--chunk-size", str(CS), "--l2-adapter", json.dumps(spec))
-    base = f"http://127.0.0.1:{srv.http_port}"
 
-    def http(method, path, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read())
+    def http(method, path, body=None):  # the JSON body; these calls all succeed
+        return http_json(srv, method, path, body)[1]
 
     try:
         http("PUT", "/quota/paid", {"limit_gb": 1.0})
@@ -339,17 +347,8 @@ def test_config_adapters_lists_l2_adapters(tmp_path):
 
 def test_cache_objects_list_and_delete(tmp_path):
     srv = start(tmp_path)
-    base = f"http://127.0.0.1:{srv.http_port}"
 
-    def http(method, path, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+    http = functools.partial(http_json, srv)
 
     try:
         toks = prompt(131)
@@ -397,17 +396,8 @@ def test_cache_objects_list_and_delete(tmp_path):
 
 def test_warm_prefetch_from_l2(tmp_path):
     srv = start(tmp_path)
-    base = f"http://127.0.0.1:{srv.http_port}"
 
-    def http(method, path, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+    http = functools.partial(http_json, srv)
 
     try:
         toks = prompt(141)
