@@ -375,8 +375,13 @@ static lmc_handler_result prepare_retrieve(void *state, lmc_rpc_call *call)
         return lmc_rpc_call_fail(call, "ValidationError", "PREPARE_RETRIEVE: %s", err);
     lmc_l1_range *ranges = calloc(op.n + 1, sizeof *ranges);
     lmc_l1_result *res = calloc(op.n + 1, sizeof *res);
-    bool ok = op.registered && ranges && res && op.n > 0 &&
-              lmc_storage_manager_read(m->ctx->storage, op.keys, op.n, ranges, res) == op.n;
+    size_t readable = op.registered && ranges && res && op.n > 0
+                          ? lmc_storage_manager_read(m->ctx->storage, op.keys, op.n, ranges, res)
+                          : 0;
+    bool ok = op.n > 0 && readable == op.n;
+    if (op.registered && ranges && res && op.n > 0 && !ok)
+        lmc_storage_manager_report_read_failure(m->ctx->storage, "l1_retrieve", "not_found",
+                                                &op.keys[0], op.n - readable);
     if (ok) {
         ok = add_pending(m, &op, op.keys, op.n, false);
         if (ok)

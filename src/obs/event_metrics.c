@@ -11,16 +11,22 @@
 #include "obs/metrics_internal.h"
 
 typedef struct {
-    double sample_rate;
     lmc_metric *requested, *hit, *hit_l1, *hit_l2, *lookups, *early_exit;
     lmc_metric *sub_stores, *fin_stores, *sub_retrieves, *fin_retrieves;
     lmc_metric *chunks_loaded, *load_requests, *load_bytes, *store_tput, *load_tput;
     lmc_metric *l1_read, *l1_write, *lifetime, *idle, *alloc_failure, *read_failure;
+    lmc_metric *usage, *reuse_gap, *evict_reuse_gap;
+    lmc_metric *sm_read[3], *sm_write[3];   /* requests, succeed keys, failed keys */
+    lmc_metric *l2_store_sub, *l2_store_sub_obj, *l2_store_done_obj, *l2_store_tput,
+        *l2_load_tput, *l2_pf_lookup, *l2_pf_lookup_obj, *l2_pf_load_sub, *l2_pf_load_sub_obj,
+        *l2_pf_load_done, *l2_evicted, *l2_pf_failure;
     lmc_event_pairs pairs;
 } event_metrics;
 
 static const double gbs_bounds[] = {0.1, 0.5, 1, 2, 5, 10, 20, 50, 100};
 static const double lifetime_bounds[] = {0.1, 1, 5, 10, 30, 60, 300, 600, 1800, 3600, 21600};
+static const double ratio_bounds[] = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1};
+static const double evict_reuse_bounds[] = {0.1, 1, 5, 10, 30, 60, 120, 300};
 #define N_BOUNDS(a) (sizeof(a) / sizeof((a)[0]))
 
 /* ---- registration ------------------------------------------------------ */
@@ -95,8 +101,76 @@ static bool register_l1(lmc_metrics *r, event_metrics *em)
                                 "L1 out of memory during reserve-write, per key", dm);
     em->read_failure = counter(r, "lmcache_mp_l1_read_failure_total",
                                "Reserve-read failures after a successful lookup", drm);
+    em->usage = lmc_metrics_histogram(r, "lmcache_mp_l1_usage_ratio",
+                                      "L1 used / committed bytes, sampled every eviction cycle",
+                                      NULL, ratio_bounds, N_BOUNDS(ratio_bounds));
+    em->reuse_gap = lmc_metrics_histogram(
+        r, "lmcache_mp_l1_chunk_reuse_gap_seconds",
+        "Sampled L1 chunks: gap between consecutive reads or touches", NULL, lifetime_bounds,
+        N_BOUNDS(lifetime_bounds));
+    em->evict_reuse_gap = lmc_metrics_histogram(
+        r, "lmcache_mp_l1_chunk_evict_reuse_gap_seconds",
+        "Sampled L1 chunks: eviction -> next write of the same key (300 when it never came)",
+        NULL, evict_reuse_bounds, N_BOUNDS(evict_reuse_bounds));
     return em->l1_read && em->l1_write && em->lifetime && em->idle && em->alloc_failure &&
-           em->read_failure;
+           em->read_failure && em->usage && em->reuse_gap && em->evict_reuse_gap;
+}
+
+static bool register_sm(lmc_metrics *r, event_metrics *em)
+{
+    static const char *const salt[] = {"cache_salt", NULL};
+    static const char *const names[2][3][2] = {
+        {{"lmcache_mp_sm_read_requests_total", "Storage-manager prefix reads (per salt)"},
+         {"lmcache_mp_sm_read_succeed_keys_total", "Keys the prefix reads locked"},
+         {"lmcache_mp_sm_read_failed_keys_total", "Keys the prefix reads did not find"}},
+        {{"lmcache_mp_sm_write_requests_total", "Storage-manager reserve-writes (per salt)"},
+         {"lmcache_mp_sm_write_succeed_keys_total", "Keys whose write reservation succeeded"},
+         {"lmcache_mp_sm_write_failed_keys_total", "Keys whose write reservation failed"}},
+    };
+    for (int i = 0; i < 3; i++) {
+        em->sm_read[i] = counter(r, names[0][i][0], names[0][i][1], salt);
+        em->sm_write[i] = counter(r, names[1][i][0], names[1][i][1], salt);
+        if (!em->sm_read[i] || !em->sm_write[i])
+            return false;
+    }
+    return true;
+}
+
+static bool register_l2(lmc_metrics *r, event_metrics *em)
+{
+    static const char *const salt[] = {"cache_salt", NULL};
+    static const char *const name[] = {"l2_name", NULL};
+    static const char *const rm[] = {"reason", "model_name", NULL};
+    em->l2_store_sub = counter(r, "lmcache_mp_l2_store_submitted_total",
+                               "L2 store requests submitted", NULL);
+    em->l2_store_sub_obj = counter(r, "lmcache_mp_l2_store_submitted_objects_total",
+                                   "Chunks submitted for L2 store", salt);
+    em->l2_store_done_obj = counter(r, "lmcache_mp_l2_store_completed_objects_total",
+                                    "Chunks stored to L2", salt);
+    em->l2_store_tput = lmc_metrics_histogram(r, "lmcache_mp_l2_store_throughput_gbs",
+                                              "L2 store task bytes / (completed - submitted)",
+                                              name, gbs_bounds, N_BOUNDS(gbs_bounds));
+    em->l2_load_tput = lmc_metrics_histogram(r, "lmcache_mp_l2_load_throughput_gbs",
+                                             "L2 load task bytes / (completed - submitted)",
+                                             name, gbs_bounds, N_BOUNDS(gbs_bounds));
+    em->l2_pf_lookup = counter(r, "lmcache_mp_l2_prefetch_lookup_total", "L2 prefetch lookups",
+                               NULL);
+    em->l2_pf_lookup_obj = counter(r, "lmcache_mp_l2_prefetch_lookup_objects_total",
+                                   "Chunks looked up in L2", salt);
+    em->l2_pf_load_sub = counter(r, "lmcache_mp_l2_prefetch_load_submitted_total",
+                                 "L2 load tasks submitted (one per adapter used)", NULL);
+    em->l2_pf_load_sub_obj = counter(r, "lmcache_mp_l2_prefetch_load_submitted_objects_total",
+                                     "Chunks submitted for loading from L2", salt);
+    em->l2_pf_load_done = counter(r, "lmcache_mp_l2_prefetch_load_completed_total",
+                                  "Chunks loaded from L2 into L1", salt);
+    em->l2_evicted = counter(r, "lmcache_mp_l2_evicted_objects_total",
+                             "Chunks evicted from L2", salt);
+    em->l2_pf_failure = counter(r, "lmcache_mp_l2_prefetch_failure_total",
+                                "Keys expected in L2 that did not land in L1", rm);
+    return em->l2_store_sub && em->l2_store_sub_obj && em->l2_store_done_obj &&
+           em->l2_store_tput && em->l2_load_tput && em->l2_pf_lookup && em->l2_pf_lookup_obj &&
+           em->l2_pf_load_sub && em->l2_pf_load_sub_obj && em->l2_pf_load_done &&
+           em->l2_evicted && em->l2_pf_failure;
 }
 
 /* ---- handlers ---------------------------------------------------------- */
@@ -180,8 +254,6 @@ static void on_l1_evicted(const lmc_event *ev, void *user)
     size_t i;
     const json_t *k;
     json_array_foreach(json_object_get(ev->metadata, "keys"), i, k) {
-        if (!lmc_obs_sampled(lmc_event_str(k, "hash"), em->sample_rate))
-            continue;
         if (json_is_number(json_object_get(k, "lifetime_s")))
             lmc_metric_observe(em->lifetime, NULL, lmc_event_num(k, "lifetime_s"));
         if (json_is_number(json_object_get(k, "idle_s")))
@@ -202,6 +274,103 @@ static void on_l1_failure(const lmc_event *ev, void *user)
                        (const char *const[]){during, lmc_event_str(m, "reason"), model}, n);
 }
 
+static void observe_all(lmc_metric *h, const json_t *values)
+{
+    size_t i;
+    const json_t *v;
+    json_array_foreach(values, i, v) {
+        if (json_is_number(v))
+            lmc_metric_observe(h, NULL, json_number_value(v));
+    }
+}
+
+static void on_l1_cycle(const lmc_event *ev, void *user)
+{
+    event_metrics *em = user;
+    if (strcmp(ev->type, LMC_EVENT_L1_USAGE) == 0) {
+        lmc_metric_observe(em->usage, NULL, lmc_event_num(ev->metadata, "usage_ratio"));
+        return;
+    }
+    observe_all(em->reuse_gap, json_object_get(ev->metadata, "reuse_gaps_s"));
+    observe_all(em->evict_reuse_gap, json_object_get(ev->metadata, "evict_reuse_gaps_s"));
+}
+
+static void on_sm(const lmc_event *ev, void *user)
+{
+    event_metrics *em = user;
+    lmc_metric **m = strcmp(ev->type, LMC_EVENT_SM_READ) == 0 ? em->sm_read : em->sm_write;
+    const char *salt;
+    const json_t *counts;
+    json_object_foreach(json_object_get(ev->metadata, "by_salt"), salt, counts) {
+        const char *labels[] = {salt};
+        lmc_metric_add(m[0], labels, 1);
+        lmc_metric_add(m[1], labels, lmc_event_num(counts, "ok"));
+        lmc_metric_add(m[2], labels, lmc_event_num(counts, "failed"));
+    }
+}
+
+/* Adds each {salt: n} of the event's by_salt to `m`; returns the total. */
+static double add_by_salt(lmc_metric *m, const lmc_event *ev)
+{
+    const char *salt;
+    const json_t *n;
+    double total = 0;
+    json_object_foreach(json_object_get(ev->metadata, "by_salt"), salt, n) {
+        if (!json_is_number(n))
+            continue;
+        lmc_metric_add(m, (const char *const[]){salt}, json_number_value(n));
+        total += json_number_value(n);
+    }
+    return total;
+}
+
+static void on_l2_store(const lmc_event *ev, void *user)
+{
+    event_metrics *em = user;
+    if (strcmp(ev->type, LMC_EVENT_L2_STORE_SUBMITTED) == 0) {
+        lmc_metric_add(em->l2_store_sub, NULL, 1);
+        add_by_salt(em->l2_store_sub_obj, ev);
+    } else {
+        add_by_salt(em->l2_store_done_obj, ev);
+    }
+}
+
+static void on_l2_task(const lmc_event *ev, void *user)
+{
+    event_metrics *em = user;
+    double bytes = lmc_event_num(ev->metadata, "bytes");
+    double seconds = lmc_event_num(ev->metadata, "seconds");
+    if (bytes <= 0 || seconds <= 0)
+        return;
+    bool store = strcmp(ev->type, LMC_EVENT_L2_STORE_TASK) == 0;
+    const char *name[] = {lmc_event_str(ev->metadata, "l2_name")};
+    lmc_metric_observe(store ? em->l2_store_tput : em->l2_load_tput, name,
+                       bytes / 1e9 / seconds);
+}
+
+static void on_l2_prefetch(const lmc_event *ev, void *user)
+{
+    event_metrics *em = user;
+    const char *t = ev->type;
+    if (strcmp(t, LMC_EVENT_L2_PREFETCH_LOOKUP) == 0) {
+        lmc_metric_add(em->l2_pf_lookup, NULL, 1);
+        add_by_salt(em->l2_pf_lookup_obj, ev);
+    } else if (strcmp(t, LMC_EVENT_L2_PREFETCH_LOAD_SUBMITTED) == 0) {
+        lmc_metric_add(em->l2_pf_load_sub, NULL, lmc_event_num(ev->metadata, "adapters"));
+        add_by_salt(em->l2_pf_load_sub_obj, ev);
+    } else if (strcmp(t, LMC_EVENT_L2_PREFETCH_LOAD_COMPLETED) == 0) {
+        add_by_salt(em->l2_pf_load_done, ev);
+    } else if (strcmp(t, LMC_EVENT_L2_EVICTED) == 0) {
+        add_by_salt(em->l2_evicted, ev);
+    } else {
+        const json_t *m = ev->metadata;
+        lmc_metric_add(em->l2_pf_failure,
+                       (const char *const[]){lmc_event_str(m, "reason"),
+                                             lmc_event_str(m, "model_name")},
+                       lmc_event_num(m, "num_keys"));
+    }
+}
+
 /* ---- attach ------------------------------------------------------------ */
 
 static void collect_nothing(lmc_metrics *r, void *user)
@@ -210,7 +379,7 @@ static void collect_nothing(lmc_metrics *r, void *user)
     (void)user;
 }
 
-int lmc_metrics_attach_event_metrics(lmc_metrics *r, lmc_event_bus *bus, double sample_rate)
+int lmc_metrics_attach_event_metrics(lmc_metrics *r, lmc_event_bus *bus)
 {
     static const struct {
         const char *type;
@@ -226,14 +395,27 @@ int lmc_metrics_attach_event_metrics(lmc_metrics *r, lmc_event_bus *bus, double 
         {LMC_EVENT_L1_KEYS_EVICTED, on_l1_evicted},
         {LMC_EVENT_L1_ALLOCATION_FAILURE, on_l1_failure},
         {LMC_EVENT_L1_READ_FAILURE, on_l1_failure},
+        {LMC_EVENT_L1_USAGE, on_l1_cycle},
+        {LMC_EVENT_L1_REUSE_GAPS, on_l1_cycle},
+        {LMC_EVENT_SM_READ, on_sm},
+        {LMC_EVENT_SM_WRITE, on_sm},
+        {LMC_EVENT_L2_STORE_SUBMITTED, on_l2_store},
+        {LMC_EVENT_L2_STORE_COMPLETED, on_l2_store},
+        {LMC_EVENT_L2_STORE_TASK, on_l2_task},
+        {LMC_EVENT_L2_LOAD_TASK, on_l2_task},
+        {LMC_EVENT_L2_PREFETCH_LOOKUP, on_l2_prefetch},
+        {LMC_EVENT_L2_PREFETCH_LOAD_SUBMITTED, on_l2_prefetch},
+        {LMC_EVENT_L2_PREFETCH_LOAD_COMPLETED, on_l2_prefetch},
+        {LMC_EVENT_L2_PREFETCH_FAILURE, on_l2_prefetch},
+        {LMC_EVENT_L2_EVICTED, on_l2_prefetch},
     };
     event_metrics *em = calloc(1, sizeof *em);
     if (!r || !bus || !em) {
         free(em);
         return -1;
     }
-    em->sample_rate = sample_rate;
-    if (!register_lookup(r, em) || !register_transfers(r, em) || !register_l1(r, em)) {
+    if (!register_lookup(r, em) || !register_transfers(r, em) || !register_l1(r, em) ||
+        !register_sm(r, em) || !register_l2(r, em)) {
         free(em);
         return -1;
     }

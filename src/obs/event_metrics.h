@@ -1,8 +1,8 @@
 /* Event-driven metrics (ops-surface.md §2.2): subscribes a registry to the
  * events of events.h and turns them into counters and histograms.  Every
- * counter counts every event; the L1 lifecycle histograms observe only the
- * keys lmc_obs_sampled(hash, sample_rate) selects.  docs/metrics.md lists
- * the families. */
+ * counter counts every event; the L1 lifecycle histograms observe what the
+ * events carry, which the producer has sampled already (events.h).
+ * docs/metrics.md lists the families. */
 #ifndef LMC_OBS_EVENT_METRICS_H
 #define LMC_OBS_EVENT_METRICS_H
 
@@ -10,6 +10,6 @@
 #include "obs/metrics.h"
 
 /* The registry owns the subscriber state: free the bus before it. */
-int lmc_metrics_attach_event_metrics(lmc_metrics *r, lmc_event_bus *bus, double sample_rate);
+int lmc_metrics_attach_event_metrics(lmc_metrics *r, lmc_event_bus *bus);
 
 #endif

@@ -49,16 +49,51 @@
  * L1_READ            {num_keys}   keys whose L1 read finished
  * L1_WRITE           {num_keys}   keys written to L1
  * L1_KEYS_EVICTED    {keys: [{hash: hex str, lifetime_s: num, idle_s: num}]}
- *                    lifetime: allocation -> eviction, idle: last touch ->
- *                    eviction; sampled by hash (--metrics-sample-rate)
+ *                    sampled keys only (the producer applies
+ *                    lmc_obs_sampled(hash, --metrics-sample-rate) when the
+ *                    object becomes resident); lifetime: admission ->
+ *                    eviction, idle: last read lock or touch -> eviction
+ * L1_USAGE           {usage_ratio}  every eviction cycle (~1 Hz)
+ * L1_REUSE_GAPS      {reuse_gaps_s: [num], evict_reuse_gaps_s: [num]}
+ *                    sampled keys, every eviction cycle with gaps to report:
+ *                    touch -> next touch; eviction -> next write (capped
+ *                    at 300 s, reported as 300 when the cap passes)
  * L1_ALLOCATION_FAILURE {during: l1_store|l2_prefetch, model_name, num_keys}
  * L1_READ_FAILURE    {during: l2_store|l1_retrieve,
- *                     reason: not_found|write_locked, model_name, num_keys} */
+ *                     reason: not_found|write_locked, model_name, num_keys}
+ * SM_WRITE           {by_salt: {salt: {ok, failed}}}  one reserve-write
+ * SM_READ            {by_salt: {salt: {ok, failed}}}  one prefix read lock
+ *                    (a lookup): ok = keys locked, failed = the rest */
 #define LMC_EVENT_L1_READ "L1_READ"
 #define LMC_EVENT_L1_WRITE "L1_WRITE"
 #define LMC_EVENT_L1_KEYS_EVICTED "L1_KEYS_EVICTED"
+#define LMC_EVENT_L1_USAGE "L1_USAGE"
+#define LMC_EVENT_L1_REUSE_GAPS "L1_REUSE_GAPS"
 #define LMC_EVENT_L1_ALLOCATION_FAILURE "L1_ALLOCATION_FAILURE"
 #define LMC_EVENT_L1_READ_FAILURE "L1_READ_FAILURE"
+#define LMC_EVENT_SM_WRITE "SM_WRITE"
+#define LMC_EVENT_SM_READ "SM_READ"
+
+/* L2 tier events (src/storage/l2 publishes them); by_salt is
+ * {cache_salt: number of keys}:
+ * L2_STORE_SUBMITTED        {by_salt}  one write-behind batch submitted
+ * L2_STORE_COMPLETED        {by_salt}  a batch every adapter stored
+ * L2_STORE_TASK / L2_LOAD_TASK {l2_name, bytes, seconds}  one adapter task
+ *                           that succeeded, submit -> completion
+ * L2_PREFETCH_LOOKUP        {by_salt}  one L2 prefetch lookup
+ * L2_PREFETCH_LOAD_SUBMITTED {adapters: int, by_salt}  keys to load
+ * L2_PREFETCH_LOAD_COMPLETED {by_salt} keys that landed in L1
+ * L2_PREFETCH_FAILURE       {reason: l1_oom|not_found, model_name, num_keys}
+ * L2_EVICTED                {by_salt}  keys the L2 eviction removed */
+#define LMC_EVENT_L2_STORE_SUBMITTED "L2_STORE_SUBMITTED"
+#define LMC_EVENT_L2_STORE_COMPLETED "L2_STORE_COMPLETED"
+#define LMC_EVENT_L2_STORE_TASK "L2_STORE_TASK"
+#define LMC_EVENT_L2_LOAD_TASK "L2_LOAD_TASK"
+#define LMC_EVENT_L2_PREFETCH_LOOKUP "L2_PREFETCH_LOOKUP"
+#define LMC_EVENT_L2_PREFETCH_LOAD_SUBMITTED "L2_PREFETCH_LOAD_SUBMITTED"
+#define LMC_EVENT_L2_PREFETCH_LOAD_COMPLETED "L2_PREFETCH_LOAD_COMPLETED"
+#define LMC_EVENT_L2_PREFETCH_FAILURE "L2_PREFETCH_FAILURE"
+#define LMC_EVENT_L2_EVICTED "L2_EVICTED"
 
 /* What a LOOKUP_END carries; strings are (pointer, length), not
  * NUL-terminated.  `hashes` are n_hashes digests of hash_len bytes each,

@@ -77,6 +77,9 @@ static int create_services(lmc_server *s, char *err, size_t errlen)
     s->ctx.storage = lmc_storage_manager_create(cfg, err, errlen);
     if (!s->ctx.storage)
         return -1;
+    if (s->ctx.events)
+        lmc_storage_manager_set_event_bus(s->ctx.storage, s->ctx.events,
+                                          cfg->obs.metrics_sample_rate);
     /* The storage manager owns the L2 tier from here (closed with it). */
     return lmc_l2_attach(s->ctx.storage, cfg, err, errlen);
 }

@@ -393,7 +393,7 @@ static void attach_subscribers(lmc_server *s)
     }
     if (!obs->disable_metrics &&
         (lmc_metrics_attach_event_bus(s->metrics, bus) != 0 ||
-         lmc_metrics_attach_event_metrics(s->metrics, bus, obs->metrics_sample_rate) != 0))
+         lmc_metrics_attach_event_metrics(s->metrics, bus) != 0))
         LMC_WARN("event metrics are incomplete: cannot subscribe");
     if (!obs->disable_logging && lmc_event_logging_attach(bus) != 0)
         LMC_WARN("event logging disabled: cannot subscribe");

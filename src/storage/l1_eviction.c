@@ -81,22 +81,42 @@ static size_t victim_target(size_t tracked, double ratio)
     return target > tracked ? tracked : target;
 }
 
+/* Reports the evicted keys (compacted in place) to the observer. */
+static void report_evicted(lmc_l1_eviction *e, lmc_object_key *victims, lmc_l1_object_age *ages,
+                           const lmc_l1_result *results, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (results[i] != LMC_L1_SUCCESS)
+            continue;
+        victims[k] = victims[i];
+        ages[k++] = ages[i];
+    }
+    if (k > 0)
+        e->opts.on_evicted(e->opts.observer_user, victims, ages, k);
+}
+
 static size_t evict_victims(lmc_l1_eviction *e, size_t target)
 {
     lmc_object_key *victims = malloc(target * sizeof(*victims));
     lmc_l1_result *results = malloc(target * sizeof(*results));
+    lmc_l1_object_age *ages = e->opts.on_evicted ? malloc(target * sizeof(*ages)) : NULL;
     size_t evicted = 0;
-    if (!victims || !results) {
+    if (!victims || !results || (e->opts.on_evicted && !ages)) {
         LMC_WARN("L1 eviction: out of memory for %zu victims", target);
         goto out;
     }
     size_t n = e->policy->ops->select_victims(e->policy, target, ask_l1, e->l1, victims);
-    if (n > 0 && lmc_l1_manager_delete(e->l1, victims, n, false, results) == 0)
-        for (size_t i = 0; i < n; i++)
-            evicted += results[i] == LMC_L1_SUCCESS;
+    if (n == 0 || lmc_l1_manager_delete_aged(e->l1, victims, n, false, ages, results) != 0)
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        evicted += results[i] == LMC_L1_SUCCESS;
+    if (ages)
+        report_evicted(e, victims, ages, results, n);
 out:
     free(victims);
     free(results);
+    free(ages);
     return evicted;
 }
 
@@ -121,6 +141,8 @@ size_t lmc_l1_eviction_run_once(lmc_l1_eviction *e)
     e->evicted_keys += evicted;
     e->last_usage_ratio = ratio;
     pthread_mutex_unlock(&e->mutex);
+    if (e->opts.on_cycle)
+        e->opts.on_cycle(e->opts.observer_user, ratio, triggered);
     return evicted;
 }
 

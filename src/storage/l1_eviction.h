@@ -17,6 +17,7 @@
 #define LMC_STORAGE_L1_EVICTION_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,6 +28,13 @@ typedef struct lmc_l1_eviction_options {
     double trigger_watermark;    /* usage fraction that starts eviction */
     double eviction_ratio;       /* fraction of tracked keys per trigger */
     uint32_t period_ms;          /* 0: no thread, run_once only */
+    /* Optional observers (metrics), called by whoever runs the cycle with
+     * no lock held: every cycle's usage, and the keys a cycle evicted with
+     * their ages (lmc_l1_manager_delete_aged). */
+    void (*on_cycle)(void *user, double usage_ratio, bool triggered);
+    void (*on_evicted)(void *user, const lmc_object_key *keys, const lmc_l1_object_age *ages,
+                       size_t n);
+    void *observer_user;
 } lmc_l1_eviction_options;
 
 typedef struct lmc_l1_eviction lmc_l1_eviction;

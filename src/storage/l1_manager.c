@@ -14,6 +14,9 @@ typedef struct l1_record {
     uint64_t raw_size;       /* object_size the writer asked for (L2 copies exactly it) */
     lmc_ttl_lock lock;       /* write lock (staging) or read lock (resident) */
     bool is_temporary;
+    bool sampled;            /* resident: the lifecycle sampler picked this key */
+    int64_t admitted_ms;     /* resident: when it became readable */
+    int64_t touched_ms;      /* resident: last read lock or touch */
 } l1_record;
 
 typedef struct l1_staging {
@@ -63,6 +66,12 @@ struct lmc_l1_manager {
     lmc_l1_range *deferred;
     size_t num_deferred, cap_deferred;
     pthread_mutex_t dispatch_mutex;  /* held while delivering events */
+    /* Lifecycle sampling (lmc_l1_manager_set_sampler): gaps between touches
+     * of sampled objects wait here until the next take_reuse_gaps. */
+    lmc_l1_sampler_fn sampler;
+    void *sampler_user;
+    double reuse_gaps_s[LMC_L1_REUSE_GAPS_MAX];
+    size_t num_reuse_gaps;
 };
 
 const char *lmc_l1_result_name(lmc_l1_result r)
@@ -359,7 +368,7 @@ static size_t reclaim_staging(lmc_l1_manager *m, l1_entry *e, int64_t now, bool 
 
 /* Makes `rec` the resident copy.  If the key is already resident the new
  * buffer is freed instead and false is returned. */
-static bool admit(lmc_l1_manager *m, l1_entry *e, const l1_record *rec)
+static bool admit(lmc_l1_manager *m, l1_entry *e, const l1_record *rec, int64_t now)
 {
     if (e->resident) {
         free_buffer(m, rec);
@@ -368,6 +377,8 @@ static bool admit(lmc_l1_manager *m, l1_entry *e, const l1_record *rec)
     e->resident = true;
     e->object = *rec;
     e->object.lock = (lmc_ttl_lock){0, 0};
+    e->object.sampled = m->sampler && m->sampler(&e->key, m->sampler_user);
+    e->object.admitted_ms = e->object.touched_ms = now;
     m->num_objects++;
     m->object_bytes += rec->size;
     if (rec->is_temporary)
@@ -514,8 +525,8 @@ static void stage_batch(lmc_l1_manager *m, const lmc_object_key *keys, const boo
     for (size_t i = 0; i < n; i++) {
         if (results[i] != LMC_L1_OUT_OF_MEMORY)
             continue;
-        l1_record rec = {units[next_unit++], unit, raw, {0, 0},
-                         is_temporary && is_temporary[i]};
+        l1_record rec = {.offset = units[next_unit++], .size = unit, .raw_size = raw,
+                         .is_temporary = is_temporary && is_temporary[i]};
         lmc_ttl_lock_acquire(&rec.lock, 1, now, m->write_ttl_ms);
         results[i] = stage_new_buffer(m, &keys[i], &rec, tag, now);
         if (results[i] == LMC_L1_SUCCESS)
@@ -589,7 +600,7 @@ static bool finish_one(lmc_l1_manager *m, const lmc_object_key *key, const char 
         free_buffer(m, &rec);
         return drop_entry_if_empty(m, e);
     }
-    bool newly_admitted = admit(m, e, &rec);
+    bool newly_admitted = admit(m, e, &rec, now);
     if (mode == FINISH_ADMIT)
         return newly_admitted && !rec.is_temporary;
     lmc_ttl_lock_acquire(&e->object.lock, readers, now, m->read_ttl_ms);
@@ -641,6 +652,16 @@ int lmc_l1_manager_finish_write_and_delete(lmc_l1_manager *m, const lmc_object_k
 
 /* ---- read path --------------------------------------------------------- */
 
+/* Under the mutex: a read or touch of a resident object.  Sampled objects
+ * leave the gap since their previous touch for take_reuse_gaps; when the
+ * buffer is full the gap is dropped (it is a sample anyway). */
+static void note_touch(lmc_l1_manager *m, l1_entry *e, int64_t now)
+{
+    if (e->object.sampled && m->num_reuse_gaps < LMC_L1_REUSE_GAPS_MAX)
+        m->reuse_gaps_s[m->num_reuse_gaps++] = (double)(now - e->object.touched_ms) / 1000.0;
+    e->object.touched_ms = now;
+}
+
 int lmc_l1_manager_reserve_read(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
                                 uint32_t readers, lmc_l1_result *results)
 {
@@ -653,6 +674,7 @@ int lmc_l1_manager_reserve_read(lmc_l1_manager *m, const lmc_object_key *keys, s
         results[i] = e && e->resident ? LMC_L1_SUCCESS : LMC_L1_KEY_NOT_EXIST;
         if (results[i] == LMC_L1_SUCCESS) {
             lmc_ttl_lock_acquire(&e->object.lock, readers, now, m->read_ttl_ms);
+            note_touch(m, e, now);
             event_add(ev, &keys[i]);
         }
     }
@@ -674,6 +696,7 @@ size_t lmc_l1_manager_reserve_read_prefix(lmc_l1_manager *m, const lmc_object_ke
         if (!e || !e->resident)
             break;
         lmc_ttl_lock_acquire(&e->object.lock, readers, now, m->read_ttl_ms);
+        note_touch(m, e, now);
         event_add(ev, &keys[hits]);
     }
     event_commit(m, ev);
@@ -755,7 +778,7 @@ int lmc_l1_manager_finish_read(lmc_l1_manager *m, const lmc_object_key *keys, si
 /* ---- delete / clear ---------------------------------------------------- */
 
 static lmc_l1_result delete_one(lmc_l1_manager *m, const lmc_object_key *key, bool force,
-                                int64_t now)
+                                int64_t now, lmc_l1_object_age *age)
 {
     l1_entry *e = find_entry(m, key);
     if (!e)
@@ -766,6 +789,10 @@ static lmc_l1_result delete_one(lmc_l1_manager *m, const lmc_object_key *key, bo
     if (e->resident) {
         if (!force && lmc_ttl_lock_held(&e->object.lock, now))
             return LMC_L1_KEY_IS_LOCKED;
+        if (age)
+            *age = (lmc_l1_object_age){e->object.sampled,
+                                       (double)(now - e->object.admitted_ms) / 1000.0,
+                                       (double)(now - e->object.touched_ms) / 1000.0};
         free_resident(m, e);
         freed++;
     }
@@ -776,12 +803,20 @@ static lmc_l1_result delete_one(lmc_l1_manager *m, const lmc_object_key *key, bo
 int lmc_l1_manager_delete(lmc_l1_manager *m, const lmc_object_key *keys, size_t n, bool force,
                           lmc_l1_result *results)
 {
+    return lmc_l1_manager_delete_aged(m, keys, n, force, NULL, results);
+}
+
+int lmc_l1_manager_delete_aged(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
+                               bool force, lmc_l1_object_age *ages, lmc_l1_result *results)
+{
     pthread_mutex_lock(&m->mutex);
     int64_t now = now_ms(m);
     l1_event *ev = event_begin(m, LMC_L1_EVENT_DELETED, n);
     begin_deferred_frees(m, n);
     for (size_t i = 0; i < n; i++) {
-        results[i] = delete_one(m, &keys[i], force, now);
+        if (ages)
+            ages[i] = (lmc_l1_object_age){false, 0, 0};
+        results[i] = delete_one(m, &keys[i], force, now, ages ? &ages[i] : NULL);
         if (results[i] == LMC_L1_SUCCESS)
             event_add(ev, &keys[i]);
     }
@@ -842,9 +877,14 @@ long lmc_l1_manager_clear(lmc_l1_manager *m, bool force)
 void lmc_l1_manager_touch(lmc_l1_manager *m, const lmc_object_key *keys, size_t n)
 {
     pthread_mutex_lock(&m->mutex);
+    int64_t now = now_ms(m);
     l1_event *ev = event_begin(m, LMC_L1_EVENT_ACCESSED, n);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
+        l1_entry *e = find_entry(m, &keys[i]);
+        if (e && e->resident)
+            note_touch(m, e, now);
         event_add(ev, &keys[i]);
+    }
     event_commit(m, ev);
     unlock_and_dispatch(m);
 }
@@ -862,6 +902,27 @@ lmc_l1_evictability lmc_l1_manager_is_evictable(lmc_l1_manager *m, const lmc_obj
     }
     pthread_mutex_unlock(&m->mutex);
     return verdict;
+}
+
+/* ---- lifecycle sampling ------------------------------------------------ */
+
+void lmc_l1_manager_set_sampler(lmc_l1_manager *m, lmc_l1_sampler_fn fn, void *user)
+{
+    pthread_mutex_lock(&m->mutex);
+    m->sampler = fn;
+    m->sampler_user = user;
+    pthread_mutex_unlock(&m->mutex);
+}
+
+size_t lmc_l1_manager_take_reuse_gaps(lmc_l1_manager *m, double *gaps_s, size_t cap)
+{
+    pthread_mutex_lock(&m->mutex);
+    size_t n = m->num_reuse_gaps < cap ? m->num_reuse_gaps : cap;
+    memcpy(gaps_s, m->reuse_gaps_s, n * sizeof *gaps_s);
+    memmove(m->reuse_gaps_s, m->reuse_gaps_s + n, (m->num_reuse_gaps - n) * sizeof *gaps_s);
+    m->num_reuse_gaps -= n;
+    pthread_mutex_unlock(&m->mutex);
+    return n;
 }
 
 /* ---- capacity and status ----------------------------------------------- */

@@ -160,7 +160,31 @@ int lmc_l1_manager_delete(lmc_l1_manager *m, const lmc_object_key *keys, size_t 
  * buffer; force: drops everything.  Returns the number of keys reported as
  * deleted, or -1 if bookkeeping memory ran out (nothing changed). */
 long lmc_l1_manager_clear(lmc_l1_manager *m, bool force);
-/* Reports an access to listeners (LRU touch); does not look at the tables. */
+/* delete() that also reports, per key it freed a resident copy of, how old
+ * the object was: admission -> now, last read lock or touch -> now, and
+ * whether the sampler picked it (ages may be NULL).  The L1 eviction
+ * controller uses it for the lifecycle metrics. */
+typedef struct lmc_l1_object_age {
+    bool sampled;
+    double lifetime_s;
+    double idle_s;
+} lmc_l1_object_age;
+int lmc_l1_manager_delete_aged(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
+                               bool force, lmc_l1_object_age *ages, lmc_l1_result *results);
+
+/* Lifecycle sampling: `fn` decides once per object, when it becomes
+ * resident, whether its lifecycle is observed (called with the manager's
+ * mutex held: it must be quick and must not call back).  Every read lock
+ * or touch of a sampled object records the gap since its previous one;
+ * take_reuse_gaps moves up to `cap` recorded gaps (seconds) out.  At most
+ * LMC_L1_REUSE_GAPS_MAX wait; later ones are dropped until taken. */
+#define LMC_L1_REUSE_GAPS_MAX 4096
+typedef bool (*lmc_l1_sampler_fn)(const lmc_object_key *key, void *user);
+void lmc_l1_manager_set_sampler(lmc_l1_manager *m, lmc_l1_sampler_fn fn, void *user);
+size_t lmc_l1_manager_take_reuse_gaps(lmc_l1_manager *m, double *gaps_s, size_t cap);
+
+/* Reports an access to listeners (LRU touch) and refreshes the objects'
+ * last-touch time. */
 void lmc_l1_manager_touch(lmc_l1_manager *m, const lmc_object_key *keys, size_t n);
 lmc_l1_evictability lmc_l1_manager_is_evictable(lmc_l1_manager *m, const lmc_object_key *key);
 

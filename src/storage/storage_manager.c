@@ -7,8 +7,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "obs/events.h"
 #include "obs/log.h"
 #include "storage/l1_eviction.h"
+#include "storage/storage_telemetry.h"
 
 #define LAZY_COMMIT_GRANULE (64ull << 20)   /* initial commit rounds up to 64 MiB */
 
@@ -28,6 +30,7 @@ struct lmc_storage_manager {
     const lmc_storage_tier_ops *l2_ops;   /* set once before concurrent use */
     void *l2;
     lmc_quotas *quotas;                   /* per-salt L2 limits (storage.md §7) */
+    lmc_storage_telemetry *telemetry;     /* events for the metrics */
 };
 
 /* ---- listeners --------------------------------------------------------- */
@@ -49,6 +52,7 @@ static void fan_out(void *user, lmc_l1_event_kind kind, const lmc_object_key *ke
 {
     lmc_storage_manager *sm = user;
     lmc_storage_listener snapshot[LMC_STORAGE_MAX_LISTENERS];
+    lmc_storage_telemetry_on_l1_event(sm->telemetry, kind, keys, n);
     pthread_mutex_lock(&sm->listeners_mutex);
     size_t count = sm->num_listeners;
     memcpy(snapshot, sm->listeners, count * sizeof(*snapshot));
@@ -202,10 +206,13 @@ static int create_l1(lmc_storage_manager *sm, char *err, size_t errlen)
         .backend = "dram",
     };
     sm->l1 = lmc_l1_manager_new(&mo);
-    if (!sm->l1 || lmc_l1_manager_add_listener(sm->l1, fan_out, sm) != 0) {
+    if (sm->l1)
+        sm->telemetry = lmc_storage_telemetry_new(sm->l1, o->clock, o->clock_user);
+    if (!sm->telemetry || lmc_l1_manager_add_listener(sm->l1, fan_out, sm) != 0) {
         snprintf(err, errlen, "cannot create the L1 manager (out of memory)");
         return -1;
     }
+    lmc_l1_manager_set_sampler(sm->l1, lmc_storage_telemetry_sample, sm->telemetry);
     return 0;
 }
 
@@ -218,8 +225,14 @@ static int create_eviction(lmc_storage_manager *sm, char *err, size_t errlen)
                  o->eviction_policy);
         return -1;
     }
-    lmc_l1_eviction_options eo = {o->eviction_trigger_watermark, o->eviction_ratio,
-                                  o->eviction_period_ms};
+    lmc_l1_eviction_options eo = {
+        .trigger_watermark = o->eviction_trigger_watermark,
+        .eviction_ratio = o->eviction_ratio,
+        .period_ms = o->eviction_period_ms,
+        .on_cycle = lmc_storage_telemetry_on_cycle,
+        .on_evicted = lmc_storage_telemetry_on_evicted,
+        .observer_user = sm->telemetry,
+    };
     sm->eviction = lmc_l1_eviction_new(sm->l1, policy, &eo);
     if (!sm->eviction || lmc_l1_eviction_start(sm->eviction) != 0) {
         snprintf(err, errlen, "cannot start the L1 eviction controller");
@@ -263,6 +276,50 @@ lmc_storage_manager *lmc_storage_manager_create_with_options(const lmc_storage_o
 fail:
     lmc_storage_manager_close(sm);
     return NULL;
+}
+
+void lmc_storage_manager_set_event_bus(lmc_storage_manager *sm, lmc_event_bus *bus,
+                                       double sample_rate)
+{
+    lmc_storage_telemetry_attach(sm->telemetry, bus, sample_rate);
+}
+
+bool lmc_storage_manager_events_enabled(const lmc_storage_manager *sm)
+{
+    return lmc_storage_telemetry_enabled(sm->telemetry);
+}
+
+void lmc_storage_manager_publish(lmc_storage_manager *sm, const char *type, json_t *metadata)
+{
+    lmc_storage_telemetry_publish(sm->telemetry, type, metadata);
+}
+
+void lmc_storage_manager_report_read_failure(lmc_storage_manager *sm, const char *during,
+                                             const char *reason, const lmc_object_key *key,
+                                             size_t n)
+{
+    if (n == 0 || !lmc_storage_telemetry_enabled(sm->telemetry))
+        return;
+    lmc_storage_telemetry_publish(sm->telemetry, LMC_EVENT_L1_READ_FAILURE,
+                                  json_pack("{s:s, s:s, s:s, s:I}", "during", during, "reason",
+                                            reason, "model_name", key->model_name, "num_keys",
+                                            (json_int_t)n));
+}
+
+json_t *lmc_storage_keys_by_salt(const lmc_object_key *keys, size_t n)
+{
+    json_t *by_salt = json_object();
+    size_t run = 0;
+    for (size_t i = 0; i < n && by_salt; i++) {
+        run++;
+        if (i + 1 < n && keys[i + 1].cache_salt == keys[i].cache_salt)
+            continue;   /* interned: equal salts share a pointer */
+        json_t *c = json_object_get(by_salt, keys[i].cache_salt);
+        json_int_t before = c ? json_integer_value(c) : 0;
+        json_object_set_new(by_salt, keys[i].cache_salt, json_integer(before + (json_int_t)run));
+        run = 0;
+    }
+    return by_salt;
 }
 
 lmc_quotas *lmc_storage_manager_quotas(lmc_storage_manager *sm)
@@ -315,6 +372,7 @@ void lmc_storage_manager_close(lmc_storage_manager *sm)
     if (sm->eviction)
         lmc_l1_eviction_free(sm->eviction);
     lmc_l1_manager_free(sm->l1);
+    lmc_storage_telemetry_free(sm->telemetry);   /* the L1 sampler used it */
     lmc_l1_arena_destroy(sm->arena);
     lmc_quotas_free(sm->quotas);
     pthread_cond_destroy(&sm->grower_wake);
@@ -358,6 +416,11 @@ int lmc_storage_manager_reserve_write(lmc_storage_manager *sm, const lmc_object_
     int rc = lmc_l1_manager_reserve_write(sm->l1, keys, temporary, n, object_size,
                                           tag_or_default(writer_tag), offsets, results);
     free(temporary);
+    if (rc == 0) {
+        bool prefetch = writer_tag && strcmp(writer_tag, LMC_STORAGE_L2_PREFETCH_TAG) == 0;
+        lmc_storage_telemetry_write_outcome(sm->telemetry, keys, n, results,
+                                            prefetch ? "l2_prefetch" : "l1_store");
+    }
     return rc;
 }
 
@@ -389,7 +452,9 @@ int lmc_storage_manager_finish_write_and_reserve_read(lmc_storage_manager *sm,
 size_t lmc_storage_manager_lock_prefix(lmc_storage_manager *sm, const lmc_object_key *keys,
                                        size_t n, uint32_t readers)
 {
-    return lmc_l1_manager_reserve_read_prefix(sm->l1, keys, n, readers);
+    size_t hits = lmc_l1_manager_reserve_read_prefix(sm->l1, keys, n, readers);
+    lmc_storage_telemetry_read_outcome(sm->telemetry, keys, n, hits);
+    return hits;
 }
 
 size_t lmc_storage_manager_read(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "config/config.h"
+#include "obs/event_bus.h"
 #include "storage/l1_arena.h"
 #include "storage/l1_manager.h"
 #include "storage/object_key.h"
@@ -32,6 +33,9 @@
 #include "storage/ttl_lock.h"
 
 #define LMC_STORAGE_DEFAULT_WRITER_TAG "storage_manager"
+/* The L2 prefetch's writer tag; its allocation failures count as
+ * during="l2_prefetch", every other tag's as "l1_store". */
+#define LMC_STORAGE_L2_PREFETCH_TAG "l2_prefetch"
 
 typedef struct lmc_storage_options {
     uint64_t l1_size_bytes;          /* required, > 0 */
@@ -92,6 +96,26 @@ int lmc_storage_manager_add_listener(lmc_storage_manager *sm, const lmc_storage_
  * not race with an event being delivered to it (remove while no calls that
  * produce events are in flight, e.g. at shutdown). */
 void lmc_storage_manager_remove_listener(lmc_storage_manager *sm, const lmc_storage_listener *l);
+
+/* ---- events (metrics) --------------------------------------------------
+ * Attaches the event bus the storage manager and its L2 tier publish on
+ * (obs/events.h: L1_*, SM_*, L2_*); `sample_rate` is --metrics-sample-rate
+ * for the L1 lifecycle histograms.  Call once, before concurrent use;
+ * without it nothing is published.  The bus must outlive the manager's
+ * threads (close the storage manager first). */
+void lmc_storage_manager_set_event_bus(lmc_storage_manager *sm, lmc_event_bus *bus,
+                                       double sample_rate);
+bool lmc_storage_manager_events_enabled(const lmc_storage_manager *sm);
+/* Publishes (steals `metadata`); a no-op without a bus.  For the modules
+ * and the L2 tier, whose events belong to the storage's metrics. */
+void lmc_storage_manager_publish(lmc_storage_manager *sm, const char *type, json_t *metadata);
+/* L1_READ_FAILURE: n keys a caller expected to read (after a lookup, or
+ * for the L2 write-behind) were not readable.  `key` names the model. */
+void lmc_storage_manager_report_read_failure(lmc_storage_manager *sm, const char *during,
+                                             const char *reason, const lmc_object_key *key,
+                                             size_t n);
+/* {cache_salt: number of keys} (new reference; NULL on allocation failure). */
+json_t *lmc_storage_keys_by_salt(const lmc_object_key *keys, size_t n);
 
 /* ---- write ------------------------------------------------------------- */
 /* Reserves one staging buffer of `object_size` raw bytes per key for

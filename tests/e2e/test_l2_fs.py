@@ -38,6 +38,25 @@ def http_json(srv, method, path, body=None):
         return e.code, json.loads(e.read())
 
 
+def metric(srv, series):
+    """The value of one /metrics series, or None while it has no sample."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.http_port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(series + " "):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def wait_metric(srv, series, want, timeout=10):
+    """Waits until the (event-driven, so asynchronous) series equals want."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metric(srv, series) == want:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{series} = {metric(srv, series)}, want {want}")
+
+
 def data_files(path):
     return sorted(f for f in os.listdir(path) if f.endswith(".data"))
 
@@ -111,6 +130,18 @@ def test_store_evict_then_hits_from_l2(tmp_path):
         assert float(series['lmcache_mp_l2_store_completed_total{l2_name="fs"}']) >= 1
         assert float(series['lmcache_mp_l2_load_completed_total{l2_name="fs"}']) >= 1
         assert float(series['lmcache_mp_l2_used_bytes{l2_name="fs"}']) > 0
+        # The L2 families of ops-surface.md §2.2, labelled by salt ("" here).
+        salt = '{cache_salt=""}'
+        wait_metric(srv, "lmcache_mp_l2_store_submitted_objects_total" + salt, 8)
+        wait_metric(srv, "lmcache_mp_l2_store_completed_objects_total" + salt, 8)
+        wait_metric(srv, "lmcache_mp_l2_prefetch_lookup_objects_total" + salt, 8)
+        wait_metric(srv, "lmcache_mp_l2_prefetch_load_submitted_objects_total" + salt, 8)
+        wait_metric(srv, "lmcache_mp_l2_prefetch_load_completed_total" + salt, 8)
+        wait_metric(srv, "lmcache_mp_l2_prefetch_lookup_total", 1)
+        wait_metric(srv, "lmcache_mp_l2_prefetch_load_submitted_total", 1)   # one adapter
+        assert metric(srv, "lmcache_mp_l2_store_submitted_total") >= 1
+        assert metric(srv, 'lmcache_mp_l2_store_throughput_gbs_count{l2_name="fs"}') >= 1
+        assert metric(srv, 'lmcache_mp_l2_load_throughput_gbs_count{l2_name="fs"}') >= 1
         # Prefetched objects are temporary: retrieved, they are gone from L1,
         # and a new lookup loads them again.
         assert lookup_wait(sched, toks, "r2") == 4
@@ -185,6 +216,8 @@ def test_corrupt_and_truncated_files_are_misses(tmp_path):
         for w in ws:
             assert w.retrieve(toks, 0, 48, "c") == [chunk_bytes(w.rank, toks, c) for c in range(3)]
         assert status(srv)["l2_adapters"][0]["corrupt_files_detected"] >= 1
+        wait_metric(srv, 'lmcache_mp_l2_prefetch_failure_total{reason="not_found",'
+                         'model_name="m"}', 1)
         # Truncated: a miss from the lookup on.
         f1 = file_of(tmp_path, 1, toks, 1)
         with open(f1, "r+b") as fh:
@@ -291,6 +324,7 @@ def test_l2_eviction_keeps_the_fs_store_under_capacity(tmp_path):
         ev = status(srv)["l2_eviction_controller"]["adapters"][0]
         assert ev["eviction_policy"] == "LRU" and ev["evicted_keys"] >= 3
         assert ev["tracked_keys"] == len(data_files(tmp_path))
+        wait_metric(srv, 'lmcache_mp_l2_evicted_objects_total{cache_salt=""}', ev["evicted_keys"])
         for w in ws:
             w.close()
     finally:

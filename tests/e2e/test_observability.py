@@ -290,6 +290,75 @@ def test_lookups_feed_metrics_and_the_hash_log(tmp_path):
         assert s.stop() == 0, s.output()
 
 
+def test_storage_families_follow_the_data_path():
+    """Stores, a lookup and retrieves move l1_write/l1_read, the sm_*
+    counters and (every key sampled) the reuse-gap histogram; a retrieve
+    without the lookup's locks counts as an L1 read failure."""
+    from test_lookup_engine_driven import CS, LOOKUP, WAIT, Worker, key, prompt, unpack
+    s = Server("--chunk-size", str(CS), "--metrics-sample-rate", "1")
+    try:
+        toks = prompt(302)
+        ws = [Worker(s, 5101, 0), Worker(s, 5102, 1)]
+        for w in ws:
+            w.store(toks, 0, 4 * CS)
+        assert ws[0].retrieve(toks, 0, 4 * CS, "no-lock") is None   # no lookup lock
+        sched = s.dealer()
+        assert sched.call(LOOKUP, key(toks, 0, 4 * CS, "st-1"), 1) is not None
+        assert unpack(sched.call(WAIT, "st-1", 5.0)) == 4
+        for w in ws:
+            assert w.retrieve(toks, 0, 4 * CS, "st-1") is not None
+        salt = '{cache_salt=""}'
+        assert wait_for(lambda: value(metrics_text(s.http_port), "lmcache_mp_l1_read_total") == 8)
+        text = metrics_text(s.http_port)
+        assert value(text, "lmcache_mp_l1_write_total") == 8        # 4 chunks x 2 ranks
+        assert value(text, "lmcache_mp_sm_write_requests_total" + salt) == 2
+        assert value(text, "lmcache_mp_sm_write_succeed_keys_total" + salt) == 8
+        assert value(text, "lmcache_mp_sm_write_failed_keys_total" + salt) == 0
+        assert value(text, "lmcache_mp_sm_read_requests_total" + salt) == 1
+        assert value(text, "lmcache_mp_sm_read_succeed_keys_total" + salt) == 8
+        assert value(text, 'lmcache_mp_l1_read_failure_total{during="l1_retrieve",'
+                           'reason="not_found",model_name="m"}') == 4
+        # The lookup's read locks touched each key once; the ~1 Hz eviction
+        # cycle publishes the gaps and samples the usage ratio.
+        assert wait_for(lambda: value(metrics_text(s.http_port),
+                                      "lmcache_mp_l1_chunk_reuse_gap_seconds_count") == 8)
+        text = metrics_text(s.http_port)
+        assert value(text, "lmcache_mp_l1_usage_ratio_count") >= 1
+        assert value(text, 'lmcache_mp_l1_usage_ratio_bucket{le="+Inf"}') >= 1
+        for w in ws:
+            w.close()
+        sched.close()
+    finally:
+        assert s.stop() == 0, s.output()
+
+
+def test_eviction_feeds_the_lifecycle_histograms():
+    """An eviction loop that evicts everything (a tiny watermark) observes
+    each chunk's lifetime and idle time; writing the chunks again closes
+    their evict -> reuse gaps."""
+    from test_lookup_engine_driven import CS, Worker, prompt
+    s = Server("--chunk-size", str(CS), "--metrics-sample-rate", "1",
+               "--eviction-trigger-watermark", "0.000001", "--eviction-ratio", "1")
+    try:
+        toks = prompt(303)
+        ws = [Worker(s, 5201, 0), Worker(s, 5202, 1)]
+        for w in ws:
+            w.store(toks, 0, 4 * CS)
+        assert wait_for(lambda: value(metrics_text(s.http_port),
+                                      "lmcache_mp_l1_chunk_lifetime_seconds_count") == 8)
+        text = metrics_text(s.http_port)
+        assert value(text, "lmcache_mp_l1_chunk_idle_before_evict_seconds_count") == 8
+        assert value(text, "lmcache_mp_l1_evicted_total") == 8
+        for w in ws:
+            w.store(toks, 0, 4 * CS)
+        assert wait_for(lambda: value(metrics_text(s.http_port),
+                                      "lmcache_mp_l1_chunk_evict_reuse_gap_seconds_count") == 8)
+        for w in ws:
+            w.close()
+    finally:
+        assert s.stop() == 0, s.output()
+
+
 def test_rpc_requests_by_op(start_server):
     s = start_server()
     d = s.dealer()

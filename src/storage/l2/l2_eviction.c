@@ -23,9 +23,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "obs/events.h"
 #include "obs/log.h"
 #include "storage/eviction_policy.h"
 #include "storage/key_table.h"
+#include "storage/l2/l2_internal.h"
 
 typedef struct {
     lmc_object_key key;
@@ -51,6 +53,7 @@ typedef struct {
     size_t n_groups, cap_groups;
     uint64_t bytes;                /* under mu */
     _Atomic uint64_t cycles, triggered, evicted; /* eviction thread writes, status reads */
+    lmc_storage_manager *events;   /* L2_EVICTED goes here; may be NULL */
 } target;
 
 struct lmc_l2_eviction {
@@ -179,12 +182,16 @@ static lmc_l1_evictability always(void *user, const lmc_object_key *key)
 
 /* Deletes victims one by one: a key the backend keeps (locked by a running
  * prefetch) stays tracked and is tried again next cycle. */
-static size_t delete_victims(target *t, const lmc_object_key *v, size_t n)
+static size_t delete_victims(target *t, lmc_object_key *v, size_t n)
 {
     size_t done = 0;
-    for (size_t i = 0; i < n; i++)
-        done += lmc_l2_adapter_delete(t->ad, &v[i], 1);
+    for (size_t i = 0; i < n; i++) {
+        if (lmc_l2_adapter_delete(t->ad, &v[i], 1))
+            v[done++] = v[i];   /* compact the deleted ones for the event */
+    }
     t->evicted += done;
+    if (t->events)
+        lmc_l2_publish_by_salt(t->events, LMC_EVENT_L2_EVICTED, v, done);
     return done;
 }
 
@@ -302,7 +309,8 @@ static int init_target(target *t, lmc_l2_adapter *ad, size_t index, const json_t
 
 lmc_l2_eviction *lmc_l2_eviction_new(lmc_l2_adapter *const *adapters,
                                      const json_t *const *eviction_configs, size_t n,
-                                     lmc_quotas *quotas, unsigned period_ms)
+                                     lmc_quotas *quotas, lmc_storage_manager *events,
+                                     unsigned period_ms)
 {
     lmc_l2_eviction *e = calloc(1, sizeof *e);
     if (!e)
@@ -317,6 +325,7 @@ lmc_l2_eviction *lmc_l2_eviction_new(lmc_l2_adapter *const *adapters,
     for (size_t i = 0; i < n; i++) {
         if (!eviction_configs[i])
             continue;
+        e->t[e->n].events = events;
         if (init_target(&e->t[e->n++], adapters[i], i, eviction_configs[i]) != 0)
             goto fail;
     }

@@ -7,16 +7,19 @@
 
 #include "storage/l2/l2_adapter.h"
 #include "storage/quota.h"
+#include "storage/storage_manager.h"
 
 typedef struct lmc_l2_eviction lmc_l2_eviction;
 
 /* eviction_configs[i] is adapter i's "eviction" object, or NULL when that
  * adapter is not evicted.  Installs observers on the tracked adapters (call
  * before any task runs) and starts one thread ticking every period_ms
- * (0 = 1000).  NULL on allocation failure. */
+ * (0 = 1000).  Evicted keys are published as L2_EVICTED through `events`
+ * (NULL: not published).  NULL on allocation failure. */
 lmc_l2_eviction *lmc_l2_eviction_new(lmc_l2_adapter *const *adapters,
                                      const json_t *const *eviction_configs, size_t n,
-                                     lmc_quotas *quotas, unsigned period_ms);
+                                     lmc_quotas *quotas, lmc_storage_manager *events,
+                                     unsigned period_ms);
 /* One synchronous cycle (tests). */
 void lmc_l2_eviction_run_once(lmc_l2_eviction *e);
 void lmc_l2_eviction_stop(lmc_l2_eviction *e);   /* joins the thread */

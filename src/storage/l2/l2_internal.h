@@ -9,7 +9,7 @@
 #include "storage/l2/l2_adapter.h"
 #include "storage/storage_manager.h"
 
-#define LMC_L2_PREFETCH_TAG "l2_prefetch"
+#define LMC_L2_PREFETCH_TAG LMC_STORAGE_L2_PREFETCH_TAG
 
 /* Write-behind (storage.md §2.2 step 4): one thread.  Lifecycle: new ->
  * (running) -> stop (joins the thread, unregisters the listener) -> the
@@ -40,5 +40,16 @@ void lmc_l2_prefetch_ctl_free(lmc_l2_prefetch_ctl *c);
 json_t *lmc_l2_prefetch_ctl_status(lmc_l2_prefetch_ctl *c);
 
 int64_t lmc_l2_now_ms(void);
+double lmc_l2_now_s(void);   /* CLOCK_MONOTONIC, for task durations */
+
+/* L2 events for the metrics (obs/events.h; no-ops without an event bus):
+ * {by_salt} over keys[0..n), and one adapter task's {l2_name, bytes,
+ * seconds}. */
+void lmc_l2_publish_by_salt(lmc_storage_manager *sm, const char *type,
+                            const lmc_object_key *keys, size_t n);
+void lmc_l2_publish_task(lmc_storage_manager *sm, const char *type, const lmc_l2_adapter *a,
+                         uint64_t bytes, double seconds);
+void lmc_l2_publish_prefetch_failure(lmc_storage_manager *sm, const char *reason,
+                                     const lmc_object_key *key, size_t n);
 
 #endif

@@ -22,6 +22,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "obs/events.h"
 #include "obs/log.h"
 #include "storage/l2/l2_internal.h"
 
@@ -33,6 +34,7 @@ typedef struct part {         /* one adapter's share of a request */
     size_t *idx;              /* their indices in the request */
     size_t m;
     uint64_t load_id;         /* pending load task, 0: none */
+    double load_submitted_s;
 } part;
 
 typedef enum { PH_QUEUED, PH_LOOKUP, PH_LOAD, PH_ZOMBIE } phase;
@@ -155,6 +157,7 @@ static void start_lookup(lmc_l2_prefetch_ctl *c, preq *q)
     q->ph = PH_LOOKUP;
     c->n_active++;
     atomic_fetch_add(&c->l2_lookup_keys, q->r.n);
+    lmc_l2_publish_by_salt(c->sm, LMC_EVENT_L2_PREFETCH_LOOKUP, q->keys, q->r.n);
     for (size_t a = 0; a < c->na; a++)
         q->parts[a].lookup_id =
             lmc_l2_adapter_submit_lookup_and_lock(c->ad[a], q->keys, q->sizes, q->r.n);
@@ -211,8 +214,10 @@ static void reserve_plan(lmc_l2_prefetch_ctl *c, preq *q)
         while (ok < q->plan_n && res[ok] == LMC_L1_SUCCESS)
             ok++;
     size_t keep = ok / q->r.keys_per_unit * q->r.keys_per_unit;
-    if (keep < q->plan_n)
+    if (keep < q->plan_n) {
         atomic_fetch_add(&c->l1_reserve_failed, q->plan_n - keep);
+        lmc_l2_publish_prefetch_failure(c->sm, "l1_oom", &q->keys[keep], q->plan_n - keep);
+    }
     for (size_t i = keep; res && i < q->plan_n; i++)
         if (res[i] == LMC_L1_SUCCESS)
             lmc_storage_manager_finish_write_and_delete(c->sm, &q->keys[i], 1,
@@ -251,14 +256,22 @@ static void finalize(lmc_l2_prefetch_ctl *c, preq *q);
 static void start_load(lmc_l2_prefetch_ctl *c, preq *q, const int *owner)
 {
     q->ph = PH_LOAD;
+    size_t used = 0;
     for (size_t a = 0; a < c->na; a++) {
         part *p = &q->parts[a];
         if (build_part(q, p, owner, (int)a) != 0)
             p->m = 0;   /* out of memory: its keys stay unloaded (misses) */
-        if (p->m)
-            p->load_id = lmc_l2_adapter_submit_load(c->ad[a], p->keys, p->offsets, p->sizes,
-                                                    p->m);
+        if (!p->m)
+            continue;
+        p->load_submitted_s = lmc_l2_now_s();
+        p->load_id = lmc_l2_adapter_submit_load(c->ad[a], p->keys, p->offsets, p->sizes, p->m);
+        used += p->load_id != 0;
     }
+    if (used && lmc_storage_manager_events_enabled(c->sm))
+        lmc_storage_manager_publish(
+            c->sm, LMC_EVENT_L2_PREFETCH_LOAD_SUBMITTED,
+            json_pack("{s:I, s:o}", "adapters", (json_int_t)used, "by_salt",
+                      lmc_storage_keys_by_salt(q->keys, q->plan_n)));
     finalize(c, q);   /* no-op while loads are pending */
 }
 
@@ -346,6 +359,7 @@ static void finalize_ex(lmc_l2_prefetch_ctl *c, preq *q, bool force)
         good++;
     good = good / q->r.keys_per_unit * q->r.keys_per_unit;
     size_t published = commit(c, q, good);
+    lmc_l2_publish_by_salt(c->sm, LMC_EVENT_L2_PREFETCH_LOAD_COMPLETED, q->keys, published);
     for (size_t a = 0; a < c->na; a++) {
         part *p = &q->parts[a];
         if (p->load_id)
@@ -394,6 +408,27 @@ static void poll_lookups(lmc_l2_prefetch_ctl *c, preq *q, uint8_t *scratch_bits,
     plan(c, q);
 }
 
+/* One adapter's load answered while the request waits for it. */
+static void record_load(lmc_l2_prefetch_ctl *c, preq *q, size_t a, const uint8_t *ok)
+{
+    part *p = &q->parts[a];
+    uint64_t bytes = 0;
+    size_t failed = 0, first_failed = 0;
+    for (size_t j = 0; j < p->m; j++) {
+        q->loaded[p->idx[j]] = ok[j];
+        atomic_fetch_add(ok[j] ? &c->loaded_keys : &c->load_failed_keys, 1);
+        if (ok[j])
+            bytes += p->sizes[j];
+        else if (failed++ == 0)
+            first_failed = j;
+    }
+    if (bytes)
+        lmc_l2_publish_task(c->sm, LMC_EVENT_L2_LOAD_TASK, c->ad[a], bytes,
+                            lmc_l2_now_s() - p->load_submitted_s);
+    if (failed)
+        lmc_l2_publish_prefetch_failure(c->sm, "not_found", &p->keys[first_failed], failed);
+}
+
 /* Load answers: recorded while loading, else (zombie) the part's staging
  * is dropped and its L2 locks released now that the adapter is done. */
 static void poll_loads(lmc_l2_prefetch_ctl *c, preq *q, uint8_t *scratch)
@@ -404,10 +439,7 @@ static void poll_loads(lmc_l2_prefetch_ctl *c, preq *q, uint8_t *scratch)
             continue;
         p->load_id = 0;
         if (q->ph == PH_LOAD) {
-            for (size_t j = 0; j < p->m; j++) {
-                q->loaded[p->idx[j]] = scratch[j];
-                atomic_fetch_add(scratch[j] ? &c->loaded_keys : &c->load_failed_keys, 1);
-            }
+            record_load(c, q, a, scratch);
         } else {
             lmc_storage_manager_finish_write_and_delete(c->sm, p->keys, p->m,
                                                         LMC_L2_PREFETCH_TAG, NULL);

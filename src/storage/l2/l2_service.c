@@ -158,7 +158,8 @@ static int start_eviction(l2_service *s, const lmc_strlist *l)
         ev[i] = json_object_get(docs[i], "eviction");
     }
     if (rc == 0) {
-        s->eviction = lmc_l2_eviction_new(s->ad, ev, s->na, lmc_storage_manager_quotas(s->sm), 0);
+        s->eviction = lmc_l2_eviction_new(s->ad, ev, s->na, lmc_storage_manager_quotas(s->sm), s->sm,
+                                          0);
         rc = s->eviction ? 0 : -1;
     }
     for (size_t i = 0; docs && i < s->na; i++)

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "obs/events.h"
 #include "obs/log.h"
 #include "storage/l2/l2_internal.h"
 
@@ -32,6 +33,8 @@ typedef struct batch {
 typedef struct inflight {
     uint64_t id;
     batch *b;
+    uint64_t bytes;           /* what the task writes */
+    double submitted_s;
     struct inflight *next;
 } inflight;
 
@@ -93,6 +96,8 @@ static void finish_batch(lmc_l2_store_ctl *c, batch *b)
         lmc_storage_manager_delete(c->sm, b->keys, b->n, false, &deleted, NULL);
         atomic_fetch_add(&c->l1_deleted, deleted);
     }
+    if (b->ok)
+        lmc_l2_publish_by_salt(c->sm, LMC_EVENT_L2_STORE_COMPLETED, b->keys, b->n);
     atomic_fetch_sub(&c->batches_in_flight, 1);
     free(b->keys);
     free(b);
@@ -124,6 +129,9 @@ static batch *lock_batch(lmc_l2_store_ctl *c, const lmc_object_key *keys, size_t
         if (res[i] == LMC_L1_SUCCESS)
             k[b->n++] = keys[i];
     atomic_fetch_add(&c->not_resident, n - b->n);
+    if (b->n < n)
+        lmc_storage_manager_report_read_failure(c->sm, "l2_store", "not_found", &keys[0],
+                                                n - b->n);
     lmc_storage_manager_read(c->sm, k, b->n, ranges, res);
     lmc_l1_manager_object_sizes(lmc_storage_manager_l1(c->sm), k, b->n, sizes);
     for (size_t i = 0; i < b->n; i++)
@@ -147,6 +155,10 @@ static void submit_batch(lmc_l2_store_ctl *c, const lmc_object_key *keys, size_t
     }
     atomic_fetch_add(&c->batches_in_flight, 1);
     atomic_fetch_add(&c->submitted_keys, b->n);
+    lmc_l2_publish_by_salt(c->sm, LMC_EVENT_L2_STORE_SUBMITTED, b->keys, b->n);
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < b->n; i++)
+        bytes += sizes[i];
     size_t na = c->na;
     for (size_t a = 0; a < na; a++) {
         inflight *f = malloc(sizeof *f);
@@ -157,7 +169,7 @@ static void submit_batch(lmc_l2_store_ctl *c, const lmc_object_key *keys, size_t
             adapter_done(c, b, false);   /* may free b: only on the last adapter */
             continue;
         }
-        *f = (inflight){id, b, c->fl[a]};
+        *f = (inflight){id, b, bytes, lmc_l2_now_s(), c->fl[a]};
         c->fl[a] = f;
     }
 }
@@ -189,6 +201,9 @@ static void reap(lmc_l2_store_ctl *c, size_t a)
                 LMC_WARN("L2 store to adapter %zu (%s) failed for %zu keys", a,
                          lmc_l2_adapter_type(c->ad[a]), f->b->n);
             atomic_fetch_add(result >= 0 ? &c->tasks_ok : &c->tasks_failed, 1);
+            if (result >= 0)
+                lmc_l2_publish_task(c->sm, LMC_EVENT_L2_STORE_TASK, c->ad[a], f->bytes,
+                                    lmc_l2_now_s() - f->submitted_s);
             adapter_done(c, f->b, result >= 0);
             free(f);
             break;

@@ -159,7 +159,8 @@ static env *new_env(const char *policy, double watermark, double ratio, uint32_t
     };
     e->l1 = lmc_l1_manager_new(&o);
     assert_non_null(e->l1);
-    lmc_l1_eviction_options eo = {watermark, ratio, period_ms};
+    lmc_l1_eviction_options eo = {
+        .trigger_watermark = watermark, .eviction_ratio = ratio, .period_ms = period_ms};
     e->ev = lmc_l1_eviction_new(e->l1, lmc_eviction_policy_new(policy), &eo);
     assert_non_null(e->ev);
     return e;

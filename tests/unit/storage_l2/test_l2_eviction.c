@@ -63,7 +63,7 @@ static void test_aggregate_lru_evicts_oldest_above_watermark(void **state)
                            "eviction_ratio", 0.25);
     const json_t *evs[] = {ev};
     lmc_quotas *q = lmc_quotas_new();
-    lmc_l2_eviction *e = lmc_l2_eviction_new(&a, evs, 1, q, 60000);
+    lmc_l2_eviction *e = lmc_l2_eviction_new(&a, evs, 1, q, NULL, 60000);
     lmc_object_key k[8];
     for (int i = 0; i < 8; i++)
         k[i] = key(i, "");
@@ -101,7 +101,7 @@ static void test_isolated_lru_enforces_quotas_as_allowlist(void **state)
     const json_t *evs[] = {ev};
     lmc_quotas *q = lmc_quotas_new();
     assert_int_equal(lmc_quotas_set(q, "paid", 4 * OBJ), 0);
-    lmc_l2_eviction *e = lmc_l2_eviction_new(&a, evs, 1, q, 60000);
+    lmc_l2_eviction *e = lmc_l2_eviction_new(&a, evs, 1, q, NULL, 60000);
     lmc_object_key paid[4], rogue[2];
     for (int i = 0; i < 4; i++)
         paid[i] = key(i, "paid");
