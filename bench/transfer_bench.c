@@ -40,6 +40,7 @@ typedef struct {
     lmc_client *c;
     uint8_t *pool;
     size_t pool_size;
+    double rpc_s, copy_s;   /* time in PREPARE/COMMIT round trips and in copies */
 } bench;
 
 static double now_s(void)
@@ -181,17 +182,22 @@ static int transfer(bench *b, const uint64_t *toks, const char *rid, uint8_t *da
     msgpack_zone_init(&zone, 8192);
     msgpack_object rep;
     uint64_t offs[BATCH];
+    double t0 = now_s();
     int rc = call(b, store ? LMC_OP_PREPARE_STORE : LMC_OP_PREPARE_RETRIEVE, args, 2, &zone, &rep);
     size_t n = rc == 0 ? slot_offsets(&rep, offs, BATCH) : 0;
+    double t1 = now_s();
     for (size_t i = 0; i < n; i++) {
         if (store)
             memcpy(b->pool + offs[i], data + i * OBJ, OBJ);
         else
             memcpy(data + i * OBJ, b->pool + offs[i], OBJ);
     }
+    double t2 = now_s();
     if (rc == 0)
         rc = call(b, store ? LMC_OP_COMMIT_STORE : LMC_OP_COMMIT_RETRIEVE, args, store ? 3 : 2,
                   NULL, &rep);
+    b->rpc_s += (t1 - t0) + (now_s() - t2);
+    b->copy_s += t2 - t1;
     msgpack_zone_destroy(&zone);
     for (int i = 0; i < 3; i++)
         msgpack_sbuffer_destroy(&args[i]);
@@ -235,12 +241,21 @@ static double process_cpu(void)
 
 typedef struct {
     double wall, server_cpu;
+    long faults;   /* minor page faults of the whole process (client copies included) */
 } phase;
+
+static long minor_faults(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_minflt;
+}
 
 /* Runs all requests of one direction; returns wall time and server CPU. */
 static int run_phase(bench *b, uint64_t *toks, size_t reqs, uint8_t *data, bool store, phase *ph)
 {
     double p0 = process_cpu(), c0 = cpu_s(CLOCK_THREAD_CPUTIME_ID), t0 = now_s();
+    long f0 = minor_faults();
     char rid[32];
     for (size_t r = 0; r < reqs; r++) {
         snprintf(rid, sizeof rid, "req-%zu", r);
@@ -248,8 +263,32 @@ static int run_phase(bench *b, uint64_t *toks, size_t reqs, uint8_t *data, bool 
             return -1;
     }
     ph->wall = now_s() - t0;
+    ph->faults = minor_faults() - f0;
     ph->server_cpu = (process_cpu() - p0) - (cpu_s(CLOCK_THREAD_CPUTIME_ID) - c0);
     return 0;
+}
+
+static int cmp_double(const void *a, const void *b);
+
+/* PREPARE_STORE of chunks that are all cached already (an empty slot
+ * list): the request's fixed cost with no copy and no reservation. */
+static double prepare_cached_p50(bench *b, const uint64_t *toks, size_t iters)
+{
+    double lat[256];
+    iters = iters > 256 ? 256 : iters;
+    for (size_t i = 0; i < iters; i++) {
+        msgpack_sbuffer args[2];
+        pack_key(&args[0], toks, BATCH * CS, 0, BATCH * CS, "req-0", true);
+        pack_int(&args[1], INSTANCE);
+        msgpack_object rep;
+        double t0 = now_s();
+        call(b, LMC_OP_PREPARE_STORE, args, 2, NULL, &rep);
+        lat[i] = now_s() - t0;
+        for (int k = 0; k < 2; k++)
+            msgpack_sbuffer_destroy(&args[k]);
+    }
+    qsort(lat, iters, sizeof *lat, cmp_double);
+    return lat[iters / 2];
 }
 
 static int lookup_all(bench *b, uint64_t *toks, size_t reqs)
@@ -287,6 +326,7 @@ static int bandwidth(bench *b, size_t chunks)
     msgpack_sbuffer none;
     msgpack_sbuffer_init(&none);
     phase st, rt;
+    double st_rpc = 0, st_copy = 0;
     /* Warm-up store: tmpfs commits pool pages on first touch. */
     if (run_phase(b, toks, reqs, src, true, &st) != 0)
         return -1;
@@ -297,9 +337,14 @@ static int bandwidth(bench *b, size_t chunks)
     msgpack_pack_true(&pk);
     msgpack_object rep;
     call(b, LMC_OP_CLEAR, &clr, 1, NULL, &rep);
-    if (run_phase(b, toks, reqs, src, true, &st) != 0 || lookup_all(b, toks, reqs) != 0 ||
-        run_phase(b, toks, reqs, dst, false, &rt) != 0)
+    b->rpc_s = b->copy_s = 0;
+    if (run_phase(b, toks, reqs, src, true, &st) != 0)
         return -1;
+    st_rpc = b->rpc_s, st_copy = b->copy_s;
+    b->rpc_s = b->copy_s = 0;
+    if (lookup_all(b, toks, reqs) != 0 || run_phase(b, toks, reqs, dst, false, &rt) != 0)
+        return -1;
+    double cached_p50 = prepare_cached_p50(b, toks, 200);
     int same = memcmp(src, dst, bytes) == 0;
     double t0 = now_s();
     memcpy(dst, src, bytes);
@@ -312,6 +357,13 @@ static int bandwidth(bench *b, size_t chunks)
            gib / st.wall, (gib / st.wall) / (gib / mc));
     printf("retrieve (prep+copy+commit): %7.2f GiB/s = %.2fx memcpy (goal >= 0.8x)\n",
            gib / rt.wall, (gib / rt.wall) / (gib / mc));
+    printf("per request of %d chunks: store rpc %.0f us + copy %.0f us, "
+           "retrieve rpc %.0f us + copy %.0f us\n", BATCH, st_rpc * 1e6 / reqs,
+           st_copy * 1e6 / reqs, b->rpc_s * 1e6 / reqs, b->copy_s * 1e6 / reqs);
+    printf("PREPARE_STORE of %d cached chunks (no slots): p50 %.0f us\n", BATCH,
+           cached_p50 * 1e6);
+    printf("page faults per chunk: store %.1f, retrieve %.1f\n",
+           (double)st.faults / (reqs * BATCH), (double)rt.faults / (reqs * BATCH));
     printf("server CPU per chunk: store %.2f us, retrieve %.2f us\n",
            st.server_cpu * 1e6 / (reqs * BATCH), rt.server_cpu * 1e6 / (reqs * BATCH));
     free(toks);
@@ -395,6 +447,7 @@ static int lookup_latency(bench *b, size_t iters)
 
 static void *serve(void *arg)
 {
+    pthread_setname_np(pthread_self(), "lmc-socket");   /* tells it from the client in perf */
     lmc_server_run(arg, -1);
     return NULL;
 }
