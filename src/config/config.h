@@ -33,6 +33,7 @@ typedef struct {
     int max_gpu_workers;             /* --max-gpu-workers (default max_workers) */
     int max_cpu_workers;             /* --max-cpu-workers (default max_workers) */
     char *hash_algorithm;            /* --hash-algorithm "blake3" */
+    int hash_memo_mb;                /* --hash-memo-mb 16 (lmcached) */
     char *engine_type;               /* --engine-type default|blend|blend_legacy */
     char *supported_transfer_mode;   /* --supported-transfer-mode auto|lmcache_driven|engine_driven */
     bool separate_object_groups;     /* --[no-]separate-object-groups, true */

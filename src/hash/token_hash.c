@@ -1,6 +1,7 @@
 /* Token hashing, stateless part: the hasher object and F() for each
  * algorithm.  See token_hash.h and docs/hashing.md. */
 #include "hash/token_hash.h"
+#include "hash/hash_memo.h"
 
 #include "hash/cbor.h"
 #include "obs/log.h"
@@ -27,6 +28,7 @@ struct lmc_token_hasher {
     uint32_t chunk_size;
     uint8_t none_hash[LMC_TOKEN_HASH_LEN];
     EVP_MD *sha256; /* fetched once: implicit fetches per init are slow */
+    lmc_hash_memo *memo; /* NULL unless lmc_token_hasher_enable_memo() */
 };
 
 const char *lmc_hash_strerror(int code)
@@ -167,12 +169,19 @@ static int run_chain(call_ctx *c, uint8_t *prev, const uint64_t *tokens, size_t 
                      uint8_t *out)
 {
     const size_t cs = c->h->chunk_size;
+    lmc_hash_memo *memo = c->h->memo;
     for (size_t i = 0; i < n_chunks; i++) {
         const uint64_t *toks = tokens + i * cs;
-        int rc = c->md ? sha256_f(c->h, c->md, prev, LMC_TOKEN_HASH_LEN, toks, cs, prev)
-                       : blake3_f(prev, LMC_TOKEN_HASH_LEN, toks, cs, prev);
-        if (rc != LMC_HASH_OK)
-            return rc;
+        uint8_t next[LMC_TOKEN_HASH_LEN];
+        if (!memo || !lmc_hash_memo_get(memo, prev, toks, next)) {
+            int rc = c->md ? sha256_f(c->h, c->md, prev, LMC_TOKEN_HASH_LEN, toks, cs, next)
+                           : blake3_f(prev, LMC_TOKEN_HASH_LEN, toks, cs, next);
+            if (rc != LMC_HASH_OK)
+                return rc;
+            if (memo)
+                lmc_hash_memo_put(memo, prev, toks, next);
+        }
+        memcpy(prev, next, LMC_TOKEN_HASH_LEN);
         if (out)
             memcpy(out + i * LMC_TOKEN_HASH_LEN, prev, LMC_TOKEN_HASH_LEN);
     }
@@ -325,10 +334,26 @@ int lmc_token_hasher_new(const char *algorithm, uint32_t chunk_size,
     return 0;
 }
 
+int lmc_token_hasher_enable_memo(lmc_token_hasher *h, size_t budget_bytes)
+{
+    lmc_hash_memo_free(h->memo);
+    h->memo = budget_bytes ? lmc_hash_memo_new(h->chunk_size, budget_bytes) : NULL;
+    return budget_bytes && !h->memo ? -1 : 0;
+}
+
+bool lmc_token_hasher_memo_stats(const lmc_token_hasher *h, lmc_hash_memo_stats *out)
+{
+    if (!h->memo)
+        return false;
+    *out = lmc_hash_memo_get_stats(h->memo);
+    return true;
+}
+
 void lmc_token_hasher_free(lmc_token_hasher *h)
 {
     if (!h)
         return;
+    lmc_hash_memo_free(h->memo);
     EVP_MD_free(h->sha256);
     free(h);
 }

@@ -26,8 +26,11 @@
 #ifndef LMC_HASH_TOKEN_HASH_H
 #define LMC_HASH_TOKEN_HASH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "hash/hash_memo.h"
 
 #define LMC_TOKEN_HASH_LEN 32
 
@@ -60,6 +63,15 @@ int lmc_token_hasher_new(const char *algorithm, uint32_t chunk_size,
                          const char *python_hash_seed, lmc_token_hasher **out,
                          char *err, size_t errlen);
 void lmc_token_hasher_free(lmc_token_hasher *h);
+
+/* Gives the hasher a memo of chain steps shared by every caller
+ * (hash_memo.h) of at most `budget_bytes`; 0 removes it.  Results are the
+ * same bytes with or without it.  Call before concurrent use.  0, or -1
+ * when the memo could not be allocated (or the budget is too small): the
+ * hasher then works without one. */
+int lmc_token_hasher_enable_memo(lmc_token_hasher *h, size_t budget_bytes);
+/* False without a memo. */
+bool lmc_token_hasher_memo_stats(const lmc_token_hasher *h, lmc_hash_memo_stats *out);
 
 lmc_hash_algo lmc_token_hasher_algo(const lmc_token_hasher *h);
 /* "blake3" or "sha256_cbor". */

@@ -74,6 +74,7 @@ static void assert_mp_defaults(const lmc_config *c)
     assert_int_equal(c->mp.max_gpu_workers, 1);
     assert_int_equal(c->mp.max_cpu_workers, 1);
     assert_string_equal(c->mp.hash_algorithm, "blake3");
+    assert_int_equal(c->mp.hash_memo_mb, 16);
     assert_string_equal(c->mp.engine_type, "default");
     assert_string_equal(c->mp.supported_transfer_mode, "auto");
     assert_true(c->mp.separate_object_groups);
@@ -201,7 +202,7 @@ static void test_legacy_flags_required(void **state)
 static const char *const all_args[] = {
     "--instance-id", "abc", "--host", "127.0.0.2", "--port", "6000", "--chunk-size", "128",
     "--max-workers", "4", "--max-gpu-workers", "2", "--max-cpu-workers", "3",
-    "--hash-algorithm", "sha256_cbor", "--engine-type", "blend", "--supported-transfer-mode",
+    "--hash-algorithm", "sha256_cbor", "--hash-memo-mb", "3", "--engine-type", "blend", "--supported-transfer-mode",
     "lmcache_driven", "--no-separate-object-groups", "--enable-segmented-prefix",
     "--shm-name", "myshm", "--script-allowed-imports", "math", "json",
     "--worker-reap-timeout-seconds", "60", "--worker-registration-grace-seconds", "90.5",
@@ -240,6 +241,7 @@ static void assert_all_mp(const lmc_config *c)
     assert_int_equal(c->mp.max_gpu_workers, 2);
     assert_int_equal(c->mp.max_cpu_workers, 3);
     assert_string_equal(c->mp.hash_algorithm, "sha256_cbor");
+    assert_int_equal(c->mp.hash_memo_mb, 3);
     assert_string_equal(c->mp.engine_type, "blend");
     assert_string_equal(c->mp.supported_transfer_mode, "lmcache_driven");
     assert_false(c->mp.separate_object_groups);

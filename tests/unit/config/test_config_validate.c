@@ -74,6 +74,8 @@ static void test_reap_timeout(void **state)
     ERR("--worker-reap-timeout-seconds: must be 0 (disabled) or >= 30, got 29.9",
         "--worker-reap-timeout-seconds", "29.9");
     ERR("--worker-reap-timeout-seconds", "--worker-reap-timeout-seconds", "-1");
+    ERR("--hash-memo-mb", "--hash-memo-mb", "-1");
+    ERR("--hash-memo-mb", "--hash-memo-mb", "65537");
     ERR("got inf", "--worker-reap-timeout-seconds", "inf");
     ERR("--worker-reap-timeout-seconds", "--worker-reap-timeout-seconds", "nan");
 }

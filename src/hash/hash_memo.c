@@ -1,0 +1,163 @@
+#include "hash/hash_memo.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hash/token_hash.h"
+
+#define WAYS 4
+
+/* One slot: fixed header, then chunk_size uint32 tokens. */
+typedef struct {
+    uint64_t tag;            /* 0 = empty (tags are forced non-zero) */
+    uint8_t prev[LMC_TOKEN_HASH_LEN];
+    uint8_t hash[LMC_TOKEN_HASH_LEN];
+    uint32_t tokens[];
+} memo_slot;
+
+struct lmc_hash_memo {
+    pthread_mutex_t mutex;   /* guards everything below */
+    uint32_t chunk_size;
+    size_t slot_bytes;
+    size_t num_sets;         /* power of two */
+    uint8_t *slots;          /* num_sets * WAYS slots */
+    uint8_t *next_victim;    /* per set, round robin */
+    uint64_t hits, misses;
+    size_t entries;
+};
+
+lmc_hash_memo *lmc_hash_memo_new(uint32_t chunk_size, size_t budget_bytes)
+{
+    size_t slot_bytes = sizeof(memo_slot) + (size_t)chunk_size * sizeof(uint32_t);
+    slot_bytes = (slot_bytes + 7) & ~(size_t)7;
+    size_t sets = 1;
+    while (sets * 2 * WAYS * slot_bytes <= budget_bytes)
+        sets *= 2;
+    if (chunk_size == 0 || sets * WAYS * slot_bytes > budget_bytes)
+        return NULL;
+    lmc_hash_memo *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    m->chunk_size = chunk_size;
+    m->slot_bytes = slot_bytes;
+    m->num_sets = sets;
+    m->slots = calloc(sets * WAYS, slot_bytes);
+    m->next_victim = calloc(sets, 1);
+    if (!m->slots || !m->next_victim) {
+        lmc_hash_memo_free(m);
+        return NULL;
+    }
+    pthread_mutex_init(&m->mutex, NULL);
+    return m;
+}
+
+void lmc_hash_memo_free(lmc_hash_memo *m)
+{
+    if (!m)
+        return;
+    if (m->slots)
+        pthread_mutex_destroy(&m->mutex);
+    free(m->slots);
+    free(m->next_victim);
+    free(m);
+}
+
+static uint64_t load64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* A quick 64-bit mix of prev and the tokens: four independent lanes so
+ * the multiplies overlap.  It only selects a slot; equality is verified. */
+static uint64_t tag_of(const uint8_t *prev, const uint64_t *tokens, uint32_t n)
+{
+    const uint64_t k = 0x9e3779b97f4a7c15ULL;
+    uint64_t lane[4] = {load64(prev), load64(prev + 8), load64(prev + 16), load64(prev + 24)};
+    uint32_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++)
+            lane[j] = (lane[j] ^ tokens[i + j]) * k;
+    for (; i < n; i++)
+        lane[0] = (lane[0] ^ tokens[i]) * k;
+    uint64_t h = lane[0] ^ (lane[1] << 17 | lane[1] >> 47) ^ (lane[2] << 31 | lane[2] >> 33) ^
+                 (lane[3] << 47 | lane[3] >> 17);
+    h ^= h >> 32;
+    h *= 0xd6e8feb86659fd93ULL;
+    h ^= h >> 32;
+    return h ? h : 1;
+}
+
+static memo_slot *slot_at(const lmc_hash_memo *m, size_t set, size_t way)
+{
+    return (memo_slot *)(m->slots + (set * WAYS + way) * m->slot_bytes);
+}
+
+static bool same_step(const lmc_hash_memo *m, const memo_slot *s, uint64_t tag,
+                      const uint8_t *prev, const uint64_t *tokens)
+{
+    if (s->tag != tag || memcmp(s->prev, prev, LMC_TOKEN_HASH_LEN) != 0)
+        return false;
+    for (uint32_t i = 0; i < m->chunk_size; i++)
+        if (s->tokens[i] != tokens[i])
+            return false;
+    return true;
+}
+
+bool lmc_hash_memo_get(lmc_hash_memo *m, const uint8_t *prev, const uint64_t *tokens,
+                       uint8_t *out)
+{
+    uint64_t tag = tag_of(prev, tokens, m->chunk_size);
+    size_t set = tag & (m->num_sets - 1);
+    bool hit = false;
+    pthread_mutex_lock(&m->mutex);
+    for (size_t w = 0; w < WAYS && !hit; w++) {
+        const memo_slot *s = slot_at(m, set, w);
+        if (same_step(m, s, tag, prev, tokens)) {
+            memcpy(out, s->hash, LMC_TOKEN_HASH_LEN);
+            hit = true;
+        }
+    }
+    hit ? m->hits++ : m->misses++;
+    pthread_mutex_unlock(&m->mutex);
+    return hit;
+}
+
+void lmc_hash_memo_put(lmc_hash_memo *m, const uint8_t *prev, const uint64_t *tokens,
+                       const uint8_t *hash)
+{
+    for (uint32_t i = 0; i < m->chunk_size; i++)
+        if (tokens[i] > UINT32_MAX)
+            return;
+    uint64_t tag = tag_of(prev, tokens, m->chunk_size);
+    size_t set = tag & (m->num_sets - 1);
+    pthread_mutex_lock(&m->mutex);
+    size_t way = WAYS;
+    for (size_t w = 0; w < WAYS && way == WAYS; w++) {
+        memo_slot *s = slot_at(m, set, w);
+        if (s->tag == 0 || same_step(m, s, tag, prev, tokens))
+            way = w;   /* a free slot, or a racing thread stored it already */
+    }
+    if (way == WAYS) {
+        way = m->next_victim[set];
+        m->next_victim[set] = (uint8_t)((way + 1) % WAYS);
+    }
+    memo_slot *s = slot_at(m, set, way);
+    m->entries += s->tag == 0;
+    s->tag = tag;
+    memcpy(s->prev, prev, LMC_TOKEN_HASH_LEN);
+    memcpy(s->hash, hash, LMC_TOKEN_HASH_LEN);
+    for (uint32_t i = 0; i < m->chunk_size; i++)
+        s->tokens[i] = (uint32_t)tokens[i];
+    pthread_mutex_unlock(&m->mutex);
+}
+
+lmc_hash_memo_stats lmc_hash_memo_get_stats(lmc_hash_memo *m)
+{
+    pthread_mutex_lock(&m->mutex);
+    lmc_hash_memo_stats st = {m->hits, m->misses, m->entries, m->num_sets * WAYS};
+    pthread_mutex_unlock(&m->mutex);
+    return st;
+}
