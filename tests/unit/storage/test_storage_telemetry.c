@@ -64,6 +64,23 @@ static lmc_storage_manager *create(env *e, uint64_t objects, double sample_rate,
     return sm;
 }
 
+/* A storage manager of `objects` objects whose events `e` records. */
+static lmc_storage_manager *start(env *e, lmc_event_bus **bus, uint64_t objects,
+                                  double sample_rate)
+{
+    *e = (env){.now_ms = 1000, .events = json_array()};
+    *bus = lmc_event_bus_new(1024);
+    assert_int_equal(lmc_event_bus_subscribe(*bus, NULL, record, e), 0);
+    return create(e, objects, sample_rate, *bus);
+}
+
+static void finish(env *e, lmc_storage_manager *sm, lmc_event_bus *bus)
+{
+    lmc_storage_manager_close(sm);
+    lmc_event_bus_free(bus);
+    json_decref(e->events);
+}
+
 static void store(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n, const char *tag)
 {
     uint64_t offs[8];
@@ -94,10 +111,9 @@ static json_int_t salt_count(const json_t *meta, const char *salt, const char *f
 static void test_write_read_and_sm_counts(void **state)
 {
     (void)state;
-    env e = {.now_ms = 1000, .events = json_array()};
-    lmc_event_bus *bus = lmc_event_bus_new(1024);
-    assert_int_equal(lmc_event_bus_subscribe(bus, NULL, record, &e), 0);
-    lmc_storage_manager *sm = create(&e, 8, 1.0, bus);
+    env e;
+    lmc_event_bus *bus;
+    lmc_storage_manager *sm = start(&e, &bus, 8, 1.0);
     lmc_object_key keys[4] = {make_key(1, "a"), make_key(2, "a"), make_key(3, "b"),
                               make_key(4, "b")};
     store(sm, keys, 3, NULL);
@@ -120,18 +136,15 @@ static void test_write_read_and_sm_counts(void **state)
     assert_int_equal(salt_count(ev[0], "b", "ok"), 1);
     assert_int_equal(salt_count(ev[0], "b", "failed"), 1);
     assert_int_equal(lmc_storage_manager_finish_read(sm, keys + 2, 1, 1, NULL), 0);
-    lmc_storage_manager_close(sm);
-    lmc_event_bus_free(bus);
-    json_decref(e.events);
+    finish(&e, sm, bus);
 }
 
 static void test_allocation_failure_names_the_phase(void **state)
 {
     (void)state;
-    env e = {.now_ms = 1000, .events = json_array()};
-    lmc_event_bus *bus = lmc_event_bus_new(1024);
-    assert_int_equal(lmc_event_bus_subscribe(bus, NULL, record, &e), 0);
-    lmc_storage_manager *sm = create(&e, 2, 1.0, bus);
+    env e;
+    lmc_event_bus *bus;
+    lmc_storage_manager *sm = start(&e, &bus, 2, 1.0);
     lmc_object_key keys[3] = {make_key(1, ""), make_key(2, ""), make_key(3, "")};
     uint64_t offs[3];
     lmc_l1_result res[3];
@@ -149,9 +162,7 @@ static void test_allocation_failure_names_the_phase(void **state)
     assert_int_equal(json_integer_value(json_object_get(ev[1], "num_keys")), 3);
     assert_int_equal(events_of(&e, LMC_EVENT_SM_WRITE, ev, 8), 2);
     assert_int_equal(salt_count(ev[0], "", "failed"), 3);
-    lmc_storage_manager_close(sm);
-    lmc_event_bus_free(bus);
-    json_decref(e.events);
+    finish(&e, sm, bus);
 }
 
 /* Admitted at 1 s, read at 4 s and 6 s, evicted at 10 s, rewritten at
@@ -159,10 +170,9 @@ static void test_allocation_failure_names_the_phase(void **state)
 static void test_lifecycle_times(void **state)
 {
     (void)state;
-    env e = {.now_ms = 1000, .events = json_array()};
-    lmc_event_bus *bus = lmc_event_bus_new(1024);
-    assert_int_equal(lmc_event_bus_subscribe(bus, NULL, record, &e), 0);
-    lmc_storage_manager *sm = create(&e, 8, 1.0, bus);
+    env e;
+    lmc_event_bus *bus;
+    lmc_storage_manager *sm = start(&e, &bus, 8, 1.0);
     lmc_object_key k = make_key(7, "");
     store(sm, &k, 1, NULL);
     e.now_ms = 4000;
@@ -194,9 +204,7 @@ static void test_lifecycle_times(void **state)
     json_t *rewrite = json_object_get(ev[1], "evict_reuse_gaps_s");
     assert_int_equal(json_array_size(rewrite), 1);
     assert_true(json_real_value(json_array_get(rewrite, 0)) == 3.0);
-    lmc_storage_manager_close(sm);
-    lmc_event_bus_free(bus);
-    json_decref(e.events);
+    finish(&e, sm, bus);
 }
 
 /* Evicted and never written again: reported as the 300 s cap once it
@@ -204,10 +212,9 @@ static void test_lifecycle_times(void **state)
 static void test_evict_reuse_cap_and_no_sampling(void **state)
 {
     (void)state;
-    env e = {.now_ms = 1000, .events = json_array()};
-    lmc_event_bus *bus = lmc_event_bus_new(1024);
-    assert_int_equal(lmc_event_bus_subscribe(bus, NULL, record, &e), 0);
-    lmc_storage_manager *sm = create(&e, 8, 1.0, bus);
+    env e;
+    lmc_event_bus *bus;
+    lmc_storage_manager *sm = start(&e, &bus, 8, 1.0);
     lmc_object_key k = make_key(9, "");
     store(sm, &k, 1, NULL);
     assert_int_equal(lmc_storage_manager_run_eviction_once(sm), 1);
@@ -232,9 +239,7 @@ static void test_evict_reuse_cap_and_no_sampling(void **state)
     assert_int_equal(events_of(&e, LMC_EVENT_L1_KEYS_EVICTED, ev, 8), 0);
     assert_int_equal(events_of(&e, LMC_EVENT_L1_REUSE_GAPS, ev, 8), 0);
     assert_int_equal(events_of(&e, LMC_EVENT_L1_WRITE, ev, 8), 1);   /* counters still count */
-    lmc_storage_manager_close(sm);
-    lmc_event_bus_free(bus);
-    json_decref(e.events);
+    finish(&e, sm, bus);
 }
 
 static void test_silent_without_bus(void **state)
