@@ -250,18 +250,31 @@ void lmc_storage_telemetry_on_l1_event(lmc_storage_telemetry *t, lmc_l1_event_ki
 
 /* ---- storage-manager outcomes ------------------------------------------ */
 
-/* {salt: {"ok": a, "failed": b}} over keys, ok[i] saying which is which. */
+static void add_outcomes(json_t *by_salt, const char *salt, json_int_t ok, json_int_t failed)
+{
+    json_t *counts = json_object_get(by_salt, salt);
+    if (!counts) {
+        json_object_set_new(by_salt, salt,
+                            json_pack("{s:I, s:I}", "ok", (json_int_t)0, "failed", (json_int_t)0));
+        counts = json_object_get(by_salt, salt);
+    }
+    json_t *o = json_object_get(counts, "ok"), *f = json_object_get(counts, "failed");
+    json_integer_set(o, json_integer_value(o) + ok);
+    json_integer_set(f, json_integer_value(f) + failed);
+}
+
+/* {salt: {"ok": a, "failed": b}} over keys, ok[i] saying which is which.
+ * Counted per run of equal (interned) salts: a request has one. */
 static json_t *outcomes_by_salt(const lmc_object_key *keys, size_t n, const bool *ok)
 {
     json_t *by_salt = json_object();
+    json_int_t run_ok = 0, run_failed = 0;
     for (size_t i = 0; i < n && by_salt; i++) {
-        json_t *counts = json_object_get(by_salt, keys[i].cache_salt);
-        if (!counts) {
-            counts = json_pack("{s:I, s:I}", "ok", (json_int_t)0, "failed", (json_int_t)0);
-            json_object_set_new(by_salt, keys[i].cache_salt, counts);
-        }
-        json_t *c = json_object_get(counts, ok[i] ? "ok" : "failed");
-        json_integer_set(c, json_integer_value(c) + 1);
+        ok[i] ? run_ok++ : run_failed++;
+        if (i + 1 < n && keys[i + 1].cache_salt == keys[i].cache_salt)
+            continue;
+        add_outcomes(by_salt, keys[i].cache_salt, run_ok, run_failed);
+        run_ok = run_failed = 0;
     }
     return by_salt;
 }
