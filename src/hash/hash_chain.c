@@ -55,10 +55,12 @@ const uint8_t *lmc_hash_chain_get(const lmc_hash_chain *c, size_t i)
 static size_t unchanged_chunks(const lmc_hash_chain *c, const uint64_t *tokens, size_t k)
 {
     const size_t cs = lmc_token_hasher_chunk_size(c->h);
-    const size_t n = k * cs;
-    for (size_t i = 0; i < n; i++) {
-        if (tokens[i] != c->tokens[i])
-            return i / cs;
+    for (size_t chunk = 0; chunk < k; chunk++) {
+        uint64_t diff = 0;
+        for (size_t i = chunk * cs; i < (chunk + 1) * cs; i++)
+            diff |= tokens[i] ^ c->tokens[i];
+        if (diff)
+            return chunk;
     }
     return k;
 }
@@ -70,9 +72,11 @@ static bool reserve(lmc_hash_chain *c, size_t want)
     if (want <= c->cap)
         return true;
     const size_t cs = lmc_token_hasher_chunk_size(c->h);
-    size_t cap = c->cap ? c->cap : 4;
-    while (cap < want)
-        cap = cap > SIZE_MAX / 2 ? want : cap * 2;
+    /* Doubling serves a list that grows a chunk at a time; a first call
+     * with a whole prompt gets exactly its size. */
+    size_t cap = c->cap ? c->cap * 2 : 4;
+    if (cap < want || cap < c->cap)
+        cap = want;
     if (cap > SIZE_MAX / LMC_TOKEN_HASH_LEN || cap > SIZE_MAX / sizeof(uint32_t) / cs)
         return false;
     uint8_t *hashes = realloc(c->hashes, cap * LMC_TOKEN_HASH_LEN);
@@ -87,12 +91,16 @@ static bool reserve(lmc_hash_chain *c, size_t want)
     return true;
 }
 
-/* Index of the first chunk in [from, to) holding a token >= 2^32, else `to`. */
+/* Index of the first chunk in [from, to) holding a token >= 2^32, else `to`.
+ * Checked a chunk at a time without a per-token branch, so it vectorizes. */
 static size_t first_bad_chunk(const uint64_t *tokens, size_t cs, size_t from, size_t to)
 {
-    for (size_t i = from * cs; i < to * cs; i++) {
-        if (tokens[i] > UINT32_MAX)
-            return i / cs;
+    for (size_t c = from; c < to; c++) {
+        uint64_t high = 0;
+        for (size_t i = c * cs; i < (c + 1) * cs; i++)
+            high |= tokens[i] >> 32;
+        if (high)
+            return c;
     }
     return to;
 }

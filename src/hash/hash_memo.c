@@ -70,22 +70,22 @@ static uint64_t load64(const uint8_t *p)
     return v;
 }
 
-/* A quick 64-bit mix of prev and the tokens: four independent lanes so
+/* A quick 64-bit mix of prev and the tokens: eight independent lanes so
  * the multiplies overlap.  It only selects a slot; equality is verified. */
 static uint64_t tag_of(const uint8_t *prev, const uint64_t *tokens, uint32_t n)
 {
     const uint64_t k = 0x9e3779b97f4a7c15ULL;
-    uint64_t lane[4] = {load64(prev), load64(prev + 8), load64(prev + 16), load64(prev + 24)};
+    uint64_t lane[8] = {load64(prev), load64(prev + 8), load64(prev + 16), load64(prev + 24),
+                        1, 2, 3, 4};
     uint32_t i = 0;
-    for (; i + 4 <= n; i += 4)
-        for (int j = 0; j < 4; j++)
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
             lane[j] = (lane[j] ^ tokens[i + j]) * k;
     for (; i < n; i++)
         lane[0] = (lane[0] ^ tokens[i]) * k;
-    uint64_t h = lane[0] ^ (lane[1] << 17 | lane[1] >> 47) ^ (lane[2] << 31 | lane[2] >> 33) ^
-                 (lane[3] << 47 | lane[3] >> 17);
-    h ^= h >> 32;
-    h *= 0xd6e8feb86659fd93ULL;
+    uint64_t h = 0;
+    for (int j = 0; j < 8; j++)
+        h = (h ^ lane[j]) * 0xd6e8feb86659fd93ULL;
     h ^= h >> 32;
     return h ? h : 1;
 }
@@ -100,10 +100,10 @@ static bool same_step(const lmc_hash_memo *m, const memo_slot *s, uint64_t tag,
 {
     if (s->tag != tag || memcmp(s->prev, prev, LMC_TOKEN_HASH_LEN) != 0)
         return false;
+    uint64_t diff = 0;   /* no early exit: a tag match is almost always a hit */
     for (uint32_t i = 0; i < m->chunk_size; i++)
-        if (s->tokens[i] != tokens[i])
-            return false;
-    return true;
+        diff |= s->tokens[i] ^ tokens[i];
+    return diff == 0;
 }
 
 bool lmc_hash_memo_get(lmc_hash_memo *m, const uint8_t *prev, const uint64_t *tokens,
