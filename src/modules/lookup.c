@@ -41,7 +41,7 @@ typedef struct {
     size_t l1_keys;                       /* its length before the extension */
     lmc_object_key *keys;                 /* copy of the prefetched keys */
     uint32_t per, readers;
-    json_t *event;                        /* LOOKUP_END, published when done; may be NULL */
+    lmc_lookup_event_info *event;         /* LOOKUP_END, published when done; may be NULL */
 } l2_lookup;
 
 static int decode_key(lookup_mod *m, lmc_rpc_call *call, lmc_ipc_key *k, char *err,
@@ -119,7 +119,7 @@ static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
 
 static void l2_lookup_free(l2_lookup *p)
 {
-    json_decref(p->event);
+    free(p->event);
     free(p->rid);
     free(p->keys);
     free(p);
@@ -155,11 +155,12 @@ static void l2_done(void *user, size_t units)
         lmc_storage_manager_finish_read(m->ctx->storage, p->keys, nk, p->readers, NULL);
     int64_t hits = p->l1_chunks + (int64_t)units;
     if (p->event) { /* the final answer is known only now */
-        json_int_t cs = (json_int_t)m->chunk_size;
-        json_object_set_new(p->event, "hit_chunks", json_integer(hits));
-        json_object_set_new(p->event, "hit_tokens", json_integer(hits * cs));
-        json_object_set_new(p->event, "hit_tokens_l2", json_integer((json_int_t)units * cs));
-        lmc_event_bus_publish(m->ctx->events, LMC_EVENT_LOOKUP_END, p->rid, p->event);
+        int64_t cs = m->chunk_size;
+        p->event->hit_chunks = hits;
+        p->event->hit_tokens = hits * cs;
+        p->event->hit_tokens_l2 = (int64_t)units * cs;
+        lmc_event_bus_publish_deferred(m->ctx->events, LMC_EVENT_LOOKUP_END, p->rid,
+                                       lmc_event_lookup_build, p->event);
         p->event = NULL;
     }
     lmc_jobs_complete(m->jobs, p->rid, p->rid_len, p->job_id, hits);
@@ -171,7 +172,8 @@ static void l2_done(void *user, size_t units)
 /* Sends the keys after the session's L1 run to the L2 tier.  True when the
  * prefetch took over completing job `id`. */
 static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint64_t id,
-                     int64_t l1_chunks, size_t n_keys, uint64_t object_size, json_t **event)
+                     int64_t l1_chunks, size_t n_keys, uint64_t object_size,
+                     lmc_lookup_event_info **event)
 {
     lmc_lookup_locks *l = &se->locks;
     size_t rest = n_keys - l->n;
@@ -210,8 +212,9 @@ static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint6
     return true;
 }
 
-/* LOOKUP_END metadata (obs/events.h) for the event bus; NULL without one. */
-static json_t *lookup_event(lookup_mod *m, const lmc_ipc_key *k, const uint8_t *hashes,
+/* LOOKUP_END facts (obs/events.h), copied for a deferred publish; NULL
+ * without an event bus.  The JSON is built on the bus's thread. */
+static lmc_lookup_event_info *lookup_event(lookup_mod *m, const lmc_ipc_key *k, const uint8_t *hashes,
                             int64_t hits, bool have_layout)
 {
     if (!m->ctx->events)
@@ -228,7 +231,7 @@ static json_t *lookup_event(lookup_mod *m, const lmc_ipc_key *k, const uint8_t *
         .early_exit = !have_layout ? "no_group_layout_descs"
                       : n_chunks == 0 ? "empty_chunk_hashes" : NULL,
     };
-    return lmc_event_lookup_metadata(&ev);
+    return lmc_event_lookup_info_dup(&ev);
 }
 
 /* LOOKUP(key, tp_size) -> void */
@@ -247,7 +250,7 @@ static lmc_handler_result lookup(void *state, lmc_rpc_call *call)
     }
     int64_t hits = 0;
     bool l2_pending = false;
-    json_t *event = NULL;
+    lmc_lookup_event_info *event = NULL;
     lmc_layout layout;
     bool have_layout = lmc_layout_registry_get(m->ctx->layouts, k.model_name, k.model_len,
                                                k.world_size, &layout);
@@ -274,7 +277,8 @@ static lmc_handler_result lookup(void *state, lmc_rpc_call *call)
     if (event) { /* complete now (with an L2 prefetch, the prefetch publishes it) */
         char sid[256];
         snprintf(sid, sizeof sid, "%.*s", (int)k.request_id_len, k.request_id);
-        lmc_event_bus_publish(m->ctx->events, LMC_EVENT_LOOKUP_END, sid, event);
+        lmc_event_bus_publish_deferred(m->ctx->events, LMC_EVENT_LOOKUP_END, sid,
+                                       lmc_event_lookup_build, event);
     }
     atomic_fetch_add(&m->lookups, 1);
     if (!l2_pending) {

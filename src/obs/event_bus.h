@@ -32,6 +32,14 @@ int lmc_event_bus_subscribe(lmc_event_bus *bus, const char *type, lmc_event_fn f
 /* Steals `metadata`.  Safe from any thread; never blocks on subscribers. */
 void lmc_event_bus_publish(lmc_event_bus *bus, const char *type, const char *session_id,
                            json_t *metadata);
+/* Builds an event's metadata from `arg` and consumes `arg` (frees it). */
+typedef json_t *(*lmc_event_build_fn)(void *arg);
+/* Like publish, but the metadata is built by `build(arg)` on the drain
+ * thread just before delivery, so a request thread only pays for copying
+ * its facts, not for formatting JSON.  A dropped event is built and freed
+ * at once.  `build` must not touch what the publisher may change later. */
+void lmc_event_bus_publish_deferred(lmc_event_bus *bus, const char *type, const char *session_id,
+                                    lmc_event_build_fn build, void *arg);
 lmc_event_bus_stats lmc_event_bus_get_stats(lmc_event_bus *bus);
 /* Waits until every event published before the call has been handed to
  * the subscribers, or `timeout_s` passed.  0 when drained, -1 on timeout.

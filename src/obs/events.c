@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static json_t *hex_array(const uint8_t *hashes, size_t n, size_t len)
 {
@@ -15,8 +16,7 @@ static json_t *hex_array(const uint8_t *hashes, size_t n, size_t len)
             hex[2 * j] = digits[h[j] >> 4];
             hex[2 * j + 1] = digits[h[j] & 15];
         }
-        hex[2 * len] = '\0';
-        json_array_append_new(arr, json_string(hex));
+        json_array_append_new(arr, json_stringn_nocheck(hex, 2 * len)); /* ASCII */
     }
     free(hex);
     return arr;
@@ -40,6 +40,34 @@ json_t *lmc_event_lookup_metadata(const lmc_lookup_event_info *in)
                             hex_array(in->hashes, in->n_hashes, in->hash_len));
     if (in->early_exit)
         json_object_set_new(meta, "early_exit", json_string(in->early_exit));
+    return meta;
+}
+
+lmc_lookup_event_info *lmc_event_lookup_info_dup(const lmc_lookup_event_info *in)
+{
+    size_t hash_bytes = in->hashes ? in->n_hashes * in->hash_len : 0;
+    size_t rid = in->request_id ? in->request_id_len : 0, model = in->model_name ? in->model_len : 0,
+           salt = in->cache_salt ? in->salt_len : 0;
+    lmc_lookup_event_info *out = malloc(sizeof *out + hash_bytes + rid + model + salt);
+    if (!out)
+        return NULL;
+    *out = *in;
+    char *tail = (char *)(out + 1);
+    if (hash_bytes)
+        out->hashes = memcpy(tail, in->hashes, hash_bytes);
+    tail += hash_bytes;
+    out->request_id = rid ? memcpy(tail, in->request_id, rid) : NULL;
+    tail += rid;
+    out->model_name = model ? memcpy(tail, in->model_name, model) : NULL;
+    tail += model;
+    out->cache_salt = salt ? memcpy(tail, in->cache_salt, salt) : NULL;
+    return out; /* early_exit points at a string literal */
+}
+
+json_t *lmc_event_lookup_build(void *info_copy)
+{
+    json_t *meta = lmc_event_lookup_metadata(info_copy);
+    free(info_copy);
     return meta;
 }
 

@@ -115,6 +115,13 @@ typedef struct {
 /* Builds the LOOKUP_END metadata (new reference; NULL on allocation
  * failure, which lmc_event_bus_publish accepts). */
 json_t *lmc_event_lookup_metadata(const lmc_lookup_event_info *info);
+/* A heap copy of `info` that owns its strings and hashes, in one block
+ * (free() releases it; NULL on allocation failure).  For
+ * lmc_event_bus_publish_deferred with lmc_event_lookup_build. */
+lmc_lookup_event_info *lmc_event_lookup_info_dup(const lmc_lookup_event_info *info);
+/* lmc_event_build_fn: metadata from a lmc_event_lookup_info_dup copy,
+ * which it frees. */
+json_t *lmc_event_lookup_build(void *info_copy);
 
 /* Deterministic sampling for lifecycle histograms: true for about a
  * fraction `rate` of all keys, always the same answer for the same key.

@@ -2,6 +2,8 @@
  * pairing, the logging subscriber's line, and the bus's drain/drop
  * accounting. */
 #include <setjmp.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -43,6 +45,30 @@ static void test_lookup_metadata(void **state)
     assert_null(json_object_get(m, "chunk_hashes"));
     assert_string_equal(lmc_event_str(m, "early_exit"), "empty_chunk_hashes");
     json_decref(m);
+}
+
+/* The deferred copy owns everything: the caller's buffers may change
+ * before the bus builds the JSON, which must equal the eager one. */
+static void test_lookup_info_copy_builds_the_same_metadata(void **state)
+{
+    (void)state;
+    uint8_t hashes[] = {0x00, 0xab, 0xff, 0x10};
+    char rid[] = "req-1", model[] = "llama", salt[] = "tenant";
+    lmc_lookup_event_info in = {
+        .request_id = rid, .request_id_len = 5, .model_name = model, .model_len = 5,
+        .cache_salt = salt, .salt_len = 6, .requested_tokens = 512, .hit_tokens = 256,
+        .requested_chunks = 2, .hit_chunks = 1, .hashes = hashes, .n_hashes = 2,
+        .hash_len = 2, .early_exit = NULL,
+    };
+    json_t *eager = lmc_event_lookup_metadata(&in);
+    lmc_lookup_event_info *copy = lmc_event_lookup_info_dup(&in);
+    assert_non_null(copy);
+    memset(hashes, 0x77, sizeof hashes);
+    memset(rid, 'x', 5), memset(model, 'y', 5), memset(salt, 'z', 6);
+    json_t *deferred = lmc_event_lookup_build(copy); /* frees copy */
+    assert_true(json_equal(eager, deferred));
+    json_decref(eager);
+    json_decref(deferred);
 }
 
 static void test_accessors(void **state)
@@ -149,6 +175,105 @@ static void test_bus_drops_and_drains(void **state)
     lmc_event_bus_free(bus);
 }
 
+typedef struct {
+    _Atomic int delivered;
+    json_int_t seen[16];
+} order_sub;
+
+static void record_order(const lmc_event *ev, void *user)
+{
+    order_sub *sub = user;
+    int i = atomic_load(&sub->delivered);
+    if (i < 16)
+        sub->seen[i] = json_integer_value(json_object_get(ev->metadata, "seq"));
+    atomic_store(&sub->delivered, i + 1);
+}
+
+/* Polls (never a timing assertion): true once `want` events arrived. */
+static bool delivered_within(order_sub *sub, int want, int max_ms)
+{
+    for (int ms = 0; ms < max_ms && atomic_load(&sub->delivered) < want; ms++)
+        usleep(1000);
+    return atomic_load(&sub->delivered) == want;
+}
+
+/* The drain thread lingers after a wake-up and publishers do not signal
+ * it then: what they publish meanwhile must still arrive, in order, both
+ * while it lingers and after it fell asleep again. */
+static void test_bus_delivers_without_per_event_wakeups(void **state)
+{
+    (void)state;
+    order_sub sub = {0};
+    lmc_event_bus *bus = lmc_event_bus_new(64);
+    assert_int_equal(lmc_event_bus_subscribe(bus, "X", record_order, &sub), 0);
+    lmc_event_bus_publish(bus, "X", NULL, json_pack("{s:I}", "seq", (json_int_t)0));
+    assert_true(delivered_within(&sub, 1, 2000));
+    for (json_int_t i = 1; i <= 5; i++) /* while it lingers: nobody wakes it */
+        lmc_event_bus_publish(bus, "X", NULL, json_pack("{s:I}", "seq", i));
+    assert_true(delivered_within(&sub, 6, 2000));
+    usleep(50000); /* several lingers with nothing new: asleep again */
+    lmc_event_bus_publish(bus, "X", NULL, json_pack("{s:I}", "seq", (json_int_t)6));
+    assert_true(delivered_within(&sub, 7, 2000));
+    for (json_int_t i = 7; i < 12; i++)
+        lmc_event_bus_publish(bus, "X", NULL, json_pack("{s:I}", "seq", i));
+    assert_int_equal(lmc_event_bus_drain(bus, 5.0), 0); /* cuts a linger short */
+    assert_int_equal(atomic_load(&sub.delivered), 12);
+    for (int i = 0; i < 12; i++)
+        assert_int_equal(sub.seen[i], i);
+    lmc_event_bus_stats st = lmc_event_bus_get_stats(bus);
+    assert_int_equal(st.delivered, 12);
+    assert_int_equal(st.dropped, 0);
+    lmc_event_bus_free(bus);
+}
+
+static _Atomic int builds;
+
+static json_t *build_seq(void *arg)
+{
+    atomic_fetch_add(&builds, 1);
+    json_t *m = json_pack("{s:I}", "seq", (json_int_t)*(int *)arg);
+    free(arg);
+    return m;
+}
+
+/* A deferred event is built once, delivered in publish order among eager
+ * ones, and a dropped one is still built and freed (no leak under ASan). */
+static void test_bus_deferred_metadata(void **state)
+{
+    (void)state;
+    order_sub sub = {0};
+    lmc_event_bus *bus = lmc_event_bus_new(4);
+    assert_int_equal(lmc_event_bus_subscribe(bus, "X", record_order, &sub), 0);
+    for (int i = 0; i < 3; i++) {
+        if (i == 1) {
+            lmc_event_bus_publish(bus, "X", "s", json_pack("{s:I}", "seq", (json_int_t)i));
+            continue;
+        }
+        int *arg = malloc(sizeof *arg);
+        *arg = i;
+        lmc_event_bus_publish_deferred(bus, "X", "s", build_seq, arg);
+    }
+    assert_int_equal(lmc_event_bus_drain(bus, 5.0), 0);
+    assert_int_equal(atomic_load(&sub.delivered), 3);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(sub.seen[i], i);
+    assert_int_equal(atomic_load(&builds), 2);
+    lmc_event_bus_free(bus);
+
+    bus = lmc_event_bus_new(1); /* nobody drains it: the second publish drops */
+    slow_sub slow_calls = {0};
+    assert_int_equal(lmc_event_bus_subscribe(bus, NULL, slow, &slow_calls), 0);
+    for (int i = 0; i < 4; i++) {
+        int *arg = malloc(sizeof *arg);
+        *arg = i;
+        lmc_event_bus_publish_deferred(bus, "X", NULL, build_seq, arg);
+    }
+    lmc_event_bus_stats st = lmc_event_bus_get_stats(bus);
+    assert_true(st.dropped >= 2);
+    lmc_event_bus_free(bus); /* delivers what is queued */
+    assert_int_equal(atomic_load(&builds), 6);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -158,6 +283,9 @@ int main(void)
         cmocka_unit_test(test_pairs),
         cmocka_unit_test(test_logging_format),
         cmocka_unit_test(test_bus_drops_and_drains),
+        cmocka_unit_test(test_bus_delivers_without_per_event_wakeups),
+        cmocka_unit_test(test_bus_deferred_metadata),
+        cmocka_unit_test(test_lookup_info_copy_builds_the_same_metadata),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
