@@ -16,6 +16,7 @@ lmc_client *lmc_client_connect(const char *url)
     lmc_client *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
+    c->next_uid = 1; /* 0 is lmc_client_send's failure value */
     c->zctx = zmq_ctx_new();
     c->socket = c->zctx ? zmq_socket(c->zctx, ZMQ_DEALER) : NULL;
     if (!c->socket)
@@ -126,13 +127,16 @@ static int64_t read_reply(lmc_client *c, lmc_client_reply *reply, bool *remote_e
     return uid;
 }
 
-lmc_client_status lmc_client_call(lmc_client *c, int op_id, const msgpack_sbuffer *args,
-                                  size_t nargs, int timeout_ms, lmc_client_reply *reply)
+uint64_t lmc_client_send(lmc_client *c, int op_id, const msgpack_sbuffer *args, size_t nargs)
+{
+    uint64_t uid = c->next_uid++;
+    return send_request(c, uid, op_id, args, nargs) == 0 ? uid : 0;
+}
+
+lmc_client_status lmc_client_receive(lmc_client *c, int timeout_ms, uint64_t *uid,
+                                     lmc_client_reply *reply)
 {
     memset(reply, 0, sizeof *reply);
-    uint64_t uid = c->next_uid++;
-    if (send_request(c, uid, op_id, args, nargs) != 0)
-        return LMC_CLIENT_IO_ERROR;
     long long deadline = now_ms() + timeout_ms;
     for (;;) {
         long long left = deadline - now_ms();
@@ -143,8 +147,28 @@ lmc_client_status lmc_client_call(lmc_client *c, int op_id, const msgpack_sbuffe
             continue;
         bool remote_error = false;
         int64_t got = read_reply(c, reply, &remote_error);
-        if (got == (int64_t)uid)
-            return remote_error ? LMC_CLIENT_REMOTE_ERROR : LMC_CLIENT_OK;
+        if (got < 0) {
+            lmc_client_reply_free(reply); /* malformed: not an answer to anything */
+            continue;
+        }
+        *uid = (uint64_t)got;
+        return remote_error ? LMC_CLIENT_REMOTE_ERROR : LMC_CLIENT_OK;
+    }
+}
+
+lmc_client_status lmc_client_call(lmc_client *c, int op_id, const msgpack_sbuffer *args,
+                                  size_t nargs, int timeout_ms, lmc_client_reply *reply)
+{
+    uint64_t uid = lmc_client_send(c, op_id, args, nargs);
+    if (!uid)
+        return LMC_CLIENT_IO_ERROR;
+    long long deadline = now_ms() + timeout_ms;
+    for (;;) {
+        long long left = deadline - now_ms();
+        uint64_t got;
+        lmc_client_status st = lmc_client_receive(c, left > 0 ? (int)left : 0, &got, reply);
+        if (st == LMC_CLIENT_TIMEOUT || got == uid)
+            return st;
         lmc_client_reply_free(reply); /* a stale reply to an earlier, timed-out request */
     }
 }

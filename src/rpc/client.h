@@ -1,5 +1,6 @@
-/* A minimal DEALER client for the MP protocol: one request at a time,
- * replies matched by uid.  Used by lmcache-cli and the benchmarks. */
+/* A minimal DEALER client for the MP protocol: one request at a time (or
+ * pipelined with send/receive), replies matched by uid.  Used by
+ * lmcache-cli and the benchmarks. */
 #ifndef LMC_RPC_CLIENT_H
 #define LMC_RPC_CLIENT_H
 
@@ -32,6 +33,15 @@ void lmc_client_close(lmc_client *c);
 lmc_client_status lmc_client_call(lmc_client *c, int op_id, const msgpack_sbuffer *args,
                                   size_t nargs, int timeout_ms, lmc_client_reply *reply);
 void lmc_client_reply_free(lmc_client_reply *reply);
+
+/* Pipelining, as the engine adapters do: send several requests, then
+ * collect each reply by the uid lmc_client_send returned (0 on failure).
+ * Replies to other uids that arrive first are dropped, so collect every
+ * pipelined reply with lmc_client_receive before the next lmc_client_call. */
+uint64_t lmc_client_send(lmc_client *c, int op_id, const msgpack_sbuffer *args, size_t nargs);
+/* Waits up to timeout_ms for the next reply, whatever its uid (*uid). */
+lmc_client_status lmc_client_receive(lmc_client *c, int timeout_ms, uint64_t *uid,
+                                     lmc_client_reply *reply);
 
 /* Raw access for load generators: send a request without waiting; receive
  * the next reply (any uid).  The socket is a plain ZMQ DEALER. */

@@ -302,6 +302,44 @@ static void test_client_call_and_args(void **state)
     lmc_client_close(c);
 }
 
+/* Pipelined: three requests in flight, every reply collected by uid. */
+static void test_client_pipelined_send_receive(void **state)
+{
+    (void)state;
+    lmc_client *c = lmc_client_connect(URL);
+    msgpack_sbuffer args[3];
+    int64_t vals[] = {40, -5, 7};
+    for (int i = 0; i < 3; i++) {
+        msgpack_packer pk;
+        msgpack_sbuffer_init(&args[i]);
+        msgpack_packer_init(&pk, &args[i], msgpack_sbuffer_write);
+        msgpack_pack_int64(&pk, vals[i]);
+    }
+    uint64_t sent[3];
+    for (int i = 0; i < 3; i++) {
+        sent[i] = lmc_client_send(c, LMC_OP_GET_CHUNK_SIZE, args, 3);
+        assert_true(sent[i] != 0);
+        assert_true(i == 0 || sent[i] != sent[i - 1]);
+    }
+    bool seen[3] = {false, false, false};
+    for (int i = 0; i < 3; i++) {
+        lmc_client_reply r;
+        uint64_t uid = 0;
+        assert_int_equal(lmc_client_receive(c, 2000, &uid, &r), LMC_CLIENT_OK);
+        assert_true(r.has_response && r.len == 1 && r.data[0] == 42);
+        int k = uid == sent[0] ? 0 : uid == sent[1] ? 1 : uid == sent[2] ? 2 : -1;
+        assert_true(k >= 0 && !seen[k]);
+        seen[k] = true;
+        lmc_client_reply_free(&r);
+    }
+    lmc_client_reply r;
+    uint64_t uid;
+    assert_int_equal(lmc_client_receive(c, 100, &uid, &r), LMC_CLIENT_TIMEOUT); /* no extra */
+    for (int i = 0; i < 3; i++)
+        msgpack_sbuffer_destroy(&args[i]);
+    lmc_client_close(c);
+}
+
 static void test_error_frames_when_enabled(void **state)
 {
     (void)state;
@@ -403,6 +441,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_garbage_is_dropped_and_server_keeps_serving, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_client_call_and_args, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_pipelined_send_receive, setup, teardown),
         cmocka_unit_test_setup_teardown(test_affinity_fifo_per_client, setup, teardown),
         cmocka_unit_test_setup_teardown(test_error_frames_when_enabled, setup_error_frames,
                                         teardown),
