@@ -117,6 +117,41 @@ static void test_big_tokens_and_tiny_budget(void **state)
     lmc_token_hasher_free(memo);
 }
 
+/* The memo's set index looks at a sample of each chunk's tokens: chunks
+ * that differ only elsewhere share a set, yet each keeps its own hash,
+ * and both are answered from the memo afterwards. */
+static void test_chunks_differing_between_sampled_tokens(void **state)
+{
+    (void)state;
+    enum { BIG = 256 };
+    lmc_token_hasher *plain = NULL, *memo = NULL;
+    char err[128];
+    assert_int_equal(lmc_token_hasher_new("blake3", BIG, "0", &plain, err, sizeof err), 0);
+    assert_int_equal(lmc_token_hasher_new("blake3", BIG, "0", &memo, err, sizeof err), 0);
+    assert_int_equal(lmc_token_hasher_enable_memo(memo, 1 << 20), 0);
+    uint64_t a[2 * BIG], b[2 * BIG];
+    fill(a, 2 * BIG, 5);
+    memcpy(b, a, sizeof a);
+    b[1] ^= 7;         /* chunk 0: between the sampled positions */
+    b[BIG + 17] ^= 7;  /* chunk 1 too */
+    uint8_t want_a[64], want_b[64], got[64];
+    assert_int_equal(lmc_hash_chunks(plain, a, 2 * BIG, 0, 2 * BIG, want_a), 0);
+    assert_int_equal(lmc_hash_chunks(plain, b, 2 * BIG, 0, 2 * BIG, want_b), 0);
+    assert_memory_not_equal(want_a, want_b, 32);
+    for (int pass = 0; pass < 2; pass++) {
+        assert_int_equal(lmc_hash_chunks(memo, a, 2 * BIG, 0, 2 * BIG, got), 0);
+        assert_memory_equal(got, want_a, sizeof got);
+        assert_int_equal(lmc_hash_chunks(memo, b, 2 * BIG, 0, 2 * BIG, got), 0);
+        assert_memory_equal(got, want_b, sizeof got);
+    }
+    lmc_hash_memo_stats st;
+    assert_true(lmc_token_hasher_memo_stats(memo, &st));
+    assert_int_equal(st.misses, 4);
+    assert_int_equal(st.hits, 4);
+    lmc_token_hasher_free(plain);
+    lmc_token_hasher_free(memo);
+}
+
 typedef struct {
     lmc_token_hasher *h;
     uint64_t seed;
@@ -162,6 +197,7 @@ int main(void)
         cmocka_unit_test(test_tiny_memo_replaces_and_stays_correct),
         cmocka_unit_test(test_hits_and_misses_are_counted),
         cmocka_unit_test(test_big_tokens_and_tiny_budget),
+        cmocka_unit_test(test_chunks_differing_between_sampled_tokens),
         cmocka_unit_test(test_threads_share_the_memo),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
