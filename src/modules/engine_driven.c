@@ -3,7 +3,7 @@
  * only reserves, publishes, locks and releases L1 objects.
  *
  *   REGISTER_/UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT   SYNC
- *   PREPARE_STORE, COMMIT_STORE, PREPARE_RETRIEVE, COMMIT_RETRIEVE   AFFINITY
+ *   PREPARE_STORE, COMMIT_STORE, PREPARE_RETRIEVE, COMMIT_RETRIEVE   AFFINITY, quick
  *
  * Per registered instance the module keeps a context with the layout and
  * the pending writes (reserved, not yet published) and pending reads
@@ -417,12 +417,12 @@ static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
 }
 
 static const lmc_rpc_handler_spec ed_handlers[] = {
-    {LMC_OP_REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_register},
-    {LMC_OP_UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_unregister},
-    {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, prepare_store},
-    {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_AFFINITY, commit_store},
-    {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, prepare_retrieve},
-    {LMC_OP_COMMIT_RETRIEVE, NULL, LMC_POOL_AFFINITY, commit_retrieve},
+    {LMC_OP_REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_register, false},
+    {LMC_OP_UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_unregister, false},
+    {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, prepare_store, .quick = true},
+    {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_AFFINITY, commit_store, .quick = true},
+    {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, prepare_retrieve, .quick = true},
+    {LMC_OP_COMMIT_RETRIEVE, NULL, LMC_POOL_AFFINITY, commit_retrieve, .quick = true},
 };
 
 static json_t *ed_status(void *state)

@@ -1,6 +1,9 @@
 /* Lookup module: LOOKUP, QUERY_PREFETCH_STATUS, WAIT_PREFETCH_STATUS,
- * QUERY_PREFETCH_LOOKUP_HITS, FREE_LOOKUP_LOCKS, END_SESSION (all NORMAL
- * pool; wire-protocol.md §3.1 ops 8-13).
+ * QUERY_PREFETCH_LOOKUP_HITS, FREE_LOOKUP_LOCKS, END_SESSION
+ * (wire-protocol.md §3.1 ops 8-13).  LOOKUP, FREE_LOOKUP_LOCKS and
+ * END_SESSION are NORMAL-pool and quick (they never wait);
+ * WAIT_PREFETCH_STATUS is NORMAL; the two status polls are answered on the
+ * socket thread.
  *
  * LOOKUP hashes the prompt through the session's cached chain, read-locks
  * the leading run of whole hit chunks (num_kv_readers shares per object)
@@ -461,15 +464,15 @@ static lmc_handler_result end_session(void *state, lmc_rpc_call *call)
 }
 
 static const lmc_rpc_handler_spec lookup_handlers[] = {
-    {LMC_OP_LOOKUP, NULL, LMC_POOL_NORMAL, lookup},
+    {LMC_OP_LOOKUP, NULL, LMC_POOL_NORMAL, lookup, .quick = true},
     /* The two status polls are a table lookup: answered on the socket
      * thread, they skip two thread hand-offs per scheduler poll.  The job
      * they read was registered before the LOOKUP's reply went out. */
-    {LMC_OP_QUERY_PREFETCH_STATUS, NULL, LMC_POOL_SYNC, query_status},
-    {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, wait_status},
-    {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, query_lookup_hits},
-    {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, free_lookup_locks},
-    {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, end_session},
+    {LMC_OP_QUERY_PREFETCH_STATUS, NULL, LMC_POOL_SYNC, query_status, false},
+    {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, wait_status, false},
+    {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, query_lookup_hits, false},
+    {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, free_lookup_locks, .quick = true},
+    {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, end_session, .quick = true},
 };
 
 static int lookup_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen)

@@ -209,7 +209,7 @@ int lmc_metrics_attach_event_bus(lmc_metrics *r, lmc_event_bus *bus)
 typedef struct {
     lmc_metrics_rpc_fn fn;
     void *user;
-    lmc_metric *received, *replied, *dropped, *error_frames;
+    lmc_metric *received, *replied, *dropped, *error_frames, *inlined;
 } rpc_metrics;
 
 static void collect_rpc(lmc_metrics *r, void *user)
@@ -221,6 +221,7 @@ static void collect_rpc(lmc_metrics *r, void *user)
     lmc_metric_set(rm->replied, NULL, (double)c.replied);
     lmc_metric_set(rm->dropped, NULL, (double)c.dropped);
     lmc_metric_set(rm->error_frames, NULL, (double)c.error_frames);
+    lmc_metric_set(rm->inlined, NULL, (double)c.inlined);
 }
 
 int lmc_metrics_add_rpc_source(lmc_metrics *r, lmc_metrics_rpc_fn fn, void *user)
@@ -240,7 +241,11 @@ int lmc_metrics_add_rpc_source(lmc_metrics *r, lmc_metrics_rpc_fn fn, void *user
                                       "RPC requests dropped without a reply", NULL);
     rm->error_frames = lmc_metrics_counter(r, "lmcache_mp_rpc_error_frames_total",
                                            "RPC error frames sent", NULL);
-    if (!rm->received || !rm->replied || !rm->dropped || !rm->error_frames) {
+    rm->inlined = lmc_metrics_counter(r, "lmcache_mp_rpc_inline_total",
+                                      "Pooled RPC requests run on the socket thread because "
+                                      "their pool was idle",
+                                      NULL);
+    if (!rm->received || !rm->replied || !rm->dropped || !rm->error_frames || !rm->inlined) {
         free(rm);
         return -1;
     }

@@ -11,6 +11,7 @@ typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t ready;
     lmc_pool_task *head, *tail;
+    size_t pending;   /* queued + running */
     bool stopping;
 } task_queue;
 
@@ -50,6 +51,9 @@ static void *worker_main(void *arg)
     while ((t = queue_pop_wait(w->queue)) != NULL) {
         t->next = NULL;
         w->pool->run(t, w->pool->user);
+        pthread_mutex_lock(&w->queue->lock);
+        w->queue->pending--;
+        pthread_mutex_unlock(&w->queue->lock);
     }
     return NULL;
 }
@@ -109,9 +113,19 @@ void lmc_pool_submit(lmc_pool *pool, size_t queue_index, lmc_pool_task *task)
     else
         q->head = task;
     q->tail = task;
+    q->pending++;
     /* With several threads on one queue, wake exactly one per task. */
     pthread_cond_signal(&q->ready);
     pthread_mutex_unlock(&q->lock);
+}
+
+bool lmc_pool_queue_idle(lmc_pool *pool, size_t queue_index)
+{
+    task_queue *q = &pool->queues[queue_index % pool->n_queues];
+    pthread_mutex_lock(&q->lock);
+    bool idle = q->pending == 0;
+    pthread_mutex_unlock(&q->lock);
+    return idle;
 }
 
 void lmc_pool_free(lmc_pool *pool)

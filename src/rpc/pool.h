@@ -7,6 +7,7 @@
 #ifndef LMC_RPC_POOL_H
 #define LMC_RPC_POOL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct lmc_pool_task {
@@ -22,6 +23,10 @@ lmc_pool *lmc_pool_new(const char *name, int n_threads, int n_queues,
                        lmc_pool_run_fn run, void *user);
 size_t lmc_pool_queue_count(const lmc_pool *pool);
 void lmc_pool_submit(lmc_pool *pool, size_t queue_index, lmc_pool_task *task);
+/* True when queue `queue_index` has no task queued or running.  With a
+ * single submitting thread, that thread's answer stays true until its own
+ * next submit. */
+bool lmc_pool_queue_idle(lmc_pool *pool, size_t queue_index);
 /* Runs every task already queued, then joins the threads and frees the pool. */
 void lmc_pool_free(lmc_pool *pool);
 

@@ -39,7 +39,16 @@ typedef struct {
     const char *op_name;  /* snake_case name; NULL means lmc_op_name(op_id) */
     lmc_pool_kind pool;
     lmc_rpc_handler_fn fn;
+    /* Bounded CPU work that never waits (no I/O, no condition waits): the
+     * socket thread may run it itself, skipping two thread hand-offs, when
+     * its pool queue is idle, no other request or reply is waiting and the
+     * payload is at most LMC_RPC_INLINE_MAX_BYTES.  Ordering is unchanged:
+     * an idle queue has nothing the call could overtake. */
+    bool quick;
 } lmc_rpc_handler_spec;
+
+/* Payload bound for running a quick handler inline (a 64k-token key). */
+#define LMC_RPC_INLINE_MAX_BYTES (320u * 1024u)
 
 /* ---- inside a handler --------------------------------------------------- */
 int lmc_rpc_call_op(const lmc_rpc_call *call);       /* resolved op id (names map too) */
@@ -75,6 +84,7 @@ typedef struct {
     uint64_t replied;         /* replies sent */
     uint64_t dropped;         /* malformed / unknown / failed, no reply */
     uint64_t error_frames;    /* error frames sent */
+    uint64_t inlined;         /* pooled (quick) requests run on the socket thread */
 } lmc_rpc_stats;
 
 /* Binds the socket (failure: port in use, bad host) and starts the pools. */

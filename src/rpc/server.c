@@ -50,7 +50,7 @@ struct lmc_rpc_server {
     time_t drop_log_second;
     unsigned drop_logs_this_second;
     uint64_t drops_suppressed;
-    _Atomic uint64_t n_received, n_replied, n_dropped, n_error_frames;
+    _Atomic uint64_t n_received, n_replied, n_dropped, n_error_frames, n_inlined;
     _Atomic uint64_t op_replied[LMC_OP_FROZEN_MAX + 1], op_failed[LMC_OP_FROZEN_MAX + 1];
 };
 
@@ -356,6 +356,41 @@ static const handler_entry *resolve_op(lmc_rpc_server *s, zmq_msg_t *op_frame, i
     return found;
 }
 
+static void run_here(lmc_rpc_server *s, const handler_entry *h, lmc_rpc_call *c)
+{
+    c->result = h->spec.fn(h->ctx, c);
+    if (c->result != LMC_HANDLER_DEFERRED)
+        finish_call(s, c);
+    else
+        s->in_flight++;
+}
+
+/* A quick handler runs on the socket thread when that delays nobody: its
+ * pool queue is idle, no reply waits to be sent, no other request is
+ * readable, and the payload bounds the work.  It saves the hand-off to a
+ * worker and back (two thread wake-ups) on a lightly loaded server; under
+ * load every call still goes to the pools. */
+static bool run_inline(lmc_rpc_server *s, const handler_entry *h, lmc_rpc_call *c,
+                       lmc_pool *pool, size_t queue)
+{
+    if (!h->spec.quick || atomic_load_explicit(&s->done_pending, memory_order_acquire))
+        return false;
+    size_t bytes = 0, len;
+    for (size_t i = 0; i < lmc_rpc_call_nargs(c); i++) {
+        lmc_rpc_call_arg_raw(c, i, &len);
+        bytes += len;
+    }
+    int events = 0;
+    size_t events_len = sizeof events;
+    if (bytes > LMC_RPC_INLINE_MAX_BYTES || !lmc_pool_queue_idle(pool, queue) ||
+        zmq_getsockopt(s->socket, ZMQ_EVENTS, &events, &events_len) != 0 ||
+        (events & ZMQ_POLLIN))
+        return false;
+    bump(&s->n_inlined);
+    run_here(s, h, c);
+    return true;
+}
+
 static void dispatch(lmc_rpc_server *s, zmq_msg_t *frames, size_t n)
 {
     char why[160];
@@ -381,23 +416,22 @@ static void dispatch(lmc_rpc_server *s, zmq_msg_t *frames, size_t n)
     }
     switch (h->spec.pool) {
     case LMC_POOL_SYNC:
-        c->result = h->spec.fn(h->ctx, c);
-        if (c->result != LMC_HANDLER_DEFERRED)
-            finish_call(s, c);
-        else
-            s->in_flight++;
+        run_here(s, h, c);
         return;
     case LMC_POOL_AFFINITY: {
         size_t idlen;
         const uint8_t *id = lmc_rpc_call_identity(c, &idlen);
+        size_t queue = identity_hash(id, idlen) % lmc_pool_queue_count(s->affinity_pool);
+        if (run_inline(s, h, c, s->affinity_pool, queue))
+            return;
         s->in_flight++;
-        lmc_pool_submit(s->affinity_pool,
-                        identity_hash(id, idlen) % lmc_pool_queue_count(s->affinity_pool),
-                        &c->task);
+        lmc_pool_submit(s->affinity_pool, queue, &c->task);
         return;
     }
     case LMC_POOL_NORMAL:
     default:
+        if (run_inline(s, h, c, s->normal_pool, 0))
+            return;
         s->in_flight++;
         lmc_pool_submit(s->normal_pool, 0, &c->task);
         return;
@@ -519,6 +553,7 @@ lmc_rpc_stats lmc_rpc_server_stats(lmc_rpc_server *s)
         .replied = atomic_load(&s->n_replied),
         .dropped = atomic_load(&s->n_dropped),
         .error_frames = atomic_load(&s->n_error_frames),
+        .inlined = atomic_load(&s->n_inlined),
     };
     return st;
 }

@@ -169,7 +169,7 @@ static lmc_metrics_rpc_counts fake_rpc(void *user)
     int *calls = user;
     (*calls)++;
     return (lmc_metrics_rpc_counts){.received = 10, .replied = 7, .dropped = 2,
-                                    .error_frames = 1};
+                                    .error_frames = 1, .inlined = 5};
 }
 
 static void test_rpc_source(void **state)
@@ -185,6 +185,7 @@ static void test_rpc_source(void **state)
     assert_non_null(strstr(text, "lmcache_mp_rpc_replied_total 7\n"));
     assert_non_null(strstr(text, "lmcache_mp_rpc_dropped_total 2\n"));
     assert_non_null(strstr(text, "lmcache_mp_rpc_error_frames_total 1\n"));
+    assert_non_null(strstr(text, "lmcache_mp_rpc_inline_total 5\n"));
     free(text);
     lmc_metrics_free(r);
 }

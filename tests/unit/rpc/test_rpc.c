@@ -94,6 +94,28 @@ static lmc_handler_result h_deferred(void *ctx, lmc_rpc_call *call)
     return LMC_HANDLER_DEFERRED;
 }
 
+/* Replies whether it ran on a pool worker (threads named lmc-cpu-N and
+ * lmc-gpu-N) rather than on the socket thread. */
+static lmc_handler_result h_where(void *ctx, lmc_rpc_call *call)
+{
+    (void)ctx;
+    char name[16] = "";
+    pthread_getname_np(pthread_self(), name, sizeof name);
+    bool pooled = strncmp(name, "lmc-cpu", 7) == 0 || strncmp(name, "lmc-gpu", 7) == 0;
+    pooled ? msgpack_pack_true(lmc_rpc_call_reply(call))
+           : msgpack_pack_false(lmc_rpc_call_reply(call));
+    return LMC_HANDLER_REPLY;
+}
+
+/* Keeps a NORMAL worker busy for 300 ms. */
+static lmc_handler_result h_busy(void *ctx, lmc_rpc_call *call)
+{
+    (void)ctx;
+    (void)call;
+    usleep(300000);
+    return LMC_HANDLER_VOID;
+}
+
 static int start(void **state, bool error_frames)
 {
     fixture *f = calloc(1, sizeof *f);
@@ -105,12 +127,16 @@ static int start(void **state, bool error_frames)
         return -1;
     }
     lmc_rpc_handler_spec specs[] = {
-        {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, h_noop},
-        {LMC_OP_CLEAR, NULL, LMC_POOL_NORMAL, h_void},
-        {LMC_OP_GET_CHUNK_SIZE, NULL, LMC_POOL_NORMAL, h_sum},
-        {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, h_ordered},
-        {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, h_deferred},
-        {0, "store_with_chunk_events", LMC_POOL_SYNC, h_noop},
+        {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, h_noop, false},
+        {LMC_OP_CLEAR, NULL, LMC_POOL_NORMAL, h_void, false},
+        {LMC_OP_GET_CHUNK_SIZE, NULL, LMC_POOL_NORMAL, h_sum, false},
+        {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, h_ordered, true},
+        {LMC_OP_PING, NULL, LMC_POOL_NORMAL, h_where, true},
+        {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, h_where, true},
+        {LMC_OP_COMMIT_RETRIEVE, NULL, LMC_POOL_NORMAL, h_where, false},
+        {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, h_busy, false},
+        {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, h_deferred, false},
+        {0, "store_with_chunk_events", LMC_POOL_SYNC, h_noop, false},
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
         assert_int_equal(lmc_rpc_server_register(f->server, &specs[i], f), 0);
@@ -399,6 +425,60 @@ static void test_affinity_fifo_per_client(void **state)
     zmq_ctx_term(z);
 }
 
+/* Replies true when the op ran on a pool worker. */
+static bool ran_pooled(lmc_client *c, int op, const msgpack_sbuffer *args, size_t nargs)
+{
+    lmc_client_reply r;
+    assert_int_equal(lmc_client_call(c, op, args, nargs, 5000, &r), LMC_CLIENT_OK);
+    assert_true(r.has_response && r.len == 1 && (r.data[0] == 0xc2 || r.data[0] == 0xc3));
+    bool pooled = r.data[0] == 0xc3;
+    lmc_client_reply_free(&r);
+    return pooled;
+}
+
+/* A quick handler runs on the socket thread only while its queue is idle
+ * and its payload small; otherwise, and for ops not marked quick, the pool
+ * runs it as before. */
+static void test_quick_handlers_run_inline_only_when_idle(void **state)
+{
+    fixture *f = *state;
+    lmc_client *c = lmc_client_connect(URL);
+    uint64_t inlined = lmc_rpc_server_stats(f->server).inlined;
+    assert_false(ran_pooled(c, LMC_OP_PING, NULL, 0));              /* NORMAL, idle */
+    assert_false(ran_pooled(c, LMC_OP_PREPARE_RETRIEVE, NULL, 0));  /* AFFINITY, idle */
+    assert_true(ran_pooled(c, LMC_OP_COMMIT_RETRIEVE, NULL, 0));    /* not quick */
+    assert_int_equal(lmc_rpc_server_stats(f->server).inlined, inlined + 2);
+
+    msgpack_sbuffer big;       /* a payload over LMC_RPC_INLINE_MAX_BYTES */
+    msgpack_packer pk;
+    msgpack_sbuffer_init(&big);
+    msgpack_packer_init(&pk, &big, msgpack_sbuffer_write);
+    size_t n = LMC_RPC_INLINE_MAX_BYTES + 1;
+    char *zeros = calloc(1, n);
+    msgpack_pack_bin(&pk, n);
+    msgpack_pack_bin_body(&pk, zeros, n);
+    assert_true(ran_pooled(c, LMC_OP_PING, &big, 1));
+    free(zeros);
+    msgpack_sbuffer_destroy(&big);
+
+    /* A busy NORMAL queue: PING waits its turn in the pool. */
+    uint64_t busy = lmc_client_send(c, LMC_OP_END_SESSION, NULL, 0);
+    assert_true(busy != 0);
+    usleep(50000); /* the busy task is running */
+    uint64_t ping = lmc_client_send(c, LMC_OP_PING, NULL, 0);
+    for (int i = 0; i < 2; i++) {
+        lmc_client_reply r;
+        uint64_t uid;
+        assert_int_equal(lmc_client_receive(c, 5000, &uid, &r), LMC_CLIENT_OK);
+        assert_true(uid == busy || uid == ping);
+        if (uid == ping)
+            assert_true(r.len == 1 && r.data[0] == 0xc3); /* pooled */
+        lmc_client_reply_free(&r);
+    }
+    assert_int_equal(lmc_rpc_server_stats(f->server).inlined, inlined + 2);
+    lmc_client_close(c);
+}
+
 static void test_validate(void **state)
 {
     (void)state;
@@ -443,6 +523,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_client_call_and_args, setup, teardown),
         cmocka_unit_test_setup_teardown(test_client_pipelined_send_receive, setup, teardown),
         cmocka_unit_test_setup_teardown(test_affinity_fifo_per_client, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_quick_handlers_run_inline_only_when_idle, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_error_frames_when_enabled, setup_error_frames,
                                         teardown),
     };
