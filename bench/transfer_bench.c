@@ -5,9 +5,15 @@
  *   1. store N chunks of 2 MiB through PREPARE_STORE / copy into the mapped
  *      pool / COMMIT_STORE, then retrieve them through LOOKUP, then
  *      PREPARE_RETRIEVE / copy out / COMMIT_RETRIEVE; effective bandwidth
- *      beside a single-thread memcpy of the same bytes (goal >= 0.8x);
+ *      beside a single-thread memcpy of the same bytes (goal >= 0.8x).
+ *      Twice: one request at a time, each reply waited for; and pipelined
+ *      (the next request's PREPARE in flight during a copy, COMMIT replies
+ *      collected as they come), as an engine with several requests in a
+ *      step drives the server;
  *   2. LOOKUP + QUERY_PREFETCH_STATUS of a 32,768-token prompt (chunk 256)
- *      fully in L1: p50/p99 beside the NOOP round trip (goal p50 <= 3x);
+ *      fully in L1: p50/p99 beside the NOOP round trip (goal p50 <= 3x),
+ *      with the key packed once and, as a scheduler does, afresh per cycle;
+ *      plus the transport floor: a NOOP carrying the same key, then a QUERY;
  *   3. server CPU per chunk op = process CPU - client thread CPU.
  *
  *   transfer_bench [--chunks N] [--iters M]      (defaults 256, 2000) */
@@ -268,6 +274,118 @@ static int run_phase(bench *b, uint64_t *toks, size_t reqs, uint8_t *data, bool 
     return 0;
 }
 
+/* Request r's PREPARE_* / COMMIT_* arguments: key, instance id, and for
+ * COMMIT_STORE the empty data frame. */
+static void pack_transfer_args(msgpack_sbuffer args[3], const uint64_t *toks, const char *rid)
+{
+    pack_key(&args[0], toks, BATCH * CS, 0, BATCH * CS, rid, true);
+    pack_int(&args[1], INSTANCE);
+    msgpack_sbuffer_init(&args[2]);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &args[2], msgpack_sbuffer_write);
+    msgpack_pack_bin(&pk, 0);
+}
+
+typedef struct {
+    size_t seen, ok;   /* COMMIT replies received, and those that were `true` */
+} commit_count;
+
+static void count_commit(commit_count *cc, const lmc_client_reply *r)
+{
+    cc->seen++;
+    cc->ok += r->has_response && r->len == 1 && r->data[0] == 0xc3;
+}
+
+/* Waits for the reply to `uid`; replies to other uids are earlier COMMITs
+ * (the only other requests in flight) and are counted. */
+static int wait_reply(bench *b, uint64_t uid, msgpack_zone *zone, msgpack_object *out,
+                      commit_count *cc)
+{
+    for (;;) {
+        lmc_client_reply r;
+        uint64_t got;
+        if (lmc_client_receive(b->c, 10000, &got, &r) != LMC_CLIENT_OK)
+            return -1;
+        if (got != uid) {
+            count_commit(cc, &r);
+            lmc_client_reply_free(&r);
+            continue;
+        }
+        out->type = MSGPACK_OBJECT_NIL;
+        char *copy = r.has_response ? msgpack_zone_malloc(zone, r.len + 1) : NULL;
+        size_t off = 0;
+        if (copy) {
+            memcpy(copy, r.data, r.len);
+            msgpack_unpack(copy, r.len, &off, zone, out);
+        }
+        lmc_client_reply_free(&r);
+        return 0;
+    }
+}
+
+/* Like run_phase, but pipelined the way an engine with several requests
+ * in a step drives the server: the PREPARE of request r+1 is in flight
+ * while request r is copied, and COMMIT replies are collected as they
+ * come instead of being waited for one by one. */
+static int run_phase_pipelined(bench *b, uint64_t *toks, size_t reqs, uint8_t *data, bool store,
+                               phase *ph)
+{
+    int prepare = store ? LMC_OP_PREPARE_STORE : LMC_OP_PREPARE_RETRIEVE;
+    int commit = store ? LMC_OP_COMMIT_STORE : LMC_OP_COMMIT_RETRIEVE;
+    msgpack_sbuffer (*args)[3] = calloc(reqs, sizeof *args);
+    uint64_t *prep_uid = calloc(reqs, sizeof *prep_uid);
+    if (!args || !prep_uid)
+        return -1;
+    char rid[32];
+    for (size_t r = 0; r < reqs; r++) {
+        snprintf(rid, sizeof rid, "req-%zu", r);
+        pack_transfer_args(args[r], toks + r * BATCH * CS, rid);
+    }
+    double p0 = process_cpu(), c0 = cpu_s(CLOCK_THREAD_CPUTIME_ID), t0 = now_s();
+    long f0 = minor_faults();
+    commit_count cc = {0, 0};
+    size_t copied = 0;
+    int rc = (prep_uid[0] = lmc_client_send(b->c, prepare, args[0], 2)) ? 0 : -1;
+    for (size_t r = 0; rc == 0 && r < reqs; r++) {
+        msgpack_zone zone;
+        msgpack_zone_init(&zone, 8192);
+        msgpack_object rep;
+        uint64_t offs[BATCH];
+        rc = wait_reply(b, prep_uid[r], &zone, &rep, &cc);
+        size_t n = rc == 0 ? slot_offsets(&rep, offs, BATCH) : 0;
+        if (rc == 0 && r + 1 < reqs && !(prep_uid[r + 1] = lmc_client_send(b->c, prepare, args[r + 1], 2)))
+            rc = -1;
+        uint8_t *req_data = data + r * BATCH * OBJ;
+        for (size_t i = 0; i < n; i++) {
+            if (store)
+                memcpy(b->pool + offs[i], req_data + i * OBJ, OBJ);
+            else
+                memcpy(req_data + i * OBJ, b->pool + offs[i], OBJ);
+        }
+        copied += n;
+        if (rc == 0 && !lmc_client_send(b->c, commit, args[r], store ? 3 : 2))
+            rc = -1;
+        msgpack_zone_destroy(&zone);
+    }
+    while (rc == 0 && cc.seen < reqs) { /* the last COMMIT replies */
+        lmc_client_reply r;
+        uint64_t got;
+        rc = lmc_client_receive(b->c, 10000, &got, &r) == LMC_CLIENT_OK ? 0 : -1;
+        if (rc == 0)
+            count_commit(&cc, &r);
+        lmc_client_reply_free(&r);
+    }
+    ph->wall = now_s() - t0;
+    ph->faults = minor_faults() - f0;
+    ph->server_cpu = (process_cpu() - p0) - (cpu_s(CLOCK_THREAD_CPUTIME_ID) - c0);
+    for (size_t r = 0; r < reqs; r++)
+        for (int i = 0; i < 3; i++)
+            msgpack_sbuffer_destroy(&args[r][i]);
+    free(args);
+    free(prep_uid);
+    return rc == 0 && copied == reqs * BATCH && cc.ok == reqs ? 0 : -1;
+}
+
 static int cmp_double(const void *a, const void *b);
 
 /* PREPARE_STORE of chunks that are all cached already (an empty slot
@@ -323,9 +441,7 @@ static int bandwidth(bench *b, size_t chunks)
     memset(dst, 0xa5, bytes);   /* non-zero: malloc+memset(0) may become calloc (untouched pages) */
     for (size_t i = 0; i < bytes; i++)
         src[i] = (uint8_t)(i * 131 + (i >> 12));
-    msgpack_sbuffer none;
-    msgpack_sbuffer_init(&none);
-    phase st, rt;
+    phase st, rt, pst, prt;
     double st_rpc = 0, st_copy = 0;
     /* Warm-up store: tmpfs commits pool pages on first touch. */
     if (run_phase(b, toks, reqs, src, true, &st) != 0)
@@ -346,6 +462,14 @@ static int bandwidth(bench *b, size_t chunks)
         return -1;
     double cached_p50 = prepare_cached_p50(b, toks, 200);
     int same = memcmp(src, dst, bytes) == 0;
+    /* Again, pipelined, from an empty cache. */
+    memset(dst, 0x5a, bytes);
+    call(b, LMC_OP_CLEAR, &clr, 1, NULL, &rep);
+    msgpack_sbuffer_destroy(&clr);
+    if (run_phase_pipelined(b, toks, reqs, src, true, &pst) != 0 || lookup_all(b, toks, reqs) != 0 ||
+        run_phase_pipelined(b, toks, reqs, dst, false, &prt) != 0)
+        return -1;
+    same = same && memcmp(src, dst, bytes) == 0;
     double t0 = now_s();
     memcpy(dst, src, bytes);
     double mc = now_s() - t0;
@@ -353,10 +477,15 @@ static int bandwidth(bench *b, size_t chunks)
     printf("chunks: %zu x %zu B in requests of %d (%.2f GiB), retrieved bytes %s\n",
            reqs * BATCH, OBJ, BATCH, gib, same ? "identical" : "DIFFER");
     printf("memcpy (1 thread)   : %7.2f GiB/s\n", gib / mc);
+    printf("one request at a time (PREPARE, copy, COMMIT, wait):\n");
     printf("store  (prep+copy+commit): %7.2f GiB/s = %.2fx memcpy (goal >= 0.8x)\n",
            gib / st.wall, (gib / st.wall) / (gib / mc));
     printf("retrieve (prep+copy+commit): %7.2f GiB/s = %.2fx memcpy (goal >= 0.8x)\n",
            gib / rt.wall, (gib / rt.wall) / (gib / mc));
+    printf("pipelined store     : %7.2f GiB/s = %.2fx memcpy (goal >= 0.8x)\n",
+           gib / pst.wall, (gib / pst.wall) / (gib / mc));
+    printf("pipelined retrieve  : %7.2f GiB/s = %.2fx memcpy (goal >= 0.8x)\n",
+           gib / prt.wall, (gib / prt.wall) / (gib / mc));
     printf("per request of %d chunks: store rpc %.0f us + copy %.0f us, "
            "retrieve rpc %.0f us + copy %.0f us\n", BATCH, st_rpc * 1e6 / reqs,
            st_copy * 1e6 / reqs, b->rpc_s * 1e6 / reqs, b->copy_s * 1e6 / reqs);
@@ -364,8 +493,9 @@ static int bandwidth(bench *b, size_t chunks)
            cached_p50 * 1e6);
     printf("page faults per chunk: store %.1f, retrieve %.1f\n",
            (double)st.faults / (reqs * BATCH), (double)rt.faults / (reqs * BATCH));
-    printf("server CPU per chunk: store %.2f us, retrieve %.2f us\n",
-           st.server_cpu * 1e6 / (reqs * BATCH), rt.server_cpu * 1e6 / (reqs * BATCH));
+    printf("server CPU per chunk: store %.2f us, retrieve %.2f us (pipelined: %.2f, %.2f)\n",
+           st.server_cpu * 1e6 / (reqs * BATCH), rt.server_cpu * 1e6 / (reqs * BATCH),
+           pst.server_cpu * 1e6 / (reqs * BATCH), prt.server_cpu * 1e6 / (reqs * BATCH));
     free(toks);
     free(src);
     free(dst);
@@ -377,17 +507,9 @@ static double pct(double *v, size_t n, double p)
     return v[(size_t)(p * (n - 1))];
 }
 
-/* Stores a 32k-token prompt, then times LOOKUP+QUERY against NOOP. */
-static int lookup_latency(bench *b, size_t iters)
+/* Stores the 32k-token prompt the lookup phase looks for. */
+static void store_prompt(bench *b, const uint64_t *toks)
 {
-    uint64_t *toks = malloc(LOOKUP_TOKENS * sizeof *toks);
-    uint8_t *data = malloc(BATCH * OBJ);
-    double *lat = malloc(iters * sizeof *lat), *noop = malloc(iters * sizeof *noop);
-    char rid[32];
-    if (!toks || !data || !lat || !noop)
-        return -1;
-    fill_tokens(toks, LOOKUP_TOKENS, 7);
-    memset(data, 1, BATCH * OBJ);
     for (size_t c = 0; c < LOOKUP_TOKENS / CS; c += BATCH) {
         msgpack_sbuffer args[3];
         pack_key(&args[0], toks, LOOKUP_TOKENS, c * CS, (c + BATCH) * CS, "L", true);
@@ -402,47 +524,125 @@ static int lookup_latency(bench *b, size_t iters)
         for (int i = 0; i < 3; i++)
             msgpack_sbuffer_destroy(&args[i]);
     }
-    double p0 = process_cpu(), c0 = cpu_s(CLOCK_THREAD_CPUTIME_ID), srv_lookup = 0;
-    for (size_t i = 0; i < iters; i++) {
-        msgpack_sbuffer key, end;
-        snprintf(rid, sizeof rid, "lat-%zu", i);
-        pack_key(&key, toks, LOOKUP_TOKENS, 0, LOOKUP_TOKENS, rid, false);
+}
+
+typedef struct {
+    double server_cpu, faults;   /* per cycle */
+} cycle_cost;
+
+/* `iters` scheduler cycles: LOOKUP + QUERY (timed into lat[]), then
+ * FREE_LOOKUP_LOCKS and END_SESSION.  `fresh`: pack a new key (request id
+ * lat-i) before each cycle, as a scheduler does; otherwise pack one key
+ * (request id "lat") once: END_SESSION ends its session every cycle, so
+ * each LOOKUP still starts a new one, and the timing leaves out the
+ * client's own packing and its cache traffic. */
+static int lookup_cycles(bench *b, const uint64_t *toks, size_t iters, bool fresh, double *lat,
+                         cycle_cost *cost)
+{
+    char rid[32] = "lat";
+    msgpack_sbuffer key, end, readers;
+    pack_key(&key, toks, LOOKUP_TOKENS, 0, LOOKUP_TOKENS, rid, false);
+    pack_int(&readers, 1);
+    double p0 = process_cpu(), c0 = cpu_s(CLOCK_THREAD_CPUTIME_ID);
+    long f0 = minor_faults();
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < iters; i++) {
+        if (fresh) {
+            msgpack_sbuffer_destroy(&key);
+            snprintf(rid, sizeof rid, "lat-%zu", i);
+            pack_key(&key, toks, LOOKUP_TOKENS, 0, LOOKUP_TOKENS, rid, false);
+        }
         double t0 = now_s();
         int64_t h = lookup(b, &key, rid);
         lat[i] = now_s() - t0;
         if (h != LOOKUP_TOKENS / CS)
-            return -1;
+            rc = -1;
         msgpack_object rep;
-        msgpack_sbuffer args[2] = {key};
-        pack_int(&args[1], 1);
+        msgpack_sbuffer args[2] = {key, readers};
         call(b, LMC_OP_FREE_LOOKUP_LOCKS, args, 2, NULL, &rep);
         pack_str_arg(&end, rid);
         call(b, LMC_OP_END_SESSION, &end, 1, NULL, &rep);
-        msgpack_sbuffer_destroy(&key);
-        msgpack_sbuffer_destroy(&args[1]);
         msgpack_sbuffer_destroy(&end);
     }
-    srv_lookup = (process_cpu() - p0) - (cpu_s(CLOCK_THREAD_CPUTIME_ID) - c0);
+    cost->server_cpu = ((process_cpu() - p0) - (cpu_s(CLOCK_THREAD_CPUTIME_ID) - c0)) / iters;
+    cost->faults = (double)(minor_faults() - f0) / iters;
+    msgpack_sbuffer_destroy(&key);
+    msgpack_sbuffer_destroy(&readers);
+    qsort(lat, iters, sizeof *lat, cmp_double);
+    return rc;
+}
+
+/* A NOOP carrying the LOOKUP's key frame (carry[]), then a QUERY (bare[]
+ * from the NOOP's start): LOOKUP+QUERY if the LOOKUP handler took no time. */
+static void transport_floor(bench *b, const uint64_t *toks, size_t iters, double *carry,
+                            double *bare, size_t *key_bytes)
+{
+    msgpack_sbuffer key, q;
+    pack_key(&key, toks, LOOKUP_TOKENS, 0, LOOKUP_TOKENS, "lat", false);
+    pack_str_arg(&q, "no-such-request");
+    *key_bytes = key.size;
+    for (size_t i = 0; i < iters; i++) {
+        msgpack_object rep;
+        double t0 = now_s();
+        call(b, LMC_OP_NOOP, &key, 1, NULL, &rep);
+        carry[i] = now_s() - t0;
+        call(b, LMC_OP_QUERY_PREFETCH_STATUS, &q, 1, NULL, &rep);
+        bare[i] = now_s() - t0;
+    }
+    qsort(carry, iters, sizeof *carry, cmp_double);
+    qsort(bare, iters, sizeof *bare, cmp_double);
+    msgpack_sbuffer_destroy(&key);
+    msgpack_sbuffer_destroy(&q);
+}
+
+/* Stores a 32k-token prompt, then times LOOKUP+QUERY against NOOP. */
+static int lookup_latency(bench *b, size_t iters)
+{
+    uint64_t *toks = malloc(LOOKUP_TOKENS * sizeof *toks);
+    double *lat = malloc(iters * sizeof *lat), *fresh = malloc(iters * sizeof *fresh),
+           *noop = malloc(iters * sizeof *noop), *carry = malloc(iters * sizeof *carry),
+           *bare = malloc(iters * sizeof *bare);
+    int rc = -1;
+    cycle_cost cost, fresh_cost;
+    size_t key_bytes;
+    if (!toks || !lat || !fresh || !noop || !carry || !bare)
+        goto out;
+    fill_tokens(toks, LOOKUP_TOKENS, 7);
+    store_prompt(b, toks);
+    if (lookup_cycles(b, toks, iters, false, lat, &cost) != 0 ||
+        lookup_cycles(b, toks, iters, true, fresh, &fresh_cost) != 0)
+        goto out;
     for (size_t i = 0; i < iters; i++) {
         msgpack_object rep;
         double t0 = now_s();
         call(b, LMC_OP_NOOP, NULL, 0, NULL, &rep);
         noop[i] = now_s() - t0;
     }
-    qsort(lat, iters, sizeof *lat, cmp_double);
     qsort(noop, iters, sizeof *noop, cmp_double);
+    transport_floor(b, toks, iters, carry, bare, &key_bytes);
     printf("LOOKUP+QUERY (32768 tokens, 128 chunks hit): p50 %.1f us, p99 %.1f us\n",
            pct(lat, iters, 0.5) * 1e6, pct(lat, iters, 0.99) * 1e6);
+    printf("  same, key packed afresh before each cycle : p50 %.1f us, p99 %.1f us\n",
+           pct(fresh, iters, 0.5) * 1e6, pct(fresh, iters, 0.99) * 1e6);
     printf("NOOP round trip                            : p50 %.1f us, p99 %.1f us\n",
            pct(noop, iters, 0.5) * 1e6, pct(noop, iters, 0.99) * 1e6);
-    printf("ratio p50 = %.2fx NOOP (goal <= 3x)\n", pct(lat, iters, 0.5) / pct(noop, iters, 0.5));
-    printf("server CPU per lookup cycle (LOOKUP+QUERY+FREE+END): %.1f us\n",
-           srv_lookup * 1e6 / iters);
+    printf("NOOP carrying the key (%zu B): p50 %.1f us; it + QUERY: p50 %.1f us\n", key_bytes,
+           pct(carry, iters, 0.5) * 1e6, pct(bare, iters, 0.5) * 1e6);
+    printf("ratio p50 = %.2fx NOOP (goal <= 3x); key packed afresh: %.2fx; transport floor: "
+           "%.2fx\n", pct(lat, iters, 0.5) / pct(noop, iters, 0.5),
+           pct(fresh, iters, 0.5) / pct(noop, iters, 0.5),
+           pct(bare, iters, 0.5) / pct(noop, iters, 0.5));
+    printf("server CPU per lookup cycle (LOOKUP+QUERY+FREE+END): %.1f us, %.1f page faults\n",
+           cost.server_cpu * 1e6, cost.faults);
+    rc = 0;
+out:
     free(toks);
-    free(data);
     free(lat);
+    free(fresh);
     free(noop);
-    return 0;
+    free(carry);
+    free(bare);
+    return rc;
 }
 
 static void *serve(void *arg)
