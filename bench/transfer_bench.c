@@ -174,16 +174,23 @@ static size_t slot_offsets(const msgpack_object *rep, uint64_t *offs, size_t cap
     return n;
 }
 
-/* One request of BATCH chunks: prepare, copy in (or out), commit. */
-static int transfer(bench *b, const uint64_t *toks, const char *rid, uint8_t *data, bool store)
+/* Request r's PREPARE_* / COMMIT_* arguments: key, instance id, and for
+ * COMMIT_STORE the empty data frame. */
+static void pack_transfer_args(msgpack_sbuffer args[3], const uint64_t *toks, const char *rid)
 {
-    msgpack_sbuffer args[3];
     pack_key(&args[0], toks, BATCH * CS, 0, BATCH * CS, rid, true);
     pack_int(&args[1], INSTANCE);
     msgpack_sbuffer_init(&args[2]);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &args[2], msgpack_sbuffer_write);
     msgpack_pack_bin(&pk, 0);
+}
+
+/* One request of BATCH chunks: prepare, copy in (or out), commit. */
+static int transfer(bench *b, const uint64_t *toks, const char *rid, uint8_t *data, bool store)
+{
+    msgpack_sbuffer args[3];
+    pack_transfer_args(args, toks, rid);
     msgpack_zone zone;
     msgpack_zone_init(&zone, 8192);
     msgpack_object rep;
@@ -272,18 +279,6 @@ static int run_phase(bench *b, uint64_t *toks, size_t reqs, uint8_t *data, bool 
     ph->faults = minor_faults() - f0;
     ph->server_cpu = (process_cpu() - p0) - (cpu_s(CLOCK_THREAD_CPUTIME_ID) - c0);
     return 0;
-}
-
-/* Request r's PREPARE_* / COMMIT_* arguments: key, instance id, and for
- * COMMIT_STORE the empty data frame. */
-static void pack_transfer_args(msgpack_sbuffer args[3], const uint64_t *toks, const char *rid)
-{
-    pack_key(&args[0], toks, BATCH * CS, 0, BATCH * CS, rid, true);
-    pack_int(&args[1], INSTANCE);
-    msgpack_sbuffer_init(&args[2]);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &args[2], msgpack_sbuffer_write);
-    msgpack_pack_bin(&pk, 0);
 }
 
 typedef struct {

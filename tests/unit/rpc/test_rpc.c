@@ -294,11 +294,9 @@ static void test_garbage_is_dropped_and_server_keeps_serving(void **state)
     zmq_ctx_term(z);
 }
 
-static void test_client_call_and_args(void **state)
+/* Three int frames whose sum h_sum answers: 42. */
+static void pack_sum_args(msgpack_sbuffer args[3])
 {
-    (void)state;
-    lmc_client *c = lmc_client_connect(URL);
-    msgpack_sbuffer args[3];
     int64_t vals[] = {40, -5, 7};
     for (int i = 0; i < 3; i++) {
         msgpack_packer pk;
@@ -306,6 +304,14 @@ static void test_client_call_and_args(void **state)
         msgpack_packer_init(&pk, &args[i], msgpack_sbuffer_write);
         msgpack_pack_int64(&pk, vals[i]);
     }
+}
+
+static void test_client_call_and_args(void **state)
+{
+    (void)state;
+    lmc_client *c = lmc_client_connect(URL);
+    msgpack_sbuffer args[3];
+    pack_sum_args(args);
     lmc_client_reply r;
     assert_int_equal(lmc_client_call(c, LMC_OP_GET_CHUNK_SIZE, args, 3, 2000, &r), LMC_CLIENT_OK);
     assert_true(r.has_response);
@@ -334,13 +340,7 @@ static void test_client_pipelined_send_receive(void **state)
     (void)state;
     lmc_client *c = lmc_client_connect(URL);
     msgpack_sbuffer args[3];
-    int64_t vals[] = {40, -5, 7};
-    for (int i = 0; i < 3; i++) {
-        msgpack_packer pk;
-        msgpack_sbuffer_init(&args[i]);
-        msgpack_packer_init(&pk, &args[i], msgpack_sbuffer_write);
-        msgpack_pack_int64(&pk, vals[i]);
-    }
+    pack_sum_args(args);
     uint64_t sent[3];
     for (int i = 0; i < 3; i++) {
         sent[i] = lmc_client_send(c, LMC_OP_GET_CHUNK_SIZE, args, 3);
