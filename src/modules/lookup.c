@@ -237,58 +237,86 @@ static lmc_lookup_event_info *lookup_event(lookup_mod *m, const lmc_ipc_key *k, 
     return lmc_event_lookup_info_dup(&ev);
 }
 
-/* LOOKUP(key, tp_size) -> void */
-static lmc_handler_result lookup(void *state, lmc_rpc_call *call)
-{
-    lookup_mod *m = state;
-    lmc_ipc_key k;
-    char err[256];
-    if (decode_key(m, call, &k, err, sizeof err) != 0)
-        return lmc_rpc_call_fail(call, "ValidationError", "LOOKUP: %s", err);
+/* A LOOKUP whose job is registered and whose reply may already be out. */
+typedef struct {
+    lookup_mod *m;
+    lmc_ipc_key k;   /* points into the call's frames, valid in the continuation */
+    uint64_t id;
     bool replaced;
-    uint64_t id = lmc_jobs_submit(m->jobs, k.request_id, k.request_id_len, &replaced);
-    if (!id) {
-        lmc_ipc_key_free(&k);
-        return lmc_rpc_call_fail(call, "MemoryError", "LOOKUP: out of memory");
-    }
+} lookup_work;
+
+/* Hashes, locks the hit run, starts the L2 prefetch and completes the job.
+ * Runs after the void reply when LOOKUP ran on the socket thread: the
+ * client's QUERY can only be read once this returned (lmc_rpc_call_then),
+ * so it sees the final count, and the reply's trip overlaps this work. */
+static void finish_lookup(void *arg)
+{
+    lookup_work *w = arg;
+    lookup_mod *m = w->m;
+    const lmc_ipc_key *k = &w->k;
     int64_t hits = 0;
     bool l2_pending = false;
     lmc_lookup_event_info *event = NULL;
     lmc_layout layout;
-    bool have_layout = lmc_layout_registry_get(m->ctx->layouts, k.model_name, k.model_len,
-                                               k.world_size, &layout);
-    lmc_session *se = lmc_sessions_acquire(m->ctx->sessions, k.request_id, k.request_id_len, true);
+    bool have_layout = lmc_layout_registry_get(m->ctx->layouts, k->model_name, k->model_len,
+                                               k->world_size, &layout);
+    lmc_session *se = lmc_sessions_acquire(m->ctx->sessions, k->request_id, k->request_id_len,
+                                           true);
     if (se) {
-        if (replaced)
+        if (w->replaced)
             release_unfreed(m, &se->locks);
         else
             lmc_lookup_locks_clear(&se->locks);  /* delivered: retrieves consume them */
         se->hit_chunks = -1;
         const uint8_t *hashes = NULL;
         if (have_layout)
-            hits = lock_hits(m, se, &k, &layout, &hashes);
-        event = lookup_event(m, &k, hashes, hits, have_layout);
+            hits = lock_hits(m, se, k, &layout, &hashes);
+        event = lookup_event(m, k, hashes, hits, have_layout);
         /* The session is held, so the prefetch's completion (which takes
          * it) cannot overtake this handler. */
         if (have_layout)
-            l2_pending = start_l2(m, se, &k, id, hits,
-                                  lmc_ipc_key_num_chunks(&k, m->chunk_size) *
-                                      layout.num_groups * lmc_ipc_key_num_ranks(&k),
+            l2_pending = start_l2(m, se, k, w->id, hits,
+                                  lmc_ipc_key_num_chunks(k, m->chunk_size) *
+                                      layout.num_groups * lmc_ipc_key_num_ranks(k),
                                   layout.object_size, &event);
         lmc_sessions_release(m->ctx->sessions, se);
     }
     if (event) { /* complete now (with an L2 prefetch, the prefetch publishes it) */
         char sid[256];
-        snprintf(sid, sizeof sid, "%.*s", (int)k.request_id_len, k.request_id);
+        snprintf(sid, sizeof sid, "%.*s", (int)k->request_id_len, k->request_id);
         lmc_event_bus_publish_deferred(m->ctx->events, LMC_EVENT_LOOKUP_END, sid,
                                        lmc_event_lookup_build, event);
     }
     atomic_fetch_add(&m->lookups, 1);
     if (!l2_pending) {
-        lmc_jobs_complete(m->jobs, k.request_id, k.request_id_len, id, hits);
+        lmc_jobs_complete(m->jobs, k->request_id, k->request_id_len, w->id, hits);
         atomic_fetch_add(&m->hit_chunks, (uint64_t)hits);
     }
-    lmc_ipc_key_free(&k);
+    lmc_ipc_key_free(&w->k);
+    free(w);
+}
+
+/* LOOKUP(key, tp_size) -> void.  Validates the key and registers the job
+ * before the reply (a QUERY must find it); finish_lookup does the rest. */
+static lmc_handler_result lookup(void *state, lmc_rpc_call *call)
+{
+    lookup_mod *m = state;
+    lookup_work *w = malloc(sizeof *w);
+    char err[256];
+    if (!w)
+        return lmc_rpc_call_fail(call, "MemoryError", "LOOKUP: out of memory");
+    if (decode_key(m, call, &w->k, err, sizeof err) != 0) {
+        free(w);
+        return lmc_rpc_call_fail(call, "ValidationError", "LOOKUP: %s", err);
+    }
+    w->m = m;
+    w->id = lmc_jobs_submit(m->jobs, w->k.request_id, w->k.request_id_len, &w->replaced);
+    if (!w->id) {
+        lmc_ipc_key_free(&w->k);
+        free(w);
+        return lmc_rpc_call_fail(call, "MemoryError", "LOOKUP: out of memory");
+    }
+    lmc_rpc_call_then(call, finish_lookup, w);
     return LMC_HANDLER_VOID;
 }
 

@@ -133,6 +133,20 @@ lmc_handler_result lmc_rpc_call_fail(lmc_rpc_call *call, const char *error_type,
     return LMC_HANDLER_ERROR;
 }
 
+void lmc_rpc_call_then(lmc_rpc_call *call, void (*fn)(void *arg), void *arg)
+{
+    call->then_fn = fn;
+    call->then_arg = arg;
+}
+
+void lmc_call_run_then(lmc_rpc_call *call)
+{
+    void (*fn)(void *) = call->then_fn;
+    call->then_fn = NULL;
+    if (fn)
+        fn(call->then_arg);
+}
+
 void lmc_rpc_call_complete(lmc_rpc_call *call, lmc_handler_result result)
 {
     call->result = result;

@@ -36,6 +36,8 @@ struct lmc_rpc_call {
     lmc_handler_result result;
     char error_type[64];
     char error_message[512];
+    void (*then_fn)(void *arg);    /* lmc_rpc_call_then; cleared once run */
+    void *then_arg;
     struct lmc_rpc_call *next_done; /* completion queue link */
     /* frames, args and arg_state point into this tail: one allocation. */
     _Alignas(max_align_t) unsigned char tail[];
@@ -43,6 +45,8 @@ struct lmc_rpc_call {
 
 lmc_rpc_call *lmc_call_new(lmc_rpc_server *server, zmq_msg_t *frames, size_t nframes);
 void lmc_call_free(lmc_rpc_call *call);
+/* Runs and clears the call's lmc_rpc_call_then work, if any. */
+void lmc_call_run_then(lmc_rpc_call *call);
 /* Hands a finished call to the socket thread (server.c). */
 void lmc_server_enqueue_done(lmc_rpc_server *server, lmc_rpc_call *call);
 

@@ -66,6 +66,17 @@ msgpack_packer *lmc_rpc_call_reply(lmc_rpc_call *call);
 lmc_handler_result lmc_rpc_call_fail(lmc_rpc_call *call, const char *error_type,
                                      const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Work a handler leaves for after its reply.  `fn(arg)` runs exactly once,
+ * on the handler's thread: right after the reply is handed to ZMQ when the
+ * call ran on the socket thread (SYNC, or a quick handler run inline), and
+ * right after the handler returns otherwise (before the reply).  The
+ * socket thread reads no other request until `fn` returns, so a client
+ * that waits for this reply before its next request sees everything `fn`
+ * did; it only gets the reply sooner.  The call's frames (and so anything
+ * decoded from them) are still valid in `fn`.  At most once per call.  For
+ * a LMC_HANDLER_DEFERRED call, `fn` runs on the socket thread once the
+ * deferred reply has been sent. */
+void lmc_rpc_call_then(lmc_rpc_call *call, void (*fn)(void *arg), void *arg);
 /* Finishes a call a handler returned LMC_HANDLER_DEFERRED for.  Any thread. */
 void lmc_rpc_call_complete(lmc_rpc_call *call, lmc_handler_result result);
 

@@ -264,6 +264,7 @@ static void finish_call(lmc_rpc_server *s, lmc_rpc_call *c)
         break;
     }
     }
+    lmc_call_run_then(c); /* the reply is on its way (pooled calls ran it already) */
     lmc_call_free(c);
 }
 
@@ -301,8 +302,10 @@ static void run_pooled_call(lmc_pool_task *task, void *user)
     (void)user;
     lmc_rpc_call *c = (lmc_rpc_call *)task;
     lmc_handler_result r = c->handler->spec.fn(c->handler->ctx, c);
-    if (r != LMC_HANDLER_DEFERRED)
+    if (r != LMC_HANDLER_DEFERRED) { /* a deferred call may be gone already */
+        lmc_call_run_then(c);         /* off the socket thread: before the reply */
         lmc_rpc_call_complete(c, r);
+    }
 }
 
 /* ---- request path ------------------------------------------------------- */

@@ -1,6 +1,9 @@
 /* RPC core: real ROUTER server in a thread, real DEALER sockets. */
 #include <pthread.h>
+#include <semaphore.h>
 #include <setjmp.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -21,6 +24,8 @@ typedef struct {
     pthread_mutex_t lock;
     int order[2][64];   /* per client: sequence numbers in execution order */
     int n_order[2];
+    sem_t reply_seen;         /* posted by the test once a reply arrived */
+    _Atomic int then_state;   /* 0 not run, 1 released by the test, 2 timed out, 3 ran */
 } fixture;
 
 static void *serve(void *arg)
@@ -116,10 +121,46 @@ static lmc_handler_result h_busy(void *ctx, lmc_rpc_call *call)
     return LMC_HANDLER_VOID;
 }
 
+/* Continuation of h_then_socket: waits (up to 10 s) for the test to say
+ * it has the reply already. */
+static void wait_for_reply_seen(void *arg)
+{
+    fixture *f = arg;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;
+    atomic_store(&f->then_state, sem_timedwait(&f->reply_seen, &until) == 0 ? 1 : 2);
+}
+
+static void mark_then_ran(void *arg)
+{
+    atomic_store(&((fixture *)arg)->then_state, 3);
+}
+
+static lmc_handler_result h_then_socket(void *ctx, lmc_rpc_call *call)
+{
+    lmc_rpc_call_then(call, wait_for_reply_seen, ctx);
+    msgpack_pack_int(lmc_rpc_call_reply(call), 7);
+    return LMC_HANDLER_REPLY;
+}
+
+static lmc_handler_result h_then_pooled(void *ctx, lmc_rpc_call *call)
+{
+    lmc_rpc_call_then(call, mark_then_ran, ctx);
+    return LMC_HANDLER_VOID;
+}
+
+static lmc_handler_result h_then_state(void *ctx, lmc_rpc_call *call)
+{
+    msgpack_pack_int(lmc_rpc_call_reply(call), atomic_load(&((fixture *)ctx)->then_state));
+    return LMC_HANDLER_REPLY;
+}
+
 static int start(void **state, bool error_frames)
 {
     fixture *f = calloc(1, sizeof *f);
     pthread_mutex_init(&f->lock, NULL);
+    sem_init(&f->reply_seen, 0, 0);
     lmc_rpc_options o = {URL, 3, 4, error_frames};
     char err[256];
     if (lmc_rpc_server_new(&o, &f->server, err, sizeof err) != 0) {
@@ -135,6 +176,9 @@ static int start(void **state, bool error_frames)
         {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, h_where, true},
         {LMC_OP_COMMIT_RETRIEVE, NULL, LMC_POOL_NORMAL, h_where, false},
         {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, h_busy, false},
+        {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, h_then_socket, false},
+        {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, h_then_pooled, false},
+        {LMC_OP_GET_EXPERIMENTAL, NULL, LMC_POOL_SYNC, h_then_state, false},
         {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, h_deferred, false},
         {0, "store_with_chunk_events", LMC_POOL_SYNC, h_noop, false},
     };
@@ -156,6 +200,7 @@ static int teardown(void **state)
     pthread_join(f->thread, NULL);
     lmc_rpc_server_free(f->server);
     pthread_mutex_destroy(&f->lock);
+    sem_destroy(&f->reply_seen);
     free(f);
     return 0;
 }
@@ -479,6 +524,36 @@ static void test_quick_handlers_run_inline_only_when_idle(void **state)
     lmc_client_close(c);
 }
 
+static int64_t call_int(lmc_client *c, int op)
+{
+    lmc_client_reply r;
+    assert_int_equal(lmc_client_call(c, op, NULL, 0, 20000, &r), LMC_CLIENT_OK);
+    assert_true(r.has_response && r.len == 1);
+    int64_t v = r.data[0];
+    lmc_client_reply_free(&r);
+    return v;
+}
+
+/* lmc_rpc_call_then: on the socket thread the reply leaves before the
+ * continuation, which still finishes before the next request is read; on
+ * a pool thread it runs before the reply. */
+static void test_then_runs_after_the_reply_on_the_socket_thread(void **state)
+{
+    fixture *f = *state;
+    lmc_client *c = lmc_client_connect(URL);
+    assert_int_equal(call_int(c, LMC_OP_QUERY_PREFETCH_LOOKUP_HITS), 7);
+    assert_int_equal(atomic_load(&f->then_state), 0); /* still waiting for us */
+    sem_post(&f->reply_seen);
+    assert_int_equal(call_int(c, LMC_OP_GET_EXPERIMENTAL), 1); /* released, not timed out */
+
+    lmc_client_reply r;
+    assert_int_equal(lmc_client_call(c, LMC_OP_FREE_LOOKUP_LOCKS, NULL, 0, 5000, &r),
+                     LMC_CLIENT_OK);
+    lmc_client_reply_free(&r);
+    assert_int_equal(atomic_load(&f->then_state), 3);
+    lmc_client_close(c);
+}
+
 static void test_validate(void **state)
 {
     (void)state;
@@ -525,6 +600,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_affinity_fifo_per_client, setup, teardown),
         cmocka_unit_test_setup_teardown(test_quick_handlers_run_inline_only_when_idle, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_then_runs_after_the_reply_on_the_socket_thread,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_error_frames_when_enabled, setup_error_frames,
                                         teardown),
     };
