@@ -16,7 +16,8 @@
  *      plus the transport floor: a NOOP carrying the same key, then a QUERY;
  *   3. server CPU per chunk op = process CPU - client thread CPU.
  *
- *   transfer_bench [--chunks N] [--iters M]      (defaults 256, 2000) */
+ *   transfer_bench [--chunks N] [--iters M] [--batch B]
+ *                                   (defaults 256, 2000, 16 chunks per request) */
 #include <fcntl.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -38,12 +39,14 @@
 #define LAYERS 8
 #define HIDDEN 256                                  /* 2*8*256*256*2 B = 2 MiB */
 #define OBJ ((size_t)2 * LAYERS * CS * HIDDEN * 2)
-#define BATCH 16                                    /* chunks per request */
+#define BATCH 16          /* chunks per request, default (--batch) and in the lookup phase */
+#define MAX_BATCH 512
 #define INSTANCE 4242
 #define LOOKUP_TOKENS 32768
 
 typedef struct {
     lmc_client *c;
+    size_t batch;           /* chunks per transfer request */
     uint8_t *pool;
     size_t pool_size;
     double rpc_s, copy_s;   /* time in PREPARE/COMMIT round trips and in copies */
@@ -176,9 +179,10 @@ static size_t slot_offsets(const msgpack_object *rep, uint64_t *offs, size_t cap
 
 /* Request r's PREPARE_* / COMMIT_* arguments: key, instance id, and for
  * COMMIT_STORE the empty data frame. */
-static void pack_transfer_args(msgpack_sbuffer args[3], const uint64_t *toks, const char *rid)
+static void pack_transfer_args(const bench *b, msgpack_sbuffer args[3], const uint64_t *toks,
+                               const char *rid)
 {
-    pack_key(&args[0], toks, BATCH * CS, 0, BATCH * CS, rid, true);
+    pack_key(&args[0], toks, b->batch * CS, 0, b->batch * CS, rid, true);
     pack_int(&args[1], INSTANCE);
     msgpack_sbuffer_init(&args[2]);
     msgpack_packer pk;
@@ -186,18 +190,18 @@ static void pack_transfer_args(msgpack_sbuffer args[3], const uint64_t *toks, co
     msgpack_pack_bin(&pk, 0);
 }
 
-/* One request of BATCH chunks: prepare, copy in (or out), commit. */
+/* One request of b->batch chunks: prepare, copy in (or out), commit. */
 static int transfer(bench *b, const uint64_t *toks, const char *rid, uint8_t *data, bool store)
 {
     msgpack_sbuffer args[3];
-    pack_transfer_args(args, toks, rid);
+    pack_transfer_args(b, args, toks, rid);
     msgpack_zone zone;
     msgpack_zone_init(&zone, 8192);
     msgpack_object rep;
-    uint64_t offs[BATCH];
+    uint64_t offs[MAX_BATCH];
     double t0 = now_s();
     int rc = call(b, store ? LMC_OP_PREPARE_STORE : LMC_OP_PREPARE_RETRIEVE, args, 2, &zone, &rep);
-    size_t n = rc == 0 ? slot_offsets(&rep, offs, BATCH) : 0;
+    size_t n = rc == 0 ? slot_offsets(&rep, offs, b->batch) : 0;
     double t1 = now_s();
     for (size_t i = 0; i < n; i++) {
         if (store)
@@ -214,7 +218,7 @@ static int transfer(bench *b, const uint64_t *toks, const char *rid, uint8_t *da
     msgpack_zone_destroy(&zone);
     for (int i = 0; i < 3; i++)
         msgpack_sbuffer_destroy(&args[i]);
-    return rc == 0 && n == BATCH ? 0 : -1;
+    return rc == 0 && n == b->batch ? 0 : -1;
 }
 
 /* LOOKUP + QUERY_PREFETCH_STATUS; returns the hit chunks or -1. */
@@ -272,7 +276,7 @@ static int run_phase(bench *b, uint64_t *toks, size_t reqs, uint8_t *data, bool 
     char rid[32];
     for (size_t r = 0; r < reqs; r++) {
         snprintf(rid, sizeof rid, "req-%zu", r);
-        if (transfer(b, toks + r * BATCH * CS, rid, data + r * BATCH * OBJ, store) != 0)
+        if (transfer(b, toks + r * b->batch * CS, rid, data + r * b->batch * OBJ, store) != 0)
             return -1;
     }
     ph->wall = now_s() - t0;
@@ -334,7 +338,7 @@ static int run_phase_pipelined(bench *b, uint64_t *toks, size_t reqs, uint8_t *d
     char rid[32];
     for (size_t r = 0; r < reqs; r++) {
         snprintf(rid, sizeof rid, "req-%zu", r);
-        pack_transfer_args(args[r], toks + r * BATCH * CS, rid);
+        pack_transfer_args(b, args[r], toks + r * b->batch * CS, rid);
     }
     double p0 = process_cpu(), c0 = cpu_s(CLOCK_THREAD_CPUTIME_ID), t0 = now_s();
     long f0 = minor_faults();
@@ -345,12 +349,12 @@ static int run_phase_pipelined(bench *b, uint64_t *toks, size_t reqs, uint8_t *d
         msgpack_zone zone;
         msgpack_zone_init(&zone, 8192);
         msgpack_object rep;
-        uint64_t offs[BATCH];
+        uint64_t offs[MAX_BATCH];
         rc = wait_reply(b, prep_uid[r], &zone, &rep, &cc);
-        size_t n = rc == 0 ? slot_offsets(&rep, offs, BATCH) : 0;
+        size_t n = rc == 0 ? slot_offsets(&rep, offs, b->batch) : 0;
         if (rc == 0 && r + 1 < reqs && !(prep_uid[r + 1] = lmc_client_send(b->c, prepare, args[r + 1], 2)))
             rc = -1;
-        uint8_t *req_data = data + r * BATCH * OBJ;
+        uint8_t *req_data = data + r * b->batch * OBJ;
         for (size_t i = 0; i < n; i++) {
             if (store)
                 memcpy(b->pool + offs[i], req_data + i * OBJ, OBJ);
@@ -378,7 +382,7 @@ static int run_phase_pipelined(bench *b, uint64_t *toks, size_t reqs, uint8_t *d
             msgpack_sbuffer_destroy(&args[r][i]);
     free(args);
     free(prep_uid);
-    return rc == 0 && copied == reqs * BATCH && cc.ok == reqs ? 0 : -1;
+    return rc == 0 && copied == reqs * b->batch && cc.ok == reqs ? 0 : -1;
 }
 
 static int cmp_double(const void *a, const void *b);
@@ -391,7 +395,7 @@ static double prepare_cached_p50(bench *b, const uint64_t *toks, size_t iters)
     iters = iters > 256 ? 256 : iters;
     for (size_t i = 0; i < iters; i++) {
         msgpack_sbuffer args[2];
-        pack_key(&args[0], toks, BATCH * CS, 0, BATCH * CS, "req-0", true);
+        pack_key(&args[0], toks, b->batch * CS, 0, b->batch * CS, "req-0", true);
         pack_int(&args[1], INSTANCE);
         msgpack_object rep;
         double t0 = now_s();
@@ -410,10 +414,10 @@ static int lookup_all(bench *b, uint64_t *toks, size_t reqs)
     for (size_t r = 0; r < reqs; r++) {
         msgpack_sbuffer key;
         snprintf(rid, sizeof rid, "req-%zu", r);
-        pack_key(&key, toks + r * BATCH * CS, BATCH * CS, 0, BATCH * CS, rid, false);
+        pack_key(&key, toks + r * b->batch * CS, b->batch * CS, 0, b->batch * CS, rid, false);
         int64_t h = lookup(b, &key, rid);
         msgpack_sbuffer_destroy(&key);
-        if (h != BATCH)
+        if (h != (int64_t)b->batch)
             return -1;
     }
     return 0;
@@ -427,12 +431,12 @@ static int cmp_double(const void *a, const void *b)
 
 static int bandwidth(bench *b, size_t chunks)
 {
-    size_t reqs = chunks / BATCH, bytes = reqs * BATCH * OBJ;
-    uint64_t *toks = malloc(reqs * BATCH * CS * sizeof *toks);
+    size_t reqs = chunks / b->batch, bytes = reqs * b->batch * OBJ;
+    uint64_t *toks = malloc(reqs * b->batch * CS * sizeof *toks);
     uint8_t *src = malloc(bytes), *dst = malloc(bytes);
     if (!toks || !src || !dst)
         return -1;
-    fill_tokens(toks, reqs * BATCH * CS, 1);
+    fill_tokens(toks, reqs * b->batch * CS, 1);
     memset(dst, 0xa5, bytes);   /* non-zero: malloc+memset(0) may become calloc (untouched pages) */
     for (size_t i = 0; i < bytes; i++)
         src[i] = (uint8_t)(i * 131 + (i >> 12));
@@ -469,8 +473,8 @@ static int bandwidth(bench *b, size_t chunks)
     memcpy(dst, src, bytes);
     double mc = now_s() - t0;
     double gib = bytes / (double)(1u << 30);
-    printf("chunks: %zu x %zu B in requests of %d (%.2f GiB), retrieved bytes %s\n",
-           reqs * BATCH, OBJ, BATCH, gib, same ? "identical" : "DIFFER");
+    printf("chunks: %zu x %zu B in requests of %zu (%.2f GiB), retrieved bytes %s\n",
+           reqs * b->batch, OBJ, b->batch, gib, same ? "identical" : "DIFFER");
     printf("memcpy (1 thread)   : %7.2f GiB/s\n", gib / mc);
     printf("one request at a time (PREPARE, copy, COMMIT, wait):\n");
     printf("store  (prep+copy+commit): %7.2f GiB/s = %.2fx memcpy (goal >= 0.8x)\n",
@@ -481,16 +485,16 @@ static int bandwidth(bench *b, size_t chunks)
            gib / pst.wall, (gib / pst.wall) / (gib / mc));
     printf("pipelined retrieve  : %7.2f GiB/s = %.2fx memcpy (goal >= 0.8x)\n",
            gib / prt.wall, (gib / prt.wall) / (gib / mc));
-    printf("per request of %d chunks: store rpc %.0f us + copy %.0f us, "
-           "retrieve rpc %.0f us + copy %.0f us\n", BATCH, st_rpc * 1e6 / reqs,
+    printf("per request of %zu chunks: store rpc %.0f us + copy %.0f us, "
+           "retrieve rpc %.0f us + copy %.0f us\n", b->batch, st_rpc * 1e6 / reqs,
            st_copy * 1e6 / reqs, b->rpc_s * 1e6 / reqs, b->copy_s * 1e6 / reqs);
-    printf("PREPARE_STORE of %d cached chunks (no slots): p50 %.0f us\n", BATCH,
+    printf("PREPARE_STORE of %zu cached chunks (no slots): p50 %.0f us\n", b->batch,
            cached_p50 * 1e6);
     printf("page faults per chunk: store %.1f, retrieve %.1f\n",
-           (double)st.faults / (reqs * BATCH), (double)rt.faults / (reqs * BATCH));
+           (double)st.faults / (reqs * b->batch), (double)rt.faults / (reqs * b->batch));
     printf("server CPU per chunk: store %.2f us, retrieve %.2f us (pipelined: %.2f, %.2f)\n",
-           st.server_cpu * 1e6 / (reqs * BATCH), rt.server_cpu * 1e6 / (reqs * BATCH),
-           pst.server_cpu * 1e6 / (reqs * BATCH), prt.server_cpu * 1e6 / (reqs * BATCH));
+           st.server_cpu * 1e6 / (reqs * b->batch), rt.server_cpu * 1e6 / (reqs * b->batch),
+           pst.server_cpu * 1e6 / (reqs * b->batch), prt.server_cpu * 1e6 / (reqs * b->batch));
     free(toks);
     free(src);
     free(dst);
@@ -653,17 +657,21 @@ int main(int argc, char **argv)
      * reusable heap instead of fresh mmaps. */
     mallopt(M_MMAP_THRESHOLD, 64 << 20);
     mallopt(M_TRIM_THRESHOLD, 256 << 20);
-    size_t chunks = 256, iters = 2000;
+    size_t chunks = 256, iters = 2000, batch = BATCH;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--chunks") == 0)
-            chunks = strtoul(argv[i + 1], NULL, 10) / BATCH * BATCH;
+            chunks = strtoul(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "--iters") == 0)
             iters = strtoul(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--batch") == 0)
+            batch = strtoul(argv[i + 1], NULL, 10);
     }
-    if (chunks < BATCH || iters < 2) {
-        fprintf(stderr, "usage: transfer_bench [--chunks N>=16] [--iters M>=2]\n");
+    if (batch < 1 || batch > MAX_BATCH || chunks < batch || iters < 2) {
+        fprintf(stderr, "usage: transfer_bench [--chunks N>=batch] [--iters M>=2] "
+                        "[--batch 1..%d]\n", MAX_BATCH);
         return 1;
     }
+    chunks = chunks / batch * batch;
     char port[16], http_port[16], l1[32];
     snprintf(port, sizeof port, "%d", 20000 + getpid() % 20000);
     snprintf(http_port, sizeof http_port, "%d", 40001 + getpid() % 20000);
@@ -684,7 +692,7 @@ int main(int argc, char **argv)
     pthread_create(&th, NULL, serve, srv);
     char url[64];
     snprintf(url, sizeof url, "tcp://127.0.0.1:%s", port);
-    bench b = {.c = lmc_client_connect(url)};
+    bench b = {.c = lmc_client_connect(url), .batch = batch};
     int rc = !b.c || register_worker(&b) != 0 || bandwidth(&b, chunks) != 0 ||
              lookup_latency(&b, iters) != 0;
     if (rc)
