@@ -254,6 +254,14 @@ static void finish_lookup(void *arg)
     lookup_work *w = arg;
     lookup_mod *m = w->m;
     const lmc_ipc_key *k = &w->k;
+    char sid[256];
+    snprintf(sid, sizeof sid, "%.*s", (int)k->request_id_len, k->request_id);
+    if (m->ctx->events) /* opens the mp.lookup_prefetch span; LOOKUP_END closes it */
+        lmc_event_bus_publish(m->ctx->events, LMC_EVENT_LOOKUP_START, sid,
+                              json_pack("{s:s%, s:s%, s:s%}", "request_id", k->request_id,
+                                        k->request_id_len, "model_name", k->model_name,
+                                        k->model_len, "cache_salt", k->cache_salt,
+                                        k->salt_len));
     int64_t hits = 0;
     bool l2_pending = false;
     lmc_lookup_event_info *event = NULL;
@@ -281,12 +289,9 @@ static void finish_lookup(void *arg)
                                   layout.object_size, &event);
         lmc_sessions_release(m->ctx->sessions, se);
     }
-    if (event) { /* complete now (with an L2 prefetch, the prefetch publishes it) */
-        char sid[256];
-        snprintf(sid, sizeof sid, "%.*s", (int)k->request_id_len, k->request_id);
+    if (event) /* complete now (with an L2 prefetch, the prefetch publishes it) */
         lmc_event_bus_publish_deferred(m->ctx->events, LMC_EVENT_LOOKUP_END, sid,
                                        lmc_event_lookup_build, event);
-    }
     atomic_fetch_add(&m->lookups, 1);
     if (!l2_pending) {
         lmc_jobs_complete(m->jobs, k->request_id, k->request_id_len, w->id, hits);

@@ -237,6 +237,49 @@ def test_otlp_metrics_export(start_server, receiver, monkeypatch):
     assert len(receiver.bodies("/v1/metrics")) > n
 
 
+def test_lookup_span_reaches_the_otlp_receiver(receiver, monkeypatch):
+    """With --enable-tracing a LOOKUP opens (LOOKUP_START) and closes
+    (LOOKUP_END) an mp.lookup_prefetch span, exported to /v1/traces with
+    the lookup's facts as attributes."""
+    from test_lookup_engine_driven import CS, LOOKUP, QUERY, Worker, key, prompt, unpack
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
+    s = Server("--chunk-size", str(CS), "--otlp-endpoint", f"http://127.0.0.1:{receiver.port}",
+               "--enable-tracing")
+    try:
+        toks = prompt(411)
+        ws = [Worker(s, 6001, 0), Worker(s, 6002, 1)]
+        for w in ws:
+            w.store(toks, 0, 3 * CS)
+        sched = s.dealer()
+        assert sched.call(LOOKUP, key(toks, 0, 4 * CS, "span-1"), 1) is not None
+        assert unpack(sched.call(QUERY, "span-1")) == 3
+
+        def lookup_span():
+            for body in receiver.bodies("/v1/traces"):
+                for rs in body["resourceSpans"]:
+                    for ss in rs["scopeSpans"]:
+                        for sp in ss["spans"]:
+                            attrs = {a["key"]: a["value"]["stringValue"]
+                                     for a in sp["attributes"]}
+                            if sp["name"] == "mp.lookup_prefetch" and \
+                                    attrs.get("session_id") == "span-1":
+                                return sp, attrs
+            return None
+
+        assert wait_for(lambda: lookup_span() is not None, timeout=15), \
+            receiver.bodies("/v1/traces")[-1:] or s.output()
+        span, attrs = lookup_span()
+        assert attrs["hit_chunks"] == "3" and attrs["requested_chunks"] == "4"
+        assert attrs["model_name"] == "m" and attrs["request_id"] == "span-1"
+        assert "lmc.unpaired" not in attrs  # opened by the LOOKUP_START
+        assert int(span["endTimeUnixNano"]) >= int(span["startTimeUnixNano"]) > 0
+        for w in ws:
+            w.close()
+        sched.close()
+    finally:
+        assert s.stop() == 0, s.output()
+
+
 def test_otlp_unreachable_endpoint_keeps_serving(start_server, monkeypatch):
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "100")
     s = start_server("--otlp-endpoint", f"http://127.0.0.1:{free_port()}",
