@@ -254,14 +254,15 @@ static void finish_lookup(void *arg)
     lookup_work *w = arg;
     lookup_mod *m = w->m;
     const lmc_ipc_key *k = &w->k;
-    char sid[256];
-    snprintf(sid, sizeof sid, "%.*s", (int)k->request_id_len, k->request_id);
-    if (m->ctx->events) /* opens the mp.lookup_prefetch span; LOOKUP_END closes it */
+    char sid[256] = ""; /* events only: without a bus nothing formats it */
+    if (m->ctx->events) { /* opens the mp.lookup_prefetch span; LOOKUP_END closes it */
+        snprintf(sid, sizeof sid, "%.*s", (int)k->request_id_len, k->request_id);
         lmc_event_bus_publish(m->ctx->events, LMC_EVENT_LOOKUP_START, sid,
                               json_pack("{s:s%, s:s%, s:s%}", "request_id", k->request_id,
                                         k->request_id_len, "model_name", k->model_name,
                                         k->model_len, "cache_salt", k->cache_salt,
                                         k->salt_len));
+    }
     int64_t hits = 0;
     bool l2_pending = false;
     lmc_lookup_event_info *event = NULL;
