@@ -11,7 +11,8 @@
  *      collected as they come), as an engine with several requests in a
  *      step drives the server;
  *   2. LOOKUP + QUERY_PREFETCH_STATUS of a 32,768-token prompt (chunk 256)
- *      fully in L1: p50/p99 beside the NOOP round trip (goal p50 <= 3x),
+ *      fully in L1: p50/p99 beside the NOOP round trip (goal p50 <= 3x), and
+ *      the p50 of each of the two round trips alone,
  *      with the key packed once and, as a scheduler does, afresh per cycle;
  *      plus the transport floor: a NOOP carrying the same key, then a QUERY;
  *   3. server CPU per chunk op = process CPU - client thread CPU.
@@ -221,8 +222,9 @@ static int transfer(bench *b, const uint64_t *toks, const char *rid, uint8_t *da
     return rc == 0 && n == b->batch ? 0 : -1;
 }
 
-/* LOOKUP + QUERY_PREFETCH_STATUS; returns the hit chunks or -1. */
-static int64_t lookup(bench *b, msgpack_sbuffer *key, const char *rid)
+/* LOOKUP + QUERY_PREFETCH_STATUS; returns the hit chunks or -1.  When
+ * `lookup_s` is set, it receives the LOOKUP round trip alone. */
+static int64_t lookup(bench *b, msgpack_sbuffer *key, const char *rid, double *lookup_s)
 {
     msgpack_sbuffer args[2];
     args[0] = *key;
@@ -233,8 +235,11 @@ static int64_t lookup(bench *b, msgpack_sbuffer *key, const char *rid)
     int64_t hits = -1;
     msgpack_sbuffer q;
     pack_str_arg(&q, rid);
-    if (call(b, LMC_OP_LOOKUP, args, 2, NULL, &rep) == 0 &&
-        call(b, LMC_OP_QUERY_PREFETCH_STATUS, &q, 1, &zone, &rep) == 0)
+    double t0 = now_s();
+    int rc = call(b, LMC_OP_LOOKUP, args, 2, NULL, &rep);
+    if (lookup_s)
+        *lookup_s = now_s() - t0;
+    if (rc == 0 && call(b, LMC_OP_QUERY_PREFETCH_STATUS, &q, 1, &zone, &rep) == 0)
         lmc_mp_get_int(&rep, &hits);
     msgpack_sbuffer_destroy(&args[1]);
     msgpack_sbuffer_destroy(&q);
@@ -415,7 +420,7 @@ static int lookup_all(bench *b, uint64_t *toks, size_t reqs)
         msgpack_sbuffer key;
         snprintf(rid, sizeof rid, "req-%zu", r);
         pack_key(&key, toks + r * b->batch * CS, b->batch * CS, 0, b->batch * CS, rid, false);
-        int64_t h = lookup(b, &key, rid);
+        int64_t h = lookup(b, &key, rid, NULL);
         msgpack_sbuffer_destroy(&key);
         if (h != (int64_t)b->batch)
             return -1;
@@ -560,9 +565,17 @@ typedef struct {
  * (request id "lat") once: END_SESSION ends its session every cycle, so
  * each LOOKUP still starts a new one, and the timing leaves out the
  * client's own packing and its cache traffic. */
+/* Times `iters` LOOKUP + QUERY cycles into lat[] (sorted on return); the
+ * LOOKUP and QUERY round trips alone go to split[] (p50 of each). */
 static int lookup_cycles(bench *b, const uint64_t *toks, size_t iters, bool fresh, double *lat,
-                         cycle_cost *cost)
+                         double split[2], cycle_cost *cost)
 {
+    double *lk = malloc(iters * sizeof *lk), *qy = malloc(iters * sizeof *qy);
+    if (!lk || !qy) {
+        free(lk);
+        free(qy);
+        return -1;
+    }
     char rid[32] = "lat";
     msgpack_sbuffer key, end, readers;
     pack_key(&key, toks, LOOKUP_TOKENS, 0, LOOKUP_TOKENS, rid, false);
@@ -577,8 +590,9 @@ static int lookup_cycles(bench *b, const uint64_t *toks, size_t iters, bool fres
             pack_key(&key, toks, LOOKUP_TOKENS, 0, LOOKUP_TOKENS, rid, false);
         }
         double t0 = now_s();
-        int64_t h = lookup(b, &key, rid);
+        int64_t h = lookup(b, &key, rid, &lk[i]);
         lat[i] = now_s() - t0;
+        qy[i] = lat[i] - lk[i];
         if (h != LOOKUP_TOKENS / CS)
             rc = -1;
         msgpack_object rep;
@@ -593,6 +607,12 @@ static int lookup_cycles(bench *b, const uint64_t *toks, size_t iters, bool fres
     msgpack_sbuffer_destroy(&key);
     msgpack_sbuffer_destroy(&readers);
     qsort(lat, iters, sizeof *lat, cmp_double);
+    qsort(lk, iters, sizeof *lk, cmp_double);
+    qsort(qy, iters, sizeof *qy, cmp_double);
+    split[0] = pct(lk, iters, 0.5);
+    split[1] = pct(qy, iters, 0.5);
+    free(lk);
+    free(qy);
     return rc;
 }
 
@@ -628,13 +648,14 @@ static int lookup_latency(bench *b, size_t iters)
            *bare = malloc(iters * sizeof *bare);
     int rc = -1;
     cycle_cost cost, fresh_cost;
+    double split[2], fresh_split[2];
     size_t key_bytes;
     if (!toks || !lat || !fresh || !noop || !carry || !bare)
         goto out;
     fill_tokens(toks, LOOKUP_TOKENS, 7);
     store_prompt(b, toks);
-    if (lookup_cycles(b, toks, iters, false, lat, &cost) != 0 ||
-        lookup_cycles(b, toks, iters, true, fresh, &fresh_cost) != 0)
+    if (lookup_cycles(b, toks, iters, false, lat, split, &cost) != 0 ||
+        lookup_cycles(b, toks, iters, true, fresh, fresh_split, &fresh_cost) != 0)
         goto out;
     for (size_t i = 0; i < iters; i++) {
         msgpack_object rep;
@@ -646,8 +667,11 @@ static int lookup_latency(bench *b, size_t iters)
     transport_floor(b, toks, iters, carry, bare, &key_bytes);
     printf("LOOKUP+QUERY (32768 tokens, 128 chunks hit): p50 %.1f us, p99 %.1f us\n",
            pct(lat, iters, 0.5) * 1e6, pct(lat, iters, 0.99) * 1e6);
-    printf("  same, key packed afresh before each cycle : p50 %.1f us, p99 %.1f us\n",
-           pct(fresh, iters, 0.5) * 1e6, pct(fresh, iters, 0.99) * 1e6);
+    printf("  LOOKUP alone p50 %.1f us, then QUERY p50 %.1f us\n", split[0] * 1e6,
+           split[1] * 1e6);
+    printf("  same, key packed afresh before each cycle : p50 %.1f us, p99 %.1f us "
+           "(LOOKUP %.1f, QUERY %.1f)\n", pct(fresh, iters, 0.5) * 1e6,
+           pct(fresh, iters, 0.99) * 1e6, fresh_split[0] * 1e6, fresh_split[1] * 1e6);
     printf("NOOP round trip                            : p50 %.1f us, p99 %.1f us\n",
            pct(noop, iters, 0.5) * 1e6, pct(noop, iters, 0.99) * 1e6);
     printf("NOOP carrying the key (%zu B): p50 %.1f us; it + QUERY: p50 %.1f us\n", key_bytes,
