@@ -331,6 +331,52 @@ def test_l2_eviction_keeps_the_fs_store_under_capacity(tmp_path):
         assert srv.stop() == 0, srv.output()
 
 
+def wait_files_at_most(path, n, timeout=10):
+    deadline = time.monotonic() + timeout      # the controller ticks every second
+    while len(data_files(path)) > n:
+        assert time.monotonic() < deadline, data_files(path)
+        time.sleep(0.1)
+
+
+def test_l2_eviction_after_restart_evicts_recovered_files_first(tmp_path):
+    from test_lookup_engine_driven import OBJ
+
+    def spec(capacity_objects):
+        return json.dumps({"type": "fs", "base_path": str(tmp_path),
+                           "max_capacity_gb": capacity_objects * OBJ / 2**30,
+                           "eviction": {"eviction_policy": "LRU", "trigger_watermark": 0.6,
+                                        "eviction_ratio": 0.5}})
+
+    srv = Server("--chunk-size", str(CS), "--l2-adapter", spec(100))
+    try:
+        for w in store_all(srv, prompt(113)):  # 8 objects, far below the watermark
+            w.close()
+        wait_stored(srv, tmp_path, 8)
+    finally:
+        assert srv.stop() == 0, srv.output()
+    # Restarted with less room: the 8 recovered files are 0.67 of it.
+    srv = Server("--chunk-size", str(CS), "--l2-adapter", spec(12))
+    try:
+        wait_files_at_most(tmp_path, 4)
+        ev = status(srv)["l2_eviction_controller"]["adapters"][0]
+        assert ev["recovered_keys"] == 8 and ev["evicted_keys"] == 4, ev
+        assert ev["tracked_keys"] == 4 and ev["tracked_bytes"] == 4 * OBJ, ev
+        old = set(data_files(tmp_path))
+        toks = prompt(114)
+        ws = store_all(srv, toks)             # 4 + 8 objects: the old ones go first
+        deadline = time.monotonic() + 20
+        while set(data_files(tmp_path)) & old or status(srv)["store_controller"]["batches_in_flight"]:
+            assert time.monotonic() < deadline, data_files(tmp_path)
+            time.sleep(0.1)
+        # Had new files gone before the old ones, the old ones (4 of 12
+        # objects' room) would sit under the watermark and never go.
+        assert len(data_files(tmp_path)) >= 4
+        for w in ws:
+            w.close()
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
 def test_isolated_lru_quota_usage_and_allowlist(tmp_path):
     from test_lookup_engine_driven import OBJ, Worker
     spec = {"type": "fs", "base_path": str(tmp_path),

@@ -35,6 +35,11 @@ typedef struct lmc_l2_usage {
 /* ---- backend (synchronous, thread-safe) ------------------------------- */
 typedef struct lmc_l2_backend lmc_l2_backend;
 
+/* One batch of recovered keys: keys written together, the first written
+ * first.  Batches come oldest first. */
+typedef void (*lmc_l2_recovered_fn)(void *user, const lmc_object_key *keys,
+                                    const uint64_t *sizes, size_t n);
+
 typedef struct lmc_l2_backend_ops {
     /* Stores every key (an existing key is skipped and counts as stored).
      * Returns the bytes written, or -1 when any key failed. */
@@ -57,6 +62,10 @@ typedef struct lmc_l2_backend_ops {
     /* New reference: backend-specific status fields. */
     json_t *(*status)(lmc_l2_backend *b);
     void (*destroy)(lmc_l2_backend *b);
+    /* Optional (NULL: nothing local to recover).  Hands the keys found at
+     * start-up, which this process did not store, to `fn` in the order an
+     * LRU should evict them; see lmc_l2_recovered_fn. */
+    void (*for_each_recovered)(lmc_l2_backend *b, lmc_l2_recovered_fn fn, void *user);
 } lmc_l2_backend_ops;
 
 struct lmc_l2_backend {

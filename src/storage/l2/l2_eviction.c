@@ -10,10 +10,12 @@
  *                (limit 0) loses all of them: quotas are an allowlist;
  *   noop         tracked, never evicted.
  *
- * Objects stored before this process started are not tracked, so they are
- * not eviction candidates (docs/l2.md).  Locks: `mu` guards a target's
- * table and totals; the LRU policies have their own locks; nothing is held
- * while the adapter deletes. */
+ * Keys a backend recovered at start-up (fs files an earlier process left)
+ * are tracked from the start, as the least recently used; other objects
+ * stored before this process started (Redis, S3) are not (docs/l2.md).
+ *
+ * Locks: `mu` guards a target's table and totals; the LRU policies have
+ * their own locks; nothing is held while the adapter deletes. */
 #include "storage/l2/l2_eviction.h"
 
 #include <math.h>
@@ -52,6 +54,8 @@ typedef struct {
     salt_group *groups;            /* IsolatedLRU */
     size_t n_groups, cap_groups;
     uint64_t bytes;                /* under mu */
+    size_t recovered;              /* keys tracked from the backend's recovery */
+    lmc_key_interner *interner;    /* the eviction's: recovered keys' strings */
     _Atomic uint64_t cycles, triggered, evicted; /* eviction thread writes, status reads */
     lmc_storage_manager *events;   /* L2_EVICTED goes here; may be NULL */
 } target;
@@ -59,6 +63,7 @@ typedef struct {
 struct lmc_l2_eviction {
     target *t;
     size_t n;
+    lmc_key_interner *interner;
     lmc_quotas *quotas;
     unsigned period_ms;
     pthread_t thread;
@@ -286,6 +291,36 @@ static void *eviction_main(void *arg)
 
 /* ---- lifetime ------------------------------------------------------------------ */
 
+/* A batch of keys the backend found at start-up, tracked as if stored now,
+ * before anything this process stores: they are evicted first.  Their
+ * strings are re-interned, as the tracker may outlive the backend. */
+static void track_recovered(void *user, const lmc_object_key *keys, const uint64_t *sizes,
+                            size_t n)
+{
+    target *t = user;
+    lmc_object_key *own = malloc((n ? n : 1) * sizeof *own);
+    uint64_t *own_sizes = malloc((n ? n : 1) * sizeof *own_sizes);
+    size_t m = 0;
+    for (size_t i = 0; own && own_sizes && i < n; i++) {
+        own[m] = keys[i];
+        own[m].model_name = lmc_intern(t->interner, keys[i].model_name,
+                                       strlen(keys[i].model_name));
+        own[m].cache_salt = lmc_intern(t->interner, keys[i].cache_salt,
+                                       strlen(keys[i].cache_salt));
+        own_sizes[m] = sizes[i];
+        m += own[m].model_name && own[m].cache_salt;
+    }
+    pthread_mutex_lock(&t->mu);
+    size_t before = t->table.count;
+    pthread_mutex_unlock(&t->mu);
+    on_stored(t, own, own_sizes, m);
+    pthread_mutex_lock(&t->mu);
+    t->recovered += t->table.count - before;
+    pthread_mutex_unlock(&t->mu);
+    free(own);
+    free(own_sizes);
+}
+
 static int init_target(target *t, lmc_l2_adapter *ad, size_t index, const json_t *ev)
 {
     const char *policy = json_string_value(json_object_get(ev, "eviction_policy"));
@@ -304,6 +339,9 @@ static int init_target(target *t, lmc_l2_adapter *ad, size_t index, const json_t
         return -1;
     lmc_l2_observer obs = {t, on_stored, on_loaded, on_deleted};
     lmc_l2_adapter_set_observer(ad, &obs);
+    lmc_l2_backend *be = lmc_l2_adapter_backend(ad);
+    if (be->ops->for_each_recovered)
+        be->ops->for_each_recovered(be, track_recovered, t);
     return 0;
 }
 
@@ -320,12 +358,14 @@ lmc_l2_eviction *lmc_l2_eviction_new(lmc_l2_adapter *const *adapters,
     pthread_mutex_init(&e->lock, NULL);
     pthread_cond_init(&e->wake, NULL);
     e->t = calloc(n ? n : 1, sizeof *e->t);
-    if (!e->t)
+    e->interner = lmc_key_interner_new();
+    if (!e->t || !e->interner)
         goto fail;
     for (size_t i = 0; i < n; i++) {
         if (!eviction_configs[i])
             continue;
         e->t[e->n].events = events;
+        e->t[e->n].interner = e->interner;
         if (init_target(&e->t[e->n++], adapters[i], i, eviction_configs[i]) != 0)
             goto fail;
     }
@@ -368,6 +408,8 @@ void lmc_l2_eviction_free(lmc_l2_eviction *e)
         pthread_mutex_destroy(&t->mu);
     }
     free(e->t);
+    if (e->interner)
+        lmc_key_interner_free(e->interner);
     pthread_mutex_destroy(&e->lock);
     pthread_cond_destroy(&e->wake);
     free(e);
@@ -385,11 +427,12 @@ json_t *lmc_l2_eviction_status(lmc_l2_eviction *e)
                                 json_pack("{s:I, s:I}", "bytes", (json_int_t)t->groups[g].bytes,
                                           "keys", (json_int_t)t->groups[g].keys));
         json_array_append_new(
-            list, json_pack("{s:I, s:s, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:o}", "adapter_index",
-                            (json_int_t)t->index, "eviction_policy", t->policy,
+            list, json_pack("{s:I, s:s, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:o}",
+                            "adapter_index", (json_int_t)t->index, "eviction_policy", t->policy,
                             "trigger_watermark", t->watermark, "eviction_ratio", t->ratio,
                             "tracked_keys", (json_int_t)t->table.count, "tracked_bytes",
-                            (json_int_t)t->bytes, "cycles", (json_int_t)t->cycles,
+                            (json_int_t)t->bytes, "recovered_keys", (json_int_t)t->recovered,
+                            "cycles", (json_int_t)t->cycles,
                             "triggered", (json_int_t)t->triggered, "evicted_keys",
                             (json_int_t)t->evicted, "salts", salts));
         pthread_mutex_unlock(&t->mu);

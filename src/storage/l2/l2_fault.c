@@ -98,6 +98,13 @@ static void fault_list(lmc_l2_backend *b, const char *model, json_t *entries)
     f->inner->ops->list(f->inner, model, entries);
 }
 
+static void fault_for_each_recovered(lmc_l2_backend *b, lmc_l2_recovered_fn fn, void *user)
+{
+    fault *f = (fault *)b;
+    if (f->inner->ops->for_each_recovered)
+        f->inner->ops->for_each_recovered(f->inner, fn, user);
+}
+
 static json_t *fault_status(lmc_l2_backend *b)
 {
     fault *f = (fault *)b;
@@ -123,7 +130,7 @@ static void fault_destroy(lmc_l2_backend *b)
 
 static const lmc_l2_backend_ops fault_ops = {
     fault_store, fault_lookup, fault_load, fault_unlock, fault_remove,
-    fault_usage, fault_list, fault_status, fault_destroy,
+    fault_usage, fault_list, fault_status, fault_destroy, fault_for_each_recovered,
 };
 
 lmc_l2_backend *lmc_l2_fault_new(lmc_l2_backend *inner, const lmc_l2_fault_options *o)

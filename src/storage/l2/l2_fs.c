@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,8 @@ typedef struct fs_item {
     lmc_object_key key;      /* strings interned in fs.interner */
     uint64_t size;
     uint32_t locks;
+    bool recovered;          /* indexed at start-up, not stored by us */
+    int64_t mtime_ns;        /* of a recovered file */
 } fs_item;
 
 typedef struct fs {
@@ -399,9 +402,59 @@ static void fs_destroy(lmc_l2_backend *b)
     free(f);
 }
 
+typedef struct {
+    lmc_object_key key;
+    uint64_t size;
+    int64_t mtime_ns;
+} fs_recovered;
+
+static int by_mtime(const void *a, const void *b)
+{
+    int64_t x = ((const fs_recovered *)a)->mtime_ns, y = ((const fs_recovered *)b)->mtime_ns;
+    return (x > y) - (x < y);
+}
+
+/* Copies the recovered keys out (the callback runs without f->mu) and hands
+ * them over by modification time.  The files do not say which were stored
+ * together, so those written within the same second count as one batch: an
+ * LRU then evicts the newest of a batch first, which for a prompt's chunks,
+ * written in order, is its last chunk, as for a batch stored by this process. */
+static void fs_for_each_recovered(lmc_l2_backend *b, lmc_l2_recovered_fn fn, void *user)
+{
+    fs *f = (fs *)b;
+    pthread_mutex_lock(&f->mu);
+    fs_recovered *r = malloc((f->table.count ? f->table.count : 1) * sizeof *r);
+    size_t n = 0;
+    for (size_t i = 0; r && i < f->table.capacity; i++) {
+        fs_item *it = lmc_key_table_slot_item(&f->table, i);
+        if (it && it->recovered)
+            r[n++] = (fs_recovered){it->key, it->size, it->mtime_ns};
+    }
+    pthread_mutex_unlock(&f->mu);
+    lmc_object_key *keys = malloc((n ? n : 1) * sizeof *keys);
+    uint64_t *sizes = malloc((n ? n : 1) * sizeof *sizes);
+    if (!r || !keys || !sizes) {
+        LMC_WARN("L2 fs: out of memory listing recovered keys; they will not be evicted");
+        n = 0;
+    } else {
+        qsort(r, n, sizeof *r, by_mtime);
+    }
+    for (size_t i = 0; i < n; i++)
+        keys[i] = r[i].key, sizes[i] = r[i].size;
+    for (size_t start = 0, end; start < n; start = end) {
+        int64_t second = r[start].mtime_ns / 1000000000;
+        for (end = start + 1; end < n && r[end].mtime_ns / 1000000000 == second; end++)
+            ;
+        fn(user, keys + start, sizes + start, end - start);
+    }
+    free(keys);
+    free(sizes);
+    free(r);
+}
+
 static const lmc_l2_backend_ops fs_ops = {
     fs_store, fs_lookup, fs_load, fs_unlock, fs_remove,
-    fs_usage, fs_list, fs_status, fs_destroy,
+    fs_usage, fs_list, fs_status, fs_destroy, fs_for_each_recovered,
 };
 
 /* ---- creation and recovery --------------------------------------------- */
@@ -424,8 +477,12 @@ static void recover(fs *f)
         if (n < 0 || (size_t)n >= sizeof path || stat(path, &st) != 0 || !S_ISREG(st.st_mode))
             continue;
         pthread_mutex_lock(&f->mu);
-        if (index_add_locked(f, &k, (uint64_t)st.st_size))
+        fs_item *it = index_add_locked(f, &k, (uint64_t)st.st_size);
+        if (it) {
+            it->recovered = true;
+            it->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
             f->recovered++;
+        }
         pthread_mutex_unlock(&f->mu);
     }
     closedir(d);

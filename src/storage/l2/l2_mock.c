@@ -182,7 +182,7 @@ static void mock_destroy(lmc_l2_backend *b)
 
 static const lmc_l2_backend_ops mock_ops = {
     mock_store, mock_lookup, mock_load, mock_unlock, mock_remove,
-    mock_usage, mock_list, mock_status, mock_destroy,
+    mock_usage, mock_list, mock_status, mock_destroy, NULL, /* in memory: nothing survives */
 };
 
 lmc_l2_backend *lmc_l2_mock_new(uint64_t capacity_bytes)

@@ -1,10 +1,15 @@
 /* L2 eviction (aggregate LRU against capacity, IsolatedLRU against quotas)
- * over the mock adapter, and the quota registry. */
+ * over the mock adapter, keys recovered by the fs adapter, and the quota
+ * registry. */
+#include <dirent.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -133,6 +138,115 @@ static void test_isolated_lru_enforces_quotas_as_allowlist(void **state)
     json_decref(ev);
 }
 
+static void remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[1024];
+    while (d && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    if (d)
+        closedir(d);
+    rmdir(dir);
+}
+
+static lmc_l2_adapter *open_fs(const char *dir, uint64_t capacity)
+{
+    char err[256];
+    lmc_l2_fs_options o = {.base_path = dir, .capacity_bytes = capacity,
+                           .recover_on_start = true};
+    lmc_l2_backend *be = lmc_l2_fs_new(&o, err, sizeof err);
+    assert_non_null(be);
+    return lmc_l2_adapter_new(be, arena, 1);
+}
+
+/* Gives k's file the modification time `sec` s + `ns` ns after the epoch. */
+static void set_mtime(const char *dir, const lmc_object_key *k, time_t sec, long ns)
+{
+    char name[512], path[1024];
+    assert_true(lmc_object_key_to_filename(k, name, sizeof name) > 0);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    struct timespec ts[2] = {{sec, ns}, {sec, ns}};
+    assert_int_equal(utimensat(AT_FDCWD, path, ts, 0), 0);
+}
+
+static json_int_t tracker_field(lmc_l2_eviction *e, const char *name)
+{
+    json_t *st = lmc_l2_eviction_status(e);
+    json_int_t v = json_integer_value(
+        json_object_get(json_array_get(json_object_get(st, "adapters"), 0), name));
+    json_decref(st);
+    return v;
+}
+
+/* Files an earlier process left in an fs L2 are tracked from the start as
+ * the least recently used: the oldest batch (by modification time, files of
+ * one second being one batch) goes first, its newest file first, and keys
+ * stored after the restart survive. */
+static void test_recovered_fs_keys_are_evicted_first(void **state)
+{
+    (void)state;
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/lmc-l2-evict-%ld", (long)getpid());
+    remove_dir(dir);
+    lmc_object_key k[8];
+    for (int i = 0; i < 8; i++)
+        k[i] = key(i, "");
+    lmc_l2_adapter *before = open_fs(dir, 10 * OBJ);
+    store(before, k, 6);
+    lmc_l2_adapter_close(before);
+    /* k0..k2 were written together long ago, k3..k5 later. */
+    for (int i = 0; i < 3; i++)
+        set_mtime(dir, &k[i], 1000000, i * 1000000L);
+    for (int i = 3; i < 6; i++)
+        set_mtime(dir, &k[i], 2000000, i * 1000000L);
+
+    lmc_l2_adapter *a = open_fs(dir, 10 * OBJ);
+    json_t *ev = json_pack("{s:s, s:f, s:f}", "eviction_policy", "LRU", "trigger_watermark", 0.8,
+                           "eviction_ratio", 0.25);
+    const json_t *evs[] = {ev};
+    lmc_quotas *q = lmc_quotas_new();
+    lmc_l2_eviction *e = lmc_l2_eviction_new(&a, evs, 1, q, NULL, 60000);
+    assert_non_null(e);
+    assert_int_equal(tracker_field(e, "recovered_keys"), 6);
+    assert_int_equal(tracker_field(e, "tracked_bytes"), 6 * OBJ);
+    store(a, k + 6, 2);      /* 8 of 10 = 0.8: evict 25 % of 8 = 2 */
+    lmc_l2_eviction_run_once(e);
+    assert_true(present(a, &k[0]));
+    assert_false(present(a, &k[1]));
+    assert_false(present(a, &k[2]));
+    for (int i = 3; i < 8; i++)
+        assert_true(present(a, &k[i]));
+    assert_int_equal(tracker_field(e, "tracked_keys"), 6);
+    lmc_l2_eviction_free(e);
+    lmc_l2_adapter_close(a);
+    lmc_quotas_free(q);
+    json_decref(ev);
+    remove_dir(dir);
+}
+
+/* Without an eviction object nothing is tracked, recovered or not; the
+ * mock keeps nothing across processes, so it recovers nothing. */
+static void test_mock_recovers_nothing(void **state)
+{
+    (void)state;
+    lmc_l2_adapter *a = lmc_l2_adapter_new(lmc_l2_mock_new(10 * OBJ), arena, 1);
+    json_t *ev = json_pack("{s:s}", "eviction_policy", "LRU");
+    const json_t *evs[] = {ev};
+    lmc_quotas *q = lmc_quotas_new();
+    lmc_l2_eviction *e = lmc_l2_eviction_new(&a, evs, 1, q, NULL, 60000);
+    assert_int_equal(tracker_field(e, "recovered_keys"), 0);
+    assert_int_equal(tracker_field(e, "tracked_keys"), 0);
+    lmc_l2_eviction_free(e);
+    lmc_l2_adapter_close(a);
+    lmc_quotas_free(q);
+    json_decref(ev);
+}
+
 static void test_quota_registry(void **state)
 {
     (void)state;
@@ -168,6 +282,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_aggregate_lru_evicts_oldest_above_watermark),
         cmocka_unit_test(test_isolated_lru_enforces_quotas_as_allowlist),
+        cmocka_unit_test(test_recovered_fs_keys_are_evicted_first),
+        cmocka_unit_test(test_mock_recovers_nothing),
         cmocka_unit_test(test_quota_registry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
