@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "scratch_dir.h"
 #include "storage/l2/l2_adapter.h"
 
 #define OBJ 1000u   /* deliberately not a multiple of any block size */
@@ -57,26 +58,10 @@ static int setup(void **state)
     return 0;
 }
 
-static void rm_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char p[512];
-    while (d && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    if (d)
-        closedir(d);
-    rmdir(dir);
-}
-
 static int teardown(void **state)
 {
     fx *f = *state;
-    rm_dir(f->dir);
+    scratch_dir_remove(f->dir);
     free(f->arena);
     lmc_key_interner_free(f->in);
     free(f);

@@ -1,7 +1,6 @@
 /* L2 eviction (aggregate LRU against capacity, IsolatedLRU against quotas)
  * over the mock adapter, keys recovered by the fs adapter, and the quota
  * registry. */
-#include <dirent.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +12,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "scratch_dir.h"
 #include "storage/l2/l2_adapter.h"
 #include "storage/l2/l2_eviction.h"
 #include "storage/quota.h"
@@ -138,22 +138,6 @@ static void test_isolated_lru_enforces_quotas_as_allowlist(void **state)
     json_decref(ev);
 }
 
-static void remove_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char p[1024];
-    while (d && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    if (d)
-        closedir(d);
-    rmdir(dir);
-}
-
 static lmc_l2_adapter *open_fs(const char *dir, uint64_t capacity)
 {
     char err[256];
@@ -192,7 +176,7 @@ static void test_recovered_fs_keys_are_evicted_first(void **state)
     (void)state;
     char dir[64];
     snprintf(dir, sizeof dir, "/tmp/lmc-l2-evict-%ld", (long)getpid());
-    remove_dir(dir);
+    scratch_dir_remove(dir);
     lmc_object_key k[8];
     for (int i = 0; i < 8; i++)
         k[i] = key(i, "");
@@ -226,7 +210,7 @@ static void test_recovered_fs_keys_are_evicted_first(void **state)
     lmc_l2_adapter_close(a);
     lmc_quotas_free(q);
     json_decref(ev);
-    remove_dir(dir);
+    scratch_dir_remove(dir);
 }
 
 /* Without an eviction object nothing is tracked, recovered or not; the
