@@ -124,6 +124,12 @@ static bool read_header(mp_cursor *c, uint64_t *payload, uint64_t *children)
     }
 }
 
+/* fixmap, fixarray, array16/32, map16/32. */
+static bool is_container(uint8_t b)
+{
+    return (b >= 0x80 && b <= 0x9f) || (b >= 0xdc && b <= 0xdf);
+}
+
 /* Fast path for the bulk of every big payload: runs of non-negative ints
  * (token ids, block ids) inside an array. */
 static void skip_int_run(mp_cursor *c, uint64_t *pending)
@@ -158,12 +164,18 @@ static bool skip_value(mp_cursor *c, unsigned max_depth)
         }
         pending[depth]--;
         uint64_t payload, children;
+        bool container = c->p < c->end && is_container(*c->p);
         if (!read_header(c, &payload, &children) || !take(c, payload))
+            return false;
+        /* msgpack-c takes a stack slot for every container it opens, even an
+         * empty one, so an empty container counts toward the depth too (else
+         * a frame passes here and then fails to unpack: found by fuzzing). */
+        if (container && depth + 1 > max_depth)
             return false;
         if (children == 0)
             continue;
         /* Every child needs at least one byte: reject impossible counts early. */
-        if (children > (uint64_t)(c->end - c->p) || depth + 1 > max_depth)
+        if (children > (uint64_t)(c->end - c->p))
             return false;
         pending[++depth] = children;
     }

@@ -177,6 +177,36 @@ static void test_validate_fast_path_edges(void **state)
     assert_false(lmc_mp_validate((const uint8_t *)nested, 6, 1));
 }
 
+/* The validator's depth limit is msgpack-c's: 32 open containers, empty
+ * ones included (msgpack-c needs a stack slot to open any container), so
+ * whatever it accepts unpacks. */
+static void test_validate_depth_matches_msgpack_c(void **state)
+{
+    (void)state;
+    for (int empty = 0; empty < 2; empty++) {
+        for (int depth = 31; depth <= 34; depth++) {
+            uint8_t buf[64];
+            size_t n = 0;
+            for (int i = 0; i < depth - 1; i++)
+                buf[n++] = 0x91;                      /* [ ... ] of one element */
+            if (empty) {
+                buf[n++] = 0x80;                      /* {} innermost */
+            } else {
+                buf[n++] = 0x91;
+                buf[n++] = 0x01;
+            }
+            msgpack_unpacked up;
+            msgpack_unpacked_init(&up);
+            size_t off = 0;
+            bool unpacks = msgpack_unpack_next(&up, (const char *)buf, n, &off) ==
+                           MSGPACK_UNPACK_SUCCESS;
+            msgpack_unpacked_destroy(&up);
+            assert_int_equal(unpacks, depth <= 32);
+            assert_int_equal(lmc_mp_validate(buf, n, 32), unpacks);
+        }
+    }
+}
+
 static void test_pull_reader(void **state)
 {
     (void)state;
@@ -232,6 +262,7 @@ int main(void)
         cmocka_unit_test(test_prepare_store_reply_example),
         cmocka_unit_test(test_accessors_follow_msgspec_rules),
         cmocka_unit_test(test_validate_fast_path_edges),
+        cmocka_unit_test(test_validate_depth_matches_msgpack_c),
         cmocka_unit_test(test_pull_reader),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
