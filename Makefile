@@ -18,7 +18,7 @@ DEB_TEST := python3 python3-zmq python3-msgpack python3-pytest \
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps deps-test configure build run test unit e2e bench asan tsan sanitize clean
+.PHONY: all deps deps-test configure build run test unit e2e bench asan tsan sanitize fuzz clean
 
 all: build
 
@@ -79,5 +79,22 @@ tsan: deps-test
 
 sanitize: asan tsan
 
+# libFuzzer over every fuzz/ target, FUZZ_SECONDS each, starting from a copy
+# of the checked-in corpus (docs/fuzzing.md).  Findings land in build-fuzz/.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := ipc_key msgpack object_key l2_json
+fuzz: deps
+	$(call install_missing,clang)
+	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DLMC_FUZZ=ON
+	cmake --build build-fuzz -j $(JOBS) $(addprefix --target fuzz_,$(FUZZ_TARGETS))
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  rm -rf build-fuzz/corpus-$$t && cp -r fuzz/corpus/$$t build-fuzz/corpus-$$t; \
+	  echo "== fuzz_$$t ($(FUZZ_SECONDS) s)"; \
+	  ./build-fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	    -artifact_prefix=build-fuzz/$$t- build-fuzz/corpus-$$t > build-fuzz/$$t.log 2>&1 \
+	    || { tail -n 40 build-fuzz/$$t.log; echo "fuzz_$$t: finding in build-fuzz/"; exit 1; }; \
+	  tail -n 1 build-fuzz/$$t.log; \
+	done
+
 clean:
-	rm -rf $(BUILD_DIR) build-asan build-tsan
+	rm -rf $(BUILD_DIR) build-asan build-tsan build-fuzz

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of the fuzz targets (fuzz/corpus/<target>/), the
+inputs the ctest fuzz.<target> replays.  Deterministic: rerunning it
+rewrites the same files.  Inputs that libFuzzer finds worth keeping (a crash
+reproducer, after the fix) go into the same folders by hand."""
+import json
+import os
+
+import msgpack
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHUNK = 16  # fuzz_ipc_key decodes with chunk size 16
+
+
+def write(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def key(tokens, start, end, rid="r", worker_id=None, world_size=2, model="m", salt="",
+        readers=1):
+    # Field order of the newest IPCCacheServerKey (wire-protocol.md section 2.1).
+    return {"model_name": model, "world_size": world_size, "worker_id": worker_id,
+            "token_ids": list(tokens), "start": start, "end": end, "request_id": rid,
+            "cache_salt": salt, "request_configs": None, "num_kv_readers": readers,
+            "null_chunk_mask": None}
+
+
+def ipc_keys():
+    toks = [(i * 40503) % 128000 for i in range(4 * CHUNK)]
+    good = {
+        "scheduler": key(toks, 0, 4 * CHUNK),
+        "worker": key(toks, CHUNK, 3 * CHUNK, worker_id=1),
+        "salted_mla": key(toks, 0, 2 * CHUNK, world_size=1, salt="tenant-a", readers=4),
+        "big_ids": key([0, 127, 128, 65535, 65536, 2**32 - 1] * 3, 0, CHUNK),
+        "empty_range": key(toks, 0, 0),
+        "extra_field": dict(key(toks, 0, CHUNK), future_field=[1, {"x": b"y"}]),
+    }
+    bad = {
+        "unaligned": key(toks, 3, 4 * CHUNK),
+        "end_past_tokens": key(toks, 0, 8 * CHUNK),
+        "worker_out_of_range": key(toks, 0, CHUNK, worker_id=2),
+        "world_zero": key(toks, 0, CHUNK, world_size=0),
+        "token_too_big": key([2**32] + toks[1:], 0, CHUNK),
+        "negative_token": key([-1] + toks[1:], 0, CHUNK),
+        "tokens_not_list": dict(key(toks, 0, CHUNK), token_ids="abc"),
+        "missing_model": {k: v for k, v in key(toks, 0, CHUNK).items() if k != "model_name"},
+    }
+    for name, k in {**good, **bad}.items():
+        write("ipc_key", name, msgpack.packb(k))
+    # Truncated and as an array instead of a map.
+    full = msgpack.packb(good["scheduler"])
+    write("ipc_key", "truncated", full[: len(full) // 2])
+    write("ipc_key", "as_array", msgpack.packb(list(good["worker"].values())))
+
+
+def msgpack_frames():
+    frames = {
+        "int": 5, "neg": -(2**63), "u64": 2**64 - 1, "float": 1.5, "str": "héllo",
+        "bin": b"\x00\x01", "nil": None, "bools": [True, False],
+        "nested": {"a": [1, {"b": [None, "c", b"d"]}], "e": {}},
+        "deep": [[[[[[[[[[[[[[[[0]]]]]]]]]]]]]]]],
+        "ext": msgpack.ExtType(1, b"\x01\x02\x03"),
+        "key_map": key(range(CHUNK), 0, CHUNK),
+    }
+    for name, v in frames.items():
+        write("msgpack", name, msgpack.packb(v, use_bin_type=True))
+    write("msgpack", "array32_huge_claim", b"\xdd\xff\xff\xff\xff\x01")
+    write("msgpack", "str32_huge_claim", b"\xdb\x7f\xff\xff\xff")
+    write("msgpack", "two_documents", msgpack.packb(1) + msgpack.packb(2))
+
+
+def object_keys():
+    h = "0123456789abcdef" * 4
+    texts = {
+        "canonical": f"m@00020001@0@{h}",
+        "canonical_salt": f"org/model@02000100@1f@{h}@tenant",
+        "filename": f"org-SEP-model@0x00020001@0@{h}.data",
+        "filename_salt": f"m@0x00020001@ab@{h}@s.data",
+        "uppercase_hex": f"m@00020001@0@{h.upper()}",
+        "leading_zero_group": f"m@00020001@01@{h}",
+        "odd_hash": f"m@00020001@0@{h[:-1]}",
+        "slash_in_filename": f"a/b@0x00020001@0@{h}.data",
+    }
+    for name, t in texts.items():
+        write("object_key", name, t)
+
+
+def l2_specs():
+    specs = {
+        "fs": {"type": "fs", "base_path": "/tmp/kv", "max_capacity_gb": 10,
+               "eviction": {"eviction_policy": "LRU", "trigger_watermark": 0.8,
+                            "eviction_ratio": 0.2}},
+        "resp": {"type": "resp", "host": "127.0.0.1", "port": 6379, "num_workers": 2},
+        "s3": {"type": "s3", "s3_endpoint": "http://127.0.0.1:9000", "disable_tls": True},
+        "mock": {"type": "mock", "max_capacity_gb": 1},
+        "fault": {"type": "fault_inject", "fail_rate": 0.5, "delay_ms": 3,
+                  "inner": {"type": "mock"}},
+        "bad_ratio": {"type": "fs", "base_path": "/x", "eviction": {"eviction_ratio": 2}},
+        "unknown_type": {"type": "nope"},
+        "not_an_object": [1, 2],
+    }
+    for name, s in specs.items():
+        write("l2_json", name, json.dumps(s))
+
+
+if __name__ == "__main__":
+    ipc_keys()
+    msgpack_frames()
+    object_keys()
+    l2_specs()
