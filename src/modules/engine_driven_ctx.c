@@ -41,8 +41,10 @@ static bool empty_or_nil(const msgpack_object *map, const char *name)
 
 static int decode_required(const msgpack_object *o, reg_payload *p)
 {
+    if (!o || o->type != MSGPACK_OBJECT_MAP) /* no payload frame, or not a map */
+        return -1;
     const msgpack_object *mla = lmc_mp_map_get(o, "use_mla");
-    if (!o || o->type != MSGPACK_OBJECT_MAP || !get_int_field(o, "instance_id", &p->instance_id) ||
+    if (!get_int_field(o, "instance_id", &p->instance_id) ||
         !get_str_field(o, "model_name", &p->model, &p->model_len) ||
         !get_int_field(o, "world_size", &p->world_size) ||
         !get_int_field(o, "num_layers", &p->num_layers) ||

@@ -360,6 +360,8 @@ bool lmc_mpr_nil(lmc_mp_reader *r)
 
 bool lmc_mp_get_int(const msgpack_object *o, int64_t *out)
 {
+    if (!o)
+        return false;
     switch (o->type) {
     case MSGPACK_OBJECT_POSITIVE_INTEGER:
         if (o->via.u64 > (uint64_t)INT64_MAX)
@@ -379,7 +381,7 @@ bool lmc_mp_get_int(const msgpack_object *o, int64_t *out)
 
 bool lmc_mp_get_uint(const msgpack_object *o, uint64_t *out)
 {
-    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+    if (!o || o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
         return false;
     *out = o->via.u64;
     return true;
@@ -388,6 +390,8 @@ bool lmc_mp_get_uint(const msgpack_object *o, uint64_t *out)
 bool lmc_mp_get_double(const msgpack_object *o, double *out)
 {
     int64_t i;
+    if (!o)
+        return false;
     if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64) {
         *out = o->via.f64;
         return true;
@@ -401,6 +405,8 @@ bool lmc_mp_get_double(const msgpack_object *o, double *out)
 
 bool lmc_mp_get_bool(const msgpack_object *o, bool *out)
 {
+    if (!o)
+        return false;
     if (o->type == MSGPACK_OBJECT_BOOLEAN) {
         *out = o->via.boolean;
         return true;
@@ -414,7 +420,7 @@ bool lmc_mp_get_bool(const msgpack_object *o, bool *out)
 
 bool lmc_mp_get_str(const msgpack_object *o, const char **ptr, size_t *len)
 {
-    if (o->type != MSGPACK_OBJECT_STR)
+    if (!o || o->type != MSGPACK_OBJECT_STR)
         return false;
     *ptr = o->via.str.ptr;
     *len = o->via.str.size;
@@ -423,7 +429,7 @@ bool lmc_mp_get_str(const msgpack_object *o, const char **ptr, size_t *len)
 
 bool lmc_mp_get_bin(const msgpack_object *o, const uint8_t **ptr, size_t *len)
 {
-    if (o->type != MSGPACK_OBJECT_BIN)
+    if (!o || o->type != MSGPACK_OBJECT_BIN)
         return false;
     *ptr = (const uint8_t *)o->via.bin.ptr;
     *len = o->via.bin.size;
@@ -432,19 +438,19 @@ bool lmc_mp_get_bin(const msgpack_object *o, const uint8_t **ptr, size_t *len)
 
 bool lmc_mp_is_nil(const msgpack_object *o)
 {
-    return o->type == MSGPACK_OBJECT_NIL;
+    return o && o->type == MSGPACK_OBJECT_NIL;
 }
 
 bool lmc_mp_str_eq(const msgpack_object *o, const char *s)
 {
     size_t n = strlen(s);
-    return o->type == MSGPACK_OBJECT_STR && o->via.str.size == n &&
+    return o && o->type == MSGPACK_OBJECT_STR && o->via.str.size == n &&
            memcmp(o->via.str.ptr, s, n) == 0;
 }
 
 const msgpack_object *lmc_mp_map_get(const msgpack_object *map, const char *key)
 {
-    if (map->type != MSGPACK_OBJECT_MAP)
+    if (!map || map->type != MSGPACK_OBJECT_MAP) /* NULL: an absent argument */
         return NULL;
     for (uint32_t i = 0; i < map->via.map.size; i++) {
         if (lmc_mp_str_eq(&map->via.map.ptr[i].key, key))

@@ -61,8 +61,9 @@ int lmc_op_id_from_name(const char *name, size_t len);
  * one well-formed document. */
 bool lmc_mp_validate(const uint8_t *data, size_t len, unsigned max_depth);
 
-/* Typed accessors.  Each returns false when the object has another type, so
- * handlers can reject wrong types with one check. */
+/* Typed accessors.  Each returns false when the object has another type, or
+ * is NULL (lmc_rpc_call_arg's answer for a missing or undecodable argument),
+ * so handlers can reject a wrong or absent argument with one check. */
 bool lmc_mp_get_int(const msgpack_object *o, int64_t *out);  /* int (any width), also bool */
 bool lmc_mp_get_uint(const msgpack_object *o, uint64_t *out);
 bool lmc_mp_get_double(const msgpack_object *o, double *out); /* float32/64 or int */
@@ -70,7 +71,8 @@ bool lmc_mp_get_bool(const msgpack_object *o, bool *out);     /* bool or 0/1 int
 bool lmc_mp_get_str(const msgpack_object *o, const char **ptr, size_t *len);
 bool lmc_mp_get_bin(const msgpack_object *o, const uint8_t **ptr, size_t *len);
 bool lmc_mp_is_nil(const msgpack_object *o);
-/* Map lookup by string key; NULL when absent or when `map` is not a map. */
+/* Map lookup by string key; NULL when absent or when `map` is not a map
+ * (or is NULL, as lmc_rpc_call_arg returns for a missing argument). */
 const msgpack_object *lmc_mp_map_get(const msgpack_object *map, const char *key);
 bool lmc_mp_str_eq(const msgpack_object *o, const char *s);
 

@@ -224,6 +224,8 @@ def test_malformed_keys_are_dropped(srv, pair):
     assert w.d.call(PRETR, key(toks, 8, 64, "t", worker_id=0), w.id, timeout_ms=300) is None
     for p in ({"instance_id": 9}, {**payload(9), "model_name": 3}, "x"):
         assert w.d.call(REG, p, timeout_ms=300) is None     # malformed payload: dropped
+    assert w.d.call(REG, timeout_ms=300) is None            # no payload frame at all
+    assert w.d.call(REG, raw=[b"\xc1"], timeout_ms=300) is None   # not msgpack
     assert unpack(sched.call(NOOP)) == "OK"
     assert lookup(sched, toks, "ok") == 0
     sched.close()
