@@ -106,8 +106,66 @@ def l2_specs():
         write("l2_json", name, json.dumps(s))
 
 
+# fuzz_rpc: records [n_frames][len16 LE, bytes]...; frames are uid, op, payload.
+REG, UNREG, PSTORE, CSTORE, PRETR, CRETR = 14, 15, 16, 17, 18, 19
+LOOKUP, QUERY, WAIT, HITS, FREE, END, CLEAR, GET_CS, PING, REPORT = 8, 9, 10, 11, 12, 13, 20, 21, 22, 23
+
+
+def message(uid, op, *payload):
+    frames = [msgpack.packb(uid), msgpack.packb(op)] + [
+        p if isinstance(p, bytes) and p[:1] == b"\x00" else msgpack.packb(p) for p in payload]
+    out = bytes([len(frames)])
+    for f in frames:
+        out += len(f).to_bytes(2, "little") + f
+    return out
+
+
+def registration(instance_id, world_size=2, model="m"):
+    # Tiny objects: 2 x 2 layers x 16 tokens x 8 hidden x float16 = 1 KiB.
+    return {"instance_id": instance_id, "model_name": model, "world_size": world_size,
+            "block_size": CHUNK, "num_layers": 2, "hidden_dim_size": 8,
+            "dtype_str": "float16", "use_mla": False, "num_physical_slots": None,
+            "engine_group_infos": [], "group_hidden_dim_sizes": None,
+            "group_layout_descs": None, "enable_l1_kvweave_quant": False}
+
+
+def rpc_flows():
+    toks = list(range(100, 100 + 4 * CHUNK))
+    sched = key(toks, 0, 4 * CHUNK, "q")
+    w0 = key(toks, 0, 4 * CHUNK, "q", worker_id=0)
+    w1 = key(toks, 0, 2 * CHUNK, "q", worker_id=1)
+    flows = {
+        "store_lookup_retrieve": [
+            message(1, REG, registration(7)), message(2, PSTORE, w0, 7),
+            message(3, CSTORE, w0, 7, b""), message(4, LOOKUP, sched, 1),
+            message(5, QUERY, "q"), message(6, PRETR, w0, 7), message(7, CRETR, w0, 7),
+            message(8, FREE, sched, 1), message(9, END, "q")],
+        "lookup_wait_hits": [
+            message(1, LOOKUP, sched, 2), message(2, WAIT, "q", 0.05),
+            message(3, HITS, "q"), message(4, END, "q", {"hit": 1})],
+        "two_ranks_unregister": [
+            message(1, REG, registration(8)), message(2, REG, registration(9)),
+            message(3, PSTORE, w0, 8), message(4, PSTORE, w1, 9),
+            message(5, UNREG, 8), message(6, CSTORE, w1, 9, b""), message(7, PING, 9)],
+        "commit_without_prepare": [
+            message(1, CSTORE, w0, 7, b""), message(2, CRETR, w0, 7),
+            message(3, CSTORE, w0, 7, b"pickled")],
+        "management": [
+            message(1, GET_CS), message(2, PING, None), message(3, CLEAR, True),
+            message(4, CLEAR), message(5, REPORT, 7, "m",
+                                       [{"req_id": "q", "new_block_ids": [1, 2],
+                                         "new_token_ids": toks[:4]}])],
+        "op_by_name_and_bad_frames": [
+            message(1, "lookup", sched, 1), bytes([1, 1, 0, 0x01]),
+            bytes([2, 1, 0, 0x05, 1, 0, 0xc1]), message(b"raw-uid", 24)],
+    }
+    for name, msgs in flows.items():
+        write("rpc", name, b"".join(msgs))
+
+
 if __name__ == "__main__":
     ipc_keys()
     msgpack_frames()
     object_keys()
     l2_specs()
+    rpc_flows()
