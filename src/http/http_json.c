@@ -9,6 +9,59 @@
 #include <strings.h>
 #include <unistd.h>
 
+/* ---- UTF-8 -------------------------------------------------------------- */
+
+/* Bytes of the valid UTF-8 sequence at s (n bytes left), or 0.  Overlong
+ * forms, surrogates and code points above U+10FFFF are invalid. */
+static size_t utf8_sequence(const unsigned char *s, size_t n)
+{
+    unsigned char b = s[0];
+    size_t len;
+    uint32_t cp, min;
+    if (b < 0x80)
+        return 1;
+    if (b >= 0xc2 && b <= 0xdf)
+        len = 2, cp = b & 0x1f, min = 0x80;
+    else if (b >= 0xe0 && b <= 0xef)
+        len = 3, cp = b & 0x0f, min = 0x800;
+    else if (b >= 0xf0 && b <= 0xf4)
+        len = 4, cp = b & 0x07, min = 0x10000;
+    else
+        return 0;
+    if (n < len)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        cp = cp << 6 | (s[i] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return len;
+}
+
+size_t lmc_http_utf8_prefix(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0, len;
+    while (i < n && (len = utf8_sequence(u + i, n - i)) != 0)
+        i += len;
+    return i;
+}
+
+void lmc_http_utf8_scrub(char *s)
+{
+    unsigned char *u = (unsigned char *)s;
+    size_t n = strlen(s), i = 0;
+    while (i < n) {
+        size_t len = utf8_sequence(u + i, n - i);
+        if (len == 0)
+            u[i++] = '?';
+        else
+            i += len;
+    }
+}
+
 /* ---- error shapes ------------------------------------------------------ */
 
 json_t *lmc_http_detail(const char *fmt, ...)
@@ -18,12 +71,19 @@ json_t *lmc_http_detail(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    lmc_http_utf8_scrub(msg);
     return json_pack("{s:s}", "detail", msg);
 }
 
 json_t *lmc_http_error(const char *message)
 {
-    return json_pack("{s:s}", "error", message);
+    char *msg = strdup(message);
+    if (!msg)
+        return NULL;
+    lmc_http_utf8_scrub(msg);
+    json_t *body = json_pack("{s:s}", "error", msg);
+    free(msg);
+    return body;
 }
 
 json_t *lmc_http_validation_error(const char *type, json_t *loc, const char *msg, json_t *input)

@@ -9,10 +9,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* {"detail": "<message>"} (HTTPException style). */
+/* {"detail": "<message>"} (HTTPException style).  Messages often echo
+ * request bytes, so any invalid UTF-8 in them (or left by truncating the
+ * message at 511 bytes) becomes '?': JSON strings must be UTF-8. */
 json_t *lmc_http_detail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* {"error": "<message>"} (hand-rolled style of the older endpoints). */
+/* {"error": "<message>"} (hand-rolled style of the older endpoints), the
+ * message scrubbed the same way. */
 json_t *lmc_http_error(const char *message);
+
+/* Length of the longest valid UTF-8 prefix of s[0..n). */
+size_t lmc_http_utf8_prefix(const char *s, size_t n);
+/* Replaces every byte of s that is not part of a valid UTF-8 sequence with
+ * '?', in place (the length is kept). */
+void lmc_http_utf8_scrub(char *s);
 /* 422 body: {"detail":[{"type","loc","msg","input"}]}.  Steals loc and
  * input (input NULL = {}). */
 json_t *lmc_http_validation_error(const char *type, json_t *loc, const char *msg, json_t *input);

@@ -182,6 +182,32 @@ static enum MHD_Result first_call(lmc_http_server *s, struct MHD_Connection *con
     return MHD_YES;
 }
 
+static bool utf8(const char *s)
+{
+    return !s || lmc_http_utf8_prefix(s, strlen(s)) == strlen(s);
+}
+
+static enum MHD_Result check_argument(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
+{
+    (void)kind;
+    bool *ok = cls;
+    *ok = utf8(key) && utf8(value);
+    return *ok ? MHD_YES : MHD_NO;
+}
+
+/* The path and the query arguments arrive percent-decoded, so they can hold
+ * any bytes; the routes put them into JSON (salts, request ids, error
+ * messages), which must be UTF-8.  Anything else is answered 400 here. */
+static bool request_text_ok(struct MHD_Connection *conn, const char *url)
+{
+    bool ok = true;
+    if (!utf8(url))
+        return false;
+    MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, check_argument, &ok);
+    return ok;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
@@ -208,7 +234,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         .body = rs->len ? rs->body : NULL, .body_len = rs->len, .conn = conn,
     };
     lmc_http_reply reply = {.status = MHD_HTTP_INTERNAL_SERVER_ERROR};
-    lmc_http_dispatch(&req, &reply);
+    if (request_text_ok(conn, url))
+        lmc_http_dispatch(&req, &reply);
+    else
+        lmc_http_reply_json(&reply, MHD_HTTP_BAD_REQUEST,
+                            lmc_http_detail("the request path and query must be UTF-8 "
+                                            "(after percent-decoding)"));
     if (!reply.content_type)
         reply.content_type = "application/json";
     return queue_reply(conn, &reply);

@@ -1,5 +1,5 @@
-/* JSON helpers of the HTTP frontend: memory pressure, /config view,
- * /cache/clear body validation, /threads. */
+/* JSON helpers of the HTTP frontend: error shapes and UTF-8, memory
+ * pressure, /config view, /cache/clear body validation, /threads. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,6 +19,35 @@ static void assert_json_eq(json_t *got, const char *expected_text)
         fail_msg("got %s\nexpected %s", g, expected_text);
     }
     json_decref(expected);
+}
+
+/* Error messages echo request bytes; their JSON must still be UTF-8, also
+ * when the 511-byte message limit cuts a multibyte character. */
+static void test_error_messages_stay_utf8(void **state)
+{
+    (void)state;
+    json_t *d = lmc_http_detail("tier '%s' not supported", "l\x80\xff" "2");
+    assert_json_eq(d, "{\"detail\": \"tier 'l??2' not supported\"}");
+    json_decref(d);
+    json_t *e = lmc_http_error("salt \xe2\x82" " cut");
+    assert_json_eq(e, "{\"error\": \"salt ?? cut\"}");
+    json_decref(e);
+    char long_arg[600];
+    memset(long_arg, 'a', sizeof long_arg);
+    for (size_t i = 505; i + 1 < sizeof long_arg; i += 2)   /* "\u00e9" = c3 a9 from 505 on */
+        long_arg[i] = '\xc3', long_arg[i + 1] = '\xa9';
+    long_arg[sizeof long_arg - 1] = '\0';
+    d = lmc_http_detail("x%s", long_arg);   /* cut after c3 at byte 511 */
+    assert_non_null(d);
+    const char *msg = json_string_value(json_object_get(d, "detail"));
+    assert_int_equal(strlen(msg), 511);
+    assert_int_equal(msg[510], '?');
+    json_decref(d);
+    /* Valid: ASCII, 2-4 byte forms.  Invalid: overlong, surrogate, > U+10FFFF. */
+    assert_int_equal(lmc_http_utf8_prefix("a\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", 10), 10);
+    assert_int_equal(lmc_http_utf8_prefix("a\xc0\xaf", 3), 1);
+    assert_int_equal(lmc_http_utf8_prefix("a\xed\xa0\x80", 4), 1);
+    assert_int_equal(lmc_http_utf8_prefix("a\xf4\x90\x80\x80", 5), 1);
 }
 
 static void test_levels(void **state)
@@ -157,6 +186,7 @@ static void test_threads(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_error_messages_stay_utf8),
         cmocka_unit_test(test_levels),      cmocka_unit_test(test_memory_pressure),
         cmocka_unit_test(test_memory_pressure_empty), cmocka_unit_test(test_config_view),
         cmocka_unit_test(test_clear_body),  cmocka_unit_test(test_threads),

@@ -314,6 +314,14 @@ static void test_errors(void **state)
     expect(f, "POST", "/coordinator/command", "nope", 400, "{\"error\":\"invalid JSON body\"}");
     expect(f, "POST", "/coordinator/command", "[]", 400,
            "{\"error\":\"body must be an object\"}");
+    /* Percent-decoded paths and queries that are not UTF-8 never reach a
+     * route (which would put them into JSON). */
+    const char *not_utf8 = "{\"detail\":\"the request path and query must be UTF-8 "
+                           "(after percent-decoding)\"}";
+    expect(f, "GET", "/quota/%80", NULL, 400, not_utf8);
+    expect(f, "GET", "/cache/objects?tier=%FFl2", NULL, 400, not_utf8);
+    expect(f, "GET", "/cache/objects?%C0%AF=1", NULL, 400, not_utf8);
+    expect(f, "GET", "/healthcheck?x=%C3%A9", NULL, 200, NULL);   /* é is fine */
 }
 
 static void test_threads_and_metrics(void **state)
