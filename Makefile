@@ -82,7 +82,7 @@ sanitize: asan tsan
 # libFuzzer over every fuzz/ target, FUZZ_SECONDS each, starting from a copy
 # of the checked-in corpus (docs/fuzzing.md).  Findings land in build-fuzz/.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := ipc_key msgpack object_key l2_json rpc
+FUZZ_TARGETS := ipc_key msgpack object_key l2_json rpc http
 fuzz: deps
 	$(call install_missing,clang)
 	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DLMC_FUZZ=ON

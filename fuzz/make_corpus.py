@@ -163,7 +163,62 @@ def rpc_flows():
         write("rpc", name, b"".join(msgs))
 
 
+# fuzz_http: [method index][path]\n[header lines]\n\n[body]
+GET_, POST_, PUT_, DELETE_, HEAD_, PATCH_ = range(6)
+
+
+def http_request(method, path, body=b"", headers=()):
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body).encode()
+    elif isinstance(body, str):
+        body = body.encode()
+    return (bytes([method]) + path.encode() + b"\n" + "\n".join(headers).encode() + b"\n\n"
+            + body)
+
+
+def http_requests():
+    toks = list(range(100, 100 + 2 * CHUNK))
+    key = {"model_name": "m", "kv_rank": 0, "object_group_id": 0,
+           "chunk_hash": "00" * 32, "cache_salt": ""}
+    reqs = {
+        "health": http_request(GET_, "/healthcheck"),
+        "status": http_request(GET_, "/status"),
+        "pressure": http_request(GET_, "/status/memory-pressure"),
+        "config": http_request(GET_, "/config"),
+        "metrics": http_request(GET_, "/metrics"),
+        "threads": http_request(GET_, "/threads?name=lmc&tid=1"),
+        "clear": http_request(POST_, "/cache/clear", {"force": True}),
+        "clear_legacy": http_request(POST_, "/clear-cache", "force=true"),
+        "quota_put": http_request(PUT_, "/quota/tenant-a", {"limit_gb": 1.5}),
+        "quota_get": http_request(GET_, "/api/quota/tenant-a"),
+        "quota_delete": http_request(DELETE_, "/quota/tenant-a"),
+        "quota_list": http_request(GET_, "/quota"),
+        "objects_list": http_request(GET_, "/cache/objects?tier=l2&page_size=5"),
+        "objects_delete": http_request(DELETE_, "/cache/objects",
+                                       {"keys": [key], "tier": "all", "force": False}),
+        "prefetch": http_request(POST_, "/cache/prefetches",
+                                 {"model_name": "m", "world_size": 1, "token_ids": toks,
+                                  "cache_salt": "", "source_tier": "l2", "target_tier": "l1"}),
+        "prefetch_query": http_request(GET_, "/cache/prefetches/abc"),
+        "kv_store": http_request(POST_, "/api/kv/store", b"\x01" * 2048,
+                                 ["X-LMCache-Model-Name: m",
+                                  "X-LMCache-Tokens: " + ",".join(map(str, toks)),
+                                  "Content-Type: application/x-lmcache-kv; v=1"]),
+        "kv_lookup": http_request(POST_, "/api/kv/lookup",
+                                  {"model_name": "m", "tokens": toks, "cache_salt": ""}),
+        "kv_retrieve": http_request(POST_, "/api/kv/retrieve",
+                                    {"model_name": "m", "tokens": toks}),
+        "policies": http_request(PATCH_, "/config/policies", {"l1_eviction": {"policy": "LRU"}}),
+        "reconfigure": http_request(POST_, "/reconfigure/l2/fs/add", {"adapter_index": 0}),
+        "bad_json": http_request(PUT_, "/quota/x", "{\"limit_gb\": "),
+        "head_version": http_request(HEAD_, "/version"),
+    }
+    for name, r in reqs.items():
+        write("http", name, r)
+
+
 if __name__ == "__main__":
+    http_requests()
     ipc_keys()
     msgpack_frames()
     object_keys()
