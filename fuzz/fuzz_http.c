@@ -21,38 +21,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "check.h"
-#include "config/config.h"
-#include "obs/log.h"
-#include "server/server.h"
-#include "storage/l1_arena.h"
+#include "embedded_server.h"
 
-static lmc_server *server;
-static lmc_config cfg;
-static pthread_t server_thread;
-static int http_port;
-
-static void *serve(void *arg)
-{
-    lmc_server_run(arg, -1);
-    return NULL;
-}
-
-static int free_port(void)
-{
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    CHECK(s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
-          getsockname(s, (struct sockaddr *)&a, &len) == 0);
-    close(s);
-    return ntohs(a.sin_port);
-}
+static fuzz_server *server;
 
 static void pack_str(msgpack_packer *pk, const char *s)
 {
@@ -89,39 +65,12 @@ static void register_model(const char *zmq_url)
     msgpack_sbuffer_destroy(&sb);
 }
 
-static void stop_server(void)
+static void start(void)
 {
-    lmc_server_stop(server);
-    pthread_join(server_thread, NULL);
-    lmc_server_free(server);
-    lmc_config_free(&cfg);
-}
-
-static void start_server(void)
-{
-    char port[16], hport[16], mport[16], err[256], url[64];
-    snprintf(port, sizeof port, "%d", free_port());
-    http_port = free_port();
-    snprintf(hport, sizeof hport, "%d", http_port);
-    snprintf(mport, sizeof mport, "%d", free_port());
-    char *args[] = {"lmcached", "--host", "127.0.0.1", "--port", port, "--chunk-size", "16",
-                    "--l1-size-gb", "0.0625", "--eviction-policy", "LRU", "--log-level",
-                    "ERROR", "--http-host", "127.0.0.1", "--http-port", hport,
-                    "--prometheus-port", mport, "--max-workers", "2", NULL};
-    lmc_log_set_level(LMC_LOG_ERROR);
-    if (lmc_config_parse(&cfg, (int)(sizeof args / sizeof args[0]) - 1, args, NULL, stdout, err,
-                         sizeof err) != LMC_CONFIG_OK ||
-        lmc_server_new(&cfg, &server, err, sizeof err) != 0) {
-        fprintf(stderr, "fuzz_http: %s\n", err);
-        abort();
-    }
-    char shm[64];   /* see fuzz_rpc.c: the segment must not outlive us */
-    snprintf(shm, sizeof shm, "/%s%ld", LMC_L1_SHM_PREFIX, (long)getpid());
-    shm_unlink(shm);
-    CHECK(pthread_create(&server_thread, NULL, serve, server) == 0);
-    snprintf(url, sizeof url, "tcp://127.0.0.1:%s", port);
+    char url[64];
+    server = fuzz_start_server(true);
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%d", server->zmq_port);
     register_model(url);
-    atexit(stop_server);
 }
 
 static const char *const methods[] = {"GET", "POST", "PUT", "DELETE", "HEAD", "PATCH"};
@@ -171,7 +120,7 @@ static bool header_ok(const char *line)
 static int connect_http(void)
 {
     int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)http_port),
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)server->http_port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     CHECK(s >= 0 && connect(s, (struct sockaddr *)&a, sizeof a) == 0);
     return s;
@@ -180,7 +129,7 @@ static int connect_http(void)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
 {
     if (!server)
-        start_server();
+        start();
     if (len == 0)
         return 0;
     const char *method = methods[data[0] % (sizeof methods / sizeof methods[0])];
