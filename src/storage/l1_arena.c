@@ -1,10 +1,14 @@
 #include "storage/l1_arena.h"
 
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -17,6 +21,7 @@
 struct lmc_l1_arena {
     lmc_l1_arena_desc desc;
     char shm_name[LMC_L1_SHM_NAME_MAX + 1];
+    int lock_fd;   /* the SHM segment, held open with a shared flock; -1 if none */
 };
 
 int lmc_l1_arena_resolve_shm_name(const char *requested, pid_t pid, char *out, size_t cap)
@@ -52,8 +57,53 @@ static void warn_if_shm_too_small(uint64_t size)
                  (unsigned long long)avail, (unsigned long long)size);
 }
 
+/* True when /dev/shm/<name> is "lmcache_l1_pool_<pid>" (the default name)
+ * and no server uses it: <pid> is not a live process here, and no process
+ * holds the flock every lmcached keeps on its pool.  The lock covers
+ * servers in other pid namespaces sharing /dev/shm; the pid covers
+ * servers that take no lock (older versions, upstream). */
+static bool abandoned_pool(const char *name)
+{
+    size_t plen = strlen(LMC_L1_SHM_PREFIX);
+    char *end;
+    if (strncmp(name, LMC_L1_SHM_PREFIX, plen) != 0 || !isdigit((unsigned char)name[plen]))
+        return false;
+    long pid = strtol(name + plen, &end, 10);
+    if (*end != '\0' || pid <= 0 || pid == (long)getpid() ||
+        kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+        return false;
+    char path[sizeof "/dev/shm/" + 256];   /* d_name is at most 255 bytes */
+    snprintf(path, sizeof path, "/dev/shm/%s", name);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return false;   /* another user's, or gone already */
+    bool unused = flock(fd, LOCK_EX | LOCK_NB) == 0;
+    close(fd);
+    return unused;
+}
+
+/* Removes the default-named pools of servers that are gone: a killed
+ * lmcached cannot unlink its pool, and a restarted one gets a new pid, so
+ * without this every crash would leave a whole L1 of tmpfs memory behind. */
+static void sweep_abandoned_pools(void)
+{
+    DIR *d = opendir("/dev/shm");
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        if (!abandoned_pool(e->d_name))
+            continue;
+        char path[sizeof "/" + 256];
+        snprintf(path, sizeof path, "/%s", e->d_name);
+        if (shm_unlink(path) == 0)
+            LMC_WARN("removed shared-memory pool %s of a server that is gone", path);
+    }
+    if (d)
+        closedir(d);
+}
+
 static int map_shm(lmc_l1_arena *arena, uint64_t size, char *err, size_t errlen)
 {
+    sweep_abandoned_pools();
     char path[LMC_L1_SHM_NAME_MAX + 2];
     snprintf(path, sizeof(path), "/%s", arena->shm_name);
     if (shm_unlink(path) == 0)
@@ -74,7 +124,8 @@ static int map_shm(lmc_l1_arena *arena, uint64_t size, char *err, size_t errlen)
                  (unsigned long long)size, strerror(errno));
         goto fail;
     }
-    close(fd);
+    flock(fd, LOCK_SH);   /* "in use", for other servers' sweeps; kept till destroy */
+    arena->lock_fd = fd;
     warn_if_shm_too_small(size);
     arena->desc.base = base;
     arena->desc.size = size;
@@ -120,6 +171,7 @@ lmc_l1_arena *lmc_l1_arena_create(const lmc_l1_arena_options *opts, char *err, s
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    arena->lock_fd = -1;
     if (lmc_l1_arena_resolve_shm_name(opts->shm_name, getpid(), arena->shm_name,
                                       sizeof(arena->shm_name)) != 0) {
         snprintf(err, errlen, "invalid shared-memory name '%s'", opts->shm_name);
@@ -157,5 +209,7 @@ void lmc_l1_arena_destroy(lmc_l1_arena *arena)
         snprintf(path, sizeof(path), "/%s", arena->shm_name);
         shm_unlink(path);
     }
+    if (arena->lock_fd >= 0)
+        close(arena->lock_fd);
     free(arena);
 }

@@ -1,16 +1,20 @@
 /* L1 arena: SHM naming, sharing through a second mapping, stale segment
- * replacement, unlink on close, private memory. */
+ * replacement, sweeping pools of servers that are gone, unlink on close,
+ * private memory. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -131,6 +135,71 @@ static void test_stale_segment_is_replaced(void **state)
     lmc_l1_arena_destroy(arena);
 }
 
+/* A pid that was just a process's and is no longer (reuse right after is
+ * as unlikely as the test needs). */
+static pid_t dead_pid(void)
+{
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(0);
+    assert_true(pid > 0);
+    assert_int_equal(waitpid(pid, NULL, 0), pid);
+    return pid;
+}
+
+static int make_pool(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/lmcache_l1_pool_%ld", (long)pid);
+    int fd = shm_open(path, O_RDWR | O_CREAT, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 4096), 0);
+    return fd;
+}
+
+static bool pool_exists(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/dev/shm/lmcache_l1_pool_%ld", (long)pid);
+    return access(path, F_OK) == 0;
+}
+
+/* Creating an SHM arena removes default-named pools whose server is gone
+ * (dead pid, nobody holding the pool's flock) and keeps the others: a live
+ * pid, or a pool locked by a server this process cannot see (another pid
+ * namespace).  The arena itself holds that lock while it lives. */
+static void test_abandoned_pools_are_swept(void **state)
+{
+    (void)state;
+    pid_t gone = dead_pid(), hidden = dead_pid(), alive = getppid();
+    close(make_pool(gone));
+    int locked = make_pool(hidden);
+    assert_int_equal(flock(locked, LOCK_SH), 0);
+    close(make_pool(alive));
+    char name[64], err[256] = "";
+    unique_name(name, sizeof(name), "sweeper");
+    lmc_l1_arena_options o = {1 << 20, name, false};
+    lmc_l1_arena *arena = lmc_l1_arena_create(&o, err, sizeof(err));
+    assert_non_null(arena);
+    assert_false(pool_exists(gone));
+    assert_true(pool_exists(hidden));
+    assert_true(pool_exists(alive));
+    /* The live arena's own segment is locked against other sweepers. */
+    char path[128];
+    snprintf(path, sizeof(path), "/dev/shm/%s", lmc_l1_arena_describe(arena)->shm_name);
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), -1);
+    close(fd);
+    lmc_l1_arena_destroy(arena);
+    close(locked);
+    char p2[64];
+    snprintf(p2, sizeof(p2), "/lmcache_l1_pool_%ld", (long)hidden);
+    shm_unlink(p2);
+    snprintf(p2, sizeof(p2), "/lmcache_l1_pool_%ld", (long)alive);
+    shm_unlink(p2);
+}
+
 static void test_private_memory(void **state)
 {
     (void)state;
@@ -198,6 +267,7 @@ int main(void)
         cmocka_unit_test(test_shm_shared_with_second_mapping),
         cmocka_unit_test(test_default_name_uses_pid),
         cmocka_unit_test(test_stale_segment_is_replaced),
+        cmocka_unit_test(test_abandoned_pools_are_swept),
         cmocka_unit_test(test_private_memory),
         cmocka_unit_test(test_hugepages),
         cmocka_unit_test(test_invalid_options),
