@@ -422,7 +422,8 @@ bool lmc_mp_get_str(const msgpack_object *o, const char **ptr, size_t *len)
 {
     if (!o || o->type != MSGPACK_OBJECT_STR)
         return false;
-    *ptr = o->via.str.ptr;
+    /* msgpack-c leaves ptr NULL for "": callers may memcmp/memcpy it. */
+    *ptr = o->via.str.size ? o->via.str.ptr : "";
     *len = o->via.str.size;
     return true;
 }
@@ -431,7 +432,7 @@ bool lmc_mp_get_bin(const msgpack_object *o, const uint8_t **ptr, size_t *len)
 {
     if (!o || o->type != MSGPACK_OBJECT_BIN)
         return false;
-    *ptr = (const uint8_t *)o->via.bin.ptr;
+    *ptr = o->via.bin.size ? (const uint8_t *)o->via.bin.ptr : (const uint8_t *)"";
     *len = o->via.bin.size;
     return true;
 }

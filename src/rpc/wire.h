@@ -68,6 +68,7 @@ bool lmc_mp_get_int(const msgpack_object *o, int64_t *out);  /* int (any width),
 bool lmc_mp_get_uint(const msgpack_object *o, uint64_t *out);
 bool lmc_mp_get_double(const msgpack_object *o, double *out); /* float32/64 or int */
 bool lmc_mp_get_bool(const msgpack_object *o, bool *out);     /* bool or 0/1 int */
+/* Never a NULL *ptr, also for "" and b"" (msgpack-c leaves those NULL). */
 bool lmc_mp_get_str(const msgpack_object *o, const char **ptr, size_t *len);
 bool lmc_mp_get_bin(const msgpack_object *o, const uint8_t **ptr, size_t *len);
 bool lmc_mp_is_nil(const msgpack_object *o);

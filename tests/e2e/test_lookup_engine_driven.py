@@ -228,6 +228,8 @@ def test_malformed_keys_are_dropped(srv, pair):
     assert w.d.call(REG, raw=[b"\xc1"], timeout_ms=300) is None   # not msgpack
     assert unpack(sched.call(NOOP)) == "OK"
     assert lookup(sched, toks, "ok") == 0
+    assert lookup(sched, toks, "") == 0           # "" is a request id too (msgpack-c: NULL ptr)
+    assert sched.call(END, "") is not None
     sched.close()
 
 

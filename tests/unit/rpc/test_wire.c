@@ -155,6 +155,10 @@ static void test_accessors_follow_msgspec_rules(void **state)
     size_t n;
     assert_true(lmc_mp_get_str(&o, &p, &n) && n == 2 && memcmp(p, "OK", 2) == 0);
     assert_false(lmc_mp_get_bin(&o, (const uint8_t **)&p, &n)); /* str is never bytes */
+    o = decode(&z, "\xa0", 1);                                  /* "": msgpack-c's ptr is NULL */
+    assert_true(lmc_mp_get_str(&o, &p, &n) && n == 0 && p != NULL);
+    o = decode(&z, "\xc4\x00", 2);                              /* b"" */
+    assert_true(lmc_mp_get_bin(&o, (const uint8_t **)&p, &n) && n == 0 && p != NULL);
     o = decode(&z, "\x82\xa1" "a" "\x01\xa1" "b" "\xc0", 7);
     assert_non_null(lmc_mp_map_get(&o, "a"));
     assert_true(lmc_mp_is_nil(lmc_mp_map_get(&o, "b")));
