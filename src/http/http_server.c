@@ -23,6 +23,11 @@
 #define DEFAULT_TIMEOUT_S 30u
 #define DEFAULT_THREADS 2u
 #define MAX_CONNECTIONS 256u
+/* Per-connection memory pool: request line, headers, query arguments.
+ * libmicrohttpd's default (32 KiB) ran out on a 900-byte URL with a few
+ * hundred '&'-separated arguments, and libmicrohttpd then left the client
+ * without an answer until the idle timeout (found by fuzzing). */
+#define CONNECTION_MEMORY (128u << 10)
 
 #define LOG_LINES_PER_SECOND 10
 
@@ -353,7 +358,9 @@ static struct MHD_Daemon *start_daemon(lmc_http_server *s, const lmc_http_option
         MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(o->threads ? o->threads : DEFAULT_THREADS),
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->timeout_s ? o->timeout_s : DEFAULT_TIMEOUT_S),
-        MHD_OPTION_CONNECTION_LIMIT, MAX_CONNECTIONS, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+        MHD_OPTION_CONNECTION_LIMIT, MAX_CONNECTIONS,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONNECTION_MEMORY,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed,
         NULL, MHD_OPTION_END);
 }
 
