@@ -465,7 +465,7 @@ static int bandwidth(bench *b, size_t chunks)
         src[i] = (uint8_t)(i * 131 + (i >> 12));
     phase st, rt, pst, prt;
     double st_rpc = 0, st_copy = 0;
-    /* Warm-up store: tmpfs commits pool pages on first touch. */
+    /* Warm-up store: this process maps the pool pages on first touch. */
     if (run_phase(b, toks, reqs, src, true, &st) != 0)
         return -1;
     msgpack_sbuffer clr;

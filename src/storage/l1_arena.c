@@ -21,7 +21,7 @@
 struct lmc_l1_arena {
     lmc_l1_arena_desc desc;
     char shm_name[LMC_L1_SHM_NAME_MAX + 1];
-    int lock_fd;   /* the SHM segment, held open with a shared flock; -1 if none */
+    int shm_fd;   /* the SHM segment, held open with a shared flock; -1 if none */
 };
 
 int lmc_l1_arena_resolve_shm_name(const char *requested, pid_t pid, char *out, size_t cap)
@@ -45,16 +45,33 @@ int lmc_l1_arena_resolve_shm_name(const char *requested, pid_t pid, char *out, s
     return n > 0 && (size_t)n < cap && n <= LMC_L1_SHM_NAME_MAX ? 0 : -1;
 }
 
-static void warn_if_shm_too_small(uint64_t size)
+static uint64_t shm_bytes_available(void)
 {
     struct statvfs vfs;
     if (statvfs("/dev/shm", &vfs) != 0)
-        return;
-    uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+        return UINT64_MAX;
+    return (uint64_t)vfs.f_bavail * vfs.f_frsize;
+}
+
+static void warn_if_shm_too_small(uint64_t size)
+{
+    uint64_t avail = shm_bytes_available();
     if (avail < size)
         LMC_WARN("/dev/shm has %llu bytes available but the L1 arena is %llu bytes; "
-                 "writes beyond the available space will fault (SIGBUS)",
+                 "the L1 will grow only as far as /dev/shm can back it",
                  (unsigned long long)avail, (unsigned long long)size);
+}
+
+/* Every lmcached holds a shared flock on its pool, so an exclusive one is
+ * refused exactly while a server is using the segment. */
+static bool segment_in_use(const char *path)
+{
+    int fd = shm_open(path, O_RDONLY, 0);
+    if (fd < 0)
+        return false;
+    bool busy = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    close(fd);
+    return busy;
 }
 
 /* True when /dev/shm/<name> is "lmcache_l1_pool_<pid>" (the default name)
@@ -106,6 +123,12 @@ static int map_shm(lmc_l1_arena *arena, uint64_t size, char *err, size_t errlen)
     sweep_abandoned_pools();
     char path[LMC_L1_SHM_NAME_MAX + 2];
     snprintf(path, sizeof(path), "/%s", arena->shm_name);
+    /* Taking over a live server's pool would hand its engines our slots. */
+    if (segment_in_use(path)) {
+        snprintf(err, errlen, "shared-memory pool %s is in use by another running lmcached; "
+                              "give each server its own --shm-name", path);
+        return -1;
+    }
     if (shm_unlink(path) == 0)
         LMC_WARN("unlinked stale shared-memory segment %s", path);
     int fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
@@ -125,7 +148,7 @@ static int map_shm(lmc_l1_arena *arena, uint64_t size, char *err, size_t errlen)
         goto fail;
     }
     flock(fd, LOCK_SH);   /* "in use", for other servers' sweeps; kept till destroy */
-    arena->lock_fd = fd;
+    arena->shm_fd = fd;
     warn_if_shm_too_small(size);
     arena->desc.base = base;
     arena->desc.size = size;
@@ -171,7 +194,7 @@ lmc_l1_arena *lmc_l1_arena_create(const lmc_l1_arena_options *opts, char *err, s
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    arena->lock_fd = -1;
+    arena->shm_fd = -1;
     if (lmc_l1_arena_resolve_shm_name(opts->shm_name, getpid(), arena->shm_name,
                                       sizeof(arena->shm_name)) != 0) {
         snprintf(err, errlen, "invalid shared-memory name '%s'", opts->shm_name);
@@ -194,6 +217,24 @@ fail:
     return NULL;
 }
 
+int lmc_l1_arena_commit(lmc_l1_arena *arena, uint64_t offset, uint64_t len, char *err,
+                        size_t errlen)
+{
+    if (arena->shm_fd < 0 || len == 0)
+        return 0;   /* private memory: the kernel commits it on first touch */
+    int rc;
+    do
+        rc = posix_fallocate(arena->shm_fd, (off_t)offset, (off_t)len);
+    while (rc == EINTR);
+    if (rc == 0)
+        return 0;
+    snprintf(err, errlen, "cannot back bytes %llu..%llu of shared-memory pool /%s: %s "
+                          "(/dev/shm has %llu bytes available)",
+             (unsigned long long)offset, (unsigned long long)(offset + len), arena->shm_name,
+             strerror(rc), (unsigned long long)shm_bytes_available());
+    return -1;
+}
+
 const lmc_l1_arena_desc *lmc_l1_arena_describe(const lmc_l1_arena *arena)
 {
     return &arena->desc;
@@ -209,7 +250,7 @@ void lmc_l1_arena_destroy(lmc_l1_arena *arena)
         snprintf(path, sizeof(path), "/%s", arena->shm_name);
         shm_unlink(path);
     }
-    if (arena->lock_fd >= 0)
-        close(arena->lock_fd);
+    if (arena->shm_fd >= 0)
+        close(arena->shm_fd);
     free(arena);
 }

@@ -4,9 +4,11 @@
  * processes can map it by name (wire-protocol.md §6.1): they call
  * shm_open("/" + shm_name) and mmap `size` bytes; an object's slot offset is
  * its arena offset.  With an empty shm name the arena is private anonymous
- * memory (optionally 2 MiB hugepages).  Nothing is pre-faulted: pages are
- * committed by the kernel on first touch (MAP_NORESERVE for private memory,
- * tmpfs semantics for SHM).
+ * memory (optionally 2 MiB hugepages).  The owner commits ranges of an SHM
+ * arena before handing them to the allocator (lmc_l1_arena_commit), so a
+ * full /dev/shm is an error there instead of SIGBUS in whichever process
+ * first touches the page; private memory is committed by the kernel on
+ * first touch (MAP_NORESERVE).
  *
  * The descriptor {base, size, shm_name} is what a future CUDA path (pinned
  * host registration) or a P2P transport needs to expose the region.
@@ -47,9 +49,16 @@ typedef struct lmc_l1_arena_desc {
 int lmc_l1_arena_resolve_shm_name(const char *requested, pid_t pid, char *out, size_t cap);
 
 /* Creates the arena.  An existing segment of the same name is unlinked
- * first (stale, from a crashed run).  NULL on failure, with a one-line
- * reason in `err`. */
+ * first (stale, from a crashed run) unless a running lmcached holds it,
+ * which is an error.  NULL on failure, with a one-line reason in `err`. */
 lmc_l1_arena *lmc_l1_arena_create(const lmc_l1_arena_options *opts, char *err, size_t errlen);
+
+/* Backs [offset, offset + len) of an SHM arena with tmpfs pages now
+ * (no-op for private memory).  -1 with a reason in `err` when /dev/shm (or
+ * the memory limit) cannot hold them; nothing of the range is kept then.
+ * This is also where a CUDA build will pin the range. */
+int lmc_l1_arena_commit(lmc_l1_arena *arena, uint64_t offset, uint64_t len, char *err,
+                        size_t errlen);
 
 const lmc_l1_arena_desc *lmc_l1_arena_describe(const lmc_l1_arena *arena);
 

@@ -112,8 +112,9 @@ static bool grower_sleep(lmc_storage_manager *sm, uint32_t ms)
     return !stop;
 }
 
-/* Commits the rest of the arena step by step.  This is where a CUDA build
- * would register each new range as pinned memory before committing it. */
+/* Commits the rest of the arena step by step: each range is backed by the
+ * arena (tmpfs pages now; pinned memory in a CUDA build) before the
+ * allocator may hand it out.  A /dev/shm that fills up ends the growth. */
 static void *grower_main(void *arg)
 {
     lmc_storage_manager *sm = arg;
@@ -121,7 +122,17 @@ static void *grower_main(void *arg)
     lmc_l1_manager_stats(sm->l1, &st);
     uint64_t committed = st.committed_bytes;
     while (committed < st.configured_bytes && grower_sleep(sm, sm->opts.lazy_grow_interval_ms)) {
-        uint64_t next = lmc_l1_manager_grow(sm->l1, sm->opts.lazy_grow_step_bytes);
+        uint64_t step = st.configured_bytes - committed;
+        if (step > sm->opts.lazy_grow_step_bytes)
+            step = sm->opts.lazy_grow_step_bytes;
+        char err[512];
+        if (lmc_l1_arena_commit(sm->arena, committed, step, err, sizeof err) != 0) {
+            LMC_ERROR("L1: growth stopped at %llu of %llu bytes: %s",
+                      (unsigned long long)committed, (unsigned long long)st.configured_bytes,
+                      err);
+            break;
+        }
+        uint64_t next = lmc_l1_manager_grow(sm->l1, step);
         if (next == committed)
             break;
         committed = next;
@@ -195,9 +206,16 @@ static int create_l1(lmc_storage_manager *sm, char *err, size_t errlen)
     sm->arena = lmc_l1_arena_create(&ao, err, errlen);
     if (!sm->arena)
         return -1;
+    uint64_t initial = initial_commit(o, configured);
+    char why[384];
+    if (lmc_l1_arena_commit(sm->arena, 0, initial, why, sizeof why) != 0) {
+        snprintf(err, errlen, "%s; enlarge /dev/shm (docker: --shm-size) or lower %s", why,
+                 initial < configured ? "--l1-init-size-gb" : "--l1-size-gb");
+        return -1;
+    }
     lmc_l1_manager_options mo = {
         .configured_bytes = configured,
-        .committed_bytes = initial_commit(o, configured),
+        .committed_bytes = initial,
         .align_bytes = o->l1_align_bytes,
         .write_ttl_ms = (int64_t)o->l1_write_ttl_seconds * 1000,
         .read_ttl_ms = (int64_t)o->l1_read_ttl_seconds * 1000,

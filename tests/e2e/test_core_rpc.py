@@ -1,13 +1,15 @@
 """End-to-end: the core RPC surface of the real lmcached binary."""
 import os
 import random
+import subprocess
 import threading
 import time
 
 import msgpack
+import pytest
 import zmq
 
-from conftest import Server, free_port, run_lmcached
+from conftest import LMCACHED, Server, free_port, run_lmcached
 
 NOOP, GET_CHUNK_SIZE, PING, CLEAR = 24, 21, 22, 20
 REPORT_BLOCK_ALLOCATION, GET_EXPERIMENTAL, LOOKUP = 23, 32, 8
@@ -185,6 +187,39 @@ def test_port_in_use_fails_with_one_clear_message(server):
     assert r.returncode != 0
     assert "Address already in use" in r.stderr or "in use" in r.stderr
     assert len([line for line in r.stderr.splitlines() if "error" in line.lower() or "cannot" in line]) >= 1
+
+
+def test_shm_name_of_a_running_server_is_refused(start_server):
+    name = f"e2e_shared_{os.getpid()}"
+    first = start_server("--shm-name", name)
+    r = run_lmcached("--host", "127.0.0.1", "--port", str(free_port()), "--http-port", str(free_port()),
+                     "--l1-size-gb", "0.0625", "--eviction-policy", "LRU", "--shm-name", name)
+    assert r.returncode == 1, r.stderr
+    assert "in use by another running lmcached" in r.stderr and "--shm-name" in r.stderr
+    assert os.path.exists(f"/dev/shm/lmcache_l1_pool_{name}")  # not taken over
+    d = first.dealer()
+    assert d.call(NOOP)[2] == b"\xa2OK"
+    d.close()
+
+
+def _can_mount_private_tmpfs():
+    r = subprocess.run(["unshare", "-m", "sh", "-c",
+                        "mount -t tmpfs -o size=1m tmpfs /dev/shm"], capture_output=True)
+    return r.returncode == 0
+
+
+def test_dev_shm_too_small_for_the_pool_fails_at_start():
+    """Docker's default /dev/shm is 64 MiB: a pool that does not fit is a clear
+    start-up error instead of SIGBUS in an engine writing its slots later."""
+    if not _can_mount_private_tmpfs():
+        pytest.skip("needs to mount a tmpfs in a private mount namespace (root)")
+    script = ("mount -t tmpfs -o size=32m tmpfs /dev/shm && exec \"$@\"")
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", LMCACHED, "--host",
+                        "127.0.0.1", "--port", str(free_port()), "--http-port", str(free_port()),
+                        "--l1-size-gb", "0.0625", "--eviction-policy", "LRU"],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 1, r.stderr
+    assert "No space left on device" in r.stderr and "--shm-size" in r.stderr, r.stderr
 
 
 def test_bad_flags_exit_2_with_a_message_naming_the_flag():

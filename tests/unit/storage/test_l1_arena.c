@@ -1,6 +1,6 @@
 /* L1 arena: SHM naming, sharing through a second mapping, stale segment
- * replacement, sweeping pools of servers that are gone, unlink on close,
- * private memory. */
+ * replacement, refusing a live server's pool, sweeping pools of servers
+ * that are gone, committing ranges, unlink on close, private memory. */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -200,6 +200,66 @@ static void test_abandoned_pools_are_swept(void **state)
     shm_unlink(p2);
 }
 
+/* A pool another running server holds is not taken over: its engines would
+ * be handed the newcomer's slots.  Once that server is gone it is stale. */
+static void test_live_pool_name_is_refused(void **state)
+{
+    (void)state;
+    char name[64], err[256] = "";
+    unique_name(name, sizeof(name), "taken");
+    lmc_l1_arena_options o = {1 << 20, name, false};
+    lmc_l1_arena *first = lmc_l1_arena_create(&o, err, sizeof(err));
+    assert_non_null(first);
+    uint8_t *base = lmc_l1_arena_describe(first)->base;
+    base[100] = 0x5c;
+    assert_null(lmc_l1_arena_create(&o, err, sizeof(err)));
+    assert_non_null(strstr(err, "in use by another running lmcached"));
+    assert_non_null(strstr(err, "--shm-name"));
+    uint64_t size = 0;
+    uint8_t *other = map_by_name(lmc_l1_arena_describe(first)->shm_name, &size);
+    assert_non_null(other);                    /* still the first server's segment */
+    assert_int_equal(other[100], 0x5c);
+    munmap(other, size);
+    lmc_l1_arena_destroy(first);
+    lmc_l1_arena *second = lmc_l1_arena_create(&o, err, sizeof(err));
+    assert_non_null(second);
+    lmc_l1_arena_destroy(second);
+}
+
+static uint64_t allocated_bytes(const char *shm_name)
+{
+    char path[300];
+    snprintf(path, sizeof(path), "/dev/shm/%s", shm_name);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    return (uint64_t)st.st_blocks * 512;
+}
+
+/* Committing backs exactly the range with tmpfs pages, before anyone
+ * touches them; private memory has nothing to commit. */
+static void test_commit_backs_range(void **state)
+{
+    (void)state;
+    char name[64], err[256] = "";
+    unique_name(name, sizeof(name), "commit");
+    lmc_l1_arena_options o = {ARENA_BYTES, name, false};
+    lmc_l1_arena *arena = lmc_l1_arena_create(&o, err, sizeof(err));
+    assert_non_null(arena);
+    const char *shm = lmc_l1_arena_describe(arena)->shm_name;
+    assert_int_equal(allocated_bytes(shm), 0);
+    assert_int_equal(lmc_l1_arena_commit(arena, 0, 4 << 20, err, sizeof(err)), 0);
+    assert_int_equal(allocated_bytes(shm), 4 << 20);
+    assert_int_equal(lmc_l1_arena_commit(arena, 4 << 20, 2 << 20, err, sizeof(err)), 0);
+    assert_int_equal(allocated_bytes(shm), 6 << 20);
+    assert_int_equal(lmc_l1_arena_commit(arena, 0, 0, err, sizeof(err)), 0);
+    lmc_l1_arena_destroy(arena);
+    lmc_l1_arena_options priv = {ARENA_BYTES, "", false};
+    arena = lmc_l1_arena_create(&priv, err, sizeof(err));
+    assert_non_null(arena);
+    assert_int_equal(lmc_l1_arena_commit(arena, 0, ARENA_BYTES, err, sizeof(err)), 0);
+    lmc_l1_arena_destroy(arena);
+}
+
 static void test_private_memory(void **state)
 {
     (void)state;
@@ -268,6 +328,8 @@ int main(void)
         cmocka_unit_test(test_default_name_uses_pid),
         cmocka_unit_test(test_stale_segment_is_replaced),
         cmocka_unit_test(test_abandoned_pools_are_swept),
+        cmocka_unit_test(test_live_pool_name_is_refused),
+        cmocka_unit_test(test_commit_backs_range),
         cmocka_unit_test(test_private_memory),
         cmocka_unit_test(test_hugepages),
         cmocka_unit_test(test_invalid_options),
