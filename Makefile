@@ -64,6 +64,7 @@ e2e: build deps-test
 bench: build deps-test
 	./bench/run.sh $(BUILD_DIR)
 	./$(BUILD_DIR)/hash_bench
+	./$(BUILD_DIR)/decode_bench
 	./$(BUILD_DIR)/transfer_bench --chunks 128 --iters 500
 
 # Sanitizer builds: ASan+UBSan and TSan, each in its own build tree.

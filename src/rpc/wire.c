@@ -315,10 +315,41 @@ bool lmc_mpr_int(lmc_mp_reader *r, int64_t *out)
     return true;
 }
 
+/* Blocks of 8 ids of at most 32 bits with one bounds check per block (8
+ * elements take at most 40 bytes) and no range check (max >= 2^32 - 1):
+ * about 30% faster than the checked loop on a 32k-token prompt, whether
+ * the widths are predictable or not (BENCHMARKS.md).  Stops at the first
+ * other width; returns how many it read. */
+static size_t uint32_blocks(const uint8_t **pp, const uint8_t *end, size_t n, uint64_t *out)
+{
+    const uint8_t *p = *pp;
+    size_t i = 0;
+    while (n - i >= 8 && end - p >= 40) {
+        for (size_t stop = i + 8; i < stop; i++) {
+            uint8_t b = *p;
+            if (b == 0xcd) {
+                out[i] = (uint64_t)p[1] << 8 | p[2], p += 3;
+            } else if (b == 0xce) {
+                out[i] = (uint64_t)p[1] << 24 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 8 | p[4];
+                p += 5;
+            } else if (b <= 0x7f) {
+                out[i] = b, p += 1;
+            } else if (b == 0xcc) {
+                out[i] = p[1], p += 2;
+            } else {
+                goto done;
+            }
+        }
+    }
+done:
+    *pp = p;
+    return i;
+}
+
 size_t lmc_mpr_uints(lmc_mp_reader *r, size_t n, uint64_t max, uint64_t *out)
 {
     const uint8_t *p = r->p, *end = r->end;
-    size_t i = 0;
+    size_t i = max >= UINT32_MAX ? uint32_blocks(&p, end, n, out) : 0;
     for (; i < n && p < end; i++) {
         const uint8_t *elem = p;
         uint8_t b = *p;

@@ -4,6 +4,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -258,6 +259,70 @@ static void test_pull_reader(void **state)
     assert_false(lmc_mpr_array(&r, &n));
 }
 
+/* lmc_mpr_uints against msgpack-c on arrays mixing every width a non-negative
+ * int can take, at every length around the 8-element blocks of its fast
+ * path, with one element of another kind (too big, negative, a str, a
+ * uint64) at every position, and every truncation: the count read, the
+ * values and where the reader stops must all agree. */
+static void test_uints_agree_with_msgpack_c(void **state)
+{
+    (void)state;
+    static const uint64_t widths[] = {5, 127, 200, 255, 300, 65535, 70000, 0xffffffffull};
+    enum { N = 40 };
+    for (size_t odd = 0; odd <= N; odd++) {          /* odd == N: all good */
+        for (int kind = 0; kind < 8; kind++) {       /* kind >= 4: only 5-byte ids */
+            msgpack_sbuffer sb;
+            msgpack_packer pk;
+            msgpack_sbuffer_init(&sb);
+            msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+            uint64_t want[N];
+            for (size_t i = 0; i < N; i++) {
+                want[i] = kind < 4 ? widths[(i * 5 + kind) % 8] : 70000 + i;
+                if (i != odd)
+                    msgpack_pack_uint64(&pk, want[i]);
+                else if (kind % 4 == 0)
+                    msgpack_pack_uint64(&pk, 1ull << 33);
+                else if (kind % 4 == 1)
+                    msgpack_pack_int64(&pk, -1);
+                else if (kind % 4 == 2)
+                    msgpack_pack_str_with_body(&pk, "x", 1);
+                else   /* a small value in the 8-byte form: still an int <= max */
+                    msgpack_sbuffer_write(&sb, "\xcf\0\0\0\0\0\0\0\x07", 9);
+            }
+            if (kind % 4 == 3 && odd < N)
+                want[odd] = 7;
+            size_t good = kind % 4 == 3 || odd == N ? N : odd;
+            for (size_t cut = sb.size; cut > 0; cut--) {
+                lmc_mp_reader r;
+                uint64_t got[N];
+                uint8_t *exact = malloc(cut);   /* reads past `cut` trip ASan */
+                assert_non_null(exact);
+                memcpy(exact, sb.data, cut);
+                lmc_mpr_init(&r, exact, cut);
+                size_t n = lmc_mpr_uints(&r, N, UINT32_MAX, got);
+                /* whole elements that fit in `cut` bytes, up to the first bad one */
+                size_t fit = 0, off = 0;
+                while (fit < good) {
+                    msgpack_unpacked u;
+                    msgpack_unpacked_init(&u);
+                    size_t at = off;
+                    bool ok = msgpack_unpack_next(&u, sb.data, cut, &at) == MSGPACK_UNPACK_SUCCESS;
+                    msgpack_unpacked_destroy(&u);
+                    if (!ok)
+                        break;
+                    off = at;
+                    fit++;
+                }
+                assert_int_equal(n, fit);
+                assert_memory_equal(got, want, n * sizeof *got);
+                assert_ptr_equal(r.p, exact + off);
+                free(exact);
+            }
+            msgpack_sbuffer_destroy(&sb);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -268,6 +333,7 @@ int main(void)
         cmocka_unit_test(test_validate_fast_path_edges),
         cmocka_unit_test(test_validate_depth_matches_msgpack_c),
         cmocka_unit_test(test_pull_reader),
+        cmocka_unit_test(test_uints_agree_with_msgpack_c),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
