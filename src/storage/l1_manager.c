@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 #include "obs/log.h"
 #include "storage/key_table.h"
@@ -33,6 +34,18 @@ typedef struct l1_entry {
     uint32_t cap_staging;
 } l1_entry;
 
+/* A buffer that a forced delete or clear unlinked while someone still held
+ * it: a writer with a live reservation (an engine copying into its slot, an
+ * L2 load) or readers with shares (an engine copying out, a write-behind).
+ * Its key is gone from the cache at once, but the memory stays allocated
+ * until the holder finishes or its lock expires, so that a late copy never
+ * lands in, or reads from, an object allocated there since. */
+typedef struct l1_retired {
+    lmc_object_key key;
+    char *tag;               /* the writer's; NULL for readers of a resident copy */
+    l1_record rec;
+} l1_retired;
+
 typedef struct l1_event {
     struct l1_event *next;
     lmc_l1_event_kind kind;
@@ -57,6 +70,9 @@ struct lmc_l1_manager {
     char backend[32];
     size_t num_objects, num_staging, num_temporary;
     uint64_t object_bytes, staging_bytes;
+    l1_retired *retired;             /* see l1_retired; usually empty */
+    size_t num_retired, cap_retired;
+    uint64_t retired_bytes;
     l1_listener listeners[LMC_L1_MAX_LISTENERS];
     size_t num_listeners;
     l1_event *queue_head, *queue_tail;
@@ -349,15 +365,79 @@ static void end_deferred_frees(lmc_l1_manager *m)
     m->num_deferred = 0;
 }
 
-/* Frees staging buffers: only the expired ones unless `all`.  Returns how
- * many were freed. */
+/* ---- retired buffers (l1_retired) -------------------------------------- */
+
+/* Keeps `rec` allocated for its holder; frees it at once (the behaviour
+ * without retirement) only if the list cannot grow. */
+static void retire(lmc_l1_manager *m, const lmc_object_key *key, const char *tag,
+                   const l1_record *rec)
+{
+    if (m->num_retired == m->cap_retired) {
+        size_t cap = m->cap_retired ? m->cap_retired * 2 : 16;
+        l1_retired *grown = realloc(m->retired, cap * sizeof(*grown));
+        if (!grown)
+            goto no_memory;
+        m->retired = grown;
+        m->cap_retired = cap;
+    }
+    char *tag_copy = NULL;
+    if (tag && !(tag_copy = strdup(tag)))
+        goto no_memory;
+    m->retired[m->num_retired++] = (l1_retired){*key, tag_copy, *rec};
+    m->retired_bytes += rec->size;
+    return;
+no_memory:
+    LMC_WARN("L1: out of memory; freeing a buffer that is still in use");
+    free_buffer(m, rec);
+}
+
+static void free_retired(lmc_l1_manager *m, size_t i)
+{
+    l1_retired *r = &m->retired[i];
+    free_buffer(m, &r->rec);
+    m->retired_bytes -= r->rec.size;
+    free(r->tag);
+    *r = m->retired[--m->num_retired];
+}
+
+/* The retired buffer of `key` held by writer `tag`, or by readers (NULL). */
+static ssize_t find_retired(const lmc_l1_manager *m, const lmc_object_key *key, const char *tag)
+{
+    for (size_t i = 0; i < m->num_retired; i++) {
+        const l1_retired *r = &m->retired[i];
+        if ((tag ? r->tag && strcmp(r->tag, tag) == 0 : !r->tag) &&
+            lmc_object_key_equal(&r->key, key))
+            return (ssize_t)i;
+    }
+    return -1;
+}
+
+/* Frees retired buffers whose holders' locks expired (they will not come
+ * back, or came back too late, as for any expired lock). */
+static void sweep_retired(lmc_l1_manager *m, int64_t now)
+{
+    for (size_t i = 0; i < m->num_retired;) {
+        if (lmc_ttl_lock_held(&m->retired[i].rec.lock, now))
+            i++;
+        else
+            free_retired(m, i);
+    }
+}
+
+/* Frees staging buffers: only the expired ones unless `all`, which retires
+ * live ones instead.  Returns how many were dropped. */
 static size_t reclaim_staging(lmc_l1_manager *m, l1_entry *e, int64_t now, bool all)
 {
     size_t freed = 0;
     for (uint32_t i = 0; i < e->num_staging;) {
-        if (all || !lmc_ttl_lock_held(&e->staging[i].rec.lock, now)) {
-            l1_record rec = take_staging(m, e, &e->staging[i]);
-            free_buffer(m, &rec);
+        l1_staging *s = &e->staging[i];
+        bool live = lmc_ttl_lock_held(&s->rec.lock, now);
+        if (all || !live) {
+            if (live)
+                retire(m, &e->key, s->tag, &s->rec);
+            l1_record rec = take_staging(m, e, s);
+            if (!live)
+                free_buffer(m, &rec);
             freed++;
         } else {
             i++;
@@ -386,9 +466,13 @@ static bool admit(lmc_l1_manager *m, l1_entry *e, const l1_record *rec, int64_t 
     return true;
 }
 
-static void free_resident(lmc_l1_manager *m, l1_entry *e)
+/* Unlinks the resident copy; retires its buffer while readers hold it. */
+static void free_resident(lmc_l1_manager *m, l1_entry *e, int64_t now)
 {
-    free_buffer(m, &e->object);
+    if (lmc_ttl_lock_held(&e->object.lock, now))
+        retire(m, &e->key, NULL, &e->object);
+    else
+        free_buffer(m, &e->object);
     m->num_objects--;
     m->object_bytes -= e->object.size;
     if (e->object.is_temporary)
@@ -440,6 +524,9 @@ void lmc_l1_manager_free(lmc_l1_manager *m)
         free(e);
     }
     lmc_key_table_destroy(&m->entries);
+    for (size_t i = 0; i < m->num_retired; i++)
+        free(m->retired[i].tag);
+    free(m->retired);
     for (l1_event *ev = m->queue_head, *next; ev; ev = next) {
         next = ev->next;
         free(ev);
@@ -546,6 +633,8 @@ int lmc_l1_manager_reserve_write(lmc_l1_manager *m, const lmc_object_key *keys,
         return -1;
     pthread_mutex_lock(&m->mutex);
     int64_t now = now_ms(m);
+    if (m->num_retired > 0)
+        sweep_retired(m, now);
     size_t needed = 0;
     for (size_t i = 0; i < n; i++) {
         bool temp = is_temporary && is_temporary[i];
@@ -575,8 +664,12 @@ static lmc_l1_result pop_live_staging(lmc_l1_manager *m, const lmc_object_key *k
 {
     l1_entry *e = find_entry(m, key);
     l1_staging *s = find_staging(e, tag);
-    if (!s)
+    if (!s) {
+        ssize_t r = m->num_retired ? find_retired(m, key, tag) : -1;
+        if (r >= 0)
+            free_retired(m, (size_t)r);   /* cleared while written: the write is void */
         return LMC_L1_KEY_NOT_EXIST;
+    }
     if (!lmc_ttl_lock_held(&s->rec.lock, now))
         return LMC_L1_KEY_IN_WRONG_STATE;
     *rec = take_staging(m, e, s);
@@ -730,9 +823,28 @@ static bool finish_read_one(lmc_l1_manager *m, l1_entry *e, uint32_t readers, in
     lmc_ttl_lock_release(&e->object.lock, readers, now);
     if (e->object.lock.count > 0 || !e->object.is_temporary)
         return false;
-    free_resident(m, e);
+    free_resident(m, e, now);
     drop_entry_if_empty(m, e);
     return true;
+}
+
+/* A read of a copy that was cleared while it was read: the memory was kept
+ * for it, so the read itself succeeded; the last share frees the buffer. */
+static lmc_l1_result finish_retired_read(lmc_l1_manager *m, const lmc_object_key *key,
+                                         uint32_t readers, int64_t now)
+{
+    ssize_t r = m->num_retired ? find_retired(m, key, NULL) : -1;
+    if (r < 0)
+        return LMC_L1_KEY_NOT_EXIST;
+    lmc_ttl_lock *lock = &m->retired[r].rec.lock;
+    if (!lmc_ttl_lock_held(lock, now)) {
+        free_retired(m, (size_t)r);
+        return LMC_L1_KEY_IN_WRONG_STATE;
+    }
+    lmc_ttl_lock_release(lock, readers, now);
+    if (lock->count == 0)
+        free_retired(m, (size_t)r);
+    return LMC_L1_SUCCESS;
 }
 
 void lmc_l1_manager_object_sizes(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
@@ -757,7 +869,7 @@ int lmc_l1_manager_finish_read(lmc_l1_manager *m, const lmc_object_key *keys, si
     for (size_t i = 0; i < n; i++) {
         l1_entry *e = find_entry(m, &keys[i]);
         if (!e || !e->resident) {
-            results[i] = LMC_L1_KEY_NOT_EXIST;
+            results[i] = finish_retired_read(m, &keys[i], readers, now);
             continue;
         }
         if (!lmc_ttl_lock_held(&e->object.lock, now)) {
@@ -793,7 +905,7 @@ static lmc_l1_result delete_one(lmc_l1_manager *m, const lmc_object_key *key, bo
             *age = (lmc_l1_object_age){e->object.sampled,
                                        (double)(now - e->object.admitted_ms) / 1000.0,
                                        (double)(now - e->object.touched_ms) / 1000.0};
-        free_resident(m, e);
+        free_resident(m, e, now);
         freed++;
     }
     drop_entry_if_empty(m, e);
@@ -834,7 +946,7 @@ static bool clear_one(lmc_l1_manager *m, l1_entry *e, bool force, int64_t now,
     bool freed_resident = false;
     reclaim_staging(m, e, now, force);
     if (e->resident && (force || !lmc_ttl_lock_held(&e->object.lock, now))) {
-        free_resident(m, e);
+        free_resident(m, e, now);
         freed_resident = true;
     }
     return drop_entry_if_empty(m, e) || freed_resident;
@@ -843,6 +955,8 @@ static bool clear_one(lmc_l1_manager *m, l1_entry *e, bool force, int64_t now,
 long lmc_l1_manager_clear(lmc_l1_manager *m, bool force)
 {
     pthread_mutex_lock(&m->mutex);
+    if (m->num_retired > 0)
+        sweep_retired(m, now_ms(m));
     size_t count = m->entries.count;
     l1_entry **all = malloc((count ? count : 1) * sizeof(*all));
     if (!all) {
@@ -965,6 +1079,8 @@ void lmc_l1_manager_stats(lmc_l1_manager *m, lmc_l1_stats *out)
     out->num_temporary = m->num_temporary;
     out->object_bytes = m->object_bytes;
     out->staging_bytes = m->staging_bytes;
+    out->num_retired = m->num_retired;
+    out->retired_bytes = m->retired_bytes;
     out->committed_bytes = lmc_l1_alloc_heap_size(m->alloc);
     out->used_bytes = out->committed_bytes - lmc_l1_alloc_free_size(m->alloc);
     out->configured_bytes = m->configured_bytes;
@@ -975,7 +1091,8 @@ bool lmc_l1_manager_memcheck(lmc_l1_manager *m)
 {
     pthread_mutex_lock(&m->mutex);
     bool ok = lmc_l1_alloc_memcheck(m->alloc) &&
-              m->object_bytes + m->staging_bytes == lmc_l1_alloc_allocated_size(m->alloc);
+              m->object_bytes + m->staging_bytes + m->retired_bytes ==
+                  lmc_l1_alloc_allocated_size(m->alloc);
     pthread_mutex_unlock(&m->mutex);
     if (!ok)
         LMC_ERROR("L1 memcheck failed");
@@ -1004,6 +1121,8 @@ json_t *lmc_l1_manager_report_status(lmc_l1_manager *m)
     rc |= set_u64(st, "num_locked_objects", s.num_locked);
     rc |= set_u64(st, "num_temporary_objects", s.num_temporary);
     rc |= set_u64(st, "staging_bytes", s.staging_bytes);
+    rc |= set_u64(st, "num_retired_buffers", s.num_retired);
+    rc |= set_u64(st, "retired_bytes", s.retired_bytes);
     rc |= set_u64(st, "memory_used_bytes", s.used_bytes);
     rc |= set_u64(st, "memory_total_bytes", s.committed_bytes);
     rc |= set_u64(st, "memory_configured_bytes", s.configured_bytes);

@@ -87,6 +87,8 @@ typedef struct lmc_l1_stats {
     size_t num_temporary;        /* resident temporary objects */
     uint64_t object_bytes;
     uint64_t staging_bytes;
+    size_t num_retired;          /* buffers a forced delete/clear left to their holders */
+    uint64_t retired_bytes;
     uint64_t used_bytes;         /* committed - free */
     uint64_t committed_bytes;
     uint64_t configured_bytes;

@@ -379,3 +379,43 @@ def test_spec_byte_examples(start_server):
     assert miss == bytes.fromhex("83a773756363657373c2a464617461c400a7636f6e7465787480")
     d.close()
     w.close()
+
+
+def test_clear_during_transfers_never_hands_out_memory_in_use(srv, pair):
+    """A CLEAR (forced) while one worker is copying into its slots and another
+    is copying out of its retrieve slots: the keys are gone at once, but no
+    store that follows may be given those slots until the copies finish, so
+    neither a late write nor a late read touches another prompt's chunks."""
+    w0, w1 = pair
+    sched = srv.dealer()
+    old = prompt(11)
+    w1.store(old, 0, 64)
+    assert lookup(sched, old, "r-old", worker_id=None) in (0, 4)
+    w0.store(old, 0, 64)
+    assert lookup(sched, old, "r-old") == 4
+    k_read = w1.key(old, 0, 64, "r-old")
+    reading = unpack(w1.d.call(PRETR, k_read, w1.id))
+    assert reading["success"]
+    new = prompt(12)
+    k_write = w0.key(new, 0, 64, "w")
+    writing = unpack(w0.d.call(PSTORE, k_write, w0.id))["context"]["slots"]
+    assert sched.call(CLEAR) is not None                     # forced: drops everything
+    assert lookup(sched, old, "r-after") == 0
+    busy = {s["offset"] for s in reading["context"]["slots"]} | {s["offset"] for s in writing}
+    other = prompt(13)
+    fresh = w1.store(other, 0, 64, rid="x")["slots"]
+    assert len(fresh) == 4 and not busy & {s["offset"] for s in fresh}
+    # The late copies: the reader still sees the old chunks, the writer's
+    # bytes land in its own slots, and the commit of a cleared write is void.
+    got = [bytes(w1.pool[s["offset"]:s["offset"] + s["length"]]) for s in reading["context"]["slots"]]
+    assert got == [chunk_bytes(1, old, c) for c in range(4)]
+    assert unpack(w1.d.call(CRETR, k_read, w1.id)) is True
+    for s in writing:
+        w0.pool[s["offset"]:s["offset"] + s["length"]] = b"\xee" * s["length"]
+    assert unpack(w0.d.call(CSTORE, k_write, w0.id, b"")) is True   # processed...
+    again = unpack(w0.d.call(PSTORE, k_write, w0.id))["context"]   # ...but not published
+    assert again["chunk_indices"] == [0, 1, 2, 3]
+    w0.store(other, 0, 64, rid="x")
+    assert lookup(sched, other, "r-other") == 4
+    assert w1.retrieve(other, 0, 64, "r-other") == [chunk_bytes(1, other, c) for c in range(4)]
+    sched.close()

@@ -466,8 +466,59 @@ static void test_clear_non_force_and_force(void **state)
     assert_int_equal(lmc_l1_manager_clear(f->m, true), 2);
     s = stats(f->m);
     assert_int_equal(s.num_objects + s.num_staging, 0);
+    /* Key 2's reader and key 4's writer still hold their buffers. */
+    assert_int_equal(s.num_retired, 2);
+    assert_int_equal(s.used_bytes, 2 * PAGE);
+    assert_int_equal(peek1(f->m, 2, NULL), LMC_L1_KEY_NOT_EXIST);
+    assert_int_equal(unlock1(f->m, 2, 1), LMC_L1_SUCCESS);
+    assert_int_equal(finish1(f->m, 4, "new"), LMC_L1_KEY_NOT_EXIST);
+    s = stats(f->m);
+    assert_int_equal(s.num_retired, 0);
     assert_int_equal(s.used_bytes, 0);
     assert_int_equal(lmc_l1_manager_clear(f->m, true), 0);
+}
+
+/* A forced clear unlinks keys at once but leaves the buffers of a writer
+ * still copying in and of readers still copying out to them: no new
+ * object is placed there until they finish or their locks expire. */
+static void test_forced_clear_keeps_buffers_in_use(void **state)
+{
+    fixture *f = *state;
+    uint64_t writing, reading, off;
+    assert_int_equal(reserve1(f->m, 1, "engine", false, &writing), LMC_L1_SUCCESS);
+    assert_int_equal(reserve1(f->m, 2, "engine", false, &reading), LMC_L1_SUCCESS);
+    assert_int_equal(finish1(f->m, 2, "engine"), LMC_L1_SUCCESS);
+    assert_int_equal(read_lock1(f->m, 2, 2), LMC_L1_SUCCESS);    /* two readers */
+    assert_int_equal(lmc_l1_manager_clear(f->m, true), 2);
+    for (uint64_t id = 100; id < 114; id++) {                     /* the other 14 pages */
+        assert_int_equal(reserve1(f->m, id, "other", false, &off), LMC_L1_SUCCESS);
+        assert_true(off != writing && off != reading);
+    }
+    assert_int_equal(reserve1(f->m, 114, "other", false, NULL), LMC_L1_OUT_OF_MEMORY);
+    assert_int_equal(unlock1(f->m, 2, 1), LMC_L1_SUCCESS);
+    assert_int_equal(reserve1(f->m, 114, "other", false, NULL), LMC_L1_OUT_OF_MEMORY);
+    assert_int_equal(unlock1(f->m, 2, 1), LMC_L1_SUCCESS);        /* the last reader */
+    assert_int_equal(unlock1(f->m, 2, 1), LMC_L1_KEY_NOT_EXIST);
+    assert_int_equal(reserve1(f->m, 114, "other", false, &off), LMC_L1_SUCCESS);
+    assert_int_equal(off, reading);
+    /* A writer that never comes back: its buffer returns at its lock's TTL. */
+    assert_int_equal(reserve1(f->m, 115, "other", false, NULL), LMC_L1_OUT_OF_MEMORY);
+    f->clock.now += WRITE_TTL_MS;
+    assert_int_equal(reserve1(f->m, 115, "other", false, &off), LMC_L1_SUCCESS);
+    assert_int_equal(off, writing);
+    assert_int_equal(finish1(f->m, 1, "engine"), LMC_L1_KEY_NOT_EXIST);
+    assert_int_equal(stats(f->m).num_retired, 0);
+    /* A forced delete of a read-locked key does the same. */
+    assert_int_equal(lmc_l1_manager_clear(f->m, true), 16);  /* 100..115 */
+    assert_int_equal(stats(f->m).used_bytes, PAGE);          /* 115's writer is live */
+    assert_int_equal(finish1(f->m, 115, "other"), LMC_L1_KEY_NOT_EXIST);
+    assert_int_equal(stats(f->m).used_bytes, 0);
+    put_resident(f->m, 3);
+    assert_int_equal(read_lock1(f->m, 3, 1), LMC_L1_SUCCESS);
+    assert_int_equal(delete1(f->m, 3, true), LMC_L1_SUCCESS);
+    assert_int_equal(stats(f->m).used_bytes, PAGE);
+    assert_int_equal(unlock1(f->m, 3, 1), LMC_L1_SUCCESS);
+    assert_int_equal(stats(f->m).used_bytes, 0);
 }
 
 /* ---- lazy growth, status, scale ------------------------------------------ */
@@ -729,6 +780,8 @@ static void test_concurrent_operations(void **state)
     assert_true(lmc_l1_manager_memcheck(f->m));
     assert_true(count_events(&events, 0) > 0);
     lmc_l1_manager_clear(f->m, true);
+    f->clock.now += WRITE_TTL_MS;   /* locks the workers left behind expire */
+    lmc_l1_manager_clear(f->m, true);
     assert_int_equal(stats(f->m).used_bytes, 0);
 }
 
@@ -749,6 +802,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_temporary_freed_on_last_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_delete_cases, setup, teardown),
         cmocka_unit_test_setup_teardown(test_clear_non_force_and_force, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_forced_clear_keeps_buffers_in_use, setup, teardown),
         cmocka_unit_test(test_lazy_growth_and_usage),
         cmocka_unit_test_setup_teardown(test_report_status, setup, teardown),
         cmocka_unit_test(test_many_objects),
