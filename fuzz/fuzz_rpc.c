@@ -96,5 +96,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
             zmq_send(dealer, frame[i], flen[i], i + 1 < got ? ZMQ_SNDMORE : 0);
     }
     sync_with_server();
+    /* Whatever the messages did, the server's own invariants still hold
+     * (L1 memcheck: allocator consistent, objects + staging + retired
+     * buffers account for every allocated byte). */
+    json_t *status = lmc_server_report_status(server->server);
+    if (!json_is_true(json_object_get(status, "is_healthy"))) {
+        char *dump = json_dumps(status, JSON_COMPACT);
+        fprintf(stderr, "fuzz_rpc: server unhealthy after this input: %s\n", dump ? dump : "?");
+        abort();
+    }
+    json_decref(status);
     return 0;
 }
