@@ -13,6 +13,7 @@
 #include "storage/storage_telemetry.h"
 
 #define LAZY_COMMIT_GRANULE (64ull << 20)   /* initial commit rounds up to 64 MiB */
+#define FALLBACK_COMMIT_GRANULE (4ull << 20) /* steps of a start-up commit /dev/shm cuts short */
 
 struct lmc_storage_manager {
     lmc_storage_options opts;
@@ -197,6 +198,36 @@ static uint64_t initial_commit(const lmc_storage_options *o, uint64_t configured
     return init < configured ? init : configured;
 }
 
+/* Backs the first `initial` bytes of the arena for the allocator.  Where
+ * /dev/shm cannot hold them all (a container's default is 64 MiB), serves
+ * with the whole granules that fit, loudly, rather than refusing to start:
+ * upstream's default L1 does not use /dev/shm at all, so a deployment that
+ * worked with it must not fail here.  0, with `err`, if nothing fits. */
+static uint64_t back_initial(lmc_storage_manager *sm, uint64_t initial, const char *flag,
+                             char *err, size_t errlen)
+{
+    char why[384];
+    if (lmc_l1_arena_commit(sm->arena, 0, initial, why, sizeof why) == 0)
+        return initial;
+    uint64_t granule = FALLBACK_COMMIT_GRANULE;
+    if (granule < sm->opts.l1_align_bytes)
+        granule = sm->opts.l1_align_bytes;
+    uint64_t backed = 0;
+    char ignored[384];
+    while (backed + granule <= initial &&
+           lmc_l1_arena_commit(sm->arena, backed, granule, ignored, sizeof ignored) == 0)
+        backed += granule;
+    if (backed == 0) {
+        snprintf(err, errlen, "%s; enlarge /dev/shm (docker: --shm-size) or lower %s", why, flag);
+        return 0;
+    }
+    LMC_ERROR("L1: /dev/shm can back only %llu of the %llu bytes to commit at start; serving "
+              "with %llu (%s); enlarge /dev/shm (docker: --shm-size) or lower %s",
+              (unsigned long long)backed, (unsigned long long)initial, (unsigned long long)backed,
+              why, flag);
+    return backed;
+}
+
 static int create_l1(lmc_storage_manager *sm, char *err, size_t errlen)
 {
     const lmc_storage_options *o = &sm->opts;
@@ -207,15 +238,14 @@ static int create_l1(lmc_storage_manager *sm, char *err, size_t errlen)
     if (!sm->arena)
         return -1;
     uint64_t initial = initial_commit(o, configured);
-    char why[384];
-    if (lmc_l1_arena_commit(sm->arena, 0, initial, why, sizeof why) != 0) {
-        snprintf(err, errlen, "%s; enlarge /dev/shm (docker: --shm-size) or lower %s", why,
-                 initial < configured ? "--l1-init-size-gb" : "--l1-size-gb");
+    uint64_t backed = back_initial(sm, initial,
+                                   initial < configured ? "--l1-init-size-gb" : "--l1-size-gb",
+                                   err, errlen);
+    if (backed == 0)
         return -1;
-    }
     lmc_l1_manager_options mo = {
         .configured_bytes = configured,
-        .committed_bytes = initial,
+        .committed_bytes = backed,
         .align_bytes = o->l1_align_bytes,
         .write_ttl_ms = (int64_t)o->l1_write_ttl_seconds * 1000,
         .read_ttl_ms = (int64_t)o->l1_read_ttl_seconds * 1000,

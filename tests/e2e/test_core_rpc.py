@@ -9,7 +9,7 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import LMCACHED, Server, free_port, run_lmcached
+from conftest import LMCACHED, Dealer, Server, free_port, run_lmcached
 
 NOOP, GET_CHUNK_SIZE, PING, CLEAR = 24, 21, 22, 20
 REPORT_BLOCK_ALLOCATION, GET_EXPERIMENTAL, LOOKUP = 23, 32, 8
@@ -208,16 +208,43 @@ def _can_mount_private_tmpfs():
     return r.returncode == 0
 
 
-def test_dev_shm_too_small_for_the_pool_fails_at_start():
-    """Docker's default /dev/shm is 64 MiB: a pool that does not fit is a clear
-    start-up error instead of SIGBUS in an engine writing its slots later."""
+def _lmcached_with_dev_shm(size, port, *args):
+    """Argv running lmcached in a private mount namespace whose /dev/shm is a
+    tmpfs of `size` (the rest of the system keeps its own)."""
+    script = f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec \"$@\""
+    return ["unshare", "-m", "sh", "-c", script, "sh", LMCACHED, "--host", "127.0.0.1",
+            "--port", str(port), "--http-port", str(free_port()), "--l1-size-gb", "0.0625",
+            "--eviction-policy", "LRU", *args]
+
+
+def test_dev_shm_smaller_than_the_pool():
+    """Docker's default /dev/shm is 64 MiB. A pool that does not fit serves with
+    the part that does (upstream's default L1 needs no /dev/shm, so such a
+    deployment must keep working), saying so; with no room at all start-up
+    fails with a clear message. Never SIGBUS in an engine writing its slots."""
     if not _can_mount_private_tmpfs():
         pytest.skip("needs to mount a tmpfs in a private mount namespace (root)")
-    script = ("mount -t tmpfs -o size=32m tmpfs /dev/shm && exec \"$@\"")
-    r = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", LMCACHED, "--host",
-                        "127.0.0.1", "--port", str(free_port()), "--http-port", str(free_port()),
-                        "--l1-size-gb", "0.0625", "--eviction-policy", "LRU"],
-                       capture_output=True, text=True, timeout=20)
+    port = free_port()
+    log = open(f"/tmp/lmcached-e2e-shm-{port}.log", "w+b")
+    proc = subprocess.Popen(_lmcached_with_dev_shm("32m", port), stdout=log,
+                            stderr=subprocess.STDOUT)
+    ctx = zmq.Context()
+    try:
+        d = Dealer(ctx, f"tcp://127.0.0.1:{port}")
+        deadline = time.monotonic() + 20
+        while d.call(NOOP, timeout_ms=200) is None:
+            assert proc.poll() is None and time.monotonic() < deadline
+        d.close()
+        log.flush()
+        text = open(log.name, "rb").read().decode()
+        assert "can back only 33554432 of the 67108864 bytes" in text and "--shm-size" in text
+    finally:
+        proc.terminate()
+        assert proc.wait(20) == 0
+        ctx.destroy(linger=0)
+        log.close()
+    r = subprocess.run(_lmcached_with_dev_shm("1m", free_port()), capture_output=True,
+                       text=True, timeout=20)
     assert r.returncode == 1, r.stderr
     assert "No space left on device" in r.stderr and "--shm-size" in r.stderr, r.stderr
 

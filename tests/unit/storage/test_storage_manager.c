@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
@@ -291,22 +292,27 @@ static int small_dev_shm_child(void)
         mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=160m") != 0)
         return 77;
     char err[512] = "";
+    uint64_t used, total = 0;
     lmc_storage_options o = small_options();
-    o.l1_size_bytes = 256 * MIB;          /* all of it committed at start: refused */
-    if (lmc_storage_manager_create_with_options(&o, err, sizeof(err)))
+    o.l1_size_bytes = 256 * MIB;          /* more than fits: serves with what does */
+    lmc_storage_manager *sm = lmc_storage_manager_create_with_options(&o, err, sizeof(err));
+    if (!sm)
         return 1;
-    if (!strstr(err, "No space left") || !strstr(err, "--shm-size") ||
-        !strstr(err, "--l1-size-gb"))
+    lmc_storage_manager_usage(sm, &used, &total);
+    if (total < 128 * MIB || total > 160 * MIB || total % (4 * MIB) != 0)
         return 2;
+    /* Everything the allocator can hand out is backed: no SIGBUS here. */
+    memset(lmc_storage_manager_l1_arena(sm)->base, 0x3c, total);
+    lmc_storage_manager_close(sm);
+
     o.l1_use_lazy = true;                 /* 64 MiB now, then 64 MiB steps */
     o.l1_init_bytes = 1;
     o.lazy_grow_step_bytes = 64 * MIB;
     o.lazy_grow_interval_ms = 0;
-    lmc_storage_manager *sm = lmc_storage_manager_create_with_options(&o, err, sizeof(err));
+    sm = lmc_storage_manager_create_with_options(&o, err, sizeof(err));
     if (!sm)
         return 3;
-    uint64_t used, total = 0;
-    for (int i = 0; i < 400 && total < 128 * MIB; i++) {
+    for (int i = 0; i < 400 && total != 128 * MIB; i++) {
         struct timespec ts = {0, 5 * 1000 * 1000};
         nanosleep(&ts, NULL);
         lmc_storage_manager_usage(sm, &used, &total);
@@ -316,17 +322,28 @@ static int small_dev_shm_child(void)
     lmc_storage_manager_usage(sm, &used, &total);
     if (total != 128 * MIB)               /* the third step no longer fits */
         return 4;
-    /* Everything the allocator can hand out is backed: no SIGBUS here. */
     memset(lmc_storage_manager_l1_arena(sm)->base, 0x3c, total);
     lmc_storage_manager_close(sm);
+
+    /* Not even one 4 MiB step left: a clear start-up error. */
+    int fd = open("/dev/shm/filler", O_RDWR | O_CREAT, 0600);
+    if (fd < 0 || posix_fallocate(fd, 0, 158 * MIB) != 0)
+        return 5;
+    if (lmc_storage_manager_create_with_options(&o, err, sizeof(err)))
+        return 6;
+    if (!strstr(err, "No space left") || !strstr(err, "--shm-size") ||
+        !strstr(err, "--l1-init-size-gb"))
+        return 7;
+    close(fd);
     return 0;
 }
 
-/* /dev/shm smaller than the pool (docker's default is 64 MiB): start-up
- * fails with a clear error if the initial commit does not fit, and lazy
- * growth stops where /dev/shm is full, instead of SIGBUS in whichever
- * process touches a page beyond it.  Needs to mount a tmpfs in a private
- * mount namespace (root); skipped elsewhere. */
+/* /dev/shm smaller than the pool (docker's default is 64 MiB): the server
+ * starts with the part of its initial commit that fits, lazy growth stops
+ * where /dev/shm is full, and with nothing left start-up fails with a clear
+ * error; never SIGBUS in whichever process touches a page beyond it.
+ * Needs to mount a tmpfs in a private mount namespace (root); skipped
+ * elsewhere. */
 static void test_small_dev_shm(void **state)
 {
     (void)state;
