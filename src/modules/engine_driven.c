@@ -89,6 +89,7 @@ void lmc_ed_ctx_destroy(engine_mod *m, ed_ctx *c)
     while (c->reads) {
         ed_pending *p = c->reads;
         c->reads = p->next;
+        lmc_storage_manager_unpin(m->ctx->storage, p->keys, p->n, NULL);
         lmc_storage_manager_finish_read(m->ctx->storage, p->keys, p->n, 1, NULL);
         free_pending(p);
     }
@@ -387,6 +388,8 @@ static lmc_handler_result prepare_retrieve(void *state, lmc_rpc_call *call)
         if (ok)
             op.keys = NULL;   /* now owned by the pending entry */
     }
+    if (!ok && readable > 0)   /* no COMMIT_RETRIEVE will come for these ranges */
+        lmc_storage_manager_unpin(m->ctx->storage, op.keys, op.n, res);
     pack_retrieve_reply(lmc_rpc_call_reply(call), ok ? ranges : NULL, op.n, &op.layout);
     atomic_fetch_add(ok ? &m->retrieves_ok : &m->retrieves_failed, 1);
     if (ok)
@@ -407,6 +410,7 @@ static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
         return lmc_rpc_call_fail(call, "ValidationError", "COMMIT_RETRIEVE: %s", err);
     ed_pending *p = take_pending(m, &op, false);
     if (p) {
+        lmc_storage_manager_unpin(m->ctx->storage, p->keys, p->n, NULL);
         lmc_storage_manager_finish_read(m->ctx->storage, p->keys, p->n, 1, NULL);
         publish_transfer(m, LMC_EVENT_RETRIEVE_END, &op, p->n, p->n * op.layout.object_size);
         free_pending(p);

@@ -181,14 +181,17 @@ int lmc_kv_http_retrieve(lmc_module_ctx *ctx, const lmc_kv_request *rq, uint8_t 
     size_t tokens = hits * p.cs;
     *len = 2ull * p.layout.num_layers * tokens * p.row_bytes * p.ws;
     *data = *len ? malloc(*len) : NULL;
-    bool ok = ranges && res && (!*len || *data) &&
-              lmc_storage_manager_read(ctx->storage, p.keys, n, ranges, res) == n;
+    bool can_read = ranges && res && (!*len || *data);
+    bool ok = can_read && lmc_storage_manager_read(ctx->storage, p.keys, n, ranges, res) == n;
     uint8_t *base = lmc_storage_manager_l1_arena(ctx->storage)->base;
     for (size_t i = 0; ok && i < n; i++)
         copy_chunk(&p, *data, tokens, base + ranges[i].offset, i / p.per,
                    (uint32_t)(i % p.per), false);
-    if (n)
+    if (n) {
+        if (can_read)
+            lmc_storage_manager_unpin(ctx->storage, p.keys, n, res);
         lmc_storage_manager_finish_read(ctx->storage, p.keys, n, 1, NULL);
+    }
     free(ranges);
     free(res);
     free(p.keys);

@@ -14,6 +14,7 @@ typedef struct l1_record {
     uint64_t size;           /* aligned allocation */
     uint64_t raw_size;       /* object_size the writer asked for (L2 copies exactly it) */
     lmc_ttl_lock lock;       /* write lock (staging) or read lock (resident) */
+    uint32_t pins;           /* resident: unsafe_reads whose copy is not done (unpin) */
     bool is_temporary;
     bool sampled;            /* resident: the lifecycle sampler picked this key */
     int64_t admitted_ms;     /* resident: when it became readable */
@@ -34,16 +35,18 @@ typedef struct l1_entry {
     uint32_t cap_staging;
 } l1_entry;
 
-/* A buffer that a forced delete or clear unlinked while someone still held
+/* A buffer that a forced delete or clear unlinked while someone still used
  * it: a writer with a live reservation (an engine copying into its slot, an
- * L2 load) or readers with shares (an engine copying out, a write-behind).
- * Its key is gone from the cache at once, but the memory stays allocated
- * until the holder finishes or its lock expires, so that a late copy never
- * lands in, or reads from, an object allocated there since. */
+ * L2 load) or readers that took its range and are copying out (pins: an
+ * engine's PREPARE_RETRIEVE, a write-behind).  Its key is gone from the
+ * cache at once, but the memory stays allocated until they are done or
+ * their lock expires, so that a late copy never lands in, or reads from, an
+ * object allocated there since.  Read shares nobody is copying under (a
+ * LOOKUP's) do not hold a buffer back. */
 typedef struct l1_retired {
     lmc_object_key key;
     char *tag;               /* the writer's; NULL for readers of a resident copy */
-    l1_record rec;
+    l1_record rec;           /* readers: lock.count = copies still in flight */
 } l1_retired;
 
 typedef struct l1_event {
@@ -466,13 +469,17 @@ static bool admit(lmc_l1_manager *m, l1_entry *e, const l1_record *rec, int64_t 
     return true;
 }
 
-/* Unlinks the resident copy; retires its buffer while readers hold it. */
+/* Unlinks the resident copy; retires its buffer while copies out of it are
+ * in flight under a live read lock. */
 static void free_resident(lmc_l1_manager *m, l1_entry *e, int64_t now)
 {
-    if (lmc_ttl_lock_held(&e->object.lock, now))
-        retire(m, &e->key, NULL, &e->object);
-    else
+    if (e->object.pins > 0 && lmc_ttl_lock_held(&e->object.lock, now)) {
+        l1_record rec = e->object;
+        rec.lock.count = rec.pins;
+        retire(m, &e->key, NULL, &rec);
+    } else {
         free_buffer(m, &e->object);
+    }
     m->num_objects--;
     m->object_bytes -= e->object.size;
     if (e->object.is_temporary)
@@ -811,10 +818,38 @@ int lmc_l1_manager_unsafe_read(lmc_l1_manager *m, const lmc_object_key *keys, si
         } else {
             results[i] = LMC_L1_SUCCESS;
             ranges[i] = (lmc_l1_range){e->object.offset, e->object.size};
+            e->object.pins++;
         }
     }
     pthread_mutex_unlock(&m->mutex);
     return 0;
+}
+
+/* One copy out of a retired copy is done; the last frees the buffer. */
+static void unpin_retired(lmc_l1_manager *m, const lmc_object_key *key, int64_t now)
+{
+    ssize_t r = m->num_retired ? find_retired(m, key, NULL) : -1;
+    if (r < 0)
+        return;
+    lmc_ttl_lock *lock = &m->retired[r].rec.lock;
+    if (lmc_ttl_lock_held(lock, now))
+        lmc_ttl_lock_release(lock, 1, now);
+    if (!lmc_ttl_lock_held(lock, now))
+        free_retired(m, (size_t)r);
+}
+
+void lmc_l1_manager_unpin(lmc_l1_manager *m, const lmc_object_key *keys, size_t n)
+{
+    pthread_mutex_lock(&m->mutex);
+    int64_t now = now_ms(m);
+    for (size_t i = 0; i < n; i++) {
+        l1_entry *e = find_entry(m, &keys[i]);
+        if (e && e->resident && e->object.pins > 0)
+            e->object.pins--;
+        else
+            unpin_retired(m, &keys[i], now);
+    }
+    pthread_mutex_unlock(&m->mutex);
 }
 
 /* Returns true if the object was temporary and got freed. */
@@ -826,25 +861,6 @@ static bool finish_read_one(lmc_l1_manager *m, l1_entry *e, uint32_t readers, in
     free_resident(m, e, now);
     drop_entry_if_empty(m, e);
     return true;
-}
-
-/* A read of a copy that was cleared while it was read: the memory was kept
- * for it, so the read itself succeeded; the last share frees the buffer. */
-static lmc_l1_result finish_retired_read(lmc_l1_manager *m, const lmc_object_key *key,
-                                         uint32_t readers, int64_t now)
-{
-    ssize_t r = m->num_retired ? find_retired(m, key, NULL) : -1;
-    if (r < 0)
-        return LMC_L1_KEY_NOT_EXIST;
-    lmc_ttl_lock *lock = &m->retired[r].rec.lock;
-    if (!lmc_ttl_lock_held(lock, now)) {
-        free_retired(m, (size_t)r);
-        return LMC_L1_KEY_IN_WRONG_STATE;
-    }
-    lmc_ttl_lock_release(lock, readers, now);
-    if (lock->count == 0)
-        free_retired(m, (size_t)r);
-    return LMC_L1_SUCCESS;
 }
 
 void lmc_l1_manager_object_sizes(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
@@ -869,7 +885,7 @@ int lmc_l1_manager_finish_read(lmc_l1_manager *m, const lmc_object_key *keys, si
     for (size_t i = 0; i < n; i++) {
         l1_entry *e = find_entry(m, &keys[i]);
         if (!e || !e->resident) {
-            results[i] = finish_retired_read(m, &keys[i], readers, now);
+            results[i] = LMC_L1_KEY_NOT_EXIST;
             continue;
         }
         if (!lmc_ttl_lock_held(&e->object.lock, now)) {

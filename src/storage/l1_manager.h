@@ -140,9 +140,14 @@ size_t lmc_l1_manager_reserve_read_prefix(lmc_l1_manager *m, const lmc_object_ke
                                           size_t n, uint32_t readers);
 /* Location of resident keys that hold a live read lock (NOT_READABLE when
  * resident but unlocked, NOT_EXIST otherwise).  Takes no TTL lock; the
- * caller's read lock keeps the range valid until its finish_read. */
+ * caller's read lock keeps the range valid until its finish_read.  Each
+ * range handed out also pins the buffer: a forced delete or clear keeps it
+ * allocated until lmc_l1_manager_unpin (or the lock's expiry). */
 int lmc_l1_manager_unsafe_read(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
                                lmc_l1_range *ranges, lmc_l1_result *results);
+/* The copy out of a range unsafe_read returned is done (once per SUCCESS
+ * of unsafe_read; keys it did not return are ignored). */
+void lmc_l1_manager_unpin(lmc_l1_manager *m, const lmc_object_key *keys, size_t n);
 /* The unaligned object size the writer reserved, per resident key (0 when
  * not resident).  Ranges carry the aligned size; L2 copies exactly this. */
 void lmc_l1_manager_object_sizes(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,

@@ -515,6 +515,23 @@ size_t lmc_storage_manager_read(lmc_storage_manager *sm, const lmc_object_key *k
     return readable;
 }
 
+void lmc_storage_manager_unpin(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
+                               const lmc_l1_result *results)
+{
+    if (!results) {
+        lmc_l1_manager_unpin(sm->l1, keys, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)   /* runs of SUCCESS, one call each */
+        if (results[i] == LMC_L1_SUCCESS) {
+            size_t j = i;
+            while (j < n && results[j] == LMC_L1_SUCCESS)
+                j++;
+            lmc_l1_manager_unpin(sm->l1, keys + i, j - i);
+            i = j;
+        }
+}
+
 int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_key *keys,
                                     size_t n, uint32_t readers, lmc_l1_result *results)
 {

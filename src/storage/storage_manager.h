@@ -142,9 +142,16 @@ int lmc_storage_manager_finish_write_and_reserve_read(lmc_storage_manager *sm,
 size_t lmc_storage_manager_lock_prefix(lmc_storage_manager *sm, const lmc_object_key *keys,
                                        size_t n, uint32_t readers);
 /* Arena ranges of read-locked keys; returns how many are readable
- * (results[i] SUCCESS).  Takes no locks of its own. */
+ * (results[i] SUCCESS).  Takes no locks of its own, but pins each range it
+ * returns until lmc_storage_manager_unpin: a forced delete or clear then
+ * keeps the buffer for the copy in flight (docs/storage.md). */
 size_t lmc_storage_manager_read(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
                                 lmc_l1_range *ranges, lmc_l1_result *results);
+/* The copies out of ranges that lmc_storage_manager_read returned are done.
+ * `results`: that read's results, to unpin only its SUCCESS keys; NULL when
+ * every key was read. */
+void lmc_storage_manager_unpin(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
+                               const lmc_l1_result *results);
 /* Releases `readers` read locks per key (results may be NULL). */
 int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_key *keys,
                                     size_t n, uint32_t readers, lmc_l1_result *results);

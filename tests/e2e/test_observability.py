@@ -206,11 +206,18 @@ def test_otlp_metrics_export(start_server, receiver, monkeypatch):
     report_blocks(s, 2)
 
     def rx_seen():
-        for b in receiver.bodies("/v1/metrics"):
-            m = otlp_metrics(b)[1].get("lmcache_mp.rpc_received")
-            if m and m["sum"]["dataPoints"][0]["asDouble"] >= 5:
-                return True
-        return False
+        # The last export must carry everything checked below: the events
+        # reach their counter through the event bus, which may take another
+        # export interval (seen under ASan).
+        bodies = receiver.bodies("/v1/metrics")
+        if not bodies:
+            return False
+        metrics = otlp_metrics(bodies[-1])[1]
+        m = metrics.get("lmcache_mp.rpc_received")
+        ev = metrics.get("lmcache_mp.events", {}).get("sum", {}).get("dataPoints", [])
+        return (m is not None and m["sum"]["dataPoints"][0]["asDouble"] >= 5 and
+                any(p["asDouble"] == 2 for p in ev) and
+                "lmcache_mp.l1_chunk_lifetime_seconds" in metrics)
 
     assert wait_for(rx_seen, timeout=15), receiver.posts[-1:] or s.output()
     with receiver.lock:

@@ -91,6 +91,7 @@ static void on_written(void *user, const lmc_object_key *keys, size_t n)
 
 static void finish_batch(lmc_l2_store_ctl *c, batch *b)
 {
+    lmc_storage_manager_unpin(c->sm, b->keys, b->n, NULL);   /* every adapter has copied */
     if (c->skip_l1 && b->ok) {
         size_t deleted = 0;
         lmc_storage_manager_delete(c->sm, b->keys, b->n, false, &deleted, NULL);
@@ -133,6 +134,18 @@ static batch *lock_batch(lmc_l2_store_ctl *c, const lmc_object_key *keys, size_t
         lmc_storage_manager_report_read_failure(c->sm, "l2_store", "not_found", &keys[0],
                                                 n - b->n);
     lmc_storage_manager_read(c->sm, k, b->n, ranges, res);
+    /* A forced clear between the lock and the read leaves a key without a
+     * range: give its shares back and leave it out of the batch. */
+    size_t kept = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        if (res[i] != LMC_L1_SUCCESS) {
+            lmc_storage_manager_finish_read(c->sm, &k[i], 1, (uint32_t)c->na, NULL);
+            continue;
+        }
+        k[kept] = k[i];
+        ranges[kept++] = ranges[i];
+    }
+    b->n = kept;
     lmc_l1_manager_object_sizes(lmc_storage_manager_l1(c->sm), k, b->n, sizes);
     for (size_t i = 0; i < b->n; i++)
         offsets[i] = ranges[i].offset;

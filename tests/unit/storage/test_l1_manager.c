@@ -125,6 +125,12 @@ static lmc_l1_result peek1(lmc_l1_manager *m, uint64_t id, lmc_l1_range *range)
     return r;
 }
 
+static void unpin1(lmc_l1_manager *m, uint64_t id)
+{
+    lmc_object_key k = make_key(id);
+    lmc_l1_manager_unpin(m, &k, 1);
+}
+
 static lmc_l1_result delete1(lmc_l1_manager *m, uint64_t id, bool force)
 {
     lmc_object_key k = make_key(id);
@@ -462,15 +468,17 @@ static void test_clear_non_force_and_force(void **state)
     assert_int_equal(s.num_staging, 1);
     assert_int_equal(s.used_bytes, 2 * PAGE);
     assert_int_equal(peek1(f->m, 2, NULL), LMC_L1_SUCCESS);
+    unpin1(f->m, 2);                                              /* that copy is done */
     assert_true(lmc_l1_manager_memcheck(f->m));
     assert_int_equal(lmc_l1_manager_clear(f->m, true), 2);
     s = stats(f->m);
     assert_int_equal(s.num_objects + s.num_staging, 0);
-    /* Key 2's reader and key 4's writer still hold their buffers. */
-    assert_int_equal(s.num_retired, 2);
-    assert_int_equal(s.used_bytes, 2 * PAGE);
+    /* Key 4's writer still holds its buffer; key 2's read share had no copy
+     * in flight any more, so its buffer went at once. */
+    assert_int_equal(s.num_retired, 1);
+    assert_int_equal(s.used_bytes, PAGE);
     assert_int_equal(peek1(f->m, 2, NULL), LMC_L1_KEY_NOT_EXIST);
-    assert_int_equal(unlock1(f->m, 2, 1), LMC_L1_SUCCESS);
+    assert_int_equal(unlock1(f->m, 2, 1), LMC_L1_KEY_NOT_EXIST);
     assert_int_equal(finish1(f->m, 4, "new"), LMC_L1_KEY_NOT_EXIST);
     s = stats(f->m);
     assert_int_equal(s.num_retired, 0);
@@ -488,17 +496,21 @@ static void test_forced_clear_keeps_buffers_in_use(void **state)
     assert_int_equal(reserve1(f->m, 1, "engine", false, &writing), LMC_L1_SUCCESS);
     assert_int_equal(reserve1(f->m, 2, "engine", false, &reading), LMC_L1_SUCCESS);
     assert_int_equal(finish1(f->m, 2, "engine"), LMC_L1_SUCCESS);
-    assert_int_equal(read_lock1(f->m, 2, 2), LMC_L1_SUCCESS);    /* two readers */
+    assert_int_equal(read_lock1(f->m, 2, 3), LMC_L1_SUCCESS);    /* three shares, */
+    assert_int_equal(peek1(f->m, 2, NULL), LMC_L1_SUCCESS);       /* two copying out */
+    assert_int_equal(peek1(f->m, 2, NULL), LMC_L1_SUCCESS);
     assert_int_equal(lmc_l1_manager_clear(f->m, true), 2);
     for (uint64_t id = 100; id < 114; id++) {                     /* the other 14 pages */
         assert_int_equal(reserve1(f->m, id, "other", false, &off), LMC_L1_SUCCESS);
         assert_true(off != writing && off != reading);
     }
     assert_int_equal(reserve1(f->m, 114, "other", false, NULL), LMC_L1_OUT_OF_MEMORY);
-    assert_int_equal(unlock1(f->m, 2, 1), LMC_L1_SUCCESS);
+    assert_int_equal(unlock1(f->m, 2, 1), LMC_L1_KEY_NOT_EXIST);  /* shares are gone... */
     assert_int_equal(reserve1(f->m, 114, "other", false, NULL), LMC_L1_OUT_OF_MEMORY);
-    assert_int_equal(unlock1(f->m, 2, 1), LMC_L1_SUCCESS);        /* the last reader */
-    assert_int_equal(unlock1(f->m, 2, 1), LMC_L1_KEY_NOT_EXIST);
+    unpin1(f->m, 2);                                              /* ...copies are not */
+    assert_int_equal(reserve1(f->m, 114, "other", false, NULL), LMC_L1_OUT_OF_MEMORY);
+    unpin1(f->m, 2);                                              /* the last copy */
+    unpin1(f->m, 2);                                              /* one too many: ignored */
     assert_int_equal(reserve1(f->m, 114, "other", false, &off), LMC_L1_SUCCESS);
     assert_int_equal(off, reading);
     /* A writer that never comes back: its buffer returns at its lock's TTL. */
@@ -515,9 +527,17 @@ static void test_forced_clear_keeps_buffers_in_use(void **state)
     assert_int_equal(stats(f->m).used_bytes, 0);
     put_resident(f->m, 3);
     assert_int_equal(read_lock1(f->m, 3, 1), LMC_L1_SUCCESS);
+    assert_int_equal(peek1(f->m, 3, NULL), LMC_L1_SUCCESS);
     assert_int_equal(delete1(f->m, 3, true), LMC_L1_SUCCESS);
     assert_int_equal(stats(f->m).used_bytes, PAGE);
-    assert_int_equal(unlock1(f->m, 3, 1), LMC_L1_SUCCESS);
+    unpin1(f->m, 3);
+    assert_int_equal(stats(f->m).used_bytes, 0);
+    /* A copy finished before the clear leaves nothing to keep. */
+    put_resident(f->m, 4);
+    assert_int_equal(read_lock1(f->m, 4, 1), LMC_L1_SUCCESS);
+    assert_int_equal(peek1(f->m, 4, NULL), LMC_L1_SUCCESS);
+    unpin1(f->m, 4);
+    assert_int_equal(lmc_l1_manager_clear(f->m, true), 1);
     assert_int_equal(stats(f->m).used_bytes, 0);
 }
 

@@ -1,0 +1,140 @@
+"""Several worker processes store, look up and retrieve overlapping prompts
+through the engine-driven path at once, while another process keeps
+clearing the cache (forced) and the L1 is small enough that eviction runs:
+every chunk a retrieve hands back must be exactly the bytes stored for its
+key, and the server must stay healthy. This is where a slot given to two
+owners at once (a freed buffer still being copied) shows up."""
+import hashlib
+import mmap
+import multiprocessing
+import os
+import time
+
+import msgpack
+
+from conftest import Dealer
+
+CS, LAYERS, HIDDEN = 16, 2, 1024
+OBJ = 2 * LAYERS * CS * HIDDEN * 2              # 128 KiB float16 chunks
+LOOKUP, QUERY, END = 8, 9, 13
+REG, PSTORE, CSTORE, PRETR, CRETR, CLEAR, NOOP = 14, 16, 17, 18, 19, 20, 24
+PROMPTS, CHUNKS = 12, 4
+SECONDS = 12
+
+
+def tokens(p):
+    return [(p * 1009 + i * 7) % 50000 + 1 for i in range(CHUNKS * CS)]
+
+
+def expected(p, c):
+    seed = hashlib.sha256(f"soak {p} {c}".encode()).digest()
+    return (seed * (OBJ // len(seed) + 1))[:OBJ]
+
+
+def key(p, end, rid, worker_id):
+    return {"model_name": "soak", "world_size": 1, "worker_id": worker_id,
+            "token_ids": tokens(p), "start": 0, "end": end, "request_id": rid,
+            "cache_salt": "", "num_kv_readers": 1}
+
+
+def reply(frames):
+    return msgpack.unpackb(frames[2]) if frames is not None and len(frames) > 2 else None
+
+
+def worker(url, instance_id, seed, out):
+    """One engine worker: store, look up, retrieve and check, in a loop."""
+    import random
+
+    import zmq
+    rng = random.Random(seed)
+    ctx = zmq.Context()
+    d = Dealer(ctx, url)
+    stats = {"stores": 0, "retrieved_chunks": 0, "mismatches": 0, "errors": 0}
+    reg = {"instance_id": instance_id, "model_name": "soak", "world_size": 1,
+           "block_size": CS, "num_layers": LAYERS, "hidden_dim_size": HIDDEN,
+           "dtype_str": "float16", "use_mla": False}
+    rep = reply(d.call(REG, reg))
+    fd = os.open("/dev/shm/" + rep["shm_name"], os.O_RDWR)
+    pool = mmap.mmap(fd, rep["pool_size"])
+    os.close(fd)
+    deadline = time.monotonic() + SECONDS
+    i = 0
+    while time.monotonic() < deadline:
+        i += 1
+        p = rng.randrange(PROMPTS)
+        k = key(p, CHUNKS * CS, "s", 0)
+        ctx_ = (reply(d.call(PSTORE, k, instance_id)) or {}).get("context")
+        if ctx_ is None:
+            stats["errors"] += 1
+            continue
+        for slot, idx in zip(ctx_["slots"], ctx_["chunk_indices"]):
+            pool[slot["offset"]:slot["offset"] + OBJ] = expected(p, idx)
+        if ctx_["slots"]:
+            d.call(CSTORE, k, instance_id, b"")
+            stats["stores"] += 1
+        rid = f"{instance_id}-{i}"
+        q = rng.randrange(PROMPTS)
+        d.call(LOOKUP, key(q, CHUNKS * CS, rid, None), 1)
+        hits = None
+        for _ in range(200):
+            hits = reply(d.call(QUERY, rid))
+            if hits is not None:
+                break
+        if hits:
+            k = key(q, hits * CS, rid, 0)
+            r = reply(d.call(PRETR, k, instance_id))
+            if r and r["success"]:
+                for c, slot in enumerate(r["context"]["slots"]):
+                    got = bytes(pool[slot["offset"]:slot["offset"] + OBJ])
+                    stats["mismatches"] += got != expected(q, c)
+                    stats["retrieved_chunks"] += 1
+                d.call(CRETR, k, instance_id)
+        d.call(END, rid)
+    pool.close()
+    d.close()
+    ctx.destroy(linger=0)
+    out.put(stats)
+
+
+def clearer(url, out):
+    """An operator clearing the cache over and over (forced: no frame)."""
+    import zmq
+    ctx = zmq.Context()
+    d = Dealer(ctx, url)
+    clears = 0
+    deadline = time.monotonic() + SECONDS
+    while time.monotonic() < deadline:
+        if d.call(CLEAR) is not None:
+            clears += 1
+        time.sleep(0.01)
+    d.close()
+    ctx.destroy(linger=0)
+    out.put({"clears": clears})
+
+
+def test_workers_and_clears_never_see_foreign_bytes(start_server):
+    srv = start_server("--chunk-size", str(CS), "--l1-size-gb", "0.005")  # ~40 chunks
+    spawn = multiprocessing.get_context("spawn")
+    out = spawn.Queue()
+    procs = [spawn.Process(target=worker, args=(srv.url, 2000 + w, w, out)) for w in range(4)]
+    procs.append(spawn.Process(target=clearer, args=(srv.url, out)))
+    for pr in procs:
+        pr.start()
+    results = [out.get(timeout=SECONDS + 60) for _ in procs]
+    for pr in procs:
+        pr.join(10)
+        assert pr.exitcode == 0
+    totals = {}
+    for r in results:
+        for name, value in r.items():
+            totals[name] = totals.get(name, 0) + value
+    print("soak totals:", totals)
+    assert totals["mismatches"] == 0, totals
+    assert totals["errors"] == 0, totals
+    # The run did exercise what it is about.
+    assert totals["clears"] > 100 and totals["stores"] > 100, totals
+    assert totals["retrieved_chunks"] > 100, totals
+    d = srv.dealer()
+    assert d.call(NOOP)[2] == b"\xa2OK"
+    d.close()
+    assert "memcheck failed" not in srv.output()
