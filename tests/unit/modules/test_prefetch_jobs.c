@@ -26,9 +26,9 @@ typedef struct {
 static void on_wait(void *user, lmc_job_status st, int64_t hits)
 {
     seen *s = user;
-    s->calls++;
     s->st = st;
     s->hits = hits;
+    __atomic_add_fetch(&s->calls, 1, __ATOMIC_RELEASE);   /* the timer thread calls too */
 }
 
 static lmc_jobs *new_jobs(size_t max)
@@ -150,8 +150,11 @@ static void test_timer_thread(void **st)
     seen a = {0};
     lmc_jobs_submit(j, "r", 1, &replaced);
     assert_int_equal(lmc_jobs_wait(j, "r", 1, 30, on_wait, &a, &hits), LMC_JOB_WAITING);
-    for (int i = 0; i < 200 && lmc_jobs_waiter_count(j); i++)
+    /* The timer thread unparks the waiter, then answers it outside the lock:
+     * wait for the answer itself, not just for the count. */
+    for (int i = 0; i < 400 && __atomic_load_n(&a.calls, __ATOMIC_ACQUIRE) == 0; i++)
         usleep(5000);
+    assert_int_equal(__atomic_load_n(&a.calls, __ATOMIC_ACQUIRE), 1);
     assert_int_equal(lmc_jobs_waiter_count(j), 0);
     assert_int_equal(a.st, LMC_JOB_RUNNING);
     lmc_jobs_free(j);
