@@ -54,6 +54,7 @@ def worker(url, instance_id, seed, out):
            "block_size": CS, "num_layers": LAYERS, "hidden_dim_size": HIDDEN,
            "dtype_str": "float16", "use_mla": False}
     rep = reply(d.call(REG, reg))
+    assert rep, "REGISTER got no reply: is the server alive?"
     fd = os.open("/dev/shm/" + rep["shm_name"], os.O_RDWR)
     pool = mmap.mmap(fd, rep["pool_size"])
     os.close(fd)
@@ -76,10 +77,8 @@ def worker(url, instance_id, seed, out):
         q = rng.randrange(PROMPTS)
         d.call(LOOKUP, key(q, CHUNKS * CS, rid, None), 1)
         hits = None
-        for _ in range(200):
-            hits = reply(d.call(QUERY, rid))
-            if hits is not None:
-                break
+        while hits is None and time.monotonic() < deadline + 5:  # no frame while running
+            hits = reply(d.call(QUERY, rid, timeout_ms=500))
         if hits:
             k = key(q, hits * CS, rid, 0)
             r = reply(d.call(PRETR, k, instance_id))
@@ -120,9 +119,15 @@ def test_workers_and_clears_never_see_foreign_bytes(start_server):
     procs.append(spawn.Process(target=clearer, args=(srv.url, out)))
     for pr in procs:
         pr.start()
-    results = [out.get(timeout=SECONDS + 60) for _ in procs]
+    try:
+        results = [out.get(timeout=SECONDS + 60) for _ in procs]
+    finally:   # a process that died or hangs must not hang the test run too
+        for pr in procs:
+            pr.join(10)
+            if pr.is_alive():
+                pr.kill()
+        assert srv.alive(), srv.output()
     for pr in procs:
-        pr.join(10)
         assert pr.exitcode == 0
     totals = {}
     for r in results:
