@@ -278,6 +278,8 @@ static const status_field status_fields[] = {
      "L1 objects currently read-locked"},
     {"l1_manager", "num_staging_objects", LMC_METRIC_GAUGE, "lmcache_mp_l1_staging_objects",
      "L1 objects reserved for writing and not yet committed"},
+    {"l1_manager", "retired_bytes", LMC_METRIC_GAUGE, "lmcache_mp_l1_retired_bytes",
+     "L1 bytes of deleted objects kept until the copies in flight end"},
     {"l1_eviction_controller", "cycles", LMC_METRIC_COUNTER,
      "lmcache_mp_l1_eviction_loop_ticks_total", "L1 eviction loop iterations"},
     {"l1_eviction_controller", "triggered_cycles", LMC_METRIC_COUNTER,

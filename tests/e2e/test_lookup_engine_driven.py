@@ -6,6 +6,7 @@ import mmap
 import os
 import threading
 import time
+import urllib.request
 
 import msgpack
 import pytest
@@ -381,6 +382,14 @@ def test_spec_byte_examples(start_server):
     w.close()
 
 
+def retired_bytes(srv):
+    body = urllib.request.urlopen(f"http://127.0.0.1:{srv.http_port}/metrics", timeout=5).read()
+    for line in body.decode().splitlines():
+        if line.startswith("lmcache_mp_l1_retired_bytes "):
+            return float(line.split()[1])
+    raise AssertionError("no lmcache_mp_l1_retired_bytes in /metrics")
+
+
 def test_clear_during_transfers_never_hands_out_memory_in_use(srv, pair):
     """A CLEAR (forced) while one worker is copying into its slots and another
     is copying out of its retrieve slots: the keys are gone at once, but no
@@ -401,6 +410,8 @@ def test_clear_during_transfers_never_hands_out_memory_in_use(srv, pair):
     writing = unpack(w0.d.call(PSTORE, k_write, w0.id))["context"]["slots"]
     assert sched.call(CLEAR) is not None                     # forced: drops everything
     assert lookup(sched, old, "r-after") == 0
+    # 4 chunks being read + 4 being written, each OBJ rounded up to 4 KiB.
+    assert retired_bytes(srv) == 8 * 4096
     busy = {s["offset"] for s in reading["context"]["slots"]} | {s["offset"] for s in writing}
     other = prompt(13)
     fresh = w1.store(other, 0, 64, rid="x")["slots"]
@@ -413,6 +424,7 @@ def test_clear_during_transfers_never_hands_out_memory_in_use(srv, pair):
     for s in writing:
         w0.pool[s["offset"]:s["offset"] + s["length"]] = b"\xee" * s["length"]
     assert unpack(w0.d.call(CSTORE, k_write, w0.id, b"")) is True   # processed...
+    assert retired_bytes(srv) == 0
     again = unpack(w0.d.call(PSTORE, k_write, w0.id))["context"]   # ...but not published
     assert again["chunk_indices"] == [0, 1, 2, 3]
     w0.store(other, 0, 64, rid="x")
