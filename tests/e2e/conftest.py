@@ -70,7 +70,24 @@ class Dealer:
 
 
 class Server:
+    START_ATTEMPTS = 3
+
     def __init__(self, *extra_args, port=None):
+        self.ctx = zmq.Context()
+        for attempt in range(self.START_ATTEMPTS):
+            self._spawn(extra_args, port)
+            try:
+                self._wait_ready()
+                return
+            except RuntimeError:
+                # free_port() can only say a port was free a moment ago: under
+                # ctest -j another test may bind it first. Try fresh ports.
+                if (attempt + 1 == self.START_ATTEMPTS or self.proc.poll() is None or
+                        "Address already in use" not in self.output()):
+                    raise
+                self.log.close()
+
+    def _spawn(self, extra_args, port):
         self.port = port or free_port()
         self.http_port = free_port()
         self.url = f"tcp://127.0.0.1:{self.port}"
@@ -80,8 +97,6 @@ class Server:
         self.log_path = f"/tmp/lmcached-e2e-{self.port}.log"
         self.log = open(self.log_path, "w+b")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-        self.ctx = zmq.Context()
-        self._wait_ready()
 
     def _wait_ready(self):
         d = self.dealer()
