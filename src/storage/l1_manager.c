@@ -76,6 +76,7 @@ struct lmc_l1_manager {
     l1_retired *retired;             /* see l1_retired; usually empty */
     size_t num_retired, cap_retired;
     uint64_t retired_bytes;
+    int64_t retired_due_ms;          /* no retired lock expires before this */
     l1_listener listeners[LMC_L1_MAX_LISTENERS];
     size_t num_listeners;
     l1_event *queue_head, *queue_tail;
@@ -386,6 +387,8 @@ static void retire(lmc_l1_manager *m, const lmc_object_key *key, const char *tag
     char *tag_copy = NULL;
     if (tag && !(tag_copy = strdup(tag)))
         goto no_memory;
+    if (m->num_retired == 0 || rec->lock.expiry_ms < m->retired_due_ms)
+        m->retired_due_ms = rec->lock.expiry_ms;
     m->retired[m->num_retired++] = (l1_retired){*key, tag_copy, *rec};
     m->retired_bytes += rec->size;
     return;
@@ -419,12 +422,20 @@ static ssize_t find_retired(const lmc_l1_manager *m, const lmc_object_key *key, 
  * back, or came back too late, as for any expired lock). */
 static void sweep_retired(lmc_l1_manager *m, int64_t now)
 {
+    if (now < m->retired_due_ms)
+        return;   /* nothing can have expired yet: the common case stays O(1) */
+    int64_t due = INT64_MAX;
     for (size_t i = 0; i < m->num_retired;) {
-        if (lmc_ttl_lock_held(&m->retired[i].rec.lock, now))
+        const lmc_ttl_lock *lock = &m->retired[i].rec.lock;
+        if (lmc_ttl_lock_held(lock, now)) {
+            if (lock->expiry_ms < due)
+                due = lock->expiry_ms;
             i++;
-        else
+        } else {
             free_retired(m, i);
+        }
     }
+    m->retired_due_ms = due;
 }
 
 /* Frees staging buffers: only the expired ones unless `all`, which retires
