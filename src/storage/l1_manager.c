@@ -481,10 +481,12 @@ static bool admit(lmc_l1_manager *m, l1_entry *e, const l1_record *rec, int64_t 
 }
 
 /* Unlinks the resident copy; retires its buffer while copies out of it are
- * in flight under a live read lock. */
+ * in flight and its read lock's TTL has not run out, however the copy came
+ * to be dropped (forced clear, the last share of a temporary released, or
+ * evicted after a FREE_LOOKUP_LOCKS took its shares away). */
 static void free_resident(lmc_l1_manager *m, l1_entry *e, int64_t now)
 {
-    if (e->object.pins > 0 && lmc_ttl_lock_held(&e->object.lock, now)) {
+    if (e->object.pins > 0 && !lmc_ttl_lock_expired(&e->object.lock, now)) {
         l1_record rec = e->object;
         rec.lock.count = rec.pins;
         retire(m, &e->key, NULL, &rec);
