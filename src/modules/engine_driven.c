@@ -62,6 +62,7 @@ static size_t count_pending(const ed_pending *p)
 static void free_pending(ed_pending *p)
 {
     free(p->keys);
+    free(p->ranges);
     free(p);
 }
 
@@ -89,7 +90,7 @@ void lmc_ed_ctx_destroy(engine_mod *m, ed_ctx *c)
     while (c->reads) {
         ed_pending *p = c->reads;
         c->reads = p->next;
-        lmc_storage_manager_unpin(m->ctx->storage, p->keys, p->n, NULL);
+        lmc_storage_manager_unpin(m->ctx->storage, p->keys, p->ranges, p->n, NULL);
         lmc_storage_manager_finish_read(m->ctx->storage, p->keys, p->n, 1, NULL);
         free_pending(p);
     }
@@ -169,13 +170,21 @@ void lmc_ed_op_free(ed_op *op)
 }
 
 /* Records a pending entry for the op's context; false if it is gone. */
-static bool add_pending(engine_mod *m, const ed_op *op, lmc_object_key *keys, size_t n,
-                        bool write)
+/* Records `keys` (owned from here on success) and, for reads, a copy of
+ * the ranges handed out under (instance, op key). */
+static bool add_pending(engine_mod *m, const ed_op *op, lmc_object_key *keys,
+                        const lmc_l1_range *ranges, size_t n, bool write)
 {
     ed_pending *p = malloc(sizeof *p);
-    if (!p)
+    lmc_l1_range *held = ranges ? malloc(n * sizeof *held) : NULL;
+    if (!p || (ranges && !held)) {
+        free(p);
+        free(held);
         return false;
-    *p = (ed_pending){.digest = op->digest, .keys = keys, .n = n};
+    }
+    if (held)
+        memcpy(held, ranges, n * sizeof *held);
+    *p = (ed_pending){.digest = op->digest, .keys = keys, .ranges = held, .n = n};
     pthread_mutex_lock(&m->lock);
     ed_ctx *c = find_ctx_locked(m, op->instance_id);
     if (c) {
@@ -184,8 +193,10 @@ static bool add_pending(engine_mod *m, const ed_op *op, lmc_object_key *keys, si
         *list = p;
     }
     pthread_mutex_unlock(&m->lock);
-    if (!c)
+    if (!c) {
+        free(held);
         free(p);
+    }
     return c != NULL;
 }
 
@@ -317,7 +328,7 @@ static lmc_handler_result prepare_store(void *state, lmc_rpc_call *call)
             reserved[ok++] = op.keys[i];
         }
     }
-    if (ok && !add_pending(m, &op, reserved, ok, true)) {
+    if (ok && !add_pending(m, &op, reserved, NULL, ok, true)) {
         /* Unregistered or reaped meanwhile: never publish. */
         discard_writes(m, reserved, ok, op.tag);
         ok = 0;
@@ -384,12 +395,12 @@ static lmc_handler_result prepare_retrieve(void *state, lmc_rpc_call *call)
         lmc_storage_manager_report_read_failure(m->ctx->storage, "l1_retrieve", "not_found",
                                                 &op.keys[0], op.n - readable);
     if (ok) {
-        ok = add_pending(m, &op, op.keys, op.n, false);
+        ok = add_pending(m, &op, op.keys, ranges, op.n, false);
         if (ok)
             op.keys = NULL;   /* now owned by the pending entry */
     }
     if (!ok && readable > 0)   /* no COMMIT_RETRIEVE will come for these ranges */
-        lmc_storage_manager_unpin(m->ctx->storage, op.keys, op.n, res);
+        lmc_storage_manager_unpin(m->ctx->storage, op.keys, ranges, op.n, res);
     pack_retrieve_reply(lmc_rpc_call_reply(call), ok ? ranges : NULL, op.n, &op.layout);
     atomic_fetch_add(ok ? &m->retrieves_ok : &m->retrieves_failed, 1);
     if (ok)
@@ -410,7 +421,7 @@ static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
         return lmc_rpc_call_fail(call, "ValidationError", "COMMIT_RETRIEVE: %s", err);
     ed_pending *p = take_pending(m, &op, false);
     if (p) {
-        lmc_storage_manager_unpin(m->ctx->storage, p->keys, p->n, NULL);
+        lmc_storage_manager_unpin(m->ctx->storage, p->keys, p->ranges, p->n, NULL);
         lmc_storage_manager_finish_read(m->ctx->storage, p->keys, p->n, 1, NULL);
         publish_transfer(m, LMC_EVENT_RETRIEVE_END, &op, p->n, p->n * op.layout.object_size);
         free_pending(p);

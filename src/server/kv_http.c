@@ -189,7 +189,7 @@ int lmc_kv_http_retrieve(lmc_module_ctx *ctx, const lmc_kv_request *rq, uint8_t 
                    (uint32_t)(i % p.per), false);
     if (n) {
         if (can_read)
-            lmc_storage_manager_unpin(ctx->storage, p.keys, n, res);
+            lmc_storage_manager_unpin(ctx->storage, p.keys, ranges, n, res);
         lmc_storage_manager_finish_read(ctx->storage, p.keys, n, 1, NULL);
     }
     free(ranges);

@@ -406,13 +406,26 @@ static void free_retired(lmc_l1_manager *m, size_t i)
     *r = m->retired[--m->num_retired];
 }
 
-/* The retired buffer of `key` held by writer `tag`, or by readers (NULL). */
-static ssize_t find_retired(const lmc_l1_manager *m, const lmc_object_key *key, const char *tag)
+/* The retired staging buffer of `key` that writer `tag` still fills. */
+static ssize_t find_retired_write(const lmc_l1_manager *m, const lmc_object_key *key,
+                                  const char *tag)
 {
     for (size_t i = 0; i < m->num_retired; i++) {
         const l1_retired *r = &m->retired[i];
-        if ((tag ? r->tag && strcmp(r->tag, tag) == 0 : !r->tag) &&
-            lmc_object_key_equal(&r->key, key))
+        if (r->tag && strcmp(r->tag, tag) == 0 && lmc_object_key_equal(&r->key, key))
+            return (ssize_t)i;
+    }
+    return -1;
+}
+
+/* The retired resident copy of `key` at `offset` that readers still copy
+ * out of.  The offset tells it from a newer copy of the same key. */
+static ssize_t find_retired_copy(const lmc_l1_manager *m, const lmc_object_key *key,
+                                 uint64_t offset)
+{
+    for (size_t i = 0; i < m->num_retired; i++) {
+        const l1_retired *r = &m->retired[i];
+        if (!r->tag && r->rec.offset == offset && lmc_object_key_equal(&r->key, key))
             return (ssize_t)i;
     }
     return -1;
@@ -580,6 +593,10 @@ static lmc_l1_result classify_for_write(lmc_l1_manager *m, const lmc_object_key 
     if (e && e->resident)
         return LMC_L1_KEY_NOT_WRITABLE;
     l1_staging *s = find_staging(e, tag);
+    /* A forced clear retired this writer's earlier buffer of the key while
+     * it was written; a second one would make its finish ambiguous. */
+    if (!s && m->num_retired > 0 && find_retired_write(m, key, tag) >= 0)
+        return LMC_L1_KEY_NOT_WRITABLE;
     if (!s)
         return LMC_L1_OUT_OF_MEMORY;
     if (lmc_ttl_lock_held(&s->rec.lock, now))
@@ -685,7 +702,7 @@ static lmc_l1_result pop_live_staging(lmc_l1_manager *m, const lmc_object_key *k
     l1_entry *e = find_entry(m, key);
     l1_staging *s = find_staging(e, tag);
     if (!s) {
-        ssize_t r = m->num_retired ? find_retired(m, key, tag) : -1;
+        ssize_t r = m->num_retired ? find_retired_write(m, key, tag) : -1;
         if (r >= 0)
             free_retired(m, (size_t)r);   /* cleared while written: the write is void */
         return LMC_L1_KEY_NOT_EXIST;
@@ -839,9 +856,10 @@ int lmc_l1_manager_unsafe_read(lmc_l1_manager *m, const lmc_object_key *keys, si
 }
 
 /* One copy out of a retired copy is done; the last frees the buffer. */
-static void unpin_retired(lmc_l1_manager *m, const lmc_object_key *key, int64_t now)
+static void unpin_retired(lmc_l1_manager *m, const lmc_object_key *key, uint64_t offset,
+                          int64_t now)
 {
-    ssize_t r = m->num_retired ? find_retired(m, key, NULL) : -1;
+    ssize_t r = m->num_retired ? find_retired_copy(m, key, offset) : -1;
     if (r < 0)
         return;
     lmc_ttl_lock *lock = &m->retired[r].rec.lock;
@@ -851,16 +869,17 @@ static void unpin_retired(lmc_l1_manager *m, const lmc_object_key *key, int64_t 
         free_retired(m, (size_t)r);
 }
 
-void lmc_l1_manager_unpin(lmc_l1_manager *m, const lmc_object_key *keys, size_t n)
+void lmc_l1_manager_unpin(lmc_l1_manager *m, const lmc_object_key *keys,
+                          const lmc_l1_range *ranges, size_t n)
 {
     pthread_mutex_lock(&m->mutex);
     int64_t now = now_ms(m);
     for (size_t i = 0; i < n; i++) {
         l1_entry *e = find_entry(m, &keys[i]);
-        if (e && e->resident && e->object.pins > 0)
+        if (e && e->resident && e->object.offset == ranges[i].offset && e->object.pins > 0)
             e->object.pins--;
         else
-            unpin_retired(m, &keys[i], now);
+            unpin_retired(m, &keys[i], ranges[i].offset, now);
     }
     pthread_mutex_unlock(&m->mutex);
 }

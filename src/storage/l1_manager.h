@@ -145,9 +145,12 @@ size_t lmc_l1_manager_reserve_read_prefix(lmc_l1_manager *m, const lmc_object_ke
  * allocated until lmc_l1_manager_unpin (or the lock's expiry). */
 int lmc_l1_manager_unsafe_read(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
                                lmc_l1_range *ranges, lmc_l1_result *results);
-/* The copy out of a range unsafe_read returned is done (once per SUCCESS
- * of unsafe_read; keys it did not return are ignored). */
-void lmc_l1_manager_unpin(lmc_l1_manager *m, const lmc_object_key *keys, size_t n);
+/* The copy out of ranges[i], which unsafe_read returned for keys[i], is
+ * done (once per SUCCESS of unsafe_read; ranges it did not hand out are
+ * ignored).  The range names the buffer: after a forced clear and a new
+ * store of the same key, the old copy and the new one are told apart. */
+void lmc_l1_manager_unpin(lmc_l1_manager *m, const lmc_object_key *keys,
+                          const lmc_l1_range *ranges, size_t n);
 /* The unaligned object size the writer reserved, per resident key (0 when
  * not resident).  Ranges carry the aligned size; L2 copies exactly this. */
 void lmc_l1_manager_object_sizes(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,

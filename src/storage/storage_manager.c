@@ -515,11 +515,12 @@ size_t lmc_storage_manager_read(lmc_storage_manager *sm, const lmc_object_key *k
     return readable;
 }
 
-void lmc_storage_manager_unpin(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
+void lmc_storage_manager_unpin(lmc_storage_manager *sm, const lmc_object_key *keys,
+                               const lmc_l1_range *ranges, size_t n,
                                const lmc_l1_result *results)
 {
     if (!results) {
-        lmc_l1_manager_unpin(sm->l1, keys, n);
+        lmc_l1_manager_unpin(sm->l1, keys, ranges, n);
         return;
     }
     for (size_t i = 0; i < n; i++)   /* runs of SUCCESS, one call each */
@@ -527,7 +528,7 @@ void lmc_storage_manager_unpin(lmc_storage_manager *sm, const lmc_object_key *ke
             size_t j = i;
             while (j < n && results[j] == LMC_L1_SUCCESS)
                 j++;
-            lmc_l1_manager_unpin(sm->l1, keys + i, j - i);
+            lmc_l1_manager_unpin(sm->l1, keys + i, ranges + i, j - i);
             i = j;
         }
 }

@@ -147,10 +147,11 @@ size_t lmc_storage_manager_lock_prefix(lmc_storage_manager *sm, const lmc_object
  * keeps the buffer for the copy in flight (docs/storage.md). */
 size_t lmc_storage_manager_read(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
                                 lmc_l1_range *ranges, lmc_l1_result *results);
-/* The copies out of ranges that lmc_storage_manager_read returned are done.
- * `results`: that read's results, to unpin only its SUCCESS keys; NULL when
- * every key was read. */
-void lmc_storage_manager_unpin(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
+/* The copies out of the ranges that lmc_storage_manager_read returned are
+ * done: pass that read's keys, ranges and results (results NULL when every
+ * key was read; otherwise only SUCCESS keys are unpinned). */
+void lmc_storage_manager_unpin(lmc_storage_manager *sm, const lmc_object_key *keys,
+                               const lmc_l1_range *ranges, size_t n,
                                const lmc_l1_result *results);
 /* Releases `readers` read locks per key (results may be NULL). */
 int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_key *keys,

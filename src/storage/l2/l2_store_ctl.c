@@ -25,6 +25,7 @@
 
 typedef struct batch {
     lmc_object_key *keys;
+    lmc_l1_range *ranges;     /* what the L1 read handed out, to unpin */
     size_t n;
     size_t pending;           /* adapters still storing */
     bool ok;
@@ -89,9 +90,16 @@ static void on_written(void *user, const lmc_object_key *keys, size_t n)
         (void)!write(c->efd, &one, sizeof one);
 }
 
+static void free_batch(batch *b)
+{
+    free(b->keys);
+    free(b->ranges);
+    free(b);
+}
+
 static void finish_batch(lmc_l2_store_ctl *c, batch *b)
 {
-    lmc_storage_manager_unpin(c->sm, b->keys, b->n, NULL);   /* every adapter has copied */
+    lmc_storage_manager_unpin(c->sm, b->keys, b->ranges, b->n, NULL);   /* all have copied */
     if (c->skip_l1 && b->ok) {
         size_t deleted = 0;
         lmc_storage_manager_delete(c->sm, b->keys, b->n, false, &deleted, NULL);
@@ -100,8 +108,7 @@ static void finish_batch(lmc_l2_store_ctl *c, batch *b)
     if (b->ok)
         lmc_l2_publish_by_salt(c->sm, LMC_EVENT_L2_STORE_COMPLETED, b->keys, b->n);
     atomic_fetch_sub(&c->batches_in_flight, 1);
-    free(b->keys);
-    free(b);
+    free_batch(b);
 }
 
 /* One adapter is done with `b` (stored, failed, or never submitted). */
@@ -118,12 +125,14 @@ static batch *lock_batch(lmc_l2_store_ctl *c, const lmc_object_key *keys, size_t
                          uint64_t *offsets, uint64_t *sizes)
 {
     lmc_l1_result res[BATCH_KEYS];
-    lmc_l1_range ranges[BATCH_KEYS];
     batch *b = calloc(1, sizeof *b);
     lmc_object_key *k = malloc(n * sizeof *k);
-    if (!b || !k || lmc_storage_manager_reserve_read(c->sm, keys, n, (uint32_t)c->na, res)) {
+    lmc_l1_range *ranges = malloc(n * sizeof *ranges);
+    if (!b || !k || !ranges ||
+        lmc_storage_manager_reserve_read(c->sm, keys, n, (uint32_t)c->na, res)) {
         free(b);
         free(k);
+        free(ranges);
         return NULL;
     }
     for (size_t i = 0; i < n; i++)
@@ -150,6 +159,7 @@ static batch *lock_batch(lmc_l2_store_ctl *c, const lmc_object_key *keys, size_t
     for (size_t i = 0; i < b->n; i++)
         offsets[i] = ranges[i].offset;
     b->keys = k;
+    b->ranges = ranges;
     b->pending = c->na;
     b->ok = true;
     return b;
@@ -162,8 +172,7 @@ static void submit_batch(lmc_l2_store_ctl *c, const lmc_object_key *keys, size_t
     if (!b)
         return;
     if (b->n == 0) {
-        free(b->keys);
-        free(b);
+        free_batch(b);
         return;
     }
     atomic_fetch_add(&c->batches_in_flight, 1);

@@ -125,10 +125,10 @@ static lmc_l1_result peek1(lmc_l1_manager *m, uint64_t id, lmc_l1_range *range)
     return r;
 }
 
-static void unpin1(lmc_l1_manager *m, uint64_t id)
+static void unpin1(lmc_l1_manager *m, uint64_t id, lmc_l1_range range)
 {
     lmc_object_key k = make_key(id);
-    lmc_l1_manager_unpin(m, &k, 1);
+    lmc_l1_manager_unpin(m, &k, &range, 1);
 }
 
 static lmc_l1_result delete1(lmc_l1_manager *m, uint64_t id, bool force)
@@ -400,6 +400,7 @@ static void test_reserve_read_prefix(void **state)
 static void test_temporary_freed_on_last_read(void **state)
 {
     fixture *f = *state;
+    lmc_l1_range copy;
     lmc_object_key k = make_key(9);
     lmc_l1_result r;
     assert_int_equal(reserve1(f->m, 9, "prefetch", true, NULL), LMC_L1_SUCCESS);
@@ -408,14 +409,14 @@ static void test_temporary_freed_on_last_read(void **state)
     assert_int_equal(r, LMC_L1_SUCCESS);
     assert_int_equal(stats(f->m).num_temporary, 1);
     assert_int_equal(unlock1(f->m, 9, 1), LMC_L1_SUCCESS);
-    assert_int_equal(peek1(f->m, 9, NULL), LMC_L1_SUCCESS);
+    assert_int_equal(peek1(f->m, 9, &copy), LMC_L1_SUCCESS);
     assert_int_equal(unlock1(f->m, 9, 1), LMC_L1_SUCCESS);
     assert_int_equal(peek1(f->m, 9, NULL), LMC_L1_KEY_NOT_EXIST);
     lmc_l1_stats s = stats(f->m);
     assert_int_equal(s.num_temporary, 0);
     assert_int_equal(s.num_objects, 0);
     assert_int_equal(s.used_bytes, PAGE);   /* the copy the peek began still runs */
-    unpin1(f->m, 9);
+    unpin1(f->m, 9, copy);
     assert_int_equal(stats(f->m).used_bytes, 0);
 }
 
@@ -458,6 +459,7 @@ static void test_delete_cases(void **state)
 static void test_clear_non_force_and_force(void **state)
 {
     fixture *f = *state;
+    lmc_l1_range copy;
     assert_int_equal(reserve1(f->m, 3, "old", false, NULL), LMC_L1_SUCCESS);
     f->clock.now += WRITE_TTL_MS;                                 /* 3: expired staging */
     put_resident(f->m, 1);                                        /* unlocked: dropped */
@@ -469,8 +471,8 @@ static void test_clear_non_force_and_force(void **state)
     assert_int_equal(s.num_objects, 1);
     assert_int_equal(s.num_staging, 1);
     assert_int_equal(s.used_bytes, 2 * PAGE);
-    assert_int_equal(peek1(f->m, 2, NULL), LMC_L1_SUCCESS);
-    unpin1(f->m, 2);                                              /* that copy is done */
+    assert_int_equal(peek1(f->m, 2, &copy), LMC_L1_SUCCESS);
+    unpin1(f->m, 2, copy);                                              /* that copy is done */
     assert_true(lmc_l1_manager_memcheck(f->m));
     assert_int_equal(lmc_l1_manager_clear(f->m, true), 2);
     s = stats(f->m);
@@ -494,12 +496,13 @@ static void test_clear_non_force_and_force(void **state)
 static void test_forced_clear_keeps_buffers_in_use(void **state)
 {
     fixture *f = *state;
+    lmc_l1_range copy;
     uint64_t writing, reading, off;
     assert_int_equal(reserve1(f->m, 1, "engine", false, &writing), LMC_L1_SUCCESS);
     assert_int_equal(reserve1(f->m, 2, "engine", false, &reading), LMC_L1_SUCCESS);
     assert_int_equal(finish1(f->m, 2, "engine"), LMC_L1_SUCCESS);
     assert_int_equal(read_lock1(f->m, 2, 3), LMC_L1_SUCCESS);    /* three shares, */
-    assert_int_equal(peek1(f->m, 2, NULL), LMC_L1_SUCCESS);       /* two copying out */
+    assert_int_equal(peek1(f->m, 2, &copy), LMC_L1_SUCCESS);       /* two copying out */
     assert_int_equal(peek1(f->m, 2, NULL), LMC_L1_SUCCESS);
     assert_int_equal(lmc_l1_manager_clear(f->m, true), 2);
     for (uint64_t id = 100; id < 114; id++) {                     /* the other 14 pages */
@@ -509,10 +512,10 @@ static void test_forced_clear_keeps_buffers_in_use(void **state)
     assert_int_equal(reserve1(f->m, 114, "other", false, NULL), LMC_L1_OUT_OF_MEMORY);
     assert_int_equal(unlock1(f->m, 2, 1), LMC_L1_KEY_NOT_EXIST);  /* shares are gone... */
     assert_int_equal(reserve1(f->m, 114, "other", false, NULL), LMC_L1_OUT_OF_MEMORY);
-    unpin1(f->m, 2);                                              /* ...copies are not */
+    unpin1(f->m, 2, copy);                                              /* ...copies are not */
     assert_int_equal(reserve1(f->m, 114, "other", false, NULL), LMC_L1_OUT_OF_MEMORY);
-    unpin1(f->m, 2);                                              /* the last copy */
-    unpin1(f->m, 2);                                              /* one too many: ignored */
+    unpin1(f->m, 2, copy);                                              /* the last copy */
+    unpin1(f->m, 2, copy);                                              /* one too many: ignored */
     assert_int_equal(reserve1(f->m, 114, "other", false, &off), LMC_L1_SUCCESS);
     assert_int_equal(off, reading);
     /* A writer that never comes back: its buffer returns at its lock's TTL. */
@@ -529,28 +532,89 @@ static void test_forced_clear_keeps_buffers_in_use(void **state)
     assert_int_equal(stats(f->m).used_bytes, 0);
     put_resident(f->m, 3);
     assert_int_equal(read_lock1(f->m, 3, 1), LMC_L1_SUCCESS);
-    assert_int_equal(peek1(f->m, 3, NULL), LMC_L1_SUCCESS);
+    assert_int_equal(peek1(f->m, 3, &copy), LMC_L1_SUCCESS);
     assert_int_equal(delete1(f->m, 3, true), LMC_L1_SUCCESS);
     assert_int_equal(stats(f->m).used_bytes, PAGE);
-    unpin1(f->m, 3);
+    unpin1(f->m, 3, copy);
     assert_int_equal(stats(f->m).used_bytes, 0);
     /* Shares released under a copy (a FREE_LOOKUP_LOCKS racing a retrieve):
      * the copy becomes evictable, but its buffer waits for the copy. */
     put_resident(f->m, 5);
     assert_int_equal(read_lock1(f->m, 5, 1), LMC_L1_SUCCESS);
-    assert_int_equal(peek1(f->m, 5, NULL), LMC_L1_SUCCESS);
+    assert_int_equal(peek1(f->m, 5, &copy), LMC_L1_SUCCESS);
     assert_int_equal(unlock1(f->m, 5, 1), LMC_L1_SUCCESS);
     assert_int_equal(delete1(f->m, 5, false), LMC_L1_SUCCESS);    /* as eviction does */
     assert_int_equal(stats(f->m).used_bytes, PAGE);
-    unpin1(f->m, 5);
+    unpin1(f->m, 5, copy);
     assert_int_equal(stats(f->m).used_bytes, 0);
     /* A copy finished before the clear leaves nothing to keep. */
     put_resident(f->m, 4);
     assert_int_equal(read_lock1(f->m, 4, 1), LMC_L1_SUCCESS);
-    assert_int_equal(peek1(f->m, 4, NULL), LMC_L1_SUCCESS);
-    unpin1(f->m, 4);
+    assert_int_equal(peek1(f->m, 4, &copy), LMC_L1_SUCCESS);
+    unpin1(f->m, 4, copy);
     assert_int_equal(lmc_l1_manager_clear(f->m, true), 1);
     assert_int_equal(stats(f->m).used_bytes, 0);
+}
+
+/* A copy retired under a reader and a new copy of the same key, stored after
+ * the clear and read by another reader, are two buffers: each reader's
+ * unpin reaches the one it copied out of, never the other. */
+static void test_unpin_reaches_the_copy_read(void **state)
+{
+    fixture *f = *state;
+    lmc_l1_range old_copy, new_copy;
+    put_resident(f->m, 7);
+    assert_int_equal(read_lock1(f->m, 7, 1), LMC_L1_SUCCESS);
+    assert_int_equal(peek1(f->m, 7, &old_copy), LMC_L1_SUCCESS);   /* reader 1 copies */
+    assert_int_equal(lmc_l1_manager_clear(f->m, true), 1);
+    put_resident(f->m, 7);                                         /* stored again */
+    assert_int_equal(read_lock1(f->m, 7, 1), LMC_L1_SUCCESS);
+    assert_int_equal(peek1(f->m, 7, &new_copy), LMC_L1_SUCCESS);   /* reader 2 copies */
+    assert_true(new_copy.offset != old_copy.offset);
+    assert_int_equal(stats(f->m).used_bytes, 2 * PAGE);
+    unpin1(f->m, 7, old_copy);                                     /* reader 1 is done */
+    lmc_l1_stats s = stats(f->m);
+    assert_int_equal(s.num_retired, 0);
+    assert_int_equal(s.used_bytes, PAGE);
+    /* Reader 2's copy is still pinned: a second clear must keep it. */
+    assert_int_equal(lmc_l1_manager_clear(f->m, true), 1);
+    uint64_t off;
+    for (uint64_t id = 100; id < 115; id++) {
+        assert_int_equal(reserve1(f->m, id, "other", false, &off), LMC_L1_SUCCESS);
+        assert_true(off != new_copy.offset);
+    }
+    unpin1(f->m, 7, new_copy);
+    assert_int_equal(reserve1(f->m, 115, "other", false, &off), LMC_L1_SUCCESS);
+    assert_int_equal(off, new_copy.offset);
+    assert_true(lmc_l1_manager_memcheck(f->m));
+}
+
+/* A writer whose buffer of a key was retired by a forced clear cannot
+ * reserve that key again until that write is finished: its finish would
+ * otherwise publish the second buffer, which may not be written yet. */
+static void test_writer_cannot_restage_a_retired_key(void **state)
+{
+    fixture *f = *state;
+    uint64_t first, off;
+    assert_int_equal(reserve1(f->m, 8, "engine", false, &first), LMC_L1_SUCCESS);
+    assert_int_equal(lmc_l1_manager_clear(f->m, true), 1);
+    assert_int_equal(reserve1(f->m, 8, "engine", false, NULL), LMC_L1_KEY_NOT_WRITABLE);
+    assert_int_equal(reserve1(f->m, 8, "other", false, &off), LMC_L1_SUCCESS);
+    assert_true(off != first);
+    assert_int_equal(finish1(f->m, 8, "engine"), LMC_L1_KEY_NOT_EXIST);   /* void */
+    assert_int_equal(stats(f->m).num_retired, 0);
+    assert_int_equal(peek1(f->m, 8, NULL), LMC_L1_KEY_NOT_EXIST);          /* not published */
+    assert_int_equal(reserve1(f->m, 8, "engine", false, &off), LMC_L1_SUCCESS);
+    assert_int_equal(finish1(f->m, 8, "engine"), LMC_L1_SUCCESS);
+    assert_int_equal(finish1(f->m, 8, "other"), LMC_L1_SUCCESS);   /* already resident */
+    assert_int_equal(stats(f->m).num_objects, 1);
+    /* A retired write whose lock expired no longer blocks its writer. */
+    assert_int_equal(reserve1(f->m, 9, "engine", false, NULL), LMC_L1_SUCCESS);
+    assert_int_equal(lmc_l1_manager_clear(f->m, true), 2);
+    f->clock.now += WRITE_TTL_MS;
+    assert_int_equal(reserve1(f->m, 9, "engine", false, NULL), LMC_L1_SUCCESS);
+    assert_int_equal(stats(f->m).num_retired, 0);
+    assert_true(lmc_l1_manager_memcheck(f->m));
 }
 
 /* ---- lazy growth, status, scale ------------------------------------------ */
@@ -835,6 +899,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_delete_cases, setup, teardown),
         cmocka_unit_test_setup_teardown(test_clear_non_force_and_force, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forced_clear_keeps_buffers_in_use, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unpin_reaches_the_copy_read, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_writer_cannot_restage_a_retired_key, setup, teardown),
         cmocka_unit_test(test_lazy_growth_and_usage),
         cmocka_unit_test_setup_teardown(test_report_status, setup, teardown),
         cmocka_unit_test(test_many_objects),

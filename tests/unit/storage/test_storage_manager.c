@@ -145,7 +145,7 @@ static void test_finish_write_and_reserve_read_and_clear(void **state)
     lmc_l1_range ranges[3];
     assert_int_equal(lmc_storage_manager_read(sm, keys, 2, ranges, res), 2);
     /* temporary: the last read frees it (its copy done first) */
-    lmc_storage_manager_unpin(sm, keys, 1, res);
+    lmc_storage_manager_unpin(sm, keys, ranges, 1, res);
     assert_int_equal(lmc_storage_manager_finish_read(sm, keys, 1, 1, NULL), 0);
     assert_int_equal(lmc_storage_manager_lock_prefix(sm, keys, 1, 1), 0);
     assert_int_equal(lmc_storage_manager_clear(sm, false), 0);   /* key 2 locked, 3 staging */
@@ -156,7 +156,7 @@ static void test_finish_write_and_reserve_read_and_clear(void **state)
     lmc_storage_manager_usage(sm, &used, &total);
     assert_int_equal(used, 2 * OBJ);
     assert_int_equal(lmc_storage_manager_read(sm, &keys[1], 1, ranges, res), 0);
-    lmc_storage_manager_unpin(sm, &keys[1], 1, NULL);   /* that copy is done */
+    lmc_storage_manager_unpin(sm, &keys[1], &ranges[1], 1, NULL);   /* that copy is done */
     assert_int_equal(lmc_storage_manager_finish_write(sm, &keys[2], 1, "prefetch", res), 0);
     assert_int_equal(res[0], LMC_L1_KEY_NOT_EXIST);   /* that write was cleared */
     lmc_storage_manager_usage(sm, &used, &total);
