@@ -85,7 +85,7 @@ sanitize: asan tsan
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := ipc_key msgpack object_key l2_json rpc http
 fuzz: deps
-	$(call install_missing,clang)
+	$(call install_missing,clang libclang-rt-14-dev)
 	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DLMC_FUZZ=ON
 	cmake --build build-fuzz -j $(JOBS) $(addprefix --target fuzz_,$(FUZZ_TARGETS))
 	@set -e; for t in $(FUZZ_TARGETS); do \
