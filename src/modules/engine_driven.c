@@ -169,9 +169,9 @@ void lmc_ed_op_free(ed_op *op)
     op->keys = NULL;
 }
 
-/* Records a pending entry for the op's context; false if it is gone. */
 /* Records `keys` (owned from here on success) and, for reads, a copy of
- * the ranges handed out under (instance, op key). */
+ * the ranges handed out, under (instance, op key); false if the instance's
+ * context is gone. */
 static bool add_pending(engine_mod *m, const ed_op *op, lmc_object_key *keys,
                         const lmc_l1_range *ranges, size_t n, bool write)
 {

@@ -416,6 +416,9 @@ def test_clear_during_transfers_never_hands_out_memory_in_use(srv, pair):
     other = prompt(13)
     fresh = w1.store(other, 0, 64, rid="x")["slots"]
     assert len(fresh) == 4 and not busy & {s["offset"] for s in fresh}
+    # The writer is given no second buffer of a key its cleared write holds:
+    # its COMMIT_STORE could not tell which of the two it publishes.
+    assert unpack(w0.d.call(PSTORE, k_write, w0.id))["context"]["chunk_indices"] == []
     # The late copies: the reader still sees the old chunks, the writer's
     # bytes land in its own slots, and the commit of a cleared write is void.
     got = [bytes(w1.pool[s["offset"]:s["offset"] + s["length"]]) for s in reading["context"]["slots"]]
