@@ -6,10 +6,10 @@
  *
  *   decode_bench [TOKENS] [ROUNDS]   (defaults 32768 2000)
  *
- * Two token-id mixes: the transfer bench's (ids below 128,000 from a fixed
- * stride, so 16- and 32-bit forms alternate in a pattern a branch predictor
- * partly learns) and uniformly random ids below 128,000 (the widths are
- * unpredictable).  Each round decodes the next of KEYS different prompts, so
+ * Three token-id mixes: the transfer bench's (ids below 128,000 from a
+ * fixed stride, so 16- and 32-bit forms alternate in a pattern a branch
+ * predictor partly learns), an estimate of prose (token_id) and uniformly
+ * random ids below 128,000 (the widths are unpredictable).  Each round decodes the next of KEYS different prompts, so
  * that the branch predictor cannot learn one prompt by heart.  Prints the
  * median time of ROUNDS for each. */
 #include <msgpack.h>
@@ -40,7 +40,29 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static void pack_key(msgpack_sbuffer *sb, size_t n, bool random_ids, unsigned seed)
+typedef enum { IDS_STRIDE, IDS_RANDOM, IDS_TEXT } id_mix;
+
+/* One token id of the mix.  IDS_TEXT is an estimate of English prose
+ * through a 128k BPE vocabulary (single-byte punctuation and digits below
+ * 128, most words between 256 and 65535, a few rarer ones above): 12 %
+ * fixint, 3 % uint8, 80 % uint16, 5 % uint32 forms, in random order. */
+static uint64_t token_id(id_mix mix, unsigned seed, size_t i)
+{
+    if (mix == IDS_STRIDE)
+        return (seed * 2654435761u + i * 40503u) % 128000;
+    if (mix == IDS_RANDOM)
+        return (uint64_t)rand() % 128000;
+    int r = rand() % 100;
+    if (r < 12)
+        return (uint64_t)rand() % 128;
+    if (r < 15)
+        return 128 + (uint64_t)rand() % 128;
+    if (r < 95)
+        return 256 + (uint64_t)rand() % (65536 - 256);
+    return 65536 + (uint64_t)rand() % (128000 - 65536);
+}
+
+static void pack_key(msgpack_sbuffer *sb, size_t n, id_mix mix, unsigned seed)
 {
     msgpack_packer pk;
     msgpack_sbuffer_init(sb);
@@ -52,19 +74,18 @@ static void pack_key(msgpack_sbuffer *sb, size_t n, bool random_ids, unsigned se
     pack_str(&pk, "token_ids"), msgpack_pack_array(&pk, (uint32_t)n);
     srand(seed);
     for (size_t i = 0; i < n; i++)
-        msgpack_pack_uint64(&pk, random_ids ? (uint64_t)rand() % 128000
-                                            : (seed * 2654435761u + i * 40503u) % 128000);
+        msgpack_pack_uint64(&pk, token_id(mix, seed, i));
     pack_str(&pk, "start"), msgpack_pack_int(&pk, 0);
     pack_str(&pk, "end"), msgpack_pack_uint64(&pk, n - n % 256);
     pack_str(&pk, "request_id"), pack_str(&pk, "req-1");
     pack_str(&pk, "cache_salt"), pack_str(&pk, "");
 }
 
-static void run(const char *label, size_t n, int rounds, bool random_ids)
+static void run(const char *label, size_t n, int rounds, id_mix mix)
 {
     msgpack_sbuffer sb[KEYS];
     for (unsigned i = 0; i < KEYS; i++)
-        pack_key(&sb[i], n, random_ids, 7 + i);
+        pack_key(&sb[i], n, mix, 7 + i);
     double *key_t = malloc(rounds * sizeof *key_t), *generic_t = malloc(rounds * sizeof *generic_t);
     if (!key_t || !generic_t)
         exit(1);
@@ -112,7 +133,8 @@ int main(int argc, char **argv)
         return 2;
     }
     printf("LOOKUP key of %zu token ids (%d rounds over %d prompts, medians):\n", n, rounds, KEYS);
-    run("stride ids (bench mix)", n, rounds, false);
-    run("random ids < 128000", n, rounds, true);
+    run("stride ids (bench mix)", n, rounds, IDS_STRIDE);
+    run("text-like width mix", n, rounds, IDS_TEXT);
+    run("random ids < 128000", n, rounds, IDS_RANDOM);
     return 0;
 }
