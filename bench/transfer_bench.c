@@ -568,7 +568,7 @@ typedef struct {
 /* Times `iters` LOOKUP + QUERY cycles into lat[] (sorted on return); the
  * LOOKUP and QUERY round trips alone go to split[] (p50 of each). */
 static int lookup_cycles(bench *b, const uint64_t *toks, size_t iters, bool fresh, double *lat,
-                         double split[2], cycle_cost *cost)
+                         double split[2], cycle_cost *cost, double *between)
 {
     double *lk = malloc(iters * sizeof *lk), *qy = malloc(iters * sizeof *qy);
     if (!lk || !qy) {
@@ -601,6 +601,11 @@ static int lookup_cycles(bench *b, const uint64_t *toks, size_t iters, bool fres
         pack_str_arg(&end, rid);
         call(b, LMC_OP_END_SESSION, &end, 1, NULL, &rep);
         msgpack_sbuffer_destroy(&end);
+        if (between) {   /* a NOOP in the same stretch of time as this cycle */
+            double n0 = now_s();
+            call(b, LMC_OP_NOOP, NULL, 0, NULL, &rep);
+            between[i] = now_s() - n0;
+        }
     }
     cost->server_cpu = ((process_cpu() - p0) - (cpu_s(CLOCK_THREAD_CPUTIME_ID) - c0)) / iters;
     cost->faults = (double)(minor_faults() - f0) / iters;
@@ -645,18 +650,21 @@ static int lookup_latency(bench *b, size_t iters)
     uint64_t *toks = malloc(LOOKUP_TOKENS * sizeof *toks);
     double *lat = malloc(iters * sizeof *lat), *fresh = malloc(iters * sizeof *fresh),
            *noop = malloc(iters * sizeof *noop), *carry = malloc(iters * sizeof *carry),
-           *bare = malloc(iters * sizeof *bare);
+           *bare = malloc(iters * sizeof *bare), *paired = malloc(iters * sizeof *paired),
+           *between = malloc(iters * sizeof *between);
     int rc = -1;
-    cycle_cost cost, fresh_cost;
-    double split[2], fresh_split[2];
+    cycle_cost cost, fresh_cost, paired_cost;
+    double split[2], fresh_split[2], paired_split[2];
     size_t key_bytes;
-    if (!toks || !lat || !fresh || !noop || !carry || !bare)
+    if (!toks || !lat || !fresh || !noop || !carry || !bare || !paired || !between)
         goto out;
     fill_tokens(toks, LOOKUP_TOKENS, 7);
     store_prompt(b, toks);
-    if (lookup_cycles(b, toks, iters, false, lat, split, &cost) != 0 ||
-        lookup_cycles(b, toks, iters, true, fresh, fresh_split, &fresh_cost) != 0)
+    if (lookup_cycles(b, toks, iters, false, lat, split, &cost, NULL) != 0 ||
+        lookup_cycles(b, toks, iters, true, fresh, fresh_split, &fresh_cost, NULL) != 0 ||
+        lookup_cycles(b, toks, iters, false, paired, paired_split, &paired_cost, between) != 0)
         goto out;
+    qsort(between, iters, sizeof *between, cmp_double);
     for (size_t i = 0; i < iters; i++) {
         msgpack_object rep;
         double t0 = now_s();
@@ -680,10 +688,15 @@ static int lookup_latency(bench *b, size_t iters)
            "%.2fx\n", pct(lat, iters, 0.5) / pct(noop, iters, 0.5),
            pct(fresh, iters, 0.5) / pct(noop, iters, 0.5),
            pct(bare, iters, 0.5) / pct(noop, iters, 0.5));
+    printf("paired: a NOOP after each cycle, p50 %.1f us; that run's LOOKUP+QUERY p50 %.1f us "
+           "= %.2fx\n", pct(between, iters, 0.5) * 1e6, pct(paired, iters, 0.5) * 1e6,
+           pct(paired, iters, 0.5) / pct(between, iters, 0.5));
     printf("server CPU per lookup cycle (LOOKUP+QUERY+FREE+END): %.1f us, %.1f page faults\n",
            cost.server_cpu * 1e6, cost.faults);
     rc = 0;
 out:
+    free(paired);
+    free(between);
     free(toks);
     free(lat);
     free(fresh);
