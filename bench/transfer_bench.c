@@ -14,7 +14,9 @@
  *      fully in L1: p50/p99 beside the NOOP round trip (goal p50 <= 3x), and
  *      the p50 of each of the two round trips alone,
  *      with the key packed once and, as a scheduler does, afresh per cycle;
- *      plus the transport floor: a NOOP carrying the same key, then a QUERY;
+ *      plus the transport floor: a NOOP carrying the same key, then a QUERY,
+ *      and a paired phase timing a NOOP after each cycle (a ratio of samples
+ *      taken side by side, immune to the machine's drift between phases);
  *   3. server CPU per chunk op = process CPU - client thread CPU.
  *
  *   transfer_bench [--chunks N] [--iters M] [--batch B]
