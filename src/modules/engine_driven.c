@@ -90,8 +90,7 @@ void lmc_ed_ctx_destroy(engine_mod *m, ed_ctx *c)
     while (c->reads) {
         ed_pending *p = c->reads;
         c->reads = p->next;
-        lmc_storage_manager_unpin(m->ctx->storage, p->keys, p->ranges, p->n, NULL);
-        lmc_storage_manager_finish_read(m->ctx->storage, p->keys, p->n, 1, NULL);
+        lmc_storage_manager_end_read(m->ctx->storage, p->keys, p->ranges, p->n);
         free_pending(p);
     }
     lmc_layout_registry_release(m->ctx->layouts, c->model, c->world_size);
@@ -421,8 +420,7 @@ static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
         return lmc_rpc_call_fail(call, "ValidationError", "COMMIT_RETRIEVE: %s", err);
     ed_pending *p = take_pending(m, &op, false);
     if (p) {
-        lmc_storage_manager_unpin(m->ctx->storage, p->keys, p->ranges, p->n, NULL);
-        lmc_storage_manager_finish_read(m->ctx->storage, p->keys, p->n, 1, NULL);
+        lmc_storage_manager_end_read(m->ctx->storage, p->keys, p->ranges, p->n);
         publish_transfer(m, LMC_EVENT_RETRIEVE_END, &op, p->n, p->n * op.layout.object_size);
         free_pending(p);
     }

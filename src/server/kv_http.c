@@ -187,7 +187,9 @@ int lmc_kv_http_retrieve(lmc_module_ctx *ctx, const lmc_kv_request *rq, uint8_t 
     for (size_t i = 0; ok && i < n; i++)
         copy_chunk(&p, *data, tokens, base + ranges[i].offset, i / p.per,
                    (uint32_t)(i % p.per), false);
-    if (n) {
+    if (ok && n) {
+        lmc_storage_manager_end_read(ctx->storage, p.keys, ranges, n);
+    } else if (n) {   /* some key had no range: shares go back by key */
         if (can_read)
             lmc_storage_manager_unpin(ctx->storage, p.keys, ranges, n, res);
         lmc_storage_manager_finish_read(ctx->storage, p.keys, n, 1, NULL);

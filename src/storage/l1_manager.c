@@ -935,6 +935,35 @@ int lmc_l1_manager_finish_read(lmc_l1_manager *m, const lmc_object_key *keys, si
     return 0;
 }
 
+/* Unpin and finish_read of one share in one step, on the copy at the range
+ * read only: after a forced clear and a new store of the key, the new copy
+ * keeps the shares its own lookups took, and the old one is unpinned. */
+void lmc_l1_manager_end_read(lmc_l1_manager *m, const lmc_object_key *keys,
+                             const lmc_l1_range *ranges, size_t n)
+{
+    pthread_mutex_lock(&m->mutex);
+    int64_t now = now_ms(m);
+    l1_event *done = event_begin(m, LMC_L1_EVENT_READ_FINISHED, n);
+    l1_event *freed = event_begin(m, LMC_L1_EVENT_DELETED, n);
+    for (size_t i = 0; i < n; i++) {
+        l1_entry *e = find_entry(m, &keys[i]);
+        if (!e || !e->resident || e->object.offset != ranges[i].offset) {
+            unpin_retired(m, &keys[i], ranges[i].offset, now);
+            continue;
+        }
+        if (e->object.pins > 0)
+            e->object.pins--;   /* first: a temporary's last share frees it outright */
+        if (!lmc_ttl_lock_held(&e->object.lock, now))
+            continue;
+        event_add(done, &keys[i]);
+        if (finish_read_one(m, e, 1, now))
+            event_add(freed, &keys[i]);
+    }
+    event_commit(m, done);
+    event_commit(m, freed);
+    unlock_and_dispatch(m);
+}
+
 /* ---- delete / clear ---------------------------------------------------- */
 
 static lmc_l1_result delete_one(lmc_l1_manager *m, const lmc_object_key *key, bool force,

@@ -151,6 +151,11 @@ int lmc_l1_manager_unsafe_read(lmc_l1_manager *m, const lmc_object_key *keys, si
  * store of the same key, the old copy and the new one are told apart. */
 void lmc_l1_manager_unpin(lmc_l1_manager *m, const lmc_object_key *keys,
                           const lmc_l1_range *ranges, size_t n);
+/* A reader that read every key is done: unpins ranges[i] and gives back one
+ * read share of keys[i], on the copy at ranges[i] only (a newer copy of the
+ * key, stored after a forced clear, keeps its shares). */
+void lmc_l1_manager_end_read(lmc_l1_manager *m, const lmc_object_key *keys,
+                             const lmc_l1_range *ranges, size_t n);
 /* The unaligned object size the writer reserved, per resident key (0 when
  * not resident).  Ranges carry the aligned size; L2 copies exactly this. */
 void lmc_l1_manager_object_sizes(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,

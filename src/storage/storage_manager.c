@@ -533,6 +533,12 @@ void lmc_storage_manager_unpin(lmc_storage_manager *sm, const lmc_object_key *ke
         }
 }
 
+void lmc_storage_manager_end_read(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                  const lmc_l1_range *ranges, size_t n)
+{
+    lmc_l1_manager_end_read(sm->l1, keys, ranges, n);
+}
+
 int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_key *keys,
                                     size_t n, uint32_t readers, lmc_l1_result *results)
 {

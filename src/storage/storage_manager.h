@@ -153,6 +153,11 @@ size_t lmc_storage_manager_read(lmc_storage_manager *sm, const lmc_object_key *k
 void lmc_storage_manager_unpin(lmc_storage_manager *sm, const lmc_object_key *keys,
                                const lmc_l1_range *ranges, size_t n,
                                const lmc_l1_result *results);
+/* The copies out of every range a read returned are done and each key's
+ * one read share goes back, on the copy that was read (not on a newer copy
+ * a forced clear and a re-store left under the same key). */
+void lmc_storage_manager_end_read(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                  const lmc_l1_range *ranges, size_t n);
 /* Releases `readers` read locks per key (results may be NULL). */
 int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_key *keys,
                                     size_t n, uint32_t readers, lmc_l1_result *results);

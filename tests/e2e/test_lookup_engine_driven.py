@@ -434,3 +434,27 @@ def test_clear_during_transfers_never_hands_out_memory_in_use(srv, pair):
     assert lookup(sched, other, "r-other") == 4
     assert w1.retrieve(other, 0, 64, "r-other") == [chunk_bytes(1, other, c) for c in range(4)]
     sched.close()
+
+
+def test_commit_retrieve_after_clear_leaves_the_new_copy_locked(srv, pair):
+    """A retrieve in flight across a forced CLEAR, the prompt stored again
+    and looked up by another request: the old retrieve's COMMIT_RETRIEVE
+    gives its share back on the copy it read (now gone), not on the new
+    copy, whose lookup share must still let its own retrieve run."""
+    w0, w1 = pair
+    sched = srv.dealer()
+    p = prompt(21)
+    for w in pair:
+        w.store(p, 0, 64)
+    assert lookup(sched, p, "r-old") == 4
+    k_old = w1.key(p, 0, 64, "r-old")
+    assert unpack(w1.d.call(PRETR, k_old, w1.id))["success"]
+    assert sched.call(CLEAR) is not None
+    for w in pair:
+        w.store(p, 0, 64, rid="again")
+    assert lookup(sched, p, "r-new") == 4                  # one share per object
+    assert unpack(w1.d.call(CRETR, k_old, w1.id)) is True  # the old reader is done
+    assert retired_bytes(srv) == 0
+    assert w1.retrieve(p, 0, 64, "r-new") == [chunk_bytes(1, p, c) for c in range(4)]
+    assert w0.retrieve(p, 0, 64, "r-new") == [chunk_bytes(0, p, c) for c in range(4)]
+    sched.close()

@@ -589,6 +589,43 @@ static void test_unpin_reaches_the_copy_read(void **state)
     assert_true(lmc_l1_manager_memcheck(f->m));
 }
 
+/* end_read gives a reader's share back on the copy it read: after a forced
+ * clear and a new store, the new copy keeps its own lookups' shares. */
+static void test_end_read_releases_the_copy_read(void **state)
+{
+    fixture *f = *state;
+    lmc_object_key k = make_key(6);
+    lmc_l1_range old_copy, new_copy;
+    lmc_l1_result r;
+    put_resident(f->m, 6);
+    assert_int_equal(read_lock1(f->m, 6, 1), LMC_L1_SUCCESS);
+    assert_int_equal(peek1(f->m, 6, &old_copy), LMC_L1_SUCCESS);
+    assert_int_equal(lmc_l1_manager_clear(f->m, true), 1);
+    put_resident(f->m, 6);
+    assert_int_equal(read_lock1(f->m, 6, 1), LMC_L1_SUCCESS);    /* another lookup's share */
+    lmc_l1_manager_end_read(f->m, &k, &old_copy, 1);             /* the old reader is done */
+    lmc_l1_stats s = stats(f->m);
+    assert_int_equal(s.num_retired, 0);
+    assert_int_equal(s.used_bytes, PAGE);
+    assert_int_equal(delete1(f->m, 6, false), LMC_L1_KEY_IS_LOCKED);   /* its share stays */
+    /* The usual case: the copy read is the resident one. */
+    assert_int_equal(peek1(f->m, 6, &new_copy), LMC_L1_SUCCESS);
+    lmc_l1_manager_end_read(f->m, &k, &new_copy, 1);
+    assert_int_equal(delete1(f->m, 6, false), LMC_L1_SUCCESS);   /* no share, no pin left */
+    assert_int_equal(stats(f->m).used_bytes, 0);
+    /* A temporary's last share, given back this way, frees it at once. */
+    k = make_key(9);
+    assert_int_equal(reserve1(f->m, 9, "prefetch", true, NULL), LMC_L1_SUCCESS);
+    assert_int_equal(lmc_l1_manager_finish_write_and_reserve_read(f->m, &k, 1, 1, "prefetch", &r),
+                     0);
+    assert_int_equal(peek1(f->m, 9, &new_copy), LMC_L1_SUCCESS);
+    lmc_l1_manager_end_read(f->m, &k, &new_copy, 1);
+    s = stats(f->m);
+    assert_int_equal(s.num_objects + s.num_retired, 0);
+    assert_int_equal(s.used_bytes, 0);
+    assert_true(lmc_l1_manager_memcheck(f->m));
+}
+
 /* A writer whose buffer of a key was retired by a forced clear cannot
  * reserve that key again until that write is finished: its finish would
  * otherwise publish the second buffer, which may not be written yet. */
@@ -900,6 +937,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_clear_non_force_and_force, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forced_clear_keeps_buffers_in_use, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unpin_reaches_the_copy_read, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_end_read_releases_the_copy_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_writer_cannot_restage_a_retired_key, setup, teardown),
         cmocka_unit_test(test_lazy_growth_and_usage),
         cmocka_unit_test_setup_teardown(test_report_status, setup, teardown),
