@@ -906,62 +906,60 @@ void lmc_l1_manager_object_sizes(lmc_l1_manager *m, const lmc_object_key *keys, 
     pthread_mutex_unlock(&m->mutex);
 }
 
-int lmc_l1_manager_finish_read(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
-                               uint32_t readers, lmc_l1_result *results)
+/* Gives back `readers` shares of `key` on its resident copy, or only on the
+ * copy at `range` when one is given (NOT_EXIST if that copy is gone);
+ * `unpin` first ends the copy out of `range` (end_read). */
+static lmc_l1_result release_read(lmc_l1_manager *m, const lmc_object_key *key,
+                                  const lmc_l1_range *range, uint32_t readers, bool unpin,
+                                  int64_t now, l1_event *done, l1_event *freed)
 {
-    readers = readers < 1 ? 1 : readers;
+    l1_entry *e = find_entry(m, key);
+    if (!e || !e->resident || (range && e->object.offset != range->offset)) {
+        if (unpin)
+            unpin_retired(m, key, range->offset, now);
+        return LMC_L1_KEY_NOT_EXIST;
+    }
+    if (unpin && e->object.pins > 0)
+        e->object.pins--;   /* first: a temporary's last share frees it outright */
+    if (!lmc_ttl_lock_held(&e->object.lock, now))
+        return LMC_L1_KEY_IN_WRONG_STATE;
+    event_add(done, key);
+    if (finish_read_one(m, e, readers, now))
+        event_add(freed, key);
+    return LMC_L1_SUCCESS;
+}
+
+static void release_reads(lmc_l1_manager *m, const lmc_object_key *keys,
+                          const lmc_l1_range *ranges, size_t n, uint32_t readers, bool unpin,
+                          lmc_l1_result *results)
+{
     pthread_mutex_lock(&m->mutex);
     int64_t now = now_ms(m);
     l1_event *done = event_begin(m, LMC_L1_EVENT_READ_FINISHED, n);
     l1_event *freed = event_begin(m, LMC_L1_EVENT_DELETED, n);
     for (size_t i = 0; i < n; i++) {
-        l1_entry *e = find_entry(m, &keys[i]);
-        if (!e || !e->resident) {
-            results[i] = LMC_L1_KEY_NOT_EXIST;
-            continue;
-        }
-        if (!lmc_ttl_lock_held(&e->object.lock, now)) {
-            results[i] = LMC_L1_KEY_IN_WRONG_STATE;
-            continue;
-        }
-        results[i] = LMC_L1_SUCCESS;
-        event_add(done, &keys[i]);
-        if (finish_read_one(m, e, readers, now))
-            event_add(freed, &keys[i]);
+        lmc_l1_result r = release_read(m, &keys[i], ranges ? &ranges[i] : NULL,
+                                       readers < 1 ? 1 : readers, unpin, now, done, freed);
+        if (results)
+            results[i] = r;
     }
     event_commit(m, done);
     event_commit(m, freed);
     unlock_and_dispatch(m);
+}
+
+int lmc_l1_manager_finish_read(lmc_l1_manager *m, const lmc_object_key *keys,
+                               const lmc_l1_range *ranges, size_t n, uint32_t readers,
+                               lmc_l1_result *results)
+{
+    release_reads(m, keys, ranges, n, readers, false, results);
     return 0;
 }
 
-/* Unpin and finish_read of one share in one step, on the copy at the range
- * read only: after a forced clear and a new store of the key, the new copy
- * keeps the shares its own lookups took, and the old one is unpinned. */
 void lmc_l1_manager_end_read(lmc_l1_manager *m, const lmc_object_key *keys,
                              const lmc_l1_range *ranges, size_t n)
 {
-    pthread_mutex_lock(&m->mutex);
-    int64_t now = now_ms(m);
-    l1_event *done = event_begin(m, LMC_L1_EVENT_READ_FINISHED, n);
-    l1_event *freed = event_begin(m, LMC_L1_EVENT_DELETED, n);
-    for (size_t i = 0; i < n; i++) {
-        l1_entry *e = find_entry(m, &keys[i]);
-        if (!e || !e->resident || e->object.offset != ranges[i].offset) {
-            unpin_retired(m, &keys[i], ranges[i].offset, now);
-            continue;
-        }
-        if (e->object.pins > 0)
-            e->object.pins--;   /* first: a temporary's last share frees it outright */
-        if (!lmc_ttl_lock_held(&e->object.lock, now))
-            continue;
-        event_add(done, &keys[i]);
-        if (finish_read_one(m, e, 1, now))
-            event_add(freed, &keys[i]);
-    }
-    event_commit(m, done);
-    event_commit(m, freed);
-    unlock_and_dispatch(m);
+    release_reads(m, keys, ranges, n, 1, true, NULL);
 }
 
 /* ---- delete / clear ---------------------------------------------------- */

@@ -162,9 +162,12 @@ void lmc_l1_manager_object_sizes(lmc_l1_manager *m, const lmc_object_key *keys, 
                                  uint64_t *sizes);
 /* Releases `readers` read locks (at least 1): NOT_EXIST if not resident,
  * WRONG_STATE if not read-locked.  A temporary object is freed when its
- * count reaches 0. */
-int lmc_l1_manager_finish_read(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
-                               uint32_t readers, lmc_l1_result *results);
+ * count reaches 0.  With `ranges` (from unsafe_read), only the copy at
+ * ranges[i] gives its shares back: a newer copy of the key, stored after a
+ * forced clear, is NOT_EXIST to this call.  results may be NULL. */
+int lmc_l1_manager_finish_read(lmc_l1_manager *m, const lmc_object_key *keys,
+                               const lmc_l1_range *ranges, size_t n, uint32_t readers,
+                               lmc_l1_result *results);
 /* Reclaims expired staging first; then IS_LOCKED if live staging remains or
  * the resident copy is read-locked (unless force), else frees everything of
  * the key: SUCCESS, or NOT_EXIST if there was nothing.  force also drops

@@ -539,13 +539,19 @@ void lmc_storage_manager_end_read(lmc_storage_manager *sm, const lmc_object_key 
     lmc_l1_manager_end_read(sm->l1, keys, ranges, n);
 }
 
+void lmc_storage_manager_finish_read_at(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                        const lmc_l1_range *ranges, size_t n, uint32_t readers)
+{
+    lmc_l1_manager_finish_read(sm->l1, keys, ranges, n, readers, NULL);
+}
+
 int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_key *keys,
                                     size_t n, uint32_t readers, lmc_l1_result *results)
 {
     lmc_l1_result *r = results_or_scratch(results, n);
     if (!r)
         return -1;
-    int rc = lmc_l1_manager_finish_read(sm->l1, keys, n, readers, r);
+    int rc = lmc_l1_manager_finish_read(sm->l1, keys, NULL, n, readers, r);
     release_results(r, results);
     return rc;
 }

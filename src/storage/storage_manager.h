@@ -158,6 +158,10 @@ void lmc_storage_manager_unpin(lmc_storage_manager *sm, const lmc_object_key *ke
  * a forced clear and a re-store left under the same key). */
 void lmc_storage_manager_end_read(lmc_storage_manager *sm, const lmc_object_key *keys,
                                   const lmc_l1_range *ranges, size_t n);
+/* Releases `readers` read locks per key on the copies a read returned
+ * `ranges` for (a newer copy of a key keeps its shares). */
+void lmc_storage_manager_finish_read_at(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                        const lmc_l1_range *ranges, size_t n, uint32_t readers);
 /* Releases `readers` read locks per key (results may be NULL). */
 int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_key *keys,
                                     size_t n, uint32_t readers, lmc_l1_result *results);

@@ -114,7 +114,7 @@ static void finish_batch(lmc_l2_store_ctl *c, batch *b)
 /* One adapter is done with `b` (stored, failed, or never submitted). */
 static void adapter_done(lmc_l2_store_ctl *c, batch *b, bool ok)
 {
-    lmc_storage_manager_finish_read(c->sm, b->keys, b->n, 1, NULL);
+    lmc_storage_manager_finish_read_at(c->sm, b->keys, b->ranges, b->n, 1);
     b->ok = b->ok && ok;
     if (--b->pending == 0)
         finish_batch(c, b);
