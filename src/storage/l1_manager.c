@@ -596,7 +596,7 @@ static lmc_l1_result classify_for_write(lmc_l1_manager *m, const lmc_object_key 
     /* A forced clear retired this writer's earlier buffer of the key while
      * it was written; a second one would make its finish ambiguous. */
     if (!s && m->num_retired > 0 && find_retired_write(m, key, tag) >= 0)
-        return LMC_L1_KEY_NOT_WRITABLE;
+        return LMC_L1_KEY_IN_WRONG_STATE;
     if (!s)
         return LMC_L1_OUT_OF_MEMORY;
     if (lmc_ttl_lock_held(&s->rec.lock, now))

@@ -110,10 +110,12 @@ void lmc_l1_manager_remove_listener(lmc_l1_manager *m, lmc_l1_listener_fn fn, vo
 
 /* Reserve staging buffers of `object_size` raw bytes for writer `tag`.
  * Resident keys and keys the same tag stages with a live write lock get
- * NOT_WRITABLE; an expired reservation of the same tag is taken over; all
- * other keys come from one batched allocation: OUT_OF_MEMORY for all of
- * them if it does not fit.  is_temporary may be NULL (all false).
- * offsets[i] is set for SUCCESS keys. */
+ * NOT_WRITABLE; keys whose buffer of the same tag a forced delete or clear
+ * retired while it was written get WRONG_STATE until that write finishes
+ * (it publishes nothing) or expires; an expired reservation of the same
+ * tag is taken over; all other keys come from one batched allocation:
+ * OUT_OF_MEMORY for all of them if it does not fit.  is_temporary may be
+ * NULL (all false).  offsets[i] is set for SUCCESS keys. */
 int lmc_l1_manager_reserve_write(lmc_l1_manager *m, const lmc_object_key *keys,
                                  const bool *is_temporary, size_t n, uint64_t object_size,
                                  const char *tag, uint64_t *offsets, lmc_l1_result *results);

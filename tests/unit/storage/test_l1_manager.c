@@ -638,7 +638,7 @@ static void test_writer_cannot_restage_a_retired_key(void **state)
     uint64_t first, off;
     assert_int_equal(reserve1(f->m, 8, "engine", false, &first), LMC_L1_SUCCESS);
     assert_int_equal(lmc_l1_manager_clear(f->m, true), 1);
-    assert_int_equal(reserve1(f->m, 8, "engine", false, NULL), LMC_L1_KEY_NOT_WRITABLE);
+    assert_int_equal(reserve1(f->m, 8, "engine", false, NULL), LMC_L1_KEY_IN_WRONG_STATE);
     assert_int_equal(reserve1(f->m, 8, "other", false, &off), LMC_L1_SUCCESS);
     assert_true(off != first);
     assert_int_equal(finish1(f->m, 8, "engine"), LMC_L1_KEY_NOT_EXIST);   /* void */
