@@ -869,18 +869,28 @@ static void unpin_retired(lmc_l1_manager *m, const lmc_object_key *key, uint64_t
         free_retired(m, (size_t)r);
 }
 
+/* Ends one copy out of `range`: unpins the resident copy if it is the one
+ * at `range` (and returns its entry), else the retired copy there. */
+static l1_entry *unpin_one(lmc_l1_manager *m, const lmc_object_key *key,
+                           const lmc_l1_range *range, int64_t now)
+{
+    l1_entry *e = find_entry(m, key);
+    if (e && e->resident && e->object.offset == range->offset) {
+        if (e->object.pins > 0)
+            e->object.pins--;
+        return e;
+    }
+    unpin_retired(m, key, range->offset, now);
+    return NULL;
+}
+
 void lmc_l1_manager_unpin(lmc_l1_manager *m, const lmc_object_key *keys,
                           const lmc_l1_range *ranges, size_t n)
 {
     pthread_mutex_lock(&m->mutex);
     int64_t now = now_ms(m);
-    for (size_t i = 0; i < n; i++) {
-        l1_entry *e = find_entry(m, &keys[i]);
-        if (e && e->resident && e->object.offset == ranges[i].offset && e->object.pins > 0)
-            e->object.pins--;
-        else
-            unpin_retired(m, &keys[i], ranges[i].offset, now);
-    }
+    for (size_t i = 0; i < n; i++)
+        unpin_one(m, &keys[i], &ranges[i], now);
     pthread_mutex_unlock(&m->mutex);
 }
 
@@ -913,14 +923,10 @@ static lmc_l1_result release_read(lmc_l1_manager *m, const lmc_object_key *key,
                                   const lmc_l1_range *range, uint32_t readers, bool unpin,
                                   int64_t now, l1_event *done, l1_event *freed)
 {
-    l1_entry *e = find_entry(m, key);
-    if (!e || !e->resident || (range && e->object.offset != range->offset)) {
-        if (unpin)
-            unpin_retired(m, key, range->offset, now);
+    /* Unpin first: a temporary's last share then frees it outright. */
+    l1_entry *e = unpin ? unpin_one(m, key, range, now) : find_entry(m, key);
+    if (!e || !e->resident || (range && e->object.offset != range->offset))
         return LMC_L1_KEY_NOT_EXIST;
-    }
-    if (unpin && e->object.pins > 0)
-        e->object.pins--;   /* first: a temporary's last share frees it outright */
     if (!lmc_ttl_lock_held(&e->object.lock, now))
         return LMC_L1_KEY_IN_WRONG_STATE;
     event_add(done, key);
