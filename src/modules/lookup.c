@@ -67,11 +67,13 @@ static void release_unfreed(lookup_mod *m, lmc_lookup_locks *l)
     for (size_t i = 0; i < l->n; i++) {
         if (!l->freed[i]) {
             l->freed[i] = 1;
-            l->keys[j++] = l->keys[i];   /* compact in place: the record is dropped next */
+            l->keys[j] = l->keys[i];   /* compact in place: the record is dropped next */
+            l->copies[j++] = l->copies[i];
         }
     }
     if (j)
-        lmc_storage_manager_finish_read(m->ctx->storage, l->keys, j, l->readers, NULL);
+        lmc_storage_manager_finish_read_copies(m->ctx->storage, l->keys, l->copies, j,
+                                               l->readers);
     lmc_lookup_locks_clear(l);
 }
 
@@ -102,19 +104,23 @@ static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
         free(keys);
         return 0;
     }
-    size_t locked = lmc_storage_manager_lock_prefix(m->ctx->storage, keys, n, k->num_kv_readers);
-    size_t full = locked / per * per;
-    /* A partly present chunk is no hit: give its locks back at once. */
-    if (locked > full)
-        lmc_storage_manager_finish_read(m->ctx->storage, keys + full, locked - full,
-                                        k->num_kv_readers, NULL);
-    uint8_t *freed = calloc(n, 1);   /* n: an L2 prefetch may extend the record */
-    if (!freed) {
-        lmc_storage_manager_finish_read(m->ctx->storage, keys, full, k->num_kv_readers, NULL);
+    /* n each: an L2 prefetch may extend the record */
+    lmc_l1_copy_id *copies = malloc(n * sizeof *copies);
+    uint8_t *freed = calloc(n, 1);
+    if (!copies || !freed) {
+        free(copies);
+        free(freed);
         free(keys);
         return 0;
     }
-    se->locks = (lmc_lookup_locks){.keys = keys, .freed = freed, .n = full,
+    size_t locked = lmc_storage_manager_lock_prefix(m->ctx->storage, keys, n, k->num_kv_readers,
+                                                    copies);
+    size_t full = locked / per * per;
+    /* A partly present chunk is no hit: give its locks back at once. */
+    if (locked > full)
+        lmc_storage_manager_finish_read_copies(m->ctx->storage, keys + full, copies + full,
+                                               locked - full, k->num_kv_readers);
+    se->locks = (lmc_lookup_locks){.keys = keys, .copies = copies, .freed = freed, .n = full,
                                    .first_chunk = k->start / m->chunk_size,
                                    .keys_per_chunk = per, .readers = k->num_kv_readers};
     return (int64_t)(full / per);
@@ -149,6 +155,11 @@ static void l2_done(void *user, size_t units)
     if (se) {
         if (nk && se->locks.keys == p->session_keys && se->locks.n == p->l1_keys &&
             lmc_jobs_is_current(m->jobs, p->rid, p->rid_len, p->job_id)) {
+            /* The tier locked the copies resident now (unless a forced
+             * clear came in between: then 0, or a newer copy's id if the
+             * key was stored again within these microseconds). */
+            lmc_storage_manager_copy_ids(m->ctx->storage, p->keys, nk,
+                                         se->locks.copies + se->locks.n);
             se->locks.n += nk;
             attached = true;
         }
@@ -434,8 +445,9 @@ static void free_range(lookup_mod *m, lmc_lookup_locks *l, size_t c0, size_t c1,
                        const uint8_t *hashes, const lmc_ipc_key *k)
 {
     lmc_object_key *batch = malloc((l->n ? l->n : 1) * sizeof *batch);
+    lmc_l1_copy_id *copies = malloc((l->n ? l->n : 1) * sizeof *copies);
     size_t nb = 0;
-    for (size_t i = 0; batch && i < l->n; i++) {
+    for (size_t i = 0; batch && copies && i < l->n; i++) {
         size_t c = l->first_chunk + i / l->keys_per_chunk;
         const lmc_object_key *key = &l->keys[i];
         if (l->freed[i] || c < c0 || c >= c1 ||
@@ -445,12 +457,14 @@ static void free_range(lookup_mod *m, lmc_lookup_locks *l, size_t c0, size_t c1,
             memcmp(key->model_name, k->model_name, k->model_len) != 0)
             continue;
         l->freed[i] = 1;
+        copies[nb] = l->copies[i];
         batch[nb++] = *key;
     }
     if (nb)
-        lmc_storage_manager_finish_read(m->ctx->storage, batch, nb, l->readers, NULL);
+        lmc_storage_manager_finish_read_copies(m->ctx->storage, batch, copies, nb, l->readers);
     atomic_fetch_add(&m->freed_keys, nb);
     free(batch);
+    free(copies);
 }
 
 /* FREE_LOOKUP_LOCKS(key, tp_size) -> void */

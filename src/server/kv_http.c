@@ -18,7 +18,14 @@ typedef struct {
     size_t n_chunks, per, n_keys;
     size_t row_bytes;          /* one token of one rank: hidden_dim * itemsize */
     lmc_object_key *keys;
+    lmc_l1_copy_id *copies;    /* lock_hits: the copies locked (NULL: by key) */
 } kv_plan;
+
+static void plan_free(kv_plan *p)
+{
+    free(p->keys);
+    free(p->copies);
+}
 
 static int fail(unsigned *status, unsigned code, char *err, size_t errlen, const char *what)
 {
@@ -92,14 +99,18 @@ static void copy_chunk(const kv_plan *p, uint8_t *whole, size_t total_tokens, ui
 }
 
 /* Leading chunks whose every rank is resident, read-locked (1 share). */
-static size_t lock_hits(lmc_module_ctx *ctx, const kv_plan *p)
+static size_t lock_hits(lmc_module_ctx *ctx, kv_plan *p)
 {
     if (!p->n_keys)
         return 0;
-    size_t locked = lmc_storage_manager_lock_prefix(ctx->storage, p->keys, p->n_keys, 1);
+    p->copies = malloc(p->n_keys * sizeof *p->copies);
+    size_t locked =
+        lmc_storage_manager_lock_prefix(ctx->storage, p->keys, p->n_keys, 1, p->copies);
     size_t full = locked / p->per * p->per;
     if (locked > full)
-        lmc_storage_manager_finish_read(ctx->storage, p->keys + full, locked - full, 1, NULL);
+        lmc_storage_manager_finish_read_copies(ctx->storage, p->keys + full,
+                                               p->copies ? p->copies + full : NULL,
+                                               locked - full, 1);
     return full / p->per;
 }
 
@@ -111,9 +122,9 @@ int lmc_kv_http_lookup(lmc_module_ctx *ctx, const lmc_kv_request *rq, lmc_kv_cou
         return -1;
     size_t hits = lock_hits(ctx, &p);
     if (hits)
-        lmc_storage_manager_finish_read(ctx->storage, p.keys, hits * p.per, 1, NULL);
+        lmc_storage_manager_finish_read_copies(ctx->storage, p.keys, p.copies, hits * p.per, 1);
     counts(&p, rq, hits, out);
-    free(p.keys);
+    plan_free(&p);
     return 0;
 }
 
@@ -126,7 +137,7 @@ int lmc_kv_http_store(lmc_module_ctx *ctx, const lmc_kv_request *rq, const uint8
         return -1;
     size_t expect = 2ull * p.layout.num_layers * rq->n_tokens * p.row_bytes * p.ws;
     if (len != expect) {
-        free(p.keys);
+        plan_free(&p);
         *status = 400;
         snprintf(err, errlen,
                  "payload is %zu bytes; [2, %u, %zu tokens, %u ranks x hidden] of %s needs %zu",
@@ -136,7 +147,7 @@ int lmc_kv_http_store(lmc_module_ctx *ctx, const lmc_kv_request *rq, const uint8
     uint64_t *offsets = calloc(p.n_keys + 1, sizeof *offsets);
     lmc_l1_result *res = calloc(p.n_keys + 1, sizeof *res);
     if (!offsets || !res) {
-        free(offsets), free(res), free(p.keys);
+        free(offsets), free(res), plan_free(&p);
         return fail(status, 500, err, errlen, "out of memory");
     }
     if (p.n_keys)
@@ -162,7 +173,7 @@ int lmc_kv_http_store(lmc_module_ctx *ctx, const lmc_kv_request *rq, const uint8
     counts(&p, rq, stored, out);
     free(offsets);
     free(res);
-    free(p.keys);
+    plan_free(&p);
     return 0;
 }
 
@@ -189,14 +200,14 @@ int lmc_kv_http_retrieve(lmc_module_ctx *ctx, const lmc_kv_request *rq, uint8_t 
                    (uint32_t)(i % p.per), false);
     if (ok && n) {
         lmc_storage_manager_end_read(ctx->storage, p.keys, ranges, n);
-    } else if (n) {   /* some key had no range: shares go back by key */
+    } else if (n) {   /* some key had no range: shares go back by copy id */
         if (can_read)
             lmc_storage_manager_unpin(ctx->storage, p.keys, ranges, n, res);
-        lmc_storage_manager_finish_read(ctx->storage, p.keys, n, 1, NULL);
+        lmc_storage_manager_finish_read_copies(ctx->storage, p.keys, p.copies, n, 1);
     }
     free(ranges);
     free(res);
-    free(p.keys);
+    plan_free(&p);
     if (!ok) {
         free(*data);
         *data = NULL;

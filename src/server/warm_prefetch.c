@@ -250,8 +250,10 @@ json_t *lmc_warm_prefetch_submit(lmc_warm_prefetch *w, const json_t *body, unsig
     j->total = n;
     j->per = layout.num_groups * (size_t)r.world_size;
     /* The leading run already in L1 counts as found; only the rest loads. */
-    size_t locked = lmc_storage_manager_lock_prefix(w->ctx->storage, keys, n, 1);
-    lmc_storage_manager_finish_read(w->ctx->storage, keys, locked, 1, NULL);
+    lmc_l1_copy_id *copies = malloc(n * sizeof *copies);   /* NULL: released by key */
+    size_t locked = lmc_storage_manager_lock_prefix(w->ctx->storage, keys, n, 1, copies);
+    lmc_storage_manager_finish_read_copies(w->ctx->storage, keys, copies, locked, 1);
+    free(copies);
     j->found = locked / j->per * j->per;
     if (!start_l2(w, j, keys, n, j->found, &layout)) {
         j->done = true;

@@ -19,6 +19,7 @@ typedef struct l1_record {
     bool sampled;            /* resident: the lifecycle sampler picked this key */
     int64_t admitted_ms;     /* resident: when it became readable */
     int64_t touched_ms;      /* resident: last read lock or touch */
+    lmc_l1_copy_id copy;     /* resident: which copy of the key this is */
 } l1_record;
 
 typedef struct l1_staging {
@@ -73,6 +74,7 @@ struct lmc_l1_manager {
     char backend[32];
     size_t num_objects, num_staging, num_temporary;
     uint64_t object_bytes, staging_bytes;
+    lmc_l1_copy_id last_copy;        /* copy ids count up from 1 */
     l1_retired *retired;             /* see l1_retired; usually empty */
     size_t num_retired, cap_retired;
     uint64_t retired_bytes;
@@ -486,6 +488,7 @@ static bool admit(lmc_l1_manager *m, l1_entry *e, const l1_record *rec, int64_t 
     e->object.lock = (lmc_ttl_lock){0, 0};
     e->object.sampled = m->sampler && m->sampler(&e->key, m->sampler_user);
     e->object.admitted_ms = e->object.touched_ms = now;
+    e->object.copy = ++m->last_copy;
     m->num_objects++;
     m->object_bytes += rec->size;
     if (rec->is_temporary)
@@ -814,7 +817,7 @@ int lmc_l1_manager_reserve_read(lmc_l1_manager *m, const lmc_object_key *keys, s
 }
 
 size_t lmc_l1_manager_reserve_read_prefix(lmc_l1_manager *m, const lmc_object_key *keys,
-                                          size_t n, uint32_t readers)
+                                          size_t n, uint32_t readers, lmc_l1_copy_id *copies)
 {
     readers = clamp_readers(readers);
     pthread_mutex_lock(&m->mutex);
@@ -828,6 +831,8 @@ size_t lmc_l1_manager_reserve_read_prefix(lmc_l1_manager *m, const lmc_object_ke
         lmc_ttl_lock_acquire(&e->object.lock, readers, now, m->read_ttl_ms);
         note_touch(m, e, now);
         event_add(ev, &keys[hits]);
+        if (copies)
+            copies[hits] = e->object.copy;
     }
     event_commit(m, ev);
     unlock_and_dispatch(m);
@@ -916,16 +921,29 @@ void lmc_l1_manager_object_sizes(lmc_l1_manager *m, const lmc_object_key *keys, 
     pthread_mutex_unlock(&m->mutex);
 }
 
-/* Gives back `readers` shares of `key` on its resident copy, or only on the
- * copy at `range` when one is given (NOT_EXIST if that copy is gone);
- * `unpin` first ends the copy out of `range` (end_read). */
+/* Which copy of a key a release is for: any resident one, the one at a
+ * range a read handed out, or the one with a copy id. */
+typedef struct {
+    const lmc_l1_range *range;
+    lmc_l1_copy_id copy;
+} copy_ref;
+
+static bool is_that_copy(const l1_entry *e, copy_ref which)
+{
+    return e && e->resident && (!which.range || e->object.offset == which.range->offset) &&
+           (!which.copy || e->object.copy == which.copy);
+}
+
+/* Gives back `readers` shares of `key` on the copy `which` names
+ * (NOT_EXIST if that copy is gone); `unpin` first ends the copy out of
+ * which.range (end_read). */
 static lmc_l1_result release_read(lmc_l1_manager *m, const lmc_object_key *key,
-                                  const lmc_l1_range *range, uint32_t readers, bool unpin,
+                                  copy_ref which, uint32_t readers, bool unpin,
                                   int64_t now, l1_event *done, l1_event *freed)
 {
     /* Unpin first: a temporary's last share then frees it outright. */
-    l1_entry *e = unpin ? unpin_one(m, key, range, now) : find_entry(m, key);
-    if (!e || !e->resident || (range && e->object.offset != range->offset))
+    l1_entry *e = unpin ? unpin_one(m, key, which.range, now) : find_entry(m, key);
+    if (!is_that_copy(e, which))
         return LMC_L1_KEY_NOT_EXIST;
     if (!lmc_ttl_lock_held(&e->object.lock, now))
         return LMC_L1_KEY_IN_WRONG_STATE;
@@ -935,17 +953,21 @@ static lmc_l1_result release_read(lmc_l1_manager *m, const lmc_object_key *key,
     return LMC_L1_SUCCESS;
 }
 
+/* ranges or copies (or neither) name the copy of each key. */
 static void release_reads(lmc_l1_manager *m, const lmc_object_key *keys,
-                          const lmc_l1_range *ranges, size_t n, uint32_t readers, bool unpin,
-                          lmc_l1_result *results)
+                          const lmc_l1_range *ranges, const lmc_l1_copy_id *copies, size_t n,
+                          uint32_t readers, bool unpin, lmc_l1_result *results)
 {
     pthread_mutex_lock(&m->mutex);
     int64_t now = now_ms(m);
     l1_event *done = event_begin(m, LMC_L1_EVENT_READ_FINISHED, n);
     l1_event *freed = event_begin(m, LMC_L1_EVENT_DELETED, n);
     for (size_t i = 0; i < n; i++) {
-        lmc_l1_result r = release_read(m, &keys[i], ranges ? &ranges[i] : NULL,
-                                       readers < 1 ? 1 : readers, unpin, now, done, freed);
+        copy_ref which = {ranges ? &ranges[i] : NULL, copies ? copies[i] : 0};
+        lmc_l1_result r = copies && !copies[i]
+                              ? LMC_L1_KEY_NOT_EXIST /* no copy was locked */
+                              : release_read(m, &keys[i], which, readers < 1 ? 1 : readers,
+                                             unpin, now, done, freed);
         if (results)
             results[i] = r;
     }
@@ -958,14 +980,33 @@ int lmc_l1_manager_finish_read(lmc_l1_manager *m, const lmc_object_key *keys,
                                const lmc_l1_range *ranges, size_t n, uint32_t readers,
                                lmc_l1_result *results)
 {
-    release_reads(m, keys, ranges, n, readers, false, results);
+    release_reads(m, keys, ranges, NULL, n, readers, false, results);
     return 0;
+}
+
+int lmc_l1_manager_finish_read_copies(lmc_l1_manager *m, const lmc_object_key *keys,
+                                      const lmc_l1_copy_id *copies, size_t n, uint32_t readers,
+                                      lmc_l1_result *results)
+{
+    release_reads(m, keys, NULL, copies, n, readers, false, results);
+    return 0;
+}
+
+void lmc_l1_manager_copy_ids(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
+                             lmc_l1_copy_id *copies)
+{
+    pthread_mutex_lock(&m->mutex);
+    for (size_t i = 0; i < n; i++) {
+        const l1_entry *e = find_entry(m, &keys[i]);
+        copies[i] = e && e->resident ? e->object.copy : 0;
+    }
+    pthread_mutex_unlock(&m->mutex);
 }
 
 void lmc_l1_manager_end_read(lmc_l1_manager *m, const lmc_object_key *keys,
                              const lmc_l1_range *ranges, size_t n)
 {
-    release_reads(m, keys, ranges, n, 1, true, NULL);
+    release_reads(m, keys, ranges, NULL, n, 1, true, NULL);
 }
 
 /* ---- delete / clear ---------------------------------------------------- */

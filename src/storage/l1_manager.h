@@ -40,6 +40,11 @@ typedef enum lmc_l1_result {
     LMC_L1_OUT_OF_MEMORY,
 } lmc_l1_result;
 
+/* Each copy of a key that becomes resident gets an id, unique over the
+ * manager's life, so that a copy stored after a forced clear is told apart
+ * from the one before it even at the same offset.  0 is no copy. */
+typedef uint64_t lmc_l1_copy_id;
+
 const char *lmc_l1_result_name(lmc_l1_result r);
 
 #define LMC_L1_MAX_READERS 128   /* reserve_read clamps n to [1, 128] */
@@ -137,9 +142,11 @@ int lmc_l1_manager_finish_write_and_delete(lmc_l1_manager *m, const lmc_object_k
 int lmc_l1_manager_reserve_read(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
                                 uint32_t readers, lmc_l1_result *results);
 /* reserve_read on keys[0..) up to the first key that is not resident;
- * returns how many were locked.  Keys after the first miss are untouched. */
+ * returns how many were locked.  Keys after the first miss are untouched.
+ * copies (may be NULL) receives the id of each copy locked, for
+ * finish_read_copies. */
 size_t lmc_l1_manager_reserve_read_prefix(lmc_l1_manager *m, const lmc_object_key *keys,
-                                          size_t n, uint32_t readers);
+                                          size_t n, uint32_t readers, lmc_l1_copy_id *copies);
 /* Location of resident keys that hold a live read lock (NOT_READABLE when
  * resident but unlocked, NOT_EXIST otherwise).  Takes no TTL lock; the
  * caller's read lock keeps the range valid until its finish_read.  Each
@@ -170,6 +177,18 @@ void lmc_l1_manager_object_sizes(lmc_l1_manager *m, const lmc_object_key *keys, 
 int lmc_l1_manager_finish_read(lmc_l1_manager *m, const lmc_object_key *keys,
                                const lmc_l1_range *ranges, size_t n, uint32_t readers,
                                lmc_l1_result *results);
+/* finish_read on the copy copies[i] of keys[i] only (ids from
+ * reserve_read_prefix or copy_ids; 0 = no copy: NOT_EXIST, nothing
+ * released; copies NULL: as finish_read without ranges).  Read locks that
+ * outlive every range (a LOOKUP's) go back this way: a forced clear frees
+ * the old copy, and a new copy of the key may then sit at the same offset,
+ * so only the id tells them apart. */
+int lmc_l1_manager_finish_read_copies(lmc_l1_manager *m, const lmc_object_key *keys,
+                                      const lmc_l1_copy_id *copies, size_t n, uint32_t readers,
+                                      lmc_l1_result *results);
+/* The id of each key's resident copy, 0 when not resident. */
+void lmc_l1_manager_copy_ids(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
+                             lmc_l1_copy_id *copies);
 /* Reclaims expired staging first; then IS_LOCKED if live staging remains or
  * the resident copy is read-locked (unless force), else frees everything of
  * the key: SUCCESS, or NOT_EXIST if there was nothing.  force also drops

@@ -498,9 +498,9 @@ int lmc_storage_manager_finish_write_and_reserve_read(lmc_storage_manager *sm,
 }
 
 size_t lmc_storage_manager_lock_prefix(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                       size_t n, uint32_t readers)
+                                       size_t n, uint32_t readers, lmc_l1_copy_id *copies)
 {
-    size_t hits = lmc_l1_manager_reserve_read_prefix(sm->l1, keys, n, readers);
+    size_t hits = lmc_l1_manager_reserve_read_prefix(sm->l1, keys, n, readers, copies);
     lmc_storage_telemetry_read_outcome(sm->telemetry, keys, n, hits);
     return hits;
 }
@@ -554,6 +554,20 @@ int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_ke
     int rc = lmc_l1_manager_finish_read(sm->l1, keys, NULL, n, readers, r);
     release_results(r, results);
     return rc;
+}
+
+void lmc_storage_manager_finish_read_copies(lmc_storage_manager *sm,
+                                            const lmc_object_key *keys,
+                                            const lmc_l1_copy_id *copies, size_t n,
+                                            uint32_t readers)
+{
+    lmc_l1_manager_finish_read_copies(sm->l1, keys, copies, n, readers, NULL);
+}
+
+void lmc_storage_manager_copy_ids(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
+                                  lmc_l1_copy_id *copies)
+{
+    lmc_l1_manager_copy_ids(sm->l1, keys, n, copies);
 }
 
 int lmc_storage_manager_reserve_read(lmc_storage_manager *sm, const lmc_object_key *keys,

@@ -138,9 +138,10 @@ int lmc_storage_manager_finish_write_and_reserve_read(lmc_storage_manager *sm,
 /* ---- lookup / read ----------------------------------------------------- */
 /* Atomically takes `readers` (clamped to [1,128]) read locks on the leading
  * run of resident keys and returns its length; keys from the first miss on
- * are not locked. */
+ * are not locked.  copies (may be NULL) receives the id of each copy
+ * locked: locks held past any read (a LOOKUP's) go back by copy id. */
 size_t lmc_storage_manager_lock_prefix(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                       size_t n, uint32_t readers);
+                                       size_t n, uint32_t readers, lmc_l1_copy_id *copies);
 /* Arena ranges of read-locked keys; returns how many are readable
  * (results[i] SUCCESS).  Takes no locks of its own, but pins each range it
  * returns until lmc_storage_manager_unpin: a forced delete or clear then
@@ -162,6 +163,16 @@ void lmc_storage_manager_end_read(lmc_storage_manager *sm, const lmc_object_key 
  * `ranges` for (a newer copy of a key keeps its shares). */
 void lmc_storage_manager_finish_read_at(lmc_storage_manager *sm, const lmc_object_key *keys,
                                         const lmc_l1_range *ranges, size_t n, uint32_t readers);
+/* Releases `readers` read locks per key on the copy copies[i] only (0: none
+ * was locked, nothing is released; copies NULL: any resident copy): after a
+ * forced clear and a new store of the key, the new copy keeps its shares. */
+void lmc_storage_manager_finish_read_copies(lmc_storage_manager *sm,
+                                            const lmc_object_key *keys,
+                                            const lmc_l1_copy_id *copies, size_t n,
+                                            uint32_t readers);
+/* The id of each key's resident copy (0 when not resident). */
+void lmc_storage_manager_copy_ids(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
+                                  lmc_l1_copy_id *copies);
 /* Releases `readers` read locks per key (results may be NULL). */
 int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_key *keys,
                                     size_t n, uint32_t readers, lmc_l1_result *results);

@@ -458,3 +458,27 @@ def test_commit_retrieve_after_clear_leaves_the_new_copy_locked(srv, pair):
     assert w1.retrieve(p, 0, 64, "r-new") == [chunk_bytes(1, p, c) for c in range(4)]
     assert w0.retrieve(p, 0, 64, "r-new") == [chunk_bytes(0, p, c) for c in range(4)]
     sched.close()
+
+
+def test_freeing_an_old_lookup_after_clear_spares_the_new_copy(srv, pair):
+    """A lookup's locks freed after a forced CLEAR and a new store of the
+    prompt: FREE_LOOKUP_LOCKS (and END_SESSION of an undelivered lookup) give
+    nothing back, since the copies they locked are gone; the new copies,
+    which may reuse the old offsets, keep the shares a newer lookup took."""
+    w0, w1 = pair
+    sched = srv.dealer()
+    p = prompt(22)
+    for w in pair:
+        w.store(p, 0, 64)
+    assert lookup(sched, p, "r-old") == 4
+    assert sched.call(LOOKUP, key(p, 0, 64, "r-undelivered"), 1) is not None
+    assert sched.call(CLEAR) is not None
+    for w in pair:
+        w.store(p, 0, 64, rid="again")
+    assert lookup(sched, p, "r-new") == 4                  # one share per object
+    assert sched.call(FREE, key(p, 0, 64, "r-old"), 1) is not None
+    assert sched.call(END, "r-undelivered") is not None    # its locks were never delivered
+    assert retired_bytes(srv) == 0
+    assert w1.retrieve(p, 0, 64, "r-new") == [chunk_bytes(1, p, c) for c in range(4)]
+    assert w0.retrieve(p, 0, 64, "r-new") == [chunk_bytes(0, p, c) for c in range(4)]
+    sched.close()

@@ -387,11 +387,11 @@ static void test_reserve_read_prefix(void **state)
     put_resident(f->m, 2);
     put_resident(f->m, 4);
     lmc_object_key keys[4] = {make_key(1), make_key(2), make_key(3), make_key(4)};
-    assert_int_equal(lmc_l1_manager_reserve_read_prefix(f->m, keys, 4, 2), 2);
+    assert_int_equal(lmc_l1_manager_reserve_read_prefix(f->m, keys, 4, 2, NULL), 2);
     assert_int_equal(peek1(f->m, 1, NULL), LMC_L1_SUCCESS);
     assert_int_equal(peek1(f->m, 2, NULL), LMC_L1_SUCCESS);
     assert_int_equal(peek1(f->m, 4, NULL), LMC_L1_KEY_NOT_READABLE);   /* after the miss */
-    assert_int_equal(lmc_l1_manager_reserve_read_prefix(f->m, keys + 2, 2, 1), 0);
+    assert_int_equal(lmc_l1_manager_reserve_read_prefix(f->m, keys + 2, 2, 1, NULL), 0);
     lmc_l1_result res[2];
     assert_int_equal(lmc_l1_manager_finish_read(f->m, keys, NULL, 2, 2, res), 0);
     assert_int_equal(stats(f->m).num_locked, 0);
@@ -627,6 +627,51 @@ static void test_end_read_releases_the_copy_read(void **state)
     assert_int_equal(s.num_objects + s.num_retired, 0);
     assert_int_equal(s.used_bytes, 0);
     assert_true(lmc_l1_manager_memcheck(f->m));
+}
+
+/* A LOOKUP's shares outlive every range (nothing is pinned), so a forced
+ * clear frees the old copy outright and the next copy of the key may sit at
+ * the same offset: only the copy id tells the two apart. */
+static void test_finish_read_copies_spares_a_newer_copy(void **state)
+{
+    fixture *f = *state;
+    lmc_object_key k = make_key(4), missing = make_key(5);
+    lmc_l1_copy_id old_id, new_id, now_id;
+    lmc_l1_range old_at, new_at;
+    lmc_l1_result r;
+    put_resident(f->m, 4);
+    assert_int_equal(lmc_l1_manager_reserve_read_prefix(f->m, &k, 1, 2, &old_id), 1);
+    assert_int_not_equal(old_id, 0);
+    assert_int_equal(peek1(f->m, 4, &old_at), LMC_L1_SUCCESS);
+    unpin1(f->m, 4, old_at);
+    assert_int_equal(lmc_l1_manager_clear(f->m, true), 1);
+    put_resident(f->m, 4);
+    assert_int_equal(lmc_l1_manager_reserve_read_prefix(f->m, &k, 1, 1, &new_id), 1);
+    assert_int_not_equal(new_id, old_id);
+    assert_int_equal(peek1(f->m, 4, &new_at), LMC_L1_SUCCESS);
+    unpin1(f->m, 4, new_at);
+    assert_int_equal(new_at.offset, old_at.offset);   /* why a range cannot tell them */
+    lmc_l1_manager_copy_ids(f->m, &k, 1, &now_id);
+    assert_int_equal(now_id, new_id);
+    lmc_l1_manager_copy_ids(f->m, &missing, 1, &now_id);
+    assert_int_equal(now_id, 0);
+    /* The first lookup's two shares went with the old copy: nothing to give. */
+    assert_int_equal(lmc_l1_manager_finish_read_copies(f->m, &k, &old_id, 1, 2, &r), 0);
+    assert_int_equal(r, LMC_L1_KEY_NOT_EXIST);
+    assert_int_equal(delete1(f->m, 4, false), LMC_L1_KEY_IS_LOCKED);   /* the share stays */
+    now_id = 0;   /* a key the lookup did not lock */
+    assert_int_equal(lmc_l1_manager_finish_read_copies(f->m, &k, &now_id, 1, 1, &r), 0);
+    assert_int_equal(r, LMC_L1_KEY_NOT_EXIST);
+    assert_int_equal(delete1(f->m, 4, false), LMC_L1_KEY_IS_LOCKED);
+    assert_int_equal(lmc_l1_manager_finish_read_copies(f->m, &k, &new_id, 1, 1, &r), 0);
+    assert_int_equal(r, LMC_L1_SUCCESS);
+    assert_int_equal(delete1(f->m, 4, false), LMC_L1_SUCCESS);
+    /* NULL copies: any resident copy, as finish_read by key. */
+    put_resident(f->m, 4);
+    assert_int_equal(lmc_l1_manager_reserve_read_prefix(f->m, &k, 1, 1, NULL), 1);
+    assert_int_equal(lmc_l1_manager_finish_read_copies(f->m, &k, NULL, 1, 1, &r), 0);
+    assert_int_equal(r, LMC_L1_SUCCESS);
+    assert_int_equal(delete1(f->m, 4, false), LMC_L1_SUCCESS);
 }
 
 /* A writer whose buffer of a key was retired by a forced clear cannot
@@ -941,6 +986,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_forced_clear_keeps_buffers_in_use, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unpin_reaches_the_copy_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_end_read_releases_the_copy_read, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_finish_read_copies_spares_a_newer_copy, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_writer_cannot_restage_a_retired_key, setup, teardown),
         cmocka_unit_test(test_lazy_growth_and_usage),
         cmocka_unit_test_setup_teardown(test_report_status, setup, teardown),

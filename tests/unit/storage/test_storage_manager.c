@@ -98,7 +98,7 @@ static void test_lock_prefix_locks_only_leading_hits(void **state)
     lmc_object_key stored[3] = {make_key(0), make_key(1), make_key(3)};
     store_keys(sm, stored, 3);
     lmc_object_key lookup[4] = {make_key(0), make_key(1), make_key(2), make_key(3)};
-    assert_int_equal(lmc_storage_manager_lock_prefix(sm, lookup, 4, 2), 2);
+    assert_int_equal(lmc_storage_manager_lock_prefix(sm, lookup, 4, 2, NULL), 2);
     lmc_l1_range ranges[4];
     lmc_l1_result res[4];
     assert_int_equal(lmc_storage_manager_read(sm, lookup, 4, ranges, res), 2);
@@ -121,7 +121,7 @@ static void test_lock_prefix_locks_only_leading_hits(void **state)
     assert_int_equal(lmc_storage_manager_finish_read(sm, lookup, 2, 1, res), 0);
     assert_int_equal(res[0], LMC_L1_SUCCESS);
     assert_int_equal(lmc_storage_manager_read(sm, lookup, 2, ranges, res), 0);
-    assert_int_equal(lmc_storage_manager_lock_prefix(sm, lookup + 2, 2, 1), 0);
+    assert_int_equal(lmc_storage_manager_lock_prefix(sm, lookup + 2, 2, 1, NULL), 0);
     assert_int_equal(lmc_storage_manager_delete(sm, lookup, 4, false, &deleted, &skipped), 0);
     assert_int_equal(deleted, 2);
     assert_int_equal(skipped, 0);
@@ -147,7 +147,7 @@ static void test_finish_write_and_reserve_read_and_clear(void **state)
     /* temporary: the last read frees it (its copy done first) */
     lmc_storage_manager_unpin(sm, keys, ranges, 1, res);
     assert_int_equal(lmc_storage_manager_finish_read(sm, keys, 1, 1, NULL), 0);
-    assert_int_equal(lmc_storage_manager_lock_prefix(sm, keys, 1, 1), 0);
+    assert_int_equal(lmc_storage_manager_lock_prefix(sm, keys, 1, 1, NULL), 0);
     assert_int_equal(lmc_storage_manager_clear(sm, false), 0);   /* key 2 locked, 3 staging */
     assert_int_equal(lmc_storage_manager_clear(sm, true), 2);
     /* Forced, the keys are gone, but the copy out of key 2 (read above) and
@@ -176,7 +176,7 @@ static void on_written(void *user, const lmc_object_key *keys, size_t n)
     counts *c = user;
     c->written += n;
     /* calling back into the storage manager must not deadlock */
-    c->locked_from_listener += lmc_storage_manager_lock_prefix(c->sm, keys, n, 1);
+    c->locked_from_listener += lmc_storage_manager_lock_prefix(c->sm, keys, n, 1, NULL);
     assert_int_equal(lmc_storage_manager_finish_read(c->sm, keys, n, 1, NULL), 0);
 }
 
@@ -227,7 +227,7 @@ static void test_status_and_eviction(void **state)
     for (int i = 0; i < 10; i++)
         keys[i] = make_key((uint64_t)i);
     store_keys(sm, keys, 10);
-    assert_int_equal(lmc_storage_manager_lock_prefix(sm, keys + 9, 1, 1), 1);
+    assert_int_equal(lmc_storage_manager_lock_prefix(sm, keys + 9, 1, 1, NULL), 1);
     assert_int_equal(lmc_storage_manager_run_eviction_once(sm), 5);   /* 9 is locked */
     lmc_l1_range r;
     lmc_l1_result res;

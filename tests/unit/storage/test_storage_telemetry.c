@@ -118,7 +118,7 @@ static void test_write_read_and_sm_counts(void **state)
                               make_key(4, "b")};
     store(sm, keys, 3, NULL);
     /* keys 0..2 resident, 3 missing: the prefix lock takes 3 of 4 */
-    assert_int_equal(lmc_storage_manager_lock_prefix(sm, keys, 4, 1), 3);
+    assert_int_equal(lmc_storage_manager_lock_prefix(sm, keys, 4, 1, NULL), 3);
     assert_int_equal(lmc_storage_manager_finish_read(sm, keys, 2, 1, NULL), 0);
     assert_int_equal(lmc_event_bus_drain(bus, 5), 0);
 
@@ -176,7 +176,7 @@ static void test_lifecycle_times(void **state)
     lmc_object_key k = make_key(7, "");
     store(sm, &k, 1, NULL);
     e.now_ms = 4000;
-    assert_int_equal(lmc_storage_manager_lock_prefix(sm, &k, 1, 1), 1);
+    assert_int_equal(lmc_storage_manager_lock_prefix(sm, &k, 1, 1, NULL), 1);
     assert_int_equal(lmc_storage_manager_finish_read(sm, &k, 1, 1, NULL), 0);
     e.now_ms = 6000;
     lmc_storage_manager_touch(sm, &k, 1);
@@ -232,7 +232,7 @@ static void test_evict_reuse_cap_and_no_sampling(void **state)
     json_array_clear(e.events);
     sm = create(&e, 8, 0.0, bus);
     store(sm, &k, 1, NULL);
-    assert_int_equal(lmc_storage_manager_lock_prefix(sm, &k, 1, 1), 1);
+    assert_int_equal(lmc_storage_manager_lock_prefix(sm, &k, 1, 1, NULL), 1);
     assert_int_equal(lmc_storage_manager_finish_read(sm, &k, 1, 1, NULL), 0);
     assert_int_equal(lmc_storage_manager_run_eviction_once(sm), 1);
     assert_int_equal(lmc_event_bus_drain(bus, 5), 0);

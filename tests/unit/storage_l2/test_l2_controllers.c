@@ -157,7 +157,7 @@ static void test_write_behind_then_prefetch(void **state)
             assert_int_equal(base[r[i].offset + b], pattern(i, b));
     /* Temporary: the last read frees them; L1 is empty again. */
     assert_int_equal(lmc_storage_manager_finish_read(f->sm, f->keys, 4, 1, NULL), 0);
-    assert_int_equal(lmc_storage_manager_lock_prefix(f->sm, f->keys, N, 1), 0);
+    assert_int_equal(lmc_storage_manager_lock_prefix(f->sm, f->keys, N, 1, NULL), 0);
     json_t *st = lmc_storage_manager_report_status(f->sm);
     assert_int_equal(json_integer_value(json_object_get(st, "num_l2_adapters")), 1);
     assert_int_equal(json_array_size(json_object_get(st, "l2_adapters")), 1);
@@ -208,7 +208,7 @@ static void test_skip_l1_policy(void **state)
     assert_int_equal(lmc_l2_attach(g->sm, &f->cfg, err, sizeof err), 0);
     write_keys(g, N);
     wait_for(g, "store_controller", "l1_deleted", N);
-    assert_int_equal(lmc_storage_manager_lock_prefix(g->sm, g->keys, N, 1), 0);
+    assert_int_equal(lmc_storage_manager_lock_prefix(g->sm, g->keys, N, 1, NULL), 0);
     assert_int_equal(prefetch(g), N / PER);
     assert_int_equal(lmc_storage_manager_finish_read(g->sm, g->keys, N, 1, NULL), 0);
     stop(g);
