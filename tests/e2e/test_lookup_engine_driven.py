@@ -436,6 +436,11 @@ def test_clear_during_transfers_never_hands_out_memory_in_use(srv, pair):
     sched.close()
 
 
+def assert_both_ranks_retrieve(pair, p, rid):
+    for w in reversed(pair):
+        assert w.retrieve(p, 0, 64, rid) == [chunk_bytes(w.rank, p, c) for c in range(4)]
+
+
 def test_commit_retrieve_after_clear_leaves_the_new_copy_locked(srv, pair):
     """A retrieve in flight across a forced CLEAR, the prompt stored again
     and looked up by another request: the old retrieve's COMMIT_RETRIEVE
@@ -455,8 +460,7 @@ def test_commit_retrieve_after_clear_leaves_the_new_copy_locked(srv, pair):
     assert lookup(sched, p, "r-new") == 4                  # one share per object
     assert unpack(w1.d.call(CRETR, k_old, w1.id)) is True  # the old reader is done
     assert retired_bytes(srv) == 0
-    assert w1.retrieve(p, 0, 64, "r-new") == [chunk_bytes(1, p, c) for c in range(4)]
-    assert w0.retrieve(p, 0, 64, "r-new") == [chunk_bytes(0, p, c) for c in range(4)]
+    assert_both_ranks_retrieve(pair, p, "r-new")
     sched.close()
 
 
@@ -465,7 +469,6 @@ def test_freeing_an_old_lookup_after_clear_spares_the_new_copy(srv, pair):
     prompt: FREE_LOOKUP_LOCKS (and END_SESSION of an undelivered lookup) give
     nothing back, since the copies they locked are gone; the new copies,
     which may reuse the old offsets, keep the shares a newer lookup took."""
-    w0, w1 = pair
     sched = srv.dealer()
     p = prompt(22)
     for w in pair:
@@ -479,6 +482,5 @@ def test_freeing_an_old_lookup_after_clear_spares_the_new_copy(srv, pair):
     assert sched.call(FREE, key(p, 0, 64, "r-old"), 1) is not None
     assert sched.call(END, "r-undelivered") is not None    # its locks were never delivered
     assert retired_bytes(srv) == 0
-    assert w1.retrieve(p, 0, 64, "r-new") == [chunk_bytes(1, p, c) for c in range(4)]
-    assert w0.retrieve(p, 0, 64, "r-new") == [chunk_bytes(0, p, c) for c in range(4)]
+    assert_both_ranks_retrieve(pair, p, "r-new")
     sched.close()
