@@ -17,9 +17,14 @@
  *      plus the transport floor: a NOOP carrying the same key, then a QUERY,
  *      and a paired phase timing a NOOP after each cycle (a ratio of samples
  *      taken side by side, immune to the machine's drift between phases);
- *   3. server CPU per chunk op = process CPU - client thread CPU.
+ *   3. server CPU per chunk op = process CPU - client thread CPU (this
+ *      includes the client's ZMQ I/O thread).
  *
- *   transfer_bench [--chunks N] [--iters M] [--batch B]
+ * With --server-process the server runs in a child process instead, as it
+ * does beside a real engine (separate address spaces, allocators and page
+ * tables); server CPU is then the child's CPU clock.
+ *
+ *   transfer_bench [--chunks N] [--iters M] [--batch B] [--server-process]
  *                                   (defaults 256, 2000, 16 chunks per request) */
 #include <fcntl.h>
 #include <malloc.h>
@@ -29,7 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -53,6 +60,8 @@ typedef struct {
     uint8_t *pool;
     size_t pool_size;
     double rpc_s, copy_s;   /* time in PREPARE/COMMIT round trips and in copies */
+    pid_t server_pid;       /* --server-process: the child running the server */
+    clockid_t server_clock; /* its CPU clock */
 } bench;
 
 static double now_s(void)
@@ -263,6 +272,15 @@ static double process_cpu(void)
            ru.ru_stime.tv_usec / 1e6;
 }
 
+/* The server's CPU time so far: the child's clock, or (embedded) this
+ * process's less the client thread's. */
+static double server_cpu(const bench *b)
+{
+    if (b->server_pid)
+        return cpu_s(b->server_clock);
+    return process_cpu() - cpu_s(CLOCK_THREAD_CPUTIME_ID);
+}
+
 typedef struct {
     double wall, server_cpu;
     long faults;   /* minor page faults of the whole process (client copies included) */
@@ -278,7 +296,7 @@ static long minor_faults(void)
 /* Runs all requests of one direction; returns wall time and server CPU. */
 static int run_phase(bench *b, uint64_t *toks, size_t reqs, uint8_t *data, bool store, phase *ph)
 {
-    double p0 = process_cpu(), c0 = cpu_s(CLOCK_THREAD_CPUTIME_ID), t0 = now_s();
+    double p0 = server_cpu(b), t0 = now_s();
     long f0 = minor_faults();
     char rid[32];
     for (size_t r = 0; r < reqs; r++) {
@@ -288,7 +306,7 @@ static int run_phase(bench *b, uint64_t *toks, size_t reqs, uint8_t *data, bool 
     }
     ph->wall = now_s() - t0;
     ph->faults = minor_faults() - f0;
-    ph->server_cpu = (process_cpu() - p0) - (cpu_s(CLOCK_THREAD_CPUTIME_ID) - c0);
+    ph->server_cpu = server_cpu(b) - p0;
     return 0;
 }
 
@@ -347,7 +365,7 @@ static int run_phase_pipelined(bench *b, uint64_t *toks, size_t reqs, uint8_t *d
         snprintf(rid, sizeof rid, "req-%zu", r);
         pack_transfer_args(b, args[r], toks + r * b->batch * CS, rid);
     }
-    double p0 = process_cpu(), c0 = cpu_s(CLOCK_THREAD_CPUTIME_ID), t0 = now_s();
+    double p0 = server_cpu(b), t0 = now_s();
     long f0 = minor_faults();
     commit_count cc = {0, 0};
     size_t copied = 0;
@@ -383,7 +401,7 @@ static int run_phase_pipelined(bench *b, uint64_t *toks, size_t reqs, uint8_t *d
     }
     ph->wall = now_s() - t0;
     ph->faults = minor_faults() - f0;
-    ph->server_cpu = (process_cpu() - p0) - (cpu_s(CLOCK_THREAD_CPUTIME_ID) - c0);
+    ph->server_cpu = server_cpu(b) - p0;
     for (size_t r = 0; r < reqs; r++)
         for (int i = 0; i < 3; i++)
             msgpack_sbuffer_destroy(&args[r][i]);
@@ -582,7 +600,7 @@ static int lookup_cycles(bench *b, const uint64_t *toks, size_t iters, bool fres
     msgpack_sbuffer key, end, readers;
     pack_key(&key, toks, LOOKUP_TOKENS, 0, LOOKUP_TOKENS, rid, false);
     pack_int(&readers, 1);
-    double p0 = process_cpu(), c0 = cpu_s(CLOCK_THREAD_CPUTIME_ID);
+    double p0 = server_cpu(b);
     long f0 = minor_faults();
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < iters; i++) {
@@ -609,7 +627,7 @@ static int lookup_cycles(bench *b, const uint64_t *toks, size_t iters, bool fres
             between[i] = now_s() - n0;
         }
     }
-    cost->server_cpu = ((process_cpu() - p0) - (cpu_s(CLOCK_THREAD_CPUTIME_ID) - c0)) / iters;
+    cost->server_cpu = (server_cpu(b) - p0) / iters;
     cost->faults = (double)(minor_faults() - f0) / iters;
     msgpack_sbuffer_destroy(&key);
     msgpack_sbuffer_destroy(&readers);
@@ -715,6 +733,60 @@ static void *serve(void *arg)
     return NULL;
 }
 
+/* Runs the server until SIGTERM (the --server-process child). */
+static int serve_until_term(lmc_server *srv)
+{
+    sigset_t term;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &term, NULL);   /* before any thread inherits the mask */
+    pthread_t th;
+    pthread_create(&th, NULL, serve, srv);
+    int sig;
+    sigwait(&term, &sig);
+    lmc_server_stop(srv);
+    pthread_join(th, NULL);
+    lmc_server_free(srv);
+    return 0;
+}
+
+/* The server, embedded (a thread of this process) or in a child process. */
+static int start_server(lmc_config *cfg, bool child, bench *b, lmc_server **srv, pthread_t *th)
+{
+    char err[256];
+    if (child) {
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid < 0)
+            return -1;
+        if (pid == 0) {
+            int rc = lmc_server_new(cfg, srv, err, sizeof err);
+            if (rc != 0)
+                fprintf(stderr, "transfer_bench: %s\n", err);
+            _exit(rc == 0 ? serve_until_term(*srv) : 1);
+        }
+        b->server_pid = pid;
+        return clock_getcpuclockid(pid, &b->server_clock) == 0 ? 0 : -1;
+    }
+    if (lmc_server_new(cfg, srv, err, sizeof err) != 0) {
+        fprintf(stderr, "transfer_bench: %s\n", err);
+        return -1;
+    }
+    return pthread_create(th, NULL, serve, *srv) == 0 ? 0 : -1;
+}
+
+static void stop_server(bench *b, lmc_server *srv, pthread_t th)
+{
+    if (b->server_pid) {
+        kill(b->server_pid, SIGTERM);
+        waitpid(b->server_pid, NULL, 0);
+        return;
+    }
+    lmc_server_stop(srv);
+    pthread_join(th, NULL);
+    lmc_server_free(srv);
+}
+
 int main(int argc, char **argv)
 {
     /* Same malloc policy as lmcached's main(): request buffers stay in the
@@ -722,17 +794,22 @@ int main(int argc, char **argv)
     mallopt(M_MMAP_THRESHOLD, 64 << 20);
     mallopt(M_TRIM_THRESHOLD, 256 << 20);
     size_t chunks = 256, iters = 2000, batch = BATCH;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--chunks") == 0)
-            chunks = strtoul(argv[i + 1], NULL, 10);
-        else if (strcmp(argv[i], "--iters") == 0)
-            iters = strtoul(argv[i + 1], NULL, 10);
-        else if (strcmp(argv[i], "--batch") == 0)
-            batch = strtoul(argv[i + 1], NULL, 10);
+    bool server_process = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--server-process") == 0)
+            server_process = true;
+        else if (i + 1 < argc && strcmp(argv[i], "--chunks") == 0)
+            chunks = strtoul(argv[++i], NULL, 10);
+        else if (i + 1 < argc && strcmp(argv[i], "--iters") == 0)
+            iters = strtoul(argv[++i], NULL, 10);
+        else if (i + 1 < argc && strcmp(argv[i], "--batch") == 0)
+            batch = strtoul(argv[++i], NULL, 10);
+        else
+            batch = 0;   /* unknown argument: usage */
     }
     if (batch < 1 || batch > MAX_BATCH || chunks < batch || iters < 2) {
         fprintf(stderr, "usage: transfer_bench [--chunks N>=batch] [--iters M>=2] "
-                        "[--batch 1..%d]\n", MAX_BATCH);
+                        "[--batch 1..%d] [--server-process]\n", MAX_BATCH);
         return 1;
     }
     chunks = chunks / batch * batch;
@@ -746,17 +823,22 @@ int main(int argc, char **argv)
                     NULL};
     lmc_config cfg;
     char err[256];
-    lmc_server *srv;
-    if (lmc_config_parse(&cfg, (int)(sizeof args / sizeof args[0]) - 1, args, NULL, stdout, err, sizeof err) != LMC_CONFIG_OK ||
-        lmc_server_new(&cfg, &srv, err, sizeof err) != 0) {
+    lmc_server *srv = NULL;
+    pthread_t th;
+    bench b = {.batch = batch};
+    if (lmc_config_parse(&cfg, (int)(sizeof args / sizeof args[0]) - 1, args, NULL, stdout, err,
+                         sizeof err) != LMC_CONFIG_OK) {
         fprintf(stderr, "transfer_bench: %s\n", err);
         return 1;
     }
-    pthread_t th;
-    pthread_create(&th, NULL, serve, srv);
+    if (start_server(&cfg, server_process, &b, &srv, &th) != 0) {
+        lmc_config_free(&cfg);
+        return 1;
+    }
+    printf("server: %s\n", server_process ? "child process" : "embedded (a thread of this process)");
     char url[64];
     snprintf(url, sizeof url, "tcp://127.0.0.1:%s", port);
-    bench b = {.c = lmc_client_connect(url), .batch = batch};
+    b.c = lmc_client_connect(url);
     int rc = !b.c || register_worker(&b) != 0 || bandwidth(&b, chunks) != 0 ||
              lookup_latency(&b, iters) != 0;
     if (rc)
@@ -764,9 +846,7 @@ int main(int argc, char **argv)
     if (b.pool)
         munmap(b.pool, b.pool_size);
     lmc_client_close(b.c);
-    lmc_server_stop(srv);
-    pthread_join(th, NULL);
-    lmc_server_free(srv);
+    stop_server(&b, srv, th);
     lmc_config_free(&cfg);
     return rc;
 }
