@@ -25,6 +25,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "common/zmq_echo.h"
 #include "rpc/client.h"
 #include "rpc/wire.h"
 
@@ -32,8 +33,6 @@
 #define MAX_SCENARIOS 16
 #define GOAL_THROUGHPUT 0.8 /* lmcached req/s >= 0.8 x echo */
 #define GOAL_P50 1.25       /* lmcached p50 <= 1.25 x echo */
-
-static const uint8_t OK_REPLY[3] = {0xa2, 'O', 'K'};
 
 /* ---- options ------------------------------------------------------------- */
 
@@ -230,101 +229,6 @@ static double lat_pct_us(const lat_buf *b, double pct)
     return b->ns[i] / 1000.0;
 }
 
-/* ---- the echo server ---------------------------------------------------- */
-
-typedef struct {
-    void *zctx;
-    void *socket;
-    pthread_t thread;
-    bool running;
-    char endpoint[256];
-} echo_server;
-
-/* Drains the rest of a multipart message. */
-static void drain_more(void *socket, bool more)
-{
-    while (more) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, socket, 0) < 0) {
-            zmq_msg_close(&m);
-            return;
-        }
-        more = zmq_msg_more(&m);
-        zmq_msg_close(&m);
-    }
-}
-
-/* Receives [identity, uid, op, ...] into f[0..2]; returns false to stop. */
-static bool echo_recv(void *socket, zmq_msg_t f[3], int *nframes)
-{
-    *nframes = 0;
-    bool more = true;
-    while (more && *nframes < 3) {
-        if (zmq_msg_recv(&f[*nframes], socket, 0) < 0)
-            return false;
-        more = zmq_msg_more(&f[(*nframes)++]);
-    }
-    drain_more(socket, more);
-    return true;
-}
-
-static void *echo_main(void *arg)
-{
-    echo_server *e = arg;
-    zmq_msg_t f[3];
-    for (;;) {
-        for (int i = 0; i < 3; i++)
-            zmq_msg_init(&f[i]);
-        int n;
-        bool alive = echo_recv(e->socket, f, &n);
-        if (alive && n == 3) {
-            zmq_msg_send(&f[0], e->socket, ZMQ_SNDMORE);
-            zmq_msg_send(&f[1], e->socket, ZMQ_SNDMORE);
-            zmq_msg_send(&f[2], e->socket, ZMQ_SNDMORE);
-            zmq_send(e->socket, OK_REPLY, sizeof OK_REPLY, 0);
-        }
-        for (int i = 0; i < 3; i++)
-            zmq_msg_close(&f[i]);
-        if (!alive && zmq_errno() == ETERM)
-            break;
-    }
-    zmq_close(e->socket);
-    return NULL;
-}
-
-static void echo_stop(echo_server *e)
-{
-    if (!e->zctx)
-        return;
-    zmq_ctx_shutdown(e->zctx); /* the blocked recv returns ETERM */
-    if (e->running)
-        pthread_join(e->thread, NULL);
-    else if (e->socket)
-        zmq_close(e->socket);
-    zmq_ctx_term(e->zctx);
-    *e = (echo_server){0};
-}
-
-/* Binds a ROUTER on an ephemeral loopback port and serves it in a thread. */
-static int echo_start(echo_server *e)
-{
-    *e = (echo_server){0};
-    size_t len = sizeof e->endpoint;
-    int linger = 0;
-    e->zctx = zmq_ctx_new();
-    e->socket = e->zctx ? zmq_socket(e->zctx, ZMQ_ROUTER) : NULL;
-    if (!e->socket || zmq_setsockopt(e->socket, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
-        zmq_bind(e->socket, "tcp://127.0.0.1:*") != 0 ||
-        zmq_getsockopt(e->socket, ZMQ_LAST_ENDPOINT, e->endpoint, &len) != 0 ||
-        pthread_create(&e->thread, NULL, echo_main, e) != 0) {
-        echo_stop(e);
-        return -1;
-    }
-    e->running = true;
-    return 0;
-}
-
 /* ---- one client ------------------------------------------------------------ */
 
 typedef struct {
@@ -411,7 +315,7 @@ static bool reply_ok(const client_ctx *c, const uint8_t *body, size_t len, int n
     if (!c->tg->strict)
         return true;
     if (c->sc->op == LMC_OP_NOOP)
-        return len == sizeof OK_REPLY && memcmp(body, OK_REPLY, len) == 0;
+        return len == sizeof echo_ok_reply && memcmp(body, echo_ok_reply, len) == 0;
     return is_msgpack_int(body, len);
 }
 
@@ -682,8 +586,8 @@ static int probe(const bench_opts *o)
         return 1;
     lmc_client_reply r;
     lmc_client_status st = lmc_client_call(c, LMC_OP_NOOP, NULL, 0, o->timeout_ms, &r);
-    bool ok = st == LMC_CLIENT_OK && r.has_response && r.len == sizeof OK_REPLY &&
-              memcmp(r.data, OK_REPLY, r.len) == 0;
+    bool ok = st == LMC_CLIENT_OK && r.has_response && r.len == sizeof echo_ok_reply &&
+              memcmp(r.data, echo_ok_reply, r.len) == 0;
     if (st == LMC_CLIENT_OK || st == LMC_CLIENT_REMOTE_ERROR)
         lmc_client_reply_free(&r);
     lmc_client_close(c);
@@ -752,7 +656,7 @@ int main(int argc, char **argv)
     if (o.probe)
         return probe(&o);
     echo_server echo = {0}, self = {0};
-    if (echo_start(&echo) != 0 || (!o.url && echo_start(&self) != 0)) {
+    if (echo_start(&echo, NULL) != 0 || (!o.url && echo_start(&self, NULL) != 0)) {
         fprintf(stderr, "rpc_bench: cannot start the echo server\n");
         echo_stop(&echo);
         return 1;

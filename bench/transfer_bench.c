@@ -9,7 +9,10 @@
  *      Twice: one request at a time, each reply waited for; and pipelined
  *      (the next request's PREPARE in flight during a copy, COMMIT replies
  *      collected as they come), as an engine with several requests in a
- *      step drives the server;
+ *      step drives the server.  One request at a time is also run against a
+ *      bare ZMQ echo (bench/common/zmq_echo.h): a round trip, the same
+ *      copies, a round trip: what any ZMQ server can reach with that
+ *      pattern on this machine;
  *   2. LOOKUP + QUERY_PREFETCH_STATUS of a 32,768-token prompt (chunk 256)
  *      fully in L1: p50/p99 beside the NOOP round trip (goal p50 <= 3x), and
  *      the p50 of each of the two round trips alone,
@@ -40,6 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/zmq_echo.h"
 #include "config/config.h"
 #include "rpc/client.h"
 #include "rpc/wire.h"
@@ -56,6 +60,7 @@
 
 typedef struct {
     lmc_client *c;
+    lmc_client *echo;       /* the bare ZMQ echo (bench/common/zmq_echo.h) */
     size_t batch;           /* chunks per transfer request */
     uint8_t *pool;
     size_t pool_size;
@@ -472,6 +477,38 @@ static void touch_pages(uint8_t *buf, size_t bytes, bool write)
     (void)sink;
 }
 
+/* One request's pattern with the bare echo in lmcached's place: a round
+ * trip, the request's copies (src -> dst), a round trip.  What one request
+ * at a time can reach on this machine with any ZMQ server.  Returns the
+ * wall time, or -1 if the echo did not answer. */
+static double echo_pattern(bench *b, size_t reqs, const uint8_t *src, uint8_t *dst,
+                           double *rpc_s, double *copy_s)
+{
+    lmc_client_reply rep;   /* a first round trip connects, unmeasured */
+    if (lmc_client_call(b->echo, LMC_OP_NOOP, NULL, 0, 10000, &rep) != LMC_CLIENT_OK)
+        return -1;
+    lmc_client_reply_free(&rep);
+    double t0 = now_s();
+    *rpc_s = *copy_s = 0;
+    for (size_t r = 0; r < reqs; r++) {
+        double t[4];
+        for (int trip = 0; trip < 2; trip++) {
+            t[2 * trip] = now_s();
+            if (lmc_client_call(b->echo, LMC_OP_NOOP, NULL, 0, 10000, &rep) != LMC_CLIENT_OK)
+                return -1;
+            lmc_client_reply_free(&rep);
+            t[2 * trip + 1] = now_s();
+            for (size_t i = 0; trip == 0 && i < b->batch; i++) {
+                size_t at = (r * b->batch + i) * OBJ;
+                memcpy(dst + at, src + at, OBJ);
+            }
+        }
+        *rpc_s += (t[1] - t[0]) + (t[3] - t[2]);
+        *copy_s += t[2] - t[1];
+    }
+    return now_s() - t0;
+}
+
 static int bandwidth(bench *b, size_t chunks)
 {
     size_t reqs = chunks / b->batch, bytes = reqs * b->batch * OBJ;
@@ -508,6 +545,11 @@ static int bandwidth(bench *b, size_t chunks)
         return -1;
     double cached_p50 = prepare_cached_p50(b, toks, 200);
     int same = memcmp(src, dst, bytes) == 0;
+    double echo_rpc, echo_copy;
+    touch_pages(dst, bytes, true);
+    double echo_wall = echo_pattern(b, reqs, src, dst, &echo_rpc, &echo_copy);
+    if (echo_wall < 0)
+        return -1;
     /* Again, pipelined, from an empty cache. */
     memset(dst, 0x5a, bytes);
     call(b, LMC_OP_CLEAR, &clr, 1, NULL, &rep);
@@ -531,6 +573,10 @@ static int bandwidth(bench *b, size_t chunks)
            gib / st.wall, (gib / st.wall) / (gib / mc));
     printf("retrieve (prep+copy+commit): %7.2f GiB/s = %.2fx memcpy (goal >= 0.8x)\n",
            gib / rt.wall, (gib / rt.wall) / (gib / mc));
+    printf("same pattern, bare ZMQ echo instead: %7.2f GiB/s = %.2fx memcpy "
+           "(echo rpc %.0f us + copy %.0f us per request)\n",
+           gib / echo_wall, (gib / echo_wall) / (gib / mc), echo_rpc * 1e6 / reqs,
+           echo_copy * 1e6 / reqs);
     printf("pipelined store     : %7.2f GiB/s = %.2fx memcpy (goal >= 0.8x)\n",
            gib / pst.wall, (gib / pst.wall) / (gib / mc));
     printf("pipelined retrieve  : %7.2f GiB/s = %.2fx memcpy (goal >= 0.8x)\n",
@@ -733,13 +779,27 @@ static void *serve(void *arg)
     return NULL;
 }
 
-/* Runs the server until SIGTERM (the --server-process child). */
-static int serve_until_term(lmc_server *srv)
+/* ---- the server and the echo baseline: threads here, or child processes */
+
+/* A child blocks SIGTERM before it starts any thread (threads inherit the
+ * mask), so that only its sigwait() receives the parent's SIGTERM. */
+static void block_term(sigset_t *term)
+{
+    sigemptyset(term);
+    sigaddset(term, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, term, NULL);
+}
+
+static int server_child(lmc_config *cfg)
 {
     sigset_t term;
-    sigemptyset(&term);
-    sigaddset(&term, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &term, NULL);   /* before any thread inherits the mask */
+    block_term(&term);
+    char err[256];
+    lmc_server *srv;
+    if (lmc_server_new(cfg, &srv, err, sizeof err) != 0) {
+        fprintf(stderr, "transfer_bench: %s\n", err);
+        return 1;
+    }
     pthread_t th;
     pthread_create(&th, NULL, serve, srv);
     int sig;
@@ -750,41 +810,72 @@ static int serve_until_term(lmc_server *srv)
     return 0;
 }
 
-/* The server, embedded (a thread of this process) or in a child process. */
-static int start_server(lmc_config *cfg, bool child, bench *b, lmc_server **srv, pthread_t *th)
+static int echo_child(const char *url)
 {
-    char err[256];
-    if (child) {
+    sigset_t term;
+    block_term(&term);
+    echo_server e;
+    if (echo_start(&e, url) != 0)
+        return 1;
+    int sig;
+    sigwait(&term, &sig);
+    echo_stop(&e);
+    return 0;
+}
+
+typedef struct {
+    bool child;              /* --server-process: both run in child processes */
+    lmc_server *srv;         /* embedded */
+    pthread_t srv_thread;
+    echo_server echo;        /* embedded */
+    pid_t echo_pid;
+} servers;
+
+/* Starts lmcached (cfg) and the bare echo (echo_url), before any thread of
+ * this process exists when they are children.  0 or -1. */
+static int start_servers(servers *sv, lmc_config *cfg, const char *echo_url, bench *b)
+{
+    if (sv->child) {
         fflush(stdout);
-        pid_t pid = fork();
-        if (pid < 0)
-            return -1;
-        if (pid == 0) {
-            int rc = lmc_server_new(cfg, srv, err, sizeof err);
-            if (rc != 0)
-                fprintf(stderr, "transfer_bench: %s\n", err);
-            _exit(rc == 0 ? serve_until_term(*srv) : 1);
-        }
-        b->server_pid = pid;
-        return clock_getcpuclockid(pid, &b->server_clock) == 0 ? 0 : -1;
+        if ((b->server_pid = fork()) == 0)
+            _exit(server_child(cfg));
+        if (b->server_pid > 0 && (sv->echo_pid = fork()) == 0)
+            _exit(echo_child(echo_url));
+        return b->server_pid > 0 && sv->echo_pid > 0 &&
+                       clock_getcpuclockid(b->server_pid, &b->server_clock) == 0
+                   ? 0
+                   : -1;
     }
-    if (lmc_server_new(cfg, srv, err, sizeof err) != 0) {
+    char err[256];
+    if (lmc_server_new(cfg, &sv->srv, err, sizeof err) != 0) {
         fprintf(stderr, "transfer_bench: %s\n", err);
         return -1;
     }
-    return pthread_create(th, NULL, serve, *srv) == 0 ? 0 : -1;
+    if (pthread_create(&sv->srv_thread, NULL, serve, sv->srv) != 0) {
+        lmc_server_free(sv->srv);
+        sv->srv = NULL;
+        return -1;
+    }
+    return echo_start(&sv->echo, echo_url);
 }
 
-static void stop_server(bench *b, lmc_server *srv, pthread_t th)
+static void stop_servers(servers *sv, bench *b)
 {
-    if (b->server_pid) {
-        kill(b->server_pid, SIGTERM);
-        waitpid(b->server_pid, NULL, 0);
+    if (sv->child) {
+        pid_t pids[2] = {b->server_pid, sv->echo_pid};
+        for (int i = 0; i < 2; i++)
+            if (pids[i] > 0) {
+                kill(pids[i], SIGTERM);
+                waitpid(pids[i], NULL, 0);
+            }
         return;
     }
-    lmc_server_stop(srv);
-    pthread_join(th, NULL);
-    lmc_server_free(srv);
+    echo_stop(&sv->echo);
+    if (sv->srv) {
+        lmc_server_stop(sv->srv);
+        pthread_join(sv->srv_thread, NULL);
+        lmc_server_free(sv->srv);
+    }
 }
 
 int main(int argc, char **argv)
@@ -813,8 +904,9 @@ int main(int argc, char **argv)
         return 1;
     }
     chunks = chunks / batch * batch;
-    char port[16], http_port[16], l1[32];
+    char port[16], http_port[16], l1[32], echo_url[64];
     snprintf(port, sizeof port, "%d", 20000 + getpid() % 20000);
+    snprintf(echo_url, sizeof echo_url, "tcp://127.0.0.1:%d", 20001 + getpid() % 20000);
     snprintf(http_port, sizeof http_port, "%d", 40001 + getpid() % 20000);
     snprintf(l1, sizeof l1, "%.3f", (chunks * OBJ + 160.0 * OBJ) / (1u << 30) + 0.25);
     char *args[] = {"lmcached", "--host", "127.0.0.1", "--port", port, "--chunk-size", "256",
@@ -823,30 +915,34 @@ int main(int argc, char **argv)
                     NULL};
     lmc_config cfg;
     char err[256];
-    lmc_server *srv = NULL;
-    pthread_t th;
+    servers sv = {.child = server_process};
     bench b = {.batch = batch};
     if (lmc_config_parse(&cfg, (int)(sizeof args / sizeof args[0]) - 1, args, NULL, stdout, err,
                          sizeof err) != LMC_CONFIG_OK) {
         fprintf(stderr, "transfer_bench: %s\n", err);
         return 1;
     }
-    if (start_server(&cfg, server_process, &b, &srv, &th) != 0) {
+    if (start_servers(&sv, &cfg, echo_url, &b) != 0) {
+        fprintf(stderr, "transfer_bench: cannot start the server or the echo\n");
+        stop_servers(&sv, &b);
         lmc_config_free(&cfg);
         return 1;
     }
-    printf("server: %s\n", server_process ? "child process" : "embedded (a thread of this process)");
+    printf("server and echo: %s\n",
+           server_process ? "child processes" : "embedded (threads of this process)");
     char url[64];
     snprintf(url, sizeof url, "tcp://127.0.0.1:%s", port);
     b.c = lmc_client_connect(url);
-    int rc = !b.c || register_worker(&b) != 0 || bandwidth(&b, chunks) != 0 ||
+    b.echo = lmc_client_connect(echo_url);
+    int rc = !b.c || !b.echo || register_worker(&b) != 0 || bandwidth(&b, chunks) != 0 ||
              lookup_latency(&b, iters) != 0;
     if (rc)
         fprintf(stderr, "transfer_bench: a request failed\n");
     if (b.pool)
         munmap(b.pool, b.pool_size);
     lmc_client_close(b.c);
-    stop_server(&b, srv, th);
+    lmc_client_close(b.echo);
+    stop_servers(&sv, &b);
     lmc_config_free(&cfg);
     return rc;
 }
