@@ -43,6 +43,7 @@ typedef struct {
     const lmc_object_key *session_keys;   /* identity of the lock record extended */
     size_t l1_keys;                       /* its length before the extension */
     lmc_object_key *keys;                 /* copy of the prefetched keys */
+    lmc_l1_copy_id *copies;               /* the copies the prefetch locked */
     uint32_t per, readers;
     lmc_lookup_event_info *event;         /* LOOKUP_END, published when done; may be NULL */
 } l2_lookup;
@@ -131,6 +132,7 @@ static void l2_lookup_free(l2_lookup *p)
     free(p->event);
     free(p->rid);
     free(p->keys);
+    free(p->copies);
     free(p);
 }
 
@@ -155,18 +157,15 @@ static void l2_done(void *user, size_t units)
     if (se) {
         if (nk && se->locks.keys == p->session_keys && se->locks.n == p->l1_keys &&
             lmc_jobs_is_current(m->jobs, p->rid, p->rid_len, p->job_id)) {
-            /* The tier locked the copies resident now (unless a forced
-             * clear came in between: then 0, or a newer copy's id if the
-             * key was stored again within these microseconds). */
-            lmc_storage_manager_copy_ids(m->ctx->storage, p->keys, nk,
-                                         se->locks.copies + se->locks.n);
+            memcpy(se->locks.copies + se->locks.n, p->copies, nk * sizeof *p->copies);
             se->locks.n += nk;
             attached = true;
         }
         lmc_sessions_release(m->ctx->sessions, se);
     }
     if (nk && !attached)
-        lmc_storage_manager_finish_read(m->ctx->storage, p->keys, nk, p->readers, NULL);
+        lmc_storage_manager_finish_read_copies(m->ctx->storage, p->keys, p->copies, nk,
+                                               p->readers);
     int64_t hits = p->l1_chunks + (int64_t)units;
     if (p->event) { /* the final answer is known only now */
         int64_t cs = m->chunk_size;
@@ -195,7 +194,8 @@ static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint6
         return false;
     l2_lookup *p = calloc(1, sizeof *p);
     if (!p || !(p->rid = malloc(k->request_id_len + 1)) ||
-        !(p->keys = malloc(rest * sizeof *p->keys))) {
+        !(p->keys = malloc(rest * sizeof *p->keys)) ||
+        !(p->copies = calloc(rest, sizeof *p->copies))) {
         if (p)
             l2_lookup_free(p);
         return false;
@@ -213,7 +213,8 @@ static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint6
     p->readers = l->readers;
     p->event = *event; /* before submitting: the callbacks may run at once */
     lmc_storage_l2_request req = {
-        .keys = p->keys, .n = rest, .keys_per_unit = p->per, .object_size = object_size,
+        .keys = p->keys, .copies = p->copies, .n = rest, .keys_per_unit = p->per,
+        .object_size = object_size,
         .readers = p->readers, .on_lookup_done = l2_lookup_done, .on_done = l2_done, .user = p,
     };
     if (lmc_storage_manager_prefetch_l2(m->ctx->storage, &req) != 0) {

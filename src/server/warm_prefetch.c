@@ -17,6 +17,7 @@ typedef struct job {
     bool done;
     size_t found, total;
     lmc_object_key *keys;      /* the keys sent to L2 (their locks are released at done) */
+    lmc_l1_copy_id *copies;    /* the copies L2 locked for them */
     size_t n_l2, per;
     struct lmc_warm_prefetch *owner;
     struct job *next;
@@ -53,6 +54,7 @@ void lmc_warm_prefetch_free(lmc_warm_prefetch *w)
     for (job *j = w->jobs, *next; j; j = next) {
         next = j->next;
         free(j->keys);
+        free(j->copies);
         free(j);
     }
     pthread_mutex_destroy(&w->lock);
@@ -68,7 +70,7 @@ static void on_done(void *user, size_t units)
     lmc_warm_prefetch *w = j->owner;
     size_t loaded = units * j->per;
     if (loaded)
-        lmc_storage_manager_finish_read(w->ctx->storage, j->keys, loaded, 1, NULL);
+        lmc_storage_manager_finish_read_copies(w->ctx->storage, j->keys, j->copies, loaded, 1);
     pthread_mutex_lock(&w->lock);
     j->found += loaded;
     j->done = true;
@@ -199,11 +201,12 @@ static bool start_l2(lmc_warm_prefetch *w, job *j, lmc_object_key *keys, size_t 
     if (rest < j->per || !lmc_storage_manager_has_l2(w->ctx->storage))
         return false;
     j->keys = malloc(rest * sizeof *j->keys);
-    if (!j->keys)
-        return false;
+    j->copies = calloc(rest, sizeof *j->copies);
+    if (!j->keys || !j->copies)
+        return false;   /* the job's owner frees both */
     memcpy(j->keys, keys + l1_keys, rest * sizeof *j->keys);
     lmc_storage_l2_request req = {
-        .keys = j->keys, .n = rest, .keys_per_unit = (uint32_t)j->per,
+        .keys = j->keys, .copies = j->copies, .n = rest, .keys_per_unit = (uint32_t)j->per,
         .object_size = l->object_size, .readers = 1, .retain = true,
         .on_lookup_done = on_lookup_done, .on_done = on_done, .user = j,
     };
@@ -293,6 +296,7 @@ json_t *lmc_warm_prefetch_query(lmc_warm_prefetch *w, const char *request_id, un
     pthread_mutex_unlock(&w->lock);
     if (gone) {
         free(gone->keys);
+        free(gone->copies);
         free(gone);
     }
     if (!reply)

@@ -722,7 +722,8 @@ typedef enum { FINISH_ADMIT, FINISH_ADMIT_AND_READ, FINISH_DISCARD } finish_mode
 /* Applies one finish_* to one key; returns true if the key belongs in the
  * call's event. */
 static bool finish_one(lmc_l1_manager *m, const lmc_object_key *key, const char *tag,
-                       finish_mode mode, uint32_t readers, int64_t now, lmc_l1_result *result)
+                       finish_mode mode, uint32_t readers, int64_t now, lmc_l1_result *result,
+                       lmc_l1_copy_id *copy)
 {
     l1_entry *e;
     l1_record rec;
@@ -737,6 +738,8 @@ static bool finish_one(lmc_l1_manager *m, const lmc_object_key *key, const char 
     if (mode == FINISH_ADMIT)
         return newly_admitted && !rec.is_temporary;
     lmc_ttl_lock_acquire(&e->object.lock, readers, now, m->read_ttl_ms);
+    if (copy)   /* the copy now locked: the one admitted, or an earlier one */
+        *copy = e->object.copy;
     return true;
 }
 
@@ -748,7 +751,7 @@ static const lmc_l1_event_kind finish_event_kind[] = {
 
 static int finish_batch(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
                         const char *tag, finish_mode mode, uint32_t readers,
-                        lmc_l1_result *results)
+                        lmc_l1_result *results, lmc_l1_copy_id *copies)
 {
     if (!tag)
         return -1;
@@ -756,7 +759,8 @@ static int finish_batch(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
     int64_t now = now_ms(m);
     l1_event *ev = event_begin(m, finish_event_kind[mode], n);
     for (size_t i = 0; i < n; i++)
-        if (finish_one(m, &keys[i], tag, mode, readers, now, &results[i]))
+        if (finish_one(m, &keys[i], tag, mode, readers, now, &results[i],
+                       copies ? &copies[i] : NULL))
             event_add(ev, &keys[i]);
     event_commit(m, ev);
     unlock_and_dispatch(m);
@@ -766,21 +770,21 @@ static int finish_batch(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
 int lmc_l1_manager_finish_write(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
                                 const char *tag, lmc_l1_result *results)
 {
-    return finish_batch(m, keys, n, tag, FINISH_ADMIT, 0, results);
+    return finish_batch(m, keys, n, tag, FINISH_ADMIT, 0, results, NULL);
 }
 
 int lmc_l1_manager_finish_write_and_reserve_read(lmc_l1_manager *m, const lmc_object_key *keys,
                                                  size_t n, uint32_t readers, const char *tag,
-                                                 lmc_l1_result *results)
+                                                 lmc_l1_result *results, lmc_l1_copy_id *copies)
 {
     return finish_batch(m, keys, n, tag, FINISH_ADMIT_AND_READ, clamp_readers(readers),
-                        results);
+                        results, copies);
 }
 
 int lmc_l1_manager_finish_write_and_delete(lmc_l1_manager *m, const lmc_object_key *keys,
                                            size_t n, const char *tag, lmc_l1_result *results)
 {
-    return finish_batch(m, keys, n, tag, FINISH_DISCARD, 0, results);
+    return finish_batch(m, keys, n, tag, FINISH_DISCARD, 0, results, NULL);
 }
 
 /* ---- read path --------------------------------------------------------- */

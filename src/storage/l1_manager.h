@@ -129,10 +129,11 @@ int lmc_l1_manager_reserve_write(lmc_l1_manager *m, const lmc_object_key *keys,
  * resident meanwhile the staged copy is freed and the result is SUCCESS. */
 int lmc_l1_manager_finish_write(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
                                 const char *tag, lmc_l1_result *results);
-/* finish_write plus `readers` read locks on the resident copy, atomically. */
+/* finish_write plus `readers` read locks on the resident copy, atomically.
+ * copies (may be NULL) receives the id of each copy locked (SUCCESS keys). */
 int lmc_l1_manager_finish_write_and_reserve_read(lmc_l1_manager *m, const lmc_object_key *keys,
                                                  size_t n, uint32_t readers, const char *tag,
-                                                 lmc_l1_result *results);
+                                                 lmc_l1_result *results, lmc_l1_copy_id *copies);
 /* Drop the tag's live staging buffers (a failed load). */
 int lmc_l1_manager_finish_write_and_delete(lmc_l1_manager *m, const lmc_object_key *keys,
                                            size_t n, const char *tag, lmc_l1_result *results);

@@ -486,13 +486,14 @@ int lmc_storage_manager_finish_write(lmc_storage_manager *sm, const lmc_object_k
 int lmc_storage_manager_finish_write_and_reserve_read(lmc_storage_manager *sm,
                                                       const lmc_object_key *keys, size_t n,
                                                       uint32_t readers, const char *writer_tag,
-                                                      lmc_l1_result *results)
+                                                      lmc_l1_result *results,
+                                                      lmc_l1_copy_id *copies)
 {
     lmc_l1_result *r = results_or_scratch(results, n);
     if (!r)
         return -1;
     int rc = lmc_l1_manager_finish_write_and_reserve_read(sm->l1, keys, n, readers,
-                                                          tag_or_default(writer_tag), r);
+                                                          tag_or_default(writer_tag), r, copies);
     release_results(r, results);
     return rc;
 }
@@ -562,12 +563,6 @@ void lmc_storage_manager_finish_read_copies(lmc_storage_manager *sm,
                                             uint32_t readers)
 {
     lmc_l1_manager_finish_read_copies(sm->l1, keys, copies, n, readers, NULL);
-}
-
-void lmc_storage_manager_copy_ids(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
-                                  lmc_l1_copy_id *copies)
-{
-    lmc_l1_manager_copy_ids(sm->l1, keys, n, copies);
 }
 
 int lmc_storage_manager_reserve_read(lmc_storage_manager *sm, const lmc_object_key *keys,

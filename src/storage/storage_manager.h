@@ -129,11 +129,13 @@ int lmc_storage_manager_reserve_write(lmc_storage_manager *sm, const lmc_object_
 /* Publishes the reservations (results may be NULL). */
 int lmc_storage_manager_finish_write(lmc_storage_manager *sm, const lmc_object_key *keys,
                                      size_t n, const char *writer_tag, lmc_l1_result *results);
-/* Publishes and takes `readers` read locks in one step (results may be NULL). */
+/* Publishes and takes `readers` read locks in one step (results may be
+ * NULL); copies (may be NULL) receives the id of each copy locked. */
 int lmc_storage_manager_finish_write_and_reserve_read(lmc_storage_manager *sm,
                                                       const lmc_object_key *keys, size_t n,
                                                       uint32_t readers, const char *writer_tag,
-                                                      lmc_l1_result *results);
+                                                      lmc_l1_result *results,
+                                                      lmc_l1_copy_id *copies);
 
 /* ---- lookup / read ----------------------------------------------------- */
 /* Atomically takes `readers` (clamped to [1,128]) read locks on the leading
@@ -170,9 +172,6 @@ void lmc_storage_manager_finish_read_copies(lmc_storage_manager *sm,
                                             const lmc_object_key *keys,
                                             const lmc_l1_copy_id *copies, size_t n,
                                             uint32_t readers);
-/* The id of each key's resident copy (0 when not resident). */
-void lmc_storage_manager_copy_ids(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
-                                  lmc_l1_copy_id *copies);
 /* Releases `readers` read locks per key (results may be NULL). */
 int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_key *keys,
                                     size_t n, uint32_t readers, lmc_l1_result *results);
@@ -197,6 +196,9 @@ int lmc_storage_manager_finish_write_and_delete(lmc_storage_manager *sm,
  *   then resident and read-locked (`readers` shares) for the caller. */
 typedef struct lmc_storage_l2_request {
     const lmc_object_key *keys;   /* copied by prefetch() */
+    lmc_l1_copy_id *copies;       /* may be NULL; else before on_done, the ids of
+                                   * the copies locked for the caller, [0..units*
+                                   * keys_per_unit); must live until on_done */
     size_t n;
     uint32_t keys_per_unit;
     uint64_t object_size;

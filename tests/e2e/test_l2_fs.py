@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from conftest import Server
-from test_lookup_engine_driven import (CLEAR, CS, LOOKUP, WAIT, LOOKUP_HITS, Worker, chunk_bytes,
+from test_lookup_engine_driven import (CLEAR, CS, FREE, LOOKUP, WAIT, LOOKUP_HITS, Worker, chunk_bytes,
                                        key, prompt, unpack)
 
 
@@ -150,20 +150,46 @@ def test_store_evict_then_hits_from_l2(tmp_path):
         assert srv.stop() == 0, srv.output()
 
 
+def stored_in_l2_only(srv, tmp_path, seed):
+    """Stores a 4-chunk prompt from both ranks, waits for L2 to hold it and
+    evicts L1; returns the prompt, the workers and a scheduler DEALER."""
+    toks = prompt(seed)
+    ws = store_all(srv, toks)
+    wait_stored(srv, tmp_path, 8)
+    sched = srv.dealer()
+    assert sched.call(CLEAR, False) is not None
+    return toks, ws, sched
+
+
 def test_partial_l1_hits_extended_from_l2(tmp_path):
     srv = start(tmp_path)
     try:
-        toks = prompt(102)
-        ws = store_all(srv, toks)
-        wait_stored(srv, tmp_path, 8)
-        sched = srv.dealer()
-        assert sched.call(CLEAR, False) is not None
+        toks, ws, sched = stored_in_l2_only(srv, tmp_path, 102)
         # Chunks 0-1 back in L1 from the engine, 2-3 only in L2.
         for w in ws:
             w.store(toks, 0, 32)
         assert lookup_wait(sched, toks, "p") == 4
         for w in ws:
             assert w.retrieve(toks, 0, 64, "p") == [chunk_bytes(w.rank, toks, c) for c in range(4)]
+        close_all(ws, sched)
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
+def test_free_lookup_locks_releases_what_l2_loaded(tmp_path):
+    """The chunks an L2 prefetch loads join the lookup's lock record with the
+    ids of the copies the tier locked: FREE_LOOKUP_LOCKS gives those shares
+    back, and the loaded objects (temporary) leave L1 at once."""
+    srv = start(tmp_path)
+    try:
+        toks, ws, sched = stored_in_l2_only(srv, tmp_path, 103)
+        assert status(srv)["l1_manager"]["num_objects"] == 0
+        assert lookup_wait(sched, toks, "f") == 4           # all four loaded from L2
+        l1 = status(srv)["l1_manager"]
+        assert l1["num_objects"] == 8 and l1["num_locked_objects"] == 8
+        assert sched.call(FREE, key(toks, 0, 64, "f"), 1) is not None
+        l1 = status(srv)["l1_manager"]
+        assert l1["num_objects"] == 0 and l1["memory_used_bytes"] == 0, l1
         close_all(ws, sched)
     finally:
         assert srv.stop() == 0, srv.output()

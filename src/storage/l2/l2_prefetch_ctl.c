@@ -326,15 +326,17 @@ static bool expired(const preq *q, int64_t now)
 static size_t commit(lmc_l2_prefetch_ctl *c, preq *q, size_t good)
 {
     lmc_l1_result *res = malloc((good ? good : 1) * sizeof *res);
+    lmc_l1_copy_id *copies = q->r.copies;
     size_t s = 0;
     if (res && lmc_storage_manager_finish_write_and_reserve_read(
-                   c->sm, q->keys, good, q->r.readers, LMC_L2_PREFETCH_TAG, res) == 0)
+                   c->sm, q->keys, good, q->r.readers, LMC_L2_PREFETCH_TAG, res, copies) == 0)
         while (s < good && res[s] == LMC_L1_SUCCESS)
             s++;
     size_t s2 = s / q->r.keys_per_unit * q->r.keys_per_unit;
     for (size_t i = s2; i < good; i++) {
         if (res && res[i] == LMC_L1_SUCCESS)
-            lmc_storage_manager_finish_read(c->sm, &q->keys[i], 1, q->r.readers, NULL);
+            lmc_storage_manager_finish_read_copies(c->sm, &q->keys[i], copies ? &copies[i] : NULL,
+                                                   1, q->r.readers);
         else
             lmc_storage_manager_finish_write_and_delete(c->sm, &q->keys[i], 1,
                                                         LMC_L2_PREFETCH_TAG, NULL);

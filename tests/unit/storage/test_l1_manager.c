@@ -277,7 +277,8 @@ static void test_finish_write_errors_and_expiry(void **state)
     assert_int_equal(stats(f->m).num_staging, 1);   /* left for reclamation */
     lmc_object_key k = make_key(1);
     lmc_l1_result r;
-    assert_int_equal(lmc_l1_manager_finish_write_and_reserve_read(f->m, &k, 1, 1, "w", &r), 0);
+    assert_int_equal(lmc_l1_manager_finish_write_and_reserve_read(f->m, &k, 1, 1, "w", &r, NULL),
+                     0);
     assert_int_equal(r, LMC_L1_KEY_IN_WRONG_STATE);
     assert_int_equal(lmc_l1_manager_finish_write_and_delete(f->m, &k, 1, "w", &r), 0);
     assert_int_equal(r, LMC_L1_KEY_IN_WRONG_STATE);
@@ -313,9 +314,14 @@ static void test_finish_write_and_reserve_read(void **state)
     fixture *f = *state;
     lmc_object_key k = make_key(5);
     lmc_l1_result r;
+    lmc_l1_copy_id locked, resident;
     assert_int_equal(reserve1(f->m, 5, "w", false, NULL), LMC_L1_SUCCESS);
-    assert_int_equal(lmc_l1_manager_finish_write_and_reserve_read(f->m, &k, 1, 2, "w", &r), 0);
+    assert_int_equal(lmc_l1_manager_finish_write_and_reserve_read(f->m, &k, 1, 2, "w", &r, &locked),
+                     0);
     assert_int_equal(r, LMC_L1_SUCCESS);
+    lmc_l1_manager_copy_ids(f->m, &k, 1, &resident);
+    assert_int_not_equal(locked, 0);
+    assert_int_equal(locked, resident);
     assert_int_equal(peek1(f->m, 5, NULL), LMC_L1_SUCCESS);
     assert_int_equal(stats(f->m).num_locked, 1);
     assert_int_equal(delete1(f->m, 5, false), LMC_L1_KEY_IS_LOCKED);
@@ -327,6 +333,18 @@ static void test_finish_write_and_reserve_read(void **state)
     assert_int_equal(unlock1(f->m, 6, 1), LMC_L1_KEY_NOT_EXIST);
     /* already resident: a second writer's copy is freed, lock goes to the resident copy */
     assert_int_equal(reserve1(f->m, 5, "w", false, NULL), LMC_L1_KEY_NOT_WRITABLE);
+    k = make_key(7);
+    assert_int_equal(reserve1(f->m, 7, "a", false, NULL), LMC_L1_SUCCESS);
+    assert_int_equal(reserve1(f->m, 7, "b", false, NULL), LMC_L1_SUCCESS);
+    assert_int_equal(finish1(f->m, 7, "a"), LMC_L1_SUCCESS);
+    lmc_l1_manager_copy_ids(f->m, &k, 1, &resident);
+    assert_int_equal(lmc_l1_manager_finish_write_and_reserve_read(f->m, &k, 1, 1, "b", &r, &locked),
+                     0);
+    assert_int_equal(r, LMC_L1_SUCCESS);
+    assert_int_equal(locked, resident);   /* b's copy was dropped; a's is the one locked */
+    assert_int_equal(stats(f->m).used_bytes, 2 * PAGE);
+    assert_int_equal(lmc_l1_manager_finish_read_copies(f->m, &k, &locked, 1, 1, &r), 0);
+    assert_int_equal(r, LMC_L1_SUCCESS);
 }
 
 static void test_finish_write_and_delete(void **state)
@@ -404,8 +422,8 @@ static void test_temporary_freed_on_last_read(void **state)
     lmc_object_key k = make_key(9);
     lmc_l1_result r;
     assert_int_equal(reserve1(f->m, 9, "prefetch", true, NULL), LMC_L1_SUCCESS);
-    assert_int_equal(lmc_l1_manager_finish_write_and_reserve_read(f->m, &k, 1, 2, "prefetch", &r),
-                     0);
+    assert_int_equal(
+        lmc_l1_manager_finish_write_and_reserve_read(f->m, &k, 1, 2, "prefetch", &r, NULL), 0);
     assert_int_equal(r, LMC_L1_SUCCESS);
     assert_int_equal(stats(f->m).num_temporary, 1);
     assert_int_equal(unlock1(f->m, 9, 1), LMC_L1_SUCCESS);
@@ -619,8 +637,8 @@ static void test_end_read_releases_the_copy_read(void **state)
     /* A temporary's last share, given back this way, frees it at once. */
     k = make_key(9);
     assert_int_equal(reserve1(f->m, 9, "prefetch", true, NULL), LMC_L1_SUCCESS);
-    assert_int_equal(lmc_l1_manager_finish_write_and_reserve_read(f->m, &k, 1, 1, "prefetch", &r),
-                     0);
+    assert_int_equal(
+        lmc_l1_manager_finish_write_and_reserve_read(f->m, &k, 1, 1, "prefetch", &r, NULL), 0);
     assert_int_equal(peek1(f->m, 9, &new_copy), LMC_L1_SUCCESS);
     lmc_l1_manager_end_read(f->m, &k, &new_copy, 1);
     s = stats(f->m);

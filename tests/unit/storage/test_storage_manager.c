@@ -140,7 +140,7 @@ static void test_finish_write_and_reserve_read_and_clear(void **state)
     assert_int_equal(lmc_storage_manager_reserve_write(sm, keys, 3, OBJ, true, "prefetch", offs,
                                                        res), 0);
     assert_int_equal(lmc_storage_manager_finish_write_and_reserve_read(sm, keys, 2, 1, "prefetch",
-                                                                       res), 0);
+                                                                       res, NULL), 0);
     assert_int_equal(res[1], LMC_L1_SUCCESS);
     lmc_l1_range ranges[3];
     assert_int_equal(lmc_storage_manager_read(sm, keys, 2, ranges, res), 2);
