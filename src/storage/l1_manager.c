@@ -996,17 +996,6 @@ int lmc_l1_manager_finish_read_copies(lmc_l1_manager *m, const lmc_object_key *k
     return 0;
 }
 
-void lmc_l1_manager_copy_ids(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
-                             lmc_l1_copy_id *copies)
-{
-    pthread_mutex_lock(&m->mutex);
-    for (size_t i = 0; i < n; i++) {
-        const l1_entry *e = find_entry(m, &keys[i]);
-        copies[i] = e && e->resident ? e->object.copy : 0;
-    }
-    pthread_mutex_unlock(&m->mutex);
-}
-
 void lmc_l1_manager_end_read(lmc_l1_manager *m, const lmc_object_key *keys,
                              const lmc_l1_range *ranges, size_t n)
 {

@@ -179,7 +179,7 @@ int lmc_l1_manager_finish_read(lmc_l1_manager *m, const lmc_object_key *keys,
                                const lmc_l1_range *ranges, size_t n, uint32_t readers,
                                lmc_l1_result *results);
 /* finish_read on the copy copies[i] of keys[i] only (ids from
- * reserve_read_prefix or copy_ids; 0 = no copy: NOT_EXIST, nothing
+ * reserve_read_prefix or finish_write_and_reserve_read; 0 = no copy: NOT_EXIST, nothing
  * released; copies NULL: as finish_read without ranges).  Read locks that
  * outlive every range (a LOOKUP's) go back this way: a forced clear frees
  * the old copy, and a new copy of the key may then sit at the same offset,
@@ -187,9 +187,6 @@ int lmc_l1_manager_finish_read(lmc_l1_manager *m, const lmc_object_key *keys,
 int lmc_l1_manager_finish_read_copies(lmc_l1_manager *m, const lmc_object_key *keys,
                                       const lmc_l1_copy_id *copies, size_t n, uint32_t readers,
                                       lmc_l1_result *results);
-/* The id of each key's resident copy, 0 when not resident. */
-void lmc_l1_manager_copy_ids(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
-                             lmc_l1_copy_id *copies);
 /* Reclaims expired staging first; then IS_LOCKED if live staging remains or
  * the resident copy is read-locked (unless force), else frees everything of
  * the key: SUCCESS, or NOT_EXIST if there was nothing.  force also drops

@@ -319,9 +319,10 @@ static void test_finish_write_and_reserve_read(void **state)
     assert_int_equal(lmc_l1_manager_finish_write_and_reserve_read(f->m, &k, 1, 2, "w", &r, &locked),
                      0);
     assert_int_equal(r, LMC_L1_SUCCESS);
-    lmc_l1_manager_copy_ids(f->m, &k, 1, &resident);
+    assert_int_equal(lmc_l1_manager_reserve_read_prefix(f->m, &k, 1, 1, &resident), 1);
     assert_int_not_equal(locked, 0);
     assert_int_equal(locked, resident);
+    assert_int_equal(unlock1(f->m, 5, 1), LMC_L1_SUCCESS);   /* that probe's share */
     assert_int_equal(peek1(f->m, 5, NULL), LMC_L1_SUCCESS);
     assert_int_equal(stats(f->m).num_locked, 1);
     assert_int_equal(delete1(f->m, 5, false), LMC_L1_KEY_IS_LOCKED);
@@ -337,14 +338,16 @@ static void test_finish_write_and_reserve_read(void **state)
     assert_int_equal(reserve1(f->m, 7, "a", false, NULL), LMC_L1_SUCCESS);
     assert_int_equal(reserve1(f->m, 7, "b", false, NULL), LMC_L1_SUCCESS);
     assert_int_equal(finish1(f->m, 7, "a"), LMC_L1_SUCCESS);
-    lmc_l1_manager_copy_ids(f->m, &k, 1, &resident);
+    assert_int_equal(lmc_l1_manager_reserve_read_prefix(f->m, &k, 1, 1, &resident), 1);
     assert_int_equal(lmc_l1_manager_finish_write_and_reserve_read(f->m, &k, 1, 1, "b", &r, &locked),
                      0);
     assert_int_equal(r, LMC_L1_SUCCESS);
     assert_int_equal(locked, resident);   /* b's copy was dropped; a's is the one locked */
     assert_int_equal(stats(f->m).used_bytes, 2 * PAGE);
-    assert_int_equal(lmc_l1_manager_finish_read_copies(f->m, &k, &locked, 1, 1, &r), 0);
-    assert_int_equal(r, LMC_L1_SUCCESS);
+    lmc_l1_copy_id both[2] = {locked, resident};
+    lmc_object_key twice[2] = {k, k};
+    assert_int_equal(lmc_l1_manager_finish_read_copies(f->m, twice, both, 2, 1, NULL), 0);
+    assert_int_equal(delete1(f->m, 7, false), LMC_L1_SUCCESS);   /* no share left */
 }
 
 static void test_finish_write_and_delete(void **state)
@@ -669,10 +672,7 @@ static void test_finish_read_copies_spares_a_newer_copy(void **state)
     assert_int_equal(peek1(f->m, 4, &new_at), LMC_L1_SUCCESS);
     unpin1(f->m, 4, new_at);
     assert_int_equal(new_at.offset, old_at.offset);   /* why a range cannot tell them */
-    lmc_l1_manager_copy_ids(f->m, &k, 1, &now_id);
-    assert_int_equal(now_id, new_id);
-    lmc_l1_manager_copy_ids(f->m, &missing, 1, &now_id);
-    assert_int_equal(now_id, 0);
+    assert_int_equal(lmc_l1_manager_reserve_read_prefix(f->m, &missing, 1, 1, &now_id), 0);
     /* The first lookup's two shares went with the old copy: nothing to give. */
     assert_int_equal(lmc_l1_manager_finish_read_copies(f->m, &k, &old_id, 1, 2, &r), 0);
     assert_int_equal(r, LMC_L1_KEY_NOT_EXIST);
