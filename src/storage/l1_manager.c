@@ -878,13 +878,26 @@ static void unpin_retired(lmc_l1_manager *m, const lmc_object_key *key, uint64_t
         free_retired(m, (size_t)r);
 }
 
+/* Which copy of a key a release is for: any resident one, the one at a
+ * range a read handed out, or the one with a copy id. */
+typedef struct {
+    const lmc_l1_range *range;
+    lmc_l1_copy_id copy;
+} copy_ref;
+
+static bool is_that_copy(const l1_entry *e, copy_ref which)
+{
+    return e && e->resident && (!which.range || e->object.offset == which.range->offset) &&
+           (!which.copy || e->object.copy == which.copy);
+}
+
 /* Ends one copy out of `range`: unpins the resident copy if it is the one
  * at `range` (and returns its entry), else the retired copy there. */
 static l1_entry *unpin_one(lmc_l1_manager *m, const lmc_object_key *key,
                            const lmc_l1_range *range, int64_t now)
 {
     l1_entry *e = find_entry(m, key);
-    if (e && e->resident && e->object.offset == range->offset) {
+    if (is_that_copy(e, (copy_ref){range, 0})) {
         if (e->object.pins > 0)
             e->object.pins--;
         return e;
@@ -923,19 +936,6 @@ void lmc_l1_manager_object_sizes(lmc_l1_manager *m, const lmc_object_key *keys, 
         sizes[i] = e && e->resident ? e->object.raw_size : 0;
     }
     pthread_mutex_unlock(&m->mutex);
-}
-
-/* Which copy of a key a release is for: any resident one, the one at a
- * range a read handed out, or the one with a copy id. */
-typedef struct {
-    const lmc_l1_range *range;
-    lmc_l1_copy_id copy;
-} copy_ref;
-
-static bool is_that_copy(const l1_entry *e, copy_ref which)
-{
-    return e && e->resident && (!which.range || e->object.offset == which.range->offset) &&
-           (!which.copy || e->object.copy == which.copy);
 }
 
 /* Gives back `readers` shares of `key` on the copy `which` names
