@@ -97,8 +97,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
     }
     sync_with_server();
     /* Whatever the messages did, the server's own invariants still hold
-     * (L1 memcheck: allocator consistent, objects + staging + retired
-     * buffers account for every allocated byte). */
+     * (the L1 books, docs/storage.md "Invariants": allocator consistent,
+     * every byte and every lease accounted for). */
     json_t *status = lmc_server_report_status(server->server);
     if (!json_is_true(json_object_get(status, "is_healthy"))) {
         char *dump = json_dumps(status, JSON_COMPACT);

@@ -10,13 +10,13 @@
 #include "modules/layout_registry.h"
 #include "modules/module.h"
 #include "modules/reaper.h"
-#include "storage/l1_alloc.h"
+#include "storage/lease.h"
 
 /* Reserved-but-unpublished writes, or handed-out reads, of one op key. */
 typedef struct ed_pending {
     uint64_t digest;          /* of the key range, tokens, rank and salt */
     lmc_object_key *keys;     /* owned */
-    lmc_l1_range *ranges;     /* reads: the L1 ranges handed out, to unpin (owned) */
+    lmc_lease *leases;        /* WRITE leases (writes) or COPY leases (reads), owned */
     size_t n;
     struct ed_pending *next;
 } ed_pending;

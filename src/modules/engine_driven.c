@@ -1,16 +1,18 @@
-/* Engine-driven transfer module (wire-protocol.md §4.4, §6): workers copy
- * KV chunks into and out of the server's SHM pool themselves; the server
- * only reserves, publishes, locks and releases L1 objects.
+/* Engine-driven transfer module (docs/protocol.md, "Engine-driven transfer
+ * ops" and "Engine-driven flow, end to end"): workers copy KV chunks into
+ * and out of the server's SHM pool themselves; the server only reserves,
+ * publishes, locks and releases L1 objects.
  *
  *   REGISTER_/UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT   SYNC
  *   PREPARE_STORE, COMMIT_STORE, PREPARE_RETRIEVE, COMMIT_RETRIEVE   AFFINITY, quick
  *
  * Per registered instance the module keeps a context with the layout and
- * the pending writes (reserved, not yet published) and pending reads
- * (slots handed out, read share not yet returned), keyed by a digest of the
- * op's key range.  Unregistering or reaping a context drops its pending
- * writes unpublished and returns its pending read shares, so a dead worker
- * can neither publish half-written chunks nor pin memory.
+ * the leases of its pending writes (WRITE leases: reserved, not yet
+ * published) and pending reads (COPY leases: slots handed out, each with
+ * the read share the LOOKUP left for this reader), keyed by a digest of
+ * the op's key range.  Unregistering or reaping a context gives its leases
+ * back (docs/storage.md, "Leases"), so a dead worker can neither publish
+ * half-written chunks nor pin memory.
  *
  * Locking: `lock` guards the context list and every pending list; storage
  * calls happen outside it (the storage manager is thread-safe), and an op
@@ -62,37 +64,24 @@ static size_t count_pending(const ed_pending *p)
 static void free_pending(ed_pending *p)
 {
     free(p->keys);
-    free(p->ranges);
+    free(p->leases);
     free(p);
 }
 
-/* Frees `tag`'s live staging buffers of `keys` without publishing them. */
-static void discard_writes(engine_mod *m, const lmc_object_key *keys, size_t n, const char *tag)
-{
-    lmc_l1_result *res = malloc(n * sizeof *res);
-    if (res)   /* the L1 manager wants a result slot per key */
-        lmc_l1_manager_finish_write_and_delete(lmc_storage_manager_l1(m->ctx->storage), keys, n,
-                                               tag, res);
-    free(res);
-}
-
-/* Drops everything an unlinked context holds: pending writes are deleted
- * unpublished, pending reads give their share back, the layout loses a
- * reference. */
+/* Gives back whatever an unlinked context holds (writes unpublished, reads
+ * with their shares); the layout loses a reference. */
 void lmc_ed_ctx_destroy(engine_mod *m, ed_ctx *c)
 {
-    while (c->writes) {
-        ed_pending *p = c->writes;
-        c->writes = p->next;
-        discard_writes(m, p->keys, p->n, c->tag);
-        free_pending(p);
+    ed_pending *lists[2] = {c->writes, c->reads};
+    for (int l = 0; l < 2; l++) {
+        while (lists[l]) {
+            ed_pending *p = lists[l];
+            lists[l] = p->next;
+            lmc_storage_manager_give_back(m->ctx->storage, p->keys, p->leases, p->n);
+            free_pending(p);
+        }
     }
-    while (c->reads) {
-        ed_pending *p = c->reads;
-        c->reads = p->next;
-        lmc_storage_manager_end_read(m->ctx->storage, p->keys, p->ranges, p->n);
-        free_pending(p);
-    }
+    c->writes = c->reads = NULL;
     lmc_layout_registry_release(m->ctx->layouts, c->model, c->world_size);
     free(c);
 }
@@ -168,22 +157,21 @@ void lmc_ed_op_free(ed_op *op)
     op->keys = NULL;
 }
 
-/* Records `keys` (owned from here on success) and, for reads, a copy of
- * the ranges handed out, under (instance, op key); false if the instance's
- * context is gone. */
+/* Records `keys` (owned from here on success) and a copy of their leases
+ * under (instance, op key); false if the instance's context is gone (or
+ * memory ran out): the caller still holds the leases then. */
 static bool add_pending(engine_mod *m, const ed_op *op, lmc_object_key *keys,
-                        const lmc_l1_range *ranges, size_t n, bool write)
+                        const lmc_lease *leases, size_t n, bool write)
 {
     ed_pending *p = malloc(sizeof *p);
-    lmc_l1_range *held = ranges ? malloc(n * sizeof *held) : NULL;
-    if (!p || (ranges && !held)) {
+    lmc_lease *held = malloc((n ? n : 1) * sizeof *held);
+    if (!p || !held) {
         free(p);
         free(held);
         return false;
     }
-    if (held)
-        memcpy(held, ranges, n * sizeof *held);
-    *p = (ed_pending){.digest = op->digest, .keys = keys, .ranges = held, .n = n};
+    memcpy(held, leases, n * sizeof *held);
+    *p = (ed_pending){.digest = op->digest, .keys = keys, .leases = held, .n = n};
     pthread_mutex_lock(&m->lock);
     ed_ctx *c = find_ctx_locked(m, op->instance_id);
     if (c) {
@@ -226,7 +214,7 @@ static void pack_slot(msgpack_packer *pk, uint64_t offset, const lmc_layout *l)
 }
 
 /* {"context": {"slots": [...], "chunk_indices": [...]}} */
-static void pack_store_reply(msgpack_packer *pk, const uint64_t *offsets, const size_t *idx,
+static void pack_store_reply(msgpack_packer *pk, const lmc_lease *leases, const size_t *idx,
                              size_t n, const lmc_layout *l)
 {
     msgpack_pack_map(pk, 1);
@@ -235,23 +223,23 @@ static void pack_store_reply(msgpack_packer *pk, const uint64_t *offsets, const 
     lmc_mp_pack_cstr(pk, "slots");
     msgpack_pack_array(pk, n);
     for (size_t i = 0; i < n; i++)
-        pack_slot(pk, offsets[idx[i]], l);
+        pack_slot(pk, leases[idx[i]].offset, l);
     lmc_mp_pack_cstr(pk, "chunk_indices");
     msgpack_pack_array(pk, n);
     for (size_t i = 0; i < n; i++)
         msgpack_pack_uint64(pk, idx[i]);
 }
 
-static void pack_retrieve_reply(msgpack_packer *pk, const lmc_l1_range *ranges, size_t n,
+static void pack_retrieve_reply(msgpack_packer *pk, const lmc_lease *leases, size_t n,
                                 const lmc_layout *l)
 {
     msgpack_pack_map(pk, 3);
     lmc_mp_pack_cstr(pk, "success");
-    ranges ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+    leases ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
     lmc_mp_pack_cstr(pk, "data");
     msgpack_pack_bin(pk, 0);
     lmc_mp_pack_cstr(pk, "context");
-    if (!ranges) {
+    if (!leases) {
         msgpack_pack_map(pk, 0);
         return;
     }
@@ -259,26 +247,33 @@ static void pack_retrieve_reply(msgpack_packer *pk, const lmc_l1_range *ranges, 
     lmc_mp_pack_cstr(pk, "slots");
     msgpack_pack_array(pk, n);
     for (size_t i = 0; i < n; i++)
-        pack_slot(pk, ranges[i].offset, l);
+        pack_slot(pk, leases[i].offset, l);
 }
 
 /* ---- transfer ops ------------------------------------------------------- */
 
-/* Reserves what is missing; one eviction pass and a retry on OUT_OF_MEMORY. */
-static void reserve(engine_mod *m, ed_op *op, uint64_t *offsets, lmc_l1_result *res)
+/* WRITE leases for what is missing; one eviction pass and a retry on
+ * OUT_OF_MEMORY.  A call that fails whole leaves every key OUT_OF_MEMORY
+ * and no lease granted. */
+static void reserve(engine_mod *m, ed_op *op, lmc_lease *leases, lmc_l1_result *res)
 {
     lmc_storage_manager *sm = m->ctx->storage;
-    lmc_storage_manager_reserve_write(sm, op->keys, op->n, op->layout.object_size, false, op->tag,
-                                      offsets, res);
+    if (lmc_storage_manager_lease_write(sm, op->keys, op->n, op->layout.object_size, false,
+                                        op->tag, leases, res) != 0) {
+        for (size_t i = 0; i < op->n; i++)
+            res[i] = LMC_L1_OUT_OF_MEMORY;
+        return;
+    }
     size_t oom = 0;
     for (size_t i = 0; i < op->n; i++)
         oom += res[i] == LMC_L1_OUT_OF_MEMORY;
     if (oom == 0 || lmc_storage_manager_run_eviction_once(sm) == 0)
         return;
     for (size_t i = 0; i < op->n; i++) {
-        if (res[i] == LMC_L1_OUT_OF_MEMORY)
-            lmc_storage_manager_reserve_write(sm, &op->keys[i], 1, op->layout.object_size, false,
-                                              op->tag, &offsets[i], &res[i]);
+        if (res[i] == LMC_L1_OUT_OF_MEMORY &&
+            lmc_storage_manager_lease_write(sm, &op->keys[i], 1, op->layout.object_size, false,
+                                            op->tag, &leases[i], &res[i]) != 0)
+            res[i] = LMC_L1_OUT_OF_MEMORY;
     }
 }
 
@@ -312,37 +307,42 @@ static lmc_handler_result prepare_store(void *state, lmc_rpc_call *call)
     if (resolve(m, call, &op, err, sizeof err) != 0)
         return lmc_rpc_call_fail(call, "ValidationError", "PREPARE_STORE: %s", err);
     size_t n = op.registered ? op.n : 0, ok = 0, oom = 0;
-    uint64_t *offsets = calloc(n + 1, sizeof *offsets);
+    lmc_lease *leases = calloc(n + 1, sizeof *leases);
+    lmc_lease *granted = calloc(n + 1, sizeof *granted);
     lmc_l1_result *res = calloc(n + 1, sizeof *res);
     size_t *idx = calloc(n + 1, sizeof *idx);
     lmc_object_key *reserved = malloc((n + 1) * sizeof *reserved);
-    if (!offsets || !res || !idx || !reserved)
+    if (!leases || !granted || !res || !idx || !reserved) {
+        oom = n;
         n = 0;
+    }
     if (n)
-        reserve(m, &op, offsets, res);
+        reserve(m, &op, leases, res);
     for (size_t i = 0; i < n; i++) {
         oom += res[i] == LMC_L1_OUT_OF_MEMORY;
         if (res[i] == LMC_L1_SUCCESS) {
             idx[ok] = i;
+            granted[ok] = leases[i];
             reserved[ok++] = op.keys[i];
         }
     }
-    if (ok && !add_pending(m, &op, reserved, NULL, ok, true)) {
+    if (ok && !add_pending(m, &op, reserved, granted, ok, true)) {
         /* Unregistered or reaped meanwhile: never publish. */
-        discard_writes(m, reserved, ok, op.tag);
+        lmc_storage_manager_give_back(m->ctx->storage, reserved, granted, ok);
         ok = 0;
     }
     if (ok == 0)
         free(reserved);
     if (oom)
-        LMC_WARN("PREPARE_STORE: L1 full, %zu of %zu chunks not stored", oom, n);
+        LMC_WARN("PREPARE_STORE: L1 full, %zu of %zu chunks not stored", oom, op.n);
     if (!op.registered)
         LMC_WARN("PREPARE_STORE: instance %lld is not registered", (long long)op.instance_id);
-    pack_store_reply(lmc_rpc_call_reply(call), offsets, idx, ok, &op.layout);
+    pack_store_reply(lmc_rpc_call_reply(call), leases, idx, ok, &op.layout);
     atomic_fetch_add(&m->chunks_reserved, ok);
     if (ok)
         publish_transfer(m, LMC_EVENT_STORE_START, &op, ok, 0);
-    free(offsets);
+    free(leases);
+    free(granted);
     free(res);
     free(idx);
     lmc_ed_op_free(&op);
@@ -365,7 +365,11 @@ static lmc_handler_result commit_store(void *state, lmc_rpc_call *call)
     /* Non-empty data is the pickle fallback, which lmcached does not speak. */
     ed_pending *p = data_len == 0 ? take_pending(m, &op, true) : NULL;
     if (p) {
-        lmc_storage_manager_finish_write(m->ctx->storage, p->keys, p->n, op.tag, NULL);
+        /* A key a forced clear voided meanwhile is simply not stored; a
+         * call that failed whole leaves the leases to give back. */
+        if (lmc_storage_manager_publish_writes(m->ctx->storage, p->keys, p->leases, p->n, 0,
+                                               NULL) != 0)
+            lmc_storage_manager_give_back(m->ctx->storage, p->keys, p->leases, p->n);
         atomic_fetch_add(&m->chunks_committed, p->n);
         publish_transfer(m, LMC_EVENT_STORE_END, &op, p->n, p->n * op.layout.object_size);
         free_pending(p);
@@ -384,27 +388,35 @@ static lmc_handler_result prepare_retrieve(void *state, lmc_rpc_call *call)
     char err[256];
     if (resolve(m, call, &op, err, sizeof err) != 0)
         return lmc_rpc_call_fail(call, "ValidationError", "PREPARE_RETRIEVE: %s", err);
-    lmc_l1_range *ranges = calloc(op.n + 1, sizeof *ranges);
+    /* Each COPY lease carries the share the LOOKUP took for this reader;
+     * all or none, since the engine loads every chunk or none. */
+    lmc_lease *leases = calloc(op.n + 1, sizeof *leases);
     lmc_l1_result *res = calloc(op.n + 1, sizeof *res);
-    size_t readable = op.registered && ranges && res && op.n > 0
-                          ? lmc_storage_manager_read(m->ctx->storage, op.keys, op.n, ranges, res)
-                          : 0;
-    bool ok = op.n > 0 && readable == op.n;
-    if (op.registered && ranges && res && op.n > 0 && !ok)
+    bool asked = op.registered && leases && res && op.n > 0;
+    size_t granted = asked ? lmc_storage_manager_lease_copy(m->ctx->storage, op.keys, op.n,
+                                                            LMC_COPY_CARRIES_SHARE, true,
+                                                            leases, res)
+                           : 0;
+    bool ok = op.n > 0 && granted == op.n;
+    if (asked && !ok) {
+        size_t readable = 0;
+        for (size_t i = 0; i < op.n; i++)
+            readable += res[i] == LMC_L1_SUCCESS;
         lmc_storage_manager_report_read_failure(m->ctx->storage, "l1_retrieve", "not_found",
                                                 &op.keys[0], op.n - readable);
+    }
     if (ok) {
-        ok = add_pending(m, &op, op.keys, ranges, op.n, false);
+        ok = add_pending(m, &op, op.keys, leases, op.n, false);
         if (ok)
             op.keys = NULL;   /* now owned by the pending entry */
+        else   /* no COMMIT_RETRIEVE will come for these: this reader is done */
+            lmc_storage_manager_give_back(m->ctx->storage, op.keys, leases, op.n);
     }
-    if (!ok && readable > 0)   /* no COMMIT_RETRIEVE will come for these ranges */
-        lmc_storage_manager_unpin(m->ctx->storage, op.keys, ranges, op.n, res);
-    pack_retrieve_reply(lmc_rpc_call_reply(call), ok ? ranges : NULL, op.n, &op.layout);
+    pack_retrieve_reply(lmc_rpc_call_reply(call), ok ? leases : NULL, op.n, &op.layout);
     atomic_fetch_add(ok ? &m->retrieves_ok : &m->retrieves_failed, 1);
     if (ok)
         publish_transfer(m, LMC_EVENT_RETRIEVE_START, &op, op.n, 0);
-    free(ranges);
+    free(leases);
     free(res);
     lmc_ed_op_free(&op);
     return LMC_HANDLER_REPLY;
@@ -420,7 +432,7 @@ static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
         return lmc_rpc_call_fail(call, "ValidationError", "COMMIT_RETRIEVE: %s", err);
     ed_pending *p = take_pending(m, &op, false);
     if (p) {
-        lmc_storage_manager_end_read(m->ctx->storage, p->keys, p->ranges, p->n);
+        lmc_storage_manager_give_back(m->ctx->storage, p->keys, p->leases, p->n);
         publish_transfer(m, LMC_EVENT_RETRIEVE_END, &op, p->n, p->n * op.layout.object_size);
         free_pending(p);
     }

@@ -1,7 +1,8 @@
 /* Lookup module: LOOKUP, QUERY_PREFETCH_STATUS, WAIT_PREFETCH_STATUS,
  * QUERY_PREFETCH_LOOKUP_HITS, FREE_LOOKUP_LOCKS, END_SESSION
- * (wire-protocol.md §3.1 ops 8-13).  LOOKUP, FREE_LOOKUP_LOCKS and
- * END_SESSION are NORMAL-pool and quick (they never wait);
+ * (docs/protocol.md, "Lookup and prefetch ops").  LOOKUP,
+ * FREE_LOOKUP_LOCKS and END_SESSION are NORMAL-pool and quick (they never
+ * wait);
  * WAIT_PREFETCH_STATUS is NORMAL; the two status polls are answered on the
  * socket thread.
  *
@@ -43,7 +44,7 @@ typedef struct {
     const lmc_object_key *session_keys;   /* identity of the lock record extended */
     size_t l1_keys;                       /* its length before the extension */
     lmc_object_key *keys;                 /* copy of the prefetched keys */
-    lmc_l1_copy_id *copies;               /* the copies the prefetch locked */
+    lmc_lease *leases;                    /* the READ leases the prefetch took */
     uint32_t per, readers;
     lmc_lookup_event_info *event;         /* LOOKUP_END, published when done; may be NULL */
 } l2_lookup;
@@ -60,21 +61,18 @@ static int decode_key(lookup_mod *m, lmc_rpc_call *call, lmc_ipc_key *k, char *e
     return lmc_ipc_key_decode_frame(frame, len, m->chunk_size, k, err, errlen);
 }
 
-/* Gives back the shares of every key not yet freed (an undelivered or
- * abandoned lookup result: no retrieve can be based on it). */
+/* Gives back every lease not yet freed (an undelivered or abandoned lookup
+ * result: no retrieve can be based on it). */
 static void release_unfreed(lookup_mod *m, lmc_lookup_locks *l)
 {
     size_t j = 0;
     for (size_t i = 0; i < l->n; i++) {
-        if (!l->freed[i]) {
-            l->freed[i] = 1;
+        if (lmc_lease_held(&l->leases[i])) {
             l->keys[j] = l->keys[i];   /* compact in place: the record is dropped next */
-            l->copies[j++] = l->copies[i];
+            l->leases[j++] = l->leases[i];
         }
     }
-    if (j)
-        lmc_storage_manager_finish_read_copies(m->ctx->storage, l->keys, l->copies, j,
-                                               l->readers);
+    lmc_storage_manager_give_back(m->ctx->storage, l->keys, l->leases, j);
     lmc_lookup_locks_clear(l);
 }
 
@@ -105,23 +103,18 @@ static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
         free(keys);
         return 0;
     }
-    /* n each: an L2 prefetch may extend the record */
-    lmc_l1_copy_id *copies = malloc(n * sizeof *copies);
-    uint8_t *freed = calloc(n, 1);
-    if (!copies || !freed) {
-        free(copies);
-        free(freed);
+    /* n: an L2 prefetch may extend the record */
+    lmc_lease *leases = malloc(n * sizeof *leases);
+    if (!leases) {
         free(keys);
         return 0;
     }
-    size_t locked = lmc_storage_manager_lock_prefix(m->ctx->storage, keys, n, k->num_kv_readers,
-                                                    copies);
+    size_t locked = lmc_storage_manager_lease_read(m->ctx->storage, keys, n, k->num_kv_readers,
+                                                   true, leases, NULL);
     size_t full = locked / per * per;
-    /* A partly present chunk is no hit: give its locks back at once. */
-    if (locked > full)
-        lmc_storage_manager_finish_read_copies(m->ctx->storage, keys + full, copies + full,
-                                               locked - full, k->num_kv_readers);
-    se->locks = (lmc_lookup_locks){.keys = keys, .copies = copies, .freed = freed, .n = full,
+    /* A partly present chunk is no hit: give its leases back at once. */
+    lmc_storage_manager_give_back(m->ctx->storage, keys + full, leases + full, locked - full);
+    se->locks = (lmc_lookup_locks){.keys = keys, .leases = leases, .n = full,
                                    .first_chunk = k->start / m->chunk_size,
                                    .keys_per_chunk = per, .readers = k->num_kv_readers};
     return (int64_t)(full / per);
@@ -132,7 +125,7 @@ static void l2_lookup_free(l2_lookup *p)
     free(p->event);
     free(p->rid);
     free(p->keys);
-    free(p->copies);
+    free(p->leases);
     free(p);
 }
 
@@ -157,15 +150,14 @@ static void l2_done(void *user, size_t units)
     if (se) {
         if (nk && se->locks.keys == p->session_keys && se->locks.n == p->l1_keys &&
             lmc_jobs_is_current(m->jobs, p->rid, p->rid_len, p->job_id)) {
-            memcpy(se->locks.copies + se->locks.n, p->copies, nk * sizeof *p->copies);
+            memcpy(se->locks.leases + se->locks.n, p->leases, nk * sizeof *p->leases);
             se->locks.n += nk;
             attached = true;
         }
         lmc_sessions_release(m->ctx->sessions, se);
     }
     if (nk && !attached)
-        lmc_storage_manager_finish_read_copies(m->ctx->storage, p->keys, p->copies, nk,
-                                               p->readers);
+        lmc_storage_manager_give_back(m->ctx->storage, p->keys, p->leases, nk);
     int64_t hits = p->l1_chunks + (int64_t)units;
     if (p->event) { /* the final answer is known only now */
         int64_t cs = m->chunk_size;
@@ -195,7 +187,7 @@ static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint6
     l2_lookup *p = calloc(1, sizeof *p);
     if (!p || !(p->rid = malloc(k->request_id_len + 1)) ||
         !(p->keys = malloc(rest * sizeof *p->keys)) ||
-        !(p->copies = calloc(rest, sizeof *p->copies))) {
+        !(p->leases = calloc(rest, sizeof *p->leases))) {
         if (p)
             l2_lookup_free(p);
         return false;
@@ -213,7 +205,7 @@ static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint6
     p->readers = l->readers;
     p->event = *event; /* before submitting: the callbacks may run at once */
     lmc_storage_l2_request req = {
-        .keys = p->keys, .copies = p->copies, .n = rest, .keys_per_unit = p->per,
+        .keys = p->keys, .leases = p->leases, .n = rest, .keys_per_unit = p->per,
         .object_size = object_size,
         .readers = p->readers, .on_lookup_done = l2_lookup_done, .on_done = l2_done, .user = p,
     };
@@ -445,27 +437,28 @@ static lmc_handler_result query_lookup_hits(void *state, lmc_rpc_call *call)
 static void free_range(lookup_mod *m, lmc_lookup_locks *l, size_t c0, size_t c1,
                        const uint8_t *hashes, const lmc_ipc_key *k)
 {
-    lmc_object_key *batch = malloc((l->n ? l->n : 1) * sizeof *batch);
-    lmc_l1_copy_id *copies = malloc((l->n ? l->n : 1) * sizeof *copies);
-    size_t nb = 0;
-    for (size_t i = 0; batch && copies && i < l->n; i++) {
-        size_t c = l->first_chunk + i / l->keys_per_chunk;
-        const lmc_object_key *key = &l->keys[i];
-        if (l->freed[i] || c < c0 || c >= c1 ||
-            memcmp(key->chunk_hash, hashes + (c - c0) * LMC_TOKEN_HASH_LEN,
-                   LMC_TOKEN_HASH_LEN) != 0 ||
-            strlen(key->model_name) != k->model_len ||
-            memcmp(key->model_name, k->model_name, k->model_len) != 0)
+    size_t nb = 0, run = 0;   /* leases [run, i) match: given back together, in place */
+    for (size_t i = 0; i <= l->n; i++) {
+        bool match = false;
+        if (i < l->n) {
+            size_t c = l->first_chunk + i / l->keys_per_chunk;
+            const lmc_object_key *key = &l->keys[i];
+            match = lmc_lease_held(&l->leases[i]) && c >= c0 && c < c1 &&
+                    memcmp(key->chunk_hash, hashes + (c - c0) * LMC_TOKEN_HASH_LEN,
+                           LMC_TOKEN_HASH_LEN) == 0 &&
+                    strlen(key->model_name) == k->model_len &&
+                    memcmp(key->model_name, k->model_name, k->model_len) == 0;
+        }
+        if (match)
             continue;
-        l->freed[i] = 1;
-        copies[nb] = l->copies[i];
-        batch[nb++] = *key;
+        if (i > run) {
+            lmc_storage_manager_give_back(m->ctx->storage, l->keys + run, l->leases + run,
+                                          i - run);
+            nb += i - run;
+        }
+        run = i + 1;
     }
-    if (nb)
-        lmc_storage_manager_finish_read_copies(m->ctx->storage, batch, copies, nb, l->readers);
     atomic_fetch_add(&m->freed_keys, nb);
-    free(batch);
-    free(copies);
 }
 
 /* FREE_LOOKUP_LOCKS(key, tp_size) -> void */

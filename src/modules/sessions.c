@@ -30,8 +30,7 @@ static int64_t now_ms(lmc_sessions *s)
 void lmc_lookup_locks_clear(lmc_lookup_locks *l)
 {
     free(l->keys);
-    free(l->copies);
-    free(l->freed);
+    free(l->leases);
     *l = (lmc_lookup_locks){0};
 }
 

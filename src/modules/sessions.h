@@ -19,17 +19,16 @@
 #include <stdint.h>
 
 #include "hash/token_hash.h"
-#include "storage/l1_manager.h"
+#include "storage/lease.h"
 #include "storage/object_key.h"
 #include "storage/ttl_lock.h"
 
-/* The read locks one LOOKUP took: keys[0..n) is the chunk-major leading run
- * of whole hit chunks, `readers` shares each on the copy copies[i]; freed[i]
- * marks keys whose shares FREE_LOOKUP_LOCKS already gave back. */
+/* The READ leases one LOOKUP took: keys[0..n) is the chunk-major leading
+ * run of whole hit chunks, leases[i] `readers` shares on its copy; a lease
+ * FREE_LOOKUP_LOCKS gave back already is RETURNED. */
 typedef struct {
     lmc_object_key *keys;
-    lmc_l1_copy_id *copies;
-    uint8_t *freed;
+    lmc_lease *leases;
     size_t n;
     size_t first_chunk;        /* chunk index of keys[0] */
     uint32_t keys_per_chunk;   /* groups * ranks */

@@ -280,6 +280,19 @@ static const status_field status_fields[] = {
      "L1 objects reserved for writing and not yet committed"},
     {"l1_manager", "retired_bytes", LMC_METRIC_GAUGE, "lmcache_mp_l1_retired_bytes",
      "L1 bytes of deleted objects kept until the copies in flight end"},
+    {"l1_manager", "invariant_violations", LMC_METRIC_COUNTER,
+     "lmcache_mp_l1_invariant_violations_total",
+     "Broken rules found in the L1 manager's books (docs/storage.md, Invariants)"},
+    {"l1_manager", "events_lost", LMC_METRIC_COUNTER, "lmcache_mp_l1_events_lost_total",
+     "L1 listener events a give-back could not allocate"},
+    {"l1_manager", "leases.returned_twice", LMC_METRIC_COUNTER,
+     "lmcache_mp_l1_lease_returned_twice_total", "L1 leases given back a second time (no-op)"},
+    {"l1_manager", "leases.returned_stale", LMC_METRIC_COUNTER,
+     "lmcache_mp_l1_lease_returned_stale_total",
+     "L1 leases given back after their buffer was gone (forced clear, lapse; no-op)"},
+    {"l1_manager", "leases.returned_expired", LMC_METRIC_COUNTER,
+     "lmcache_mp_l1_lease_returned_expired_total",
+     "L1 leases given back after their lock lapsed"},
     {"l1_eviction_controller", "cycles", LMC_METRIC_COUNTER,
      "lmcache_mp_l1_eviction_loop_ticks_total", "L1 eviction loop iterations"},
     {"l1_eviction_controller", "triggered_cycles", LMC_METRIC_COUNTER,
@@ -295,12 +308,19 @@ typedef struct {
     void *user;
 } status_source;
 
+/* `key` may name one nested object first ("leases.returned_twice"). */
 static const json_t *status_value(const json_t *status, const status_field *f)
 {
     if (!f->section)
         return json_object_get(status, f->key);
     const json_t *sm = json_object_get(status, "storage_manager");
-    return json_object_get(json_object_get(sm, f->section), f->key);
+    const json_t *obj = json_object_get(sm, f->section);
+    const char *dot = strchr(f->key, '.');
+    if (!dot)
+        return json_object_get(obj, f->key);
+    char outer[64];
+    snprintf(outer, sizeof outer, "%.*s", (int)(dot - f->key), f->key);
+    return json_object_get(json_object_get(obj, outer), dot + 1);
 }
 
 /* Registers (or finds) the status families; false on failure. */
@@ -338,9 +358,9 @@ void lmc_metrics_update_from_status(lmc_metrics *r, const json_t *status)
     }
 }
 
-/* Per L2 adapter (label l2_name = its type, as upstream): ops-surface.md
- * §2.2's l2_store_completed / l2_load_completed counters and usage gauges,
- * read from storage_manager.l2_adapters[]. */
+/* Per L2 adapter (label l2_name = its type, as upstream): the
+ * l2_store_completed / l2_load_completed counters and usage gauges of
+ * docs/metrics.md, "Exported now", read from storage_manager.l2_adapters[]. */
 static void update_l2_from_status(lmc_metrics *r, const json_t *status)
 {
     static const char *const labels[] = {"l2_name", NULL};

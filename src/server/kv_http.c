@@ -18,13 +18,13 @@ typedef struct {
     size_t n_chunks, per, n_keys;
     size_t row_bytes;          /* one token of one rank: hidden_dim * itemsize */
     lmc_object_key *keys;
-    lmc_l1_copy_id *copies;    /* lock_hits: the copies locked (NULL: by key) */
+    lmc_lease *held;           /* lock_hits: READ leases of the hit run */
 } kv_plan;
 
 static void plan_free(kv_plan *p)
 {
     free(p->keys);
-    free(p->copies);
+    free(p->held);
 }
 
 static int fail(unsigned *status, unsigned code, char *err, size_t errlen, const char *what)
@@ -98,19 +98,16 @@ static void copy_chunk(const kv_plan *p, uint8_t *whole, size_t total_tokens, ui
     }
 }
 
-/* Leading chunks whose every rank is resident, read-locked (1 share). */
+/* Leading chunks whose every rank is resident, under READ leases (1 share)
+ * in p->held; 0 when memory ran out. */
 static size_t lock_hits(lmc_module_ctx *ctx, kv_plan *p)
 {
-    if (!p->n_keys)
+    if (!p->n_keys || !(p->held = malloc(p->n_keys * sizeof *p->held)))
         return 0;
-    p->copies = malloc(p->n_keys * sizeof *p->copies);
     size_t locked =
-        lmc_storage_manager_lock_prefix(ctx->storage, p->keys, p->n_keys, 1, p->copies);
+        lmc_storage_manager_lease_read(ctx->storage, p->keys, p->n_keys, 1, true, p->held, NULL);
     size_t full = locked / p->per * p->per;
-    if (locked > full)
-        lmc_storage_manager_finish_read_copies(ctx->storage, p->keys + full,
-                                               p->copies ? p->copies + full : NULL,
-                                               locked - full, 1);
+    lmc_storage_manager_give_back(ctx->storage, p->keys + full, p->held + full, locked - full);
     return full / p->per;
 }
 
@@ -121,8 +118,7 @@ int lmc_kv_http_lookup(lmc_module_ctx *ctx, const lmc_kv_request *rq, lmc_kv_cou
     if (plan(ctx, rq, &p, status, err, errlen) != 0)
         return -1;
     size_t hits = lock_hits(ctx, &p);
-    if (hits)
-        lmc_storage_manager_finish_read_copies(ctx->storage, p.keys, p.copies, hits * p.per, 1);
+    lmc_storage_manager_give_back(ctx->storage, p.keys, p.held, hits * p.per);
     counts(&p, rq, hits, out);
     plan_free(&p);
     return 0;
@@ -144,35 +140,44 @@ int lmc_kv_http_store(lmc_module_ctx *ctx, const lmc_kv_request *rq, const uint8
                  len, p.layout.num_layers, rq->n_tokens, p.ws, p.layout.dtype, expect);
         return -1;
     }
-    uint64_t *offsets = calloc(p.n_keys + 1, sizeof *offsets);
+    lmc_lease *leases = calloc(p.n_keys + 1, sizeof *leases);
     lmc_l1_result *res = calloc(p.n_keys + 1, sizeof *res);
-    if (!offsets || !res) {
-        free(offsets), free(res), plan_free(&p);
-        return fail(status, 500, err, errlen, "out of memory");
+    lmc_l1_result *published = calloc(p.n_keys + 1, sizeof *published);
+    if (!leases || !res || !published ||
+        lmc_storage_manager_lease_write(ctx->storage, p.keys, p.n_keys, p.layout.object_size,
+                                        false, WRITER_TAG, leases, res) != 0) {
+        free(leases), free(res), free(published), plan_free(&p);
+        return fail(status, 503, err, errlen, "out of memory");
     }
-    if (p.n_keys)
-        lmc_storage_manager_reserve_write(ctx->storage, p.keys, p.n_keys, p.layout.object_size,
-                                          false, WRITER_TAG, offsets, res);
     uint8_t *base = lmc_storage_manager_l1_arena(ctx->storage)->base;
+    for (size_t i = 0; i < p.n_keys; i++)
+        if (res[i] == LMC_L1_SUCCESS)
+            copy_chunk(&p, (uint8_t *)data, rq->n_tokens, base + leases[i].offset, i / p.per,
+                       (uint32_t)(i % p.per), true);
+    if (lmc_storage_manager_publish_writes(ctx->storage, p.keys, leases, p.n_keys, 0,
+                                           published) != 0) {
+        lmc_storage_manager_give_back(ctx->storage, p.keys, leases, p.n_keys);
+        free(leases), free(res), free(published), plan_free(&p);
+        return fail(status, 503, err, errlen, "out of memory");
+    }
     size_t stored = 0;
     bool leading = true;
     for (size_t c = 0; c < p.n_chunks; c++) {
         bool whole_chunk = true;
         for (uint32_t r = 0; r < p.ws; r++) {
             size_t i = c * p.per + r;
-            if (res[i] == LMC_L1_SUCCESS) {
-                copy_chunk(&p, (uint8_t *)data, rq->n_tokens, base + offsets[i], c, r, true);
-                lmc_storage_manager_finish_write(ctx->storage, &p.keys[i], 1, WRITER_TAG, NULL);
-            } else if (res[i] != LMC_L1_KEY_NOT_WRITABLE) { /* NOT_WRITABLE: already there */
+            /* NOT_WRITABLE: already there; a write a forced clear voided is not */
+            if (res[i] == LMC_L1_SUCCESS ? published[i] != LMC_L1_SUCCESS
+                                         : res[i] != LMC_L1_KEY_NOT_WRITABLE)
                 whole_chunk = false;
-            }
         }
         leading = leading && whole_chunk;
         stored += leading;
     }
     counts(&p, rq, stored, out);
-    free(offsets);
+    free(leases);
     free(res);
+    free(published);
     plan_free(&p);
     return 0;
 }
@@ -187,26 +192,21 @@ int lmc_kv_http_retrieve(lmc_module_ctx *ctx, const lmc_kv_request *rq, uint8_t 
     if (plan(ctx, rq, &p, status, err, errlen) != 0)
         return -1;
     size_t hits = lock_hits(ctx, &p), n = hits * p.per;
-    lmc_l1_range *ranges = calloc(n + 1, sizeof *ranges);
-    lmc_l1_result *res = calloc(n + 1, sizeof *res);
+    lmc_lease *copies = calloc(n + 1, sizeof *copies);
     size_t tokens = hits * p.cs;
     *len = 2ull * p.layout.num_layers * tokens * p.row_bytes * p.ws;
     *data = *len ? malloc(*len) : NULL;
-    bool can_read = ranges && res && (!*len || *data);
-    bool ok = can_read && lmc_storage_manager_read(ctx->storage, p.keys, n, ranges, res) == n;
+    bool ok = copies && (!*len || *data) &&
+              lmc_storage_manager_lease_copy(ctx->storage, p.keys, n, LMC_COPY_TAKES_SHARE, true,
+                                             copies, NULL) == n;
     uint8_t *base = lmc_storage_manager_l1_arena(ctx->storage)->base;
     for (size_t i = 0; ok && i < n; i++)
-        copy_chunk(&p, *data, tokens, base + ranges[i].offset, i / p.per,
+        copy_chunk(&p, *data, tokens, base + copies[i].offset, i / p.per,
                    (uint32_t)(i % p.per), false);
-    if (ok && n) {
-        lmc_storage_manager_end_read(ctx->storage, p.keys, ranges, n);
-    } else if (n) {   /* some key had no range: shares go back by copy id */
-        if (can_read)
-            lmc_storage_manager_unpin(ctx->storage, p.keys, ranges, n, res);
-        lmc_storage_manager_finish_read_copies(ctx->storage, p.keys, p.copies, n, 1);
-    }
-    free(ranges);
-    free(res);
+    if (copies)
+        lmc_storage_manager_give_back(ctx->storage, p.keys, copies, n);
+    lmc_storage_manager_give_back(ctx->storage, p.keys, p.held, n);
+    free(copies);
     plan_free(&p);
     if (!ok) {
         free(*data);

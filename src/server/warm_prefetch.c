@@ -17,7 +17,7 @@ typedef struct job {
     bool done;
     size_t found, total;
     lmc_object_key *keys;      /* the keys sent to L2 (their locks are released at done) */
-    lmc_l1_copy_id *copies;    /* the copies L2 locked for them */
+    lmc_lease *leases;         /* the READ leases L2 took for them */
     size_t n_l2, per;
     struct lmc_warm_prefetch *owner;
     struct job *next;
@@ -54,7 +54,7 @@ void lmc_warm_prefetch_free(lmc_warm_prefetch *w)
     for (job *j = w->jobs, *next; j; j = next) {
         next = j->next;
         free(j->keys);
-        free(j->copies);
+        free(j->leases);
         free(j);
     }
     pthread_mutex_destroy(&w->lock);
@@ -69,8 +69,7 @@ static void on_done(void *user, size_t units)
     job *j = user;
     lmc_warm_prefetch *w = j->owner;
     size_t loaded = units * j->per;
-    if (loaded)
-        lmc_storage_manager_finish_read_copies(w->ctx->storage, j->keys, j->copies, loaded, 1);
+    lmc_storage_manager_give_back(w->ctx->storage, j->keys, j->leases, loaded);
     pthread_mutex_lock(&w->lock);
     j->found += loaded;
     j->done = true;
@@ -201,12 +200,12 @@ static bool start_l2(lmc_warm_prefetch *w, job *j, lmc_object_key *keys, size_t 
     if (rest < j->per || !lmc_storage_manager_has_l2(w->ctx->storage))
         return false;
     j->keys = malloc(rest * sizeof *j->keys);
-    j->copies = calloc(rest, sizeof *j->copies);
-    if (!j->keys || !j->copies)
+    j->leases = calloc(rest, sizeof *j->leases);
+    if (!j->keys || !j->leases)
         return false;   /* the job's owner frees both */
     memcpy(j->keys, keys + l1_keys, rest * sizeof *j->keys);
     lmc_storage_l2_request req = {
-        .keys = j->keys, .copies = j->copies, .n = rest, .keys_per_unit = (uint32_t)j->per,
+        .keys = j->keys, .leases = j->leases, .n = rest, .keys_per_unit = (uint32_t)j->per,
         .object_size = l->object_size, .readers = 1, .retain = true,
         .on_lookup_done = on_lookup_done, .on_done = on_done, .user = j,
     };
@@ -253,10 +252,12 @@ json_t *lmc_warm_prefetch_submit(lmc_warm_prefetch *w, const json_t *body, unsig
     j->total = n;
     j->per = layout.num_groups * (size_t)r.world_size;
     /* The leading run already in L1 counts as found; only the rest loads. */
-    lmc_l1_copy_id *copies = malloc(n * sizeof *copies);   /* NULL: released by key */
-    size_t locked = lmc_storage_manager_lock_prefix(w->ctx->storage, keys, n, 1, copies);
-    lmc_storage_manager_finish_read_copies(w->ctx->storage, keys, copies, locked, 1);
-    free(copies);
+    lmc_lease *leases = malloc(n * sizeof *leases);
+    size_t locked = leases ? lmc_storage_manager_lease_read(w->ctx->storage, keys, n, 1, true,
+                                                            leases, NULL)
+                           : 0;
+    lmc_storage_manager_give_back(w->ctx->storage, keys, leases, locked);
+    free(leases);
     j->found = locked / j->per * j->per;
     if (!start_l2(w, j, keys, n, j->found, &layout)) {
         j->done = true;
@@ -296,7 +297,7 @@ json_t *lmc_warm_prefetch_query(lmc_warm_prefetch *w, const char *request_id, un
     pthread_mutex_unlock(&w->lock);
     if (gone) {
         free(gone->keys);
-        free(gone->copies);
+        free(gone->leases);
         free(gone);
     }
     if (!reply)

@@ -1,5 +1,5 @@
-/* L1 eviction policies (storage.md §2.4) behind a small vtable so ARC and
- * IsolatedLRU can be added later.
+/* L1 eviction policies (docs/storage.md, "Eviction") behind a small
+ * vtable so ARC and IsolatedLRU can be added later.
  *
  * A policy tracks keys from L1 listener events (added = reserved/written,
  * accessed = touched, removed = deleted) and, when asked, proposes victims

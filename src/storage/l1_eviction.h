@@ -1,4 +1,4 @@
-/* L1 eviction controller (storage.md §2.4).
+/* L1 eviction controller (docs/storage.md, "Eviction").
  *
  * Every period (1 s in production) it compares L1 usage (used / committed)
  * with the trigger watermark; at or above it, it asks the policy for

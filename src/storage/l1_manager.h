@@ -1,5 +1,7 @@
-/* L1 manager (storage.md §3.3, Design B): the resident-object table, the
- * per-writer staging reservations and the allocator of one L1 arena.
+/* L1 manager (docs/storage.md, "L1 manager"): the resident-object table,
+ * the per-writer staging reservations and the allocator of one L1 arena.
+ * Private to src/storage/: everything else reaches L1 through the storage
+ * manager (storage_manager.h), whose leases this manager keeps the books of.
  *
  *   resident: key -> {offset, size, read lock, is_temporary}
  *   staging:  key -> (writer tag -> {offset, size, write lock, is_temporary})
@@ -27,35 +29,19 @@
 #include <stdint.h>
 
 #include "storage/l1_alloc.h"
+#include "storage/lease.h"
 #include "storage/object_key.h"
 #include "storage/ttl_lock.h"
 
-typedef enum lmc_l1_result {
-    LMC_L1_SUCCESS = 0,
-    LMC_L1_KEY_NOT_EXIST,
-    LMC_L1_KEY_NOT_READABLE,
-    LMC_L1_KEY_NOT_WRITABLE,
-    LMC_L1_KEY_IN_WRONG_STATE,
-    LMC_L1_KEY_IS_LOCKED,
-    LMC_L1_OUT_OF_MEMORY,
-} lmc_l1_result;
-
-/* Each copy of a key that becomes resident gets an id, unique over the
- * manager's life, so that a copy stored after a forced clear is told apart
- * from the one before it even at the same offset.  0 is no copy. */
-typedef uint64_t lmc_l1_copy_id;
-
-const char *lmc_l1_result_name(lmc_l1_result r);
-
-#define LMC_L1_MAX_READERS 128   /* reserve_read clamps n to [1, 128] */
+#define LMC_L1_MAX_READERS 128   /* read leases clamp their shares to [1, 128] */
 #define LMC_L1_MAX_LISTENERS 8
 
 typedef enum lmc_l1_event_kind {
-    LMC_L1_EVENT_WRITE_RESERVED,        /* reserve_write (incl. takeovers) */
-    LMC_L1_EVENT_WRITE_FINISHED,        /* finish_write: newly admitted, non-temporary */
-    LMC_L1_EVENT_WRITE_FINISHED_READ_RESERVED, /* finish_write_and_reserve_read */
-    LMC_L1_EVENT_READ_RESERVED,         /* reserve_read / reserve_read_prefix */
-    LMC_L1_EVENT_READ_FINISHED,         /* finish_read */
+    LMC_L1_EVENT_WRITE_RESERVED,        /* lease_write (incl. takeovers) */
+    LMC_L1_EVENT_WRITE_FINISHED,        /* publish, no readers: newly admitted, non-temporary */
+    LMC_L1_EVENT_WRITE_FINISHED_READ_RESERVED, /* publish with readers */
+    LMC_L1_EVENT_READ_RESERVED,         /* lease_read, lease_copy taking a share */
+    LMC_L1_EVENT_READ_FINISHED,         /* give_back of a READ or COPY lease */
     LMC_L1_EVENT_DELETED,   /* resident copy freed, or last staging buffer freed */
     LMC_L1_EVENT_ACCESSED,              /* touch */
 } lmc_l1_event_kind;
@@ -81,7 +67,17 @@ typedef struct lmc_l1_manager_options {
     lmc_clock_ms_fn clock;       /* NULL: lmc_monotonic_ms */
     void *clock_user;
     const char *backend;         /* capacity_bytes_by_backend key; NULL: "dram" */
+    bool check_books;            /* check_books after every mutating call, abort()
+                                  * when they do not balance (tests, debug builds) */
 } lmc_l1_manager_options;
+
+/* Debug builds (and so the sanitizer builds) check the books after every
+ * mutating call unless told otherwise; release builds only on request. */
+#ifdef LMC_CHECK_BOOKS_DEFAULT
+#define LMC_L1_CHECK_BOOKS_DEFAULT true
+#else
+#define LMC_L1_CHECK_BOOKS_DEFAULT false
+#endif
 
 typedef struct lmc_l1_manager lmc_l1_manager;
 
@@ -97,6 +93,9 @@ typedef struct lmc_l1_stats {
     uint64_t used_bytes;         /* committed - free */
     uint64_t committed_bytes;
     uint64_t configured_bytes;
+    uint64_t events_lost;        /* listener events a give-back could not allocate */
+    uint64_t invariant_violations;
+    lmc_lease_counts leases;
 } lmc_l1_stats;
 
 lmc_l1_manager *lmc_l1_manager_new(const lmc_l1_manager_options *opts);
@@ -109,84 +108,54 @@ void lmc_l1_manager_free(lmc_l1_manager *m);
 int lmc_l1_manager_add_listener(lmc_l1_manager *m, lmc_l1_listener_fn fn, void *user);
 void lmc_l1_manager_remove_listener(lmc_l1_manager *m, lmc_l1_listener_fn fn, void *user);
 
-/* All batched calls: results[i] is the outcome for keys[i].  The call
- * itself returns 0, or -1 for invalid arguments or when bookkeeping memory
- * could not be allocated (then nothing changed). */
+/* All batched calls: results[i] is the outcome for keys[i] and leases[i]
+ * the lease granted for it (NONE when not SUCCESS).  The call itself
+ * returns 0, or -1 for invalid arguments or when bookkeeping memory could
+ * not be allocated (then nothing changed and no lease was granted).
+ * docs/storage.md, "Leases", has the rules every holder follows. */
 
-/* Reserve staging buffers of `object_size` raw bytes for writer `tag`.
- * Resident keys and keys the same tag stages with a live write lock get
- * NOT_WRITABLE; keys whose buffer of the same tag a forced delete or clear
- * retired while it was written get WRONG_STATE until that write finishes
- * (it publishes nothing) or expires; an expired reservation of the same
- * tag is taken over; all other keys come from one batched allocation:
- * OUT_OF_MEMORY for all of them if it does not fit.  is_temporary may be
- * NULL (all false).  offsets[i] is set for SUCCESS keys. */
-int lmc_l1_manager_reserve_write(lmc_l1_manager *m, const lmc_object_key *keys,
-                                 const bool *is_temporary, size_t n, uint64_t object_size,
-                                 const char *tag, uint64_t *offsets, lmc_l1_result *results);
-/* Admit the tag's live staging buffers: NOT_EXIST without one, WRONG_STATE
- * if its write lock expired (left for reclamation).  If the key became
- * resident meanwhile the staged copy is freed and the result is SUCCESS. */
-int lmc_l1_manager_finish_write(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
-                                const char *tag, lmc_l1_result *results);
-/* finish_write plus `readers` read locks on the resident copy, atomically.
- * copies (may be NULL) receives the id of each copy locked (SUCCESS keys). */
-int lmc_l1_manager_finish_write_and_reserve_read(lmc_l1_manager *m, const lmc_object_key *keys,
-                                                 size_t n, uint32_t readers, const char *tag,
-                                                 lmc_l1_result *results, lmc_l1_copy_id *copies);
-/* Drop the tag's live staging buffers (a failed load). */
-int lmc_l1_manager_finish_write_and_delete(lmc_l1_manager *m, const lmc_object_key *keys,
-                                           size_t n, const char *tag, lmc_l1_result *results);
+/* WRITE leases: a staging buffer of `object_size` raw bytes per key for
+ * writer `tag`.  Resident keys and keys the same tag stages with a live
+ * write lock get NOT_WRITABLE; keys whose buffer of the same tag a forced
+ * delete or clear retired while it was written get WRONG_STATE until that
+ * write is given back or expires; an expired reservation of the same tag
+ * is taken over (its old lease becomes stale); all other keys come from one
+ * batched allocation: OUT_OF_MEMORY for all of them if it does not fit.
+ * is_temporary may be NULL (all false). */
+int lmc_l1_manager_lease_write(lmc_l1_manager *m, const lmc_object_key *keys,
+                               const bool *is_temporary, size_t n, uint64_t object_size,
+                               const char *tag, lmc_lease *leases, lmc_l1_result *results);
+/* Makes the WRITE leases' buffers the resident copies (a key already
+ * resident keeps its copy; the staged one is freed).  readers == 0: the
+ * leases become RETURNED; readers > 0 (clamped to 128): each becomes a
+ * READ lease of `readers` shares on the resident copy, atomically.
+ * NOT_EXIST for a lease that is not a live WRITE lease (given back, retired
+ * by a forced clear: that write is void and publishes nothing); WRONG_STATE
+ * when its write lock expired (left for reclamation). */
+int lmc_l1_manager_publish_writes(lmc_l1_manager *m, const lmc_object_key *keys, lmc_lease *leases,
+                           size_t n, uint32_t readers, lmc_l1_result *results);
+/* READ leases of `readers` (clamped to [1,128]) shares on resident keys
+ * (staging-only keys are NOT_EXIST).  prefix: stop at the first key that is
+ * not resident; keys after it are untouched.  Returns how many were
+ * granted. */
+size_t lmc_l1_manager_lease_read(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
+                                 uint32_t readers, bool prefix, lmc_lease *leases,
+                                 lmc_l1_result *results);
+/* COPY leases on resident keys (see lmc_copy_share for the share each
+ * carries): NOT_READABLE when CARRIES_SHARE finds no live read lock,
+ * NOT_EXIST when not resident.  all_or_none: unless every key can be
+ * copied, none is (the results still say which failed).  Returns how many
+ * were granted. */
+size_t lmc_l1_manager_lease_copy(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
+                                 lmc_copy_share share, bool all_or_none, lmc_lease *leases,
+                                 lmc_l1_result *results);
+/* Gives any leases back: WRITE unpublished (the buffer is freed), READ and
+ * COPY (the copy unpinned, its shares released on that copy only).  Marks
+ * each RETURNED.  Never fails; what it found is counted (lmc_lease_counts). */
+void lmc_l1_manager_give_back(lmc_l1_manager *m, const lmc_object_key *keys, lmc_lease *leases,
+                              size_t n);
+void lmc_l1_manager_lease_counts(lmc_l1_manager *m, lmc_lease_counts *out);
 
-/* `readers` (clamped to [1,128]) read locks on resident keys; staging-only
- * keys are NOT_EXIST. */
-int lmc_l1_manager_reserve_read(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
-                                uint32_t readers, lmc_l1_result *results);
-/* reserve_read on keys[0..) up to the first key that is not resident;
- * returns how many were locked.  Keys after the first miss are untouched.
- * copies (may be NULL) receives the id of each copy locked, for
- * finish_read_copies. */
-size_t lmc_l1_manager_reserve_read_prefix(lmc_l1_manager *m, const lmc_object_key *keys,
-                                          size_t n, uint32_t readers, lmc_l1_copy_id *copies);
-/* Location of resident keys that hold a live read lock (NOT_READABLE when
- * resident but unlocked, NOT_EXIST otherwise).  Takes no TTL lock; the
- * caller's read lock keeps the range valid until its finish_read.  Each
- * range handed out also pins the buffer: a forced delete or clear keeps it
- * allocated until lmc_l1_manager_unpin (or the lock's expiry). */
-int lmc_l1_manager_unsafe_read(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
-                               lmc_l1_range *ranges, lmc_l1_result *results);
-/* The copy out of ranges[i], which unsafe_read returned for keys[i], is
- * done (once per SUCCESS of unsafe_read; ranges it did not hand out are
- * ignored).  The range names the buffer: after a forced clear and a new
- * store of the same key, the old copy and the new one are told apart. */
-void lmc_l1_manager_unpin(lmc_l1_manager *m, const lmc_object_key *keys,
-                          const lmc_l1_range *ranges, size_t n);
-/* A reader that read every key is done: unpins ranges[i] and gives back one
- * read share of keys[i], on the copy at ranges[i] only (a newer copy of the
- * key, stored after a forced clear, keeps its shares). */
-void lmc_l1_manager_end_read(lmc_l1_manager *m, const lmc_object_key *keys,
-                             const lmc_l1_range *ranges, size_t n);
-/* The unaligned object size the writer reserved, per resident key (0 when
- * not resident).  Ranges carry the aligned size; L2 copies exactly this. */
-void lmc_l1_manager_object_sizes(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
-                                 uint64_t *sizes);
-/* Releases `readers` read locks (at least 1): NOT_EXIST if not resident,
- * WRONG_STATE if not read-locked.  A temporary object is freed when its
- * count reaches 0.  With `ranges` (from unsafe_read), only the copy at
- * ranges[i] gives its shares back: a newer copy of the key, stored after a
- * forced clear, is NOT_EXIST to this call.  results may be NULL. */
-int lmc_l1_manager_finish_read(lmc_l1_manager *m, const lmc_object_key *keys,
-                               const lmc_l1_range *ranges, size_t n, uint32_t readers,
-                               lmc_l1_result *results);
-/* finish_read on the copy copies[i] of keys[i] only (ids from
- * reserve_read_prefix or finish_write_and_reserve_read; 0 = no copy: NOT_EXIST, nothing
- * released; copies NULL: as finish_read without ranges).  Read locks that
- * outlive every range (a LOOKUP's) go back this way: a forced clear frees
- * the old copy, and a new copy of the key may then sit at the same offset,
- * so only the id tells them apart. */
-int lmc_l1_manager_finish_read_copies(lmc_l1_manager *m, const lmc_object_key *keys,
-                                      const lmc_l1_copy_id *copies, size_t n, uint32_t readers,
-                                      lmc_l1_result *results);
 /* Reclaims expired staging first; then IS_LOCKED if live staging remains or
  * the resident copy is read-locked (unless force), else frees everything of
  * the key: SUCCESS, or NOT_EXIST if there was nothing.  force also drops
@@ -231,8 +200,17 @@ uint64_t lmc_l1_manager_grow(lmc_l1_manager *m, uint64_t bytes);
 /* used = committed - free; total = committed so far. */
 void lmc_l1_manager_usage(lmc_l1_manager *m, uint64_t *used, uint64_t *total);
 void lmc_l1_manager_stats(lmc_l1_manager *m, lmc_l1_stats *out);
-/* Allocator memcheck plus object + staging bytes == allocated bytes. */
-bool lmc_l1_manager_memcheck(lmc_l1_manager *m);
+/* The books (docs/storage.md, "Invariants"): the allocator's own check;
+ * bytes and counts by state (resident, staging, retired) against a walk of
+ * every object and against the allocator; read locks and pins of every
+ * copy against what the leases granted and returned.  true when they
+ * balance; otherwise the first rule broken is logged with its object and
+ * counted (lmc_l1_manager_invariant_violations). */
+bool lmc_l1_manager_check_books(lmc_l1_manager *m);
+/* Broken rules found so far, by check_books or by the cheap checks every
+ * release build makes on its data path (a COPY lease coming back to a copy
+ * with no pins, a buffer the allocator does not know). */
+uint64_t lmc_l1_manager_invariant_violations(lmc_l1_manager *m);
 /* New reference (caller owns), or NULL on allocation failure. */
 json_t *lmc_l1_manager_report_status(lmc_l1_manager *m);
 uint64_t lmc_l1_manager_aligned_size(const lmc_l1_manager *m, uint64_t raw);

@@ -30,7 +30,7 @@ struct lmc_storage_manager {
     bool grower_stop;
     const lmc_storage_tier_ops *l2_ops;   /* set once before concurrent use */
     void *l2;
-    lmc_quotas *quotas;                   /* per-salt L2 limits (storage.md §7) */
+    lmc_quotas *quotas;                   /* per-salt L2 limits (docs/l2.md) */
     lmc_storage_telemetry *telemetry;     /* events for the metrics */
 };
 
@@ -252,6 +252,7 @@ static int create_l1(lmc_storage_manager *sm, char *err, size_t errlen)
         .clock = o->clock,
         .clock_user = o->clock_user,
         .backend = "dram",
+        .check_books = o->check_books,
     };
     sm->l1 = lmc_l1_manager_new(&mo);
     if (sm->l1)
@@ -448,140 +449,79 @@ static void release_results(lmc_l1_result *mine, const lmc_l1_result *callers)
         free(mine);
 }
 
-int lmc_storage_manager_reserve_write(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                      size_t n, uint64_t object_size, bool is_temporary,
-                                      const char *writer_tag, uint64_t *offsets,
-                                      lmc_l1_result *results)
+int lmc_storage_manager_lease_write(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                    size_t n, uint64_t object_size, bool is_temporary,
+                                    const char *writer_tag, lmc_lease *leases,
+                                    lmc_l1_result *results)
 {
     bool *temporary = NULL;
-    if (is_temporary) {
+    lmc_l1_result *r = results_or_scratch(results, n);
+    if (is_temporary && r) {
         temporary = malloc((n ? n : 1) * sizeof(*temporary));
-        if (!temporary)
-            return -1;
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; temporary && i < n; i++)
             temporary[i] = true;
     }
-    int rc = lmc_l1_manager_reserve_write(sm->l1, keys, temporary, n, object_size,
-                                          tag_or_default(writer_tag), offsets, results);
+    int rc = -1;
+    if (r && (temporary || !is_temporary))
+        rc = lmc_l1_manager_lease_write(sm->l1, keys, temporary, n, object_size,
+                                        tag_or_default(writer_tag), leases, r);
     free(temporary);
     if (rc == 0) {
         bool prefetch = writer_tag && strcmp(writer_tag, LMC_STORAGE_L2_PREFETCH_TAG) == 0;
-        lmc_storage_telemetry_write_outcome(sm->telemetry, keys, n, results,
+        lmc_storage_telemetry_write_outcome(sm->telemetry, keys, n, r,
                                             prefetch ? "l2_prefetch" : "l1_store");
     }
-    return rc;
-}
-
-int lmc_storage_manager_finish_write(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                     size_t n, const char *writer_tag, lmc_l1_result *results)
-{
-    lmc_l1_result *r = results_or_scratch(results, n);
-    if (!r)
-        return -1;
-    int rc = lmc_l1_manager_finish_write(sm->l1, keys, n, tag_or_default(writer_tag), r);
     release_results(r, results);
     return rc;
 }
 
-int lmc_storage_manager_finish_write_and_reserve_read(lmc_storage_manager *sm,
-                                                      const lmc_object_key *keys, size_t n,
-                                                      uint32_t readers, const char *writer_tag,
-                                                      lmc_l1_result *results,
-                                                      lmc_l1_copy_id *copies)
+int lmc_storage_manager_publish_writes(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                lmc_lease *leases, size_t n, uint32_t readers,
+                                lmc_l1_result *results)
 {
     lmc_l1_result *r = results_or_scratch(results, n);
     if (!r)
         return -1;
-    int rc = lmc_l1_manager_finish_write_and_reserve_read(sm->l1, keys, n, readers,
-                                                          tag_or_default(writer_tag), r, copies);
+    int rc = lmc_l1_manager_publish_writes(sm->l1, keys, leases, n, readers, r);
     release_results(r, results);
     return rc;
 }
 
-size_t lmc_storage_manager_lock_prefix(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                       size_t n, uint32_t readers, lmc_l1_copy_id *copies)
-{
-    size_t hits = lmc_l1_manager_reserve_read_prefix(sm->l1, keys, n, readers, copies);
-    lmc_storage_telemetry_read_outcome(sm->telemetry, keys, n, hits);
-    return hits;
-}
-
-size_t lmc_storage_manager_read(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
-                                lmc_l1_range *ranges, lmc_l1_result *results)
-{
-    lmc_l1_manager_unsafe_read(sm->l1, keys, n, ranges, results);
-    size_t readable = 0;
-    for (size_t i = 0; i < n; i++)
-        readable += results[i] == LMC_L1_SUCCESS;
-    return readable;
-}
-
-void lmc_storage_manager_unpin(lmc_storage_manager *sm, const lmc_object_key *keys,
-                               const lmc_l1_range *ranges, size_t n,
-                               const lmc_l1_result *results)
-{
-    if (!results) {
-        lmc_l1_manager_unpin(sm->l1, keys, ranges, n);
-        return;
-    }
-    for (size_t i = 0; i < n; i++)   /* runs of SUCCESS, one call each */
-        if (results[i] == LMC_L1_SUCCESS) {
-            size_t j = i;
-            while (j < n && results[j] == LMC_L1_SUCCESS)
-                j++;
-            lmc_l1_manager_unpin(sm->l1, keys + i, ranges + i, j - i);
-            i = j;
-        }
-}
-
-void lmc_storage_manager_end_read(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                  const lmc_l1_range *ranges, size_t n)
-{
-    lmc_l1_manager_end_read(sm->l1, keys, ranges, n);
-}
-
-void lmc_storage_manager_finish_read_at(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                        const lmc_l1_range *ranges, size_t n, uint32_t readers)
-{
-    lmc_l1_manager_finish_read(sm->l1, keys, ranges, n, readers, NULL);
-}
-
-int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                    size_t n, uint32_t readers, lmc_l1_result *results)
+size_t lmc_storage_manager_lease_read(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                      size_t n, uint32_t readers, bool prefix,
+                                      lmc_lease *leases, lmc_l1_result *results)
 {
     lmc_l1_result *r = results_or_scratch(results, n);
     if (!r)
-        return -1;
-    int rc = lmc_l1_manager_finish_read(sm->l1, keys, NULL, n, readers, r);
+        return 0;
+    size_t granted = lmc_l1_manager_lease_read(sm->l1, keys, n, readers, prefix, leases, r);
+    if (prefix)   /* a lookup: its hits and misses are the L1 hit-rate metrics */
+        lmc_storage_telemetry_read_outcome(sm->telemetry, keys, n, granted);
     release_results(r, results);
-    return rc;
+    return granted;
 }
 
-void lmc_storage_manager_finish_read_copies(lmc_storage_manager *sm,
-                                            const lmc_object_key *keys,
-                                            const lmc_l1_copy_id *copies, size_t n,
-                                            uint32_t readers)
-{
-    lmc_l1_manager_finish_read_copies(sm->l1, keys, copies, n, readers, NULL);
-}
-
-int lmc_storage_manager_reserve_read(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                     size_t n, uint32_t readers, lmc_l1_result *results)
-{
-    return lmc_l1_manager_reserve_read(sm->l1, keys, n, readers, results);
-}
-
-int lmc_storage_manager_finish_write_and_delete(lmc_storage_manager *sm,
-                                                const lmc_object_key *keys, size_t n,
-                                                const char *writer_tag, lmc_l1_result *results)
+size_t lmc_storage_manager_lease_copy(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                      size_t n, lmc_copy_share share, bool all_or_none,
+                                      lmc_lease *leases, lmc_l1_result *results)
 {
     lmc_l1_result *r = results_or_scratch(results, n);
     if (!r)
-        return -1;
-    int rc = lmc_l1_manager_finish_write_and_delete(sm->l1, keys, n, tag_or_default(writer_tag),
-                                                    r);
+        return 0;
+    size_t granted = lmc_l1_manager_lease_copy(sm->l1, keys, n, share, all_or_none, leases, r);
     release_results(r, results);
-    return rc;
+    return granted;
+}
+
+void lmc_storage_manager_give_back(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                   lmc_lease *leases, size_t n)
+{
+    lmc_l1_manager_give_back(sm->l1, keys, leases, n);
+}
+
+void lmc_storage_manager_lease_counts(lmc_storage_manager *sm, lmc_lease_counts *out)
+{
+    lmc_l1_manager_lease_counts(sm->l1, out);
 }
 
 /* ---- L2 tier ----------------------------------------------------------- */
@@ -646,9 +586,14 @@ void lmc_storage_manager_usage(lmc_storage_manager *sm, uint64_t *used, uint64_t
     lmc_l1_manager_usage(sm->l1, used, total);
 }
 
-bool lmc_storage_manager_memcheck(lmc_storage_manager *sm)
+bool lmc_storage_manager_check_books(lmc_storage_manager *sm)
 {
-    return lmc_l1_manager_memcheck(sm->l1);
+    return lmc_l1_manager_check_books(sm->l1);
+}
+
+uint64_t lmc_storage_manager_invariant_violations(lmc_storage_manager *sm)
+{
+    return lmc_l1_manager_invariant_violations(sm->l1);
 }
 
 const lmc_l1_arena_desc *lmc_storage_manager_l1_arena(const lmc_storage_manager *sm)
@@ -659,11 +604,6 @@ const lmc_l1_arena_desc *lmc_storage_manager_l1_arena(const lmc_storage_manager 
 size_t lmc_storage_manager_run_eviction_once(lmc_storage_manager *sm)
 {
     return lmc_l1_eviction_run_once(sm->eviction);
-}
-
-lmc_l1_manager *lmc_storage_manager_l1(lmc_storage_manager *sm)
-{
-    return sm->l1;
 }
 
 static json_t *arena_status(const lmc_storage_manager *sm)

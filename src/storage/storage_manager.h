@@ -1,4 +1,5 @@
-/* StorageManager facade (storage.md §5, Design B core with one DRAM L1).
+/* StorageManager facade (docs/storage.md, "StorageManager facade"; upstream's
+ * Design B core with one DRAM L1).
  *
  * Owns the L1 arena (SHM or private memory), the L1 manager, the L1
  * eviction controller and, with lazy growth, a background grower.  RPC
@@ -27,7 +28,7 @@
 #include "config/config.h"
 #include "obs/event_bus.h"
 #include "storage/l1_arena.h"
-#include "storage/l1_manager.h"
+#include "storage/lease.h"
 #include "storage/object_key.h"
 #include "storage/quota.h"
 #include "storage/ttl_lock.h"
@@ -55,9 +56,12 @@ typedef struct lmc_storage_options {
     uint32_t lazy_grow_interval_ms;  /* pause between grower steps (0) */
     lmc_clock_ms_fn clock;           /* NULL: CLOCK_MONOTONIC */
     void *clock_user;
+    bool check_books;                /* the L1 books after every mutating call
+                                      * (docs/storage.md, "Invariants") */
 } lmc_storage_options;
 
-/* Defaults of the flags (storage.md §1), with l1_size_bytes = 0. */
+/* Defaults of the flags (docs/configuration.md, "Storage Manager (L1)"),
+ * with l1_size_bytes = 0. */
 void lmc_storage_options_defaults(lmc_storage_options *o);
 /* From the storage group and mp.shm_name of `cfg` (legacy flags or the
  * first --l1-manager DRAM entry).  0, or -1 with a reason in `err`. */
@@ -75,8 +79,8 @@ lmc_storage_manager *lmc_storage_manager_create_with_options(const lmc_storage_o
 void lmc_storage_manager_close(lmc_storage_manager *sm);
 
 /* ---- listeners (L2 write-behind, event bus) ----------------------------
- * written:  keys newly admitted by finish_write (not temporary, not via
- *           finish_write_and_reserve_read)
+ * written:  keys newly admitted by a publish without readers (not
+ *           temporary; an L2 prefetch's publish with readers is not "written")
  * deleted:  keys whose resident copy (or last staging buffer) was freed:
  *           delete, clear, eviction, last read of a temporary object
  * accessed: keys passed to touch()
@@ -117,72 +121,50 @@ void lmc_storage_manager_report_read_failure(lmc_storage_manager *sm, const char
 /* {cache_salt: number of keys} (new reference; NULL on allocation failure). */
 json_t *lmc_storage_keys_by_salt(const lmc_object_key *keys, size_t n);
 
-/* ---- write ------------------------------------------------------------- */
-/* Reserves one staging buffer of `object_size` raw bytes per key for
- * `writer_tag` (NULL: "storage_manager").  results[i] == LMC_L1_SUCCESS
- * means offsets[i] is the arena offset to write.  Returns 0, or -1 on
- * invalid arguments (object_size 0) or bookkeeping allocation failure. */
-int lmc_storage_manager_reserve_write(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                      size_t n, uint64_t object_size, bool is_temporary,
-                                      const char *writer_tag, uint64_t *offsets,
-                                      lmc_l1_result *results);
-/* Publishes the reservations (results may be NULL). */
-int lmc_storage_manager_finish_write(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                     size_t n, const char *writer_tag, lmc_l1_result *results);
-/* Publishes and takes `readers` read locks in one step (results may be
- * NULL); copies (may be NULL) receives the id of each copy locked. */
-int lmc_storage_manager_finish_write_and_reserve_read(lmc_storage_manager *sm,
-                                                      const lmc_object_key *keys, size_t n,
-                                                      uint32_t readers, const char *writer_tag,
-                                                      lmc_l1_result *results,
-                                                      lmc_l1_copy_id *copies);
+/* ---- leases (docs/storage.md, "Leases") --------------------------------
+ * The only way to hold L1 bytes.  Each call fills leases[i] and results[i]
+ * for keys[i] (results may be NULL); leases of keys that did not succeed
+ * are NONE.  Whatever was granted goes back, once, through
+ * lmc_storage_manager_give_back(), which also publishes nothing a WRITE
+ * lease staged.  Every call returns 0 (or a count), or -1 for invalid
+ * arguments or when bookkeeping memory ran out: then nothing was granted. */
 
-/* ---- lookup / read ----------------------------------------------------- */
-/* Atomically takes `readers` (clamped to [1,128]) read locks on the leading
- * run of resident keys and returns its length; keys from the first miss on
- * are not locked.  copies (may be NULL) receives the id of each copy
- * locked: locks held past any read (a LOOKUP's) go back by copy id. */
-size_t lmc_storage_manager_lock_prefix(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                       size_t n, uint32_t readers, lmc_l1_copy_id *copies);
-/* Arena ranges of read-locked keys; returns how many are readable
- * (results[i] SUCCESS).  Takes no locks of its own, but pins each range it
- * returns until lmc_storage_manager_unpin: a forced delete or clear then
- * keeps the buffer for the copy in flight (docs/storage.md). */
-size_t lmc_storage_manager_read(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
-                                lmc_l1_range *ranges, lmc_l1_result *results);
-/* The copies out of the ranges that lmc_storage_manager_read returned are
- * done: pass that read's keys, ranges and results (results NULL when every
- * key was read; otherwise only SUCCESS keys are unpinned). */
-void lmc_storage_manager_unpin(lmc_storage_manager *sm, const lmc_object_key *keys,
-                               const lmc_l1_range *ranges, size_t n,
-                               const lmc_l1_result *results);
-/* The copies out of every range a read returned are done and each key's
- * one read share goes back, on the copy that was read (not on a newer copy
- * a forced clear and a re-store left under the same key). */
-void lmc_storage_manager_end_read(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                  const lmc_l1_range *ranges, size_t n);
-/* Releases `readers` read locks per key on the copies a read returned
- * `ranges` for (a newer copy of a key keeps its shares). */
-void lmc_storage_manager_finish_read_at(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                        const lmc_l1_range *ranges, size_t n, uint32_t readers);
-/* Releases `readers` read locks per key on the copy copies[i] only (0: none
- * was locked, nothing is released; copies NULL: any resident copy): after a
- * forced clear and a new store of the key, the new copy keeps its shares. */
-void lmc_storage_manager_finish_read_copies(lmc_storage_manager *sm,
-                                            const lmc_object_key *keys,
-                                            const lmc_l1_copy_id *copies, size_t n,
-                                            uint32_t readers);
-/* Releases `readers` read locks per key (results may be NULL). */
-int lmc_storage_manager_finish_read(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                    size_t n, uint32_t readers, lmc_l1_result *results);
-
-/* Read locks on resident keys (not a prefix: every key independently). */
-int lmc_storage_manager_reserve_read(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                     size_t n, uint32_t readers, lmc_l1_result *results);
-/* Drops the tag's live staging buffers (a failed load; results may be NULL). */
-int lmc_storage_manager_finish_write_and_delete(lmc_storage_manager *sm,
-                                                const lmc_object_key *keys, size_t n,
-                                                const char *writer_tag, lmc_l1_result *results);
+/* WRITE leases: one staging buffer of `object_size` raw bytes per key for
+ * `writer_tag` (NULL: "storage_manager"); leases[i] names where to write.
+ * NOT_WRITABLE: resident already, or this writer stages it already;
+ * WRONG_STATE: a forced clear retired this writer's buffer of the key while
+ * it was written, until that lease goes back or lapses; OUT_OF_MEMORY: the
+ * batch did not fit (every key that needed a buffer gets it). */
+int lmc_storage_manager_lease_write(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                    size_t n, uint64_t object_size, bool is_temporary,
+                                    const char *writer_tag, lmc_lease *leases,
+                                    lmc_l1_result *results);
+/* Publishes WRITE leases: readers == 0 returns them; readers > 0 turns each
+ * into a READ lease of that many shares on the resident copy, atomically
+ * (an L2 prefetch's loaded chunks are never evictable in between).  A key
+ * whose write a forced clear voided meanwhile is NOT_EXIST: not stored. */
+int lmc_storage_manager_publish_writes(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                lmc_lease *leases, size_t n, uint32_t readers,
+                                lmc_l1_result *results);
+/* READ leases of `readers` (clamped to [1,128]) shares each.  prefix: the
+ * leading run of resident keys (a lookup; keys from the first miss on are
+ * untouched and counted as misses); otherwise every key on its own.
+ * Returns how many were granted. */
+size_t lmc_storage_manager_lease_read(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                      size_t n, uint32_t readers, bool prefix,
+                                      lmc_lease *leases, lmc_l1_result *results);
+/* COPY leases: leases[i] names the range to copy out of; a forced delete
+ * or clear keeps that buffer for the copy until the lease goes back (or its
+ * lock lapses).  all_or_none: unless every key can be copied none is.
+ * Returns how many were granted. */
+size_t lmc_storage_manager_lease_copy(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                      size_t n, lmc_copy_share share, bool all_or_none,
+                                      lmc_lease *leases, lmc_l1_result *results);
+/* Gives back every held lease of leases[0..n) and marks it RETURNED (others
+ * are skipped; a second give-back is counted, harmless). */
+void lmc_storage_manager_give_back(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                   lmc_lease *leases, size_t n);
+void lmc_storage_manager_lease_counts(lmc_storage_manager *sm, lmc_lease_counts *out);
 
 /* ---- L2 tier (docs/l2.md) ----------------------------------------------
  * A prefetch request: keys[0..n) are the L1 misses after the caller's L1
@@ -196,9 +178,10 @@ int lmc_storage_manager_finish_write_and_delete(lmc_storage_manager *sm,
  *   then resident and read-locked (`readers` shares) for the caller. */
 typedef struct lmc_storage_l2_request {
     const lmc_object_key *keys;   /* copied by prefetch() */
-    lmc_l1_copy_id *copies;       /* may be NULL; else before on_done, the ids of
-                                   * the copies locked for the caller, [0..units*
-                                   * keys_per_unit); must live until on_done */
+    lmc_lease *leases;            /* before on_done, the READ leases (`readers`
+                                   * shares) of keys [0..units*keys_per_unit) for
+                                   * the caller to give back; must live until
+                                   * on_done (required when readers > 0) */
     size_t n;
     uint32_t keys_per_unit;
     uint64_t object_size;
@@ -274,12 +257,12 @@ void lmc_storage_manager_usage(lmc_storage_manager *sm, uint64_t *used, uint64_t
  * l2_adapters[], l1_usage[used,total], l1_capacity_bytes_by_backend{...},
  * l1_arena{...}}.  NULL on allocation failure. */
 json_t *lmc_storage_manager_report_status(lmc_storage_manager *sm);
-bool lmc_storage_manager_memcheck(lmc_storage_manager *sm);
 /* {base, size, shm_name} of the L1 arena (engine SHM pool, pinning, P2P). */
 const lmc_l1_arena_desc *lmc_storage_manager_l1_arena(const lmc_storage_manager *sm);
 /* One synchronous eviction cycle; returns the number of keys evicted. */
 size_t lmc_storage_manager_run_eviction_once(lmc_storage_manager *sm);
-/* The underlying L1 manager (tests, future controllers). */
-lmc_l1_manager *lmc_storage_manager_l1(lmc_storage_manager *sm);
+/* The L1 books (lmc_l1_manager_check_books): true when they balance. */
+bool lmc_storage_manager_check_books(lmc_storage_manager *sm);
+uint64_t lmc_storage_manager_invariant_violations(lmc_storage_manager *sm);
 
 #endif

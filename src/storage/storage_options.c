@@ -1,8 +1,10 @@
-/* lmc_storage_options from the parsed configuration (storage.md §1). */
+/* lmc_storage_options from the parsed configuration (docs/configuration.md,
+ * "Storage Manager (L1)"). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "storage/l1_manager.h"
 #include "storage/storage_manager.h"
 #include "storage/storage_options_internal.h"
 
@@ -22,6 +24,7 @@ void lmc_storage_options_defaults(lmc_storage_options *o)
     o->eviction_ratio = 0.2;
     o->eviction_period_ms = 1000;
     o->lazy_grow_step_bytes = GIB;
+    o->check_books = LMC_L1_CHECK_BOOKS_DEFAULT;
 }
 
 static int gib_to_bytes(double gib, uint64_t *out, const char *what, char *err, size_t errlen)

@@ -1,7 +1,8 @@
-/* TTL lock (storage.md §3.2): a counter plus an expiry time in monotonic
- * milliseconds, used for both the write lock of a staging reservation and
- * the read lock of a resident object.  A crashed client cannot pin memory
- * forever: once `now >= expiry_ms` the lock counts as released.
+/* TTL lock (docs/storage.md, "TTL lock"): a counter plus an expiry time
+ * in monotonic milliseconds, used for both the write lock of a staging
+ * reservation and the read lock of a resident object.  A crashed client
+ * cannot pin memory forever: once `now >= expiry_ms` the lock counts as
+ * released.
  *
  * Not thread-safe on its own: every lock in the L1 tier lives inside an L1
  * manager record and is only touched under the L1 manager's mutex.  The

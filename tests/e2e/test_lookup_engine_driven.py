@@ -2,6 +2,7 @@
 transfer path, emulating upstream's scheduler and worker DEALERs byte for
 byte (wire-protocol.md §2.1, §4.4, §6)."""
 import hashlib
+import json
 import mmap
 import os
 import threading
@@ -483,4 +484,40 @@ def test_freeing_an_old_lookup_after_clear_spares_the_new_copy(srv, pair):
     assert sched.call(END, "r-undelivered") is not None    # its locks were never delivered
     assert retired_bytes(srv) == 0
     assert_both_ranks_retrieve(pair, p, "r-new")
+    sched.close()
+
+
+def l1_status(srv):
+    body = urllib.request.urlopen(f"http://127.0.0.1:{srv.http_port}/status", timeout=5).read()
+    return json.loads(body)["storage_manager"]["l1_manager"]
+
+
+def test_lease_ledger_settles_after_every_path(srv, pair):
+    """Every lease the engine-driven path, the lookup and a forced CLEAR
+    hand out comes back exactly once (docs/storage.md, "Leases"): nothing
+    WRITE or COPY stays outstanding, nothing is given back twice, the books
+    balance, and a retrieve in flight across a clear gives back the buffer
+    the clear retired for it."""
+    w0, w1 = pair
+    sched = srv.dealer()
+    p = prompt(31)
+    for w in pair:
+        w.store(p, 0, 64)
+    assert lookup(sched, p, "r1") == 4
+    assert_both_ranks_retrieve(pair, p, "r1")
+    assert lookup(sched, p, "r2") == 4
+    k = w1.key(p, 0, 64, "r2")
+    assert unpack(w1.d.call(PRETR, k, w1.id))["success"]
+    st = l1_status(srv)["leases"]
+    assert st["copy"]["outstanding"] == 4 and st["write"]["outstanding"] == 0, st
+    assert sched.call(CLEAR) is not None
+    assert unpack(w1.d.call(CRETR, k, w1.id)) is True      # its copy is gone: stale
+    l1 = l1_status(srv)
+    st = l1["leases"]
+    assert l1["is_healthy"] and l1["invariant_violations"] == 0, l1
+    assert st["write"]["outstanding"] == 0 and st["copy"]["outstanding"] == 0, st
+    assert st["write"]["granted"] == 8 and st["write"]["returned"] == 8, st
+    assert st["copy"]["granted"] == 12 and st["copy"]["returned"] == 12, st
+    assert st["returned_twice"] == 0 and st["returned_stale"] == 0, st
+    assert l1["num_retired_buffers"] == 0
     sched.close()

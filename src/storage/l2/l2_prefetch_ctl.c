@@ -1,15 +1,16 @@
-/* Prefetch controller (storage.md §2.3): extends a LOOKUP's L1 hit run with
+/* Prefetch controller (docs/l2.md, "Prefetch (LOOKUP)"): extends a
+ * LOOKUP's L1 hit run with
  * objects loaded from L2.
  *
  * Per request, on the controller thread only:
  *   LOOKUP  lookup-and-lock on every adapter in parallel;
  *   plan    each key goes to the lowest-index adapter that has it; keep the
- *           leading run of whole units; reserve L1 staging (temporary unless
+ *           leading run of whole units; WRITE leases on L1 staging (temporary unless
  *           retain) and trim to the leading run that reserved; unlock the
  *           L2 locks outside the plan; report the lookup hits;
  *   LOAD    one load task per adapter straight into the staging buffers;
- *   final   finish_write_and_reserve_read on the leading loaded run, drop
- *           the rest, unlock L2, report on_done.
+ *   final   publish the leading loaded run as READ leases for the caller, give
+ *           the rest back, unlock L2, report on_done.
  * A deadline (--l2-prefetch-load-timeout) turns outstanding work into
  * misses: the request is answered at once and stays as a "zombie" until
  * its late tasks arrive, so that locks are released and staging buffers an
@@ -42,7 +43,8 @@ typedef enum { PH_QUEUED, PH_LOOKUP, PH_LOAD, PH_ZOMBIE } phase;
 typedef struct preq {
     lmc_storage_l2_request r; /* r.keys points at keys */
     lmc_object_key *keys;
-    uint64_t *sizes, *offsets;
+    uint64_t *sizes;
+    lmc_lease *leases;        /* WRITE leases of the plan's staging buffers */
     uint8_t *loaded;
     size_t plan_n;
     int64_t deadline_ms;      /* 0: none */
@@ -83,7 +85,7 @@ static void preq_free(preq *q, size_t na)
     free(q->parts);
     free(q->keys);
     free(q->sizes);
-    free(q->offsets);
+    free(q->leases);
     free(q->loaded);
     free(q);
 }
@@ -96,13 +98,13 @@ static preq *preq_new(const lmc_storage_l2_request *r, size_t na, double timeout
         return NULL;
     q->keys = malloc(n * sizeof *q->keys);
     q->sizes = malloc(n * sizeof *q->sizes);
-    q->offsets = calloc(n, sizeof *q->offsets);
+    q->leases = calloc(n, sizeof *q->leases);
     q->loaded = calloc(n, 1);
     q->parts = calloc(na, sizeof *q->parts);
     for (size_t a = 0; q->parts && a < na; a++)
         if (!(q->parts[a].found = calloc(n, 1)))
             goto fail;
-    if (!q->keys || !q->sizes || !q->offsets || !q->loaded || !q->parts)
+    if (!q->keys || !q->sizes || !q->leases || !q->loaded || !q->parts)
         goto fail;
     q->r = *r;
     memcpy(q->keys, r->keys, r->n * sizeof *q->keys);
@@ -203,14 +205,32 @@ static void unlock_outside_plan(lmc_l2_prefetch_ctl *c, preq *q, const int *owne
     }
 }
 
-/* Reserves staging for the plan; trims it to the leading reserved units. */
+/* Gives back the leases of q->keys[from..to) that are still held. */
+static void give_back_range(lmc_l2_prefetch_ctl *c, preq *q, size_t from, size_t to)
+{
+    for (size_t i = from; i < to; i++)
+        if (lmc_lease_held(&q->leases[i]))
+            lmc_storage_manager_give_back(c->sm, &q->keys[i], &q->leases[i], 1);
+}
+
+/* Gives back the WRITE leases of the part's keys at request index >= from
+ * (loads that will not be published). */
+static void give_back_part(lmc_l2_prefetch_ctl *c, preq *q, const part *p, size_t from)
+{
+    for (size_t j = 0; j < p->m; j++)
+        if (p->idx[j] >= from)
+            give_back_range(c, q, p->idx[j], p->idx[j] + 1);
+}
+
+/* WRITE leases on staging for the plan; trims it to the leading reserved
+ * units. */
 static void reserve_plan(lmc_l2_prefetch_ctl *c, preq *q)
 {
     lmc_l1_result *res = malloc(q->plan_n * sizeof *res);
     size_t ok = 0;
-    if (res && lmc_storage_manager_reserve_write(c->sm, q->keys, q->plan_n, q->r.object_size,
-                                                 !(c->o.retain || q->r.retain), LMC_L2_PREFETCH_TAG, q->offsets,
-                                                 res) == 0)
+    if (res && lmc_storage_manager_lease_write(c->sm, q->keys, q->plan_n, q->r.object_size,
+                                               !(c->o.retain || q->r.retain),
+                                               LMC_L2_PREFETCH_TAG, q->leases, res) == 0)
         while (ok < q->plan_n && res[ok] == LMC_L1_SUCCESS)
             ok++;
     size_t keep = ok / q->r.keys_per_unit * q->r.keys_per_unit;
@@ -218,10 +238,7 @@ static void reserve_plan(lmc_l2_prefetch_ctl *c, preq *q)
         atomic_fetch_add(&c->l1_reserve_failed, q->plan_n - keep);
         lmc_l2_publish_prefetch_failure(c->sm, "l1_oom", &q->keys[keep], q->plan_n - keep);
     }
-    for (size_t i = keep; res && i < q->plan_n; i++)
-        if (res[i] == LMC_L1_SUCCESS)
-            lmc_storage_manager_finish_write_and_delete(c->sm, &q->keys[i], 1,
-                                                        LMC_L2_PREFETCH_TAG, NULL);
+    give_back_range(c, q, keep, q->plan_n);
     q->plan_n = keep;
     free(res);
 }
@@ -244,7 +261,7 @@ static int build_part(preq *q, part *p, const int *owner, int a)
         if (owner[i] != a)
             continue;
         p->keys[p->m] = q->keys[i];
-        p->offsets[p->m] = q->offsets[i];
+        p->offsets[p->m] = q->leases[i].offset;
         p->sizes[p->m] = q->sizes[i];
         p->idx[p->m++] = i;
     }
@@ -321,26 +338,22 @@ static bool expired(const preq *q, int64_t now)
     return q->deadline_ms && now >= q->deadline_ms;
 }
 
-/* Publishes keys[0..good) read-locked; returns the leading published run
- * in whole units (anything published beyond it is released again). */
+/* Publishes keys[0..good) as READ leases for the caller; returns the
+ * leading published run in whole units (what is beyond it goes back). */
 static size_t commit(lmc_l2_prefetch_ctl *c, preq *q, size_t good)
 {
     lmc_l1_result *res = malloc((good ? good : 1) * sizeof *res);
-    lmc_l1_copy_id *copies = q->r.copies;
     size_t s = 0;
-    if (res && lmc_storage_manager_finish_write_and_reserve_read(
-                   c->sm, q->keys, good, q->r.readers, LMC_L2_PREFETCH_TAG, res, copies) == 0)
+    if (res && lmc_storage_manager_publish_writes(c->sm, q->keys, q->leases, good, q->r.readers,
+                                                  res) == 0)
         while (s < good && res[s] == LMC_L1_SUCCESS)
             s++;
     size_t s2 = s / q->r.keys_per_unit * q->r.keys_per_unit;
-    for (size_t i = s2; i < good; i++) {
-        if (res && res[i] == LMC_L1_SUCCESS)
-            lmc_storage_manager_finish_read_copies(c->sm, &q->keys[i], copies ? &copies[i] : NULL,
-                                                   1, q->r.readers);
-        else
-            lmc_storage_manager_finish_write_and_delete(c->sm, &q->keys[i], 1,
-                                                        LMC_L2_PREFETCH_TAG, NULL);
-    }
+    give_back_range(c, q, s2, good);
+    if (q->r.leases)   /* the caller's from here on */
+        memcpy(q->r.leases, q->leases, s2 * sizeof *q->leases);
+    else
+        give_back_range(c, q, 0, s2);
     free(res);
     return s2;
 }
@@ -366,10 +379,7 @@ static void finalize_ex(lmc_l2_prefetch_ctl *c, preq *q, bool force)
         part *p = &q->parts[a];
         if (p->load_id)
             continue;
-        for (size_t j = 0; j < p->m; j++)
-            if (p->idx[j] >= good)
-                lmc_storage_manager_finish_write_and_delete(c->sm, &p->keys[j], 1,
-                                                            LMC_L2_PREFETCH_TAG, NULL);
+        give_back_part(c, q, p, good);
         lmc_l2_adapter_unlock(c->ad[a], p->keys, p->m);
     }
     deliver(c, q, published / q->r.keys_per_unit);
@@ -443,8 +453,7 @@ static void poll_loads(lmc_l2_prefetch_ctl *c, preq *q, uint8_t *scratch)
         if (q->ph == PH_LOAD) {
             record_load(c, q, a, scratch);
         } else {
-            lmc_storage_manager_finish_write_and_delete(c->sm, p->keys, p->m,
-                                                        LMC_L2_PREFETCH_TAG, NULL);
+            give_back_part(c, q, p, 0);
             lmc_l2_adapter_unlock(c->ad[a], p->keys, p->m);
         }
     }
@@ -600,9 +609,7 @@ void lmc_l2_prefetch_ctl_free(lmc_l2_prefetch_ctl *c)
         c->active = q->next;
         for (size_t a = 0; a < c->na; a++)
             if (q->parts[a].load_id)
-                lmc_storage_manager_finish_write_and_delete(c->sm, q->parts[a].keys,
-                                                            q->parts[a].m, LMC_L2_PREFETCH_TAG,
-                                                            NULL);
+                give_back_part(c, q, &q->parts[a], 0);
         preq_free(q, c->na);
     }
     if (c->efd >= 0)

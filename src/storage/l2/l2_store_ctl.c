@@ -1,10 +1,11 @@
 /* Store controller: L1 -> L2 write-behind, never on the request path.
  *
  * The storage manager's on_written listener only appends keys to a queue
- * (own mutex) and bumps an eventfd.  The controller thread read-locks the
- * still-resident keys (one share per adapter), submits one store task per
- * adapter, and releases one share per completed task; with skip_l1 the keys
- * are deleted from L1 once every adapter stored them.  Failures are counted
+ * (own mutex) and bumps an eventfd.  The controller thread takes a COPY
+ * lease on each still-resident key (docs/storage.md, "Leases": the object
+ * stays resident and its buffer stays put), submits one store task per
+ * adapter, and gives the leases back once every adapter is done; with
+ * skip_l1 the keys are then deleted from L1 if every adapter stored them.  Failures are counted
  * and logged, never retried (upstream behaviour). */
 #include <poll.h>
 #include <pthread.h>
@@ -25,7 +26,7 @@
 
 typedef struct batch {
     lmc_object_key *keys;
-    lmc_l1_range *ranges;     /* what the L1 read handed out, to unpin */
+    lmc_lease *leases;        /* COPY leases, given back when every adapter is done */
     size_t n;
     size_t pending;           /* adapters still storing */
     bool ok;
@@ -93,13 +94,13 @@ static void on_written(void *user, const lmc_object_key *keys, size_t n)
 static void free_batch(batch *b)
 {
     free(b->keys);
-    free(b->ranges);
+    free(b->leases);
     free(b);
 }
 
 static void finish_batch(lmc_l2_store_ctl *c, batch *b)
 {
-    lmc_storage_manager_unpin(c->sm, b->keys, b->ranges, b->n, NULL);   /* all have copied */
+    lmc_storage_manager_give_back(c->sm, b->keys, b->leases, b->n);   /* all have copied */
     if (c->skip_l1 && b->ok) {
         size_t deleted = 0;
         lmc_storage_manager_delete(c->sm, b->keys, b->n, false, &deleted, NULL);
@@ -114,52 +115,40 @@ static void finish_batch(lmc_l2_store_ctl *c, batch *b)
 /* One adapter is done with `b` (stored, failed, or never submitted). */
 static void adapter_done(lmc_l2_store_ctl *c, batch *b, bool ok)
 {
-    lmc_storage_manager_finish_read_at(c->sm, b->keys, b->ranges, b->n, 1);
     b->ok = b->ok && ok;
     if (--b->pending == 0)
         finish_batch(c, b);
 }
 
-/* Read-locks the resident keys and returns them compacted into a batch. */
+/* COPY leases on the resident keys, compacted into a batch. */
 static batch *lock_batch(lmc_l2_store_ctl *c, const lmc_object_key *keys, size_t n,
                          uint64_t *offsets, uint64_t *sizes)
 {
     lmc_l1_result res[BATCH_KEYS];
     batch *b = calloc(1, sizeof *b);
     lmc_object_key *k = malloc(n * sizeof *k);
-    lmc_l1_range *ranges = malloc(n * sizeof *ranges);
-    if (!b || !k || !ranges ||
-        lmc_storage_manager_reserve_read(c->sm, keys, n, (uint32_t)c->na, res)) {
+    lmc_lease *leases = malloc(n * sizeof *leases);
+    if (!b || !k || !leases) {
         free(b);
         free(k);
-        free(ranges);
+        free(leases);
         return NULL;
     }
-    for (size_t i = 0; i < n; i++)
-        if (res[i] == LMC_L1_SUCCESS)
-            k[b->n++] = keys[i];
+    lmc_storage_manager_lease_copy(c->sm, keys, n, LMC_COPY_TAKES_SHARE, false, leases, res);
+    for (size_t i = 0; i < n; i++) {
+        if (res[i] != LMC_L1_SUCCESS)
+            continue;
+        offsets[b->n] = leases[i].offset;
+        sizes[b->n] = leases[i].object_size;
+        leases[b->n] = leases[i];
+        k[b->n++] = keys[i];
+    }
     atomic_fetch_add(&c->not_resident, n - b->n);
     if (b->n < n)
         lmc_storage_manager_report_read_failure(c->sm, "l2_store", "not_found", &keys[0],
                                                 n - b->n);
-    lmc_storage_manager_read(c->sm, k, b->n, ranges, res);
-    /* A forced clear between the lock and the read leaves a key without a
-     * range: give its shares back and leave it out of the batch. */
-    size_t kept = 0;
-    for (size_t i = 0; i < b->n; i++) {
-        if (res[i] != LMC_L1_SUCCESS) {
-            lmc_storage_manager_finish_read(c->sm, &k[i], 1, (uint32_t)c->na, NULL);
-            continue;
-        }
-        k[kept] = k[i];
-        ranges[kept++] = ranges[i];
-    }
-    b->n = kept;
-    lmc_l1_manager_object_sizes(lmc_storage_manager_l1(c->sm), k, b->n, sizes);
-    for (size_t i = 0; i < b->n; i++)
-        offsets[i] = ranges[i].offset;
     b->keys = k;
-    b->ranges = ranges;
+    b->leases = leases;
     b->pending = c->na;
     b->ok = true;
     return b;

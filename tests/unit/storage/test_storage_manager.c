@@ -1,6 +1,8 @@
-/* StorageManager facade: options from the config, SHM pool, lock_prefix,
- * read/finish_read, delete/clear, listeners, status, lazy growth, a
- * /dev/shm too small for the pool. */
+/* StorageManager facade: options from the config, SHM pool, leases (a
+ * lookup's READ leases, the COPY leases of the retrieves that carry their
+ * shares, WRITE leases published with readers), delete/clear, listeners,
+ * status, lazy growth, a /dev/shm too small for the pool.  Every manager
+ * checks its L1 books after each mutating call. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -42,6 +44,7 @@ static lmc_storage_options small_options(void)
     o.l1_size_bytes = 64 * MIB;
     o.l1_use_lazy = false;
     o.eviction_period_ms = 0;
+    o.check_books = true;
     return o;
 }
 
@@ -54,20 +57,28 @@ static lmc_storage_manager *create(const lmc_storage_options *o)
     return sm;
 }
 
+static void assert_books_balance(lmc_storage_manager *sm)
+{
+    assert_true(lmc_storage_manager_check_books(sm));
+    assert_int_equal(lmc_storage_manager_invariant_violations(sm), 0);
+}
+
 static void store_keys(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n)
 {
-    uint64_t offs[16];
+    lmc_lease leases[16];
     lmc_l1_result res[16];
-    assert_int_equal(lmc_storage_manager_reserve_write(sm, keys, n, OBJ, false, NULL, offs, res),
+    assert_int_equal(lmc_storage_manager_lease_write(sm, keys, n, OBJ, false, NULL, leases, res),
                      0);
     uint8_t *base = lmc_storage_manager_l1_arena(sm)->base;
     for (size_t i = 0; i < n; i++) {
         assert_int_equal(res[i], LMC_L1_SUCCESS);
-        memset(base + offs[i], (int)(0x10 + i), OBJ);
+        memset(base + leases[i].offset, (int)(0x10 + i), OBJ);
     }
-    assert_int_equal(lmc_storage_manager_finish_write(sm, keys, n, NULL, res), 0);
-    for (size_t i = 0; i < n; i++)
+    assert_int_equal(lmc_storage_manager_publish_writes(sm, keys, leases, n, 0, res), 0);
+    for (size_t i = 0; i < n; i++) {
         assert_int_equal(res[i], LMC_L1_SUCCESS);
+        assert_int_equal(leases[i].kind, LMC_LEASE_RETURNED);
+    }
 }
 
 static void test_default_shm_pool(void **state)
@@ -84,6 +95,7 @@ static void test_default_shm_pool(void **state)
     lmc_storage_manager_usage(sm, &used, &total);
     assert_int_equal(used, 0);
     assert_int_equal(total, 64 * MIB);
+    assert_books_balance(sm);
     lmc_storage_manager_close(sm);
     lmc_storage_manager_close(NULL);
 }
@@ -98,34 +110,50 @@ static void test_lock_prefix_locks_only_leading_hits(void **state)
     lmc_object_key stored[3] = {make_key(0), make_key(1), make_key(3)};
     store_keys(sm, stored, 3);
     lmc_object_key lookup[4] = {make_key(0), make_key(1), make_key(2), make_key(3)};
-    assert_int_equal(lmc_storage_manager_lock_prefix(sm, lookup, 4, 2, NULL), 2);
-    lmc_l1_range ranges[4];
+    lmc_lease locks[4], copies[4];
     lmc_l1_result res[4];
-    assert_int_equal(lmc_storage_manager_read(sm, lookup, 4, ranges, res), 2);
+    /* A lookup for two readers: two shares on each leading hit. */
+    assert_int_equal(lmc_storage_manager_lease_read(sm, lookup, 4, 2, true, locks, NULL), 2);
+    assert_int_equal(locks[0].shares, 2);
+    assert_int_equal(locks[2].kind, LMC_LEASE_NONE);
+    assert_int_equal(locks[3].kind, LMC_LEASE_NONE);
+    /* The first reader's retrieve carries one share of each. */
+    assert_int_equal(lmc_storage_manager_lease_copy(sm, lookup, 4, LMC_COPY_CARRIES_SHARE, false,
+                                                    copies, res), 2);
     assert_int_equal(res[0], LMC_L1_SUCCESS);
     assert_int_equal(res[1], LMC_L1_SUCCESS);
     assert_int_equal(res[2], LMC_L1_KEY_NOT_EXIST);
     assert_int_equal(res[3], LMC_L1_KEY_NOT_READABLE);    /* resident, not locked */
     const uint8_t *base = lmc_storage_manager_l1_arena(sm)->base;
-    assert_int_equal(ranges[1].size, OBJ);
-    assert_int_equal(base[ranges[1].offset], 0x11);
-    assert_int_equal(base[ranges[1].offset + OBJ - 1], 0x11);
+    assert_int_equal(copies[1].size, OBJ);
+    assert_int_equal(copies[1].object_size, OBJ);
+    assert_int_equal(copies[1].offset, locks[1].offset);
+    assert_int_equal(base[copies[1].offset], 0x11);
+    assert_int_equal(base[copies[1].offset + OBJ - 1], 0x11);
     /* locked keys resist a non-force delete */
     size_t deleted = 9, skipped = 9;
     assert_int_equal(lmc_storage_manager_delete(sm, lookup, 4, false, &deleted, &skipped), 0);
     assert_int_equal(deleted, 1);                          /* key 3 */
     assert_int_equal(skipped, 2);                          /* keys 0 and 1 */
     /* two readers: two releases */
-    assert_int_equal(lmc_storage_manager_finish_read(sm, lookup, 2, 1, NULL), 0);
-    assert_int_equal(lmc_storage_manager_read(sm, lookup, 2, ranges, res), 2);
-    assert_int_equal(lmc_storage_manager_finish_read(sm, lookup, 2, 1, res), 0);
-    assert_int_equal(res[0], LMC_L1_SUCCESS);
-    assert_int_equal(lmc_storage_manager_read(sm, lookup, 2, ranges, res), 0);
-    assert_int_equal(lmc_storage_manager_lock_prefix(sm, lookup + 2, 2, 1, NULL), 0);
+    lmc_storage_manager_give_back(sm, lookup, copies, 4);
+    assert_int_equal(lmc_storage_manager_lease_copy(sm, lookup, 2, LMC_COPY_CARRIES_SHARE, false,
+                                                    copies, res), 2);
+    lmc_storage_manager_give_back(sm, lookup, copies, 2);
+    assert_int_equal(lmc_storage_manager_lease_copy(sm, lookup, 2, LMC_COPY_CARRIES_SHARE, false,
+                                                    copies, res), 0);
+    assert_int_equal(res[0], LMC_L1_KEY_NOT_READABLE);
+    assert_int_equal(lmc_storage_manager_lease_read(sm, lookup + 2, 2, 1, true, locks + 2, NULL),
+                     0);
     assert_int_equal(lmc_storage_manager_delete(sm, lookup, 4, false, &deleted, &skipped), 0);
     assert_int_equal(deleted, 2);
     assert_int_equal(skipped, 0);
-    assert_true(lmc_storage_manager_memcheck(sm));
+    lmc_lease_counts c;
+    lmc_storage_manager_lease_counts(sm, &c);
+    assert_int_equal(c.granted[LMC_LEASE_COPY], 4);
+    assert_int_equal(c.returned[LMC_LEASE_COPY], 4);
+    assert_int_equal(c.granted[LMC_LEASE_READ], 2);
+    assert_books_balance(sm);
     lmc_storage_manager_close(sm);
 }
 
@@ -135,33 +163,35 @@ static void test_finish_write_and_reserve_read_and_clear(void **state)
     lmc_storage_options o = small_options();
     lmc_storage_manager *sm = create(&o);
     lmc_object_key keys[3] = {make_key(1), make_key(2), make_key(3)};
-    uint64_t offs[3];
+    lmc_lease w[3], copies[3], probe;
     lmc_l1_result res[3];
-    assert_int_equal(lmc_storage_manager_reserve_write(sm, keys, 3, OBJ, true, "prefetch", offs,
-                                                       res), 0);
-    assert_int_equal(lmc_storage_manager_finish_write_and_reserve_read(sm, keys, 2, 1, "prefetch",
-                                                                       res, NULL), 0);
+    assert_int_equal(lmc_storage_manager_lease_write(sm, keys, 3, OBJ, true, "prefetch", w, res),
+                     0);
+    assert_int_equal(lmc_storage_manager_publish_writes(sm, keys, w, 2, 1, res), 0);
     assert_int_equal(res[1], LMC_L1_SUCCESS);
-    lmc_l1_range ranges[3];
-    assert_int_equal(lmc_storage_manager_read(sm, keys, 2, ranges, res), 2);
-    /* temporary: the last read frees it (its copy done first) */
-    lmc_storage_manager_unpin(sm, keys, ranges, 1, res);
-    assert_int_equal(lmc_storage_manager_finish_read(sm, keys, 1, 1, NULL), 0);
-    assert_int_equal(lmc_storage_manager_lock_prefix(sm, keys, 1, 1, NULL), 0);
+    assert_int_equal(w[1].kind, LMC_LEASE_READ);
+    assert_int_equal(w[2].kind, LMC_LEASE_WRITE);   /* not published */
+    assert_int_equal(lmc_storage_manager_lease_copy(sm, keys, 2, LMC_COPY_CARRIES_SHARE, false,
+                                                    copies, res), 2);
+    /* temporary: the last read frees it (its copy done, with the share) */
+    lmc_storage_manager_give_back(sm, keys, copies, 1);
+    assert_int_equal(lmc_storage_manager_lease_read(sm, keys, 1, 1, true, &probe, NULL), 0);
     assert_int_equal(lmc_storage_manager_clear(sm, false), 0);   /* key 2 locked, 3 staging */
     assert_int_equal(lmc_storage_manager_clear(sm, true), 2);
-    /* Forced, the keys are gone, but the copy out of key 2 (read above) and
-     * the writer of key 3 still hold their buffers: nothing new goes there. */
+    /* Forced, the keys are gone, but the copy out of key 2 (leased above)
+     * and the writer of key 3 still hold their buffers: nothing new goes
+     * there. */
     uint64_t used, total;
     lmc_storage_manager_usage(sm, &used, &total);
     assert_int_equal(used, 2 * OBJ);
-    assert_int_equal(lmc_storage_manager_read(sm, &keys[1], 1, ranges, res), 0);
-    lmc_storage_manager_unpin(sm, &keys[1], &ranges[1], 1, NULL);   /* that copy is done */
-    assert_int_equal(lmc_storage_manager_finish_write(sm, &keys[2], 1, "prefetch", res), 0);
+    assert_int_equal(lmc_storage_manager_lease_copy(sm, &keys[1], 1, LMC_COPY_CARRIES_SHARE, false,
+                                                    &probe, res), 0);
+    lmc_storage_manager_give_back(sm, &keys[1], &copies[1], 1);   /* that copy is done */
+    assert_int_equal(lmc_storage_manager_publish_writes(sm, &keys[2], &w[2], 1, 0, res), 0);
     assert_int_equal(res[0], LMC_L1_KEY_NOT_EXIST);   /* that write was cleared */
     lmc_storage_manager_usage(sm, &used, &total);
     assert_int_equal(used, 0);
-    assert_true(lmc_storage_manager_memcheck(sm));
+    assert_books_balance(sm);
     lmc_storage_manager_close(sm);
 }
 
@@ -176,8 +206,13 @@ static void on_written(void *user, const lmc_object_key *keys, size_t n)
     counts *c = user;
     c->written += n;
     /* calling back into the storage manager must not deadlock */
-    c->locked_from_listener += lmc_storage_manager_lock_prefix(c->sm, keys, n, 1, NULL);
-    assert_int_equal(lmc_storage_manager_finish_read(c->sm, keys, n, 1, NULL), 0);
+    lmc_lease *locks = calloc(n, sizeof(*locks));
+    assert_non_null(locks);
+    c->locked_from_listener += lmc_storage_manager_lease_read(c->sm, keys, n, 1, true, locks, NULL);
+    lmc_storage_manager_give_back(c->sm, keys, locks, n);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(locks[i].kind, LMC_LEASE_RETURNED);
+    free(locks);
 }
 
 static void on_deleted(void *user, const lmc_object_key *keys, size_t n)
@@ -212,6 +247,7 @@ static void test_listeners(void **state)
     assert_int_equal(lmc_storage_manager_delete(sm, keys, 2, false, &deleted, &skipped), 0);
     assert_int_equal(deleted, 2);
     assert_int_equal(c.deleted, 4);                     /* two listeners */
+    assert_books_balance(sm);
     lmc_storage_manager_close(sm);
 }
 
@@ -227,11 +263,12 @@ static void test_status_and_eviction(void **state)
     for (int i = 0; i < 10; i++)
         keys[i] = make_key((uint64_t)i);
     store_keys(sm, keys, 10);
-    assert_int_equal(lmc_storage_manager_lock_prefix(sm, keys + 9, 1, 1, NULL), 1);
+    lmc_lease lock, copy;
+    assert_int_equal(lmc_storage_manager_lease_read(sm, keys + 9, 1, 1, true, &lock, NULL), 1);
     assert_int_equal(lmc_storage_manager_run_eviction_once(sm), 5);   /* 9 is locked */
-    lmc_l1_range r;
     lmc_l1_result res;
-    assert_int_equal(lmc_storage_manager_read(sm, keys + 9, 1, &r, &res), 1);
+    assert_int_equal(lmc_storage_manager_lease_copy(sm, keys + 9, 1, LMC_COPY_CARRIES_SHARE, false,
+                                                    &copy, &res), 1);
     json_t *st = lmc_storage_manager_report_status(sm);
     assert_non_null(st);
     assert_true(json_is_true(json_object_get(st, "is_healthy")));
@@ -249,7 +286,8 @@ static void test_status_and_eviction(void **state)
                          json_object_get(st, "l1_capacity_bytes_by_backend"), "dram")),
                      10 * OBJ);
     json_decref(st);
-    assert_int_equal(lmc_storage_manager_finish_read(sm, keys + 9, 1, 1, NULL), 0);
+    lmc_storage_manager_give_back(sm, keys + 9, &copy, 1);
+    assert_books_balance(sm);
     lmc_storage_manager_close(sm);
 }
 
@@ -279,7 +317,7 @@ static void test_lazy_growth(void **state)
         lmc_storage_manager_usage(sm, &used, &total);
     }
     assert_int_equal(total, 256 * MIB);
-    assert_true(lmc_storage_manager_memcheck(sm));
+    assert_books_balance(sm);
     lmc_storage_manager_close(sm);
 }
 
@@ -442,6 +480,7 @@ static void test_options_from_l1_manager_json(void **state)
     assert_true(o.eviction_trigger_watermark == 0.9);
     assert_true(o.eviction_ratio == 0.2);
     o.eviction_period_ms = 0;
+    o.check_books = true;
     lmc_storage_manager *sm = create(&o);
     assert_string_equal(lmc_storage_manager_l1_arena(sm)->shm_name, "");
     lmc_storage_manager_close(sm);

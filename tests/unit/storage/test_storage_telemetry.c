@@ -56,6 +56,7 @@ static lmc_storage_manager *create(env *e, uint64_t objects, double sample_rate,
     o.eviction_ratio = 1;
     o.clock = env_clock;
     o.clock_user = e;
+    o.check_books = true;
     char err[256] = "";
     lmc_storage_manager *sm = lmc_storage_manager_create_with_options(&o, err, sizeof err);
     if (!sm)
@@ -76,6 +77,8 @@ static lmc_storage_manager *start(env *e, lmc_event_bus **bus, uint64_t objects,
 
 static void finish(env *e, lmc_storage_manager *sm, lmc_event_bus *bus)
 {
+    assert_true(lmc_storage_manager_check_books(sm));
+    assert_int_equal(lmc_storage_manager_invariant_violations(sm), 0);
     lmc_storage_manager_close(sm);
     lmc_event_bus_free(bus);
     json_decref(e->events);
@@ -83,11 +86,11 @@ static void finish(env *e, lmc_storage_manager *sm, lmc_event_bus *bus)
 
 static void store(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n, const char *tag)
 {
-    uint64_t offs[8];
+    lmc_lease leases[8];
     lmc_l1_result res[8];
-    assert_int_equal(lmc_storage_manager_reserve_write(sm, keys, n, OBJ, false, tag, offs, res),
+    assert_int_equal(lmc_storage_manager_lease_write(sm, keys, n, OBJ, false, tag, leases, res),
                      0);
-    assert_int_equal(lmc_storage_manager_finish_write(sm, keys, n, tag, res), 0);
+    assert_int_equal(lmc_storage_manager_publish_writes(sm, keys, leases, n, 0, res), 0);
 }
 
 /* The events of `type` recorded so far (borrowed metadata). */
@@ -118,8 +121,9 @@ static void test_write_read_and_sm_counts(void **state)
                               make_key(4, "b")};
     store(sm, keys, 3, NULL);
     /* keys 0..2 resident, 3 missing: the prefix lock takes 3 of 4 */
-    assert_int_equal(lmc_storage_manager_lock_prefix(sm, keys, 4, 1, NULL), 3);
-    assert_int_equal(lmc_storage_manager_finish_read(sm, keys, 2, 1, NULL), 0);
+    lmc_lease locks[4];
+    assert_int_equal(lmc_storage_manager_lease_read(sm, keys, 4, 1, true, locks, NULL), 3);
+    lmc_storage_manager_give_back(sm, keys, locks, 2);
     assert_int_equal(lmc_event_bus_drain(bus, 5), 0);
 
     json_t *ev[8];
@@ -135,7 +139,7 @@ static void test_write_read_and_sm_counts(void **state)
     assert_int_equal(salt_count(ev[0], "a", "ok"), 2);
     assert_int_equal(salt_count(ev[0], "b", "ok"), 1);
     assert_int_equal(salt_count(ev[0], "b", "failed"), 1);
-    assert_int_equal(lmc_storage_manager_finish_read(sm, keys + 2, 1, 1, NULL), 0);
+    lmc_storage_manager_give_back(sm, keys + 2, locks + 2, 1);
     finish(&e, sm, bus);
 }
 
@@ -146,13 +150,14 @@ static void test_allocation_failure_names_the_phase(void **state)
     lmc_event_bus *bus;
     lmc_storage_manager *sm = start(&e, &bus, 2, 1.0);
     lmc_object_key keys[3] = {make_key(1, ""), make_key(2, ""), make_key(3, "")};
-    uint64_t offs[3];
+    lmc_lease leases[3];
     lmc_l1_result res[3];
     /* 3 objects do not fit in 2: the batch fails as a whole */
-    lmc_storage_manager_reserve_write(sm, keys, 3, OBJ, false, NULL, offs, res);
-    lmc_storage_manager_reserve_write(sm, keys, 3, OBJ, true, LMC_STORAGE_L2_PREFETCH_TAG, offs,
-                                      res);
+    lmc_storage_manager_lease_write(sm, keys, 3, OBJ, false, NULL, leases, res);
+    lmc_storage_manager_lease_write(sm, keys, 3, OBJ, true, LMC_STORAGE_L2_PREFETCH_TAG, leases,
+                                    res);
     assert_int_equal(res[0], LMC_L1_OUT_OF_MEMORY);
+    assert_int_equal(leases[0].kind, LMC_LEASE_NONE);
     assert_int_equal(lmc_event_bus_drain(bus, 5), 0);
     json_t *ev[8];
     assert_int_equal(events_of(&e, LMC_EVENT_L1_ALLOCATION_FAILURE, ev, 8), 2);
@@ -176,8 +181,9 @@ static void test_lifecycle_times(void **state)
     lmc_object_key k = make_key(7, "");
     store(sm, &k, 1, NULL);
     e.now_ms = 4000;
-    assert_int_equal(lmc_storage_manager_lock_prefix(sm, &k, 1, 1, NULL), 1);
-    assert_int_equal(lmc_storage_manager_finish_read(sm, &k, 1, 1, NULL), 0);
+    lmc_lease lock;
+    assert_int_equal(lmc_storage_manager_lease_read(sm, &k, 1, 1, true, &lock, NULL), 1);
+    lmc_storage_manager_give_back(sm, &k, &lock, 1);
     e.now_ms = 6000;
     lmc_storage_manager_touch(sm, &k, 1);
     e.now_ms = 10000;
@@ -232,8 +238,9 @@ static void test_evict_reuse_cap_and_no_sampling(void **state)
     json_array_clear(e.events);
     sm = create(&e, 8, 0.0, bus);
     store(sm, &k, 1, NULL);
-    assert_int_equal(lmc_storage_manager_lock_prefix(sm, &k, 1, 1, NULL), 1);
-    assert_int_equal(lmc_storage_manager_finish_read(sm, &k, 1, 1, NULL), 0);
+    lmc_lease lock;
+    assert_int_equal(lmc_storage_manager_lease_read(sm, &k, 1, 1, true, &lock, NULL), 1);
+    lmc_storage_manager_give_back(sm, &k, &lock, 1);
     assert_int_equal(lmc_storage_manager_run_eviction_once(sm), 1);
     assert_int_equal(lmc_event_bus_drain(bus, 5), 0);
     assert_int_equal(events_of(&e, LMC_EVENT_L1_KEYS_EVICTED, ev, 8), 0);
@@ -251,6 +258,7 @@ static void test_silent_without_bus(void **state)
     o.l1_size_bytes = 8 * OBJ;
     o.l1_use_lazy = false;
     o.eviction_period_ms = 0;
+    o.check_books = true;
     char err[256];
     lmc_storage_manager *sm = lmc_storage_manager_create_with_options(&o, err, sizeof err);
     assert_non_null(sm);

@@ -1,5 +1,6 @@
 /* Store and prefetch controllers against a real storage manager and the
- * mock / fault_inject adapters. */
+ * mock / fault_inject adapters.  The storage managers check their L1 books
+ * after every mutating call, the tier's own calls included. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,10 +25,24 @@ typedef struct {
     lmc_storage_manager *sm;
     lmc_key_interner *in;
     lmc_object_key keys[N];
+    lmc_lease leases[N];   /* the prefetch's READ leases, ours once on_done ran */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int lookup_units, done_units, done_calls;
 } fx;
+
+/* lmc_storage_manager_create() with the books checked after every call. */
+static lmc_storage_manager *create_checked(const lmc_config *cfg)
+{
+    lmc_storage_options o;
+    char err[512];
+    assert_int_equal(lmc_storage_options_from_config(cfg, &o, err, sizeof err), 0);
+    o.check_books = true;
+    lmc_storage_manager *sm = lmc_storage_manager_create_with_options(&o, err, sizeof err);
+    if (!sm)
+        fail_msg("create: %s", err);
+    return sm;
+}
 
 static fx *start(const char *adapter, const char *timeout)
 {
@@ -38,8 +53,7 @@ static fx *start(const char *adapter, const char *timeout)
     char err[512];
     assert_int_equal(lmc_config_parse(&f->cfg, 11, (char *const *)argv, NULL, NULL, err,
                                       sizeof err), LMC_CONFIG_OK);
-    f->sm = lmc_storage_manager_create(&f->cfg, err, sizeof err);
-    assert_non_null(f->sm);
+    f->sm = create_checked(&f->cfg);
     assert_int_equal(lmc_l2_attach(f->sm, &f->cfg, err, sizeof err), 0);
     assert_true(lmc_storage_manager_has_l2(f->sm));
     f->in = lmc_key_interner_new();
@@ -59,6 +73,8 @@ static fx *start(const char *adapter, const char *timeout)
 
 static void stop(fx *f)
 {
+    assert_true(lmc_storage_manager_check_books(f->sm));
+    assert_int_equal(lmc_storage_manager_invariant_violations(f->sm), 0);
     lmc_storage_manager_close(f->sm);
     lmc_key_interner_free(f->in);
     lmc_config_free(&f->cfg);
@@ -75,17 +91,17 @@ static uint8_t pattern(size_t i, size_t b)
 /* Writes keys [0, n) through L1, as the engine would. */
 static void write_keys(fx *f, size_t n)
 {
-    uint64_t off[N];
+    lmc_lease w[N];
     lmc_l1_result res[N];
     uint8_t *base = lmc_storage_manager_l1_arena(f->sm)->base;
-    assert_int_equal(lmc_storage_manager_reserve_write(f->sm, f->keys, n, OBJ, false, "eng",
-                                                       off, res), 0);
+    assert_int_equal(lmc_storage_manager_lease_write(f->sm, f->keys, n, OBJ, false, "eng", w,
+                                                     res), 0);
     for (size_t i = 0; i < n; i++) {
         assert_int_equal(res[i], LMC_L1_SUCCESS);
         for (size_t b = 0; b < OBJ; b++)
-            base[off[i] + b] = pattern(i, b);
+            base[w[i].offset + b] = pattern(i, b);
     }
-    assert_int_equal(lmc_storage_manager_finish_write(f->sm, f->keys, n, "eng", res), 0);
+    assert_int_equal(lmc_storage_manager_publish_writes(f->sm, f->keys, w, n, 0, res), 0);
 }
 
 static json_int_t counter(fx *f, const char *section, const char *name)
@@ -123,9 +139,10 @@ static void on_done(void *user, size_t units)
 
 static int prefetch(fx *f)
 {
-    lmc_storage_l2_request req = {.keys = f->keys, .n = N, .keys_per_unit = PER,
-                                  .object_size = OBJ, .readers = 1, .on_lookup_done = on_lookup,
-                                  .on_done = on_done, .user = f};
+    memset(f->leases, 0, sizeof f->leases);
+    lmc_storage_l2_request req = {.keys = f->keys, .leases = f->leases, .n = N,
+                                  .keys_per_unit = PER, .object_size = OBJ, .readers = 1,
+                                  .on_lookup_done = on_lookup, .on_done = on_done, .user = f};
     assert_int_equal(lmc_storage_manager_prefetch_l2(f->sm, &req), 0);
     pthread_mutex_lock(&f->mu);
     while (f->done_calls == 0)
@@ -133,6 +150,12 @@ static int prefetch(fx *f)
     int units = f->done_units;
     f->done_calls = 0;
     pthread_mutex_unlock(&f->mu);
+    for (size_t i = 0; i < N; i++) {
+        if (i < (size_t)units * PER)
+            assert_int_equal(f->leases[i].kind, LMC_LEASE_READ);
+        else
+            assert_false(lmc_lease_held(&f->leases[i]));   /* nothing more to give back */
+    }
     return units;
 }
 
@@ -148,16 +171,24 @@ static void test_write_behind_then_prefetch(void **state)
     assert_int_equal(lmc_storage_manager_clear(f->sm, false), 5);
     assert_int_equal(prefetch(f), 2);
     assert_int_equal(f->lookup_units, 2);
-    lmc_l1_range r[N];
+    lmc_lease copies[N], probe[N];
     lmc_l1_result res[N];
-    assert_int_equal(lmc_storage_manager_read(f->sm, f->keys, 4, r, res), 4);
+    /* The engine's retrieve: each copy carries the share the prefetch took. */
+    assert_int_equal(lmc_storage_manager_lease_copy(f->sm, f->keys, 4, LMC_COPY_CARRIES_SHARE,
+                                                    true, copies, res), 4);
     uint8_t *base = lmc_storage_manager_l1_arena(f->sm)->base;
-    for (size_t i = 0; i < 4; i++)
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(copies[i].copy, f->leases[i].copy);
+        assert_int_equal(copies[i].object_size, OBJ);
         for (size_t b = 0; b < OBJ; b += 97)
-            assert_int_equal(base[r[i].offset + b], pattern(i, b));
+            assert_int_equal(base[copies[i].offset + b], pattern(i, b));
+    }
     /* Temporary: the last read frees them; L1 is empty again. */
-    assert_int_equal(lmc_storage_manager_finish_read(f->sm, f->keys, 4, 1, NULL), 0);
-    assert_int_equal(lmc_storage_manager_lock_prefix(f->sm, f->keys, N, 1, NULL), 0);
+    lmc_storage_manager_give_back(f->sm, f->keys, copies, 4);
+    assert_int_equal(lmc_storage_manager_lease_read(f->sm, f->keys, N, 1, true, probe, NULL), 0);
+    uint64_t used, total;
+    lmc_storage_manager_usage(f->sm, &used, &total);
+    assert_int_equal(used, 0);
     json_t *st = lmc_storage_manager_report_status(f->sm);
     assert_int_equal(json_integer_value(json_object_get(st, "num_l2_adapters")), 1);
     assert_int_equal(json_array_size(json_object_get(st, "l2_adapters")), 1);
@@ -204,13 +235,16 @@ static void test_skip_l1_policy(void **state)
                                       sizeof err), LMC_CONFIG_OK);
     fx *g = start("{\"type\":\"mock\"}", NULL);   /* reuse the key/interner setup */
     lmc_storage_manager_close(g->sm);
-    g->sm = lmc_storage_manager_create(&f->cfg, err, sizeof err);
+    g->sm = create_checked(&f->cfg);
     assert_int_equal(lmc_l2_attach(g->sm, &f->cfg, err, sizeof err), 0);
     write_keys(g, N);
     wait_for(g, "store_controller", "l1_deleted", N);
-    assert_int_equal(lmc_storage_manager_lock_prefix(g->sm, g->keys, N, 1, NULL), 0);
+    lmc_lease probe[N];
+    assert_int_equal(lmc_storage_manager_lease_read(g->sm, g->keys, N, 1, true, probe, NULL), 0);
     assert_int_equal(prefetch(g), N / PER);
-    assert_int_equal(lmc_storage_manager_finish_read(g->sm, g->keys, N, 1, NULL), 0);
+    lmc_storage_manager_give_back(g->sm, g->keys, g->leases, N);
+    for (size_t i = 0; i < N; i++)
+        assert_int_equal(g->leases[i].kind, LMC_LEASE_RETURNED);
     stop(g);
     lmc_config_free(&f->cfg);
     free(f);

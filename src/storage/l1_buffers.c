@@ -1,0 +1,144 @@
+/* Giving L1 buffers back to the allocator, and the retired buffers that a
+ * forced delete or clear left to the leases still out on them
+ * (l1_internal.h, l1_retired; docs/storage.md, "Forced clear"). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "obs/log.h"
+#include "storage/l1_internal.h"
+
+static void release_now(lmc_l1_manager *m, uint64_t offset, uint64_t size)
+{
+    if (lmc_l1_alloc_release(m->alloc, offset, size) != 0)
+        l1_violation(m, NULL, "a buffer the allocator does not know was released");
+}
+
+static int reserve_deferred(lmc_l1_manager *m, size_t needed)
+{
+    if (needed <= m->cap_deferred)
+        return 0;
+    size_t cap = m->cap_deferred ? m->cap_deferred : 64;
+    while (cap < needed)
+        cap *= 2;
+    lmc_l1_range *grown = realloc(m->deferred, cap * sizeof(*grown));
+    if (!grown)
+        return -1;
+    m->deferred = grown;
+    m->cap_deferred = cap;
+    return 0;
+}
+
+void l1_free_buffer(lmc_l1_manager *m, const l1_record *rec)
+{
+    if (m->deferring_frees && reserve_deferred(m, m->num_deferred + 1) == 0) {
+        m->deferred[m->num_deferred++] = (lmc_l1_range){rec->offset, rec->size};
+        return;
+    }
+    release_now(m, rec->offset, rec->size);   /* no room to defer: one by one */
+}
+
+void l1_begin_deferred_frees(lmc_l1_manager *m, size_t expected)
+{
+    reserve_deferred(m, expected);   /* best effort; l1_free_buffer copes */
+    m->deferring_frees = true;
+    m->num_deferred = 0;
+}
+
+void l1_end_deferred_frees(lmc_l1_manager *m)
+{
+    m->deferring_frees = false;
+    if (lmc_l1_alloc_release_batch(m->alloc, m->deferred, m->num_deferred) != 0) {
+        LMC_ERROR("L1: batched release of %zu ranges failed; releasing one by one",
+                  m->num_deferred);
+        for (size_t i = 0; i < m->num_deferred; i++)
+            release_now(m, m->deferred[i].offset, m->deferred[i].size);
+    }
+    m->num_deferred = 0;
+}
+
+static void note_lapsed(lmc_l1_manager *m, bool write, uint32_t leases)
+{
+    m->leases.lapsed[write ? LMC_LEASE_WRITE : LMC_LEASE_COPY] += leases;
+}
+
+/* Keeps `rec` allocated for the leases out on it (a writer's, when `tag`;
+ * else rec->lock.count COPY leases).  Frees it at once, the behaviour
+ * without retirement, only if the list cannot grow. */
+void l1_retire(lmc_l1_manager *m, const lmc_object_key *key, const char *tag,
+               const l1_record *rec)
+{
+    if (m->num_retired == m->cap_retired) {
+        size_t cap = m->cap_retired ? m->cap_retired * 2 : 16;
+        l1_retired *grown = realloc(m->retired, cap * sizeof(*grown));
+        if (!grown)
+            goto no_memory;
+        m->retired = grown;
+        m->cap_retired = cap;
+    }
+    char *tag_copy = NULL;
+    if (tag && !(tag_copy = strdup(tag)))
+        goto no_memory;
+    if (m->num_retired == 0 || rec->lock.expiry_ms < m->retired_due_ms)
+        m->retired_due_ms = rec->lock.expiry_ms;
+    m->retired[m->num_retired++] = (l1_retired){*key, tag_copy, *rec};
+    m->retired_bytes += rec->size;
+    return;
+no_memory:
+    LMC_WARN("L1: out of memory; freeing a buffer that a lease still names");
+    note_lapsed(m, tag != NULL, tag ? 1 : rec->lock.count);
+    l1_free_buffer(m, rec);
+}
+
+void l1_free_retired(lmc_l1_manager *m, size_t i, uint32_t lapsed)
+{
+    l1_retired *r = &m->retired[i];
+    note_lapsed(m, r->tag != NULL, lapsed);
+    l1_free_buffer(m, &r->rec);
+    m->retired_bytes -= r->rec.size;
+    free(r->tag);
+    *r = m->retired[--m->num_retired];
+}
+
+/* The retired staging buffer of `key` that writer `tag` still fills. */
+ssize_t l1_find_retired_write(const lmc_l1_manager *m, const lmc_object_key *key,
+                              const char *tag)
+{
+    for (size_t i = 0; i < m->num_retired; i++) {
+        const l1_retired *r = &m->retired[i];
+        if (r->tag && strcmp(r->tag, tag) == 0 && lmc_object_key_equal(&r->key, key))
+            return (ssize_t)i;
+    }
+    return -1;
+}
+
+ssize_t l1_find_retired(const lmc_l1_manager *m, const lmc_object_key *key,
+                        lmc_l1_copy_id copy, bool write)
+{
+    for (size_t i = 0; i < m->num_retired; i++) {
+        const l1_retired *r = &m->retired[i];
+        if (r->rec.copy == copy && (r->tag != NULL) == write &&
+            lmc_object_key_equal(&r->key, key))
+            return (ssize_t)i;
+    }
+    return -1;
+}
+
+/* Frees retired buffers whose leases' lock lapsed (their holders will not
+ * come back, or come back too late, as for any lapsed lock). */
+void l1_sweep_retired(lmc_l1_manager *m, int64_t now)
+{
+    if (now < m->retired_due_ms)
+        return;   /* nothing can have expired yet: the common case stays O(1) */
+    int64_t due = INT64_MAX;
+    for (size_t i = 0; i < m->num_retired;) {
+        const l1_retired *r = &m->retired[i];
+        if (lmc_ttl_lock_held(&r->rec.lock, now)) {
+            if (r->rec.lock.expiry_ms < due)
+                due = r->rec.lock.expiry_ms;
+            i++;
+        } else {
+            l1_free_retired(m, i, r->tag ? 1 : r->rec.lock.count);
+        }
+    }
+    m->retired_due_ms = due;
+}
