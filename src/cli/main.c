@@ -1,4 +1,4 @@
-/* lmcache-cli: one-shot requests to a running lmcached (ops-surface.md §8).
+/* lmcache-cli: one-shot requests to a running lmcached (docs/cli.md).
  *
  *   lmcache-cli [--host H] [--port P] [--timeout S] COMMAND [ARGS]
  *

@@ -84,7 +84,8 @@ typedef struct {
     double l2_event_flush_interval;  /* --coordinator-l2-event-flush-interval, 1.0 */
 } lmc_coordinator_config;
 
-/* --- Storage manager (storage.md §1) ------------------------------------ */
+/* --- Storage manager (docs/configuration.md, "Storage Manager (L1)" and
+ *     "Storage Manager (L2)") --------------------------------------------- */
 typedef struct {
     lmc_strlist l1_manager_json;     /* --l1-manager (repeatable JSON object) */
     lmc_opt_double l1_size_gb;       /* --l1-size-gb (float, None) */
@@ -109,7 +110,7 @@ typedef struct {
     lmc_strlist l2_adapter_json;     /* --l2-adapter (repeatable JSON object) */
 } lmc_storage_config;
 
-/* --- Observability (ops-surface.md §3) ---------------------------------- */
+/* --- Observability (docs/observability.md, "Flags") --------------------- */
 typedef struct {
     bool disable_observability;      /* --disable-observability */
     bool disable_metrics;            /* --disable-metrics */

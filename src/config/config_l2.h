@@ -1,4 +1,5 @@
-/* Schema of --l2-adapter JSON objects (storage.md §1.5, §4; docs/l2.md).
+/* Schema of --l2-adapter JSON objects (docs/l2.md, "Flags" and the
+ * section of each adapter type).
  * Shared by the start-up flag validation (lenient: checks the fields that
  * are present and known) and the adapter factory in src/storage/l2
  * (strict: unknown types and fields, missing required fields). */

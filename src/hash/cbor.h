@@ -1,8 +1,9 @@
 /* Minimal canonical CBOR (RFC 8949 §4.2.1 "core deterministic") writer.
  *
- * Only what sha256_cbor token hashing needs (wire-protocol.md §5.2): the
- * initial bytes ("heads") of unsigned ints, byte strings, text strings and
- * arrays, always in their shortest form, plus the null simple value.  Heads
+ * Only what sha256_cbor token hashing needs (docs/hashing.md,
+ * "sha256_cbor"): the initial bytes ("heads") of unsigned ints, byte
+ * strings, text strings and arrays, always in their shortest form, plus the
+ * null simple value.  Heads
  * are at most 9 bytes, so callers can reserve LMC_CBOR_HEAD_MAX per item and
  * encode into fixed stack buffers without bounds checks per byte. */
 #ifndef LMC_HASH_CBOR_H

@@ -1,4 +1,5 @@
-/* Token hashing: chunked, prefix-chained chunk hashes (wire-protocol.md §5).
+/* Token hashing: chunked, prefix-chained chunk hashes (docs/hashing.md,
+ * "1. Chunks and the chain" and "2. Algorithms").
  *
  * Clients send raw token ids; the server cuts them into chunks of
  * `chunk_size` tokens and names chunk i by

@@ -94,7 +94,7 @@ json_t *lmc_http_validation_error(const char *type, json_t *loc, const char *msg
                      msg, "input", input);
 }
 
-/* ---- memory pressure (ops-surface.md §1.4) ---------------------------- */
+/* ---- memory pressure (docs/http.md, "Memory pressure") ---------------- */
 
 typedef struct {
     const char *tier;

@@ -26,7 +26,8 @@ void lmc_http_utf8_scrub(char *s);
  * input (input NULL = {}). */
 json_t *lmc_http_validation_error(const char *type, json_t *loc, const char *msg, json_t *input);
 
-/* ops-surface.md §1.4 level for one tier: "unknown" without a ratio,
+/* Memory-pressure level of one tier (docs/http.md, "Memory pressure"):
+ * "unknown" without a ratio,
  * "critical" at >= 1, "high" at >= watermark (when given), else "normal". */
 const char *lmc_http_pressure_level(bool has_ratio, double ratio, bool has_watermark,
                                     double watermark);

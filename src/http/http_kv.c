@@ -1,4 +1,5 @@
-/* /api/kv/store, /api/kv/retrieve, /api/kv/lookup (ops-surface.md §1.2):
+/* /api/kv/store, /api/kv/retrieve, /api/kv/lookup (docs/http.md, "KV transfer
+ * over HTTP"):
  * request parsing and the binary replies; the server does the work. */
 #include <microhttpd.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
-/* GET and DELETE /cache/objects (ops-surface.md §1.2): request parsing and
- * validation here, the work in the backend. */
+/* GET and DELETE /cache/objects (docs/http.md, "Cached objects"):
+ * request parsing and validation here, the work in the backend. */
 #include <microhttpd.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,6 @@
 /* Static pages: the HTML answer of GET / for browsers.  The dashboard
- * (ops-surface.md §9) is dashboard_html.c, generated from dashboard.html.
+ * (docs/http.md, "Dashboard") is dashboard_html.c, generated from
+ * dashboard.html.
  * No page loads external resources. */
 #include "http/http_internal.h"
 

@@ -1,4 +1,4 @@
-/* Quota endpoints (storage.md §7): /quota[/{salt}] and the legacy
+/* Quota endpoints (docs/http.md, "Quotas"): /quota[/{salt}] and the legacy
  * /api/quota[/{salt}].  GB = 2^30 bytes; the path segment "_default" names
  * the empty salt.  Errors use FastAPI's {"detail": ...} shape. */
 #include <math.h>

@@ -1,4 +1,5 @@
-/* The route table (ops-surface.md §1.2) and the endpoint handlers. */
+/* The route table (docs/http.md, "Endpoints" and the sections after it)
+ * and the endpoint handlers. */
 #include <microhttpd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +13,8 @@
 #include "http/http_quota.h"
 #include "obs/log.h"
 
-/* How an endpoint answers while backend.ready() is false (§1.1). */
+/* How an endpoint answers while backend.ready() is false (docs/http.md,
+ * "Behaviour shared by every endpoint": Readiness). */
 typedef enum {
     READY_ANY,      /* serves regardless */
     READY_DETAIL,   /* 503 {"detail":"server not initialized"} */

@@ -1,4 +1,4 @@
-/* HTTP frontend: upstream's operator API (ops-surface.md §1) served by
+/* HTTP frontend: upstream's operator API (docs/http.md) served by
  * libmicrohttpd.  The frontend knows nothing about the cache server: it
  * calls the backend table the server fills in.  docs/http.md lists every
  * endpoint.
@@ -49,7 +49,8 @@ typedef struct {
     /* /metrics: Prometheus text (lmc_metrics_render); malloc'd, the
      * frontend frees it.  NULL callback = 404. */
     char *(*metrics)(void *user);
-    /* Quotas (/quota, /api/quota; storage.md §7).  NULL callbacks = 501.
+    /* Quotas (/quota, /api/quota; docs/http.md, "Quotas").
+     * NULL callbacks = 501.
      * set: 0 or -1; remove: true when the salt had a quota; snapshot: new
      * {"limits": {salt: bytes}, "usage": {salt: bytes}}. */
     int (*quota_set)(void *user, const char *salt, uint64_t limit_bytes);

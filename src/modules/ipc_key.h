@@ -1,4 +1,4 @@
-/* IPCCacheServerKey (wire-protocol.md §4.1): decoding, validation and
+/* IPCCacheServerKey (docs/protocol.md, "Keys"): decoding, validation and
  * resolution into ObjectKeys.
  *
  * A decoded key borrows its strings from the frame it came from (valid
@@ -35,7 +35,9 @@ typedef struct {
  * `cs` in one pass (no msgpack object tree: a 32k-token key costs a
  * fraction of validating plus unpacking it).  Unknown fields are skipped; a
  * repeated field takes its last value.  Strings are borrowed from `data`.
- * 0, or -1 with a one-line reason in err (nothing to free). */
+ * 0, or -1 with a one-line reason in err (nothing to free); -2 instead
+ * when that reason is memory, not the key (a MemoryError, not a
+ * ValidationError, for the client). */
 int lmc_ipc_key_decode_frame(const uint8_t *data, size_t len, uint32_t cs, lmc_ipc_key *out,
                              char *err, size_t errlen);
 void lmc_ipc_key_free(lmc_ipc_key *k);

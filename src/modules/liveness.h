@@ -1,6 +1,6 @@
 /* Worker liveness registry: when each engine worker (instance id) was last
  * heard from and whether it has proven itself with a PING.  PING feeds it;
- * the transfer modules' reaper reads it (ops-surface.md §6). */
+ * the transfer modules' reaper reads it (docs/architecture.md, "Reaper"). */
 #ifndef LMC_MODULES_LIVENESS_H
 #define LMC_MODULES_LIVENESS_H
 

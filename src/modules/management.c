@@ -1,5 +1,6 @@
 /* Management module: GET_CHUNK_SIZE, NOOP, PING, CLEAR,
- * REPORT_BLOCK_ALLOCATION, GET_EXPERIMENTAL (ops-surface.md §6). */
+ * REPORT_BLOCK_ALLOCATION, GET_EXPERIMENTAL (docs/protocol.md, "Ops
+ * implemented so far"; PING feeds docs/architecture.md, "Reaper"). */
 #include <pthread.h>
 #include <stdlib.h>
 

@@ -1,8 +1,9 @@
-/* Worker reaper (ops-surface.md §6): a thread that wakes every period
- * (timeout/4 by default) and reaps the registered instances that have been
- * silent too long: longer than `timeout_ms` once ping-proven, longer than
- * `grace_ms` if never pinged.  Last-seen and ping-proven come from the
- * shared liveness registry (PING and every transfer op write it).
+/* Worker reaper (docs/architecture.md, "Reaper"): a thread that wakes
+ * every period (timeout/4 by default) and reaps the registered instances
+ * that have been silent too long: longer than `timeout_ms` once
+ * ping-proven, longer than `grace_ms` if never pinged.  Last-seen and
+ * ping-proven come from the shared liveness registry (PING and every
+ * transfer op write it).
  *
  * The owner supplies the instance list and the reap action, so one reaper
  * can serve any transfer module.  Clock and period are injectable so unit

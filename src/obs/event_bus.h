@@ -1,7 +1,7 @@
 /* Event bus: producers publish (type, timestamp, session id, metadata) into
  * a bounded queue; one drain thread hands each event to every subscriber of
  * its type.  Publishing never blocks: when the queue is full the event is
- * dropped and counted (ops-surface.md §3). */
+ * dropped and counted (docs/observability.md, "Event bus"). */
 #ifndef LMC_OBS_EVENT_BUS_H
 #define LMC_OBS_EVENT_BUS_H
 

@@ -1,4 +1,5 @@
-/* Event-driven metrics (ops-surface.md §2.2): subscribes a registry to the
+/* Event-driven metrics (docs/metrics.md, "Event-driven families"):
+ * subscribes a registry to the
  * events of events.h and turns them into counters and histograms.  Every
  * counter counts every event; the L1 lifecycle histograms observe what the
  * events carry, which the producer has sampled already (events.h).

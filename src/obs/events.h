@@ -3,9 +3,9 @@
  *     lmc_event_bus_publish(bus, LMC_EVENT_X, session_id, metadata)
  * with `metadata` a JSON object of the fields listed here (the bus steals
  * it).  Fields marked optional may be absent; consumers treat a missing
- * number as 0 and a missing string as "".  Names follow ops-surface.md §3
- * where it gives them (the *_START / *_END span pairs); docs/observability.md
- * lists which subscriber reads which field.
+ * number as 0 and a missing string as "".  Names follow upstream's where it
+ * has them (the *_START / *_END span pairs); docs/observability.md,
+ * "Events", lists which subscriber reads which field.
  *
  * session_id: the request id for lookup/store/retrieve events (it pairs a
  * *_START with its *_END), empty otherwise. */

@@ -1,6 +1,7 @@
 /* Span recorder (--enable-tracing): turns LOOKUP/STORE/RETRIEVE _START and
  * _END events into OTLP spans "mp.lookup_prefetch", "mp.store" and
- * "mp.retrieve" (ops-surface.md §3).  A span opens on *_START and closes on
+ * "mp.retrieve" (docs/observability.md, "OTLP export").  A span opens on
+ * *_START and closes on
  * the *_END with the same session id; an END without its START becomes a
  * zero-length span with attribute lmc.unpaired="true".  Attributes: every
  * END metadata entry as a string, plus session_id.  All spans of one

@@ -1,4 +1,4 @@
-/* Runtime plugins (ops-surface.md §7): side programs (*.py, *.sh) the
+/* Runtime plugins (docs/plugins.md): side programs (*.py, *.sh) the
  * server starts once it is up and stops at shutdown.  docs/plugins.md.
  *
  * The pure helpers (discovery, name filter, interpreter choice, the config

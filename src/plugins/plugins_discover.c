@@ -1,6 +1,6 @@
 /* Plugin discovery, the worker-id name filter and the interpreter choice
- * (ops-surface.md §7).  Pure functions of the file system and their
- * arguments. */
+ * (docs/plugins.md, "Which files run").  Pure functions of the file
+ * system and their arguments. */
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>

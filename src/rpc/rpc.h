@@ -1,5 +1,5 @@
 /* The ZMQ RPC server: one ROUTER socket owned by one thread, a handler
- * registry, and two worker pools (wire-protocol.md §1.4).
+ * registry, and two worker pools (docs/architecture.md, "The RPC core").
  *
  *   SYNC      runs inline on the socket thread; replies in request order.
  *   AFFINITY  runs on one of N threads chosen by the client's routing

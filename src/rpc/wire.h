@@ -1,6 +1,7 @@
-/* Wire-level facts of the MP protocol (wire-protocol.md §1–3): the frozen
- * op-id table, msgpack validation of untrusted frames, and small typed
- * accessors over decoded msgpack objects. */
+/* Wire-level facts of the MP protocol (docs/protocol.md, "Framing",
+ * "Serialization" and "Op ids"): the frozen op-id table, msgpack
+ * validation of untrusted frames, and small typed accessors over decoded
+ * msgpack objects. */
 #ifndef LMC_RPC_WIRE_H
 #define LMC_RPC_WIRE_H
 

@@ -1,7 +1,8 @@
-/* KV transfer over HTTP (ops-surface.md §1.2: /api/kv/store, /retrieve,
- * /lookup): whole-request KV tensors [2, num_layers, num_tokens, hidden]
- * with every rank's shard concatenated on the hidden axis, split into and
- * gathered from the per-rank chunk objects the engine-driven path uses. */
+/* KV transfer over HTTP (docs/http.md, "KV transfer over HTTP":
+ * /api/kv/store, /retrieve, /lookup): whole-request KV tensors
+ * [2, num_layers, num_tokens, hidden] with every rank's shard concatenated
+ * on the hidden axis, split into and gathered from the per-rank chunk
+ * objects the engine-driven path uses. */
 #ifndef LMC_SERVER_KV_HTTP_H
 #define LMC_SERVER_KV_HTTP_H
 

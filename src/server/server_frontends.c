@@ -41,7 +41,7 @@ static json_t *http_config(void *user)
 }
 
 /* Quotas live in the storage manager; the HTTP threads reach them through
- * these (storage.md §7).  The storage manager exists once HTTP answers
+ * these (docs/http.md, "Quotas").  The storage manager exists once HTTP answers
  * non-503, since quota routes wait for readiness. */
 static int http_quota_set(void *user, const char *salt, uint64_t limit_bytes)
 {

@@ -1,4 +1,5 @@
-/* L1 address manager (storage.md §3.1): hands out arena-relative byte ranges.
+/* L1 address manager (docs/storage.md, "Allocator (`lmc_l1_alloc`)"): hands
+ * out arena-relative byte ranges.
  *
  * Free blocks are kept in an array sorted by offset; allocation is first
  * fit with splitting, freeing coalesces with both neighbours, and every size

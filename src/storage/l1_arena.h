@@ -1,7 +1,7 @@
 /* L1 arena: the one contiguous byte region that holds every L1 object.
  *
  * By default the arena lives in a POSIX shared-memory segment so engine
- * processes can map it by name (wire-protocol.md §6.1): they call
+ * processes can map it by name (docs/storage.md, "L1 arena"): they call
  * shm_open("/" + shm_name) and mmap `size` bytes; an object's slot offset is
  * its arena offset.  With an empty shm name the arena is private anonymous
  * memory (optionally 2 MiB hugepages).  The owner commits ranges of an SHM

@@ -1,4 +1,5 @@
-/* ObjectKey interning, validation and text forms (storage.md §4.0).
+/* ObjectKey interning, validation and text forms (docs/hashing.md,
+ * "4. Object keys").
  *
  * Round-trip rule: a string or filename that parses prints back to exactly
  * the same text.  That is why parsing accepts only the forms we print:

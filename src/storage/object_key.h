@@ -1,4 +1,5 @@
-/* ObjectKey: the identity of one stored chunk object (storage.md §4.0).
+/* ObjectKey: the identity of one stored chunk object (docs/hashing.md,
+ * "4. Object keys").
  *
  *   (chunk_hash, model_name, kv_rank, object_group_id, cache_salt)
  *
@@ -78,7 +79,7 @@ bool lmc_model_name_valid(const char *s, size_t len);
 /* Salts: at most 128 chars, none of '@' '/' '\\' NUL. "" is valid. */
 bool lmc_cache_salt_valid(const char *s, size_t len);
 
-/* ---- Text forms (storage.md §4.0) -------------------------------------- */
+/* ---- Text forms (docs/hashing.md, "4. Object keys") -------------------- */
 /* Canonical string key:
  *   <model>@<kv_rank %08x>@<group %x>@<hash hex>[@<salt>]
  * Filesystem name:

@@ -1,4 +1,5 @@
-/* Per-tenant (cache_salt) L2 quotas (storage.md §7): a thread-safe registry
+/* Per-tenant (cache_salt) L2 quotas (docs/l2.md, "L2 eviction and quotas"):
+ * a thread-safe registry
  * of soft limits.  Writes are never refused; the IsolatedLRU L2 eviction
  * enforces the limits, and an unregistered salt has limit 0 ("allowlist":
  * its objects are evicted at the next cycle).  The HTTP quota endpoints

@@ -1,4 +1,5 @@
-/* The first --l1-manager JSON entry (storage.md §1.2), DRAM only for now. */
+/* The first --l1-manager JSON entry (docs/configuration.md, "`--l1-manager`
+ * entries"), DRAM only for now. */
 #include <stdio.h>
 #include <string.h>
 

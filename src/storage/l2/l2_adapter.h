@@ -1,4 +1,4 @@
-/* L2 adapters (storage.md §4.1, docs/l2.md).
+/* L2 adapters (docs/l2.md, "Adapter interface").
  *
  * Two layers:
  *  - a *backend* (lmc_l2_backend) does the actual work synchronously and

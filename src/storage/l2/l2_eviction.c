@@ -1,4 +1,5 @@
-/* L2 eviction (storage.md §2.5): one thread for every adapter whose JSON has
+/* L2 eviction (docs/l2.md, "L2 eviction and quotas"): one thread for every
+ * adapter whose JSON has
  * an "eviction" object.  Each tracked adapter gets an observer that keeps
  * the keys this server stored there (with sizes) in LRU order:
  *

@@ -1,4 +1,5 @@
-/* L2 eviction controller (storage.md §2.5): see l2_eviction.c. */
+/* L2 eviction controller (docs/l2.md, "L2 eviction and quotas"): see
+ * l2_eviction.c. */
 #ifndef LMC_STORAGE_L2_EVICTION_H
 #define LMC_STORAGE_L2_EVICTION_H
 

@@ -1,4 +1,4 @@
-/* "fs" backend (storage.md §4.2): one file per object in a flat directory,
+/* "fs" backend (docs/l2.md, "fs"): one file per object in a flat directory,
  * named by lmc_object_key_to_filename() and holding the raw object bytes,
  * so the directory is interchangeable with an upstream server's.
  *

@@ -11,7 +11,8 @@
 
 #define LMC_L2_PREFETCH_TAG LMC_STORAGE_L2_PREFETCH_TAG
 
-/* Write-behind (storage.md §2.2 step 4): one thread.  Lifecycle: new ->
+/* Write-behind (docs/l2.md, "Store controller (write-behind)"): one
+ * thread.  Lifecycle: new ->
  * (running) -> stop (joins the thread, unregisters the listener) -> the
  * owner closes the adapters -> free (releases the read locks of stores that
  * never completed). */
@@ -22,7 +23,8 @@ void lmc_l2_store_ctl_stop(lmc_l2_store_ctl *c);
 void lmc_l2_store_ctl_free(lmc_l2_store_ctl *c);
 json_t *lmc_l2_store_ctl_status(lmc_l2_store_ctl *c);
 
-/* Prefetch (storage.md §2.3): one thread.  Lifecycle: new -> submit* ->
+/* Prefetch (docs/l2.md, "Prefetch (LOOKUP)"): one thread.  Lifecycle:
+ * new -> submit* ->
  * stop (joins the thread; every undelivered request gets on_done(0)) ->
  * the owner closes the adapters -> free (drops leftover L1 staging). */
 typedef struct lmc_l2_prefetch_ctl lmc_l2_prefetch_ctl;

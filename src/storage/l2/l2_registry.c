@@ -1,4 +1,4 @@
-/* Adapter registry (storage.md §4.5): type name -> backend factory. */
+/* Adapter registry (docs/l2.md, "Flags"): type name -> backend factory. */
 #include <stdio.h>
 #include <string.h>
 

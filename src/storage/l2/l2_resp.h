@@ -1,4 +1,5 @@
-/* "resp" L2 backend: Redis / Valkey over RESP2 (storage.md §4.3).
+/* "resp" L2 backend: Redis / Valkey over RESP2 (docs/l2.md, "`resp`
+ * (Redis / Valkey)").
  *
  * Key = the canonical object-key string, value = the raw object bytes.
  * SET values are written with writev straight from the L1 buffer and GET

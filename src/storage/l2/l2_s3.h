@@ -1,5 +1,5 @@
 /* "s3" L2 backend: an S3-compatible object store over libcurl with AWS
- * Signature Version 4 (storage.md §4.4).  Object name = the canonical
+ * Signature Version 4 (docs/l2.md, "`s3`").  Object name = the canonical
  * object-key string; value = the raw object bytes; path-style URLs
  * (endpoint/bucket/key), which every S3-compatible store accepts. */
 #ifndef LMC_STORAGE_L2_S3_H
