@@ -18,7 +18,8 @@ DEB_TEST := python3 python3-zmq python3-msgpack python3-pytest \
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps deps-test configure build run test unit e2e bench asan tsan sanitize fuzz clean
+.PHONY: all deps deps-test configure build run test unit e2e bench asan tsan sanitize alloc-fault \
+	fuzz clean
 
 all: build
 
@@ -81,6 +82,15 @@ tsan: deps-test
 
 sanitize: asan tsan
 
+# Allocation-failure tests: every allocation of a scenario made to fail in
+# turn, under ASan+UBSan, in their own tree (docs/testing.md).  Builds only
+# the test binaries and the libraries they link.
+alloc-fault: deps
+	cmake -S . -B build-fault -DCMAKE_BUILD_TYPE=Debug -DLMC_SANITIZE=address -DLMC_ALLOC_FAULT=ON
+	cmake --build build-fault -j $(JOBS) --target alloc_fault
+	cd build-fault && ctest --output-on-failure -j $(JOBS) -R '^alloc_fault\.'
+	@grep -h '^alloc_fault: .* allocations[;,]' build-fault/Testing/Temporary/LastTest.log || true
+
 # libFuzzer over every fuzz/ target, FUZZ_SECONDS each, starting from a copy
 # of the checked-in corpus (docs/fuzzing.md).  Findings land in build-fuzz/.
 FUZZ_SECONDS ?= 60
@@ -99,4 +109,4 @@ fuzz: deps
 	done
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan build-tsan build-fuzz
+	rm -rf $(BUILD_DIR) build-asan build-tsan build-fault build-fuzz

@@ -45,11 +45,23 @@ int lmc_cfg_check_l1_managers(const lmc_config *cfg, lmc_cfg_err *e);
 int lmc_cfg_check_l2_adapters(const lmc_config *cfg, lmc_cfg_err *e);
 int lmc_cfg_check_verbs(const lmc_config *cfg, lmc_cfg_err *e);
 
-/* Type ("DRAM", "DEVDAX", "GDS") of the L1 with this tag, NULL if none.
- * Legacy mode has one L1 tagged "_default".  Points into static storage. */
-const char *lmc_cfg_l1_type_of_tag(const lmc_config *cfg, const char *tag);
+/* Sets *type to the type ("DRAM", "DEVDAX", "GDS") of the L1 with this
+ * tag, NULL if none.  Legacy mode has one L1 tagged "_default".  Points
+ * into static storage.  0, or -1 when out of memory (*type unset). */
+int lmc_cfg_l1_type_of_tag(const lmc_config *cfg, const char *tag, const char **type);
 
-/* Parses --l1-manager entry i (already validated); caller json_decref()s. */
+/* Parses --l1-manager entry i (already validated, so NULL means out of
+ * memory, or no entry i); caller json_decref()s. */
 json_t *lmc_cfg_l1_entry(const lmc_config *cfg, size_t i);
+
+/* json_loads() of a flag's JSON text.  NULL when it does not load: then
+ * *oom tells an allocation failure from bad JSON (jansson reports some
+ * failures as syntax errors, or with no text), and `why` holds "out of
+ * memory" or jansson's reason. */
+json_t *lmc_cfg_json_load(const char *text, size_t flags, bool *oom, char *why, size_t whylen);
+/* Whether `text` is one well-formed JSON text as json_loads(text, flags)
+ * reads it (syntax, UTF-8, escapes, nesting; not duplicate keys or number
+ * ranges).  Allocates nothing. */
+bool lmc_cfg_json_syntax_ok(const char *text, size_t flags);
 
 #endif

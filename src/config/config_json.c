@@ -5,20 +5,31 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "obs/json_dump.h"
+
 /* A JSON-valued flag is embedded parsed; text that does not parse (only
- * possible for a config that skipped validation) is kept as a string. */
+ * possible for a config that skipped validation) is kept as a string.
+ * NULL when out of memory: not the string, which would render valid JSON
+ * as text. */
 static json_t *json_text_value(const char *text)
 {
-    json_t *v = json_loads(text, JSON_DECODE_ANY, NULL);
-    return v ? v : json_string(text);
+    char why[160];
+    bool oom;
+    json_t *v = lmc_cfg_json_load(text, JSON_DECODE_ANY, &oom, why, sizeof why);
+    return v ? v : oom ? NULL : json_string(text);
 }
 
+/* NULL when out of memory: a list missing an item would look complete. */
 static json_t *list_value(const lmc_strlist *l, bool parse)
 {
     json_t *arr = json_array();
-    for (size_t i = 0; arr && i < l->count; i++)
-        json_array_append_new(arr, parse ? json_text_value(l->items[i])
-                                         : json_string(l->items[i]));
+    for (size_t i = 0; arr && i < l->count; i++) {
+        json_t *item = parse ? json_text_value(l->items[i]) : json_string(l->items[i]);
+        if (json_array_append_new(arr, item) != 0) { /* it frees item */
+            json_decref(arr);
+            return NULL;
+        }
+    }
     return arr;
 }
 
@@ -77,7 +88,7 @@ fail:
 char *lmc_config_to_json(const lmc_config *cfg)
 {
     json_t *root = build(cfg);
-    char *text = root ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    char *text = root ? lmc_json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
     return text;
 }

@@ -1,4 +1,5 @@
-/* Validation of --l1-manager JSON entries (storage.md §1.2).  Each entry is
+/* Validation of --l1-manager JSON entries (docs/configuration.md,
+ * "`--l1-manager` entries").  Each entry is
  * checked on its own (keys, types, ranges), then the entries together
  * (unique tags, one GDS at most, distinct DRAM SHM names). */
 #include "config/config_internal.h"
@@ -6,6 +7,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "obs/json_dump.h"
 
 typedef struct {
     size_t index;                /* position among the --l1-manager flags */
@@ -40,7 +43,7 @@ static int l1_fail(lmc_cfg_err *e, size_t index, const char *fmt, ...)
 /* Compact JSON text of a value for error messages. */
 static void show(const json_t *v, char *buf, size_t len)
 {
-    char *text = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    char *text = v ? lmc_json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
     snprintf(buf, len, "%s", text ? text : "null");
     free(text);
 }
@@ -153,9 +156,10 @@ static int check_eviction(const json_t *o, const lmc_config *cfg, const l1_entry
 {
     json_t *ev = json_object_get(o, "eviction");
     char got[256];
-    show(ev, got, sizeof got);
-    if (ev && !json_is_object(ev))
+    if (ev && !json_is_object(ev)) {
+        show(ev, got, sizeof got);
         return BAD(e, in, "\"eviction\" must be a JSON object, got %s", got);
+    }
     const char *key;
     json_t *v;
     json_object_foreach(ev, key, v)
@@ -226,10 +230,14 @@ static int check_path_types(const json_t *o, const l1_entry_info *in, lmc_cfg_er
 static json_t *load_entry(const lmc_config *cfg, size_t i, lmc_cfg_err *e)
 {
     const char *text = cfg->storage.l1_manager_json.items[i];
-    json_error_t jerr;
-    json_t *o = json_loads(text, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
-    if (!o)
-        l1_fail(e, i, "invalid JSON (%s): '%s'", jerr.text, text);
+    char why[160];
+    bool oom;
+    json_t *o = lmc_cfg_json_load(text, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &oom, why,
+                                  sizeof why);
+    if (!o && oom)
+        l1_fail(e, i, "out of memory parsing the JSON");
+    else if (!o)
+        l1_fail(e, i, "invalid JSON (%s): '%s'", why, text);
     else if (!json_is_object(o)) {
         l1_fail(e, i, "must be a JSON object, got '%s'", text);
         json_decref(o);
@@ -302,16 +310,20 @@ static const char *canonical_type(const char *type)
     return NULL;
 }
 
-const char *lmc_cfg_l1_type_of_tag(const lmc_config *cfg, const char *tag)
+int lmc_cfg_l1_type_of_tag(const lmc_config *cfg, const char *tag, const char **type_out)
 {
     const lmc_storage_config *s = &cfg->storage;
-    if (s->l1_manager_json.count == 0) /* legacy: a single L1 named _default */
-        return strcmp(tag, "_default") != 0 ? NULL
-               : s->gds_l1_path            ? "GDS"
-               : s->l1_devdax_path         ? "DEVDAX" : "DRAM";
+    if (s->l1_manager_json.count == 0) { /* legacy: a single L1 named _default */
+        *type_out = strcmp(tag, "_default") != 0 ? NULL
+                    : s->gds_l1_path            ? "GDS"
+                    : s->l1_devdax_path         ? "DEVDAX" : "DRAM";
+        return 0;
+    }
     const char *found = NULL;
     for (size_t i = 0; !found && i < s->l1_manager_json.count; i++) {
         json_t *o = lmc_cfg_l1_entry(cfg, i);
+        if (!o) /* validated already: only memory can fail it now */
+            return -1;
         const char *type = canonical_type(json_string_value(json_object_get(o, "type")));
         json_t *t = json_object_get(o, "tag");
         bool dram = type && strcmp(type, "DRAM") == 0;
@@ -320,5 +332,6 @@ const char *lmc_cfg_l1_type_of_tag(const lmc_config *cfg, const char *tag)
             found = type;
         json_decref(o);
     }
-    return found;
+    *type_out = found;
+    return 0;
 }

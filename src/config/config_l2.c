@@ -1,4 +1,4 @@
-/* Validation of --l2-adapter JSON entries (storage.md §1.5, docs/l2.md).
+/* Validation of --l2-adapter JSON entries (docs/l2.md, "Flags").
  *
  * Every entry is a JSON object with a string "type" and, when given, an
  * "affinity_tag" naming a DRAM or DEVDAX L1.  The per-type field schemas
@@ -100,7 +100,7 @@ static const field_spec *find_field(const field_spec *t, const char *name)
 }
 
 /* {"eviction_policy": LRU|IsolatedLRU|noop, "trigger_watermark": (0,1],
- *  "eviction_ratio": (0,1]} (storage.md §1.5). */
+ *  "eviction_ratio": (0,1]} (docs/l2.md, "L2 eviction and quotas"). */
 static int check_eviction(const json_t *ev, char *err, size_t errlen)
 {
     const char *policy = json_string_value(json_object_get(ev, "eviction_policy"));
@@ -211,7 +211,9 @@ static int check_affinity(const json_t *o, size_t i, const lmc_config *cfg, lmc_
     if (!t && cfg->storage.l1_manager_json.count == 0)
         return 0;
     const char *tag = t ? json_string_value(t) : "_default";
-    const char *type = lmc_cfg_l1_type_of_tag(cfg, tag);
+    const char *type;
+    if (lmc_cfg_l1_type_of_tag(cfg, tag, &type) != 0)
+        return lmc_cfg_fail(e, "--l2-adapter[%zu]: out of memory checking \"affinity_tag\"", i);
     if (!type)
         return lmc_cfg_fail(e, "--l2-adapter[%zu]: \"affinity_tag\" '%s' names no L1", i, tag);
     if (strcmp(type, "GDS") == 0 && cfg->storage.l1_manager_json.count)
@@ -222,10 +224,14 @@ static int check_affinity(const json_t *o, size_t i, const lmc_config *cfg, lmc_
 
 static int check_adapter(const char *text, size_t i, const lmc_config *cfg, lmc_cfg_err *e)
 {
-    json_error_t jerr;
-    json_t *o = json_loads(text, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+    char why[160];
+    bool oom;
+    json_t *o = lmc_cfg_json_load(text, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &oom, why,
+                                  sizeof why);
+    if (!o && oom)
+        return lmc_cfg_fail(e, "--l2-adapter[%zu]: out of memory parsing the JSON", i);
     if (!o)
-        return lmc_cfg_fail(e, "--l2-adapter[%zu]: invalid JSON (%s): '%s'", i, jerr.text, text);
+        return lmc_cfg_fail(e, "--l2-adapter[%zu]: invalid JSON (%s): '%s'", i, why, text);
     const char *type = json_string_value(json_object_get(o, "type"));
     int rc = 0;
     if (!json_is_object(o))

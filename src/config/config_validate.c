@@ -105,12 +105,16 @@ static int check_engine_mode(const lmc_config *cfg, lmc_cfg_err *e)
 
 static int check_plugin_config(const lmc_config *cfg, lmc_cfg_err *e)
 {
-    json_error_t jerr;
-    json_t *j = json_loads(cfg->plugins.extra_config_json, JSON_DECODE_ANY, &jerr);
+    char why[160];
+    bool oom;
+    json_t *j = lmc_cfg_json_load(cfg->plugins.extra_config_json, JSON_DECODE_ANY, &oom, why,
+                                  sizeof why);
     bool object = j && json_is_object(j);
     json_decref(j);
+    if (!j && oom)
+        return lmc_cfg_fail(e, "--runtime-plugin-config: out of memory parsing the JSON");
     if (!j)
-        return lmc_cfg_fail(e, "--runtime-plugin-config: invalid JSON (%s): '%s'", jerr.text,
+        return lmc_cfg_fail(e, "--runtime-plugin-config: invalid JSON (%s): '%s'", why,
                             cfg->plugins.extra_config_json);
     if (!object)
         return lmc_cfg_fail(e, "--runtime-plugin-config: must be a JSON object, got '%s'",
@@ -138,6 +142,9 @@ static int check_p2p_enabled(const lmc_config *cfg, lmc_cfg_err *e)
         return lmc_cfg_fail(e, "--p2p-advertise-url: P2P needs a single DRAM L1 region, not "
                                "%s", s->gds_l1_path ? "--gds-l1-path" : "--l1-devdax-path");
     json_t *entry = s->l1_manager_json.count ? lmc_cfg_l1_entry(cfg, 0) : NULL;
+    /* Not "no entry, so DRAM": that would let a DEVDAX L1 through. */
+    if (s->l1_manager_json.count && !entry)
+        return lmc_cfg_fail(e, "--p2p-advertise-url: out of memory checking the L1 type");
     const char *type = entry ? json_string_value(json_object_get(entry, "type")) : "DRAM";
     int rc = 0;
     if (type && strcmp(type, "DRAM") != 0)

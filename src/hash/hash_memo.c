@@ -42,13 +42,14 @@ lmc_hash_memo *lmc_hash_memo_new(uint32_t chunk_size, size_t budget_bytes)
     m->chunk_size = chunk_size;
     m->slot_bytes = slot_bytes;
     m->num_sets = sets;
+    /* Before anything can fail: lmc_hash_memo_free() destroys it. */
+    pthread_mutex_init(&m->mutex, NULL);
     m->slots = calloc(sets * WAYS, slot_bytes);
     m->next_victim = calloc(sets, 1);
     if (!m->slots || !m->next_victim) {
         lmc_hash_memo_free(m);
         return NULL;
     }
-    pthread_mutex_init(&m->mutex, NULL);
     return m;
 }
 
@@ -56,8 +57,7 @@ void lmc_hash_memo_free(lmc_hash_memo *m)
 {
     if (!m)
         return;
-    if (m->slots)
-        pthread_mutex_destroy(&m->mutex);
+    pthread_mutex_destroy(&m->mutex);
     free(m->slots);
     free(m->next_victim);
     free(m);

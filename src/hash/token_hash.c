@@ -271,8 +271,9 @@ static int sha256_none_hash(lmc_token_hasher *h, const char *seed, char *err, si
     unsigned int olen = 0;
     bool ok = md && EVP_DigestInit_ex(md, h->sha256, NULL) && EVP_DigestUpdate(md, head, hl) &&
               EVP_DigestUpdate(md, seed, len) && EVP_DigestFinal_ex(md, h->none_hash, &olen);
+    const char *why = md ? "SHA-256 of the hash seed failed" : "out of memory";
     EVP_MD_CTX_free(md);
-    return ok ? 0 : fail(err, errlen, "SHA-256 of the hash seed failed");
+    return ok ? 0 : fail(err, errlen, "%s", why);
 }
 
 /* blake3's deterministic seed F(int 0, [0]): the int prefix 0 is 8 zero
@@ -322,7 +323,7 @@ int lmc_token_hasher_new(const char *algorithm, uint32_t chunk_size,
     if (algo == LMC_HASH_ALGO_BLAKE3) {
         blake3_none_hash(h);
     } else if (!(h->sha256 = EVP_MD_fetch(NULL, "SHA256", NULL))) {
-        rc = fail(err, errlen, "OpenSSL has no SHA256 implementation");
+        rc = fail(err, errlen, "OpenSSL could not fetch SHA256 (no provider, or out of memory)");
     } else {
         rc = sha256_none_hash(h, python_hash_seed, err, errlen);
     }

@@ -17,6 +17,7 @@
 
 #include "http/http_internal.h"
 #include "http/http_json.h"
+#include "obs/json_dump.h"
 #include "obs/log.h"
 
 #define DEFAULT_MAX_BODY (1024u * 1024u)
@@ -58,7 +59,7 @@ typedef struct {
 
 static void reply_dump(lmc_http_reply *out, unsigned status, json_t *body, size_t flags)
 {
-    char *text = body ? json_dumps(body, flags | JSON_ENCODE_ANY) : NULL;
+    char *text = body ? lmc_json_dumps(body, flags | JSON_ENCODE_ANY) : NULL;
     json_decref(body);
     if (!text) {
         status = MHD_HTTP_INTERNAL_SERVER_ERROR;

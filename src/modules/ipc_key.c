@@ -25,11 +25,11 @@ static int read_tokens(lmc_mp_reader *r, lmc_ipc_key *k, char *err, size_t errle
     uint32_t n;
     if (!lmc_mpr_array(r, &n))
         return FAIL("token_ids must be an array of ints");
-    free(k->tokens); /* a repeated key: the last one wins, as in msgspec */
-    k->n_tokens = n;
+    lmc_ipc_key_free(k); /* a repeated key: the last one wins, as in msgspec */
     k->tokens = malloc((n ? n : 1) * sizeof *k->tokens);
     if (!k->tokens)
-        return FAIL("out of memory");
+        return snprintf(err, errlen, "token_ids: out of memory for %u ids", n), -2;
+    k->n_tokens = n;
     size_t got = lmc_mpr_uints(r, n, UINT32_MAX, k->tokens);
     if (got < n)
         return FAIL("token_ids[%zu] is not an int in 0..2^32-1", got);
@@ -79,7 +79,8 @@ static int read_field(lmc_mp_reader *r, const char *name, size_t len, lmc_ipc_ke
     return lmc_mpr_skip(r, 32) ? 0 : FAIL("malformed value of field '%.*s'", (int)len, name);
 }
 
-/* Field presence, ranges and chunk alignment (wire-protocol.md §4.1, §5).
+/* Field presence, ranges and chunk alignment (docs/protocol.md, "Keys";
+ * docs/hashing.md, "1. Chunks and the chain").
  * msgspec is strict inside a struct: a bool where an int is declared does
  * not decode, which lmc_mpr_int already enforces. */
 static int check_fields(const key_fields *f, uint32_t cs, lmc_ipc_key *k, char *err,
@@ -125,6 +126,7 @@ int lmc_ipc_key_decode_frame(const uint8_t *data, size_t len, uint32_t cs, lmc_i
     key_fields f = {0};
     lmc_mp_reader r;
     uint32_t n;
+    int rc = -1;
     lmc_mpr_init(&r, data, len);
     if (!data || !lmc_mpr_map(&r, &n))
         return FAIL("key must be a map (IPCCacheServerKey)");
@@ -135,25 +137,28 @@ int lmc_ipc_key_decode_frame(const uint8_t *data, size_t len, uint32_t cs, lmc_i
             snprintf(err, errlen, "key field names must be str");
             goto fail;
         }
-        if (read_field(&r, name, nlen, out, &f, err, errlen) != 0)
+        if ((rc = read_field(&r, name, nlen, out, &f, err, errlen)) != 0)
             goto fail;
     }
     if (!lmc_mpr_at_end(&r)) {
         snprintf(err, errlen, "trailing bytes after the key");
         goto fail;
     }
-    if (check_fields(&f, cs, out, err, errlen) != 0)
+    if ((rc = check_fields(&f, cs, out, err, errlen)) != 0)
         goto fail;
     return 0;
 fail:
+    /* The caller gets nothing to free and nothing that looks decoded. */
     lmc_ipc_key_free(out);
-    return -1;
+    *out = (lmc_ipc_key){.cache_salt = ""};
+    return rc;
 }
 
 void lmc_ipc_key_free(lmc_ipc_key *k)
 {
     free(k->tokens);
     k->tokens = NULL;
+    k->n_tokens = 0;
 }
 
 int lmc_ipc_key_object_keys(const lmc_ipc_key *k, const uint8_t *hashes, size_t n_chunks,

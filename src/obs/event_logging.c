@@ -5,11 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "obs/json_dump.h"
 #include "obs/log.h"
 
 void lmc_event_logging_format(const lmc_event *ev, char *buf, size_t len)
 {
-    char *meta = ev->metadata ? json_dumps(ev->metadata, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    char *meta = ev->metadata ? lmc_json_dumps(ev->metadata, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
     const char *shown = meta ? meta : "{}";
     bool cut = strlen(shown) > LMC_EVENT_LOG_MAX_META;
     snprintf(buf, len, "event %s session=%s t=%.6f %.*s%s", ev->type, ev->session_id,

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "obs/events.h"
+#include "obs/json_dump.h"
 #include "obs/log.h"
 
 struct lmc_lookup_hash_log {
@@ -128,7 +129,7 @@ static char *format_line(const lmc_event *ev)
         "requested_chunks", (json_int_t)lmc_event_num(m, "requested_chunks"), "hit_chunks",
         (json_int_t)lmc_event_num(m, "hit_chunks"), "hashes",
         hashes);
-    char *text = line ? json_dumps(line, JSON_COMPACT) : NULL;
+    char *text = line ? lmc_json_dumps(line, JSON_COMPACT) : NULL;
     json_decref(line);
     return text;
 }

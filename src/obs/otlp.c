@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "obs/json_dump.h"
 #include "obs/log.h"
 
 struct lmc_otlp {
@@ -155,7 +156,7 @@ static size_t discard(char *p, size_t size, size_t n, void *user)
 /* POSTs `body` (stolen); true on a 2xx answer. */
 static bool post_json(lmc_otlp *x, const char *url, json_t *body)
 {
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    char *text = body ? lmc_json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
     CURL *c = text ? curl_easy_init() : NULL;
     if (!c) {

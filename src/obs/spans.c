@@ -11,6 +11,7 @@
 
 #include "obs/event_pairs.h"
 #include "obs/events.h"
+#include "obs/json_dump.h"
 
 struct lmc_span_recorder {
     pthread_mutex_t lock;
@@ -82,7 +83,7 @@ static json_t *attributes(const lmc_event *ev, bool unpaired)
     if (unpaired)
         json_array_append_new(attrs, str_attr("lmc.unpaired", "true"));
     json_object_foreach(ev->metadata, key, v) {
-        char *text = json_is_string(v) ? NULL : json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+        char *text = json_is_string(v) ? NULL : lmc_json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
         json_array_append_new(attrs, str_attr(key, text ? text : json_string_value(v)));
         free(text);
     }

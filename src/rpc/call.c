@@ -13,11 +13,17 @@
 static int reply_write(void *data, const char *buf, size_t len)
 {
     call_reply_buffer *r = data;
+    /* Handlers pack without checking every call; after a lost write the
+     * bytes that follow would make a well-formed-looking wrong document. */
+    if (r->failed)
+        return -1;
     if (len > r->cap - r->size) {
         size_t cap = r->cap * 2 > r->size + len ? r->cap * 2 : r->size + len;
         char *grown = r->data == r->inline_buf ? malloc(cap) : realloc(r->data, cap);
-        if (!grown)
+        if (!grown) {
+            r->failed = true;
             return -1;
+        }
         if (r->data == r->inline_buf)
             memcpy(grown, r->inline_buf, r->size);
         r->data = grown;
@@ -131,6 +137,47 @@ lmc_handler_result lmc_rpc_call_fail(lmc_rpc_call *call, const char *error_type,
     vsnprintf(call->error_message, sizeof call->error_message, fmt, ap);
     va_end(ap);
     return LMC_HANDLER_ERROR;
+}
+
+lmc_handler_result lmc_call_settle(lmc_rpc_call *call, lmc_handler_result result)
+{
+    if (result != LMC_HANDLER_REPLY || !call->reply.failed)
+        return result;
+    return lmc_rpc_call_fail(call, "MemoryError", "out of memory packing the reply (%zu bytes)",
+                             call->reply.size);
+}
+
+/* Messages are cut to whole UTF-8 sequences: clients decode them as str,
+ * and vsnprintf may have cut the last one. */
+static size_t utf8_whole_prefix(const char *s, size_t n)
+{
+    size_t i = n;
+    while (i > 0 && ((unsigned char)s[i - 1] & 0xC0) == 0x80)
+        i--;
+    if (i == 0)
+        return 0;
+    unsigned char b = (unsigned char)s[i - 1];
+    size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+    return n - (i - 1) >= need ? n : i - 1;
+}
+
+const char *lmc_call_error_body(const lmc_rpc_call *call, msgpack_sbuffer *sb, size_t *len)
+{
+    /* {"error_type": "MemoryError", "message": "out of memory"} */
+    static const char oom_body[] = "\x82\xaa" "error_type" "\xab" "MemoryError"
+                                   "\xa7" "message" "\xad" "out of memory";
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    size_t n = utf8_whole_prefix(call->error_message, strlen(call->error_message));
+    const char *type = call->error_type[0] ? call->error_type : "RuntimeError";
+    if (msgpack_pack_map(&pk, 2) == 0 && lmc_mp_pack_cstr(&pk, "error_type") == 0 &&
+        lmc_mp_pack_cstr(&pk, type) == 0 && lmc_mp_pack_cstr(&pk, "message") == 0 &&
+        msgpack_pack_str(&pk, n) == 0 && msgpack_pack_str_body(&pk, call->error_message, n) == 0) {
+        *len = sb->size;
+        return sb->data;
+    }
+    *len = sizeof oom_body - 1;
+    return oom_body;
 }
 
 void lmc_rpc_call_then(lmc_rpc_call *call, void (*fn)(void *arg), void *arg)

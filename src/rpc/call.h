@@ -2,6 +2,7 @@
 #ifndef LMC_RPC_CALL_H
 #define LMC_RPC_CALL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <zmq.h>
 
@@ -17,6 +18,9 @@ typedef struct handler_entry handler_entry;
 typedef struct {
     char *data;                    /* inline_buf or heap */
     size_t size, cap;
+    /* A write found no memory: the document is cut short, so every later
+     * write fails too and the call must not send it (lmc_call_settle). */
+    bool failed;
     char inline_buf[192];
 } call_reply_buffer;
 
@@ -45,6 +49,13 @@ struct lmc_rpc_call {
 
 lmc_rpc_call *lmc_call_new(lmc_rpc_server *server, zmq_msg_t *frames, size_t nframes);
 void lmc_call_free(lmc_rpc_call *call);
+/* The result to act on for a handler's `result`: a REPLY whose document
+ * ran out of memory while being packed becomes an error (MemoryError). */
+lmc_handler_result lmc_call_settle(lmc_rpc_call *call, lmc_handler_result result);
+/* The msgpack body of the error frame of a failed call, {"error_type",
+ * "message"}, packed into `sb` (initialised by the caller, destroyed by the
+ * caller); when that runs out of memory, a static MemoryError body. */
+const char *lmc_call_error_body(const lmc_rpc_call *call, msgpack_sbuffer *sb, size_t *len);
 /* Runs and clears the call's lmc_rpc_call_then work, if any. */
 void lmc_call_run_then(lmc_rpc_call *call);
 /* Hands a finished call to the socket thread (server.c). */

@@ -17,7 +17,6 @@
 #define RECV_BATCH 256         /* messages per wake-up before servicing completions */
 #define NAMED_OPS_MAX 64
 #define ERROR_MARKER "LMCACHE_RPC_ERROR_V1"
-#define ERROR_MESSAGE_MAX 4096
 
 struct handler_entry {
     lmc_rpc_handler_spec spec;
@@ -199,22 +198,13 @@ static void send_prefix(lmc_rpc_server *s, lmc_rpc_call *c, bool more_follows)
 static void send_error_frames(lmc_rpc_server *s, lmc_rpc_call *c)
 {
     msgpack_sbuffer sb;
-    msgpack_packer pk;
     msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    size_t n = strnlen(c->error_message, ERROR_MESSAGE_MAX);
-    while (n > 0 && ((unsigned char)c->error_message[n] & 0xC0) == 0x80)
-        n--; /* never cut a UTF-8 sequence in half */
-    msgpack_pack_map(&pk, 2);
-    lmc_mp_pack_cstr(&pk, "error_type");
-    lmc_mp_pack_cstr(&pk, c->error_type[0] ? c->error_type : "RuntimeError");
-    lmc_mp_pack_cstr(&pk, "message");
-    msgpack_pack_str(&pk, n);
-    msgpack_pack_str_body(&pk, c->error_message, n);
+    size_t len;
+    const char *body = lmc_call_error_body(c, &sb, &len);
 
     send_prefix(s, c, true);
     zmq_send(s->socket, ERROR_MARKER, strlen(ERROR_MARKER), ZMQ_SNDMORE);
-    zmq_send(s->socket, sb.data, sb.size, 0);
+    zmq_send(s->socket, body, len, 0);
     msgpack_sbuffer_destroy(&sb);
     bump(&s->n_error_frames);
 }
@@ -229,6 +219,7 @@ static void count_op(lmc_rpc_server *s, const lmc_rpc_call *c)
 
 static void finish_call(lmc_rpc_server *s, lmc_rpc_call *c)
 {
+    c->result = lmc_call_settle(c, c->result);
     count_op(s, c);
     switch (c->result) {
     case LMC_HANDLER_REPLY: {
