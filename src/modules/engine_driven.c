@@ -99,7 +99,8 @@ static uint64_t fnv(uint64_t h, const void *data, size_t len)
 }
 
 /* Decodes the key (frame 0) and instance id (frame 1) of a transfer op and
- * resolves the rank's ObjectKeys; copies the context's layout and tag. */
+ * resolves the rank's ObjectKeys; copies the context's layout and tag.
+ * 0; -1 for a malformed op; -2 when memory ran out (err says which). */
 static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, char *err, size_t errlen)
 {
     *op = (ed_op){0};
@@ -110,8 +111,9 @@ static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, char *err, size
     const uint8_t *frame = lmc_rpc_call_arg_raw(call, 0, &len);
     if (!frame)
         return snprintf(err, errlen, "missing key frame"), -1;
-    if (lmc_ipc_key_decode_frame(frame, len, m->cs, &op->key, err, errlen) != 0)
-        return -1;
+    int drc = lmc_ipc_key_decode_frame(frame, len, m->cs, &op->key, err, errlen);
+    if (drc != 0)
+        return drc == -2 ? -2 : -1;
     if (!op->key.has_worker) {
         lmc_ipc_key_free(&op->key);
         return snprintf(err, errlen, "worker_id must not be None on transfer ops"), -1;
@@ -145,9 +147,17 @@ static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, char *err, size
     free(hashes);
     if (rc != LMC_HASH_OK) {
         lmc_ed_op_free(op);
-        return snprintf(err, errlen, "hashing failed: %s", lmc_hash_strerror(rc)), -1;
+        snprintf(err, errlen, "hashing failed: %s", lmc_hash_strerror(rc));
+        return rc == LMC_HASH_ENOMEM ? -2 : -1;
     }
     return 0;
+}
+
+/* The error a failed resolve() answers with: the client's key is not at
+ * fault when the server ran out of memory. */
+static const char *resolve_error(int rc)
+{
+    return rc == -2 ? "MemoryError" : "ValidationError";
 }
 
 void lmc_ed_op_free(ed_op *op)
@@ -304,8 +314,9 @@ static lmc_handler_result prepare_store(void *state, lmc_rpc_call *call)
     engine_mod *m = state;
     ed_op op;
     char err[256];
-    if (resolve(m, call, &op, err, sizeof err) != 0)
-        return lmc_rpc_call_fail(call, "ValidationError", "PREPARE_STORE: %s", err);
+    int rrc = resolve(m, call, &op, err, sizeof err);
+    if (rrc != 0)
+        return lmc_rpc_call_fail(call, resolve_error(rrc), "PREPARE_STORE: %s", err);
     size_t n = op.registered ? op.n : 0, ok = 0, oom = 0;
     lmc_lease *leases = calloc(n + 1, sizeof *leases);
     lmc_lease *granted = calloc(n + 1, sizeof *granted);
@@ -360,8 +371,9 @@ static lmc_handler_result commit_store(void *state, lmc_rpc_call *call)
     const msgpack_object *d = lmc_rpc_call_arg(call, 2);
     if (d && !lmc_mp_is_nil(d) && !lmc_mp_get_bin(d, &data, &data_len))
         return lmc_rpc_call_fail(call, "ValidationError", "COMMIT_STORE: data must be bytes");
-    if (resolve(m, call, &op, err, sizeof err) != 0)
-        return lmc_rpc_call_fail(call, "ValidationError", "COMMIT_STORE: %s", err);
+    int rrc = resolve(m, call, &op, err, sizeof err);
+    if (rrc != 0)
+        return lmc_rpc_call_fail(call, resolve_error(rrc), "COMMIT_STORE: %s", err);
     /* Non-empty data is the pickle fallback, which lmcached does not speak. */
     ed_pending *p = data_len == 0 ? take_pending(m, &op, true) : NULL;
     if (p) {
@@ -386,8 +398,9 @@ static lmc_handler_result prepare_retrieve(void *state, lmc_rpc_call *call)
     engine_mod *m = state;
     ed_op op;
     char err[256];
-    if (resolve(m, call, &op, err, sizeof err) != 0)
-        return lmc_rpc_call_fail(call, "ValidationError", "PREPARE_RETRIEVE: %s", err);
+    int rrc = resolve(m, call, &op, err, sizeof err);
+    if (rrc != 0)
+        return lmc_rpc_call_fail(call, resolve_error(rrc), "PREPARE_RETRIEVE: %s", err);
     /* Each COPY lease carries the share the LOOKUP took for this reader;
      * all or none, since the engine loads every chunk or none. */
     lmc_lease *leases = calloc(op.n + 1, sizeof *leases);
@@ -428,8 +441,9 @@ static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
     engine_mod *m = state;
     ed_op op;
     char err[256];
-    if (resolve(m, call, &op, err, sizeof err) != 0)
-        return lmc_rpc_call_fail(call, "ValidationError", "COMMIT_RETRIEVE: %s", err);
+    int rrc = resolve(m, call, &op, err, sizeof err);
+    if (rrc != 0)
+        return lmc_rpc_call_fail(call, resolve_error(rrc), "COMMIT_RETRIEVE: %s", err);
     ed_pending *p = take_pending(m, &op, false);
     if (p) {
         lmc_storage_manager_give_back(m->ctx->storage, p->keys, p->leases, p->n);

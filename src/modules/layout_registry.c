@@ -190,14 +190,18 @@ json_t *lmc_layout_registry_to_json(lmc_layout_registry *r)
 {
     json_t *arr = json_array();
     pthread_mutex_lock(&r->lock);
-    for (size_t i = 0; i < r->count; i++) {
+    for (size_t i = 0; arr && i < r->count; i++) {
         const entry *e = &r->entries[i];
-        json_array_append_new(
-            arr, json_pack("{s:s, s:i, s:I, s:o, s:s, s:b, s:i}", "model_name", e->model,
-                           "world_size", (int)e->world_size, "object_size",
-                           (json_int_t)e->layout.object_size, "shape", shape_json(&e->layout),
-                           "dtype", e->layout.dtype, "use_mla", e->layout.use_mla, "refcount",
-                           (int)e->refcount));
+        json_t *item = json_pack("{s:s, s:i, s:I, s:o, s:s, s:b, s:i}", "model_name", e->model,
+                                 "world_size", (int)e->world_size, "object_size",
+                                 (json_int_t)e->layout.object_size, "shape",
+                                 shape_json(&e->layout), "dtype", e->layout.dtype, "use_mla",
+                                 e->layout.use_mla, "refcount", (int)e->refcount);
+        /* A list missing a layout would be read as "not registered". */
+        if (json_array_append_new(arr, item) != 0) {
+            json_decref(arr);
+            arr = NULL;
+        }
     }
     pthread_mutex_unlock(&r->lock);
     return arr;

@@ -52,7 +52,8 @@ bool lmc_layout_registry_get(lmc_layout_registry *r, const char *model, size_t m
 bool lmc_layout_registry_find_model(lmc_layout_registry *r, const char *model, size_t len,
                                     uint32_t *world_size, lmc_layout *out);
 size_t lmc_layout_registry_count(lmc_layout_registry *r);
-/* [{model_name, world_size, object_size, shape, dtype, use_mla, refcount}] */
+/* [{model_name, world_size, object_size, shape, dtype, use_mla, refcount}]:
+ * a new reference, or NULL on allocation failure (never a partial list). */
 json_t *lmc_layout_registry_to_json(lmc_layout_registry *r);
 
 #endif

@@ -61,6 +61,13 @@ static int decode_key(lookup_mod *m, lmc_rpc_call *call, lmc_ipc_key *k, char *e
     return lmc_ipc_key_decode_frame(frame, len, m->chunk_size, k, err, errlen);
 }
 
+/* The error a failed decode_key() answers with: -2 is the server's memory,
+ * not the client's key. */
+static const char *decode_error(int rc)
+{
+    return rc == -2 ? "MemoryError" : "ValidationError";
+}
+
 /* Gives back every lease not yet freed (an undelivered or abandoned lookup
  * result: no retrieve can be based on it). */
 static void release_unfreed(lookup_mod *m, lmc_lookup_locks *l)
@@ -315,9 +322,10 @@ static lmc_handler_result lookup(void *state, lmc_rpc_call *call)
     char err[256];
     if (!w)
         return lmc_rpc_call_fail(call, "MemoryError", "LOOKUP: out of memory");
-    if (decode_key(m, call, &w->k, err, sizeof err) != 0) {
+    int drc = decode_key(m, call, &w->k, err, sizeof err);
+    if (drc != 0) {
         free(w);
-        return lmc_rpc_call_fail(call, "ValidationError", "LOOKUP: %s", err);
+        return lmc_rpc_call_fail(call, decode_error(drc), "LOOKUP: %s", err);
     }
     w->m = m;
     w->id = lmc_jobs_submit(m->jobs, w->k.request_id, w->k.request_id_len, &w->replaced);
@@ -467,8 +475,9 @@ static lmc_handler_result free_lookup_locks(void *state, lmc_rpc_call *call)
     lookup_mod *m = state;
     lmc_ipc_key k;
     char err[256];
-    if (decode_key(m, call, &k, err, sizeof err) != 0)
-        return lmc_rpc_call_fail(call, "ValidationError", "FREE_LOOKUP_LOCKS: %s", err);
+    int drc = decode_key(m, call, &k, err, sizeof err);
+    if (drc != 0)
+        return lmc_rpc_call_fail(call, decode_error(drc), "FREE_LOOKUP_LOCKS: %s", err);
     lmc_session *se = k.start < k.end
                           ? lmc_sessions_acquire(m->ctx->sessions, k.request_id,
                                                  k.request_id_len, false)

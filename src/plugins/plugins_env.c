@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "obs/json_dump.h"
 #include "plugins/plugins_internal.h"
 
 static int copy_group(json_t *dst, json_t *all, const char *name)
@@ -17,8 +18,10 @@ static int add_extra(json_t *dst, const char *extra_text)
 {
     if (!extra_text || !extra_text[0])
         return 0;
+    /* Validated at start: NULL here is memory, and the plugins must not
+     * start without the configuration they were given. */
     json_t *extra = json_loads(extra_text, 0, NULL);
-    int rc = 0;
+    int rc = extra ? 0 : -1;
     if (json_is_object(extra) && json_object_size(extra) > 0)
         rc = json_object_set(dst, "runtime_plugin_extra_config", extra);
     json_decref(extra);
@@ -37,7 +40,7 @@ char *lmc_plugins_config_json(const lmc_config *cfg)
         copy_group(out, all, "obs_config") == 0 &&
         (!cfg->http.enabled || copy_group(out, all, "http_config") == 0) &&
         add_extra(out, cfg->plugins.extra_config_json) == 0)
-        result = json_dumps(out, JSON_COMPACT);
+        result = lmc_json_dumps(out, JSON_COMPACT);
     json_decref(all);
     json_decref(out);
     return result;

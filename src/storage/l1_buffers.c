@@ -61,32 +61,39 @@ static void note_lapsed(lmc_l1_manager *m, bool write, uint32_t leases)
     m->leases.lapsed[write ? LMC_LEASE_WRITE : LMC_LEASE_COPY] += leases;
 }
 
-/* Keeps `rec` allocated for the leases out on it (a writer's, when `tag`;
- * else rec->lock.count COPY leases).  Frees it at once, the behaviour
- * without retirement, only if the list cannot grow. */
-void l1_retire(lmc_l1_manager *m, const lmc_object_key *key, const char *tag,
-               const l1_record *rec)
+int l1_reserve_retired(lmc_l1_manager *m, size_t more)
 {
-    if (m->num_retired == m->cap_retired) {
-        size_t cap = m->cap_retired ? m->cap_retired * 2 : 16;
-        l1_retired *grown = realloc(m->retired, cap * sizeof(*grown));
-        if (!grown)
-            goto no_memory;
-        m->retired = grown;
-        m->cap_retired = cap;
+    if (m->num_retired + more <= m->cap_retired)
+        return 0;
+    size_t cap = m->cap_retired ? m->cap_retired : 16;
+    while (cap < m->num_retired + more)
+        cap *= 2;
+    l1_retired *grown = realloc(m->retired, cap * sizeof(*grown));
+    if (!grown)
+        return -1;
+    m->retired = grown;
+    m->cap_retired = cap;
+    return 0;
+}
+
+/* Keeps `rec` allocated for the leases out on it: a writer's (`tag`, whose
+ * string the retired record takes over) or rec->lock.count COPY leases.
+ * The caller reserved the room (l1_reserve_retired) before it changed
+ * anything, so retiring never has to fall back to freeing a buffer that a
+ * copy may still be using. */
+void l1_retire(lmc_l1_manager *m, const lmc_object_key *key, char *tag, const l1_record *rec)
+{
+    if (m->num_retired == m->cap_retired && l1_reserve_retired(m, 1) != 0) {
+        l1_violation(m, key, "a buffer was retired without room reserved for it");
+        note_lapsed(m, tag != NULL, tag ? 1 : rec->lock.count);
+        free(tag);
+        l1_free_buffer(m, rec);
+        return;
     }
-    char *tag_copy = NULL;
-    if (tag && !(tag_copy = strdup(tag)))
-        goto no_memory;
     if (m->num_retired == 0 || rec->lock.expiry_ms < m->retired_due_ms)
         m->retired_due_ms = rec->lock.expiry_ms;
-    m->retired[m->num_retired++] = (l1_retired){*key, tag_copy, *rec};
+    m->retired[m->num_retired++] = (l1_retired){*key, tag, *rec};
     m->retired_bytes += rec->size;
-    return;
-no_memory:
-    LMC_WARN("L1: out of memory; freeing a buffer that a lease still names");
-    note_lapsed(m, tag != NULL, tag ? 1 : rec->lock.count);
-    l1_free_buffer(m, rec);
 }
 
 void l1_free_retired(lmc_l1_manager *m, size_t i, uint32_t lapsed)

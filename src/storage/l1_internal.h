@@ -126,8 +126,10 @@ void l1_unlock_and_dispatch(lmc_l1_manager *m);
 void l1_free_buffer(lmc_l1_manager *m, const l1_record *rec);
 void l1_begin_deferred_frees(lmc_l1_manager *m, size_t expected);
 void l1_end_deferred_frees(lmc_l1_manager *m);
-void l1_retire(lmc_l1_manager *m, const lmc_object_key *key, const char *tag,
-               const l1_record *rec);
+/* Room for `more` retired buffers; 0, or -1 (nothing changed). */
+int l1_reserve_retired(lmc_l1_manager *m, size_t more);
+/* Retires `rec`; takes over `tag` (a writer's, or NULL for COPY leases). */
+void l1_retire(lmc_l1_manager *m, const lmc_object_key *key, char *tag, const l1_record *rec);
 /* Frees retired buffer i; its leases still out lapse. */
 void l1_free_retired(lmc_l1_manager *m, size_t i, uint32_t lapsed);
 ssize_t l1_find_retired_write(const lmc_l1_manager *m, const lmc_object_key *key,

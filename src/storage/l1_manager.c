@@ -110,8 +110,10 @@ static size_t reclaim_staging(lmc_l1_manager *m, l1_entry *e, int64_t now, bool 
         l1_staging *s = &e->staging[i];
         bool live = lmc_ttl_lock_held(&s->rec.lock, now);
         if (all || !live) {
-            if (live)
+            if (live) {   /* the retired record takes the tag over */
                 l1_retire(m, &e->key, s->tag, &s->rec);
+                s->tag = NULL;
+            }
             l1_record rec = take_staging(m, e, s);
             if (!live) {
                 m->leases.lapsed[LMC_LEASE_WRITE]++;
@@ -123,6 +125,16 @@ static size_t reclaim_staging(lmc_l1_manager *m, l1_entry *e, int64_t now, bool 
         }
     }
     return freed;
+}
+
+/* How many buffers of `e` a delete or clear would retire: the resident
+ * copy while COPY leases on it are out, and (force) live staging. */
+static size_t retirements(const l1_entry *e, bool force, int64_t now)
+{
+    size_t n = e->resident && e->object.pins > 0 && !lmc_ttl_lock_expired(&e->object.lock, now);
+    for (uint32_t i = 0; force && i < e->num_staging; i++)
+        n += lmc_ttl_lock_held(&e->staging[i].rec.lock, now);
+    return n;
 }
 
 /* Makes `rec` the resident copy.  If the key is already resident the new
@@ -619,6 +631,10 @@ static void give_back_read(lmc_l1_manager *m, const lmc_object_key *key, lmc_lea
     lmc_ttl_lock_release(&e->object.lock, lease->shares, g->now);
     if (e->object.lock.count > 0 || !e->object.is_temporary)
         return;
+    /* Without room to retire it for the copies still out, the temporary
+     * stays resident and unlocked: eviction takes it later. */
+    if (retirements(e, false, g->now) > 0 && l1_reserve_retired(m, 1) != 0)
+        return;
     free_resident(m, e, g->now);
     drop_entry_if_empty(m, e);
     l1_event_add(m, g->deleted, key);
@@ -688,6 +704,16 @@ int lmc_l1_manager_delete_aged(lmc_l1_manager *m, const lmc_object_key *keys, si
         return -1;
     }
     int64_t now = l1_now(m);
+    size_t retire = 0;
+    for (size_t i = 0; i < n; i++) {
+        l1_entry *e = find_entry(m, &keys[i]);
+        retire += e ? retirements(e, force, now) : 0;
+    }
+    if (l1_reserve_retired(m, retire) != 0) {
+        free(ev);
+        pthread_mutex_unlock(&m->mutex);
+        return -1;
+    }
     l1_begin_deferred_frees(m, n);
     for (size_t i = 0; i < n; i++) {
         if (ages)
@@ -731,13 +757,22 @@ long lmc_l1_manager_clear(lmc_l1_manager *m, bool force)
         LMC_ERROR("L1: out of memory while clearing %zu keys", count);
         return -1;
     }
-    size_t k = 0;
+    int64_t now = l1_now(m);
+    size_t k = 0, retire = 0;
     for (size_t i = 0; i < m->entries.capacity; i++) {
         l1_entry *e = lmc_key_table_slot_item(&m->entries, i);
-        if (e)
+        if (e) {
             all[k++] = e;
+            retire += retirements(e, force, now);
+        }
     }
-    int64_t now = l1_now(m);
+    if (l1_reserve_retired(m, retire) != 0) {
+        free(all);
+        free(ev);
+        l1_unlock_and_dispatch(m);
+        LMC_ERROR("L1: out of memory while clearing %zu keys", count);
+        return -1;
+    }
     long deleted = 0;
     l1_begin_deferred_frees(m, m->num_objects + m->num_staging);
     for (size_t i = 0; i < k; i++) {

@@ -83,6 +83,10 @@ int lmc_storage_options_apply_l1_manager_json(const char *text, lmc_storage_opti
     json_error_t jerr;
     json_t *l1 = json_loads(text, 0, &jerr);
     int rc = -1;
+    if (!l1 && json_error_code(&jerr) == json_error_out_of_memory) {
+        snprintf(err, errlen, "--l1-manager: out of memory reading its JSON");
+        goto out;
+    }
     if (!json_is_object(l1)) {
         snprintf(err, errlen, "--l1-manager: not a JSON object");
         goto out;

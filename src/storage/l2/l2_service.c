@@ -136,7 +136,9 @@ static lmc_l2_adapter *adapter_from_text(const char *text, size_t i, uint8_t *ba
     json_t *o = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
     size_t workers = 1;
     lmc_l2_backend *be = o ? lmc_l2_backend_from_json(o, &workers, why, sizeof why) : NULL;
-    if (!o)
+    if (!o && json_error_code(&jerr) == json_error_out_of_memory)
+        snprintf(why, sizeof why, "out of memory reading its JSON");
+    else if (!o)
         snprintf(why, sizeof why, "invalid JSON (%s)", jerr.text);
     json_decref(o);
     lmc_l2_adapter *a = be ? lmc_l2_adapter_new(be, base, workers) : NULL;
@@ -154,8 +156,11 @@ static int start_eviction(l2_service *s, const lmc_strlist *l)
     const json_t **ev = calloc(s->na ? s->na : 1, sizeof *ev);
     int rc = docs && ev ? 0 : -1;
     for (size_t i = 0; rc == 0 && i < s->na; i++) {
+        /* The text was validated at start: NULL here is memory, and an
+         * adapter must not start without the eviction its JSON asked for. */
         docs[i] = json_loads(l->items[i], 0, NULL);
         ev[i] = json_object_get(docs[i], "eviction");
+        rc = docs[i] ? 0 : -1;
     }
     if (rc == 0) {
         s->eviction = lmc_l2_eviction_new(s->ad, ev, s->na, lmc_storage_manager_quotas(s->sm), s->sm,
