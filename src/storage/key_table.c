@@ -2,9 +2,16 @@
 
 #include <stdlib.h>
 
+_Static_assert(sizeof(lmc_key_slot) == 12, "key table slots must stay 12 bytes");
+
 static const lmc_object_key *item_key(const lmc_key_table *t, const void *item)
 {
     return (const lmc_object_key *)((const char *)item + t->key_offset);
+}
+
+static uint32_t key_hash(const lmc_object_key *key)
+{
+    return (uint32_t)lmc_object_key_hash(key);
 }
 
 static size_t round_up_pow2(size_t n)
@@ -31,7 +38,12 @@ void lmc_key_table_destroy(lmc_key_table *t)
     t->capacity = t->count = 0;
 }
 
-static size_t find_slot(const lmc_key_table *t, const lmc_object_key *key, uint64_t hash)
+size_t lmc_key_table_memory(const lmc_key_table *t)
+{
+    return t->capacity * sizeof(*t->slots);
+}
+
+static size_t find_slot(const lmc_key_table *t, const lmc_object_key *key, uint32_t hash)
 {
     size_t mask = t->capacity - 1;
     for (size_t i = hash & mask;; i = (i + 1) & mask) {
@@ -45,7 +57,7 @@ static size_t find_slot(const lmc_key_table *t, const lmc_object_key *key, uint6
 
 void *lmc_key_table_find(const lmc_key_table *t, const lmc_object_key *key)
 {
-    return t->slots[find_slot(t, key, lmc_object_key_hash(key))].item;
+    return t->slots[find_slot(t, key, key_hash(key))].item;
 }
 
 static void place(lmc_key_slot *slots, size_t capacity, lmc_key_slot s)
@@ -76,7 +88,7 @@ int lmc_key_table_insert(lmc_key_table *t, void *item)
 {
     if ((t->count + 1) * 4 > t->capacity * 3 && grow(t) != 0)
         return -1;
-    lmc_key_slot s = {lmc_object_key_hash(item_key(t, item)), item};
+    lmc_key_slot s = {key_hash(item_key(t, item)), item};
     place(t->slots, t->capacity, s);
     t->count++;
     return 0;
@@ -87,7 +99,7 @@ int lmc_key_table_insert(lmc_key_table *t, void *item)
 void *lmc_key_table_remove(lmc_key_table *t, const lmc_object_key *key)
 {
     size_t mask = t->capacity - 1;
-    size_t hole = find_slot(t, key, lmc_object_key_hash(key));
+    size_t hole = find_slot(t, key, key_hash(key));
     void *item = t->slots[hole].item;
     if (!item)
         return NULL;

@@ -2,8 +2,15 @@
  *
  * The table stores pointers to caller-owned items; `key_offset` says where
  * the key lives inside an item (offsetof(item_type, key)).  Linear probing
- * with backward-shift deletion (no tombstones), load factor <= 3/4, so a
- * lookup touches a few consecutive 16-byte slots even at ~1M items.
+ * with backward-shift deletion (no tombstones), load factor <= 3/4.
+ *
+ * A slot is the low 32 bits of the key's hash and the item pointer, packed
+ * into 12 bytes where the natural layout pads them to 16: the L1 holds
+ * millions of small objects and pays for its slots per object
+ * (docs/storage.md, "Metadata per object").  32 bits still both place an
+ * item (the capacity is a power of two far below 2^32) and turn away almost
+ * every foreign item on a probe without touching it, and hash and pointer
+ * stay in one cache line, as before, in all but a few slots.
  *
  * Not thread-safe: the owner serializes access (the L1 manager under its
  * mutex, the LRU policy under its own). */
@@ -15,8 +22,8 @@
 
 #include "storage/object_key.h"
 
-typedef struct lmc_key_slot {
-    uint64_t hash;
+typedef struct __attribute__((packed)) lmc_key_slot {
+    uint32_t hash;       /* low 32 bits of lmc_object_key_hash() */
     void *item;          /* NULL = empty slot */
 } lmc_key_slot;
 
@@ -38,6 +45,9 @@ void *lmc_key_table_find(const lmc_key_table *t, const lmc_object_key *key);
 int lmc_key_table_insert(lmc_key_table *t, void *item);
 /* Removes and returns the item with `key`, or NULL if absent. */
 void *lmc_key_table_remove(lmc_key_table *t, const lmc_object_key *key);
+
+/* Bytes of the slot arrays (benchmarks, diagnostics). */
+size_t lmc_key_table_memory(const lmc_key_table *t);
 
 /* Iteration: item in slot `i` (0 <= i < capacity) or NULL.  Removing items
  * while iterating may move later items to earlier slots, so collect first. */
