@@ -47,21 +47,20 @@ typedef struct {
 
 static void walk_entry(const lmc_l1_manager *m, const l1_entry *e, l1_walk *w)
 {
-    if (!e->resident && e->num_staging == 0)
+    if (!e->object.resident && !e->staging)
         w->empty_entries++;
-    if (e->resident) {
+    if (e->object.resident) {
         w->objects++;
-        w->object_bytes += e->object.size;
+        w->object_bytes += l1_rec_size(m, &e->object);
         w->temporary += e->object.is_temporary;
         w->pins += e->object.pins;
-        if (e->object.copy == 0 || e->object.copy > m->last_copy ||
-            e->object.raw_size > e->object.size)
+        if (e->object.copy == 0 || e->object.copy > m->last_copy)
             w->bad = e;
     }
-    for (uint32_t i = 0; i < e->num_staging; i++) {
+    for (const l1_staging *s = e->staging; s; s = s->next) {
         w->staging++;
-        w->staging_bytes += e->staging[i].rec.size;
-        if (e->staging[i].rec.copy == 0 || e->staging[i].rec.copy > m->last_copy)
+        w->staging_bytes += l1_rec_size(m, &s->rec);
+        if (s->rec.copy == 0 || s->rec.copy > m->last_copy || s->rec.resident)
             w->bad = e;
     }
 }
@@ -76,7 +75,7 @@ static void walk(const lmc_l1_manager *m, l1_walk *w)
     }
     for (size_t i = 0; i < m->num_retired; i++) {
         const l1_retired *r = &m->retired[i];
-        w->retired_bytes += r->rec.size;
+        w->retired_bytes += l1_rec_size(m, &r->rec);
         if (r->tag)
             w->retired_writes++;
         else
@@ -98,7 +97,7 @@ static const char *first_broken_rule(lmc_l1_manager *m, const lmc_object_key **k
     if (!lmc_l1_alloc_memcheck(m->alloc))
         return "the allocator's free list is inconsistent";
     if (w.bad)
-        return "an object's copy id or size is out of range";
+        return "a buffer's copy id is out of range (or a staging record claims residence)";
     if (w.empty_entries)
         return "an entry holds neither a resident copy nor a staging buffer";
     if (w.objects != m->num_objects || w.object_bytes != m->object_bytes ||
@@ -174,7 +173,7 @@ static size_t count_read_locked(lmc_l1_manager *m, int64_t now)
     size_t locked = 0;
     for (size_t i = 0; i < m->entries.capacity; i++) {
         const l1_entry *e = lmc_key_table_slot_item(&m->entries, i);
-        locked += e && e->resident && lmc_ttl_lock_held(&e->object.lock, now);
+        locked += e && e->object.resident && lmc_ttl_lock_held(&e->object.lock, now);
     }
     return locked;
 }

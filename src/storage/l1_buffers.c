@@ -31,10 +31,10 @@ static int reserve_deferred(lmc_l1_manager *m, size_t needed)
 void l1_free_buffer(lmc_l1_manager *m, const l1_record *rec)
 {
     if (m->deferring_frees && reserve_deferred(m, m->num_deferred + 1) == 0) {
-        m->deferred[m->num_deferred++] = (lmc_l1_range){rec->offset, rec->size};
+        m->deferred[m->num_deferred++] = (lmc_l1_range){rec->offset, l1_rec_size(m, rec)};
         return;
     }
-    release_now(m, rec->offset, rec->size);   /* no room to defer: one by one */
+    release_now(m, rec->offset, l1_rec_size(m, rec));   /* no room to defer: one by one */
 }
 
 void l1_begin_deferred_frees(lmc_l1_manager *m, size_t expected)
@@ -93,7 +93,7 @@ void l1_retire(lmc_l1_manager *m, const lmc_object_key *key, char *tag, const l1
     if (m->num_retired == 0 || rec->lock.expiry_ms < m->retired_due_ms)
         m->retired_due_ms = rec->lock.expiry_ms;
     m->retired[m->num_retired++] = (l1_retired){*key, tag, *rec};
-    m->retired_bytes += rec->size;
+    m->retired_bytes += l1_rec_size(m, rec);
 }
 
 void l1_free_retired(lmc_l1_manager *m, size_t i, uint32_t lapsed)
@@ -101,7 +101,7 @@ void l1_free_retired(lmc_l1_manager *m, size_t i, uint32_t lapsed)
     l1_retired *r = &m->retired[i];
     note_lapsed(m, r->tag != NULL, lapsed);
     l1_free_buffer(m, &r->rec);
-    m->retired_bytes -= r->rec.size;
+    m->retired_bytes -= l1_rec_size(m, &r->rec);
     free(r->tag);
     *r = m->retired[--m->num_retired];
 }

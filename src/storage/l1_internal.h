@@ -15,31 +15,33 @@
 #include "storage/key_table.h"
 #include "storage/l1_manager.h"
 
+/* Sized for millions of small objects (docs/storage.md, "Metadata per
+ * object"): the aligned size is derived from raw_size (l1_rec_size), and
+ * an entry is the key, one record and a list head, 136 bytes. */
 typedef struct l1_record {
     uint64_t offset;
-    uint64_t size;           /* aligned allocation */
     uint64_t raw_size;       /* object_size the writer asked for (L2 copies exactly it) */
-    lmc_ttl_lock lock;       /* write lock (staging) or read lock (resident) */
     lmc_l1_copy_id copy;     /* which buffer of the key this is (leases name it) */
     int64_t admitted_ms;     /* resident: when it became readable */
     int64_t touched_ms;      /* resident: last read lock or touch */
+    lmc_ttl_lock lock;       /* write lock (staging) or read lock (resident) */
     uint32_t pins;           /* resident: COPY leases not given back */
+    bool resident;           /* an entry's record: it holds the resident copy */
     bool is_temporary;
     bool sampled;            /* resident: the lifecycle sampler picked this key */
 } l1_record;
 
+/* One writer's staging buffer of a key; a key rarely has more than one. */
 typedef struct l1_staging {
+    struct l1_staging *next;
     char *tag;               /* owned copy of the writer tag */
     l1_record rec;
 } l1_staging;
 
 typedef struct l1_entry {
     lmc_object_key key;
-    bool resident;
-    l1_record object;        /* valid when resident */
-    l1_staging *staging;
-    uint32_t num_staging;
-    uint32_t cap_staging;
+    l1_record object;        /* the resident copy, when object.resident */
+    l1_staging *staging;     /* list; NULL when nobody stages the key */
 } l1_entry;
 
 /* A buffer that a forced delete or clear unlinked while leases on it were
@@ -111,6 +113,12 @@ struct lmc_l1_manager {
 static inline int64_t l1_now(const lmc_l1_manager *m)
 {
     return m->clock(m->clock_user);
+}
+
+/* The aligned length of a record's buffer. */
+static inline uint64_t l1_rec_size(const lmc_l1_manager *m, const l1_record *r)
+{
+    return lmc_l1_alloc_aligned_size(m->alloc, r->raw_size);
 }
 
 /* l1_events.c.  event_begin returns NULL when nobody listens or memory ran

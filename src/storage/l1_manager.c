@@ -11,6 +11,10 @@
 
 /* ---- entries ----------------------------------------------------------- */
 
+/* 136 bytes fill a 144-byte malloc chunk; one byte more takes 160
+ * (docs/storage.md, "Metadata per object"). */
+_Static_assert(sizeof(l1_entry) <= 136, "l1_entry grew past 136 bytes");
+
 static l1_entry *find_entry(lmc_l1_manager *m, const lmc_object_key *key)
 {
     return lmc_key_table_find(&m->entries, key);
@@ -36,67 +40,67 @@ static l1_entry *find_or_create_entry(lmc_l1_manager *m, const lmc_object_key *k
  * it was dropped. */
 static bool drop_entry_if_empty(lmc_l1_manager *m, l1_entry *e)
 {
-    if (e->resident || e->num_staging > 0)
+    if (e->object.resident || e->staging)
         return false;
     lmc_key_table_remove(&m->entries, &e->key);
-    free(e->staging);
     free(e);
     return true;
 }
 
 static l1_staging *find_staging(l1_entry *e, const char *tag)
 {
-    for (uint32_t i = 0; e && i < e->num_staging; i++)
-        if (strcmp(e->staging[i].tag, tag) == 0)
-            return &e->staging[i];
+    for (l1_staging *s = e ? e->staging : NULL; s; s = s->next)
+        if (strcmp(s->tag, tag) == 0)
+            return s;
     return NULL;
 }
 
 /* The staging buffer a WRITE lease names. */
 static l1_staging *find_staging_copy(l1_entry *e, lmc_l1_copy_id copy)
 {
-    for (uint32_t i = 0; e && i < e->num_staging; i++)
-        if (e->staging[i].rec.copy == copy)
-            return &e->staging[i];
+    for (l1_staging *s = e ? e->staging : NULL; s; s = s->next)
+        if (s->rec.copy == copy)
+            return s;
     return NULL;
 }
 
 static bool has_live_staging(const l1_entry *e, int64_t now)
 {
-    for (uint32_t i = 0; i < e->num_staging; i++)
-        if (lmc_ttl_lock_held(&e->staging[i].rec.lock, now))
+    for (const l1_staging *s = e->staging; s; s = s->next)
+        if (lmc_ttl_lock_held(&s->rec.lock, now))
             return true;
     return false;
 }
 
 static int add_staging(lmc_l1_manager *m, l1_entry *e, const char *tag, const l1_record *rec)
 {
-    if (e->num_staging == e->cap_staging) {
-        uint32_t cap = e->cap_staging ? e->cap_staging * 2 : 1;
-        l1_staging *grown = realloc(e->staging, cap * sizeof(*grown));
-        if (!grown)
-            return -1;
-        e->staging = grown;
-        e->cap_staging = cap;
-    }
-    char *tag_copy = strdup(tag);
-    if (!tag_copy)
+    l1_staging *s = malloc(sizeof *s);
+    char *tag_copy = s ? strdup(tag) : NULL;
+    if (!tag_copy) {
+        free(s);
         return -1;
-    e->staging[e->num_staging++] = (l1_staging){tag_copy, *rec};
+    }
+    *s = (l1_staging){e->staging, tag_copy, *rec};
+    e->staging = s;
     m->num_staging++;
-    m->staging_bytes += rec->size;
+    m->staging_bytes += l1_rec_size(m, rec);
     return 0;
 }
 
-/* Unlinks staging slot `s` of `e` and returns its record; the buffer is
- * still allocated (the caller admits or frees it). */
+/* Unlinks staging buffer `s` of `e` and returns its record; the buffer is
+ * still allocated (the caller admits or frees it).  The tag goes with the
+ * record unless the caller took it (s->tag = NULL). */
 static l1_record take_staging(lmc_l1_manager *m, l1_entry *e, l1_staging *s)
 {
+    l1_staging **link = &e->staging;
+    while (*link != s)
+        link = &(*link)->next;
+    *link = s->next;
     l1_record rec = s->rec;
     free(s->tag);
-    *s = e->staging[--e->num_staging];
+    free(s);
     m->num_staging--;
-    m->staging_bytes -= rec.size;
+    m->staging_bytes -= l1_rec_size(m, &rec);
     return rec;
 }
 
@@ -106,23 +110,21 @@ static l1_record take_staging(lmc_l1_manager *m, l1_entry *e, l1_staging *s)
 static size_t reclaim_staging(lmc_l1_manager *m, l1_entry *e, int64_t now, bool all)
 {
     size_t freed = 0;
-    for (uint32_t i = 0; i < e->num_staging;) {
-        l1_staging *s = &e->staging[i];
+    for (l1_staging *s = e->staging, *next; s; s = next) {
+        next = s->next;
         bool live = lmc_ttl_lock_held(&s->rec.lock, now);
-        if (all || !live) {
-            if (live) {   /* the retired record takes the tag over */
-                l1_retire(m, &e->key, s->tag, &s->rec);
-                s->tag = NULL;
-            }
-            l1_record rec = take_staging(m, e, s);
-            if (!live) {
-                m->leases.lapsed[LMC_LEASE_WRITE]++;
-                l1_free_buffer(m, &rec);
-            }
-            freed++;
-        } else {
-            i++;
+        if (!all && live)
+            continue;
+        if (live) {   /* the retired record takes the tag over */
+            l1_retire(m, &e->key, s->tag, &s->rec);
+            s->tag = NULL;
         }
+        l1_record rec = take_staging(m, e, s);
+        if (!live) {
+            m->leases.lapsed[LMC_LEASE_WRITE]++;
+            l1_free_buffer(m, &rec);
+        }
+        freed++;
     }
     return freed;
 }
@@ -131,9 +133,10 @@ static size_t reclaim_staging(lmc_l1_manager *m, l1_entry *e, int64_t now, bool 
  * copy while COPY leases on it are out, and (force) live staging. */
 static size_t retirements(const l1_entry *e, bool force, int64_t now)
 {
-    size_t n = e->resident && e->object.pins > 0 && !lmc_ttl_lock_expired(&e->object.lock, now);
-    for (uint32_t i = 0; force && i < e->num_staging; i++)
-        n += lmc_ttl_lock_held(&e->staging[i].rec.lock, now);
+    size_t n = e->object.resident && e->object.pins > 0 &&
+               !lmc_ttl_lock_expired(&e->object.lock, now);
+    for (const l1_staging *s = force ? e->staging : NULL; s; s = s->next)
+        n += lmc_ttl_lock_held(&s->rec.lock, now);
     return n;
 }
 
@@ -141,18 +144,18 @@ static size_t retirements(const l1_entry *e, bool force, int64_t now)
  * buffer is freed instead and false is returned. */
 static bool admit(lmc_l1_manager *m, l1_entry *e, const l1_record *rec, int64_t now)
 {
-    if (e->resident) {
+    if (e->object.resident) {
         l1_free_buffer(m, rec);
         return false;
     }
-    e->resident = true;
     e->object = *rec;
+    e->object.resident = true;
     e->object.lock = (lmc_ttl_lock){0, 0};
     e->object.pins = 0;
     e->object.sampled = m->sampler && m->sampler(&e->key, m->sampler_user);
     e->object.admitted_ms = e->object.touched_ms = now;
     m->num_objects++;
-    m->object_bytes += rec->size;
+    m->object_bytes += l1_rec_size(m, rec);
     if (rec->is_temporary)
         m->num_temporary++;
     return true;
@@ -173,15 +176,16 @@ static void free_resident(lmc_l1_manager *m, l1_entry *e, int64_t now)
         l1_free_buffer(m, &e->object);
     }
     m->num_objects--;
-    m->object_bytes -= e->object.size;
+    m->object_bytes -= l1_rec_size(m, &e->object);
     if (e->object.is_temporary)
         m->num_temporary--;
-    e->resident = false;
+    e->object.resident = false;
 }
 
-static lmc_lease lease_on(const l1_record *rec, lmc_lease_kind kind, uint32_t shares)
+static lmc_lease lease_on(const lmc_l1_manager *m, const l1_record *rec, lmc_lease_kind kind,
+                          uint32_t shares)
 {
-    return (lmc_lease){.copy = rec->copy, .offset = rec->offset, .size = rec->size,
+    return (lmc_lease){.copy = rec->copy, .offset = rec->offset, .size = l1_rec_size(m, rec),
                        .object_size = rec->raw_size, .expiry_ms = rec->lock.expiry_ms,
                        .shares = shares, .kind = (uint8_t)kind};
 }
@@ -189,7 +193,7 @@ static lmc_lease lease_on(const l1_record *rec, lmc_lease_kind kind, uint32_t sh
 static void grant(lmc_l1_manager *m, lmc_lease *lease, const l1_record *rec,
                   lmc_lease_kind kind, uint32_t shares)
 {
-    *lease = lease_on(rec, kind, shares);
+    *lease = lease_on(m, rec, kind, shares);
     m->leases.granted[kind]++;
 }
 
@@ -239,9 +243,11 @@ void lmc_l1_manager_free(lmc_l1_manager *m)
         l1_entry *e = lmc_key_table_slot_item(&m->entries, i);
         if (!e)
             continue;
-        for (uint32_t s = 0; s < e->num_staging; s++)
-            free(e->staging[s].tag);
-        free(e->staging);
+        for (l1_staging *s = e->staging, *next; s; s = next) {
+            next = s->next;
+            free(s->tag);
+            free(s);
+        }
         free(e);
     }
     lmc_key_table_destroy(&m->entries);
@@ -278,7 +284,7 @@ static lmc_l1_result classify_for_write(lmc_l1_manager *m, const lmc_object_key 
                                         const char *tag, int64_t now, lmc_lease *lease)
 {
     l1_entry *e = find_entry(m, key);
-    if (e && e->resident)
+    if (e && e->object.resident)
         return LMC_L1_KEY_NOT_WRITABLE;
     l1_staging *s = find_staging(e, tag);
     /* A forced clear retired this writer's earlier buffer of the key while
@@ -289,7 +295,7 @@ static lmc_l1_result classify_for_write(lmc_l1_manager *m, const lmc_object_key 
         return LMC_L1_OUT_OF_MEMORY;
     if (lmc_ttl_lock_held(&s->rec.lock, now))
         return LMC_L1_KEY_NOT_WRITABLE;
-    if (s->rec.size != unit)
+    if (l1_rec_size(m, &s->rec) != unit)
         return LMC_L1_OUT_OF_MEMORY;   /* different size: replaced in pass 3 */
     LMC_WARN("L1: writer '%s' takes over its expired staging buffer at offset %llu", tag,
              (unsigned long long)s->rec.offset);
@@ -332,7 +338,7 @@ static lmc_l1_result stage_new_buffer(lmc_l1_manager *m, const lmc_object_key *k
 }
 
 static void stage_batch(lmc_l1_manager *m, const lmc_object_key *keys, const bool *is_temporary,
-                        size_t n, const uint64_t *units, uint64_t unit, uint64_t raw,
+                        size_t n, const uint64_t *units, uint64_t raw,
                         const char *tag, int64_t now, lmc_lease *leases,
                         lmc_l1_result *results)
 {
@@ -340,7 +346,7 @@ static void stage_batch(lmc_l1_manager *m, const lmc_object_key *keys, const boo
     for (size_t i = 0; i < n; i++) {
         if (results[i] != LMC_L1_OUT_OF_MEMORY)
             continue;
-        l1_record rec = {.offset = units[next_unit++], .size = unit, .raw_size = raw,
+        l1_record rec = {.offset = units[next_unit++], .raw_size = raw,
                          .copy = ++m->last_copy,
                          .is_temporary = is_temporary && is_temporary[i]};
         lmc_ttl_lock_acquire(&rec.lock, 1, now, m->write_ttl_ms);
@@ -380,7 +386,7 @@ int lmc_l1_manager_lease_write(lmc_l1_manager *m, const lmc_object_key *keys,
     }
     uint64_t got_unit;
     if (needed > 0 && lmc_l1_alloc_batch(m->alloc, object_size, needed, units, &got_unit) == 0)
-        stage_batch(m, keys, is_temporary, n, units, unit, object_size, tag, now, leases,
+        stage_batch(m, keys, is_temporary, n, units, object_size, tag, now, leases,
                     results);
     for (size_t i = 0; i < n; i++)
         if (results[i] == LMC_L1_SUCCESS)
@@ -488,7 +494,7 @@ size_t lmc_l1_manager_lease_read(lmc_l1_manager *m, const lmc_object_key *keys, 
     for (size_t i = 0; i < n; i++) {
         l1_entry *e = missed ? NULL : find_entry(m, &keys[i]);
         leases[i] = (lmc_lease){0};
-        if (!e || !e->resident) {
+        if (!e || !e->object.resident) {
             results[i] = LMC_L1_KEY_NOT_EXIST;
             missed = prefix;
             continue;
@@ -509,7 +515,7 @@ static lmc_l1_result classify_for_copy(lmc_l1_manager *m, const lmc_object_key *
                                        lmc_copy_share share, int64_t now)
 {
     l1_entry *e = find_entry(m, key);
-    if (!e || !e->resident)
+    if (!e || !e->object.resident)
         return LMC_L1_KEY_NOT_EXIST;
     if (share == LMC_COPY_CARRIES_SHARE && !lmc_ttl_lock_held(&e->object.lock, now))
         return LMC_L1_KEY_NOT_READABLE;
@@ -606,7 +612,7 @@ static void give_back_read(lmc_l1_manager *m, const lmc_object_key *key, lmc_lea
 {
     bool copying = lease->kind == LMC_LEASE_COPY;
     l1_entry *e = find_entry(m, key);
-    if (!e || !e->resident || e->object.copy != lease->copy) {
+    if (!e || !e->object.resident || e->object.copy != lease->copy) {
         if (copying)
             give_back_retired_copy(m, key, lease, g->now);
         else
@@ -672,9 +678,9 @@ static lmc_l1_result delete_one(lmc_l1_manager *m, const lmc_object_key *key, bo
     if (!e)
         return LMC_L1_KEY_NOT_EXIST;
     size_t freed = reclaim_staging(m, e, now, force);
-    if (e->num_staging > 0)
+    if (e->staging)
         return LMC_L1_KEY_IS_LOCKED;   /* a live reservation remains */
-    if (e->resident) {
+    if (e->object.resident) {
         if (!force && lmc_ttl_lock_held(&e->object.lock, now))
             return LMC_L1_KEY_IS_LOCKED;
         if (age)
@@ -735,7 +741,7 @@ static bool clear_one(lmc_l1_manager *m, l1_entry *e, bool force, int64_t now,
     *key_out = e->key;
     bool freed_resident = false;
     reclaim_staging(m, e, now, force);
-    if (e->resident && (force || !lmc_ttl_lock_held(&e->object.lock, now))) {
+    if (e->object.resident && (force || !lmc_ttl_lock_held(&e->object.lock, now))) {
         free_resident(m, e, now);
         freed_resident = true;
     }
@@ -796,7 +802,7 @@ void lmc_l1_manager_touch(lmc_l1_manager *m, const lmc_object_key *keys, size_t 
     l1_event *ev = l1_event_begin(m, LMC_L1_EVENT_ACCESSED, n);
     for (size_t i = 0; i < n; i++) {
         l1_entry *e = find_entry(m, &keys[i]);
-        if (e && e->resident)
+        if (e && e->object.resident)
             l1_note_touch(m, e, now);
         l1_event_add(m, ev, &keys[i]);
     }
@@ -812,7 +818,7 @@ lmc_l1_evictability lmc_l1_manager_is_evictable(lmc_l1_manager *m, const lmc_obj
     lmc_l1_evictability verdict = LMC_L1_GONE;
     if (e) {
         bool locked = has_live_staging(e, now) ||
-                      (e->resident && lmc_ttl_lock_held(&e->object.lock, now));
+                      (e->object.resident && lmc_ttl_lock_held(&e->object.lock, now));
         verdict = locked ? LMC_L1_NOT_EVICTABLE : LMC_L1_EVICTABLE;
     }
     pthread_mutex_unlock(&m->mutex);
