@@ -21,7 +21,7 @@ def write(target, name, data):
 
 def key(tokens, start, end, rid="r", worker_id=None, world_size=2, model="m", salt="",
         readers=1):
-    # Field order of the newest IPCCacheServerKey (wire-protocol.md section 2.1).
+    # Field order of the newest IPCCacheServerKey (docs/protocol.md, "Keys").
     return {"model_name": model, "world_size": world_size, "worker_id": worker_id,
             "token_ids": list(tokens), "start": start, "end": end, "request_id": rid,
             "cache_salt": salt, "request_configs": None, "num_kv_readers": readers,

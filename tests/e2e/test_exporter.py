@@ -1,4 +1,4 @@
-"""The standalone Prometheus exporter (ops-surface.md §2.1, §3): with
+"""The standalone Prometheus exporter (docs/http.md, "Standalone Prometheus exporter"): with
 --no-http, /metrics alone is served on --prometheus-port and the HTTP
 frontend's port is not bound."""
 import http.client

@@ -1,5 +1,5 @@
 """HTTP frontend end to end: a real lmcached with --http-host/--http-port,
-requests over plain sockets (ops-surface.md §1, docs/http.md).
+requests over plain sockets (docs/http.md).
 
 """
 import http.client

@@ -130,7 +130,7 @@ def test_store_evict_then_hits_from_l2(tmp_path):
         assert float(series['lmcache_mp_l2_store_completed_total{l2_name="fs"}']) >= 1
         assert float(series['lmcache_mp_l2_load_completed_total{l2_name="fs"}']) >= 1
         assert float(series['lmcache_mp_l2_used_bytes{l2_name="fs"}']) > 0
-        # The L2 families of ops-surface.md §2.2, labelled by salt ("" here).
+        # The L2 families of docs/metrics.md, labelled by salt ("" here).
         salt = '{cache_salt=""}'
         wait_metric(srv, "lmcache_mp_l2_store_submitted_objects_total" + salt, 8)
         wait_metric(srv, "lmcache_mp_l2_store_completed_objects_total" + salt, 8)

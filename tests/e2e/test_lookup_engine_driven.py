@@ -1,6 +1,6 @@
 """Lookup, prefetch sessions and the engine-driven (PREPARE/COMMIT over SHM)
 transfer path, emulating upstream's scheduler and worker DEALERs byte for
-byte (wire-protocol.md §2.1, §4.4, §6)."""
+byte (docs/protocol.md: "Keys", "Engine-driven flow, end to end")."""
 import hashlib
 import json
 import mmap
@@ -23,7 +23,7 @@ CLEAR, PING, NOOP = 20, 22, 24
 
 
 def key(tokens, start, end, rid, worker_id=None, world_size=2, model="m", salt="", readers=1):
-    # Field order of the newest IPCCacheServerKey (§2.1).
+    # Field order of the newest IPCCacheServerKey (docs/protocol.md, "Keys").
     return {"model_name": model, "world_size": world_size, "worker_id": worker_id,
             "token_ids": list(tokens), "start": start, "end": end, "request_id": rid,
             "cache_salt": salt, "request_configs": None, "num_kv_readers": readers,

@@ -1,4 +1,4 @@
-"""Observability flags end to end (ops-surface.md §3, docs/observability.md):
+"""Observability flags end to end (docs/observability.md):
 the event bus and its metrics, --disable-metrics / --disable-observability /
 --disable-logging, --event-bus-queue-size, --lookup-hash-log-dir, and OTLP
 export to a tiny HTTP receiver."""

@@ -1,4 +1,4 @@
-"""Runtime plugins end to end (ops-surface.md §7, docs/plugins.md): a .sh
+"""Runtime plugins end to end (docs/plugins.md): a .sh
 and a .py plugin print the config they were given and sleep; their output
 reaches the server log with the "[<path>] " prefix, and SIGTERM to the
 server ends them."""

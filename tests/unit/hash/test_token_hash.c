@@ -1,4 +1,4 @@
-/* Token hashing: spec test vectors (wire-protocol.md §5), CBOR boundaries,
+/* Token hashing: test vectors (docs/hashing.md, "Algorithms"), CBOR boundaries,
  * range/token edge cases, chain caching, and a cross-check against b3sum. */
 #include "hash/cbor.h"
 #include "hash/token_hash.h"

@@ -1,6 +1,6 @@
 /* Wire encodings: what our packers emit must be what upstream's msgspec
- * emits (wire-protocol.md §2), and the accessors must apply its decoding
- * rules (coercions only where msgspec coerces). */
+ * emits (docs/protocol.md, "Serialization"), and the accessors must apply
+ * its decoding rules (coercions only where msgspec coerces). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -81,7 +81,7 @@ static void test_str_bin_float_bool_nil(void **state)
     expect_bytes(&b, "\xc0", 1);
 }
 
-/* The PREPARE_STORE reply example of wire-protocol.md §2.1. */
+/* A PREPARE_STORE reply as upstream encodes it (docs/protocol.md, "Serialization"). */
 static void test_prepare_store_reply_example(void **state)
 {
     (void)state;

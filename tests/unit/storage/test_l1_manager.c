@@ -1,6 +1,6 @@
-/* L1 manager: every state transition and result code of storage.md §3.3,
- * the lease rules (docs/storage.md, "Leases") with their ledger, TTL
- * expiry through an injected clock, listeners outside the lock.  Every
+/* L1 manager: every state transition and result code (docs/storage.md,
+ * "L1 manager"), the lease rules ("Leases") with their ledger, TTL expiry
+ * through an injected clock, listeners outside the lock.  Every
  * manager here checks its books after each mutating call, so a broken
  * invariant aborts the test that broke it. */
 #include <pthread.h>

@@ -1,4 +1,4 @@
-/* ObjectKey: text forms (storage.md §4.0), validation, interning. */
+/* ObjectKey: text forms (docs/hashing.md, "Object keys"), validation, interning. */
 #include "storage/object_key.h"
 
 #include <pthread.h>
