@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "storage/grow.h"
+
 struct lmc_l1_alloc {
     lmc_l1_range *blocks;    /* free blocks, sorted by offset */
     size_t num_blocks;
@@ -15,17 +17,10 @@ struct lmc_l1_alloc {
 
 static int ensure_block_capacity(lmc_l1_alloc *a, size_t needed)
 {
-    if (needed <= a->cap_blocks)
-        return 0;
-    size_t cap = a->cap_blocks ? a->cap_blocks * 2 : 16;
-    while (cap < needed)
-        cap *= 2;
-    lmc_l1_range *grown = realloc(a->blocks, cap * sizeof(*grown));
-    if (!grown)
-        return -1;
-    a->blocks = grown;
-    a->cap_blocks = cap;
-    return 0;
+    void *blocks = a->blocks;
+    int rc = lmc_grow_array(&blocks, &a->cap_blocks, needed, sizeof *a->blocks, 16);
+    a->blocks = blocks;
+    return rc;
 }
 
 static void insert_block_at(lmc_l1_alloc *a, size_t i, lmc_l1_range r)

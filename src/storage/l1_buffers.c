@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "obs/log.h"
+#include "storage/grow.h"
 #include "storage/l1_internal.h"
 
 static void release_now(lmc_l1_manager *m, uint64_t offset, uint64_t size)
@@ -15,17 +16,10 @@ static void release_now(lmc_l1_manager *m, uint64_t offset, uint64_t size)
 
 static int reserve_deferred(lmc_l1_manager *m, size_t needed)
 {
-    if (needed <= m->cap_deferred)
-        return 0;
-    size_t cap = m->cap_deferred ? m->cap_deferred : 64;
-    while (cap < needed)
-        cap *= 2;
-    lmc_l1_range *grown = realloc(m->deferred, cap * sizeof(*grown));
-    if (!grown)
-        return -1;
-    m->deferred = grown;
-    m->cap_deferred = cap;
-    return 0;
+    void *deferred = m->deferred;
+    int rc = lmc_grow_array(&deferred, &m->cap_deferred, needed, sizeof *m->deferred, 64);
+    m->deferred = deferred;
+    return rc;
 }
 
 void l1_free_buffer(lmc_l1_manager *m, const l1_record *rec)
@@ -63,17 +57,11 @@ static void note_lapsed(lmc_l1_manager *m, bool write, uint32_t leases)
 
 int l1_reserve_retired(lmc_l1_manager *m, size_t more)
 {
-    if (m->num_retired + more <= m->cap_retired)
-        return 0;
-    size_t cap = m->cap_retired ? m->cap_retired : 16;
-    while (cap < m->num_retired + more)
-        cap *= 2;
-    l1_retired *grown = realloc(m->retired, cap * sizeof(*grown));
-    if (!grown)
-        return -1;
-    m->retired = grown;
-    m->cap_retired = cap;
-    return 0;
+    void *retired = m->retired;
+    int rc = lmc_grow_array(&retired, &m->cap_retired, m->num_retired + more, sizeof *m->retired,
+                            16);
+    m->retired = retired;
+    return rc;
 }
 
 /* Keeps `rec` allocated for the leases out on it: a writer's (`tag`, whose

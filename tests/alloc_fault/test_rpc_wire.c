@@ -173,18 +173,28 @@ static int check_items(const msgpack_object *items)
     return LMC_FAULT_OK;
 }
 
-static int scenario_call_args(void *arg)
+/* A call over the fixture's frames, as the socket thread makes one; NULL
+ * with *rc set (a clean error, or a violation) when it could not be made. */
+static lmc_rpc_call *new_call(const frames_fixture *f, int *rc)
 {
-    const frames_fixture *f = arg;
     zmq_msg_t frames[N_FRAMES];
     frames_make(f, frames);
     lmc_rpc_call *c = lmc_call_new(NULL, frames, N_FRAMES);
     if (!c) {
         for (int i = 0; i < N_FRAMES; i++)
             zmq_msg_close(&frames[i]);
-        return lmc_fault_fired() ? LMC_FAULT_ERROR
-                                 : lmc_fault_violation("lmc_call_new failed with memory left");
+        *rc = lmc_fault_fired() ? LMC_FAULT_ERROR
+                                : lmc_fault_violation("lmc_call_new failed with memory left");
     }
+    return c;
+}
+
+static int scenario_call_args(void *arg)
+{
+    int made;
+    lmc_rpc_call *c = new_call(arg, &made);
+    if (!c)
+        return made;
     int rc = LMC_FAULT_OK;
     const msgpack_object *key = lmc_rpc_call_arg(c, 0);
     const msgpack_object *items = key ? lmc_rpc_call_arg(c, 1) : NULL;
@@ -210,16 +220,10 @@ static int scenario_call_args(void *arg)
 
 static int scenario_reply(void *arg)
 {
-    const frames_fixture *f = arg;
-    zmq_msg_t frames[N_FRAMES];
-    frames_make(f, frames);
-    lmc_rpc_call *c = lmc_call_new(NULL, frames, N_FRAMES);
-    if (!c) {
-        for (int i = 0; i < N_FRAMES; i++)
-            zmq_msg_close(&frames[i]);
-        return lmc_fault_fired() ? LMC_FAULT_ERROR
-                                 : lmc_fault_violation("lmc_call_new failed with memory left");
-    }
+    int made;
+    lmc_rpc_call *c = new_call(arg, &made);
+    if (!c)
+        return made;
     /* As handlers do: pack everything, check nothing. */
     msgpack_packer *pk = lmc_rpc_call_reply(c);
     msgpack_pack_array(pk, 300);

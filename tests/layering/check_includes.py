@@ -15,7 +15,7 @@ L1_PRIVATE = {
     "storage/l1_eviction.h", "storage/storage_telemetry.h",
     "storage/storage_options_internal.h",
 }
-STORAGE_PRIVATE = {"storage/key_table.h", "storage/eviction_policy.h"}
+STORAGE_PRIVATE = {"storage/key_table.h", "storage/eviction_policy.h", "storage/grow.h"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
