@@ -124,6 +124,24 @@ int lmc_kv_http_lookup(lmc_module_ctx *ctx, const lmc_kv_request *rq, lmc_kv_cou
     return 0;
 }
 
+/* The leading chunks whose every rank is in L1 now: written and published
+ * by this request, or there already (NOT_WRITABLE); a write that a forced
+ * clear voided before its publish is not stored. */
+static size_t leading_stored_chunks(const kv_plan *p, const lmc_l1_result *reserved,
+                                    const lmc_l1_result *published)
+{
+    size_t c = 0;
+    for (; c < p->n_chunks; c++) {
+        for (uint32_t r = 0; r < p->ws; r++) {
+            size_t i = c * p->per + r;
+            if (reserved[i] == LMC_L1_SUCCESS ? published[i] != LMC_L1_SUCCESS
+                                              : reserved[i] != LMC_L1_KEY_NOT_WRITABLE)
+                return c;
+        }
+    }
+    return c;
+}
+
 int lmc_kv_http_store(lmc_module_ctx *ctx, const lmc_kv_request *rq, const uint8_t *data,
                       size_t len, lmc_kv_counts *out, unsigned *status, char *err,
                       size_t errlen)
@@ -160,21 +178,7 @@ int lmc_kv_http_store(lmc_module_ctx *ctx, const lmc_kv_request *rq, const uint8
         free(leases), free(res), free(published), plan_free(&p);
         return fail(status, 503, err, errlen, "out of memory");
     }
-    size_t stored = 0;
-    bool leading = true;
-    for (size_t c = 0; c < p.n_chunks; c++) {
-        bool whole_chunk = true;
-        for (uint32_t r = 0; r < p.ws; r++) {
-            size_t i = c * p.per + r;
-            /* NOT_WRITABLE: already there; a write a forced clear voided is not */
-            if (res[i] == LMC_L1_SUCCESS ? published[i] != LMC_L1_SUCCESS
-                                         : res[i] != LMC_L1_KEY_NOT_WRITABLE)
-                whole_chunk = false;
-        }
-        leading = leading && whole_chunk;
-        stored += leading;
-    }
-    counts(&p, rq, stored, out);
+    counts(&p, rq, leading_stored_chunks(&p, res, published), out);
     free(leases);
     free(res);
     free(published);
