@@ -148,10 +148,11 @@ int lmc_ipc_key_decode_frame(const uint8_t *data, size_t len, uint32_t cs, lmc_i
         goto fail;
     return 0;
 fail:
-    /* The caller gets nothing to free and nothing that looks decoded. */
+    /* The caller gets nothing to free and nothing that looks decoded.  rc
+     * may still be a field's 0 when a later check failed. */
     lmc_ipc_key_free(out);
     *out = (lmc_ipc_key){.cache_salt = ""};
-    return rc;
+    return rc == -2 ? -2 : -1;
 }
 
 void lmc_ipc_key_free(lmc_ipc_key *k)
