@@ -4,13 +4,14 @@
  * the key lives inside an item (offsetof(item_type, key)).  Linear probing
  * with backward-shift deletion (no tombstones), load factor <= 3/4.
  *
- * A slot is the low 32 bits of the key's hash and the item pointer, packed
- * into 12 bytes where the natural layout pads them to 16: the L1 holds
- * millions of small objects and pays for its slots per object
- * (docs/storage.md, "Metadata per object").  32 bits still both place an
- * item (the capacity is a power of two far below 2^32) and turn away almost
- * every foreign item on a probe without touching it, and hash and pointer
- * stay in one cache line, as before, in all but a few slots.
+ * A slot is the item pointer plus the low 32 bits of its key's hash, kept
+ * in two parallel arrays, 12 bytes a slot where a {hash, pointer} struct is
+ * padded to 16: the L1 holds millions of small objects and pays for its
+ * slots per object (docs/storage.md, "Metadata per object").  32 bits still
+ * both place an item (the capacity is a power of two far below 2^32) and
+ * turn away almost every foreign item on a probe without touching it, and
+ * a probe run reads 16 hashes per cache line.  Both arrays stay naturally
+ * aligned, so a leak checker scanning for pointers still sees every item.
  *
  * Not thread-safe: the owner serializes access (the L1 manager under its
  * mutex, the LRU policy under its own). */
@@ -22,13 +23,9 @@
 
 #include "storage/object_key.h"
 
-typedef struct __attribute__((packed)) lmc_key_slot {
-    uint32_t hash;       /* low 32 bits of lmc_object_key_hash() */
-    void *item;          /* NULL = empty slot */
-} lmc_key_slot;
-
 typedef struct lmc_key_table {
-    lmc_key_slot *slots;
+    void **items;        /* NULL = empty slot; one allocation with hashes */
+    uint32_t *hashes;    /* low 32 bits of lmc_object_key_hash() per slot */
     size_t capacity;     /* power of two */
     size_t count;
     size_t key_offset;
@@ -53,7 +50,7 @@ size_t lmc_key_table_memory(const lmc_key_table *t);
  * while iterating may move later items to earlier slots, so collect first. */
 static inline void *lmc_key_table_slot_item(const lmc_key_table *t, size_t i)
 {
-    return t->slots[i].item;
+    return t->items[i];
 }
 
 #endif

@@ -392,7 +392,7 @@ static json_t *fs_status(lmc_l2_backend *b)
 static void fs_destroy(lmc_l2_backend *b)
 {
     fs *f = (fs *)b;
-    for (size_t i = 0; f->table.slots && i < f->table.capacity; i++)
+    for (size_t i = 0; f->table.items && i < f->table.capacity; i++)
         free(lmc_key_table_slot_item(&f->table, i));
     lmc_key_table_destroy(&f->table);
     lmc_key_interner_free(f->interner);

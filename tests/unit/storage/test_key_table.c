@@ -86,7 +86,7 @@ static void test_against_array(void **state)
         assert_ptr_equal(lmc_key_table_find(&t, &items[i].key), in[i] ? &items[i] : NULL);
     assert_int_equal(lmc_key_table_memory(&t), t.capacity * 12);
     lmc_key_table_destroy(&t);
-    assert_null(t.slots);
+    assert_null(t.items);
 }
 
 /* Equal keys are found whatever pointers their strings have. */
