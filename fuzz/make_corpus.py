@@ -5,6 +5,7 @@ rewrites the same files.  Inputs that libFuzzer finds worth keeping (a crash
 reproducer, after the fix) go into the same folders by hand."""
 import json
 import os
+import sys
 
 import msgpack
 
@@ -217,7 +218,18 @@ def http_requests():
         write("http", name, r)
 
 
+def pickles():
+    """Tensor-wrapper pickles from tests/pickles (Python's own pickle over
+    stand-ins of upstream's classes), good and hostile."""
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "pickles"))
+    import gen_vectors
+    good, bad = gen_vectors.vectors()
+    for name, data in list(good.items()) + list(bad.items()):
+        write("pickle", name, data)
+
+
 if __name__ == "__main__":
+    pickles()
     http_requests()
     ipc_keys()
     msgpack_frames()
