@@ -22,18 +22,22 @@ static const lmc_module_def *const all_modules[] = {
     &lmc_management_module,
     &lmc_lookup_module,
     &lmc_engine_driven_module,
+    &lmc_lmcache_driven_module,
 };
 #define N_MODULES (sizeof all_modules / sizeof all_modules[0])
 
 _Static_assert(N_MODULES <= LMC_SERVER_MAX_MODULES, "raise LMC_SERVER_MAX_MODULES");
 
 /* --supported-transfer-mode picks the transfer modules: engine_driven and
- * auto load the engine-driven one, lmcache_driven does not (its ops then
- * have no handler and are dropped, as upstream). */
+ * auto load the engine-driven one, lmcache_driven and auto the server-driven
+ * one; the ops of a module left out have no handler and are dropped, as
+ * upstream. */
 static bool module_enabled(const lmc_module_def *def, const lmc_config *cfg)
 {
     if (def == &lmc_engine_driven_module)
         return strcmp(cfg->mp.supported_transfer_mode, "lmcache_driven") != 0;
+    if (def == &lmc_lmcache_driven_module)
+        return strcmp(cfg->mp.supported_transfer_mode, "engine_driven") != 0;
     return true;
 }
 

@@ -17,12 +17,16 @@ OUT = os.path.join(HERE, "..", "unit", "modules", "pickle_vectors.h")
 BF16_SHAPE, BF16_STRIDE = [2, 1000, 16, 8, 128], [16384000, 16384, 1024, 128, 1]
 
 
+PWNED = "/tmp/lmcached-pickle-was-run"
+
+
 class _Evil:
-    """What an attacker would send: REDUCE of os.system."""
+    """What an attacker would send: REDUCE of os.system, leaving a file
+    behind if it ever runs."""
 
     def __reduce__(self):
         import os as _os
-        return (_os.system, ("echo pwned",))
+        return (_os.system, ("touch " + PWNED,))
 
 
 def _nested(depth):
