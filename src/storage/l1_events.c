@@ -112,7 +112,7 @@ static void dispatch_events(lmc_l1_manager *m)
 
 void l1_unlock_and_dispatch(lmc_l1_manager *m)
 {
-    if (m->check_books && !l1_books_balance(m)) {
+    if (m->check_books && !l1_books_balance(m, true)) {
         LMC_ERROR("L1: the books do not balance after a call (docs/storage.md, "
                   "\"Invariants\"); aborting this debug run");
         abort();

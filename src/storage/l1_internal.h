@@ -81,6 +81,7 @@ struct lmc_l1_manager {
     char backend[32];
     bool check_books;                /* after every mutating call (debug) */
     size_t num_objects, num_staging, num_temporary;
+    uint64_t total_pins;             /* COPY leases out on resident copies */
     uint64_t object_bytes, staging_bytes;
     lmc_l1_copy_id last_copy;        /* buffer ids count up from 1 */
     lmc_lease_counts leases;
@@ -150,8 +151,10 @@ void l1_sweep_retired(lmc_l1_manager *m, int64_t now);
 /* l1_sampling.c */
 void l1_note_touch(lmc_l1_manager *m, l1_entry *e, int64_t now);
 
-/* l1_books.c: a broken invariant, logged the first time, always counted. */
+/* l1_books.c: a broken invariant, logged the first time, always counted.
+ * l1_books_balance(m, full): the O(1) rules (counters, ledger, allocator),
+ * and with `full` also a walk of every object against them. */
 void l1_violation(lmc_l1_manager *m, const lmc_object_key *key, const char *what);
-bool l1_books_balance(lmc_l1_manager *m);
+bool l1_books_balance(lmc_l1_manager *m, bool full);
 
 #endif

@@ -167,6 +167,7 @@ static bool admit(lmc_l1_manager *m, l1_entry *e, const l1_record *rec, int64_t 
  * evicted after a FREE_LOOKUP_LOCKS took its shares away). */
 static void free_resident(lmc_l1_manager *m, l1_entry *e, int64_t now)
 {
+    m->total_pins -= e->object.pins;   /* retired with the buffer, or lapsed */
     if (e->object.pins > 0 && !lmc_ttl_lock_expired(&e->object.lock, now)) {
         l1_record rec = e->object;
         rec.lock.count = rec.pins;
@@ -552,6 +553,7 @@ size_t lmc_l1_manager_lease_copy(lmc_l1_manager *m, const lmc_object_key *keys, 
             l1_event_add(m, ev, &keys[i]);
         }
         e->object.pins++;
+        m->total_pins++;
         grant(m, &leases[i], &e->object, LMC_LEASE_COPY, 1);
     }
     l1_event_commit(m, ev);
@@ -621,8 +623,10 @@ static void give_back_read(lmc_l1_manager *m, const lmc_object_key *key, lmc_lea
     }
     m->leases.returned[lease->kind]++;
     if (copying) {   /* unpin first: a temporary's last share then frees it outright */
-        if (e->object.pins > 0)
+        if (e->object.pins > 0) {
             e->object.pins--;
+            m->total_pins--;
+        }
         else
             l1_violation(m, key, "a COPY lease came back to a copy with no pins");
     }
