@@ -446,8 +446,9 @@ static bool publish_one(lmc_l1_manager *m, const lmc_object_key *key, lmc_lease 
     return true;
 }
 
-int lmc_l1_manager_publish_writes(lmc_l1_manager *m, const lmc_object_key *keys, lmc_lease *leases,
-                           size_t n, uint32_t readers, lmc_l1_result *results)
+int lmc_l1_manager_publish_writes(lmc_l1_manager *m, const lmc_object_key *keys,
+                                  lmc_lease *leases, size_t n, uint32_t readers,
+                                  lmc_l1_result *results)
 {
     if (readers > 0)
         readers = clamp_readers(readers);

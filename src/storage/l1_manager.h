@@ -132,8 +132,9 @@ int lmc_l1_manager_lease_write(lmc_l1_manager *m, const lmc_object_key *keys,
  * NOT_EXIST for a lease that is not a live WRITE lease (given back, retired
  * by a forced clear: that write is void and publishes nothing); WRONG_STATE
  * when its write lock expired (left for reclamation). */
-int lmc_l1_manager_publish_writes(lmc_l1_manager *m, const lmc_object_key *keys, lmc_lease *leases,
-                           size_t n, uint32_t readers, lmc_l1_result *results);
+int lmc_l1_manager_publish_writes(lmc_l1_manager *m, const lmc_object_key *keys,
+                                  lmc_lease *leases, size_t n, uint32_t readers,
+                                  lmc_l1_result *results);
 /* READ leases of `readers` (clamped to [1,128]) shares on resident keys
  * (staging-only keys are NOT_EXIST).  prefix: stop at the first key that is
  * not resident; keys after it are untouched.  Returns how many were

@@ -476,8 +476,8 @@ int lmc_storage_manager_lease_write(lmc_storage_manager *sm, const lmc_object_ke
 }
 
 int lmc_storage_manager_publish_writes(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                lmc_lease *leases, size_t n, uint32_t readers,
-                                lmc_l1_result *results)
+                                       lmc_lease *leases, size_t n, uint32_t readers,
+                                       lmc_l1_result *results)
 {
     lmc_l1_result *r = results_or_scratch(results, n);
     if (!r)

@@ -144,8 +144,8 @@ int lmc_storage_manager_lease_write(lmc_storage_manager *sm, const lmc_object_ke
  * (an L2 prefetch's loaded chunks are never evictable in between).  A key
  * whose write a forced clear voided meanwhile is NOT_EXIST: not stored. */
 int lmc_storage_manager_publish_writes(lmc_storage_manager *sm, const lmc_object_key *keys,
-                                lmc_lease *leases, size_t n, uint32_t readers,
-                                lmc_l1_result *results);
+                                       lmc_lease *leases, size_t n, uint32_t readers,
+                                       lmc_l1_result *results);
 /* READ leases of `readers` (clamped to [1,128]) shares each.  prefix: the
  * leading run of resident keys (a lookup; keys from the first miss on are
  * untouched and counted as misses); otherwise every key on its own.
