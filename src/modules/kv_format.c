@@ -1,0 +1,116 @@
+#include "modules/kv_format.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+const char *lmc_kv_format_name(lmc_kv_format f)
+{
+    static const char *const names[] = {
+        "NB_NL_TWO_BS_NH_HS", "NL_X_TWO_NB_BS_NH_HS", "NL_X_TWO_NB_NH_BS_HS",
+        "NL_X_NB_TWO_BS_NH_HS", "NL_X_NB_TWO_NH_BS_HS", "NL_X_NB_BS_HS",
+        "NL_X_NB_BS_NH_TWO_HS", "NL_X_NB_NH_BS_TWO_HS",
+    };
+    return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "unknown";
+}
+
+static int refuse(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int refuse(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Shapes arrive in physical (stride-descending) order; the tensor must be
+ * dense, except that dims 1.. of an MLA cache may sit in wider rows. */
+static bool dense(const lmc_shared_tensor *t, bool padded_dim0)
+{
+    int64_t want = 1;
+    for (uint32_t d = t->ndim; d-- > 0;) {
+        if ((d == 0 && padded_dim0) ? t->stride[0] < want : t->stride[d] != want)
+            return false;
+        want *= t->shape[d];
+    }
+    return true;
+}
+
+static bool same_tensor_kind(const lmc_shared_tensor *a, const lmc_shared_tensor *b)
+{
+    return a->ndim == b->ndim && a->itemsize == b->itemsize && a->wrapper == b->wrapper &&
+           strcmp(a->dtype, b->dtype) == 0 &&
+           memcmp(a->shape, b->shape, a->ndim * sizeof a->shape[0]) == 0 &&
+           memcmp(a->stride, b->stride, a->ndim * sizeof a->stride[0]) == 0;
+}
+
+static bool fits_u32(int64_t v)
+{
+    return v > 0 && v <= UINT32_MAX;
+}
+
+static lmc_kv_geometry geometry(lmc_kv_format f, uint32_t kv_size, size_t nl, int64_t nb,
+                                int64_t bs, int64_t nh, int64_t hs)
+{
+    return (lmc_kv_geometry){.format = f, .kv_size = kv_size, .nl = (uint32_t)nl,
+                             .nb = (uint64_t)nb, .bs = (uint32_t)bs, .nh = (uint32_t)nh,
+                             .hs = (uint32_t)hs};
+}
+
+/* The format of one layer's tensor (or the cross-layer one). */
+static int classify(const lmc_shared_tensor *t, size_t n, bool hnd, lmc_kv_geometry *g,
+                    char *err, size_t errlen)
+{
+    const int64_t *s = t->shape;
+    if (n == 1 && t->ndim == 6 && s[2] == 2) {          /* [NB, NL, 2, BS, NH, HS] */
+        *g = geometry(LMC_KV_NB_NL_TWO_BS_NH_HS, 2, (size_t)s[1], s[0], s[3], s[4], s[5]);
+    } else if (t->ndim == 5 && s[0] == 2) {              /* FlashAttention */
+        *g = hnd ? geometry(LMC_KV_NL_X_TWO_NB_NH_BS_HS, 2, n, s[1], s[3], s[2], s[4])
+                 : geometry(LMC_KV_NL_X_TWO_NB_BS_NH_HS, 2, n, s[1], s[2], s[3], s[4]);
+    } else if (t->ndim == 5 && s[1] == 2) {              /* FlashInfer */
+        /* One head makes both layouts the same bytes; vLLM's view is then
+         * token-first, so it reads as NHD. */
+        bool h = hnd && !(s[3] == 1 && s[2] != 1);
+        *g = h ? geometry(LMC_KV_NL_X_NB_TWO_NH_BS_HS, 2, n, s[0], s[3], s[2], s[4])
+               : geometry(LMC_KV_NL_X_NB_TWO_BS_NH_HS, 2, n, s[0], s[2], s[3], s[4]);
+    } else if (t->ndim == 3) {                           /* MLA [NB, BS, HS] */
+        *g = geometry(LMC_KV_NL_X_NB_BS_HS, 1, n, s[0], s[1], 1, s[2]);
+    } else if (t->ndim == 4 && s[3] % 2 == 0) {          /* fused K/V [NB, A, B, 2*HS] */
+        *g = hnd ? geometry(LMC_KV_NL_X_NB_NH_BS_TWO_HS, 1, n, s[0], s[2], s[1], s[3])
+                 : geometry(LMC_KV_NL_X_NB_BS_NH_TWO_HS, 1, n, s[0], s[1], s[2], s[3]);
+    } else {
+        return refuse(err, errlen, "no vLLM KV format has a %u-dimensional tensor of this shape",
+                      t->ndim);
+    }
+    return 0;
+}
+
+int lmc_kv_detect_vllm(const lmc_shared_tensor *tensors, size_t n, bool hnd, bool cpu_server,
+                       lmc_kv_geometry *out, char *err, size_t errlen)
+{
+    if (n == 0 || n > UINT32_MAX)
+        return refuse(err, errlen, "no tensors registered");
+    const lmc_shared_tensor *t = &tensors[0];
+    for (size_t i = 1; i < n; i++)
+        if (!same_tensor_kind(t, &tensors[i]))
+            return refuse(err, errlen, "layer %zu differs from layer 0 in shape, stride, dtype "
+                                       "or wrapper (engine groups are not supported yet)", i);
+    for (uint32_t d = 0; d < t->ndim; d++)
+        if (!fits_u32(t->shape[d]))
+            return refuse(err, errlen, "shape[%u] = %lld is out of range", d,
+                          (long long)t->shape[d]);
+    if (classify(t, n, hnd || cpu_server, out, err, errlen) != 0)
+        return -1;
+    bool mla = out->format == LMC_KV_NL_X_NB_BS_HS;
+    if (!dense(t, mla))
+        return refuse(err, errlen, "%s tensors must be dense in their physical order%s",
+                      lmc_kv_format_name(out->format), mla ? " (rows may be padded)" : "");
+    out->element_size = t->itemsize;
+    out->block_stride = mla ? (uint64_t)t->stride[0] : (uint64_t)out->bs * out->nh * out->hs;
+    if ((uint64_t)out->hs * out->element_size % 2)
+        return refuse(err, errlen, "a head of %u x %u bytes is not an even number of bytes",
+                      out->hs, out->element_size);
+    return 0;
+}

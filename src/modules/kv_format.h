@@ -1,0 +1,93 @@
+/* The paged KV formats of a vLLM engine's registered tensors, and the
+ * address arithmetic of the server-driven copies (docs/protocol.md,
+ * "Server-driven KV formats").  The offset functions are `static inline`
+ * and free of anything host-only, so that the CPU copy and a CUDA kernel
+ * compile the very same formula and the CPU tests check it. */
+#ifndef LMC_MODULES_KV_FORMAT_H
+#define LMC_MODULES_KV_FORMAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "modules/shared_tensor.h"
+
+#ifdef __CUDACC__
+#define LMC_KV_INLINE __host__ __device__ static inline
+#else
+#define LMC_KV_INLINE static inline
+#endif
+
+/* Symbols: NL layers, NB blocks, BS slots per block, NH heads, HS head
+ * size, _X_ a list (one tensor per layer).  Values are ours, not wire. */
+typedef enum lmc_kv_format {
+    LMC_KV_NB_NL_TWO_BS_NH_HS = 0,   /* cross-layer: one [NB, NL, 2, BS, NH, HS] */
+    LMC_KV_NL_X_TWO_NB_BS_NH_HS,     /* FlashAttention, NHD: [2, NB, BS, NH, HS] */
+    LMC_KV_NL_X_TWO_NB_NH_BS_HS,     /* FlashAttention, HND: [2, NB, NH, BS, HS] */
+    LMC_KV_NL_X_NB_TWO_BS_NH_HS,     /* FlashInfer, NHD: [NB, 2, BS, NH, HS] */
+    LMC_KV_NL_X_NB_TWO_NH_BS_HS,     /* FlashInfer, HND: [NB, 2, NH, BS, HS] */
+    LMC_KV_NL_X_NB_BS_HS,            /* MLA: [NB, BS, HS], rows may be padded */
+    LMC_KV_NL_X_NB_BS_NH_TWO_HS,     /* fused K/V, NHD: [NB, BS, NH, 2*HS] */
+    LMC_KV_NL_X_NB_NH_BS_TWO_HS,     /* fused K/V, HND: [NB, NH, BS, 2*HS] */
+} lmc_kv_format;
+
+typedef struct lmc_kv_geometry {
+    lmc_kv_format format;
+    uint32_t kv_size;          /* 2 (K, V), or 1 (MLA, fused: hs holds K then V) */
+    uint32_t nl;               /* layers */
+    uint64_t nb;               /* blocks */
+    uint32_t bs;               /* slots per block */
+    uint32_t nh;               /* heads (1 for MLA) */
+    uint32_t hs;               /* elements per head (2 x head size when fused) */
+    uint32_t element_size;
+    uint64_t block_stride;     /* elements from one block to the next (MLA may pad) */
+} lmc_kv_geometry;
+
+const char *lmc_kv_format_name(lmc_kv_format f);
+
+/* Detects the format of a vLLM registration: `n` tensors, one per layer
+ * (or one cross-layer tensor), all of one shape, dtype and wrapper; `hnd`
+ * the layout hint, forced on a server without a GPU (vLLM's CPU attention
+ * stores HND whatever it reports).  0, or -1 with the reason in `err`. */
+int lmc_kv_detect_vllm(const lmc_shared_tensor *tensors, size_t n, bool hnd, bool cpu_server,
+                       lmc_kv_geometry *out, char *err, size_t errlen);
+
+/* Element offset, inside layer `layer`'s tensor (per-layer formats) or the
+ * one cross-layer tensor, of element e of head h of slot s of block b,
+ * K (kv 0) or V (kv 1). */
+LMC_KV_INLINE uint64_t lmc_kv_paged_offset(const lmc_kv_geometry *g, uint32_t kv, uint32_t layer,
+                                           uint64_t b, uint32_t s, uint32_t h, uint32_t e)
+{
+    uint64_t hs = g->hs, nh = g->nh, bs = g->bs;
+    switch (g->format) {
+    case LMC_KV_NB_NL_TWO_BS_NH_HS:
+        return (((b * g->nl + layer) * 2 + kv) * bs + s) * nh * hs + h * hs + e;
+    case LMC_KV_NL_X_TWO_NB_BS_NH_HS:
+        return ((kv * g->nb + b) * bs + s) * nh * hs + h * hs + e;
+    case LMC_KV_NL_X_TWO_NB_NH_BS_HS:
+        return ((kv * g->nb + b) * nh + h) * bs * hs + s * hs + e;
+    case LMC_KV_NL_X_NB_TWO_BS_NH_HS:
+        return ((b * 2 + kv) * bs + s) * nh * hs + h * hs + e;
+    case LMC_KV_NL_X_NB_TWO_NH_BS_HS:
+        return ((b * 2 + kv) * nh + h) * bs * hs + s * hs + e;
+    case LMC_KV_NL_X_NB_BS_HS:
+        return b * g->block_stride + s * hs + e;
+    case LMC_KV_NL_X_NB_BS_NH_TWO_HS:
+        return (b * bs + s) * nh * hs + h * hs + e;
+    case LMC_KV_NL_X_NB_NH_BS_TWO_HS:
+        return (b * nh + h) * bs * hs + s * hs + e;
+    }
+    return 0;
+}
+
+/* Element offset inside one kernel group's entry of an L1 chunk object, a
+ * dense [kv_size, nl, slots, nh*hs] tensor (docs/storage.md; the same
+ * layout the engine-driven path stores). */
+LMC_KV_INLINE uint64_t lmc_kv_object_offset(const lmc_kv_geometry *g, uint32_t slots, uint32_t kv,
+                                            uint32_t layer, uint32_t s, uint32_t h, uint32_t e)
+{
+    uint64_t row = (uint64_t)g->nh * g->hs;
+    return (((uint64_t)kv * g->nl + layer) * slots + s) * row + (uint64_t)h * g->hs + e;
+}
+
+#endif

@@ -1,0 +1,168 @@
+/* vLLM KV format detection and the paged / chunk-object offsets the
+ * server-driven copies use (docs/protocol.md, "Server-driven KV formats"):
+ * every offset is checked against the tensor's own strides, walked the
+ * way its shape names the dimensions, so the formula and the layout are
+ * tested independently of each other. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "modules/kv_format.h"
+
+enum { NB = 5, BS = 4, NH = 3, HS = 8, NL = 2 };
+
+static lmc_shared_tensor dense_tensor(const int64_t *shape, uint32_t ndim, int64_t row_pad)
+{
+    lmc_shared_tensor t = {.wrapper = LMC_WRAPPER_CPU_SHM, .itemsize = 2, .ndim = ndim};
+    strcpy(t.dtype, "float16");
+    int64_t acc = 1;
+    for (uint32_t d = ndim; d-- > 0;) {
+        t.shape[d] = shape[d];
+        t.stride[d] = acc;
+        acc *= shape[d];
+        if (d == 1 && row_pad)
+            acc += row_pad;   /* dim 0 steps over padded rows */
+    }
+    return t;
+}
+
+/* Index of each dimension of a tensor of `format` for one element. */
+typedef struct {
+    lmc_kv_format format;
+    int64_t shape[6];
+    uint32_t ndim;
+    bool hnd;
+} case_t;
+
+static void indices(lmc_kv_format f, uint32_t kv, uint32_t l, uint32_t b, uint32_t s, uint32_t h,
+                    uint32_t e, int64_t *idx)
+{
+    switch (f) {
+    case LMC_KV_NB_NL_TWO_BS_NH_HS: memcpy(idx, (int64_t[]){b, l, kv, s, h, e}, 48); break;
+    case LMC_KV_NL_X_TWO_NB_BS_NH_HS: memcpy(idx, (int64_t[]){kv, b, s, h, e}, 40); break;
+    case LMC_KV_NL_X_TWO_NB_NH_BS_HS: memcpy(idx, (int64_t[]){kv, b, h, s, e}, 40); break;
+    case LMC_KV_NL_X_NB_TWO_BS_NH_HS: memcpy(idx, (int64_t[]){b, kv, s, h, e}, 40); break;
+    case LMC_KV_NL_X_NB_TWO_NH_BS_HS: memcpy(idx, (int64_t[]){b, kv, h, s, e}, 40); break;
+    case LMC_KV_NL_X_NB_BS_HS: memcpy(idx, (int64_t[]){b, s, e}, 24); break;
+    case LMC_KV_NL_X_NB_BS_NH_TWO_HS: memcpy(idx, (int64_t[]){b, s, h, e}, 32); break;
+    case LMC_KV_NL_X_NB_NH_BS_TWO_HS: memcpy(idx, (int64_t[]){b, h, s, e}, 32); break;
+    }
+}
+
+static void check_case(const case_t *c, int64_t row_pad)
+{
+    lmc_shared_tensor layers[NL];
+    size_t n = c->format == LMC_KV_NB_NL_TWO_BS_NH_HS ? 1 : NL;
+    for (size_t i = 0; i < n; i++)
+        layers[i] = dense_tensor(c->shape, c->ndim, row_pad);
+    lmc_kv_geometry g;
+    char err[256] = "";
+    if (lmc_kv_detect_vllm(layers, n, c->hnd, false, &g, err, sizeof err) != 0)
+        fail_msg("%s: %s", lmc_kv_format_name(c->format), err);
+    assert_string_equal(lmc_kv_format_name(g.format), lmc_kv_format_name(c->format));
+    assert_int_equal(g.nl, NL);
+    assert_int_equal(g.nb, NB);
+    assert_int_equal(g.bs, BS);
+    uint32_t heads = g.nh, kvs = g.kv_size;
+    for (uint32_t kv = 0; kv < kvs; kv++)
+        for (uint32_t l = 0; l < NL; l++)
+            for (uint32_t b = 0; b < NB; b++)
+                for (uint32_t s = 0; s < BS; s++)
+                    for (uint32_t h = 0; h < heads; h++)
+                        for (uint32_t e = 0; e < g.hs; e++) {
+                            int64_t idx[6], want = 0;
+                            indices(g.format, kv, l, b, s, h, e, idx);
+                            for (uint32_t d = 0; d < c->ndim; d++)
+                                want += idx[d] * layers[0].stride[d];
+                            assert_int_equal(lmc_kv_paged_offset(&g, kv, l, b, s, h, e), want);
+                        }
+}
+
+static void test_formats_and_offsets(void **state)
+{
+    (void)state;
+    const case_t cases[] = {
+        {LMC_KV_NL_X_TWO_NB_BS_NH_HS, {2, NB, BS, NH, HS}, 5, false},
+        {LMC_KV_NL_X_TWO_NB_NH_BS_HS, {2, NB, NH, BS, HS}, 5, true},
+        {LMC_KV_NL_X_NB_TWO_BS_NH_HS, {NB, 2, BS, NH, HS}, 5, false},
+        {LMC_KV_NL_X_NB_TWO_NH_BS_HS, {NB, 2, NH, BS, HS}, 5, true},
+        {LMC_KV_NL_X_NB_BS_HS, {NB, BS, HS}, 3, true},
+        {LMC_KV_NL_X_NB_BS_NH_TWO_HS, {NB, BS, NH, 2 * HS}, 4, false},
+        {LMC_KV_NL_X_NB_NH_BS_TWO_HS, {NB, NH, BS, 2 * HS}, 4, true},
+        {LMC_KV_NB_NL_TWO_BS_NH_HS, {NB, NL, 2, BS, NH, HS}, 6, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_case(&cases[i], 0);
+    check_case(&cases[4], 24);   /* MLA rows in a wider pool: dim-0 padding */
+}
+
+static void test_detection_rules(void **state)
+{
+    (void)state;
+    lmc_kv_geometry g;
+    char err[256] = "";
+    /* A CPU server reads vLLM's tensors as HND whatever the hint says. */
+    lmc_shared_tensor t = dense_tensor((int64_t[]){2, NB, NH, BS, HS}, 5, 0);
+    assert_int_equal(lmc_kv_detect_vllm(&t, 1, false, true, &g, err, sizeof err), 0);
+    assert_int_equal(g.format, LMC_KV_NL_X_TWO_NB_NH_BS_HS);
+    assert_int_equal(g.nh, NH);
+    /* FlashInfer with one head: NHD even under an HND hint. */
+    t = dense_tensor((int64_t[]){NB, 2, BS, 1, HS}, 5, 0);
+    assert_int_equal(lmc_kv_detect_vllm(&t, 1, true, false, &g, err, sizeof err), 0);
+    assert_int_equal(g.format, LMC_KV_NL_X_NB_TWO_BS_NH_HS);
+    assert_int_equal(g.nh, 1);
+    assert_int_equal(g.bs, BS);
+    /* A rank-5 tensor starting with 2 is FlashAttention, even if dim 1 is 2. */
+    t = dense_tensor((int64_t[]){2, 2, BS, NH, HS}, 5, 0);
+    assert_int_equal(lmc_kv_detect_vllm(&t, 1, false, false, &g, err, sizeof err), 0);
+    assert_int_equal(g.format, LMC_KV_NL_X_TWO_NB_BS_NH_HS);
+    /* Refusals. */
+    t = dense_tensor((int64_t[]){NB, BS, NH, 7}, 4, 0);
+    assert_int_equal(lmc_kv_detect_vllm(&t, 1, false, false, &g, err, sizeof err), -1);
+    assert_non_null(strstr(err, "no vLLM KV format"));
+    t = dense_tensor((int64_t[]){2, NB, BS, NH, HS}, 5, 16);   /* padding outside MLA */
+    assert_int_equal(lmc_kv_detect_vllm(&t, 1, false, false, &g, err, sizeof err), -1);
+    assert_non_null(strstr(err, "must be dense"));
+    lmc_shared_tensor two[2] = {dense_tensor((int64_t[]){2, NB, BS, NH, HS}, 5, 0),
+                                dense_tensor((int64_t[]){2, NB, BS, NH, 2 * HS}, 5, 0)};
+    assert_int_equal(lmc_kv_detect_vllm(two, 2, false, false, &g, err, sizeof err), -1);
+    assert_non_null(strstr(err, "layer 1 differs"));
+    t = dense_tensor((int64_t[]){NB, BS, 3}, 3, 0);
+    t.itemsize = 1;
+    assert_int_equal(lmc_kv_detect_vllm(&t, 1, false, false, &g, err, sizeof err), -1);
+    assert_non_null(strstr(err, "even number of bytes"));
+}
+
+/* The chunk object of one group: [kv_size, nl, slots, nh*hs], which for a
+ * single group at full chunk is the engine-driven path's [2, L, chunk, H]. */
+static void test_object_offsets(void **state)
+{
+    (void)state;
+    lmc_kv_geometry g = {.format = LMC_KV_NL_X_TWO_NB_BS_NH_HS, .kv_size = 2, .nl = NL,
+                         .nb = NB, .bs = BS, .nh = NH, .hs = HS};
+    const uint32_t chunk = 16, row = NH * HS;
+    uint64_t expect = 0;
+    for (uint32_t kv = 0; kv < 2; kv++)
+        for (uint32_t l = 0; l < NL; l++)
+            for (uint32_t s = 0; s < chunk; s++)
+                for (uint32_t h = 0; h < NH; h++)
+                    for (uint32_t e = 0; e < HS; e++)
+                        assert_int_equal(lmc_kv_object_offset(&g, chunk, kv, l, s, h, e),
+                                         expect++);
+    assert_int_equal(expect, 2ull * NL * chunk * row);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_formats_and_offsets),
+        cmocka_unit_test(test_detection_rules),
+        cmocka_unit_test(test_object_offsets),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
