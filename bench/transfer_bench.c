@@ -43,6 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/server_child.h"
 #include "common/zmq_echo.h"
 #include "config/config.h"
 #include "rpc/client.h"
@@ -790,26 +791,6 @@ static void block_term(sigset_t *term)
     pthread_sigmask(SIG_BLOCK, term, NULL);
 }
 
-static int server_child(lmc_config *cfg)
-{
-    sigset_t term;
-    block_term(&term);
-    char err[256];
-    lmc_server *srv;
-    if (lmc_server_new(cfg, &srv, err, sizeof err) != 0) {
-        fprintf(stderr, "transfer_bench: %s\n", err);
-        return 1;
-    }
-    pthread_t th;
-    pthread_create(&th, NULL, serve, srv);
-    int sig;
-    sigwait(&term, &sig);
-    lmc_server_stop(srv);
-    pthread_join(th, NULL);
-    lmc_server_free(srv);
-    return 0;
-}
-
 static int echo_child(const char *url)
 {
     sigset_t term;
@@ -836,9 +817,7 @@ typedef struct {
 static int start_servers(servers *sv, lmc_config *cfg, const char *echo_url, bench *b)
 {
     if (sv->child) {
-        fflush(stdout);
-        if ((b->server_pid = fork()) == 0)
-            _exit(server_child(cfg));
+        b->server_pid = bench_server_fork(cfg);
         if (b->server_pid > 0 && (sv->echo_pid = fork()) == 0)
             _exit(echo_child(echo_url));
         return b->server_pid > 0 && sv->echo_pid > 0 &&
@@ -862,12 +841,8 @@ static int start_servers(servers *sv, lmc_config *cfg, const char *echo_url, ben
 static void stop_servers(servers *sv, bench *b)
 {
     if (sv->child) {
-        pid_t pids[2] = {b->server_pid, sv->echo_pid};
-        for (int i = 0; i < 2; i++)
-            if (pids[i] > 0) {
-                kill(pids[i], SIGTERM);
-                waitpid(pids[i], NULL, 0);
-            }
+        bench_server_kill(b->server_pid);
+        bench_server_kill(sv->echo_pid);
         return;
     }
     echo_stop(&sv->echo);
