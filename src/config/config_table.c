@@ -21,6 +21,7 @@
 
 static const char *const hash_choices[] = {"builtin", "sha256_cbor", "blake3", NULL};
 static const char *const engine_choices[] = {"default", "blend", "blend_legacy", NULL};
+static const char *const cpu_layout_choices[] = {"hnd", "hint", NULL};
 static const char *const mode_choices[] = {"lmcache_driven", "engine_driven", "auto", NULL};
 static const char *const log_choices[] = {"DEBUG", "INFO", "WARNING", "ERROR", NULL};
 static const char *const evict_choices[] = {"LRU", "ARC", "IsolatedLRU", "noop", NULL};
@@ -69,6 +70,11 @@ static const lmc_config_flag flags[] = {
     {.name = "separate-object-groups", .group = LMC_FG_MP, .kind = LMC_FK_BOOL,
      AT(mp.separate_object_groups), .def = "true", .json_name = "separate_object_groups",
      .help = "Keep one object group per sliding-window size."},
+    {.name = "cpu-kv-layout", .group = LMC_FG_MP, .kind = LMC_FK_STR, AT(mp.cpu_kv_layout),
+     .def = "hnd", .choices = cpu_layout_choices, .json_name = "cpu_kv_layout",
+     .flags = LMC_FF_ADDITION,
+     .help = "vLLM CPU shared tensors: 'hnd' as vLLM's CPU attention stores them, "
+             "'hint' as the registration's kv_layout says."},
     {.name = "enable-segmented-prefix", .group = LMC_FG_MP, .kind = LMC_FK_TRUE,
      AT(mp.enable_segmented_prefix), .def = "false", .json_name = "enable_segmented_prefix",
      .help = "Enable segmented prefix matching."},

@@ -25,6 +25,7 @@
 #include "modules/ed_internal.h"
 #include "modules/ipc_key.h"
 #include "modules/module.h"
+#include "modules/transfer_common.h"
 #include "obs/events.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
@@ -262,31 +263,6 @@ static void pack_retrieve_reply(msgpack_packer *pk, const lmc_lease *leases, siz
 
 /* ---- transfer ops ------------------------------------------------------- */
 
-/* WRITE leases for what is missing; one eviction pass and a retry on
- * OUT_OF_MEMORY.  A call that fails whole leaves every key OUT_OF_MEMORY
- * and no lease granted. */
-static void reserve(engine_mod *m, ed_op *op, lmc_lease *leases, lmc_l1_result *res)
-{
-    lmc_storage_manager *sm = m->ctx->storage;
-    if (lmc_storage_manager_lease_write(sm, op->keys, op->n, op->layout.object_size, false,
-                                        op->tag, leases, res) != 0) {
-        for (size_t i = 0; i < op->n; i++)
-            res[i] = LMC_L1_OUT_OF_MEMORY;
-        return;
-    }
-    size_t oom = 0;
-    for (size_t i = 0; i < op->n; i++)
-        oom += res[i] == LMC_L1_OUT_OF_MEMORY;
-    if (oom == 0 || lmc_storage_manager_run_eviction_once(sm) == 0)
-        return;
-    for (size_t i = 0; i < op->n; i++) {
-        if (res[i] == LMC_L1_OUT_OF_MEMORY &&
-            lmc_storage_manager_lease_write(sm, &op->keys[i], 1, op->layout.object_size, false,
-                                            op->tag, &leases[i], &res[i]) != 0)
-            res[i] = LMC_L1_OUT_OF_MEMORY;
-    }
-}
-
 /* STORE_* / RETRIEVE_* events (obs/events.h): PREPARE opens a transfer,
  * COMMIT closes it; the worker copies in between, so START -> END is the
  * engine's copy time.  Keyed by (request id, worker) like upstream's
@@ -294,18 +270,7 @@ static void reserve(engine_mod *m, ed_op *op, lmc_lease *leases, lmc_l1_result *
 static void publish_transfer(engine_mod *m, const char *type, const ed_op *op, size_t chunks,
                              uint64_t bytes)
 {
-    if (!m->ctx->events)
-        return;
-    char sid[256], engine[32];
-    snprintf(sid, sizeof sid, "%.*s", (int)op->key.request_id_len, op->key.request_id);
-    snprintf(engine, sizeof engine, "%lld", (long long)op->instance_id);
-    json_t *meta = json_pack("{s:s%, s:s, s:s, s:I, s:s%, s:I, s:I}", "model_name",
-                             op->key.model_name, op->key.model_len, "engine_id", engine,
-                             "device", "cpu", "worker_id",
-                             (json_int_t)op->key.worker_id, "cache_salt", op->key.cache_salt,
-                             op->key.salt_len, "num_chunks", (json_int_t)chunks, "bytes",
-                             (json_int_t)bytes);
-    lmc_event_bus_publish(m->ctx->events, type, sid, meta);
+    lmc_publish_transfer(m->ctx->events, type, &op->key, op->instance_id, chunks, bytes);
 }
 
 /* PREPARE_STORE(key, instance_id) -> {"context": {"slots", "chunk_indices"}} */
@@ -328,7 +293,8 @@ static lmc_handler_result prepare_store(void *state, lmc_rpc_call *call)
         n = 0;
     }
     if (n)
-        reserve(m, &op, leases, res);
+        lmc_reserve_writes(m->ctx->storage, op.keys, op.n, op.layout.object_size, op.tag,
+                           leases, res);
     for (size_t i = 0; i < n; i++) {
         oom += res[i] == LMC_L1_OUT_OF_MEMORY;
         if (res[i] == LMC_L1_SUCCESS) {
@@ -456,8 +422,10 @@ static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
 }
 
 static const lmc_rpc_handler_spec ed_handlers[] = {
-    {LMC_OP_REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_register, false},
-    {LMC_OP_UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_unregister, false},
+    {LMC_OP_REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_register,
+     false, NULL},
+    {LMC_OP_UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_unregister,
+     false, NULL},
     {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, prepare_store, .quick = true},
     {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_AFFINITY, commit_store, .quick = true},
     {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, prepare_retrieve, .quick = true},

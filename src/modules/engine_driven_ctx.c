@@ -227,16 +227,6 @@ static void reap_one(void *user, int64_t id)
     }
 }
 
-/* LMCACHED_TEST_REAP_SCALE (test-only, undocumented for users): divides the
- * reap timeout, grace and period so e2e tests can see a reap within a
- * second while the flags keep their >= 30 s validation. */
-static double reap_scale(void)
-{
-    const char *s = getenv("LMCACHED_TEST_REAP_SCALE");
-    double v = s ? strtod(s, NULL) : 1.0;
-    return v >= 1.0 ? v : 1.0;
-}
-
 int lmc_ed_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen)
 {
     engine_mod *m = calloc(1, sizeof *m);
@@ -249,12 +239,11 @@ int lmc_ed_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen)
     pthread_mutex_init(&m->lock, NULL);
     m->cfg_reap_s = ctx->config->mp.worker_reap_timeout_seconds;
     m->cfg_grace_s = ctx->config->mp.worker_registration_grace_seconds;
-    double scale = reap_scale();
-    m->reap_timeout_ms = (int64_t)(m->cfg_reap_s * 1000 / scale);
-    m->grace_ms = (int64_t)(m->cfg_grace_s * 1000 / scale);
-    lmc_reaper_options ro = {.timeout_ms = m->reap_timeout_ms, .grace_ms = m->grace_ms,
-                             .liveness = ctx->liveness, .list = list_ids, .reap = reap_one,
+    lmc_reaper_options ro = {.liveness = ctx->liveness, .list = list_ids, .reap = reap_one,
                              .user = m, .start_thread = true};
+    lmc_reaper_set_timeouts(&ro, m->cfg_reap_s, m->cfg_grace_s);
+    m->reap_timeout_ms = ro.timeout_ms;
+    m->grace_ms = ro.grace_ms;
     m->reaper = lmc_reaper_new(&ro);
     if (!m->reaper) {
         pthread_mutex_destroy(&m->lock);

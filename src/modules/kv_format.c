@@ -9,7 +9,8 @@ const char *lmc_kv_format_name(lmc_kv_format f)
     static const char *const names[] = {
         "NB_NL_TWO_BS_NH_HS", "NL_X_TWO_NB_BS_NH_HS", "NL_X_TWO_NB_NH_BS_HS",
         "NL_X_NB_TWO_BS_NH_HS", "NL_X_NB_TWO_NH_BS_HS", "NL_X_NB_BS_HS",
-        "NL_X_NB_BS_NH_TWO_HS", "NL_X_NB_NH_BS_TWO_HS",
+        "NL_X_NB_BS_NH_TWO_HS", "NL_X_NB_NH_BS_TWO_HS", "NB_NL_TWO_NH_BS_HS",
+        "TWO_X_NL_X_NB_BS_NH_HS",
     };
     return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "unknown";
 }
@@ -113,4 +114,88 @@ int lmc_kv_detect_vllm(const lmc_shared_tensor *tensors, size_t n, bool hnd, boo
         return refuse(err, errlen, "a head of %u x %u bytes is not an even number of bytes",
                       out->hs, out->element_size);
     return 0;
+}
+
+/* Shared tail of the SGLang and TRT-LLM detectors: every tensor alike,
+ * dense, dimensions in range, heads of an even byte count. */
+static int finish(const lmc_shared_tensor *t, size_t n, lmc_kv_geometry *g, bool padded_dim0,
+                  char *err, size_t errlen)
+{
+    for (size_t i = 1; i < n; i++)
+        if (!same_tensor_kind(&t[0], &t[i]))
+            return refuse(err, errlen, "tensor %zu differs from tensor 0 in shape, stride, dtype "
+                                       "or wrapper", i);
+    for (uint32_t d = 0; d < t->ndim; d++)
+        if (!fits_u32(t->shape[d]))
+            return refuse(err, errlen, "shape[%u] = %lld is out of range", d,
+                          (long long)t->shape[d]);
+    if (!dense(t, padded_dim0))
+        return refuse(err, errlen, "%s tensors must be dense", lmc_kv_format_name(g->format));
+    g->element_size = t->itemsize;
+    if (g->block_stride == 0)
+        g->block_stride = (uint64_t)g->bs * g->nh * g->hs;
+    if ((uint64_t)g->hs * g->element_size % 2)
+        return refuse(err, errlen, "a head of %u x %u bytes is not an even number of bytes",
+                      g->hs, g->element_size);
+    return 0;
+}
+
+int lmc_kv_detect_sglang(const lmc_shared_tensor *t, size_t n, const lmc_kv_hints *h,
+                         lmc_kv_geometry *out, char *err, size_t errlen)
+{
+    if (n == 0 || n > UINT32_MAX)
+        return refuse(err, errlen, "no tensors registered");
+    if (h->kv_list_layout == LMC_KV_LIST_UNIFIED)
+        return refuse(err, errlen, "SGLang's kv_list_layout \"unified\" is not supported yet");
+    const int64_t *s = t->shape;
+    int64_t tpb = h->tokens_per_block;
+    if (t->ndim != 3)
+        return refuse(err, errlen, "SGLang tensors are [pages, heads, head size]; got %u "
+                                   "dimensions", t->ndim);
+    if (tpb <= 0)
+        return refuse(err, errlen, "SGLang registrations need the tokens_per_block hint");
+    if (s[0] <= 0 || s[0] % tpb)
+        return refuse(err, errlen, "SGLang page buffer of %lld slots is not a whole number of "
+                                   "%lld-token blocks", (long long)s[0], (long long)tpb);
+    bool kv_lists = h->kv_list_layout == LMC_KV_LIST_K_V ||
+                    (h->kv_list_layout == LMC_KV_LIST_NONE && s[1] > 1);
+    if (kv_lists) {
+        if (n % 2)
+            return refuse(err, errlen, "SGLang K/V lists need as many V tensors as K tensors");
+        *out = geometry(LMC_KV_TWO_X_NL_X_NB_BS_NH_HS, 2, n / 2, s[0] / tpb, tpb, s[1], s[2]);
+    } else if (s[1] == 1) {   /* MLA: latent + rope, one "head" */
+        *out = geometry(LMC_KV_NL_X_NB_BS_HS, 1, n, s[0] / tpb, tpb, 1, s[2]);
+    } else {
+        return refuse(err, errlen, "SGLang tensors with %lld heads need kv_list_layout \"k_v\"",
+                      (long long)s[1]);
+    }
+    return finish(t, n, out, false, err, errlen);
+}
+
+int lmc_kv_detect_trtllm(const lmc_shared_tensor *t, size_t n, const lmc_kv_hints *h,
+                         lmc_kv_geometry *out, char *err, size_t errlen)
+{
+    if (n != 1)
+        return refuse(err, errlen, "TRT-LLM registers one KV pool tensor, not %zu", n);
+    const int64_t *s = t->shape;
+    if (t->ndim == 4) {
+        if (h->num_kv_heads <= 0 || h->tokens_per_block <= 0 || h->head_dim <= 0)
+            return refuse(err, errlen, "a 4-dimensional TRT-LLM pool needs the num_kv_heads, "
+                                       "tokens_per_block and head_dim hints");
+        if (h->num_kv_heads > UINT32_MAX || h->tokens_per_block > UINT32_MAX ||
+            h->head_dim > UINT32_MAX ||
+            s[3] != h->num_kv_heads * h->tokens_per_block * h->head_dim)
+            return refuse(err, errlen, "TRT-LLM pool rows of %lld elements are not num_kv_heads "
+                                       "x tokens_per_block x head_dim", (long long)s[3]);
+        *out = geometry(LMC_KV_NB_NL_TWO_NH_BS_HS, 2, (size_t)s[1], s[0], h->tokens_per_block,
+                        h->num_kv_heads, h->head_dim);
+    } else if (t->ndim == 6) {
+        *out = geometry(LMC_KV_NB_NL_TWO_NH_BS_HS, 2, (size_t)s[1], s[0], s[4], s[3], s[5]);
+    } else {
+        return refuse(err, errlen, "a TRT-LLM pool is [blocks, layers, 2, heads x tokens x head "
+                                   "size]; got %u dimensions", t->ndim);
+    }
+    if (s[2] != 2)
+        return refuse(err, errlen, "a TRT-LLM pool's third dimension must be 2 (K, V)");
+    return finish(t, n, out, false, err, errlen);
 }

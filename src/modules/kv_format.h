@@ -29,7 +29,21 @@ typedef enum lmc_kv_format {
     LMC_KV_NL_X_NB_BS_HS,            /* MLA: [NB, BS, HS], rows may be padded */
     LMC_KV_NL_X_NB_BS_NH_TWO_HS,     /* fused K/V, NHD: [NB, BS, NH, 2*HS] */
     LMC_KV_NL_X_NB_NH_BS_TWO_HS,     /* fused K/V, HND: [NB, NH, BS, 2*HS] */
+    LMC_KV_NB_NL_TWO_NH_BS_HS,       /* TRT-LLM cross-layer: one [NB, NL, 2, NH, BS, HS] */
+    LMC_KV_TWO_X_NL_X_NB_BS_NH_HS,   /* SGLang: NL K tensors, then NL V tensors,
+                                      * each [NB, BS, NH, HS] (registered [NB*BS, NH, HS]) */
 } lmc_kv_format;
+
+/* Whether one tensor holds every layer (the offsets then take the layer),
+ * and whether K and V are separate tensors (tensor kv*nl + layer). */
+LMC_KV_INLINE bool lmc_kv_format_cross_layer(lmc_kv_format f)
+{
+    return f == LMC_KV_NB_NL_TWO_BS_NH_HS || f == LMC_KV_NB_NL_TWO_NH_BS_HS;
+}
+LMC_KV_INLINE bool lmc_kv_format_kv_lists(lmc_kv_format f)
+{
+    return f == LMC_KV_TWO_X_NL_X_NB_BS_NH_HS;
+}
 
 typedef struct lmc_kv_geometry {
     lmc_kv_format format;
@@ -52,9 +66,27 @@ const char *lmc_kv_format_name(lmc_kv_format f);
 int lmc_kv_detect_vllm(const lmc_shared_tensor *tensors, size_t n, bool hnd, bool cpu_server,
                        lmc_kv_geometry *out, char *err, size_t errlen);
 
-/* Element offset, inside layer `layer`'s tensor (per-layer formats) or the
- * one cross-layer tensor, of element e of head h of slot s of block b,
- * K (kv 0) or V (kv 1). */
+/* Layout hints the SGLang and TRT-LLM detectors read (0 / NONE: absent). */
+typedef enum { LMC_KV_LIST_NONE, LMC_KV_LIST_K_V, LMC_KV_LIST_UNIFIED } lmc_kv_list_layout;
+typedef struct lmc_kv_hints {
+    int64_t tokens_per_block, num_kv_heads, head_dim;
+    lmc_kv_list_layout kv_list_layout;
+} lmc_kv_hints;
+
+/* SGLang: K tensors then V tensors [NB*BS, NH, HS] (kv_list_layout "k_v",
+ * or older adapters' lists with NH > 1), split into blocks of
+ * tokens_per_block; or MLA layers [NB*BS, 1, HS].  Same contract as the
+ * vLLM detector. */
+int lmc_kv_detect_sglang(const lmc_shared_tensor *tensors, size_t n, const lmc_kv_hints *h,
+                         lmc_kv_geometry *out, char *err, size_t errlen);
+/* TRT-LLM: one pool, [NB, NL, 2, NH*BS*HS] with the num_kv_heads,
+ * tokens_per_block and head_dim hints, or already [NB, NL, 2, NH, BS, HS]. */
+int lmc_kv_detect_trtllm(const lmc_shared_tensor *tensors, size_t n, const lmc_kv_hints *h,
+                         lmc_kv_geometry *out, char *err, size_t errlen);
+
+/* Element offset, inside layer `layer`'s tensor (per-layer formats; its K
+ * or V tensor for K/V lists) or the one cross-layer tensor, of element e
+ * of head h of slot s of block b, K (kv 0) or V (kv 1). */
 LMC_KV_INLINE uint64_t lmc_kv_paged_offset(const lmc_kv_geometry *g, uint32_t kv, uint32_t layer,
                                            uint64_t b, uint32_t s, uint32_t h, uint32_t e)
 {
@@ -76,6 +108,10 @@ LMC_KV_INLINE uint64_t lmc_kv_paged_offset(const lmc_kv_geometry *g, uint32_t kv
         return (b * bs + s) * nh * hs + h * hs + e;
     case LMC_KV_NL_X_NB_NH_BS_TWO_HS:
         return (b * nh + h) * bs * hs + s * hs + e;
+    case LMC_KV_NB_NL_TWO_NH_BS_HS:
+        return (((b * g->nl + layer) * 2 + kv) * nh + h) * bs * hs + s * hs + e;
+    case LMC_KV_TWO_X_NL_X_NB_BS_NH_HS:
+        return (b * bs + s) * nh * hs + h * hs + e;
     }
     return 0;
 }

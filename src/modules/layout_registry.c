@@ -78,6 +78,8 @@ int lmc_layout_build(lmc_layout *out, uint32_t cs, uint32_t num_layers, uint32_t
     out->object_size = item;
     for (uint32_t i = 0; i < d; i++)
         out->object_size *= out->shape[i];
+    out->group_sizes[0] = out->object_size;
+    out->chunks_in_sw[0] = -1;
     return 0;
 }
 
@@ -95,7 +97,9 @@ static bool same_layout(const lmc_layout *a, const lmc_layout *b)
 {
     return a->object_size == b->object_size && a->ndim == b->ndim &&
            memcmp(a->shape, b->shape, sizeof a->shape) == 0 && strcmp(a->dtype, b->dtype) == 0 &&
-           a->use_mla == b->use_mla && a->num_groups == b->num_groups;
+           a->use_mla == b->use_mla && a->num_groups == b->num_groups &&
+           memcmp(a->group_sizes, b->group_sizes, sizeof a->group_sizes) == 0 &&
+           memcmp(a->chunks_in_sw, b->chunks_in_sw, sizeof a->chunks_in_sw) == 0;
 }
 
 static int add_locked(lmc_layout_registry *r, const char *model, uint32_t ws, const lmc_layout *l)
@@ -186,17 +190,29 @@ static json_t *shape_json(const lmc_layout *l)
     return a;
 }
 
+/* [{object_size, chunks_in_sw}] per object group. */
+static json_t *groups_json(const lmc_layout *l)
+{
+    json_t *a = json_array();
+    for (uint32_t g = 0; a && g < l->num_groups && g < LMC_LAYOUT_MAX_GROUPS; g++)
+        json_array_append_new(a, json_pack("{s:I, s:i}", "object_size",
+                                           (json_int_t)l->group_sizes[g], "chunks_in_sw",
+                                           (int)l->chunks_in_sw[g]));
+    return a;
+}
+
 json_t *lmc_layout_registry_to_json(lmc_layout_registry *r)
 {
     json_t *arr = json_array();
     pthread_mutex_lock(&r->lock);
     for (size_t i = 0; arr && i < r->count; i++) {
         const entry *e = &r->entries[i];
-        json_t *item = json_pack("{s:s, s:i, s:I, s:o, s:s, s:b, s:i}", "model_name", e->model,
-                                 "world_size", (int)e->world_size, "object_size",
+        json_t *item = json_pack("{s:s, s:i, s:I, s:o, s:s, s:b, s:i, s:o}", "model_name",
+                                 e->model, "world_size", (int)e->world_size, "object_size",
                                  (json_int_t)e->layout.object_size, "shape",
                                  shape_json(&e->layout), "dtype", e->layout.dtype, "use_mla",
-                                 e->layout.use_mla, "refcount", (int)e->refcount);
+                                 e->layout.use_mla, "refcount", (int)e->refcount,
+                                 "object_groups", groups_json(&e->layout));
         /* A list missing a layout would be read as "not registered". */
         if (json_array_append_new(arr, item) != 0) {
             json_decref(arr);

@@ -13,6 +13,7 @@
 
 #define LMC_LAYOUT_MAX_DIMS 4
 #define LMC_LAYOUT_DTYPE_MAX 32
+#define LMC_LAYOUT_MAX_GROUPS 8
 
 typedef struct {
     uint64_t object_size;           /* bytes = prod(shape) * itemsize */
@@ -22,7 +23,13 @@ typedef struct {
     uint32_t num_layers;
     uint32_t hidden_dim;
     bool use_mla;
-    uint32_t num_groups;            /* object groups per chunk (1 for now) */
+    uint32_t num_groups;            /* object groups per chunk */
+    /* Per object group (entries past num_groups are zero): its objects'
+     * bytes, and how many trailing chunks of a prefix it needs (-1: all;
+     * a sliding-window group, docs/protocol.md "Kernel groups and object
+     * groups").  The fields above describe group 0. */
+    uint64_t group_sizes[LMC_LAYOUT_MAX_GROUPS];
+    int32_t chunks_in_sw[LMC_LAYOUT_MAX_GROUPS];
 } lmc_layout;
 
 typedef struct lmc_layout_registry lmc_layout_registry;

@@ -1,135 +1,546 @@
 /* Server-driven ("lmcache_driven") transfer module (docs/protocol.md,
- * "Server-driven transfer ops").  Built so far: REGISTER_KV_CACHE reads and
- * checks the engine's tensor handles (modules/shared_tensor.h) and then
- * refuses the registration with a log line that says why and what to run
- * instead, since the copies are not built yet; UNREGISTER_KV_CACHE answers
- * as upstream does for an instance it does not know.  STORE and RETRIEVE
- * have no handler yet (dropped, as any op without one). */
-#include <msgpack.h>
-#include <stdatomic.h>
+ * "Server-driven transfer ops"): the engine registers its paged KV tensors
+ * once (sd_register.c), then asks the server to copy chunks between its
+ * blocks and L1.
+ *
+ *   REGISTER_KV_CACHE, UNREGISTER_KV_CACHE   SYNC
+ *   STORE, RETRIEVE                          AFFINITY (the --max-gpu-workers pool)
+ *
+ * STORE gathers the chunks' blocks into freshly reserved L1 objects and
+ * publishes them once every byte is in place; RETRIEVE scatters objects a
+ * LOOKUP read-locked into the given blocks and gives one read share per
+ * object back.  The CPU copy is synchronous, so both reply when the bytes
+ * have moved, with 64 zero bytes for the event handle (what an upstream
+ * server without a GPU sends). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
-#include "modules/module.h"
-#include "modules/shared_tensor.h"
+#include "modules/ipc_key.h"
+#include "modules/kv_copy.h"
+#include "modules/sd_internal.h"
+#include "modules/transfer_common.h"
+#include "obs/events.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
+#include "storage/storage_manager.h"
 
+#define MAX_BLOCK_IDS (1u << 20)    /* per request, all lists together */
+#define EVENT_HANDLE_BYTES 64
+
+/* One STORE or RETRIEVE, decoded and resolved. */
 typedef struct {
-    lmc_module_ctx *ctx;
-    atomic_uint_fast64_t registrations_refused, tensors_decoded, unregisters;
-} lmcache_driven;
+    sd_ctx *c;                 /* referenced; NULL when not registered */
+    lmc_ipc_key key;
+    bool key_decoded;
+    size_t n;                  /* chunks */
+    lmc_object_key *keys;      /* n * n_og, chunk-major */
+    int64_t *ids;              /* every list, back to back */
+    size_t offs[LMC_KV_MAX_KERNEL_GROUPS];   /* where list g starts in ids */
+    uint8_t *arena;
+} sd_op;
 
-#define MAX_TENSORS 4096   /* per registration: layers x engine groups */
-
-static void describe(const lmc_shared_tensor *t, char *out, size_t cap)
+static void op_end(sd_mod *m, sd_op *op)
 {
-    int n = snprintf(out, cap, "%s %s [", lmc_tensor_wrapper_name(t->wrapper), t->dtype);
-    for (uint32_t d = 0; d < t->ndim && n > 0 && (size_t)n < cap; d++)
-        n += snprintf(out + n, cap - (size_t)n, d ? ", %lld" : "%lld", (long long)t->shape[d]);
-    if (n > 0 && (size_t)n < cap)
-        snprintf(out + n, cap - (size_t)n, "]");
+    if (op->key_decoded)
+        lmc_ipc_key_free(&op->key);
+    free(op->keys);
+    free(op->ids);
+    lmc_sd_put(m, op->c);
 }
 
-/* Decodes every handle of frame 1; 0, or -1 with the reason in err. */
-static int decode_tensors(lmcache_driven *m, const msgpack_object *list, char *first,
-                          size_t first_cap, char *err, size_t errlen)
+static int64_t now_ns(void)
 {
-    if (!list || list->type != MSGPACK_OBJECT_ARRAY || list->via.array.size == 0 ||
-        list->via.array.size > MAX_TENSORS)
-        return snprintf(err, errlen, "kv_cache must be a list of 1..%d tensor handles",
-                        MAX_TENSORS), -1;
-    for (uint32_t i = 0; i < list->via.array.size; i++) {
-        const msgpack_object *o = &list->via.array.ptr[i];
-        if (o->type != MSGPACK_OBJECT_EXT || o->via.ext.type != 1)
-            return snprintf(err, errlen, "kv_cache[%u] is not a msgpack ext type 1", i), -1;
-        lmc_shared_tensor t;
-        char why[256];
-        if (lmc_shared_tensor_decode((const uint8_t *)o->via.ext.ptr, o->via.ext.size, &t, why,
-                                     sizeof why) != 0)
-            return snprintf(err, errlen, "kv_cache[%u]: %s", i, why), -1;
-        if (i == 0)
-            describe(&t, first, first_cap);
-        atomic_fetch_add(&m->tensors_decoded, 1);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Copies one int list into ids; false if it is not a list of ints. */
+static bool take_list(const msgpack_object *o, int64_t *ids, size_t *used)
+{
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        const msgpack_object *v = &o->via.array.ptr[i];
+        if (v->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(v, &ids[(*used)++]))
+            return false;
+    }
+    return true;
+}
+
+/* block_ids: one list per kernel group (a flat list: the one group's),
+ * each covering the op's chunks with a whole number of chunks' ids. */
+static int decode_block_ids(const sd_ctx *c, const msgpack_object *o, sd_op *op, char *err,
+                            size_t errlen)
+{
+    const lmc_kv_plan *p = &c->plan;
+    if (!o || o->type != MSGPACK_OBJECT_ARRAY)
+        return snprintf(err, errlen, "block_ids must be a list"), -1;
+    bool flat = o->via.array.size == 0 || o->via.array.ptr[0].type != MSGPACK_OBJECT_ARRAY;
+    uint32_t lists = flat ? 1 : o->via.array.size;
+    if (lists != p->n_kg)
+        return snprintf(err, errlen, "%u block id lists for %u kernel groups", lists, p->n_kg),
+               -1;
+    size_t total = flat ? o->via.array.size : 0;
+    for (uint32_t g = 0; !flat && g < lists; g++) {
+        if (o->via.array.ptr[g].type != MSGPACK_OBJECT_ARRAY)
+            return snprintf(err, errlen, "block_ids[%u] must be a list", g), -1;
+        total += o->via.array.ptr[g].via.array.size;
+    }
+    if (total > MAX_BLOCK_IDS)
+        return snprintf(err, errlen, "more than %u block ids", MAX_BLOCK_IDS), -1;
+    if (!(op->ids = malloc((total ? total : 1) * sizeof *op->ids)))
+        return snprintf(err, errlen, "out of memory"), -2;
+    size_t used = 0;
+    for (uint32_t g = 0; g < lists; g++) {
+        const msgpack_object *l = flat ? o : &o->via.array.ptr[g];
+        const lmc_kv_kernel_group *kg = &p->kg[g];
+        op->offs[g] = used;
+        if (!take_list(l, op->ids, &used))
+            return snprintf(err, errlen, "block_ids[%u] must hold ints", g), -1;
+        if (l->via.array.size < op->n * kg->blocks_per_chunk ||
+            l->via.array.size % kg->blocks_per_chunk)
+            return snprintf(err, errlen, "block_ids[%u] has %u ids; %zu chunks need %zu, in "
+                                         "whole chunks of %u", g, l->via.array.size, op->n,
+                            op->n * kg->blocks_per_chunk, kg->blocks_per_chunk), -1;
     }
     return 0;
 }
 
-/* REGISTER_KV_CACHE(instance_id, kv_cache, model_name, world_size, ...).
- * Upstream answers a registration it cannot serve with nothing (its
- * handler raises); the engine's call then times out.  The log says which. */
-static lmc_handler_result register_kv_cache(void *state, lmc_rpc_call *call)
+/* The stored block ids of chunk `chunk` of kernel group g: the last
+ * keep_blocks of its blocks_per_chunk (a sub-chunk window keeps fewer). */
+static const int64_t *kept_ids(const sd_op *op, const lmc_kv_kernel_group *g, uint32_t gi,
+                               size_t chunk)
 {
-    lmcache_driven *m = state;
-    int64_t instance;
-    char err[384], first[160] = "";
-    atomic_fetch_add(&m->registrations_refused, 1);
-    if (!lmc_mp_get_int(lmc_rpc_call_arg(call, 0), &instance))
-        return lmc_rpc_call_fail(call, "ValidationError",
-                                 "REGISTER_KV_CACHE: instance_id must be an int");
-    const msgpack_object *list = lmc_rpc_call_arg(call, 1);
-    if (decode_tensors(m, list, first, sizeof first, err, sizeof err) != 0)
-        return lmc_rpc_call_fail(call, "ValidationError", "REGISTER_KV_CACHE %lld: %s",
-                                 (long long)instance, err);
-    return lmc_rpc_call_fail(call, "NotImplementedError",
-                             "REGISTER_KV_CACHE %lld: %u tensors (%s, ...) read, but lmcached "
-                             "does not copy server-driven yet; start the engine with the "
-                             "engine-driven transfer mode",
-                             (long long)instance, list->via.array.size, first);
+    return op->ids + op->offs[gi] + chunk * g->blocks_per_chunk +
+           (g->blocks_per_chunk - g->keep_blocks);
 }
 
-/* UNREGISTER_KV_CACHE(instance_id): a worker sends it at shutdown and waits
- * for the reply, so an instance this server never registered is answered
- * (void) with a warning, as upstream does. */
-static lmc_handler_result unregister_kv_cache(void *state, lmc_rpc_call *call)
+static bool ids_in_range(const sd_op *op, uint32_t gi, size_t chunk)
 {
-    lmcache_driven *m = state;
-    int64_t instance;
-    if (!lmc_mp_get_int(lmc_rpc_call_arg(call, 0), &instance))
-        return lmc_rpc_call_fail(call, "ValidationError",
-                                 "UNREGISTER_KV_CACHE: instance_id must be an int");
-    atomic_fetch_add(&m->unregisters, 1);
-    LMC_WARN("UNREGISTER_KV_CACHE: instance %lld is not registered", (long long)instance);
-    return LMC_HANDLER_VOID;
+    const lmc_kv_kernel_group *g = &op->c->plan.kg[gi];
+    const int64_t *ids = kept_ids(op, g, gi, chunk);
+    for (uint32_t j = 0; j < g->keep_blocks; j++)
+        if (ids[j] < 0 || (uint64_t)ids[j] >= g->geo.nb)
+            return false;
+    return true;
 }
 
-static const lmc_rpc_handler_spec lmcache_driven_handlers[] = {
-    {LMC_OP_REGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, register_kv_cache, false},
-    {LMC_OP_UNREGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, unregister_kv_cache, false},
+/* Frames 0 (key) and 1 (instance) and 2 (block ids): the context, the
+ * object keys of every object group and the block lists.  0, or -1 / -2
+ * with the reason. */
+static int op_begin(sd_mod *m, lmc_rpc_call *call, sd_op *op, char *err, size_t errlen)
+{
+    *op = (sd_op){0};
+    int64_t id;
+    const msgpack_object *id_o = lmc_rpc_call_arg(call, 1);
+    if (!id_o || id_o->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(id_o, &id))
+        return snprintf(err, errlen, "instance_id must be an int"), -1;
+    if (!(op->c = lmc_sd_get(m, id)))
+        return snprintf(err, errlen, "instance %lld is not registered", (long long)id), -1;
+    lmc_liveness_touch(m->ctx->liveness, id, lmc_monotonic_ms(NULL), false);
+    size_t len;
+    const uint8_t *frame = lmc_rpc_call_arg_raw(call, 0, &len);
+    if (!frame)
+        return snprintf(err, errlen, "missing key frame"), -1;
+    int rc = lmc_ipc_key_decode_frame(frame, len, m->cs, &op->key, err, errlen);
+    if (rc != 0)
+        return rc;
+    op->key_decoded = true;
+    if (!op->key.has_worker)
+        return snprintf(err, errlen, "worker_id must not be None"), -1;
+    if (!op->c->model)
+        lmc_sd_adopt_model(m, op->c, op->key.model_name, op->key.model_len,
+                           op->key.world_size);
+    op->n = lmc_ipc_key_num_chunks(&op->key, m->cs);
+    uint32_t n_og = op->c->plan.n_og;
+    uint8_t *hashes = malloc(op->n * LMC_TOKEN_HASH_LEN + 1);
+    op->keys = malloc((op->n * n_og + 1) * sizeof *op->keys);
+    rc = hashes && op->keys ? lmc_sessions_hash_range(m->ctx->sessions, op->key.request_id,
+                                                      op->key.request_id_len, op->key.tokens,
+                                                      op->key.n_tokens, op->key.start,
+                                                      op->key.end, hashes)
+                            : LMC_HASH_ENOMEM;
+    if (rc == LMC_HASH_OK && lmc_ipc_key_object_keys(&op->key, hashes, op->n, n_og,
+                                                     m->ctx->interner, op->keys) != 0)
+        rc = LMC_HASH_ENOMEM;
+    free(hashes);
+    if (rc != LMC_HASH_OK)
+        return snprintf(err, errlen, "hashing failed: %s", lmc_hash_strerror(rc)),
+               rc == LMC_HASH_ENOMEM ? -2 : -1;
+    op->arena = lmc_storage_manager_l1_arena(m->ctx->storage)->base;
+    return decode_block_ids(op->c, lmc_rpc_call_arg(call, 2), op, err, errlen);
+}
+
+/* [event_ipc_handle, success]: 64 zero bytes for a registered CPU context
+ * (nothing to wait for, in the form CUDA-less upstream sends); an empty
+ * handle when the instance is unknown, which no client waits on. */
+static void reply(lmc_rpc_call *call, const sd_op *op, bool ok)
+{
+    static const uint8_t zeros[EVENT_HANDLE_BYTES];
+    msgpack_packer *pk = lmc_rpc_call_reply(call);
+    msgpack_pack_array(pk, 2);
+    size_t n = op->c ? EVENT_HANDLE_BYTES : 0;
+    msgpack_pack_bin(pk, n);
+    msgpack_pack_bin_body(pk, zeros, n);
+    ok ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+}
+
+/* ---- STORE -------------------------------------------------------------- */
+
+/* Chunk `c` of object group og holds only null blocks: nothing to store. */
+static bool null_chunk(const sd_op *op, const lmc_kv_object_group *og, size_t c)
+{
+    for (uint32_t i = 0; i < og->n_members; i++) {
+        uint32_t gi = og->members[i];
+        const lmc_kv_kernel_group *g = &op->c->plan.kg[gi];
+        const int64_t *ids = op->ids + op->offs[gi] + c * g->blocks_per_chunk;
+        for (uint32_t j = 0; j < g->blocks_per_chunk; j++)
+            if (!g->has_null_block || ids[j] != g->null_block_id)
+                return false;
+    }
+    return true;
+}
+
+/* The write plan of one STORE: per (chunk, object group) whether it is
+ * copied, and the lease it is copied into. */
+typedef struct {
+    lmc_object_key *keys;     /* the keys asked for, in (object group, chunk) order */
+    size_t *slot;             /* their index in op->keys */
+    lmc_lease *leases;
+    lmc_l1_result *res;
+    size_t n;
+} store_plan;
+
+static void store_plan_free(store_plan *s)
+{
+    free(s->keys);
+    free(s->slot);
+    free(s->leases);
+    free(s->res);
+}
+
+/* Lists the non-null chunks of every object group; false when one of
+ * them names a block outside its tensor (nothing is stored then). */
+static int plan_store(const sd_op *op, store_plan *s, char *err, size_t errlen)
+{
+    const lmc_kv_plan *p = &op->c->plan;
+    size_t cap = op->n * p->n_og + 1;
+    *s = (store_plan){.keys = malloc(cap * sizeof *s->keys), .slot = malloc(cap * sizeof(size_t)),
+                      .leases = calloc(cap, sizeof *s->leases),
+                      .res = calloc(cap, sizeof *s->res)};
+    if (!s->keys || !s->slot || !s->leases || !s->res)
+        return snprintf(err, errlen, "out of memory"), -2;
+    for (uint32_t og = 0; og < p->n_og; og++) {
+        for (size_t c = 0; c < op->n; c++) {
+            if (null_chunk(op, &p->og[og], c))
+                continue;
+            for (uint32_t i = 0; i < p->og[og].n_members; i++)
+                if (!ids_in_range(op, p->og[og].members[i], c))
+                    return snprintf(err, errlen, "chunk %zu names a block outside kernel group "
+                                                 "%u's %llu blocks", c, p->og[og].members[i],
+                                    (unsigned long long)p->kg[p->og[og].members[i]].geo.nb), -1;
+            s->slot[s->n] = c * p->n_og + og;
+            s->keys[s->n++] = op->keys[c * p->n_og + og];
+        }
+    }
+    return 0;
+}
+
+/* Reserves the planned keys, object group by object group, then keeps only
+ * the chunks before the first one L1 had no room for (a chunk after a hole
+ * can never be a prefix hit).  Returns the chunk bound. */
+static size_t reserve_store(sd_mod *m, const sd_op *op, store_plan *s)
+{
+    const lmc_kv_plan *p = &op->c->plan;
+    size_t bound = op->n, at = 0;
+    for (uint32_t og = 0; og < p->n_og; og++) {
+        size_t from = at;
+        while (at < s->n && s->slot[at] % p->n_og == og)
+            at++;
+        if (at > from)
+            lmc_reserve_writes(m->ctx->storage, s->keys + from, at - from,
+                               p->og[og].object_size, op->c->tag, s->leases + from,
+                               s->res + from);
+        for (size_t i = from; i < at; i++)
+            if (s->res[i] == LMC_L1_OUT_OF_MEMORY && s->slot[i] / p->n_og < bound)
+                bound = s->slot[i] / p->n_og;
+    }
+    for (size_t i = 0; i < s->n; i++) {
+        if (s->res[i] == LMC_L1_SUCCESS && s->slot[i] / p->n_og >= bound) {
+            lmc_storage_manager_give_back(m->ctx->storage, &s->keys[i], &s->leases[i], 1);
+            s->res[i] = LMC_L1_OUT_OF_MEMORY;
+        }
+    }
+    return bound;
+}
+
+static uint64_t gather_all(sd_mod *m, const sd_op *op, const store_plan *s)
+{
+    const lmc_kv_plan *p = &op->c->plan;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        if (s->res[i] != LMC_L1_SUCCESS)
+            continue;
+        size_t c = s->slot[i] / p->n_og;
+        const lmc_kv_object_group *og = &p->og[s->slot[i] % p->n_og];
+        for (uint32_t k = 0; k < og->n_members; k++) {
+            uint32_t gi = og->members[k];
+            const lmc_kv_kernel_group *g = &p->kg[gi];
+            lmc_kv_chunk_copy cc = {.g = g, .bases = op->c->bases[gi],
+                                    .blocks = kept_ids(op, g, gi, c),
+                                    .entry = op->arena + s->leases[i].offset + g->entry_offset,
+                                    .method = m->copy};
+            lmc_kv_gather_chunk(&cc);
+        }
+        bytes += og->object_size;
+    }
+    return bytes;
+}
+
+/* Publishes what was copied; the rest of the plan holds no lease. */
+static size_t publish_store(sd_mod *m, store_plan *s)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        if (s->res[i] == LMC_L1_SUCCESS) {
+            s->keys[w] = s->keys[i];
+            s->leases[w++] = s->leases[i];
+        }
+    }
+    if (w && lmc_storage_manager_publish_writes(m->ctx->storage, s->keys, s->leases, w, 0,
+                                                NULL) != 0) {
+        lmc_storage_manager_give_back(m->ctx->storage, s->keys, s->leases, w);
+        return 0;
+    }
+    return w;
+}
+
+/* STORE(key, instance_id, block_ids, event_ipc_handle) -> [handle, ok] */
+static lmc_handler_result store(void *state, lmc_rpc_call *call)
+{
+    sd_mod *m = state;
+    sd_op op;
+    store_plan s = {0};
+    char err[256];
+    int64_t t0 = now_ns();
+    int rc = op_begin(m, call, &op, err, sizeof err);
+    if (rc == 0)
+        rc = plan_store(&op, &s, err, sizeof err);
+    if (rc == 0) {
+        lmc_publish_transfer(m->ctx->events, LMC_EVENT_STORE_START, &op.key,
+                             op.c->instance_id, op.n, 0);
+        size_t bound = reserve_store(m, &op, &s);
+        if (bound < op.n)
+            LMC_WARN("STORE: L1 full, chunks %zu..%zu of %zu not stored", bound, op.n - 1, op.n);
+        uint64_t bytes = gather_all(m, &op, &s);
+        size_t stored = publish_store(m, &s);
+        atomic_fetch_add(&m->chunks_stored, stored);
+        atomic_fetch_add(&m->bytes_stored, bytes);
+        lmc_publish_transfer(m->ctx->events, LMC_EVENT_STORE_END, &op.key, op.c->instance_id,
+                             stored, bytes);
+    } else {
+        LMC_WARN("STORE: %s", err);
+    }
+    reply(call, &op, rc == 0);
+    atomic_fetch_add(rc == 0 ? &m->stores_ok : &m->stores_failed, 1);
+    atomic_fetch_add(&m->store_ns, (uint64_t)(now_ns() - t0));
+    store_plan_free(&s);
+    op_end(m, &op);
+    return LMC_HANDLER_REPLY;
+}
+
+/* ---- RETRIEVE ----------------------------------------------------------- */
+
+/* Scatters chunk c of object group og from `object` into its blocks,
+ * leaving the blocks of the first `skip` tokens of the range untouched. */
+static void scatter_chunk(sd_mod *m, const sd_op *op, uint32_t og, size_t c,
+                          const uint8_t *object, uint64_t skip)
+{
+    const lmc_kv_plan *p = &op->c->plan;
+    uint64_t chunk_start = (uint64_t)c * m->cs;
+    if (skip >= chunk_start + m->cs)
+        return;
+    uint64_t skip_tokens = skip > chunk_start ? skip - chunk_start : 0;
+    for (uint32_t k = 0; k < p->og[og].n_members; k++) {
+        uint32_t gi = p->og[og].members[k];
+        const lmc_kv_kernel_group *g = &p->kg[gi];
+        lmc_kv_chunk_copy cc = {.g = g, .bases = op->c->bases[gi],
+                                .blocks = kept_ids(op, g, gi, c),
+                                .entry = (uint8_t *)object + g->entry_offset,
+                                .skip_blocks = lmc_kv_skip_blocks(g, skip_tokens),
+                                .method = m->copy};
+        lmc_kv_scatter_chunk(&cc);
+    }
+}
+
+/* First chunk object group og needs: a sliding-window group only its last
+ * chunks_in_sw (the ones before are read and released, never copied). */
+static size_t window_start(const sd_op *op, uint32_t og)
+{
+    int32_t w = op->c->plan.og[og].chunks_in_sw;
+    return w < 0 || (size_t)w >= op->n ? 0 : op->n - (size_t)w;
+}
+
+/* Reads object group og's objects (each read-locked by the LOOKUP, one
+ * share of which this RETRIEVE consumes) into the blocks.  False, with
+ * nothing copied, when any of them is not there. */
+static bool retrieve_group(sd_mod *m, const sd_op *op, uint32_t og, uint64_t skip,
+                           lmc_object_key *keys, lmc_lease *leases, uint64_t *bytes)
+{
+    const lmc_kv_plan *p = &op->c->plan;
+    for (size_t c = 0; c < op->n; c++)
+        keys[c] = op->keys[c * p->n_og + og];
+    size_t got = lmc_storage_manager_lease_copy(m->ctx->storage, keys, op->n,
+                                                LMC_COPY_CARRIES_SHARE, true, leases, NULL);
+    if (got != op->n)
+        return false;
+    for (size_t c = window_start(op, og); c < op->n; c++) {
+        for (uint32_t k = 0; k < p->og[og].n_members; k++)
+            if (!ids_in_range(op, p->og[og].members[k], c))
+                goto fail;
+        scatter_chunk(m, op, og, c, op->arena + leases[c].offset, skip);
+        *bytes += p->og[og].object_size;
+    }
+    lmc_storage_manager_give_back(m->ctx->storage, keys, leases, op->n);
+    return true;
+fail:
+    LMC_WARN("RETRIEVE: a block id is outside its tensor; chunks from %zu not loaded",
+             (size_t)0);
+    lmc_storage_manager_give_back(m->ctx->storage, keys, leases, op->n);
+    return false;
+}
+
+/* The fifth frame, skip_first_n_tokens (0 when an older client omits it). */
+static int decode_skip(lmc_rpc_call *call, uint64_t *skip, char *err, size_t errlen)
+{
+    const msgpack_object *o = lmc_rpc_call_nargs(call) > 4 ? lmc_rpc_call_arg(call, 4) : NULL;
+    int64_t v = 0;
+    if (o && !lmc_mp_is_nil(o) && (o->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(o, &v)))
+        return snprintf(err, errlen, "skip_first_n_tokens must be an int"), -1;
+    if (v < 0)
+        return snprintf(err, errlen, "skip_first_n_tokens must not be negative"), -1;
+    *skip = (uint64_t)v;
+    return 0;
+}
+
+/* RETRIEVE(key, instance_id, block_ids, event_ipc_handle[, skip_first_n_tokens])
+ * -> [handle, ok] */
+static lmc_handler_result retrieve(void *state, lmc_rpc_call *call)
+{
+    sd_mod *m = state;
+    sd_op op;
+    char err[256];
+    uint64_t skip = 0, bytes = 0;
+    int64_t t0 = now_ns();
+    int rc = op_begin(m, call, &op, err, sizeof err);
+    if (rc == 0)
+        rc = decode_skip(call, &skip, err, sizeof err);
+    bool ok = rc == 0;
+    lmc_object_key *keys = ok ? malloc((op.n + 1) * sizeof *keys) : NULL;
+    lmc_lease *leases = ok ? calloc(op.n + 1, sizeof *leases) : NULL;
+    if (ok && (!keys || !leases)) {
+        ok = false;
+        snprintf(err, sizeof err, "out of memory");
+    }
+    if (ok) {
+        lmc_publish_transfer(m->ctx->events, LMC_EVENT_RETRIEVE_START, &op.key,
+                             op.c->instance_id, op.n, 0);
+        for (uint32_t og = 0; ok && og < op.c->plan.n_og; og++)
+            ok = retrieve_group(m, &op, og, skip, keys, leases, &bytes);
+        if (!ok)
+            lmc_storage_manager_report_read_failure(m->ctx->storage, "l1_retrieve", "not_found",
+                                                    &op.keys[0], op.n);
+        lmc_publish_transfer(m->ctx->events, LMC_EVENT_RETRIEVE_END, &op.key,
+                             op.c->instance_id, ok ? op.n : 0, bytes);
+        atomic_fetch_add(&m->chunks_retrieved, ok ? op.n : 0);
+        atomic_fetch_add(&m->bytes_retrieved, bytes);
+    } else {
+        LMC_WARN("RETRIEVE: %s", err);
+    }
+    reply(call, &op, ok);
+    atomic_fetch_add(ok ? &m->retrieves_ok : &m->retrieves_failed, 1);
+    atomic_fetch_add(&m->retrieve_ns, (uint64_t)(now_ns() - t0));
+    free(keys);
+    free(leases);
+    op_end(m, &op);
+    return LMC_HANDLER_REPLY;
+}
+
+/* ---- module ------------------------------------------------------------- */
+
+/* A STORE or RETRIEVE whose blocks hold at most this much may run on the
+ * socket thread when it is idle (lmc_rpc_handler_spec.inline_ok), sparing
+ * a small copy two thread hand-offs; a larger one goes to the pool, where
+ * it delays no other client. */
+#define INLINE_COPY_BYTES (256u << 10)
+
+static uint64_t bytes_per_block(const lmc_kv_kernel_group *g)
+{
+    const lmc_kv_geometry *k = &g->geo;
+    return (uint64_t)k->kv_size * k->nl * k->bs * k->nh * k->hs * k->element_size;
+}
+
+static bool small_copy(void *state, lmc_rpc_call *call)
+{
+    sd_mod *m = state;
+    size_t raw = 0;
+    int64_t id;
+    if (!lmc_rpc_call_arg_raw(call, 2, &raw) || raw > 4096)
+        return false;
+    const msgpack_object *id_o = lmc_rpc_call_arg(call, 1), *ids = lmc_rpc_call_arg(call, 2);
+    if (!id_o || !lmc_mp_get_int(id_o, &id) || !ids || ids->type != MSGPACK_OBJECT_ARRAY)
+        return false;
+    sd_ctx *c = lmc_sd_get(m, id);
+    if (!c)
+        return true;   /* answered at once */
+    bool flat = ids->via.array.size == 0 || ids->via.array.ptr[0].type != MSGPACK_OBJECT_ARRAY;
+    uint64_t bytes = 0;
+    for (uint32_t g = 0; g < c->plan.n_kg; g++) {
+        const msgpack_object *l = flat ? ids : g < ids->via.array.size ? &ids->via.array.ptr[g]
+                                                                       : NULL;
+        if (l && l->type == MSGPACK_OBJECT_ARRAY)
+            bytes += l->via.array.size * bytes_per_block(&c->plan.kg[g]);
+    }
+    lmc_sd_put(m, c);
+    return bytes <= INLINE_COPY_BYTES;
+}
+
+static const lmc_rpc_handler_spec sd_handlers[] = {
+    {LMC_OP_REGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, lmc_sd_register, false, NULL},
+    {LMC_OP_UNREGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, lmc_sd_unregister, false, NULL},
+    {LMC_OP_STORE, NULL, LMC_POOL_AFFINITY, store, false, small_copy},
+    {LMC_OP_RETRIEVE, NULL, LMC_POOL_AFFINITY, retrieve, false, small_copy},
 };
 
-static int lmcache_driven_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen)
-{
-    lmcache_driven *m = calloc(1, sizeof *m);
-    if (!m) {
-        snprintf(err, errlen, "lmcache_driven_transfer: out of memory");
-        return -1;
-    }
-    m->ctx = ctx;
-    *state = m;
-    return 0;
-}
+#define COUNTER(name) (json_int_t)atomic_load(&m->name)
 
-static json_t *lmcache_driven_status(void *state)
+static json_t *sd_status(void *state)
 {
-    lmcache_driven *m = state;
-    return json_pack("{s:b, s:b, s:I, s:I, s:I}", "is_healthy", 1, "copies_implemented", 0,
-                     "registrations_refused",
-                     (json_int_t)atomic_load(&m->registrations_refused), "tensors_decoded",
-                     (json_int_t)atomic_load(&m->tensors_decoded), "unregisters",
-                     (json_int_t)atomic_load(&m->unregisters));
-}
-
-static void lmcache_driven_close(void *state)
-{
-    free(state);
+    sd_mod *m = state;
+    json_t *o = json_pack("{s:b, s:s, s:o*}", "is_healthy", 1, "copy_method",
+                          lmc_copy_method_name(m->copy), "contexts", lmc_sd_contexts_json(m));
+    json_t *counts = json_pack(
+        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f}",
+        "registrations", COUNTER(registrations), "registrations_refused",
+        COUNTER(registrations_refused), "unregisters", COUNTER(unregisters), "reaped_instances",
+        COUNTER(reaped), "stores_ok", COUNTER(stores_ok), "stores_failed", COUNTER(stores_failed),
+        "retrieves_ok", COUNTER(retrieves_ok), "retrieves_failed", COUNTER(retrieves_failed),
+        "chunks_stored", COUNTER(chunks_stored), "chunks_retrieved", COUNTER(chunks_retrieved),
+        "bytes_stored", COUNTER(bytes_stored), "bytes_retrieved", COUNTER(bytes_retrieved),
+        "store_seconds", atomic_load(&m->store_ns) / 1e9, "retrieve_seconds",
+        atomic_load(&m->retrieve_ns) / 1e9);
+    if (o && counts)
+        json_object_update(o, counts);
+    json_decref(counts);
+    return o;
 }
 
 const lmc_module_def lmc_lmcache_driven_module = {
     .name = "lmcache_driven_transfer",
-    .create = lmcache_driven_create,
-    .handlers = lmcache_driven_handlers,
-    .n_handlers = sizeof lmcache_driven_handlers / sizeof lmcache_driven_handlers[0],
-    .report_status = lmcache_driven_status,
-    .close = lmcache_driven_close,
+    .create = lmc_sd_create,
+    .handlers = sd_handlers,
+    .n_handlers = sizeof sd_handlers / sizeof sd_handlers[0],
+    .report_status = sd_status,
+    .close = lmc_sd_close,
 };

@@ -12,6 +12,16 @@ struct lmc_reaper {
     pthread_t thread;
 };
 
+void lmc_reaper_set_timeouts(lmc_reaper_options *o, double timeout_s, double grace_s)
+{
+    const char *env = getenv("LMCACHED_TEST_REAP_SCALE");
+    double scale = env ? strtod(env, NULL) : 1.0;
+    if (!(scale >= 1.0))
+        scale = 1.0;
+    o->timeout_ms = (int64_t)(timeout_s * 1000 / scale);
+    o->grace_ms = (int64_t)(grace_s * 1000 / scale);
+}
+
 static int64_t now_ms(const lmc_reaper *r)
 {
     return r->o.clock ? r->o.clock(r->o.clock_user) : lmc_monotonic_ms(NULL);

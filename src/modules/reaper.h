@@ -34,6 +34,13 @@ typedef struct {
 
 typedef struct lmc_reaper lmc_reaper;
 
+/* Sets timeout_ms and grace_ms from the flags' seconds
+ * (--worker-reap-timeout-seconds, --worker-registration-grace-seconds).
+ * LMCACHED_TEST_REAP_SCALE (test-only, undocumented for users) divides
+ * both, so e2e tests see a reap within a second while the flags keep their
+ * >= 30 s validation. */
+void lmc_reaper_set_timeouts(lmc_reaper_options *o, double timeout_s, double grace_s);
+
 /* NULL on allocation/thread failure. */
 lmc_reaper *lmc_reaper_new(const lmc_reaper_options *o);
 /* Stops and joins the thread. */

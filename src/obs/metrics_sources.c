@@ -261,6 +261,11 @@ typedef struct {
     const char *name, *help;
 } status_field;
 
+/* A section naming a module reads status.modules.<name>, others
+ * status.storage_manager.<section>. */
+#define MODULE_SECTION "modules/"
+#define SD MODULE_SECTION "lmcache_driven_transfer"
+
 static const status_field status_fields[] = {
     {NULL, "is_healthy", LMC_METRIC_GAUGE, "lmcache_mp_healthy",
      "1 when every module and the storage report healthy"},
@@ -300,6 +305,22 @@ static const status_field status_fields[] = {
      "L1 eviction loop iterations that ran the eviction policy"},
     {"l1_eviction_controller", "evicted_keys", LMC_METRIC_COUNTER, "lmcache_mp_l1_evicted_total",
      "Keys evicted from L1"},
+    {SD, "stores_ok", LMC_METRIC_COUNTER, "lmcache_mp_server_driven_stores_total",
+     "Server-driven STOREs answered true"},
+    {SD, "stores_failed", LMC_METRIC_COUNTER, "lmcache_mp_server_driven_store_failures_total",
+     "Server-driven STOREs answered false"},
+    {SD, "retrieves_ok", LMC_METRIC_COUNTER, "lmcache_mp_server_driven_retrieves_total",
+     "Server-driven RETRIEVEs answered true"},
+    {SD, "retrieves_failed", LMC_METRIC_COUNTER,
+     "lmcache_mp_server_driven_retrieve_failures_total", "Server-driven RETRIEVEs answered false"},
+    {SD, "bytes_stored", LMC_METRIC_COUNTER, "lmcache_mp_server_driven_stored_bytes_total",
+     "Bytes server-driven STOREs copied into L1"},
+    {SD, "bytes_retrieved", LMC_METRIC_COUNTER, "lmcache_mp_server_driven_retrieved_bytes_total",
+     "Bytes server-driven RETRIEVEs copied into engine blocks"},
+    {SD, "store_seconds", LMC_METRIC_COUNTER, "lmcache_mp_server_driven_store_seconds_total",
+     "Seconds spent in server-driven STOREs"},
+    {SD, "retrieve_seconds", LMC_METRIC_COUNTER,
+     "lmcache_mp_server_driven_retrieve_seconds_total", "Seconds spent in server-driven RETRIEVEs"},
 };
 #define N_STATUS_FIELDS (sizeof status_fields / sizeof status_fields[0])
 
@@ -313,8 +334,11 @@ static const json_t *status_value(const json_t *status, const status_field *f)
 {
     if (!f->section)
         return json_object_get(status, f->key);
-    const json_t *sm = json_object_get(status, "storage_manager");
-    const json_t *obj = json_object_get(sm, f->section);
+    size_t mod = strlen(MODULE_SECTION);
+    const json_t *obj =
+        strncmp(f->section, MODULE_SECTION, mod) == 0
+            ? json_object_get(json_object_get(status, "modules"), f->section + mod)
+            : json_object_get(json_object_get(status, "storage_manager"), f->section);
     const char *dot = strchr(f->key, '.');
     if (!dot)
         return json_object_get(obj, f->key);

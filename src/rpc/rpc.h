@@ -45,6 +45,10 @@ typedef struct {
      * payload is at most LMC_RPC_INLINE_MAX_BYTES.  Ordering is unchanged:
      * an idle queue has nothing the call could overtake. */
     bool quick;
+    /* Optional, for ops whose cost depends on the request, not its size: a
+     * call the module judges bounded and small (it reads the call's frames,
+     * never replies or keeps it) may run inline like a quick one. */
+    bool (*inline_ok)(void *ctx, lmc_rpc_call *call);
 } lmc_rpc_handler_spec;
 
 /* Payload bound for running a quick handler inline (a 64k-token key). */

@@ -367,7 +367,8 @@ static void run_here(lmc_rpc_server *s, const handler_entry *h, lmc_rpc_call *c)
 static bool run_inline(lmc_rpc_server *s, const handler_entry *h, lmc_rpc_call *c,
                        lmc_pool *pool, size_t queue)
 {
-    if (!h->spec.quick || atomic_load_explicit(&s->done_pending, memory_order_acquire))
+    if ((!h->spec.quick && !h->spec.inline_ok) ||
+        atomic_load_explicit(&s->done_pending, memory_order_acquire))
         return false;
     size_t bytes = 0, len;
     for (size_t i = 0; i < lmc_rpc_call_nargs(c); i++) {
@@ -378,7 +379,7 @@ static bool run_inline(lmc_rpc_server *s, const handler_entry *h, lmc_rpc_call *
     size_t events_len = sizeof events;
     if (bytes > LMC_RPC_INLINE_MAX_BYTES || !lmc_pool_queue_idle(pool, queue) ||
         zmq_getsockopt(s->socket, ZMQ_EVENTS, &events, &events_len) != 0 ||
-        (events & ZMQ_POLLIN))
+        (events & ZMQ_POLLIN) || (!h->spec.quick && !h->spec.inline_ok(h->ctx, c)))
         return false;
     bump(&s->n_inlined);
     run_here(s, h, c);

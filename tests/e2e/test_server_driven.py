@@ -1,33 +1,54 @@
-"""Server-driven ("lmcache_driven") transfer ops as far as they are built
-(docs/protocol.md, "Server-driven transfer ops"): REGISTER_KV_CACHE reads
-the engine's tensor handles, pickled by Python's own pickle from stand-ins
-of upstream's wrapper classes, and refuses the registration with a log line
-that names what it read or what it refused; UNREGISTER_KV_CACHE of an
-instance the server does not know is answered.  Hostile pickles are never
-run and the server keeps serving."""
+"""Server-driven ("lmcache_driven") transfer over CPU shared tensors
+(docs/protocol.md, "Server-driven transfer ops"): an engine registers its
+paged KV tensors with pickles byte-identical to upstream's wrappers, STOREs
+chunks from some blocks, a scheduler LOOKUPs them, and RETRIEVE writes them
+into other blocks, compared row by row.  Also: sharing chunk objects with
+the engine-driven path both ways, several engine groups, sliding windows,
+skip_first_n_tokens, null blocks, every failure's reply, and hostile
+pickles that are never run."""
+import json
+import mmap
 import os
 import sys
 import time
+import urllib.request
 
 import msgpack
 import pytest
 
 from conftest import Server
+from paged_kv import PagedKV
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "pickles"))
 import gen_vectors  # noqa: E402
 import wrappers as w  # noqa: E402
 
-REG, UNREG, NOOP = 1, 2, 24
+REG, UNREG, STORE, RETRIEVE = 1, 2, 6, 7
+LOOKUP, QUERY, FREE, END = 8, 9, 12, 13
+ED_REG, PSTORE, CSTORE, PRETR, CRETR = 14, 16, 17, 18, 19
+PING, NOOP = 22, 24
+ZEROS = b"\0" * 64
+CS = 32
 
 
 def ext(data):
     return msgpack.ExtType(1, data)
 
 
-def register(srv, d, instance, handles):
-    payload = [instance, handles, "org/model", 1, "vllm", {}, []]
-    return d.call(REG, *payload, timeout_ms=500)
+def unpack(frames):
+    assert frames is not None, "no reply"
+    return msgpack.unpackb(frames[2]) if len(frames) > 2 else None
+
+
+def key(tokens, start, end, rid, worker_id=0, world_size=1, model="m"):
+    return {"model_name": model, "world_size": world_size, "worker_id": worker_id,
+            "token_ids": list(tokens), "start": start, "end": end, "request_id": rid,
+            "cache_salt": "", "request_configs": None, "num_kv_readers": 1,
+            "null_chunk_mask": None}
+
+
+def prompt(seed, n_chunks=3, cs=CS):
+    return [(seed * 7919 + i * 31) % 50000 for i in range(n_chunks * cs)]
 
 
 def wait_for_log(srv, text, timeout=5.0):
@@ -39,25 +60,369 @@ def wait_for_log(srv, text, timeout=5.0):
     return False
 
 
+def status(srv):
+    url = f"http://127.0.0.1:{srv.http_port}/status"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.load(r)
+
+
+def metrics(srv):
+    url = f"http://127.0.0.1:{srv.http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    return {l.split()[0]: float(l.split()[1]) for l in lines
+            if l.startswith("lmcache_mp_server_driven")}
+
+
+class Engine:
+    """One worker: its paged KV groups, registered with the server."""
+
+    def __init__(self, srv, instance, groups, hints=None, infos=None, model="m",
+                 engine="vllm", expect_registered=True):
+        self.srv, self.id, self.groups, self.model = srv, instance, groups, model
+        self.d = srv.dealer()
+        handles = [h for g in groups for h in g.handles()]
+        frames = self.d.call(REG, instance, handles, model, 1, engine,
+                             hints if hints is not None else {"kv_layout": "NHD"},
+                             infos or [], timeout_ms=3000 if expect_registered else 500)
+        if expect_registered:
+            assert frames is not None and len(frames) == 2, srv.output()   # void
+        else:
+            assert frames is None
+
+    def store(self, tokens, start, end, blocks, rid="s"):
+        return unpack(self.d.call(STORE, key(tokens, start, end, rid, model=self.model),
+                                  self.id, blocks, ZEROS))
+
+    def retrieve(self, tokens, start, end, blocks, rid, skip=None):
+        args = [key(tokens, start, end, rid, model=self.model), self.id, blocks, ZEROS]
+        if skip is not None:
+            args.append(skip)
+        return unpack(self.d.call(RETRIEVE, *args))
+
+    def close(self, unregister=True):
+        if unregister:
+            assert len(self.d.call(UNREG, self.id)) == 2
+        self.d.close()
+        for g in self.groups:
+            g.close()
+
+
+def lookup(srv, tokens, rid, model="m"):
+    d = srv.dealer()
+    end = len(tokens) // CS * CS
+    assert d.call(LOOKUP, key(tokens, 0, end, rid, worker_id=None, model=model), 1) is not None
+    hits = unpack(d.call(QUERY, rid))
+    d.close()
+    return hits
+
+
+def chunk_rows(g, blocks, chunk, cs=CS):
+    """The rows chunk `chunk` of group g occupies over the given block list."""
+    per = cs // g.bs
+    return g.rows(blocks[chunk * per:(chunk + 1) * per], cs)
+
+
 @pytest.fixture
 def srv():
-    s = Server()
+    s = Server("--chunk-size", str(CS))
     yield s
     assert s.stop() == 0, s.output()
 
 
-def test_register_reads_the_handles_and_refuses_with_the_reason(srv):
-    d = srv.dealer()
-    layers = [ext(w.dumps(w.cpu_shm(f"/lmcache_kv_77_{i}", [2, 64, 16, 2, 8])))
-              for i in range(4)]
-    assert register(srv, d, 77, layers) is None           # not answered, as upstream
-    assert wait_for_log(srv, "REGISTER_KV_CACHE 77: 4 tensors (CpuShmTensorWrapper float16 "
-                             "[2, 64, 16, 2, 8], ...) read"), srv.output()
-    cuda = [ext(gen_vectors.vectors()[0]["cuda_ipc_v2"])]
-    assert register(srv, d, 78, cuda) is None
-    assert wait_for_log(srv, "REGISTER_KV_CACHE 78: 1 tensors (CudaIPCWrapper bfloat16 "
-                             "[2, 1000, 16, 8, 128], ...)"), srv.output()
+@pytest.fixture
+def hint_srv():
+    s = Server("--chunk-size", str(CS), "--cpu-kv-layout", "hint")
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+# ---- round trips ---------------------------------------------------------
+
+def round_trip(srv, g, e):
+    """STORE three chunks from blocks 1-6, LOOKUP, RETRIEVE them into other
+    blocks (out of order), compare row by row; block 15 stays untouched.
+    Then an engine-driven worker of the same model reads the very objects:
+    their bytes are the [kv, layers, chunk, heads x head size] layout."""
+    toks = prompt(1)
+    src, dst = list(range(1, 7)), [13, 8, 9, 10, 11, 12]
+    untouched = g.block_bytes(15)
+    assert e.store(toks, 0, 3 * CS, [src]) == [ZEROS, True]
+    assert lookup(srv, toks, "r") == 3
+    assert e.retrieve(toks, 0, 3 * CS, [dst], "r", skip=0) == [ZEROS, True]
+    for c in range(3):
+        assert chunk_rows(g, dst, c) == chunk_rows(g, src, c), (g.fmt, c)
+    assert g.block_bytes(15) == untouched
+    ed = EdWorker(srv, e.id + 1000, layers=g.nl, hidden=g.nh * g.row_elems,
+                  use_mla=g.kv_size == 1)
+    assert lookup(srv, toks, "r-ed") == 3
+    assert ed.retrieve(toks, 0, 3 * CS, "r-ed") == \
+        [b"".join(chunk_rows(g, src, c)) for c in range(3)]
+    ed.close()
+    e.close()
+
+
+FORMAT_HINTS = [("fa_nhd", "NHD"), ("fa_hnd", "HND"), ("fi_nhd", "NHD"), ("fi_hnd", "HND"),
+                ("mla", "NHD"), ("fused_nhd", "LBNHC"), ("fused_hnd", "LBHNC"), ("cross", "NHD")]
+
+
+@pytest.mark.parametrize("fmt,hint", FORMAT_HINTS)
+def test_every_vllm_format_round_trips(hint_srv, fmt, hint):
+    g = PagedKV(fmt, fmt, nl=3, nb=16, bs=16, nh=2, hs=8, pad=24 if fmt == "mla" else 0)
+    round_trip(hint_srv, g, Engine(hint_srv, 11, [g], hints={"kv_layout": hint}))
+
+
+@pytest.mark.parametrize("fmt,engine,hints", [
+    ("sglang_kv", "sglang", {"tokens_per_block": 16, "kv_list_layout": "k_v"}),
+    ("sglang_kv", "sglang", {"tokens_per_block": 16}),              # older adapters
+    ("sglang_mla", "sglang", {"tokens_per_block": 16}),
+    ("trt4", "trtllm", {"kv_layout": "HND", "num_kv_heads": 2, "tokens_per_block": 16,
+                        "head_dim": 8}),
+    ("trt6", "trtllm", {"kv_layout": "HND"}),
+])
+def test_sglang_and_trtllm_formats_round_trip(srv, fmt, engine, hints):
+    g = PagedKV(fmt, fmt, nl=3, nb=16, bs=16, nh=2, hs=8)
+    round_trip(srv, g, Engine(srv, 13, [g], hints=hints, engine=engine))
+
+
+def test_cpu_server_reads_vllm_tensors_as_hnd_whatever_the_hint(srv):
+    g = PagedKV("hnd", "fa_hnd", nl=2, nb=16, bs=16, nh=2, hs=8)
+    e = Engine(srv, 12, [g], hints={"kv_layout": "NHD"})
+    toks = prompt(2)
+    assert e.store(toks, 0, 2 * CS, [[1, 2, 3, 4]]) == [ZEROS, True]
+    assert lookup(srv, toks, "r") == 2
+    assert e.retrieve(toks, 0, 2 * CS, [[5, 6, 7, 8]], "r") == [ZEROS, True]
+    for c in range(2):
+        assert chunk_rows(g, [5, 6, 7, 8], c) == chunk_rows(g, [1, 2, 3, 4], c)
+    st = status(srv)
+    assert "server-driven instance 12 registered: m, 1 kernel group(s), 1 object group(s), " \
+           "first NL_X_TWO_NB_NH_BS_HS" in srv.output()
+    assert st is not None
+    e.close()
+
+
+# ---- sharing objects with the engine-driven path ------------------------
+
+class EdWorker:
+    """An engine-driven worker of the same model: sees the L1 pool."""
+
+    def __init__(self, srv, instance, layers, hidden, model="m", use_mla=False):
+        self.d, self.id, self.model = srv.dealer(), instance, model
+        p = {"instance_id": instance, "model_name": model, "world_size": 1, "block_size": CS,
+             "num_layers": layers, "hidden_dim_size": hidden, "dtype_str": "float16",
+             "use_mla": use_mla, "num_physical_slots": None, "engine_group_infos": [],
+             "group_hidden_dim_sizes": None, "group_layout_descs": None,
+             "enable_l1_kvweave_quant": False}
+        r = unpack(self.d.call(ED_REG, p))
+        fd = os.open("/dev/shm/" + r["shm_name"], os.O_RDWR)
+        self.pool = mmap.mmap(fd, r["pool_size"])
+        os.close(fd)
+
+    def retrieve(self, tokens, start, end, rid):
+        k = key(tokens, start, end, rid, model=self.model)
+        r = unpack(self.d.call(PRETR, k, self.id))
+        assert r["success"], r
+        out = [bytes(self.pool[s["offset"]:s["offset"] + s["length"]])
+               for s in r["context"]["slots"]]
+        assert unpack(self.d.call(CRETR, k, self.id)) is True
+        return out
+
+    def store(self, tokens, start, end, chunks):
+        k = key(tokens, start, end, "s", model=self.model)
+        ctx = unpack(self.d.call(PSTORE, k, self.id))["context"]
+        for slot, idx in zip(ctx["slots"], ctx["chunk_indices"]):
+            self.pool[slot["offset"]:slot["offset"] + slot["length"]] = chunks[idx]
+        assert unpack(self.d.call(CSTORE, k, self.id, b"")) is True
+
+    def close(self):
+        self.pool.close()
+        self.d.close()
+
+
+@pytest.mark.parametrize("fmt", ["fa_hnd", "mla"])
+def test_chunks_cross_between_the_two_transfer_paths(srv, fmt):
+    g = PagedKV("x" + fmt, fmt, nl=2, nb=16, bs=16, nh=2, hs=8)
+    e = Engine(srv, 21, [g])
+    ed = EdWorker(srv, 22, layers=2, hidden=g.nh * g.hs, use_mla=fmt == "mla")
+    toks = prompt(3)
+    # server-driven STORE -> engine-driven retrieve: the object is [2, L, chunk, H]
+    assert e.store(toks, 0, 2 * CS, [[1, 2, 3, 4]]) == [ZEROS, True]
+    assert lookup(srv, toks, "a") == 2
+    objs = ed.retrieve(toks, 0, 2 * CS, "a")
+    assert objs == [b"".join(chunk_rows(g, [1, 2, 3, 4], c)) for c in range(2)]
+    # engine-driven store -> server-driven RETRIEVE into blocks
+    other = prompt(4)
+    row = g.row_elems * 2
+    chunks = [os.urandom(len(objs[0])) for _ in range(2)]
+    ed.store(other, 0, 2 * CS, chunks)
+    assert lookup(srv, other, "b") == 2
+    assert e.retrieve(other, 0, 2 * CS, [[9, 10, 11, 12]], "b") == [ZEROS, True]
+    for c in range(2):
+        want = [chunks[c][i:i + row] for i in range(0, len(chunks[c]), row)]
+        assert chunk_rows(g, [9, 10, 11, 12], c) == want
+    ed.close()
+    e.close()
+
+
+# ---- engine groups -------------------------------------------------------
+
+def info(gid, layers, tpb, sw=-1):
+    return {"engine_group_id": gid, "layer_indices": layers, "tokens_per_block": tpb,
+            "sw_size_tokens": sw, "physical_blocks_per_engine_block": 1}
+
+
+@pytest.mark.parametrize("separate", [True, False])
+def test_three_engine_groups_block_sizes_and_a_window(start_server, separate):
+    cs = 64
+    s = start_server("--chunk-size", str(cs), "--cpu-kv-layout", "hint",
+                     *([] if separate else ["--no-separate-object-groups"]))
+    full = PagedKV("g0", "fa_nhd", nl=2, nb=32, bs=16, nh=2, hs=8)       # 4 blocks a chunk
+    big = PagedKV("g1", "fi_nhd", nl=1, nb=16, bs=32, nh=1, hs=16)       # 2 blocks a chunk
+    swa = PagedKV("g2", "fa_nhd", nl=2, nb=32, bs=16, nh=2, hs=4)        # window 32 tokens
+    infos = [info(0, [0, 1], 16), info(1, [2], 32), info(2, [3, 4], 16, sw=32)]
+    e = Engine(s, 31, [full, big, swa], infos=infos)
+    toks = prompt(5, n_chunks=3, cs=cs)
+    src = [list(range(1, 13)), list(range(1, 7)), list(range(1, 13))]
+    dst = [list(range(13, 25)), list(range(7, 13)), list(range(13, 25))]
+    before = swa.block_bytes(13) + swa.block_bytes(14)
+    assert e.store(toks, 0, 3 * cs, src) == [ZEROS, True]
+    d = s.dealer()
+    assert d.call(LOOKUP, key(toks, 0, 3 * cs, "r", worker_id=None), 1) is not None
+    assert unpack(d.call(QUERY, "r")) == 3
+    d.close()
+    assert e.retrieve(toks, 0, 3 * cs, dst, "r") == [ZEROS, True]
+    for c in range(3):
+        assert full.rows(dst[0][4 * c:4 * c + 4], cs) == full.rows(src[0][4 * c:4 * c + 4], cs)
+        assert big.rows(dst[1][2 * c:2 * c + 2], cs) == big.rows(src[1][2 * c:2 * c + 2], cs)
+    # The window keeps the last two of each chunk's four blocks; with its own
+    # object group a RETRIEVE writes only the last chunk's.
+    for c in range(3):
+        kept = list(range(2 + 4 * c, 4 + 4 * c))
+        wrote = [dst[2][i] for i in kept]
+        if separate and c < 2:
+            continue
+        assert swa.rows(wrote, 32) == swa.rows([src[2][i] for i in kept], 32)
+    assert swa.block_bytes(13) + swa.block_bytes(14) == before   # dropped blocks stay
+    layouts = status(s)
+    assert "3 kernel group(s), %d object group(s)" % (2 if separate else 1) in s.output()
+    assert layouts is not None
+    e.close()
+
+
+# ---- skip, null blocks ---------------------------------------------------
+
+def test_skip_first_n_tokens_leaves_shared_blocks_alone(hint_srv):
+    g = PagedKV("skip", "fa_nhd", nl=2, nb=16, bs=16, nh=2, hs=8)
+    e = Engine(hint_srv, 41, [g])
+    toks = prompt(6)
+    assert e.store(toks, 0, 3 * CS, [[1, 2, 3, 4, 5, 6]]) == [ZEROS, True]
+    assert lookup(hint_srv, toks, "r") == 3
+    dst = [7, 8, 9, 10, 11, 12]
+    before = [g.block_bytes(b) for b in dst]
+    assert e.retrieve(toks, 0, 3 * CS, [dst], "r", skip=48) == [ZEROS, True]
+    for i, b in enumerate(dst):
+        if i < 3:
+            assert g.block_bytes(b) == before[i]             # the first 48 tokens
+        else:
+            assert g.block_bytes(b) == g.block_bytes(i + 1)
+    # A skip over the whole range copies nothing but consumes the locks.
+    assert lookup(hint_srv, toks, "r2") == 3
+    assert e.retrieve(toks, 0, 3 * CS, [[13, 14, 15, 13, 14, 15]], "r2", skip=96) == \
+        [ZEROS, True]
+    assert e.retrieve(toks, 0, 3 * CS, [dst], "r2") == [ZEROS, False]
+    e.close()
+
+
+def test_null_blocks_are_not_stored(hint_srv):
+    g = PagedKV("null", "fa_nhd", nl=2, nb=16, bs=16, nh=2, hs=8)
+    e = Engine(hint_srv, 42, [g])
+    toks = prompt(7)
+    assert e.store(toks, 0, 3 * CS, [[1, 2, 0, 0, 5, 6]]) == [ZEROS, True]
+    assert lookup(hint_srv, toks, "r") == 1          # chunk 1 was null: a hole
+    e.close()
+
+
+# ---- failures ------------------------------------------------------------
+
+def test_failures_get_their_replies_and_publish_nothing(hint_srv):
+    g = PagedKV("fail", "fa_nhd", nl=2, nb=16, bs=16, nh=2, hs=8)
+    e = Engine(hint_srv, 51, [g])
+    toks = prompt(8)
+    assert e.store(toks, 0, 3 * CS, [[1, 2, 3, 4, 5]]) == [ZEROS, False]     # too few
+    assert e.store(toks, 0, 3 * CS, [[1, 2, 3], [4, 5, 6]]) == [ZEROS, False]  # two lists
+    assert e.store(toks, 0, 3 * CS, [[1, 2, 3, 4, 5, 99]]) == [ZEROS, False]  # out of range
+    assert e.store(toks, 0, 3 * CS, [["x"] * 6]) == [ZEROS, False]
+    assert lookup(hint_srv, toks, "r") == 0                                  # nothing stored
+    d = hint_srv.dealer()
+    assert unpack(d.call(STORE, key(toks, 0, CS, "s"), 999, [[1, 2]], ZEROS)) == [b"", False]
+    assert unpack(d.call(RETRIEVE, key(toks, 0, CS, "s"), 999, [[1, 2]], ZEROS, 0)) == \
+        [b"", False]
+    assert e.store(toks, 0, 3 * CS, [[1, 2, 3, 4, 5, 6]]) == [ZEROS, True]
+    assert e.retrieve(toks, 0, 3 * CS, [[7, 8, 9, 10, 11, 12]], "nolookup") == [ZEROS, False]
+    assert unpack(d.call(RETRIEVE, key(toks, 0, CS, "s"), 51, [[1, 2]], ZEROS, -1)) == \
+        [ZEROS, False]
     assert d.call(NOOP)[2] == msgpack.packb("OK")
+    d.close()
+    m = metrics(hint_srv)
+    assert m["lmcache_mp_server_driven_store_failures_total"] == 5
+    assert m["lmcache_mp_server_driven_stores_total"] == 1
+    assert m["lmcache_mp_server_driven_retrieve_failures_total"] == 3
+    assert m["lmcache_mp_server_driven_stored_bytes_total"] == 3 * 2 * 2 * CS * 16 * 2
+    e.close()
+
+
+def test_unregister_and_reap_release_everything(start_server, monkeypatch):
+    monkeypatch.setenv("LMCACHED_TEST_REAP_SCALE", "60")     # 30 s -> 0.5 s
+    s = start_server("--chunk-size", str(CS), "--cpu-kv-layout", "hint",
+                     "--worker-reap-timeout-seconds", "30",
+                     "--worker-registration-grace-seconds", "30")
+    g = PagedKV("reap", "fa_nhd", nl=2, nb=16, bs=16, nh=2, hs=8)
+    e = Engine(s, 61, [g])
+    # Re-registering a known instance only refreshes it, whatever it carries.
+    assert len(e.d.call(REG, 61, [ext(b"junk")], "m", 1, "vllm", {}, [])) == 2
+    toks = prompt(9)
+    # The client unmaps and unlinks its segments: the server's mapping stays.
+    g.close(unlink=True)
+    assert e.store(toks, 0, CS, [[1, 2]]) == [ZEROS, True]
+    maps = open(f"/proc/{s.proc.pid}/maps").read()
+    assert "lmcache_kv_" in maps
+    time.sleep(1.5)                                          # never pinged: reaped
+    assert wait_for_log(s, "reaped server-driven instance 61")
+    assert e.store(toks, 0, CS, [[1, 2]]) == [b"", False]
+    assert "lmcache_kv_" not in open(f"/proc/{s.proc.pid}/maps").read()
+    assert lookup(s, toks, "r") == 0          # no worker left: no layout, no hits
+    assert status(s)["storage_manager"]["l1_manager"]["num_objects"] == 1   # but it stays
+    e.close(unregister=False)
+
+
+# ---- refusals ------------------------------------------------------------
+
+def register_raw(srv, d, instance, handles, hints=None, infos=None, engine="vllm"):
+    payload = [instance, handles, "org/model", 1, engine, hints or {}, infos or []]
+    return d.call(REG, *payload, timeout_ms=500)
+
+
+def test_registrations_refused_with_the_reason(srv):
+    d = srv.dealer()
+    cuda = [ext(gen_vectors.vectors()[0]["cuda_ipc_v2"])]
+    assert register_raw(srv, d, 78, cuda) is None
+    assert wait_for_log(srv, "REGISTER_KV_CACHE 78: CudaIPCWrapper tensors need lmcached's "
+                             "CUDA transfer"), srv.output()
+    missing = [ext(w.dumps(w.cpu_shm("/lmcache_kv_missing_0", [2, 4, 16, 2, 8])))]
+    assert register_raw(srv, d, 79, missing) is None
+    assert wait_for_log(srv, "cannot open segment /lmcache_kv_missing_0")
+    g = PagedKV("bad", "fa_nhd", nl=2, nb=4, bs=16, nh=2, hs=8)
+    assert register_raw(srv, d, 80, g.handles(), hints={"kv_layout": "BLHNC"}) is None
+    assert wait_for_log(srv, "kv_layout BLHNC is not supported yet")
+    assert register_raw(srv, d, 81, g.handles(), infos=[info(0, [0, 1], 24)]) is None
+    assert wait_for_log(srv, "tokens_per_block 24 must be a multiple")
+    assert register_raw(srv, d, 82, g.handles(), infos=[info(0, [1, 0], 16)]) is None
+    assert wait_for_log(srv, "out of range, repeated or out of order")
+    big = ext(w.dumps(w.cpu_shm(g.tensors[0].name, [2, 64, 16, 2, 8])))
+    assert register_raw(srv, d, 83, [big]) is None
+    assert wait_for_log(srv, "cannot open segment") or wait_for_log(srv, "reaches past")
+    assert d.call(NOOP)[2] == msgpack.packb("OK")
+    g.close()
     d.close()
 
 
@@ -75,8 +440,8 @@ def test_hostile_handles_are_refused_and_never_run(srv, name, reason):
         os.unlink(gen_vectors.PWNED)
     good = ext(w.dumps(w.cpu_shm("/lmcache_kv_1_0", [2, 16, 8])))
     bad = ext(gen_vectors.vectors()[1][name])
-    assert register(srv, d, 5, [good, bad]) is None
-    assert wait_for_log(srv, f"REGISTER_KV_CACHE 5: kv_cache[1]: "), srv.output()
+    assert register_raw(srv, d, 5, [good, bad]) is None
+    assert wait_for_log(srv, "REGISTER_KV_CACHE 5: kv_cache[1]: "), srv.output()
     assert reason in srv.output(), srv.output()
     assert not os.path.exists(gen_vectors.PWNED)
     assert d.call(NOOP)[2] == msgpack.packb("OK")
@@ -85,9 +450,9 @@ def test_hostile_handles_are_refused_and_never_run(srv, name, reason):
 
 def test_malformed_registrations_keep_the_server_serving(srv):
     d = srv.dealer()
-    assert register(srv, d, 9, []) is None
+    assert register_raw(srv, d, 9, []) is None
     assert wait_for_log(srv, "kv_cache must be a list of 1..4096 tensor handles")
-    assert register(srv, d, 9, [b"not an ext"]) is None
+    assert register_raw(srv, d, 9, [b"not an ext"]) is None
     assert wait_for_log(srv, "kv_cache[0] is not a msgpack ext type 1")
     assert d.call(REG, "nine", timeout_ms=500) is None
     assert wait_for_log(srv, "instance_id must be an int")

@@ -37,6 +37,7 @@ typedef struct {
     int64_t shape[6];
     uint32_t ndim;
     bool hnd;
+    int engine;              /* 0 vLLM, 1 SGLang (tokens_per_block BS), 2 TRT-LLM */
 } case_t;
 
 static void indices(lmc_kv_format f, uint32_t kv, uint32_t l, uint32_t b, uint32_t s, uint32_t h,
@@ -51,18 +52,28 @@ static void indices(lmc_kv_format f, uint32_t kv, uint32_t l, uint32_t b, uint32
     case LMC_KV_NL_X_NB_BS_HS: memcpy(idx, (int64_t[]){b, s, e}, 24); break;
     case LMC_KV_NL_X_NB_BS_NH_TWO_HS: memcpy(idx, (int64_t[]){b, s, h, e}, 32); break;
     case LMC_KV_NL_X_NB_NH_BS_TWO_HS: memcpy(idx, (int64_t[]){b, h, s, e}, 32); break;
+    case LMC_KV_NB_NL_TWO_NH_BS_HS: memcpy(idx, (int64_t[]){b, l, kv, h, s, e}, 48); break;
+    /* registered [NB*BS, NH, HS]: the page index folds block and slot */
+    case LMC_KV_TWO_X_NL_X_NB_BS_NH_HS: memcpy(idx, (int64_t[]){b * BS + s, h, e}, 24); break;
     }
 }
 
 static void check_case(const case_t *c, int64_t row_pad)
 {
-    lmc_shared_tensor layers[NL];
-    size_t n = c->format == LMC_KV_NB_NL_TWO_BS_NH_HS ? 1 : NL;
+    lmc_shared_tensor layers[2 * NL];
+    size_t n = lmc_kv_format_cross_layer(c->format) ? 1
+               : lmc_kv_format_kv_lists(c->format) ? 2 * NL
+                                                   : NL;
     for (size_t i = 0; i < n; i++)
         layers[i] = dense_tensor(c->shape, c->ndim, row_pad);
     lmc_kv_geometry g;
     char err[256] = "";
-    if (lmc_kv_detect_vllm(layers, n, c->hnd, false, &g, err, sizeof err) != 0)
+    lmc_kv_hints hints = {.tokens_per_block = BS, .num_kv_heads = NH, .head_dim = HS,
+                          .kv_list_layout = LMC_KV_LIST_K_V};
+    int rc = c->engine == 1   ? lmc_kv_detect_sglang(layers, n, &hints, &g, err, sizeof err)
+             : c->engine == 2 ? lmc_kv_detect_trtllm(layers, n, &hints, &g, err, sizeof err)
+                              : lmc_kv_detect_vllm(layers, n, c->hnd, false, &g, err, sizeof err);
+    if (rc != 0)
         fail_msg("%s: %s", lmc_kv_format_name(c->format), err);
     assert_string_equal(lmc_kv_format_name(g.format), lmc_kv_format_name(c->format));
     assert_int_equal(g.nl, NL);
@@ -77,6 +88,8 @@ static void check_case(const case_t *c, int64_t row_pad)
                         for (uint32_t e = 0; e < g.hs; e++) {
                             int64_t idx[6], want = 0;
                             indices(g.format, kv, l, b, s, h, e, idx);
+                            if (c->engine == 2 && c->ndim == 4)   /* [NB, NL, 2, NH*BS*HS] */
+                                idx[3] = ((int64_t)h * BS + s) * HS + e;
                             for (uint32_t d = 0; d < c->ndim; d++)
                                 want += idx[d] * layers[0].stride[d];
                             assert_int_equal(lmc_kv_paged_offset(&g, kv, l, b, s, h, e), want);
@@ -87,14 +100,17 @@ static void test_formats_and_offsets(void **state)
 {
     (void)state;
     const case_t cases[] = {
-        {LMC_KV_NL_X_TWO_NB_BS_NH_HS, {2, NB, BS, NH, HS}, 5, false},
-        {LMC_KV_NL_X_TWO_NB_NH_BS_HS, {2, NB, NH, BS, HS}, 5, true},
-        {LMC_KV_NL_X_NB_TWO_BS_NH_HS, {NB, 2, BS, NH, HS}, 5, false},
-        {LMC_KV_NL_X_NB_TWO_NH_BS_HS, {NB, 2, NH, BS, HS}, 5, true},
-        {LMC_KV_NL_X_NB_BS_HS, {NB, BS, HS}, 3, true},
-        {LMC_KV_NL_X_NB_BS_NH_TWO_HS, {NB, BS, NH, 2 * HS}, 4, false},
-        {LMC_KV_NL_X_NB_NH_BS_TWO_HS, {NB, NH, BS, 2 * HS}, 4, true},
-        {LMC_KV_NB_NL_TWO_BS_NH_HS, {NB, NL, 2, BS, NH, HS}, 6, false},
+        {LMC_KV_NL_X_TWO_NB_BS_NH_HS, {2, NB, BS, NH, HS}, 5, false, 0},
+        {LMC_KV_NL_X_TWO_NB_NH_BS_HS, {2, NB, NH, BS, HS}, 5, true, 0},
+        {LMC_KV_NL_X_NB_TWO_BS_NH_HS, {NB, 2, BS, NH, HS}, 5, false, 0},
+        {LMC_KV_NL_X_NB_TWO_NH_BS_HS, {NB, 2, NH, BS, HS}, 5, true, 0},
+        {LMC_KV_NL_X_NB_BS_HS, {NB, BS, HS}, 3, true, 0},
+        {LMC_KV_NL_X_NB_BS_NH_TWO_HS, {NB, BS, NH, 2 * HS}, 4, false, 0},
+        {LMC_KV_NL_X_NB_NH_BS_TWO_HS, {NB, NH, BS, 2 * HS}, 4, true, 0},
+        {LMC_KV_NB_NL_TWO_BS_NH_HS, {NB, NL, 2, BS, NH, HS}, 6, false, 0},
+        {LMC_KV_TWO_X_NL_X_NB_BS_NH_HS, {NB * BS, NH, HS}, 3, false, 1},
+        {LMC_KV_NB_NL_TWO_NH_BS_HS, {NB, NL, 2, NH, BS, HS}, 6, true, 2},
+        {LMC_KV_NB_NL_TWO_NH_BS_HS, {NB, NL, 2, NH * BS * HS}, 4, true, 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_case(&cases[i], 0);

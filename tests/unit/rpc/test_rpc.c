@@ -112,6 +112,15 @@ static lmc_handler_result h_where(void *ctx, lmc_rpc_call *call)
     return LMC_HANDLER_REPLY;
 }
 
+/* inline_ok of COMMIT_STORE: a first argument below 10 is "small". */
+static bool small_arg(void *ctx, lmc_rpc_call *call)
+{
+    (void)ctx;
+    int64_t v;
+    const msgpack_object *o = lmc_rpc_call_arg(call, 0);
+    return o && lmc_mp_get_int(o, &v) && v < 10;
+}
+
 /* Keeps a NORMAL worker busy for 300 ms. */
 static lmc_handler_result h_busy(void *ctx, lmc_rpc_call *call)
 {
@@ -168,19 +177,20 @@ static int start(void **state, bool error_frames)
         return -1;
     }
     lmc_rpc_handler_spec specs[] = {
-        {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, h_noop, false},
-        {LMC_OP_CLEAR, NULL, LMC_POOL_NORMAL, h_void, false},
-        {LMC_OP_GET_CHUNK_SIZE, NULL, LMC_POOL_NORMAL, h_sum, false},
-        {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, h_ordered, true},
-        {LMC_OP_PING, NULL, LMC_POOL_NORMAL, h_where, true},
-        {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, h_where, true},
-        {LMC_OP_COMMIT_RETRIEVE, NULL, LMC_POOL_NORMAL, h_where, false},
-        {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, h_busy, false},
-        {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, h_then_socket, false},
-        {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, h_then_pooled, false},
-        {LMC_OP_GET_EXPERIMENTAL, NULL, LMC_POOL_SYNC, h_then_state, false},
-        {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, h_deferred, false},
-        {0, "store_with_chunk_events", LMC_POOL_SYNC, h_noop, false},
+        {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, h_noop, false, NULL},
+        {LMC_OP_CLEAR, NULL, LMC_POOL_NORMAL, h_void, false, NULL},
+        {LMC_OP_GET_CHUNK_SIZE, NULL, LMC_POOL_NORMAL, h_sum, false, NULL},
+        {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, h_ordered, true, NULL},
+        {LMC_OP_PING, NULL, LMC_POOL_NORMAL, h_where, true, NULL},
+        {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, h_where, true, NULL},
+        {LMC_OP_COMMIT_RETRIEVE, NULL, LMC_POOL_NORMAL, h_where, false, NULL},
+        {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_AFFINITY, h_where, false, small_arg},
+        {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, h_busy, false, NULL},
+        {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, h_then_socket, false, NULL},
+        {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, h_then_pooled, false, NULL},
+        {LMC_OP_GET_EXPERIMENTAL, NULL, LMC_POOL_SYNC, h_then_state, false, NULL},
+        {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, h_deferred, false, NULL},
+        {0, "store_with_chunk_events", LMC_POOL_SYNC, h_noop, false, NULL},
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
         assert_int_equal(lmc_rpc_server_register(f->server, &specs[i], f), 0);
@@ -493,6 +503,17 @@ static void test_quick_handlers_run_inline_only_when_idle(void **state)
     assert_false(ran_pooled(c, LMC_OP_PREPARE_RETRIEVE, NULL, 0));  /* AFFINITY, idle */
     assert_true(ran_pooled(c, LMC_OP_COMMIT_RETRIEVE, NULL, 0));    /* not quick */
     assert_int_equal(lmc_rpc_server_stats(f->server).inlined, inlined + 2);
+    /* Not quick, but the module judges this call small: inline. */
+    msgpack_sbuffer arg;
+    msgpack_packer apk;
+    for (int v = 3; v <= 30; v += 27) {
+        msgpack_sbuffer_init(&arg);
+        msgpack_packer_init(&apk, &arg, msgpack_sbuffer_write);
+        msgpack_pack_int(&apk, v);
+        assert_int_equal(ran_pooled(c, LMC_OP_COMMIT_STORE, &arg, 1), v > 10);
+        msgpack_sbuffer_destroy(&arg);
+    }
+    inlined++;
 
     msgpack_sbuffer big;       /* a payload over LMC_RPC_INLINE_MAX_BYTES */
     msgpack_packer pk;

@@ -1,0 +1,43 @@
+#include "modules/transfer_common.h"
+
+#include <stdio.h>
+
+#include "storage/storage_manager.h"
+
+void lmc_reserve_writes(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n,
+                        uint64_t object_size, const char *tag, lmc_lease *leases,
+                        lmc_l1_result *res)
+{
+    if (lmc_storage_manager_lease_write(sm, keys, n, object_size, false, tag, leases, res) != 0) {
+        for (size_t i = 0; i < n; i++)
+            res[i] = LMC_L1_OUT_OF_MEMORY;
+        return;
+    }
+    size_t oom = 0;
+    for (size_t i = 0; i < n; i++)
+        oom += res[i] == LMC_L1_OUT_OF_MEMORY;
+    if (oom == 0 || lmc_storage_manager_run_eviction_once(sm) == 0)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        if (res[i] == LMC_L1_OUT_OF_MEMORY &&
+            lmc_storage_manager_lease_write(sm, &keys[i], 1, object_size, false, tag,
+                                            &leases[i], &res[i]) != 0)
+            res[i] = LMC_L1_OUT_OF_MEMORY;
+    }
+}
+
+void lmc_publish_transfer(lmc_event_bus *bus, const char *type, const lmc_ipc_key *k,
+                          int64_t instance, size_t chunks, uint64_t bytes)
+{
+    if (!bus)
+        return;
+    char sid[256], engine[32];
+    snprintf(sid, sizeof sid, "%.*s", (int)k->request_id_len, k->request_id);
+    snprintf(engine, sizeof engine, "%lld", (long long)instance);
+    json_t *meta = json_pack("{s:s%, s:s, s:s, s:I, s:s%, s:I, s:I}", "model_name",
+                             k->model_name, k->model_len, "engine_id", engine, "device", "cpu",
+                             "worker_id", (json_int_t)k->worker_id, "cache_salt", k->cache_salt,
+                             k->salt_len, "num_chunks", (json_int_t)chunks, "bytes",
+                             (json_int_t)bytes);
+    lmc_event_bus_publish(bus, type, sid, meta);
+}
