@@ -69,6 +69,7 @@ bench: build deps-test
 	./$(BUILD_DIR)/transfer_bench --chunks 128 --iters 500
 	./$(BUILD_DIR)/transfer_bench --chunks 128 --iters 500 --server-process
 	./$(BUILD_DIR)/l1_meta_bench
+	./$(BUILD_DIR)/sd_transfer_bench --chunks 256 --iters 1000
 
 # Sanitizer builds: ASan+UBSan and TSan, each in its own build tree.
 asan: deps-test

@@ -29,6 +29,13 @@ typedef enum lmc_copy_method {
  * LMC_COPY_STREAM copies, call lmc_bulk_copy_fence before publishing. */
 void lmc_bulk_copy(lmc_copy_method m, void *dst, const void *src, size_t n);
 
+/* Transposes the leading two dimensions of rows of `row` bytes: src is
+ * [a][b][row], dst [b][a][row] (a paged block's heads-first rows into an
+ * object's slot-major rows, or back).  `walk_src`: rows go in src's order,
+ * else in dst's; the L1 object's side is best walked in order (BENCHMARKS.md). */
+void lmc_bulk_copy_transpose(lmc_copy_method m, void *dst, const void *src, size_t row,
+                             size_t a, size_t b, bool walk_src);
+
 /* Streaming stores are weakly ordered: another thread that sees a later
  * ordinary store (a flag, a refcount, a queue push) may still read stale
  * data without this sfence.  A no-op for LMC_COPY_MEMCPY. */

@@ -2,8 +2,6 @@
 
 #include <stdbool.h>
 
-#define SHORT_GATHER_RUN 2048
-
 /* Formats whose block keeps its slots (and heads) in one contiguous run,
  * laid out as the object's rows are: one copy per block. */
 static bool token_major(lmc_kv_format f)
@@ -47,18 +45,14 @@ static void copy_block(const lmc_kv_chunk_copy *c, uint32_t kv, uint32_t l, uint
         gather ? lmc_bulk_copy(c->method, o, p, n) : lmc_bulk_copy(c->method, p, o, n);
         return;
     }
+    /* HND: the block is [nh][bs][hs], the object's rows [bs][nh][hs]. */
+    uint8_t *p = paged + lmc_kv_paged_offset(g, kv, layer, b, 0, 0, 0) * es;
+    uint8_t *o = c->entry + lmc_kv_object_offset(g, c->g->slots, kv, l, s0, 0, 0) * es;
     size_t row = (size_t)g->hs * es;
-    /* Streaming stores lose to memcpy when short reads from scattered rows
-     * feed them (bench/copy_bench.c: below ~2 KiB); scatters keep them. */
-    lmc_copy_method m = gather && row < SHORT_GATHER_RUN ? LMC_COPY_MEMCPY : c->method;
-    for (uint32_t s = 0; s < g->bs; s++) {
-        for (uint32_t h = 0; h < g->nh; h++) {
-            uint8_t *p = paged + lmc_kv_paged_offset(g, kv, layer, b, s, h, 0) * es;
-            uint8_t *o =
-                c->entry + lmc_kv_object_offset(g, c->g->slots, kv, l, s0 + s, h, 0) * es;
-            gather ? lmc_bulk_copy(m, o, p, row) : lmc_bulk_copy(m, p, o, row);
-        }
-    }
+    if (gather)
+        lmc_bulk_copy_transpose(c->method, o, p, row, g->nh, g->bs, false);
+    else
+        lmc_bulk_copy_transpose(c->method, p, o, row, g->bs, g->nh, true);
 }
 
 static void copy_chunk(const lmc_kv_chunk_copy *c, bool gather)

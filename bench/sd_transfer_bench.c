@@ -1,0 +1,590 @@
+/* sd_transfer_bench: the server-driven (lmcache_driven) transfer over CPU
+ * shared tensors, with lmcached in a child process and a client that acts
+ * like an engine's workers: paged KV tensors in POSIX shared memory
+ * (block size 16, one segment per layer), REGISTER_KV_CACHE, then
+ *
+ *   1. STORE of N chunks of 2 MiB ([2, 8 layers, 256 tokens, 256]) from the
+ *      blocks, in requests of one 4096-token prompt (16 chunks) each;
+ *      LOOKUP of each prompt; RETRIEVE into other blocks.
+ *      Effective bandwidth beside the best single-thread copy of the same
+ *      bytes in the same run, chunk by chunk: glibc memcpy and streaming
+ *      stores (lmc_bulk_copy), each measured, the faster named.  For NHD
+ *      and HND tensors (--cpu-kv-layout hint).  Goal >= 0.9x.
+ *   2. The same with two workers (two ranks, --max-gpu-workers 2), each
+ *      storing / retrieving its own half at once.  Goal >= 1.6x the
+ *      single-thread copy where the machine has the cores.
+ *   3. Request overhead: STORE of one small new chunk and RETRIEVE of one
+ *      (after its LOOKUP) p50 beside NOOP p50 in the same run.  Goal <= 2x.
+ *
+ *   sd_transfer_bench [--chunks N] [--iters M]      (defaults 256, 2000) */
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/server_child.h"
+#include "config/config.h"
+#include "modules/bulk_copy.h"
+#include "rpc/client.h"
+#include "rpc/wire.h"
+#include "server/server.h"
+
+#define CS 256
+#define BS 16
+#define LAYERS 8
+#define NH 2
+#define HS 128
+#define ROW (NH * HS)                                   /* 256 elements */
+#define OBJ ((size_t)2 * LAYERS * CS * ROW * 2)         /* 2 MiB */
+#define BATCH 16
+#define SMALL_LAYERS 1                                  /* overhead phase: 16 KiB objects */
+#define SMALL_HS 8
+
+typedef struct {
+    lmc_client *c;
+    int64_t instance;
+    uint32_t rank, world;
+    const char *model;
+    size_t nb, layers, hs;
+    uint8_t *layer[LAYERS];
+    char names[LAYERS][64];
+    size_t layer_bytes;
+} worker;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void sb_packer(msgpack_sbuffer *sb, msgpack_packer *pk)
+{
+    msgpack_sbuffer_init(sb);
+    msgpack_packer_init(pk, sb, msgpack_sbuffer_write);
+}
+
+static void pack_key(msgpack_sbuffer *sb, const worker *w, const uint64_t *toks, size_t start,
+                     size_t end, const char *rid, bool any_worker)
+{
+    msgpack_packer pk;
+    sb_packer(sb, &pk);
+    msgpack_pack_map(&pk, 8);
+    lmc_mp_pack_cstr(&pk, "model_name"), lmc_mp_pack_cstr(&pk, w->model);
+    lmc_mp_pack_cstr(&pk, "world_size"), msgpack_pack_uint32(&pk, w->world);
+    lmc_mp_pack_cstr(&pk, "worker_id");
+    any_worker ? msgpack_pack_nil(&pk) : msgpack_pack_uint32(&pk, w->rank);
+    lmc_mp_pack_cstr(&pk, "token_ids"), msgpack_pack_array(&pk, (uint32_t)end);
+    for (size_t i = 0; i < end; i++)
+        msgpack_pack_uint64(&pk, toks[i]);
+    lmc_mp_pack_cstr(&pk, "start"), msgpack_pack_uint64(&pk, start);
+    lmc_mp_pack_cstr(&pk, "end"), msgpack_pack_uint64(&pk, end);
+    lmc_mp_pack_cstr(&pk, "request_id"), lmc_mp_pack_cstr(&pk, rid);
+    lmc_mp_pack_cstr(&pk, "cache_salt"), lmc_mp_pack_cstr(&pk, "");
+}
+
+/* The CpuShmTensorWrapper pickle of one layer [2, NB, BS, NH, HS] (or
+ * [2, NB, NH, BS, HS]), as Python's pickle writes it (docs/protocol.md,
+ * "Shared tensor handles"). */
+static size_t wrapper_pickle(uint8_t *out, const char *name, uint64_t nbytes,
+                             const int64_t shape[5])
+{
+    uint8_t *p = out;
+#define PUT(s, n) (memcpy(p, s, n), p += (n))
+#define STR(s) (*p++ = 0x8c, *p++ = (uint8_t)strlen(s), PUT(s, strlen(s)), *p++ = 0x94)
+#define INT(v) (*p++ = 0x8a, *p++ = 8, memcpy(p, &(uint64_t){(uint64_t)(v)}, 8), p += 8)
+    PUT("\x80\x04", 2);
+    STR("lmcache.v1.platform.cpu.shm");
+    STR("CpuShmTensorWrapper");
+    PUT("\x93\x94\x29\x81\x94\x7d\x94\x28", 8);
+    STR("shm_name"), STR(name);
+    STR("nbytes"), INT(nbytes);
+    STR("handle"), *p++ = 'N';
+    STR("dtype"), STR("torch"), STR("float16"), PUT("\x93\x94", 2);
+    STR("shape"), *p++ = '(';
+    int64_t stride[5], acc = 1;
+    for (int d = 4; d >= 0; d--)
+        stride[d] = acc, acc *= shape[d];
+    for (int d = 0; d < 5; d++)
+        INT(shape[d]);
+    PUT("t\x94", 2);
+    STR("stride"), *p++ = '(';
+    for (int d = 0; d < 5; d++)
+        INT(stride[d]);
+    PUT("t\x94", 2);
+    STR("storage_offset"), INT(0);
+    STR("device_uuid"), STR("cpu");
+    PUT("ub.", 3);
+#undef PUT
+#undef STR
+#undef INT
+    return (size_t)(p - out);
+}
+
+static int call(lmc_client *c, int op, msgpack_sbuffer *args, size_t n, bool *ok)
+{
+    lmc_client_reply r;
+    if (lmc_client_call(c, op, args, n, 60000, &r) != LMC_CLIENT_OK)
+        return -1;
+    if (ok) {   /* [handle, success] */
+        msgpack_zone z;
+        msgpack_object o;
+        size_t off = 0;
+        msgpack_zone_init(&z, 256);
+        *ok = r.has_response &&
+              msgpack_unpack((const char *)r.data, r.len, &off, &z, &o) == MSGPACK_UNPACK_SUCCESS &&
+              o.type == MSGPACK_OBJECT_ARRAY && o.via.array.size == 2 &&
+              o.via.array.ptr[1].type == MSGPACK_OBJECT_BOOLEAN && o.via.array.ptr[1].via.boolean;
+        msgpack_zone_destroy(&z);
+    }
+    lmc_client_reply_free(&r);
+    for (size_t i = 0; i < n; i++)
+        msgpack_sbuffer_destroy(&args[i]);
+    return 0;
+}
+
+static int make_tensors(worker *w, bool hnd)
+{
+    w->layer_bytes = 2 * w->nb * BS * NH * w->hs * 2;
+    for (size_t l = 0; l < w->layers; l++) {
+        snprintf(w->names[l], sizeof w->names[l], "/lmcache_kv_bench_%d_%lld_%zu", getpid(),
+                 (long long)w->instance, l);
+        int fd = shm_open(w->names[l], O_CREAT | O_RDWR | O_TRUNC, 0600);
+        if (fd < 0 || ftruncate(fd, (off_t)w->layer_bytes) != 0)
+            return -1;
+        w->layer[l] = mmap(NULL, w->layer_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (w->layer[l] == MAP_FAILED)
+            return -1;
+        for (size_t i = 0; i + 8 <= w->layer_bytes; i += 64) {  /* distinct lines */
+            uint64_t v = (i + l * w->layer_bytes) * 0x9e3779b97f4a7c15ull;
+            memcpy(w->layer[l] + i, &v, sizeof v);
+        }
+    }
+    (void)hnd;
+    return 0;
+}
+
+static void free_tensors(worker *w)
+{
+    for (size_t l = 0; l < w->layers; l++) {
+        if (w->layer[l] && w->layer[l] != MAP_FAILED)
+            munmap(w->layer[l], w->layer_bytes);
+        shm_unlink(w->names[l]);
+    }
+}
+
+static int register_worker(worker *w, bool hnd)
+{
+    if (make_tensors(w, hnd) != 0)
+        return -1;
+    msgpack_sbuffer a[7];
+    msgpack_packer pk;
+    sb_packer(&a[0], &pk), msgpack_pack_int64(&pk, w->instance);
+    sb_packer(&a[1], &pk), msgpack_pack_array(&pk, (uint32_t)w->layers);
+    int64_t shape[5] = {2, (int64_t)w->nb, hnd ? NH : BS, hnd ? BS : NH, (int64_t)w->hs};
+    for (size_t l = 0; l < w->layers; l++) {
+        uint8_t pick[512];
+        size_t n = wrapper_pickle(pick, w->names[l], w->layer_bytes, shape);
+        msgpack_pack_ext(&pk, n, 1);
+        msgpack_pack_ext_body(&pk, pick, n);
+    }
+    sb_packer(&a[2], &pk), lmc_mp_pack_cstr(&pk, w->model);
+    sb_packer(&a[3], &pk), msgpack_pack_uint32(&pk, w->world);
+    sb_packer(&a[4], &pk), lmc_mp_pack_cstr(&pk, "vllm");
+    sb_packer(&a[5], &pk), msgpack_pack_map(&pk, 1);
+    lmc_mp_pack_cstr(&pk, "kv_layout"), lmc_mp_pack_cstr(&pk, hnd ? "HND" : "NHD");
+    sb_packer(&a[6], &pk), msgpack_pack_array(&pk, 0);
+    return call(w->c, LMC_OP_REGISTER_KV_CACHE, a, 7, NULL);
+}
+
+/* STORE or RETRIEVE of chunks [c0, c0+n) of toks, blocks from `first`. */
+static int transfer(worker *w, const uint64_t *toks, size_t c0, size_t n, size_t first,
+                    const char *rid, bool store)
+{
+    msgpack_sbuffer a[5];
+    msgpack_packer pk;
+    pack_key(&a[0], w, toks, c0 * CS, (c0 + n) * CS, rid, false);
+    sb_packer(&a[1], &pk), msgpack_pack_int64(&pk, w->instance);
+    sb_packer(&a[2], &pk), msgpack_pack_array(&pk, 1);
+    msgpack_pack_array(&pk, (uint32_t)(n * CS / BS));
+    for (size_t i = 0; i < n * CS / BS; i++)
+        msgpack_pack_uint64(&pk, first + i);
+    static const char zeros[64];
+    sb_packer(&a[3], &pk), msgpack_pack_bin(&pk, 64), msgpack_pack_bin_body(&pk, zeros, 64);
+    sb_packer(&a[4], &pk), msgpack_pack_int(&pk, 0);
+    bool ok = false;
+    int rc = call(w->c, store ? LMC_OP_STORE : LMC_OP_RETRIEVE, a, store ? 4 : 5, &ok);
+    return rc == 0 && ok ? 0 : -1;
+}
+
+static int lookup(worker *w, const uint64_t *toks, size_t chunks, const char *rid)
+{
+    msgpack_sbuffer a[2];
+    msgpack_packer pk;
+    pack_key(&a[0], w, toks, 0, chunks * CS, rid, true);
+    sb_packer(&a[1], &pk), msgpack_pack_int(&pk, 1);
+    if (call(w->c, LMC_OP_LOOKUP, a, 2, NULL) != 0)
+        return -1;
+    sb_packer(&a[0], &pk), lmc_mp_pack_cstr(&pk, rid);
+    lmc_client_reply r;
+    int rc = lmc_client_call(w->c, LMC_OP_QUERY_PREFETCH_STATUS, a, 1, 60000, &r);
+    msgpack_sbuffer_destroy(&a[0]);
+    if (rc != LMC_CLIENT_OK)
+        return -1;
+    lmc_client_reply_free(&r);
+    return 0;
+}
+
+static void fill_tokens(uint64_t *t, size_t n, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        t[i] = (seed * 1000003 + i * 7919) % 120000;
+}
+
+/* ---- the copy baseline ------------------------------------------------ */
+
+/* GB/s of the best of `reps` single-thread copies of `chunks` 2 MiB pieces. */
+static double copy_gbps(lmc_copy_method m, uint8_t *dst, const uint8_t *src, size_t chunks,
+                        int reps)
+{
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        for (size_t c = 0; c < chunks; c++)
+            lmc_bulk_copy(m, dst + c * OBJ, src + c * OBJ, OBJ);
+        lmc_bulk_copy_fence(m);
+        double gbps = chunks * OBJ / (now_s() - t0) / 1e9;
+        best = gbps > best ? gbps : best;
+    }
+    return best;
+}
+
+/* A buffer in POSIX shared memory, as the engine's tensors and the L1 pool
+ * are (4 KiB pages: no transparent huge pages for shmem by default). */
+static uint8_t *shm_buffer(size_t bytes, int tag)
+{
+    char name[64];
+    snprintf(name, sizeof name, "/lmcache_bench_base_%d_%d", getpid(), tag);
+    int fd = shm_open(name, O_CREAT | O_RDWR | O_TRUNC, 0600);
+    shm_unlink(name);
+    if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0)
+        return fd >= 0 ? close(fd), NULL : NULL;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* The best single-thread copy of the bytes, memcpy or streaming stores,
+ * between private buffers (which may get huge pages) and between shared
+ * memory ones.  Returns the best of all; *shm_best the best in shm. */
+static double baseline(size_t chunks, const char **name, double *shm_best)
+{
+    size_t bytes = chunks * OBJ;
+    uint8_t *src = malloc(bytes), *dst = malloc(bytes);
+    uint8_t *ssrc = shm_buffer(bytes, 0), *sdst = shm_buffer(bytes, 1);
+    double best = 0;
+    if (src && dst && ssrc && sdst) {
+        memset(src, 7, bytes), memset(dst, 1, bytes);
+        memset(ssrc, 7, bytes), memset(sdst, 1, bytes);
+        double mc = copy_gbps(LMC_COPY_MEMCPY, dst, src, chunks, 3);
+        double st = copy_gbps(LMC_COPY_STREAM, dst, src, chunks, 3);
+        double smc = copy_gbps(LMC_COPY_MEMCPY, sdst, ssrc, chunks, 3);
+        double sst = copy_gbps(LMC_COPY_STREAM, sdst, ssrc, chunks, 3);
+        printf("  single-thread copy of %zu x 2 MiB, private memory: memcpy %.2f GB/s, "
+               "streaming stores %.2f GB/s\n", chunks, mc, st);
+        printf("  the same in shared memory: memcpy %.2f GB/s, streaming stores %.2f GB/s\n",
+               smc, sst);
+        best = st > mc ? st : mc;
+        *name = st > mc ? "streaming stores, private memory" : "memcpy, private memory";
+        *shm_best = sst > smc ? sst : smc;
+    }
+    free(src);
+    free(dst);
+    if (ssrc)
+        munmap(ssrc, bytes);
+    if (sdst)
+        munmap(sdst, bytes);
+    return best;
+}
+
+/* ---- phases ------------------------------------------------------------- */
+
+typedef struct {
+    worker *w;
+    const uint64_t *toks;
+    size_t c0, chunks;
+    bool store;
+    const char *rid;
+    int rc;
+} job;
+
+static void *run_job(void *arg)
+{
+    job *j = arg;
+    j->rc = 0;
+    /* One request a prompt of BATCH chunks, as an engine stores a 4k-token
+     * prompt; from blocks 1.., retrieved into the blocks after them. */
+    for (size_t c = 0; c < j->chunks && j->rc == 0; c += BATCH) {
+        char rid[48];
+        snprintf(rid, sizeof rid, "%s-%zu", j->rid, c / BATCH);
+        size_t first = 1 + (j->store ? 0 : j->chunks * CS / BS) + c * CS / BS;
+        j->rc = transfer(j->w, j->toks + c * CS, 0, BATCH, first, rid, j->store);
+    }
+    return NULL;
+}
+
+/* Runs one job per worker at once; GB/s of all their bytes. */
+static double timed(job *jobs, size_t n)
+{
+    pthread_t th[2];
+    double t0 = now_s();
+    for (size_t i = 0; i < n; i++)
+        pthread_create(&th[i], NULL, run_job, &jobs[i]);
+    size_t chunks = 0;
+    for (size_t i = 0; i < n; i++) {
+        pthread_join(th[i], NULL);
+        chunks += jobs[i].chunks;
+        if (jobs[i].rc != 0)
+            return -1;
+    }
+    return chunks * OBJ / (now_s() - t0) / 1e9;
+}
+
+/* After a round: every retrieved block holds the bytes of the block it was
+ * stored from (same format on both sides), in every layer and plane. */
+static int verify(const worker *w, size_t per)
+{
+    size_t block = (size_t)BS * NH * w->hs * 2, blocks = per * CS / BS;
+    for (size_t l = 0; l < w->layers; l++)
+        for (size_t kv = 0; kv < 2; kv++) {
+            const uint8_t *plane = w->layer[l] + kv * w->nb * block;
+            if (memcmp(plane + (1 + blocks) * block, plane + block, blocks * block) != 0) {
+                fprintf(stderr, "sd_transfer_bench: wrong bytes in layer %zu\n", l);
+                return -1;
+            }
+        }
+    return 0;
+}
+
+/* STORE then RETRIEVE of every worker's `per` chunks of prompt `seed`;
+ * GB/s of each. */
+static int store_retrieve(worker *ws, size_t n_workers, size_t per, uint64_t seed,
+                          uint64_t *toks, double *st, double *rt)
+{
+    char rid[32];
+    snprintf(rid, sizeof rid, "bw%llu", (unsigned long long)seed);
+    fill_tokens(toks, per * CS, seed);
+    job jobs[2];
+    for (size_t i = 0; i < n_workers; i++)
+        jobs[i] = (job){.w = &ws[i], .toks = toks, .c0 = 0, .chunks = per, .store = true,
+                        .rid = rid};
+    *st = timed(jobs, n_workers);
+    int rc = *st < 0;
+    for (size_t c = 0; c < per && rc == 0; c += BATCH) {
+        char prid[48];
+        snprintf(prid, sizeof prid, "%s-%zu", rid, c / BATCH);
+        rc = lookup(&ws[0], toks + c * CS, BATCH, prid) != 0;
+    }
+    for (size_t i = 0; i < n_workers; i++)
+        jobs[i].store = false;
+    *rt = rc ? -1 : timed(jobs, n_workers);
+    for (size_t i = 0; i < n_workers && rc == 0 && *rt >= 0; i++)
+        rc = verify(&ws[i], per);
+    return rc || *rt < 0 ? -1 : 0;
+}
+
+/* CLEAR: the arena's pages stay touched, so the measured round finds them
+ * as a server that has been running does. */
+static int clear(worker *w)
+{
+    return call(w->c, LMC_OP_CLEAR, NULL, 0, NULL);
+}
+
+/* The copy baseline beside each measurement: private buffers of the same
+ * bytes, copied right before and right after the measured round (the VM's
+ * bandwidth drifts by tens of percent between phases). */
+typedef struct {
+    uint8_t *src, *dst;
+    size_t chunks;
+} copy_pair;
+
+static double best_copy(const copy_pair *cp)
+{
+    double mc = copy_gbps(LMC_COPY_MEMCPY, cp->dst, cp->src, cp->chunks, 2);
+    double st = copy_gbps(LMC_COPY_STREAM, cp->dst, cp->src, cp->chunks, 2);
+    return st > mc ? st : mc;
+}
+
+static int bandwidth(worker *ws, size_t n_workers, size_t chunks, const copy_pair *cp, bool hnd)
+{
+    uint64_t *toks = malloc(chunks * CS * sizeof *toks);
+    if (!toks)
+        return -1;
+    size_t per = chunks / n_workers;
+    double st, rt;
+    int rc = store_retrieve(ws, n_workers, per, 77, toks, &st, &rt) != 0 || clear(&ws[0]) != 0;
+    printf("  (warm-up round on a fresh server: STORE %.2f GB/s, RETRIEVE %.2f GB/s)\n", st, rt);
+    double before = best_copy(cp);
+    if (rc == 0)
+        rc = store_retrieve(ws, n_workers, per, hnd * 2 + n_workers, toks, &st, &rt);
+    double base = (before + best_copy(cp)) / 2;
+    printf("  %s, %zu worker(s), %zu chunks: STORE %.2f GB/s (%.2fx), RETRIEVE %.2f GB/s "
+           "(%.2fx) beside a %.2f GB/s copy\n", hnd ? "HND" : "NHD", n_workers, per * n_workers,
+           st, st / base, rt, rt / base, base);
+    free(toks);
+    return rc;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int end_session(worker *w, const char *rid)
+{
+    msgpack_sbuffer a[1];
+    msgpack_packer pk;
+    sb_packer(&a[0], &pk), lmc_mp_pack_cstr(&pk, rid);
+    return call(w->c, LMC_OP_END_SESSION, a, 1, NULL);
+}
+
+static int overhead(worker *w, size_t iters)
+{
+    double *noop = malloc(iters * sizeof *noop), *st = malloc(iters * sizeof *st),
+           *rt = malloc(iters * sizeof *rt);
+    uint64_t toks[CS];
+    int rc = noop && st && rt ? 0 : -1;
+    for (size_t i = 0; i < iters && rc == 0; i++) {
+        char rid[32];
+        snprintf(rid, sizeof rid, "o%zu", i);
+        fill_tokens(toks, CS, 1000 + i);
+        double t0 = now_s();
+        rc |= call(w->c, LMC_OP_NOOP, NULL, 0, NULL);
+        double t1 = now_s();
+        rc |= transfer(w, toks, 0, 1, 1, rid, true);
+        double t2 = now_s();
+        rc |= lookup(w, toks, 1, rid);
+        double t3 = now_s();
+        rc |= transfer(w, toks, 0, 1, 17, rid, false);
+        noop[i] = t1 - t0, st[i] = t2 - t1, rt[i] = now_s() - t3;
+        rc |= end_session(w, rid);   /* as the engine does when the request ends */
+    }
+    if (rc == 0) {
+        qsort(noop, iters, sizeof *noop, cmp_double);
+        qsort(st, iters, sizeof *st, cmp_double);
+        qsort(rt, iters, sizeof *rt, cmp_double);
+        double n50 = noop[iters / 2], s50 = st[iters / 2], r50 = rt[iters / 2];
+        printf("  one %zu KiB chunk, %zu requests: NOOP p50 %.1f us; STORE p50 %.1f us "
+               "(%.2fx); RETRIEVE p50 %.1f us (%.2fx)\n",
+               (size_t)2 * SMALL_LAYERS * CS * NH * SMALL_HS * 2 / 1024, iters, n50 * 1e6,
+               s50 * 1e6, s50 / n50, r50 * 1e6, r50 / n50);
+    }
+    free(noop);
+    free(st);
+    free(rt);
+    return rc;
+}
+
+/* ---- the server --------------------------------------------------------- */
+
+static pid_t start_server(size_t chunks, int workers, char *url, size_t url_len)
+{
+    char port[16], http_port[16], l1[32], gpu_workers[8];
+    snprintf(port, sizeof port, "%d", 20000 + getpid() % 20000);
+    snprintf(http_port, sizeof http_port, "%d", 40001 + getpid() % 20000);
+    snprintf(l1, sizeof l1, "%.3f", (4.0 * chunks * OBJ) / (1u << 30) + 0.25);
+    snprintf(gpu_workers, sizeof gpu_workers, "%d", workers);
+    snprintf(url, url_len, "tcp://127.0.0.1:%s", port);
+    char *args[] = {"lmcached", "--host", "127.0.0.1", "--port", port, "--chunk-size", "256",
+                    "--l1-size-gb", l1, "--eviction-policy", "LRU", "--log-level", "WARNING",
+                    "--max-workers", "2", "--max-gpu-workers", gpu_workers, "--http-host",
+                    "127.0.0.1", "--http-port", http_port, "--cpu-kv-layout", "hint", NULL};
+    lmc_config cfg;
+    char err[256];
+    if (lmc_config_parse(&cfg, (int)(sizeof args / sizeof args[0]) - 1, args, NULL, stdout, err,
+                         sizeof err) != LMC_CONFIG_OK) {
+        fprintf(stderr, "sd_transfer_bench: %s\n", err);
+        return -1;
+    }
+    pid_t pid = bench_server_fork(&cfg);
+    lmc_config_free(&cfg);
+    usleep(300 * 1000);
+    return pid;
+}
+
+/* One server per layout and worker count: a fresh L1 for each phase. */
+static int phase(size_t chunks, size_t n_workers, bool hnd, const copy_pair *cp, size_t iters)
+{
+    char url[64];
+    pid_t pid = start_server(chunks, (int)n_workers, url, sizeof url);
+    if (pid < 0)
+        return -1;
+    worker ws[2];
+    int rc = 0;
+    for (size_t i = 0; i < n_workers; i++) {
+        /* both ranks store the same prompts */
+        ws[i] = (worker){.c = lmc_client_connect(url), .instance = 100 + (int64_t)i,
+                         .rank = (uint32_t)i, .world = (uint32_t)n_workers, .model = "bench",
+                         .nb = 1 + 2 * chunks * CS / BS / n_workers, .layers = LAYERS, .hs = HS};
+        rc |= !ws[i].c || register_worker(&ws[i], hnd) != 0;
+    }
+    if (rc == 0)
+        rc = bandwidth(ws, n_workers, chunks / n_workers * n_workers, cp, hnd);
+    if (rc == 0 && iters) {
+        worker small = {.c = ws[0].c, .instance = 900, .world = 1, .model = "small",
+                        .nb = 64, .layers = SMALL_LAYERS, .hs = SMALL_HS};
+        rc = clear(&ws[0]) != 0 || register_worker(&small, hnd) != 0 ||
+             overhead(&small, iters) != 0;
+        free_tensors(&small);
+    }
+    for (size_t i = 0; i < n_workers; i++) {
+        free_tensors(&ws[i]);
+        lmc_client_close(ws[i].c);
+    }
+    bench_server_kill(pid);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    size_t chunks = 256, iters = 2000;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--chunks") == 0)
+            chunks = strtoul(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--iters") == 0)
+            iters = strtoul(argv[i + 1], NULL, 10);
+    }
+    if (chunks < 2 * BATCH || iters < 10) {
+        fprintf(stderr, "usage: sd_transfer_bench [--chunks N>=32] [--iters M>=10]\n");
+        return 1;
+    }
+    chunks = chunks / (2 * BATCH) * (2 * BATCH);
+    const char *best = "";
+    double shm_base = 0, base = baseline(chunks, &best, &shm_base);
+    printf("  faster: %s (shared memory's best is %.2fx of it); each phase below is beside "
+           "the faster of the two copies, measured around it\n", best, shm_base / base);
+    copy_pair cp = {.src = malloc(chunks * OBJ), .dst = malloc(chunks * OBJ), .chunks = chunks};
+    int rc = base <= 0 || !cp.src || !cp.dst;
+    if (rc == 0) {
+        memset(cp.src, 7, chunks * OBJ);
+        memset(cp.dst, 1, chunks * OBJ);
+    }
+    for (int hnd = 0; hnd < 2 && rc == 0; hnd++)
+        rc = phase(chunks, 1, hnd, &cp, hnd ? 0 : iters);
+    if (rc == 0)
+        rc = phase(chunks, 2, false, &cp, 0);
+    free(cp.src);
+    free(cp.dst);
+    if (rc)
+        fprintf(stderr, "sd_transfer_bench: a request failed\n");
+    return rc;
+}
