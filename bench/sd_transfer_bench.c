@@ -333,7 +333,7 @@ static void *run_job(void *arg)
     /* One request a prompt of BATCH chunks, as an engine stores a 4k-token
      * prompt; from blocks 1.., retrieved into the blocks after them. */
     for (size_t c = 0; c < j->chunks && j->rc == 0; c += BATCH) {
-        char rid[48];
+        char rid[96];
         snprintf(rid, sizeof rid, "%s-%zu", j->rid, c / BATCH);
         size_t first = 1 + (j->store ? 0 : j->chunks * CS / BS) + c * CS / BS;
         j->rc = transfer(j->w, j->toks + c * CS, 0, BATCH, first, rid, j->store);
@@ -389,7 +389,7 @@ static int store_retrieve(worker *ws, size_t n_workers, size_t per, uint64_t see
     *st = timed(jobs, n_workers);
     int rc = *st < 0;
     for (size_t c = 0; c < per && rc == 0; c += BATCH) {
-        char prid[48];
+        char prid[96];
         snprintf(prid, sizeof prid, "%s-%zu", rid, c / BATCH);
         rc = lookup(&ws[0], toks + c * CS, BATCH, prid) != 0;
     }

@@ -375,40 +375,39 @@ static void scatter_chunk(sd_mod *m, const sd_op *op, uint32_t og, size_t c,
 }
 
 /* First chunk object group og needs: a sliding-window group only its last
- * chunks_in_sw (the ones before are read and released, never copied). */
+ * chunks_in_sw, the only ones the LOOKUP locked for it. */
 static size_t window_start(const sd_op *op, uint32_t og)
 {
     int32_t w = op->c->plan.og[og].chunks_in_sw;
     return w < 0 || (size_t)w >= op->n ? 0 : op->n - (size_t)w;
 }
 
-/* Reads object group og's objects (each read-locked by the LOOKUP, one
- * share of which this RETRIEVE consumes) into the blocks.  False, with
- * nothing copied, when any of them is not there. */
+/* Reads object group og's objects in its window (each read-locked by the
+ * LOOKUP, one share of which this RETRIEVE consumes) into the blocks.
+ * False, with nothing copied, when any of them is not there. */
 static bool retrieve_group(sd_mod *m, const sd_op *op, uint32_t og, uint64_t skip,
                            lmc_object_key *keys, lmc_lease *leases, uint64_t *bytes)
 {
     const lmc_kv_plan *p = &op->c->plan;
-    for (size_t c = 0; c < op->n; c++)
-        keys[c] = op->keys[c * p->n_og + og];
-    size_t got = lmc_storage_manager_lease_copy(m->ctx->storage, keys, op->n,
-                                                LMC_COPY_CARRIES_SHARE, true, leases, NULL);
-    if (got != op->n)
-        return false;
-    for (size_t c = window_start(op, og); c < op->n; c++) {
+    size_t first = window_start(op, og), n = op->n - first;
+    for (size_t c = first; c < op->n; c++) {
         for (uint32_t k = 0; k < p->og[og].n_members; k++)
-            if (!ids_in_range(op, p->og[og].members[k], c))
-                goto fail;
-        scatter_chunk(m, op, og, c, op->arena + leases[c].offset, skip);
+            if (!ids_in_range(op, p->og[og].members[k], c)) {
+                LMC_WARN("RETRIEVE: chunk %zu names a block outside its tensor", c);
+                return false;
+            }
+        keys[c - first] = op->keys[c * p->n_og + og];
+    }
+    size_t got = lmc_storage_manager_lease_copy(m->ctx->storage, keys, n,
+                                                LMC_COPY_CARRIES_SHARE, true, leases, NULL);
+    if (got != n)
+        return false;
+    for (size_t c = first; c < op->n; c++) {
+        scatter_chunk(m, op, og, c, op->arena + leases[c - first].offset, skip);
         *bytes += p->og[og].object_size;
     }
-    lmc_storage_manager_give_back(m->ctx->storage, keys, leases, op->n);
+    lmc_storage_manager_give_back(m->ctx->storage, keys, leases, n);
     return true;
-fail:
-    LMC_WARN("RETRIEVE: a block id is outside its tensor; chunks from %zu not loaded",
-             (size_t)0);
-    lmc_storage_manager_give_back(m->ctx->storage, keys, leases, op->n);
-    return false;
 }
 
 /* The fifth frame, skip_first_n_tokens (0 when an older client omits it). */

@@ -46,6 +46,7 @@ typedef struct {
     lmc_object_key *keys;                 /* copy of the prefetched keys */
     lmc_lease *leases;                    /* the READ leases the prefetch took */
     uint32_t per, readers;
+    uint64_t *unit_sizes;                 /* per key of a chunk, or NULL (all one size) */
     lmc_lookup_event_info *event;         /* LOOKUP_END, published when done; may be NULL */
 } l2_lookup;
 
@@ -83,7 +84,65 @@ static void release_unfreed(lookup_mod *m, lmc_lookup_locks *l)
     lmc_lookup_locks_clear(l);
 }
 
-/* Locks the leading hit run of whole chunks and records it on the session.
+/* The leading run of chunks with every key present, read-locked; a partly
+ * present chunk is no hit.  Returns the keys locked (a multiple of per). */
+static size_t lock_prefix(lookup_mod *m, const lmc_ipc_key *k, lmc_object_key *keys,
+                          lmc_lease *leases, size_t n, uint32_t per)
+{
+    size_t locked = lmc_storage_manager_lease_read(m->ctx->storage, keys, n, k->num_kv_readers,
+                                                   true, leases, NULL);
+    size_t full = locked / per * per;
+    lmc_storage_manager_give_back(m->ctx->storage, keys + full, leases + full, locked - full);
+    return full;
+}
+
+static bool windowed(const lmc_layout *l)
+{
+    for (uint32_t g = 0; g < l->num_groups && g < LMC_LAYOUT_MAX_GROUPS; g++)
+        if (l->chunks_in_sw[g] > 0)
+            return true;
+    return false;
+}
+
+/* Whether object group g needs chunk c for a hit of `hits` chunks: a
+ * full-attention group every chunk, a sliding-window group its last
+ * chunks_in_sw (docs/protocol.md, "Kernel groups and object groups"). */
+static bool needed(const lmc_layout *l, uint32_t g, size_t c, size_t hits)
+{
+    int32_t w = l->chunks_in_sw[g];
+    return c < hits && (w <= 0 || c + (size_t)w >= hits);
+}
+
+/* With sliding-window object groups: the longest prefix whose full groups
+ * have every chunk and whose window groups have their last chunks; only
+ * those keys stay locked (the others' leases are NONE, which a later
+ * give-back skips).  Returns hits x per. */
+static size_t lock_windowed(lookup_mod *m, const lmc_ipc_key *k, const lmc_layout *l,
+                            lmc_object_key *keys, lmc_lease *leases, size_t n_chunks,
+                            uint32_t per)
+{
+    lmc_l1_result *res = malloc(n_chunks * per * sizeof *res);
+    if (!res)
+        return 0;
+    uint32_t ranks = per / l->num_groups;
+    lmc_storage_manager_lease_read(m->ctx->storage, keys, n_chunks * per, k->num_kv_readers,
+                                   false, leases, res);
+    size_t hits = n_chunks;
+    for (; hits > 0; hits--) {
+        bool ok = true;
+        for (size_t i = 0; ok && i < hits * per; i++)
+            ok = res[i] == LMC_L1_SUCCESS || !needed(l, (uint32_t)(i % per / ranks), i / per, hits);
+        if (ok)
+            break;
+    }
+    for (size_t i = 0; i < n_chunks * per; i++)
+        if (!needed(l, (uint32_t)(i % per / ranks), i / per, hits))
+            lmc_storage_manager_give_back(m->ctx->storage, &keys[i], &leases[i], 1);
+    free(res);
+    return hits * per;
+}
+
+/* Locks the hit run of whole chunks and records it on the session.
  * Returns the hit count in chunks. */
 /* *hashes_out: the chunk hashes (valid while the session is held), or NULL
  * when nothing was hashed. */
@@ -111,16 +170,13 @@ static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
         return 0;
     }
     /* n: an L2 prefetch may extend the record */
-    lmc_lease *leases = malloc(n * sizeof *leases);
+    lmc_lease *leases = calloc(n, sizeof *leases);
     if (!leases) {
         free(keys);
         return 0;
     }
-    size_t locked = lmc_storage_manager_lease_read(m->ctx->storage, keys, n, k->num_kv_readers,
-                                                   true, leases, NULL);
-    size_t full = locked / per * per;
-    /* A partly present chunk is no hit: give its leases back at once. */
-    lmc_storage_manager_give_back(m->ctx->storage, keys + full, leases + full, locked - full);
+    size_t full = windowed(layout) ? lock_windowed(m, k, layout, keys, leases, n_chunks, per)
+                                   : lock_prefix(m, k, keys, leases, n, per);
     se->locks = (lmc_lookup_locks){.keys = keys, .leases = leases, .n = full,
                                    .first_chunk = k->start / m->chunk_size,
                                    .keys_per_chunk = per, .readers = k->num_kv_readers};
@@ -129,6 +185,7 @@ static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
 
 static void l2_lookup_free(l2_lookup *p)
 {
+    free(p->unit_sizes);
     free(p->event);
     free(p->rid);
     free(p->keys);
@@ -183,8 +240,23 @@ static void l2_done(void *user, size_t units)
 
 /* Sends the keys after the session's L1 run to the L2 tier.  True when the
  * prefetch took over completing job `id`. */
+/* Object groups of different sizes: the size of each key of a chunk. */
+static bool unit_sizes(l2_lookup *p, const lmc_layout *l)
+{
+    bool differ = false;
+    for (uint32_t g = 1; g < l->num_groups && g < LMC_LAYOUT_MAX_GROUPS; g++)
+        differ |= l->group_sizes[g] != l->group_sizes[0];
+    if (!differ)
+        return true;
+    if (!(p->unit_sizes = malloc(p->per * sizeof *p->unit_sizes)))
+        return false;
+    for (uint32_t i = 0; i < p->per; i++)
+        p->unit_sizes[i] = l->group_sizes[i / (p->per / l->num_groups)];
+    return true;
+}
+
 static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint64_t id,
-                     int64_t l1_chunks, size_t n_keys, uint64_t object_size,
+                     int64_t l1_chunks, size_t n_keys, const lmc_layout *layout,
                      lmc_lookup_event_info **event)
 {
     lmc_lookup_locks *l = &se->locks;
@@ -210,10 +282,14 @@ static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint6
     p->l1_keys = l->n;
     p->per = l->keys_per_chunk;
     p->readers = l->readers;
+    if (!unit_sizes(p, layout)) {
+        l2_lookup_free(p);
+        return false;
+    }
     p->event = *event; /* before submitting: the callbacks may run at once */
     lmc_storage_l2_request req = {
         .keys = p->keys, .leases = p->leases, .n = rest, .keys_per_unit = p->per,
-        .object_size = object_size,
+        .object_size = layout->object_size, .unit_sizes = p->unit_sizes,
         .readers = p->readers, .on_lookup_done = l2_lookup_done, .on_done = l2_done, .user = p,
     };
     if (lmc_storage_manager_prefetch_l2(m->ctx->storage, &req) != 0) {
@@ -298,7 +374,7 @@ static void finish_lookup(void *arg)
             l2_pending = start_l2(m, se, k, w->id, hits,
                                   lmc_ipc_key_num_chunks(k, m->chunk_size) *
                                       layout.num_groups * lmc_ipc_key_num_ranks(k),
-                                  layout.object_size, &event);
+                                  &layout, &event);
         lmc_sessions_release(m->ctx->sessions, se);
     }
     if (event) /* complete now (with an L2 prefetch, the prefetch publishes it) */

@@ -185,6 +185,9 @@ typedef struct lmc_storage_l2_request {
     size_t n;
     uint32_t keys_per_unit;
     uint64_t object_size;
+    const uint64_t *unit_sizes;   /* NULL: every key object_size bytes; else key i
+                                   * unit_sizes[i % keys_per_unit] (object groups
+                                   * of different sizes; copied by prefetch()) */
     uint32_t readers;
     bool retain;                  /* keep loaded objects resident whatever
                                    * --l2-prefetch-policy says (warm prefetch) */

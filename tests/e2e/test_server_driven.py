@@ -309,6 +309,66 @@ def test_three_engine_groups_block_sizes_and_a_window(start_server, separate):
     e.close()
 
 
+def test_a_window_group_needs_only_its_last_chunks(start_server):
+    """A sliding-window group whose early chunks were null blocks (nothing
+    stored) still lets the prefix hit: LOOKUP asks it for its last chunk
+    only, and RETRIEVE writes only that one."""
+    cs = 64
+    s = start_server("--chunk-size", str(cs), "--cpu-kv-layout", "hint")
+    full = PagedKV("w0", "fa_nhd", nl=2, nb=32, bs=16, nh=2, hs=8)
+    swa = PagedKV("w1", "fa_nhd", nl=2, nb=32, bs=16, nh=2, hs=4)
+    e = Engine(s, 33, [full, swa], infos=[info(0, [0, 1], 16), info(1, [2, 3], 16, sw=64)])
+    toks = prompt(11, n_chunks=3, cs=cs)
+    src = [list(range(1, 13)), [0] * 8 + [5, 6, 7, 8]]
+    assert e.store(toks, 0, 3 * cs, src) == [ZEROS, True]
+    d = s.dealer()
+    assert d.call(LOOKUP, key(toks, 0, 3 * cs, "r", worker_id=None), 1) is not None
+    assert unpack(d.call(QUERY, "r")) == 3
+    d.close()
+    dst = [list(range(13, 25)), list(range(13, 25))]
+    before = swa.block_bytes(13)
+    assert e.retrieve(toks, 0, 3 * cs, dst, "r") == [ZEROS, True]
+    assert full.rows(dst[0], 3 * cs) == full.rows(src[0], 3 * cs)
+    assert swa.rows(dst[1][8:], cs) == swa.rows([5, 6, 7, 8], cs)
+    assert swa.block_bytes(13) == before
+    e.close()
+
+
+def test_object_groups_of_different_sizes_come_back_from_l2(start_server, tmp_path):
+    """Two object groups (a full group and a window group, objects of
+    different sizes) written behind to the fs adapter, evicted from L1 by a
+    CLEAR, then found by LOOKUP in L2, each loaded at its own size."""
+    cs = 64
+    spec = json.dumps({"type": "fs", "base_path": str(tmp_path)})
+    s = start_server("--chunk-size", str(cs), "--cpu-kv-layout", "hint", "--l2-adapter", spec)
+    full = PagedKV("l0", "fa_nhd", nl=2, nb=32, bs=16, nh=2, hs=8)
+    swa = PagedKV("l1", "fa_nhd", nl=1, nb=32, bs=16, nh=2, hs=4)
+    e = Engine(s, 34, [full, swa], infos=[info(0, [0, 1], 16), info(1, [2], 16, sw=64)])
+    toks = prompt(12, n_chunks=2, cs=cs)
+    src = [list(range(1, 9)), list(range(1, 9))]
+    assert e.store(toks, 0, 2 * cs, src) == [ZEROS, True]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        sc = status(s)["storage_manager"]["store_controller"]
+        if len([f for f in os.listdir(tmp_path) if f.endswith(".data")]) >= 4 \
+                and sc["batches_in_flight"] == 0:
+            break
+        time.sleep(0.05)
+    sizes = sorted(os.path.getsize(os.path.join(tmp_path, f)) for f in os.listdir(tmp_path)
+                   if f.endswith(".data"))
+    assert sizes == [2 * 1 * cs * 8 * 2] * 2 + [2 * 2 * cs * 16 * 2] * 2
+    d = s.dealer()
+    assert d.call(20, False) is not None                    # CLEAR: L1 is empty
+    assert d.call(LOOKUP, key(toks, 0, 2 * cs, "r", worker_id=None), 1) is not None
+    assert unpack(d.call(10, "r", 10.0, timeout_ms=15000)) == 2   # WAIT: from L2
+    d.close()
+    dst = [list(range(9, 17)), list(range(9, 17))]
+    assert e.retrieve(toks, 0, 2 * cs, dst, "r") == [ZEROS, True]
+    assert full.rows(dst[0], 2 * cs) == full.rows(src[0], 2 * cs)
+    assert swa.rows(dst[1][4:], cs) == swa.rows(src[1][4:], cs)
+    e.close()
+
+
 # ---- skip, null blocks ---------------------------------------------------
 
 def test_skip_first_n_tokens_leaves_shared_blocks_alone(hint_srv):

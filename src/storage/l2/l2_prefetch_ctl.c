@@ -110,7 +110,8 @@ static preq *preq_new(const lmc_storage_l2_request *r, size_t na, double timeout
     memcpy(q->keys, r->keys, r->n * sizeof *q->keys);
     q->r.keys = q->keys;
     for (size_t i = 0; i < r->n; i++)
-        q->sizes[i] = r->object_size;
+        q->sizes[i] = r->unit_sizes ? r->unit_sizes[i % r->keys_per_unit] : r->object_size;
+    q->r.unit_sizes = NULL;   /* q->sizes holds them from here on */
     if (timeout_s > 0)
         q->deadline_ms = lmc_l2_now_ms() + (int64_t)(timeout_s * 1000);
     return q;
@@ -228,11 +229,21 @@ static void reserve_plan(lmc_l2_prefetch_ctl *c, preq *q)
 {
     lmc_l1_result *res = malloc(q->plan_n * sizeof *res);
     size_t ok = 0;
-    if (res && lmc_storage_manager_lease_write(c->sm, q->keys, q->plan_n, q->r.object_size,
-                                               !(c->o.retain || q->r.retain),
-                                               LMC_L2_PREFETCH_TAG, q->leases, res) == 0)
-        while (ok < q->plan_n && res[ok] == LMC_L1_SUCCESS)
-            ok++;
+    /* Runs of one size in one call: objects of different sizes (several
+     * object groups) take one call each. */
+    bool failed = !res;
+    for (size_t i = 0; !failed && i < q->plan_n;) {
+        size_t j = i + 1;
+        while (j < q->plan_n && q->sizes[j] == q->sizes[i])
+            j++;
+        failed = lmc_storage_manager_lease_write(c->sm, q->keys + i, j - i, q->sizes[i],
+                                                 !(c->o.retain || q->r.retain),
+                                                 LMC_L2_PREFETCH_TAG, q->leases + i,
+                                                 res + i) != 0;
+        i = j;
+    }
+    while (!failed && ok < q->plan_n && res[ok] == LMC_L1_SUCCESS)
+        ok++;
     size_t keep = ok / q->r.keys_per_unit * q->r.keys_per_unit;
     if (keep < q->plan_n) {
         atomic_fetch_add(&c->l1_reserve_failed, q->plan_n - keep);
