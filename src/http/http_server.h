@@ -72,6 +72,11 @@ typedef struct {
                                size_t errlen);
     json_t *(*prefetch_query)(void *user, const char *request_id, unsigned *status, char *err,
                               size_t errlen);
+    /* POST /cache/checksums (and legacy GET /kvcache/check): `body` is
+     * {"block_ids", "chunk_size", "instance_id", "layerwise"}.  The reply
+     * body, or NULL with *status and err.  NULL callback = 501. */
+    json_t *(*checksums)(void *user, const json_t *body, unsigned *status, char *err,
+                         size_t errlen);
     /* /api/kv/lookup, /store, /retrieve.  NULL callbacks = 501.  0, or -1
      * with *status and err.  retrieve: *data is malloc'd (NULL if no hit). */
     int (*kv_lookup)(void *user, const lmc_kv_request *rq, lmc_kv_counts *out,

@@ -31,6 +31,7 @@ typedef struct sd_ctx {
     bool layout_held;            /* a layout registry reference is ours */
     lmc_layout layout;
     lmc_kv_plan plan;
+    uint32_t n_tensors;          /* registered */
     uint8_t ***bases;            /* [kernel group][tensor]: element 0 of each */
     sd_mapping *maps;
     size_t n_maps;

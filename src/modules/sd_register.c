@@ -372,6 +372,7 @@ static int build_ctx(sd_mod *m, const reg_request *r, sd_ctx **out, char *err, s
     atomic_init(&c->refs, 1);
     c->instance_id = r->instance;
     c->world_size = (uint32_t)r->world_size;
+    c->n_tensors = (uint32_t)r->n;
     snprintf(c->tag, sizeof c->tag, "sd:%lld", (long long)r->instance);
     int rc = r->tensors[0].wrapper == LMC_WRAPPER_CPU_SHM
                  ? 0

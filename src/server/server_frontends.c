@@ -9,6 +9,7 @@
 #include "obs/event_metrics.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
+#include "modules/kv_checksums.h"
 #include "server/server_internal.h"
 #include "server/kv_http.h"
 #include "server/warm_prefetch.h"
@@ -194,6 +195,21 @@ static json_t *http_prefetch_query(void *user, const char *id, unsigned *status,
     return lmc_warm_prefetch_query(s->warm, id, status, err, errlen);
 }
 
+/* ---- /cache/checksums --------------------------------------------------------- */
+
+static json_t *http_checksums(void *user, const json_t *body, unsigned *status, char *err,
+                              size_t errlen)
+{
+    lmc_server *s = user;
+    for (size_t i = 0; i < s->n_modules; i++)
+        if (s->modules[i].def == &lmc_lmcache_driven_module)
+            return lmc_kv_checksums(s->modules[i].state, body, status, err, errlen);
+    *status = 501;
+    snprintf(err, errlen, "the server-driven transfer module is not loaded "
+                          "(--supported-transfer-mode engine_driven)");
+    return NULL;
+}
+
 /* ---- /api/kv ------------------------------------------------------------------ */
 
 static int http_kv_lookup(void *user, const lmc_kv_request *rq, lmc_kv_counts *out,
@@ -301,6 +317,7 @@ static int start_http(lmc_server *s, char *err, size_t errlen)
         .quota_snapshot = http_quota_snapshot, .adapters = http_adapters,
         .objects_list = http_objects_list, .objects_remove = http_objects_remove,
         .prefetch_submit = http_prefetch_submit, .prefetch_query = http_prefetch_query,
+        .checksums = http_checksums,
         .kv_lookup = http_kv_lookup, .kv_store = http_kv_store, .kv_retrieve = http_kv_retrieve,
         .ready = http_ready, .status = http_status, .config = http_config,
         .clear = http_clear, .metrics = http_metrics,

@@ -177,11 +177,14 @@ def test_errors(hs):
     assert st == 503 and "no L2 adapters" in json.loads(body)["detail"]
     st, _, body = request(p, "GET", "/cache/prefetches/none")   # unknown request id
     assert st == 404 and "detail" in json.loads(body)
-    for method, path in [("POST", "/cache/checksums"),
- ("GET", "/config/policies")]:
+    for method, path in [("GET", "/config/policies")]:
         st, _, body = request(p, method, path, body="{}")
         assert st == 501, (method, path, st)
         assert "not available in this build" in json.loads(body)["detail"]
+    st, _, body = request(p, "POST", "/cache/checksums", body="{}")    # no block_ids
+    assert st == 400 and "block_ids" in json.loads(body)["detail"]
+    st, _, body = request(p, "GET", "/kvcache/check?block_ids=1,[3&chunk_size=1")
+    assert st == 400 and "block_ids" in json.loads(body)["error"]
 
 
 def raw_status(port, data):

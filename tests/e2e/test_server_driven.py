@@ -6,11 +6,13 @@ into other blocks, compared row by row.  Also: sharing chunk objects with
 the engine-driven path both ways, several engine groups, sliding windows,
 skip_first_n_tokens, null blocks, every failure's reply, and hostile
 pickles that are never run."""
+import hashlib
 import json
 import mmap
 import os
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import msgpack
@@ -399,6 +401,79 @@ def test_null_blocks_are_not_stored(hint_srv):
     toks = prompt(7)
     assert e.store(toks, 0, 3 * CS, [[1, 2, 0, 0, 5, 6]]) == [ZEROS, True]
     assert lookup(hint_srv, toks, "r") == 1          # chunk 1 was null: a hole
+    e.close()
+
+
+# ---- /cache/checksums ----------------------------------------------------
+
+def http_post(srv, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{srv.http_port}{path}",
+                                 data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def md5_of_blocks(g, blocks, layers, bf16):
+    """Upstream's digest: per layer in order, the gathered blocks' bytes
+    ([2, n, ...] for FlashAttention: K blocks then V blocks), bf16 widened."""
+    h = hashlib.md5()
+    for l in layers:
+        for kv in range(2):
+            for b in blocks:
+                raw = b"".join(g.row(kv, l, b, s, hh) for s in range(g.bs) for hh in range(g.nh))
+                if bf16:
+                    raw = b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, len(raw), 2))
+                h.update(raw)
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_checksums_of_stored_and_retrieved_blocks_agree(hint_srv, dtype):
+    g = PagedKV("ck" + dtype, "fa_nhd", nl=2, nb=16, bs=16, nh=2, hs=8, dtype=dtype)
+    e = Engine(hint_srv, 71, [g])
+    toks = prompt(13)
+    assert e.store(toks, 0, 2 * CS, [[1, 2, 3, 4]]) == [ZEROS, True]
+    assert lookup(hint_srv, toks, "r") == 2
+    assert e.retrieve(toks, 0, 2 * CS, [[9, 10, 11, 12]], "r") == [ZEROS, True]
+    st, a = http_post(hint_srv, "/cache/checksums",
+                      {"block_ids": [1, 2, 3, 4, 7], "chunk_size": 2, "instance_id": 71})
+    assert st == 200, a
+    assert a["num_chunks"] == 3 and a["block_id_ranges"] == "[1,4],7" and not a["layerwise"]
+    bf16 = dtype == "bfloat16"
+    assert a["chunk_checksums"] == [md5_of_blocks(g, [1, 2], [0, 1], bf16),
+                                    md5_of_blocks(g, [3, 4], [0, 1], bf16),
+                                    md5_of_blocks(g, [7], [0, 1], bf16)]
+    st, b = http_post(hint_srv, "/cache/checksums",
+                      {"block_ids": [9, 10, 11, 12], "chunk_size": 2, "instance_id": 71})
+    assert b["chunk_checksums"] == a["chunk_checksums"][:2]      # the retrieve's copy
+    st, lw = http_post(hint_srv, "/cache/checksums", {"block_ids": [1, 2], "chunk_size": 2,
+                                                      "instance_id": 71, "layerwise": True})
+    assert lw["chunk_checksums"] == {"layer_0": [md5_of_blocks(g, [1, 2], [0], bf16)],
+                                     "layer_1": [md5_of_blocks(g, [1, 2], [1], bf16)]}
+    url = (f"http://127.0.0.1:{hint_srv.http_port}/kvcache/check"
+           "?block_ids=[1,4],7&chunk_size=2&instance_id=71")
+    with urllib.request.urlopen(url, timeout=10) as r:
+        assert json.loads(r.read())["chunk_checksums"] == a["chunk_checksums"]
+    for body, code in [({"block_ids": [], "chunk_size": 2, "instance_id": 71}, 400),
+                       ({"block_ids": [1], "chunk_size": 0, "instance_id": 71}, 400),
+                       ({"block_ids": [99], "chunk_size": 1, "instance_id": 71}, 400),
+                       ({"block_ids": [1], "chunk_size": 1, "instance_id": 5}, 404),
+                       ({"block_ids": "1", "chunk_size": 1}, 400)]:
+        assert http_post(hint_srv, "/cache/checksums", body)[0] == code, body
+    e.close()
+
+
+def test_checksums_refuse_formats_without_a_block_axis(srv):
+    g = PagedKV("ck_sg", "sglang_kv", nl=1, nb=8, bs=16, nh=2, hs=8)
+    e = Engine(srv, 72, [g], hints={"tokens_per_block": 16, "kv_list_layout": "k_v"},
+               engine="sglang")
+    st, body = http_post(srv, "/cache/checksums", {"block_ids": [1], "chunk_size": 1,
+                                                   "instance_id": 72})
+    assert st == 501 and "not supported" in body["detail"], body
     e.close()
 
 
