@@ -270,7 +270,8 @@ static void pack_retrieve_reply(msgpack_packer *pk, const lmc_lease *leases, siz
 static void publish_transfer(engine_mod *m, const char *type, const ed_op *op, size_t chunks,
                              uint64_t bytes)
 {
-    lmc_publish_transfer(m->ctx->events, type, &op->key, op->instance_id, chunks, bytes);
+    lmc_publish_transfer(m->ctx->events, type, &op->key, op->instance_id, "cpu", chunks,
+                         bytes);
 }
 
 /* PREPARE_STORE(key, instance_id) -> {"context": {"slots", "chunk_indices"}} */

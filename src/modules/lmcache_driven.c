@@ -12,11 +12,13 @@
  * object back.  The CPU copy is synchronous, so both reply when the bytes
  * have moved, with 64 zero bytes for the event handle (what an upstream
  * server without a GPU sends). */
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "modules/fault_guard.h"
 #include "modules/ipc_key.h"
 #include "modules/kv_copy.h"
 #include "modules/sd_internal.h"
@@ -28,18 +30,6 @@
 
 #define MAX_BLOCK_IDS (1u << 20)    /* per request, all lists together */
 #define EVENT_HANDLE_BYTES 64
-
-/* One STORE or RETRIEVE, decoded and resolved. */
-typedef struct {
-    sd_ctx *c;                 /* referenced; NULL when not registered */
-    lmc_ipc_key key;
-    bool key_decoded;
-    size_t n;                  /* chunks */
-    lmc_object_key *keys;      /* n * n_og, chunk-major */
-    int64_t *ids;              /* every list, back to back */
-    size_t offs[LMC_KV_MAX_KERNEL_GROUPS];   /* where list g starts in ids */
-    uint8_t *arena;
-} sd_op;
 
 static void op_end(sd_mod *m, sd_op *op)
 {
@@ -107,19 +97,10 @@ static int decode_block_ids(const sd_ctx *c, const msgpack_object *o, sd_op *op,
     return 0;
 }
 
-/* The stored block ids of chunk `chunk` of kernel group g: the last
- * keep_blocks of its blocks_per_chunk (a sub-chunk window keeps fewer). */
-static const int64_t *kept_ids(const sd_op *op, const lmc_kv_kernel_group *g, uint32_t gi,
-                               size_t chunk)
-{
-    return op->ids + op->offs[gi] + chunk * g->blocks_per_chunk +
-           (g->blocks_per_chunk - g->keep_blocks);
-}
-
 static bool ids_in_range(const sd_op *op, uint32_t gi, size_t chunk)
 {
     const lmc_kv_kernel_group *g = &op->c->plan.kg[gi];
-    const int64_t *ids = kept_ids(op, g, gi, chunk);
+    const int64_t *ids = lmc_sd_kept_ids(op, gi, chunk);
     for (uint32_t j = 0; j < g->keep_blocks; j++)
         if (ids[j] < 0 || (uint64_t)ids[j] >= g->geo.nb)
             return false;
@@ -186,6 +167,42 @@ static void reply(lmc_rpc_call *call, const sd_op *op, bool ok)
     ok ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
 }
 
+/* A CUDA context's reply carries a recorded event; a failure without one
+ * (the stream is unusable) gets an empty handle, which no client waits on
+ * and which is safe with success false. */
+static void reply_cuda(lmc_rpc_call *call, const uint8_t *handle, bool have, bool ok)
+{
+    msgpack_packer *pk = lmc_rpc_call_reply(call);
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_bin(pk, have ? EVENT_HANDLE_BYTES : 0);
+    msgpack_pack_bin_body(pk, handle, have ? EVENT_HANDLE_BYTES : 0);
+    ok ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+}
+
+/* The reply of a request that failed before its copies, or any CPU one. */
+static void reply_plain(sd_mod *m, lmc_rpc_call *call, const sd_op *op, bool ok)
+{
+    uint8_t handle[EVENT_HANDLE_BYTES];
+    if (op->c && op->c->cuda)
+        reply_cuda(call, handle, lmc_sd_cuda_failure_event(m, op, handle), ok);
+    else
+        reply(call, op, ok);
+}
+
+/* Frame 3, the engine's event handle: bytes (empty: none), or None. */
+static int client_event(lmc_rpc_call *call, const uint8_t **h, size_t *len, char *err,
+                        size_t errlen)
+{
+    const msgpack_object *o = lmc_rpc_call_arg(call, 3);
+    *h = NULL;
+    *len = 0;
+    if (!o || lmc_mp_is_nil(o))
+        return 0;
+    return lmc_mp_get_bin(o, h, len) ? 0
+                                      : (snprintf(err, errlen, "event_ipc_handle must be bytes"),
+                                         -1);
+}
+
 /* ---- STORE -------------------------------------------------------------- */
 
 /* Chunk `c` of object group og holds only null blocks: nothing to store. */
@@ -202,17 +219,7 @@ static bool null_chunk(const sd_op *op, const lmc_kv_object_group *og, size_t c)
     return true;
 }
 
-/* The write plan of one STORE: per (chunk, object group) whether it is
- * copied, and the lease it is copied into. */
-typedef struct {
-    lmc_object_key *keys;     /* the keys asked for, in (object group, chunk) order */
-    size_t *slot;             /* their index in op->keys */
-    lmc_lease *leases;
-    lmc_l1_result *res;
-    size_t n;
-} store_plan;
-
-static void store_plan_free(store_plan *s)
+static void sd_store_plan_free(sd_store_plan *s)
 {
     free(s->keys);
     free(s->slot);
@@ -222,11 +229,11 @@ static void store_plan_free(store_plan *s)
 
 /* Lists the non-null chunks of every object group; false when one of
  * them names a block outside its tensor (nothing is stored then). */
-static int plan_store(const sd_op *op, store_plan *s, char *err, size_t errlen)
+static int plan_store(const sd_op *op, sd_store_plan *s, char *err, size_t errlen)
 {
     const lmc_kv_plan *p = &op->c->plan;
     size_t cap = op->n * p->n_og + 1;
-    *s = (store_plan){.keys = malloc(cap * sizeof *s->keys), .slot = malloc(cap * sizeof(size_t)),
+    *s = (sd_store_plan){.keys = malloc(cap * sizeof *s->keys), .slot = malloc(cap * sizeof(size_t)),
                       .leases = calloc(cap, sizeof *s->leases),
                       .res = calloc(cap, sizeof *s->res)};
     if (!s->keys || !s->slot || !s->leases || !s->res)
@@ -250,7 +257,7 @@ static int plan_store(const sd_op *op, store_plan *s, char *err, size_t errlen)
 /* Reserves the planned keys, object group by object group, then keeps only
  * the chunks before the first one L1 had no room for (a chunk after a hole
  * can never be a prefix hit).  Returns the chunk bound. */
-static size_t reserve_store(sd_mod *m, const sd_op *op, store_plan *s)
+static size_t reserve_store(sd_mod *m, const sd_op *op, sd_store_plan *s)
 {
     const lmc_kv_plan *p = &op->c->plan;
     size_t bound = op->n, at = 0;
@@ -275,7 +282,7 @@ static size_t reserve_store(sd_mod *m, const sd_op *op, store_plan *s)
     return bound;
 }
 
-static uint64_t gather_all(sd_mod *m, const sd_op *op, const store_plan *s)
+static uint64_t gather_all(sd_mod *m, const sd_op *op, const sd_store_plan *s)
 {
     const lmc_kv_plan *p = &op->c->plan;
     uint64_t bytes = 0;
@@ -288,7 +295,7 @@ static uint64_t gather_all(sd_mod *m, const sd_op *op, const store_plan *s)
             uint32_t gi = og->members[k];
             const lmc_kv_kernel_group *g = &p->kg[gi];
             lmc_kv_chunk_copy cc = {.g = g, .bases = op->c->bases[gi],
-                                    .blocks = kept_ids(op, g, gi, c),
+                                    .blocks = lmc_sd_kept_ids(op, gi, c),
                                     .entry = op->arena + s->leases[i].offset + g->entry_offset,
                                     .method = m->copy};
             lmc_kv_gather_chunk(&cc);
@@ -298,8 +305,31 @@ static uint64_t gather_all(sd_mod *m, const sd_op *op, const store_plan *s)
     return bytes;
 }
 
+/* gather_all() under the SIGBUS guard: false when the engine shrank a
+ * segment under the copy (docs/protocol.md). */
+static bool guarded_gather(sd_mod *m, const sd_op *op, const sd_store_plan *s, uint64_t *bytes)
+{
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1) != 0) {
+        lmc_fault_guard_leave();
+        return false;
+    }
+    lmc_fault_guard_enter(&jb);
+    *bytes = gather_all(m, op, s);
+    lmc_fault_guard_leave();
+    return true;
+}
+
+/* Gives back every lease the plan holds (nothing published). */
+static void abandon_store(sd_mod *m, sd_store_plan *s)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->res[i] == LMC_L1_SUCCESS)
+            lmc_storage_manager_give_back(m->ctx->storage, &s->keys[i], &s->leases[i], 1);
+}
+
 /* Publishes what was copied; the rest of the plan holds no lease. */
-static size_t publish_store(sd_mod *m, store_plan *s)
+static size_t publish_store(sd_mod *m, sd_store_plan *s)
 {
     size_t w = 0;
     for (size_t i = 0; i < s->n; i++) {
@@ -316,36 +346,74 @@ static size_t publish_store(sd_mod *m, store_plan *s)
     return w;
 }
 
+/* Copies the reserved chunks and publishes them; -1 when the engine's
+ * memory went away under the copy (nothing is published then). */
+static int store_on_cpu(sd_mod *m, const sd_op *op, sd_store_plan *s)
+{
+    uint64_t bytes = 0;
+    if (!guarded_gather(m, op, s, &bytes)) {
+        abandon_store(m, s);
+        LMC_WARN("STORE: instance %lld's memory went away under the copy (a segment shrank); "
+                 "nothing stored", (long long)op->c->instance_id);
+        return -1;
+    }
+    size_t stored = publish_store(m, s);
+    atomic_fetch_add(&m->chunks_stored, stored);
+    atomic_fetch_add(&m->bytes_stored, bytes);
+    lmc_publish_transfer(m->ctx->events, LMC_EVENT_STORE_END, &op->key, op->c->instance_id,
+                         "cpu", stored, bytes);
+    return 0;
+}
+
+/* Enqueues the copies on the context's stream and replies with its event;
+ * the completion thread publishes (sd_cuda.c). */
+static int store_on_cuda(sd_mod *m, lmc_rpc_call *call, const sd_op *op, sd_store_plan *s,
+                         const uint8_t *client, size_t client_len)
+{
+    uint8_t handle[EVENT_HANDLE_BYTES];
+    uint64_t bytes = 0;
+    bool ok = lmc_sd_cuda_store(m, op, s, client, client_len, handle, &bytes);
+    atomic_fetch_add(&m->bytes_stored, ok ? bytes : 0);
+    reply_cuda(call, handle, ok || lmc_sd_cuda_failure_event(m, op, handle), ok);
+    return ok ? 0 : -1;
+}
+
 /* STORE(key, instance_id, block_ids, event_ipc_handle) -> [handle, ok] */
 static lmc_handler_result store(void *state, lmc_rpc_call *call)
 {
     sd_mod *m = state;
     sd_op op;
-    store_plan s = {0};
+    sd_store_plan s = {0};
     char err[256];
     int64_t t0 = now_ns();
     int rc = op_begin(m, call, &op, err, sizeof err);
     if (rc == 0)
         rc = plan_store(&op, &s, err, sizeof err);
+    const uint8_t *client = NULL;
+    size_t client_len = 0;
+    if (rc == 0)
+        rc = client_event(call, &client, &client_len, err, sizeof err);
+    bool replied = false;
     if (rc == 0) {
         lmc_publish_transfer(m->ctx->events, LMC_EVENT_STORE_START, &op.key,
-                             op.c->instance_id, op.n, 0);
+                             op.c->instance_id, op.c->cuda ? "cuda" : "cpu", op.n, 0);
         size_t bound = reserve_store(m, &op, &s);
         if (bound < op.n)
             LMC_WARN("STORE: L1 full, chunks %zu..%zu of %zu not stored", bound, op.n - 1, op.n);
-        uint64_t bytes = gather_all(m, &op, &s);
-        size_t stored = publish_store(m, &s);
-        atomic_fetch_add(&m->chunks_stored, stored);
-        atomic_fetch_add(&m->bytes_stored, bytes);
-        lmc_publish_transfer(m->ctx->events, LMC_EVENT_STORE_END, &op.key, op.c->instance_id,
-                             stored, bytes);
+        if (op.c->cuda) {
+            rc = store_on_cuda(m, call, &op, &s, client, client_len);
+            replied = true;
+        } else {
+            rc = store_on_cpu(m, &op, &s);
+        }
     } else {
         LMC_WARN("STORE: %s", err);
     }
-    reply(call, &op, rc == 0);
+    if (!replied)
+        reply_plain(m, call, &op, rc == 0);
     atomic_fetch_add(rc == 0 ? &m->stores_ok : &m->stores_failed, 1);
     atomic_fetch_add(&m->store_ns, (uint64_t)(now_ns() - t0));
-    store_plan_free(&s);
+    sd_store_plan_free(&s);
     op_end(m, &op);
     return LMC_HANDLER_REPLY;
 }
@@ -358,28 +426,35 @@ static void scatter_chunk(sd_mod *m, const sd_op *op, uint32_t og, size_t c,
                           const uint8_t *object, uint64_t skip)
 {
     const lmc_kv_plan *p = &op->c->plan;
-    uint64_t chunk_start = (uint64_t)c * m->cs;
-    if (skip >= chunk_start + m->cs)
+    uint32_t skips[LMC_KV_MAX_KERNEL_GROUPS];
+    if (!lmc_sd_chunk_skip(op, m->cs, og, c, skip, skips))
         return;
-    uint64_t skip_tokens = skip > chunk_start ? skip - chunk_start : 0;
     for (uint32_t k = 0; k < p->og[og].n_members; k++) {
         uint32_t gi = p->og[og].members[k];
         const lmc_kv_kernel_group *g = &p->kg[gi];
         lmc_kv_chunk_copy cc = {.g = g, .bases = op->c->bases[gi],
-                                .blocks = kept_ids(op, g, gi, c),
+                                .blocks = lmc_sd_kept_ids(op, gi, c),
                                 .entry = (uint8_t *)object + g->entry_offset,
-                                .skip_blocks = lmc_kv_skip_blocks(g, skip_tokens),
-                                .method = m->copy};
+                                .skip_blocks = skips[k], .method = m->copy};
         lmc_kv_scatter_chunk(&cc);
     }
 }
 
-/* First chunk object group og needs: a sliding-window group only its last
- * chunks_in_sw, the only ones the LOOKUP locked for it. */
-static size_t window_start(const sd_op *op, uint32_t og)
+/* Scatters object group og's chunks [first, n) from their leases under
+ * the SIGBUS guard; false when the engine's memory went away. */
+static bool guarded_scatter(sd_mod *m, const sd_op *op, uint32_t og, size_t first,
+                            uint64_t skip, const lmc_lease *leases)
 {
-    int32_t w = op->c->plan.og[og].chunks_in_sw;
-    return w < 0 || (size_t)w >= op->n ? 0 : op->n - (size_t)w;
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1) != 0) {
+        lmc_fault_guard_leave();
+        return false;
+    }
+    lmc_fault_guard_enter(&jb);
+    for (size_t c = first; c < op->n; c++)
+        scatter_chunk(m, op, og, c, op->arena + leases[c - first].offset, skip);
+    lmc_fault_guard_leave();
+    return true;
 }
 
 /* Reads object group og's objects in its window (each read-locked by the
@@ -389,7 +464,7 @@ static bool retrieve_group(sd_mod *m, const sd_op *op, uint32_t og, uint64_t ski
                            lmc_object_key *keys, lmc_lease *leases, uint64_t *bytes)
 {
     const lmc_kv_plan *p = &op->c->plan;
-    size_t first = window_start(op, og), n = op->n - first;
+    size_t first = lmc_sd_window_start(op, og), n = op->n - first;
     for (size_t c = first; c < op->n; c++) {
         for (uint32_t k = 0; k < p->og[og].n_members; k++)
             if (!ids_in_range(op, p->og[og].members[k], c)) {
@@ -402,12 +477,14 @@ static bool retrieve_group(sd_mod *m, const sd_op *op, uint32_t og, uint64_t ski
                                                 LMC_COPY_CARRIES_SHARE, true, leases, NULL);
     if (got != n)
         return false;
-    for (size_t c = first; c < op->n; c++) {
-        scatter_chunk(m, op, og, c, op->arena + leases[c - first].offset, skip);
-        *bytes += p->og[og].object_size;
-    }
+    bool copied = guarded_scatter(m, op, og, first, skip, leases);
+    if (copied)
+        *bytes += n * p->og[og].object_size;
+    else
+        LMC_WARN("RETRIEVE: instance %lld's memory went away under the copy (a segment "
+                 "shrank)", (long long)op->c->instance_id);
     lmc_storage_manager_give_back(m->ctx->storage, keys, leases, n);
-    return true;
+    return copied;
 }
 
 /* The fifth frame, skip_first_n_tokens (0 when an older client omits it). */
@@ -423,6 +500,25 @@ static int decode_skip(lmc_rpc_call *call, uint64_t *skip, char *err, size_t err
     return 0;
 }
 
+/* RETRIEVE on a CUDA context: enqueued; the reply's event says when the
+ * blocks hold the bytes, and the read shares go back after that. */
+static lmc_handler_result retrieve_cuda(sd_mod *m, lmc_rpc_call *call, sd_op *op, uint64_t skip,
+                                        const uint8_t *client, size_t client_len, int64_t t0)
+{
+    uint8_t handle[EVENT_HANDLE_BYTES];
+    uint64_t bytes = 0;
+    lmc_publish_transfer(m->ctx->events, LMC_EVENT_RETRIEVE_START, &op->key,
+                         op->c->instance_id, "cuda", op->n, 0);
+    bool ok = lmc_sd_cuda_retrieve(m, op, skip, client, client_len, handle, &bytes);
+    reply_cuda(call, handle, ok || lmc_sd_cuda_failure_event(m, op, handle), ok);
+    atomic_fetch_add(&m->chunks_retrieved, ok ? op->n : 0);
+    atomic_fetch_add(&m->bytes_retrieved, ok ? bytes : 0);
+    atomic_fetch_add(ok ? &m->retrieves_ok : &m->retrieves_failed, 1);
+    atomic_fetch_add(&m->retrieve_ns, (uint64_t)(now_ns() - t0));
+    op_end(m, op);
+    return LMC_HANDLER_REPLY;
+}
+
 /* RETRIEVE(key, instance_id, block_ids, event_ipc_handle[, skip_first_n_tokens])
  * -> [handle, ok] */
 static lmc_handler_result retrieve(void *state, lmc_rpc_call *call)
@@ -435,6 +531,12 @@ static lmc_handler_result retrieve(void *state, lmc_rpc_call *call)
     int rc = op_begin(m, call, &op, err, sizeof err);
     if (rc == 0)
         rc = decode_skip(call, &skip, err, sizeof err);
+    const uint8_t *client = NULL;
+    size_t client_len = 0;
+    if (rc == 0)
+        rc = client_event(call, &client, &client_len, err, sizeof err);
+    if (rc == 0 && op.c->cuda)
+        return retrieve_cuda(m, call, &op, skip, client, client_len, t0);
     bool ok = rc == 0;
     lmc_object_key *keys = ok ? malloc((op.n + 1) * sizeof *keys) : NULL;
     lmc_lease *leases = ok ? calloc(op.n + 1, sizeof *leases) : NULL;
@@ -444,20 +546,20 @@ static lmc_handler_result retrieve(void *state, lmc_rpc_call *call)
     }
     if (ok) {
         lmc_publish_transfer(m->ctx->events, LMC_EVENT_RETRIEVE_START, &op.key,
-                             op.c->instance_id, op.n, 0);
+                             op.c->instance_id, "cpu", op.n, 0);
         for (uint32_t og = 0; ok && og < op.c->plan.n_og; og++)
             ok = retrieve_group(m, &op, og, skip, keys, leases, &bytes);
         if (!ok)
             lmc_storage_manager_report_read_failure(m->ctx->storage, "l1_retrieve", "not_found",
                                                     &op.keys[0], op.n);
         lmc_publish_transfer(m->ctx->events, LMC_EVENT_RETRIEVE_END, &op.key,
-                             op.c->instance_id, ok ? op.n : 0, bytes);
+                             op.c->instance_id, "cpu", ok ? op.n : 0, bytes);
         atomic_fetch_add(&m->chunks_retrieved, ok ? op.n : 0);
         atomic_fetch_add(&m->bytes_retrieved, bytes);
     } else {
         LMC_WARN("RETRIEVE: %s", err);
     }
-    reply(call, &op, ok);
+    reply_plain(m, call, &op, ok);
     atomic_fetch_add(ok ? &m->retrieves_ok : &m->retrieves_failed, 1);
     atomic_fetch_add(&m->retrieve_ns, (uint64_t)(now_ns() - t0));
     free(keys);

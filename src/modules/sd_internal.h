@@ -7,7 +7,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "cuda/cuda_transfer.h"
 #include "modules/bulk_copy.h"
+#include "modules/ipc_key.h"
 #include "modules/kv_plan.h"
 #include "modules/layout_registry.h"
 #include "modules/module.h"
@@ -19,6 +21,29 @@ typedef struct {
     uint8_t *addr;
     size_t len;
 } sd_mapping;
+
+/* The CUDA part, loaded at the first CUDA registration (sd_cuda.c). */
+typedef struct sd_completion sd_completion;
+
+typedef struct sd_cuda {
+    pthread_mutex_t lock;          /* loading, pinning, the completion queue */
+    pthread_cond_t wake;
+    bool tried, stopping, thread_started, pinned;
+    void *dl;
+    const lmc_cuda_ops *ops;
+    char why[256];                 /* why the CUDA part is unavailable */
+    sd_completion *head, **tail;
+    pthread_t thread;
+} sd_cuda;
+
+/* A CUDA context's device, stream and mapped allocations. */
+typedef struct sd_cuda_ctx {
+    int device;
+    lmc_cuda_stream *stream;
+    uint64_t *opened;              /* mapped allocations' bases, to close */
+    size_t n_opened;
+    uint64_t **tensors;            /* [kernel group][tensor]: device address of element 0 */
+} sd_cuda_ctx;
 
 /* A registered engine worker.  The module's list holds one reference and
  * every op in flight one more; the last one unmaps, so an unregister or a
@@ -35,6 +60,8 @@ typedef struct sd_ctx {
     uint8_t ***bases;            /* [kernel group][tensor]: element 0 of each */
     sd_mapping *maps;
     size_t n_maps;
+    bool cuda;                   /* CUDA tensors: `cu` instead of bases and maps */
+    sd_cuda_ctx cu;
     char tag[40];                /* writer tag "sd:<instance_id>" */
 } sd_ctx;
 
@@ -47,10 +74,89 @@ typedef struct {
     sd_ctx **ctxs;
     size_t n_ctxs, cap_ctxs;
     lmc_reaper *reaper;
+    sd_cuda cuda;
     atomic_uint_fast64_t registrations, registrations_refused, unregisters, reaped,
         stores_ok, stores_failed, retrieves_ok, retrieves_failed, chunks_stored,
         chunks_retrieved, bytes_stored, bytes_retrieved, store_ns, retrieve_ns;
 } sd_mod;
+
+/* One STORE or RETRIEVE, decoded and resolved (lmcache_driven.c). */
+typedef struct {
+    struct sd_ctx *c;          /* referenced; NULL when not registered */
+    lmc_ipc_key key;
+    bool key_decoded;
+    size_t n;                  /* chunks */
+    lmc_object_key *keys;      /* n * n_og, chunk-major */
+    int64_t *ids;              /* every block id list, back to back */
+    size_t offs[LMC_KV_MAX_KERNEL_GROUPS];   /* where list g starts in ids */
+    uint8_t *arena;
+} sd_op;
+
+/* The write plan of one STORE: the keys asked for, in (object group,
+ * chunk) order, their index in op->keys, and their leases. */
+typedef struct {
+    lmc_object_key *keys;
+    size_t *slot;
+    lmc_lease *leases;
+    lmc_l1_result *res;
+    size_t n;
+} sd_store_plan;
+
+/* The stored block ids of chunk `chunk` of kernel group gi: the last
+ * keep_blocks of its blocks_per_chunk (a sub-chunk window keeps fewer). */
+static inline const int64_t *lmc_sd_kept_ids(const sd_op *op, uint32_t gi, size_t chunk)
+{
+    const lmc_kv_kernel_group *g = &op->c->plan.kg[gi];
+    return op->ids + op->offs[gi] + chunk * g->blocks_per_chunk +
+           (g->blocks_per_chunk - g->keep_blocks);
+}
+
+/* First chunk object group og needs: a sliding-window group only its last
+ * chunks_in_sw, the only ones the LOOKUP locked for it. */
+static inline size_t lmc_sd_window_start(const sd_op *op, uint32_t og)
+{
+    int32_t w = op->c->plan.og[og].chunks_in_sw;
+    return w < 0 || (size_t)w >= op->n ? 0 : op->n - (size_t)w;
+}
+
+/* For chunk c of object group og, how many kept blocks of each member the
+ * first `skip` tokens of the range cover (a RETRIEVE leaves them alone);
+ * false when they cover the whole chunk. */
+static inline bool lmc_sd_chunk_skip(const sd_op *op, uint32_t cs, uint32_t og, size_t c,
+                                     uint64_t skip, uint32_t *skip_blocks)
+{
+    uint64_t start = (uint64_t)c * cs;
+    if (skip >= start + cs)
+        return false;
+    const lmc_kv_object_group *o = &op->c->plan.og[og];
+    for (uint32_t k = 0; k < o->n_members; k++)
+        skip_blocks[k] = lmc_kv_skip_blocks(&op->c->plan.kg[o->members[k]],
+                                            skip > start ? skip - start : 0);
+    return true;
+}
+
+/* ---- CUDA (sd_cuda.c) ---- */
+void lmc_sd_cuda_init(sd_cuda *c);
+/* After every context's stream was freed: drains and stops the thread. */
+void lmc_sd_cuda_close(sd_mod *m);
+/* Maps a registration's CUDA tensors and makes the context's stream.
+ * 0, or -1 / -2 with the reason. */
+int lmc_sd_cuda_register(sd_mod *m, struct sd_ctx *c, const lmc_shared_tensor *t, size_t n,
+                         char *err, size_t errlen);
+void lmc_sd_cuda_release(sd_mod *m, struct sd_ctx *c);
+/* Enqueue a STORE's copies (the reserved chunks of `s`) or a RETRIEVE's
+ * (the granted COPY leases of object group og); the stream publishes or
+ * gives the leases back when it has passed them, taking ownership of the
+ * keys and leases arrays passed.  handle: the event to reply with. */
+bool lmc_sd_cuda_store(sd_mod *m, const sd_op *op, sd_store_plan *s, const uint8_t *client,
+                       size_t client_len, uint8_t handle[LMC_CUDA_EVENT_HANDLE_BYTES],
+                       uint64_t *bytes);
+bool lmc_sd_cuda_retrieve(sd_mod *m, const sd_op *op, uint64_t skip, const uint8_t *client,
+                          size_t client_len, uint8_t handle[LMC_CUDA_EVENT_HANDLE_BYTES],
+                          uint64_t *bytes);
+/* A recorded event for a failure reply; false when none can be made. */
+bool lmc_sd_cuda_failure_event(sd_mod *m, const sd_op *op,
+                               uint8_t handle[LMC_CUDA_EVENT_HANDLE_BYTES]);
 
 /* The context of `id` with a reference for the caller, or NULL. */
 sd_ctx *lmc_sd_get(sd_mod *m, int64_t id);

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "modules/fault_guard.h"
 #include "modules/kv_copy.h"
 #include "modules/sd_internal.h"
 #include "obs/log.h"
@@ -204,8 +205,10 @@ static int decode_request(sd_mod *m, lmc_rpc_call *call, reg_request *r, char *e
             return snprintf(err, errlen, "world_size must be an int in 1..255"), -1;
     }
     r->opt.engine = engine_type(nargs >= 5 ? lmc_rpc_call_arg(call, 4) : NULL);
-    r->opt.force_hnd = m->force_hnd && r->opt.engine == LMC_ENGINE_VLLM;
     int rc = decode_tensors(lmc_rpc_call_arg(call, 1), r, err, errlen);
+    /* A GPU server reads CUDA tensors as the hint says (docs/protocol.md). */
+    r->opt.force_hnd = m->force_hnd && r->opt.engine == LMC_ENGINE_VLLM && rc == 0 &&
+                       r->tensors[0].wrapper == LMC_WRAPPER_CPU_SHM;
     if (rc == 0 && nargs >= 6)
         rc = decode_hints(lmc_rpc_call_arg(call, 5), r, err, errlen);
     if (rc == 0 && nargs >= 7)
@@ -284,6 +287,8 @@ static int map_tensors(sd_mod *m, sd_ctx *c, const reg_request *r, char *err, si
 
 static void ctx_destroy(sd_mod *m, sd_ctx *c)
 {
+    if (c->cuda)
+        lmc_sd_cuda_release(m, c);
     if (c->layout_held)
         lmc_layout_registry_release(m->ctx->layouts, c->model, c->world_size);
     for (size_t i = 0; i < c->n_maps; i++)
@@ -374,18 +379,13 @@ static int build_ctx(sd_mod *m, const reg_request *r, sd_ctx **out, char *err, s
     c->world_size = (uint32_t)r->world_size;
     c->n_tensors = (uint32_t)r->n;
     snprintf(c->tag, sizeof c->tag, "sd:%lld", (long long)r->instance);
-    int rc = r->tensors[0].wrapper == LMC_WRAPPER_CPU_SHM
-                 ? 0
-                 : (snprintf(err, errlen, "%s tensors need lmcached's CUDA transfer, which "
-                                          "this build does not have; register CPU shared "
-                                          "tensors or use the engine-driven transfer mode",
-                             lmc_tensor_wrapper_name(r->tensors[0].wrapper)), -1);
-    if (rc == 0)
-        rc = lmc_kv_plan_build(r->tensors, r->n, &r->opt, &c->plan, err, errlen);
+    bool cpu = r->tensors[0].wrapper == LMC_WRAPPER_CPU_SHM;
+    int rc = lmc_kv_plan_build(r->tensors, r->n, &r->opt, &c->plan, err, errlen);
     if (rc == -2)
         snprintf(err, errlen, "out of memory");
     if (rc == 0)
-        rc = map_tensors(m, c, r, err, errlen);
+        rc = cpu ? map_tensors(m, c, r, err, errlen)
+                 : lmc_sd_cuda_register(m, c, r->tensors, r->n, err, errlen);
     if (rc == 0)
         rc = plan_layout(m, &c->plan, &c->layout, err, errlen);
     if (rc == 0 && r->model) {
@@ -558,11 +558,16 @@ int lmc_sd_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen)
      * HND whatever its hint says (docs/protocol.md). */
     m->force_hnd = strcmp(ctx->config->mp.cpu_kv_layout, "hint") != 0;
     pthread_mutex_init(&m->lock, NULL);
+    lmc_sd_cuda_init(&m->cuda);
+    if (lmc_fault_guard_install() != 0)
+        LMC_WARN("lmcache_driven_transfer: no SIGBUS handler: an engine that shrinks its "
+                 "segments can crash this server");
     lmc_reaper_options ro = {.liveness = ctx->liveness, .list = list_ids, .reap = reap_one,
                              .user = m, .start_thread = true};
     lmc_reaper_set_timeouts(&ro, ctx->config->mp.worker_reap_timeout_seconds,
                             ctx->config->mp.worker_registration_grace_seconds);
     if (!(m->reaper = lmc_reaper_new(&ro))) {
+        lmc_sd_cuda_close(m);
         pthread_mutex_destroy(&m->lock);
         free(m);
         return snprintf(err, errlen, "lmcache_driven_transfer: cannot start the reaper"), -1;
@@ -577,6 +582,7 @@ void lmc_sd_close(void *state)
     lmc_reaper_free(m->reaper);
     while (m->n_ctxs)
         lmc_sd_put(m, m->ctxs[--m->n_ctxs]);
+    lmc_sd_cuda_close(m);   /* the streams are gone: no completion can come */
     free(m->ctxs);
     pthread_mutex_destroy(&m->lock);
     free(m);

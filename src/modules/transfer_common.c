@@ -26,18 +26,24 @@ void lmc_reserve_writes(lmc_storage_manager *sm, const lmc_object_key *keys, siz
     }
 }
 
+json_t *lmc_transfer_meta(const lmc_ipc_key *k, int64_t instance, const char *device,
+                          size_t chunks, uint64_t bytes, char *sid, size_t sid_len)
+{
+    char engine[32];
+    snprintf(sid, sid_len, "%.*s", (int)k->request_id_len, k->request_id);
+    snprintf(engine, sizeof engine, "%lld", (long long)instance);
+    return json_pack("{s:s%, s:s, s:s, s:I, s:s%, s:I, s:I}", "model_name", k->model_name,
+                     k->model_len, "engine_id", engine, "device", device, "worker_id",
+                     (json_int_t)k->worker_id, "cache_salt", k->cache_salt, k->salt_len,
+                     "num_chunks", (json_int_t)chunks, "bytes", (json_int_t)bytes);
+}
+
 void lmc_publish_transfer(lmc_event_bus *bus, const char *type, const lmc_ipc_key *k,
-                          int64_t instance, size_t chunks, uint64_t bytes)
+                          int64_t instance, const char *device, size_t chunks, uint64_t bytes)
 {
     if (!bus)
         return;
-    char sid[256], engine[32];
-    snprintf(sid, sizeof sid, "%.*s", (int)k->request_id_len, k->request_id);
-    snprintf(engine, sizeof engine, "%lld", (long long)instance);
-    json_t *meta = json_pack("{s:s%, s:s, s:s, s:I, s:s%, s:I, s:I}", "model_name",
-                             k->model_name, k->model_len, "engine_id", engine, "device", "cpu",
-                             "worker_id", (json_int_t)k->worker_id, "cache_salt", k->cache_salt,
-                             k->salt_len, "num_chunks", (json_int_t)chunks, "bytes",
-                             (json_int_t)bytes);
+    char sid[256];
+    json_t *meta = lmc_transfer_meta(k, instance, device, chunks, bytes, sid, sizeof sid);
     lmc_event_bus_publish(bus, type, sid, meta);
 }

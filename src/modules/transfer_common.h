@@ -21,9 +21,13 @@ void lmc_reserve_writes(lmc_storage_manager *sm, const lmc_object_key *keys, siz
                         lmc_l1_result *res);
 
 /* STORE_* / RETRIEVE_* (obs/events.h) of one transfer of `chunks` chunks
- * and `bytes` bytes for key `k` of engine `instance`, on the CPU.  Nothing
- * without a bus. */
+ * and `bytes` bytes for key `k` of engine `instance`, on `device` ("cpu",
+ * "cuda").  Nothing without a bus. */
 void lmc_publish_transfer(lmc_event_bus *bus, const char *type, const lmc_ipc_key *k,
-                          int64_t instance, size_t chunks, uint64_t bytes);
+                          int64_t instance, const char *device, size_t chunks, uint64_t bytes);
+/* The same event's session id and metadata, for publishing it later (an
+ * END once a device copy completes).  meta: a new reference or NULL. */
+json_t *lmc_transfer_meta(const lmc_ipc_key *k, int64_t instance, const char *device,
+                          size_t chunks, uint64_t bytes, char *sid, size_t sid_len);
 
 #endif

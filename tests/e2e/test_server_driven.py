@@ -506,6 +506,30 @@ def test_failures_get_their_replies_and_publish_nothing(hint_srv):
     e.close()
 
 
+def test_an_engine_that_shrinks_its_segment_gets_false(hint_srv):
+    """A segment truncated under the server's mapping: the copy faults
+    (SIGBUS), that request fails, nothing is published or leaked, and the
+    server keeps serving."""
+    g = PagedKV("shrink", "fa_nhd", nl=2, nb=16, bs=16, nh=2, hs=8)
+    e = Engine(hint_srv, 62, [g])
+    toks = prompt(14)
+    assert e.store(toks, 0, CS, [[1, 2]]) == [ZEROS, True]
+    assert lookup(hint_srv, toks, "r") == 1
+    for t in g.tensors:
+        os.truncate("/dev/shm" + t.name, 0)
+    other = prompt(15)
+    assert e.store(other, 0, CS, [[3, 4]]) == [ZEROS, False]
+    assert e.retrieve(toks, 0, CS, [[5, 6]], "r") == [ZEROS, False]
+    assert "memory went away under the copy" in hint_srv.output()
+    assert lookup(hint_srv, other, "r2") == 0
+    leases = status(hint_srv)["storage_manager"]["l1_manager"]["leases"]
+    assert leases["write"]["outstanding"] == 0 and leases["copy"]["outstanding"] == 0
+    d = hint_srv.dealer()
+    assert d.call(NOOP)[2] == msgpack.packb("OK")
+    d.close()
+    e.close()
+
+
 def test_unregister_and_reap_release_everything(start_server, monkeypatch):
     monkeypatch.setenv("LMCACHED_TEST_REAP_SCALE", "60")     # 30 s -> 0.5 s
     s = start_server("--chunk-size", str(CS), "--cpu-kv-layout", "hint",
@@ -541,8 +565,9 @@ def test_registrations_refused_with_the_reason(srv):
     d = srv.dealer()
     cuda = [ext(gen_vectors.vectors()[0]["cuda_ipc_v2"])]
     assert register_raw(srv, d, 78, cuda) is None
-    assert wait_for_log(srv, "REGISTER_KV_CACHE 78: CudaIPCWrapper tensors need lmcached's "
-                             "CUDA transfer"), srv.output()
+    assert wait_for_log(srv, "REGISTER_KV_CACHE 78: CUDA tensors need the CUDA transfer: "), \
+        srv.output()
+    assert "CUDA transfer unavailable: " in srv.output()   # why, once
     missing = [ext(w.dumps(w.cpu_shm("/lmcache_kv_missing_0", [2, 4, 16, 2, 8])))]
     assert register_raw(srv, d, 79, missing) is None
     assert wait_for_log(srv, "cannot open segment /lmcache_kv_missing_0")

@@ -1,0 +1,150 @@
+"""The server-driven module's CUDA path (docs/protocol.md, "Server-driven
+copies over CUDA IPC") on a machine without a GPU: lmcached loads the CPU
+stand-in of liblmcached_cuda.so (tests/cuda_emul/cuda_emul.c, through
+LMCACHED_CUDA_LIB), whose streams are threads that take their time, so
+every reply here really does come back before its copies end.  What runs
+is lmcached's own code: registration of CudaIPCWrapper handles, copies
+enqueued per object, recorded events, and L1 publish and release from the
+stream's callbacks on the completion thread."""
+import json
+import os
+import time
+import urllib.request
+
+import msgpack
+import pytest
+
+from conftest import ROOT, Server
+from paged_kv import PagedKV
+from test_server_driven import (CS, LOOKUP, NOOP, QUERY, REG, RETRIEVE, STORE, UNREG,
+                                chunk_rows, key, prompt, unpack)
+import wrappers as w
+
+EMUL = os.environ.get("LMCACHED_CUDA_EMUL", os.path.join(ROOT, "build", "libcuda_emul.so"))
+
+
+def cuda_handles(g):
+    """CudaIPCWrapper pickles whose memory handles name g's segments."""
+    out = []
+    for t in g.tensors:
+        name = t.name.encode()
+        assert len(name) <= 64
+        wr = w.cuda_ipc(t.shape, t.stride, dtype=t.dtype, storage_bytes=t.nbytes,
+                        mem_handle=name.ljust(64, b"\0"), version=None, event_sync=False,
+                        uuid="emul-0")
+        out.append(msgpack.ExtType(1, w.dumps(wr)))
+    return out
+
+
+@pytest.fixture
+def srv(monkeypatch):
+    if not os.path.exists(EMUL):
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{EMUL} was not built")
+        pytest.skip(f"{EMUL} not built")
+    monkeypatch.setenv("LMCACHED_CUDA_LIB", EMUL)
+    s = Server("--chunk-size", str(CS))
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+def status(srv):
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.http_port}/status", timeout=5) as r:
+        return json.load(r)
+
+
+def until(pred, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+def lookup(d, toks, rid, n):
+    assert d.call(LOOKUP, key(toks, 0, n * CS, rid, worker_id=None), 1) is not None
+    return unpack(d.call(QUERY, rid))
+
+
+def register(d, instance, g, hint="NHD"):
+    frames = d.call(REG, instance, cuda_handles(g), "m", 1, "vllm", {"kv_layout": hint}, [])
+    return frames is not None and len(frames) == 2
+
+
+@pytest.mark.parametrize("fmt,hint", [("fa_nhd", "NHD"), ("fa_hnd", "HND"), ("mla", "NHD")])
+def test_store_and_retrieve_through_the_stream(srv, fmt, hint):
+    g = PagedKV("cu" + fmt, fmt, nl=2, nb=16, bs=16, nh=2, hs=8)
+    d = srv.dealer()
+    assert register(d, 81, g, hint), srv.output()
+    assert "CUDA transfer loaded: 1 device(s)" in srv.output()
+    toks = prompt(21)
+    ev = os.urandom(64)                        # the engine's event: waited on
+    h, ok = unpack(d.call(STORE, key(toks, 0, 3 * CS, "s"), 81, [[1, 2, 3, 4, 5, 6]], ev))
+    assert ok and len(h) == 64 and h[:4] == b"emul"
+    # Published only once the stream passed the copies.
+    assert until(lambda: lookup(d, toks, f"r{time.monotonic()}", 3) == 3)
+    assert lookup(d, toks, "r", 3) == 3
+    dst = [13, 8, 9, 10, 11, 12]
+    h2, ok = unpack(d.call(RETRIEVE, key(toks, 0, 3 * CS, "r"), 81, [dst], b"", 0))
+    assert ok and h2 != h
+    assert until(lambda: all(chunk_rows(g, dst, c) == chunk_rows(g, list(range(1, 7)), c)
+                             for c in range(3)))
+    # The read shares go back after the copies: the books settle.
+    def settled():
+        leases = status(srv)["storage_manager"]["l1_manager"]["leases"]
+        return leases["copy"]["outstanding"] == 0 and leases["write"]["outstanding"] == 0
+    assert until(settled), status(srv)["storage_manager"]["l1_manager"]["leases"]
+    assert len(d.call(UNREG, 81)) == 2
+    d.close()
+    g.close()
+
+
+def test_failures_reply_with_a_recorded_event(srv):
+    g = PagedKV("cufail", "fa_nhd", nl=2, nb=16, bs=16, nh=2, hs=8)
+    d = srv.dealer()
+    assert register(d, 82, g)
+    toks = prompt(22)
+    h, ok = unpack(d.call(STORE, key(toks, 0, 3 * CS, "s"), 82, [[1, 2, 3]], b""))
+    assert not ok and len(h) == 64 and h[:4] == b"emul"      # too few block ids
+    h, ok = unpack(d.call(STORE, key(toks, 0, CS, "s"), 82, [[1, 2]], b"bad"))
+    assert not ok and len(h) == 64                            # a 3-byte event handle
+    h, ok = unpack(d.call(RETRIEVE, key(toks, 0, CS, "x"), 82, [[1, 2]], b"", 0))
+    assert not ok and len(h) == 64                            # no LOOKUP locks
+    assert lookup(d, toks, "r", 3) == 0                       # nothing half-published
+    assert d.call(NOOP)[2] == msgpack.packb("OK")
+    d.close()
+    g.close()
+
+
+def test_unregister_with_copies_in_flight(srv):
+    """The stream is drained before its mappings go: the STOREs still land
+    and the server keeps serving."""
+    g = PagedKV("cuflight", "fa_nhd", nl=2, nb=64, bs=16, nh=2, hs=8)
+    d = srv.dealer()
+    assert register(d, 83, g)
+    toks = prompt(23, n_chunks=24)
+    ids = list(range(1, 49))
+    h, ok = unpack(d.call(STORE, key(toks, 0, 24 * CS, "s"), 83, [ids], b""))
+    assert ok
+    assert len(d.call(UNREG, 83)) == 2
+    assert until(lambda: status(srv)["storage_manager"]["l1_manager"]["num_objects"] == 24)
+    assert "lmcache_kv_" not in open(f"/proc/{srv.proc.pid}/maps").read()
+    assert d.call(NOOP)[2] == msgpack.packb("OK")
+    d.close()
+    g.close()
+
+
+def test_without_the_cuda_part_registration_is_refused(monkeypatch):
+    monkeypatch.setenv("LMCACHED_CUDA_LIB", "/nonexistent/liblmcached_cuda.so")
+    s = Server("--chunk-size", str(CS))
+    try:
+        g = PagedKV("cunone", "fa_nhd", nl=1, nb=4, bs=16, nh=2, hs=8)
+        d = s.dealer()
+        assert d.call(REG, 84, cuda_handles(g), "m", 1, "vllm", {}, [], timeout_ms=500) is None
+        assert until(lambda: "CUDA tensors need the CUDA transfer: /nonexistent" in s.output())
+        assert d.call(NOOP)[2] == msgpack.packb("OK")
+        d.close()
+        g.close()
+    finally:
+        assert s.stop() == 0

@@ -1,0 +1,942 @@
+#!/usr/bin/env python3
+"""Server-driven transfer over CUDA IPC on a real GPU (docs/protocol.md,
+"Server-driven copies over CUDA IPC"), in two phases.
+
+plugin: liblmcached_cuda.so alone, loaded into this process with ctypes and
+driven with torch's device memory: every engine KV format (padded MLA rows,
+misaligned tensors, several member groups per object, more heads than
+threads, skip_blocks), the STORE object compared with a gather written in
+torch from each format's dimension order and the RETRIEVE's tensors with a
+torch scatter, plus events, host functions and refusals.
+
+server: an engine process (this one, with torch) allocates vLLM-style
+paged KV caches on cuda:0, registers them with the carried lmcached exactly
+as LMCache's CudaIPCWrapper pickles them, STOREs chunks from some blocks
+behind an interprocess event, LOOKUPs them, RETRIEVEs them into other
+blocks (all of them, then skipping the first block), waits on the events
+the server returns and compares the blocks with torch.equal.  Each STORE
+and RETRIEVE is preceded by a delayed write on the engine's stream, so a
+server that did not wait on the engine's event would copy the wrong bytes.
+
+Needs: python3 with torch (CUDA) and msgpack, no pyzmq: ZMQ goes through
+ctypes to the libzmq.so.5 carried in the bundle (tests/gpu/bundle.sh).
+Run it with tests/gpu/run.sh.  Prints PASS or FAIL; exit status 0 on PASS.
+
+--zmq-selftest runs without torch or a GPU: it checks the plugin's ctypes
+plumbing (its init then fails with CUDA's reason), the ctypes ZMQ client
+against the server (NOOP, LOOKUP, QUERY) and that a CUDA registration on a
+machine without a GPU is refused with a reason."""
+import argparse
+import ctypes
+import ctypes.util
+import mmap
+import os
+import socket
+import subprocess
+import sys
+import time
+import traceback
+
+import msgpack
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "pickles"))
+import wrappers as w  # noqa: E402  (before torch: it sets up a stand-in module "torch")
+
+
+def real_torch():
+    """The real torch, once wrappers.py's stand-in module is out of the way
+    (a real torch.dtype pickles as the same global torch.<name>)."""
+    fake = sys.modules.get("torch")
+    if fake is not None and not hasattr(fake, "__file__"):
+        del sys.modules["torch"]
+    import torch
+    return torch
+
+
+REG, UNREG, STORE, RETRIEVE = 1, 2, 6, 7
+LOOKUP, QUERY, FREE, END = 8, 9, 12, 13
+NOOP = 24
+
+# ---- ZMQ through ctypes ---------------------------------------------------
+
+ZMQ_DEALER, ZMQ_LINGER, ZMQ_SNDMORE, ZMQ_RCVMORE, ZMQ_POLLIN = 5, 17, 2, 13, 1
+# Loaded from the system when the process has them (torch already did).
+SYSTEM_FIRST = ("libstdc++.so", "libgcc_s.so")
+
+
+class ZmqMsg(ctypes.Structure):
+    _fields_ = [("_", ctypes.c_uint64 * 8)]     # zmq_msg_t: 64 bytes, pointer-aligned
+
+
+class ZmqPollItem(ctypes.Structure):
+    _fields_ = [("socket", ctypes.c_void_p), ("fd", ctypes.c_int),
+                ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+def load_libzmq(lib_dir):
+    """libzmq.so.5 from the bundle's lib dir: its dependencies are loaded
+    first, by path, RTLD_GLOBAL (the dynamic loader then finds them by
+    soname), leaves first by retrying what failed.  Without a bundle: the
+    system's."""
+    if not lib_dir or not os.path.isdir(lib_dir):
+        name = ctypes.util.find_library("zmq") or "libzmq.so.5"
+        return ctypes.CDLL(name)
+    listing = os.path.join(lib_dir, "..", "zmq-libs.txt")
+    if os.path.exists(listing):
+        with open(listing) as f:
+            names = [l.strip() for l in f if l.strip()]
+    else:
+        names = sorted(os.listdir(lib_dir))
+    pending, errors = [], {}
+    for n in names:
+        if n.startswith(SYSTEM_FIRST):
+            try:
+                ctypes.CDLL(n, mode=ctypes.RTLD_GLOBAL)
+                continue
+            except OSError:
+                pass
+        pending.append(n)
+    while pending:
+        progress = False
+        for n in list(pending):
+            try:
+                ctypes.CDLL(os.path.join(lib_dir, n), mode=ctypes.RTLD_GLOBAL)
+                pending.remove(n)
+                progress = True
+            except OSError as e:
+                errors[n] = str(e)
+        if not progress:
+            break
+    if any(n.startswith("libzmq.so") for n in pending):
+        raise OSError("cannot load the bundled libzmq: " +
+                      "; ".join(f"{n}: {errors.get(n)}" for n in pending))
+    return ctypes.CDLL(os.path.join(lib_dir, "libzmq.so.5"), mode=ctypes.RTLD_GLOBAL)
+
+
+class Zmq:
+    def __init__(self, lib):
+        self.lib = lib
+        vp, c_int, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+        msgp = ctypes.POINTER(ZmqMsg)
+        sig = {
+            "zmq_ctx_new": (vp, []), "zmq_ctx_term": (c_int, [vp]),
+            "zmq_socket": (vp, [vp, c_int]), "zmq_close": (c_int, [vp]),
+            "zmq_setsockopt": (c_int, [vp, c_int, vp, sz]),
+            "zmq_getsockopt": (c_int, [vp, c_int, vp, ctypes.POINTER(sz)]),
+            "zmq_connect": (c_int, [vp, ctypes.c_char_p]),
+            "zmq_msg_init": (c_int, [msgp]), "zmq_msg_init_size": (c_int, [msgp, sz]),
+            "zmq_msg_data": (vp, [msgp]), "zmq_msg_size": (sz, [msgp]),
+            "zmq_msg_send": (c_int, [msgp, vp, c_int]),
+            "zmq_msg_recv": (c_int, [msgp, vp, c_int]), "zmq_msg_close": (c_int, [msgp]),
+            "zmq_poll": (c_int, [ctypes.POINTER(ZmqPollItem), c_int, ctypes.c_long]),
+            "zmq_errno": (c_int, []), "zmq_strerror": (ctypes.c_char_p, [c_int]),
+        }
+        for name, (res, args) in sig.items():
+            f = getattr(lib, name)
+            f.restype, f.argtypes = res, args
+        self.ctx = lib.zmq_ctx_new()
+        if not self.ctx:
+            self.fail("zmq_ctx_new")
+
+    def fail(self, what):
+        e = self.lib.zmq_errno()
+        raise OSError(f"{what}: {self.lib.zmq_strerror(e).decode()}")
+
+    def close(self):
+        self.lib.zmq_ctx_term(self.ctx)
+
+
+class Dealer:
+    """A DEALER socket speaking the MP framing: [uid, op, payload...]
+    (the same client as tests/e2e/conftest.py's, without pyzmq)."""
+
+    def __init__(self, z, url):
+        self.z, self.lib = z, z.lib
+        self.sock = self.lib.zmq_socket(z.ctx, ZMQ_DEALER)
+        if not self.sock:
+            z.fail("zmq_socket")
+        linger = ctypes.c_int(0)
+        self.lib.zmq_setsockopt(self.sock, ZMQ_LINGER, ctypes.byref(linger),
+                                ctypes.sizeof(linger))
+        if self.lib.zmq_connect(self.sock, url.encode()) != 0:
+            z.fail("zmq_connect")
+        self.uid = 0
+
+    def send_frames(self, frames):
+        for i, data in enumerate(frames):
+            msg = ZmqMsg()
+            if self.lib.zmq_msg_init_size(ctypes.byref(msg), len(data)) != 0:
+                self.z.fail("zmq_msg_init_size")
+            if data:
+                ctypes.memmove(self.lib.zmq_msg_data(ctypes.byref(msg)), data, len(data))
+            flags = ZMQ_SNDMORE if i + 1 < len(frames) else 0
+            if self.lib.zmq_msg_send(ctypes.byref(msg), self.sock, flags) < 0:
+                self.lib.zmq_msg_close(ctypes.byref(msg))
+                self.z.fail("zmq_msg_send")
+
+    def recv_frames(self, timeout_ms):
+        item = ZmqPollItem(self.sock, 0, ZMQ_POLLIN, 0)
+        n = self.lib.zmq_poll(ctypes.byref(item), 1, int(timeout_ms))
+        if n < 0:
+            self.z.fail("zmq_poll")
+        if n == 0:
+            return None
+        frames = []
+        while True:
+            msg = ZmqMsg()
+            self.lib.zmq_msg_init(ctypes.byref(msg))
+            if self.lib.zmq_msg_recv(ctypes.byref(msg), self.sock, 0) < 0:
+                self.lib.zmq_msg_close(ctypes.byref(msg))
+                self.z.fail("zmq_msg_recv")
+            size = self.lib.zmq_msg_size(ctypes.byref(msg))
+            frames.append(ctypes.string_at(self.lib.zmq_msg_data(ctypes.byref(msg)), size)
+                          if size else b"")
+            self.lib.zmq_msg_close(ctypes.byref(msg))
+            more, ln = ctypes.c_int(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_int))
+            self.lib.zmq_getsockopt(self.sock, ZMQ_RCVMORE, ctypes.byref(more), ctypes.byref(ln))
+            if not more.value:
+                return frames
+
+    def call(self, op, *payload, timeout_ms=5000):
+        """The reply frames of this request, or None on timeout."""
+        uid = self.uid
+        self.uid += 1
+        self.send_frames([msgpack.packb(uid), msgpack.packb(op)] +
+                         [msgpack.packb(p, use_bin_type=True) for p in payload])
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            left = int((deadline - time.monotonic()) * 1000)
+            if left <= 0:
+                return None
+            frames = self.recv_frames(left)
+            if frames is None:
+                return None
+            try:
+                if msgpack.unpackb(frames[0]) == uid:
+                    return frames
+            except ValueError:
+                pass
+
+    def close(self):
+        self.lib.zmq_close(self.sock)
+
+
+def unpack(frames):
+    if frames is None:
+        raise AssertionError("no reply")
+    return msgpack.unpackb(frames[2]) if len(frames) > 2 else None
+
+
+# ---- the server -------------------------------------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, z, binary, lib_dir, cuda_lib, *extra):
+        self.z = z
+        self.port, self.http_port = free_port(), free_port()
+        self.url = f"tcp://127.0.0.1:{self.port}"
+        env = dict(os.environ)
+        if lib_dir and os.path.isdir(lib_dir):
+            env["LD_LIBRARY_PATH"] = lib_dir + (":" + env["LD_LIBRARY_PATH"]
+                                                if env.get("LD_LIBRARY_PATH") else "")
+        if cuda_lib:
+            env["LMCACHED_CUDA_LIB"] = os.path.abspath(cuda_lib)
+        self.log_path = f"/tmp/lmcached-gpu-{self.port}.log"
+        self.log = open(self.log_path, "w+b")
+        args = [binary, "--host", "127.0.0.1", "--port", str(self.port),
+                "--http-host", "127.0.0.1", "--http-port", str(self.http_port),
+                "--l1-size-gb", "1", "--eviction-policy", "LRU", "--log-level", "INFO",
+                *extra]
+        print("starting:", " ".join(args), flush=True)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        d = self.dealer()
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"lmcached exited {self.proc.returncode}:\n" +
+                                       self.output())
+                if d.call(NOOP, timeout_ms=200) is not None:
+                    return
+            raise RuntimeError("lmcached did not answer NOOP within 30 s:\n" + self.output())
+        finally:
+            d.close()
+
+    def dealer(self):
+        return Dealer(self.z, self.url)
+
+    def output(self):
+        if not self.log.closed:
+            self.log.flush()
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def stop(self, timeout=30):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+def key(tokens, start, end, rid, model, worker_id=0):
+    return {"model_name": model, "world_size": 1, "worker_id": worker_id,
+            "token_ids": list(tokens), "start": start, "end": end, "request_id": rid,
+            "cache_salt": "", "request_configs": None, "num_kv_readers": 1,
+            "null_chunk_mask": None}
+
+
+def prompt(seed, n):
+    return [(seed * 7919 + i * 31) % 50000 for i in range(n)]
+
+
+def lookup(srv, tokens, end, rid, model, want, timeout=10.0):
+    """LOOKUP [0, end) and QUERY until the prefetch is done; retries (after
+    freeing the locks) while fewer than `want` chunks hit, since a STORE's
+    objects are published by the server's completion thread just after its
+    event completes."""
+    d = srv.dealer()
+    deadline = time.monotonic() + timeout
+    attempt, hits = 0, None
+    try:
+        while True:
+            r = f"{rid}-{attempt}"
+            k = key(tokens, 0, end, r, model, worker_id=None)
+            if d.call(LOOKUP, k, 1) is None:
+                raise AssertionError("LOOKUP: no reply")
+            hits = None
+            while hits is None and time.monotonic() < deadline:
+                hits = unpack(d.call(QUERY, r))
+                if hits is None:
+                    time.sleep(0.02)
+            if hits == want or time.monotonic() >= deadline:
+                return hits, r
+            d.call(FREE, k, 1)
+            d.call(END, r)
+            attempt += 1
+            time.sleep(0.1)
+    finally:
+        d.close()
+
+
+# ---- the GPU test -------------------------------------------------------------
+
+class Case:
+    """One engine's KV cache: NL per-layer views of one allocation, as vLLM
+    carves them, in one of three formats."""
+
+    def __init__(self, torch, fmt, nl=4, nb=64, bs=16, nh=8, hs=128, dtype="bfloat16"):
+        self.torch, self.fmt, self.nl, self.nb, self.bs = torch, fmt, nl, nb, bs
+        dev = torch.device("cuda:0")
+        dt = getattr(torch, dtype)
+        if fmt == "fa_nhd":       # [2, NB, BS, NH, HS]
+            shape, self.hint = (nl, 2, nb, bs, nh, hs), "NHD"
+        elif fmt == "fa_hnd":     # physical [2, NB, NH, BS, HS]
+            shape, self.hint = (nl, 2, nb, nh, bs, hs), "HND"
+        elif fmt == "mla":        # [NB, BS, HS]
+            shape, self.hint = (nl, nb, bs, 576), "NHD"
+        else:
+            raise ValueError(fmt)
+        self.big = torch.zeros(shape, dtype=dt, device=dev)
+        self.layers = [self.big[l] for l in range(nl)]
+
+    def block(self, layer, b):
+        t = self.layers[layer]
+        return t[b] if self.fmt == "mla" else t[:, b]
+
+    def blocks(self, ids):
+        """Every layer's copy of the given blocks, in order (a clone)."""
+        return [self.block(l, b).clone() for b in ids for l in range(self.nl)]
+
+    def fill_blocks(self, ids, value=None, seed=0):
+        g = self.torch.Generator(device="cuda:0")
+        g.manual_seed(seed)
+        for l in range(self.nl):
+            for b in ids:
+                blk = self.block(l, b)
+                if value is None:
+                    blk.copy_(self.torch.randn(blk.shape, generator=g, device="cuda:0",
+                                               dtype=self.torch.float32).to(blk.dtype))
+                else:
+                    blk.fill_(value)
+
+    def handles(self, uuid):
+        out = []
+        for t in self.layers:
+            handle = tuple(t.untyped_storage()._share_cuda_())
+            obj = w._new(w.CUDA_MODULE, "CudaIPCWrapper", [
+                ("handle", handle), ("dtype", t.dtype),
+                ("shape", tuple(t.shape)), ("stride", tuple(t.stride())),
+                ("storage_offset", t.storage_offset()), ("device_uuid", uuid)])
+            out.append(msgpack.ExtType(1, w.dumps(obj)))
+        return out
+
+
+SLEEP_CYCLES = 400_000_000    # ~0.2 s of GPU time before each producer write
+
+
+def event_handle(torch):
+    ev = torch.cuda.Event(interprocess=True)
+    ev.record(torch.cuda.current_stream())
+    return ev, ev.ipc_handle()
+
+
+def wait_server_event(torch, h):
+    """Makes the engine's stream wait on the server's event, then the host."""
+    if not isinstance(h, (bytes, bytearray)) or len(h) != 64:
+        raise AssertionError(f"the server's event handle is {h!r:.80}, not 64 bytes")
+    if h == bytes(64):
+        raise AssertionError("the server replied with 64 zero bytes to a CUDA client")
+    ev = torch.cuda.Event.from_ipc_handle(torch.device("cuda:0"), h)
+    torch.cuda.current_stream().wait_event(ev)
+    torch.cuda.current_stream().synchronize()
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def run_case(torch, srv, fmt, instance, uuid, cs):
+    c = Case(torch, fmt)
+    model = f"gpu-{fmt}"
+    bpc = cs // c.bs
+    n_chunks = 3
+    n_blocks = n_chunks * bpc
+    src = list(range(1, 1 + n_blocks))                      # 12 blocks
+    dst = list(range(40, 40 + n_blocks))[::-1]              # elsewhere, reversed
+    dst2 = list(range(20, 20 + 2 * bpc))                    # 2 chunks, skip the first block
+    untouched = [0, 63]
+    toks = prompt(instance, n_chunks * cs)
+    d = srv.dealer()
+    try:
+        frames = d.call(REG, instance, c.handles(uuid), model, 1, "vllm",
+                        {"kv_layout": c.hint}, [], timeout_ms=60000)
+        check(frames is not None and len(frames) == 2,
+              f"{fmt}: REGISTER_KV_CACHE got no reply (refused): see the server log")
+        c.fill_blocks(untouched + dst + dst2, seed=instance + 1)
+        torch.cuda.synchronize()
+        keep = c.blocks(untouched)
+
+        # STORE behind a delayed producer: the server must wait on our event.
+        torch.cuda._sleep(SLEEP_CYCLES)
+        c.fill_blocks(src, seed=instance)
+        want = c.blocks(src)        # enqueued after the fill: what the server must store
+        ev, h = event_handle(torch)
+        r = unpack(d.call(STORE, key(toks, 0, n_chunks * cs, f"s-{fmt}", model), instance,
+                          [src], h))
+        check(isinstance(r, list) and len(r) == 2 and r[1] is True,
+              f"{fmt}: STORE replied {r!r:.120}")
+        wait_server_event(torch, r[0])
+        d.call(END, f"s-{fmt}")
+        c.fill_blocks(src, value=0.0)     # the stored copy must live in L1 now
+
+        hits, rid = lookup(srv, toks, n_chunks * cs, f"r-{fmt}", model, n_chunks)
+        check(hits == n_chunks, f"{fmt}: LOOKUP hit {hits} of {n_chunks} chunks")
+
+        # RETRIEVE behind a delayed producer write to the very blocks.
+        torch.cuda._sleep(SLEEP_CYCLES)
+        c.fill_blocks(dst, value=3.0)
+        ev, h = event_handle(torch)
+        r = unpack(d.call(RETRIEVE, key(toks, 0, n_chunks * cs, rid, model), instance, [dst],
+                          h, 0))
+        check(isinstance(r, list) and len(r) == 2 and r[1] is True,
+              f"{fmt}: RETRIEVE replied {r!r:.120}")
+        wait_server_event(torch, r[0])
+        got = c.blocks(dst)
+        for i in range(len(want)):
+            check(torch.equal(got[i], want[i]),
+                  f"{fmt}: block {dst[i // c.nl]} layer {i % c.nl} differs from what "
+                  f"block {src[i // c.nl]} held")
+        d.call(END, rid)
+
+        # RETRIEVE two chunks skipping their first block (vLLM's prefix cache).
+        hits, rid = lookup(srv, toks, 2 * cs, f"k-{fmt}", model, 2)
+        check(hits == 2, f"{fmt}: second LOOKUP hit {hits} of 2 chunks")
+        c.fill_blocks(dst2, value=7.0)
+        ev, h = event_handle(torch)
+        r = unpack(d.call(RETRIEVE, key(toks, 0, 2 * cs, rid, model), instance, [dst2], h,
+                          c.bs))
+        check(isinstance(r, list) and r[1] is True,
+              f"{fmt}: RETRIEVE with skip replied {r!r:.120}")
+        wait_server_event(torch, r[0])
+        for l in range(c.nl):
+            check(bool((c.block(l, dst2[0]) == 7.0).all()),
+                  f"{fmt}: the skipped block {dst2[0]} of layer {l} was written")
+            for j in range(1, len(dst2)):
+                check(torch.equal(c.block(l, dst2[j]), want[j * c.nl + l]),
+                      f"{fmt}: block {dst2[j]} layer {l} differs after the skip")
+        d.call(END, rid)
+
+        # A RETRIEVE of chunks nobody locked: [event, false], a valid event.
+        ev, h = event_handle(torch)
+        other = prompt(instance + 1000, cs)
+        r = unpack(d.call(RETRIEVE, key(other, 0, cs, f"miss-{fmt}", model), instance,
+                          [dst[:bpc]], h, 0))
+        check(isinstance(r, list) and r[1] is False, f"{fmt}: a miss replied {r!r:.120}")
+        wait_server_event(torch, r[0])
+        d.call(END, f"miss-{fmt}")
+
+        got = c.blocks(untouched)
+        check(all(torch.equal(a, b) for a, b in zip(got, keep)),
+              f"{fmt}: blocks outside every list changed")
+        frames = d.call(UNREG, instance, timeout_ms=30000)
+        check(frames is not None and len(frames) == 2, f"{fmt}: UNREGISTER got no reply")
+        print(f"  {fmt}: ok ({n_chunks} chunks stored and retrieved, skip, miss)", flush=True)
+    finally:
+        d.close()
+
+
+# ---- the plugin alone, in this process ----------------------------------------
+# liblmcached_cuda.so driven through ctypes with torch's own device memory
+# (no IPC: one process), against a gather/scatter written in torch from
+# each format's dimension order, independent of kv_format.h's formulas.
+
+DEV = "cuda:0"    # "cpu" with --emul: a CPU stand-in whose device addresses are host ones
+
+
+def dev_sync(torch):
+    if DEV != "cpu":
+        torch.cuda.synchronize()
+
+
+(F_CROSS, F_FA_NHD, F_FA_HND, F_FI_NHD, F_FI_HND, F_MLA, F_FUSED_NHD, F_FUSED_HND, F_TRT,
+ F_SGLANG) = range(10)
+
+
+class Geo(ctypes.Structure):
+    _fields_ = [("format", ctypes.c_int), ("kv_size", ctypes.c_uint32),
+                ("nl", ctypes.c_uint32), ("nb", ctypes.c_uint64), ("bs", ctypes.c_uint32),
+                ("nh", ctypes.c_uint32), ("hs", ctypes.c_uint32),
+                ("element_size", ctypes.c_uint32), ("block_stride", ctypes.c_uint64)]
+
+
+class KernelGroup(ctypes.Structure):
+    _fields_ = [("geo", Geo), ("tensors", ctypes.POINTER(ctypes.c_uint32)),
+                ("n_tensors", ctypes.c_uint32), ("engine_group_id", ctypes.c_int64),
+                ("tokens_per_block", ctypes.c_uint32), ("sw_size_tokens", ctypes.c_int64),
+                ("blocks_per_chunk", ctypes.c_uint32), ("keep_blocks", ctypes.c_uint32),
+                ("slots", ctypes.c_uint32), ("has_null_block", ctypes.c_bool),
+                ("null_block_id", ctypes.c_int64), ("object_group", ctypes.c_uint32),
+                ("entry_offset", ctypes.c_uint64), ("entry_bytes", ctypes.c_uint64)]
+
+
+class CudaObject(ctypes.Structure):
+    _fields_ = [("groups", ctypes.POINTER(ctypes.POINTER(KernelGroup))),
+                ("tensors", ctypes.POINTER(ctypes.POINTER(ctypes.c_uint64))),
+                ("n_groups", ctypes.c_uint32), ("object_size", ctypes.c_uint64)]
+
+
+_i, _sz, _vp, _cp = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
+HOSTFN = ctypes.CFUNCTYPE(None, _vp)
+
+
+class CudaOps(ctypes.Structure):
+    _fields_ = [
+        ("abi_version", _i),
+        ("init", ctypes.CFUNCTYPE(_i, ctypes.POINTER(_i), _cp, _sz)),
+        ("device_by_uuid", ctypes.CFUNCTYPE(_i, _cp, ctypes.POINTER(_i), _cp, _sz)),
+        ("open_mem", ctypes.CFUNCTYPE(_i, _i, _vp, ctypes.POINTER(ctypes.c_uint64), _cp, _sz)),
+        ("close_mem", ctypes.CFUNCTYPE(None, _i, ctypes.c_uint64)),
+        ("pin", ctypes.CFUNCTYPE(_i, _vp, ctypes.c_uint64, _cp, _sz)),
+        ("unpin", ctypes.CFUNCTYPE(None, _vp)),
+        ("stream_new", ctypes.CFUNCTYPE(_vp, _i, ctypes.c_uint64, _cp, _sz)),
+        ("stream_free", ctypes.CFUNCTYPE(None, _vp)),
+        ("wait_event", ctypes.CFUNCTYPE(_i, _vp, _vp, _sz, _cp, _sz)),
+        ("copy_object", ctypes.CFUNCTYPE(_i, _vp, ctypes.POINTER(CudaObject), _vp,
+                                         ctypes.POINTER(ctypes.POINTER(ctypes.c_int64)),
+                                         ctypes.POINTER(ctypes.c_uint32), ctypes.c_bool,
+                                         _cp, _sz)),
+        ("record_event", ctypes.CFUNCTYPE(_i, _vp, _vp, _cp, _sz)),
+        ("then", ctypes.CFUNCTYPE(_i, _vp, HOSTFN, _vp, _cp, _sz)),
+        ("sync", ctypes.CFUNCTYPE(_i, _vp, _cp, _sz)),
+    ]
+
+
+def load_plugin(path):
+    lib = ctypes.CDLL(os.path.abspath(path), mode=ctypes.RTLD_LOCAL)
+    entry = lib.lmc_cuda_transfer_ops
+    entry.restype, entry.argtypes = ctypes.POINTER(CudaOps), []
+    ops = entry().contents
+    check(ops.abi_version == 1, f"plugin ABI {ops.abi_version}, want 1")
+    return lib, ops
+
+
+class Err:
+    def __init__(self):
+        self.buf = ctypes.create_string_buffer(512)
+
+    def __str__(self):
+        return self.buf.value.decode(errors="replace")
+
+
+class PGroup:
+    """One kernel group: its tensors (torch, on cuda:0) and a logical view
+    [kv_size, nl, nb, bs, nh, hs] built from the format's dimension order."""
+
+    def __init__(self, torch, fmt, nl, nb, bs, nh, hs, dtype, pad=0, misalign=0, seed=0):
+        self.torch, self.fmt = torch, fmt
+        kv = 1 if fmt in (F_MLA, F_FUSED_NHD, F_FUSED_HND) else 2
+        if fmt == F_MLA:
+            nh = 1
+        self.kv, self.nl, self.nb, self.bs, self.nh, self.hs = kv, nl, nb, bs, nh, hs
+        self.dtype = dtype
+        self.es = torch.empty((), dtype=dtype).element_size()
+        phys = {F_FA_NHD: (2, nb, bs, nh, hs), F_FA_HND: (2, nb, nh, bs, hs),
+                F_FI_NHD: (nb, 2, bs, nh, hs), F_FI_HND: (nb, 2, nh, bs, hs),
+                F_MLA: (nb, bs, hs), F_FUSED_NHD: (nb, bs, nh, hs),
+                F_FUSED_HND: (nb, nh, bs, hs), F_CROSS: (nb, nl, 2, bs, nh, hs),
+                F_TRT: (nb, nl, 2, nh, bs, hs), F_SGLANG: (nb, bs, nh, hs)}[fmt]
+        n_t = 1 if fmt in (F_CROSS, F_TRT) else (2 * nl if fmt == F_SGLANG else nl)
+        self.block_stride = bs * hs + pad if fmt == F_MLA else bs * nh * hs
+        g = torch.Generator(device=DEV)
+        g.manual_seed(seed)
+        self.tensors = []
+        for _ in range(n_t):
+            numel = 1
+            for d in phys:
+                numel *= d
+            if fmt == F_MLA:
+                numel = nb * self.block_stride
+            flat = self.rand(torch, numel + misalign, g)
+            if fmt == F_MLA:
+                t = flat.as_strided((nb, bs, hs), (self.block_stride, hs, 1), misalign)
+            else:
+                t = flat[misalign:].view(phys)
+            self.tensors.append(t)
+
+    def rand(self, torch, n, g):
+        if self.es == 1:
+            return torch.randint(0, 256, (n,), dtype=torch.uint8, device=DEV, generator=g)
+        lo, hi = {2: (-32768, 32767), 4: (-2**31, 2**31 - 1)}[self.es]
+        idt = {2: torch.int16, 4: torch.int32}[self.es]
+        return torch.randint(lo, hi, (n,), dtype=idt, device=DEV, generator=g)
+
+    def layer_view(self, ts, kv, l):
+        """A writable [nb, bs, nh, hs] view of (kv, layer l) in tensors ts."""
+        f, nl = self.fmt, self.nl
+        if f == F_CROSS:
+            return ts[0][:, l, kv]
+        if f == F_TRT:
+            return ts[0][:, l, kv].permute(0, 2, 1, 3)
+        if f == F_SGLANG:
+            return ts[kv * nl + l]
+        t = ts[l]
+        return {F_FA_NHD: lambda: t[kv], F_FA_HND: lambda: t[kv].permute(0, 2, 1, 3),
+                F_FI_NHD: lambda: t[:, kv], F_FI_HND: lambda: t[:, kv].permute(0, 2, 1, 3),
+                F_MLA: lambda: t.unsqueeze(2), F_FUSED_NHD: lambda: t,
+                F_FUSED_HND: lambda: t.permute(0, 2, 1, 3)}[f]()
+
+    def entry(self, blocks):
+        """The group's entry of an object, [kv, nl, keep*bs, nh*hs], as bytes."""
+        rows = [self.layer_view(self.tensors, kv, l)[blocks].reshape(
+                    len(blocks) * self.bs, self.nh * self.hs)
+                for kv in range(self.kv) for l in range(self.nl)]
+        return self.torch.stack(rows).contiguous().view(-1).view(self.torch.uint8)
+
+    def scatter_expected(self, before, entry_bytes, blocks, skip):
+        """What the tensors must hold after a RETRIEVE of entry_bytes."""
+        exp = [t.clone() for t in before]
+        e = entry_bytes.clone().view(self.tensors[0].dtype)
+        e = e.view(self.kv, self.nl, len(blocks), self.bs, self.nh, self.hs)
+        for j in range(skip, len(blocks)):
+            for kv in range(self.kv):
+                for l in range(self.nl):
+                    self.layer_view(exp, kv, l)[blocks[j]] = e[kv, l, j]
+        return exp
+
+    def kernel_group(self, keep, entry_offset):
+        kg = KernelGroup()
+        kg.geo = Geo(self.fmt, self.kv, self.nl, self.nb, self.bs, self.nh, self.hs, self.es,
+                     self.block_stride)
+        kg.n_tensors = len(self.tensors)
+        kg.keep_blocks = kg.blocks_per_chunk = keep
+        kg.slots = keep * self.bs
+        kg.entry_offset = entry_offset
+        kg.entry_bytes = self.kv * self.nl * kg.slots * self.nh * self.hs * self.es
+        kg.sw_size_tokens = -1
+        return kg
+
+
+def plugin_case(torch, ops, name, groups, blocks, dst, skips):
+    """One object of `groups` (PGroups): STORE it to pinned host memory,
+    compare with torch's gather; RETRIEVE a fresh object into `dst` with
+    `skips`, compare every tensor with torch's scatter."""
+    err = Err()
+    kgs, off = [], 0
+    for g, b in zip(groups, blocks):
+        kgs.append(g.kernel_group(len(b), off))
+        off += kgs[-1].entry_bytes
+    size = off
+    # page-aligned, like lmcached's L1 arena (an mmap), pinned by the plugin
+    mm = mmap.mmap(-1, (size + 64 + 4095) // 4096 * 4096)
+    host = torch.frombuffer(mm, dtype=torch.uint8)
+    host.fill_(0xEE)
+    check(ops.pin(host.data_ptr(), host.numel(), err.buf, 512) == 0, f"pin: {err}")
+    s = ops.stream_new(0, size, err.buf, 512)
+    check(s, f"stream_new: {err}")
+    try:
+        kg_ptrs = (ctypes.POINTER(KernelGroup) * len(kgs))(*[ctypes.pointer(k) for k in kgs])
+        addr_arrays = [(ctypes.c_uint64 * len(g.tensors))(*[t.data_ptr() for t in g.tensors])
+                       for g in groups]
+        t_ptrs = (ctypes.POINTER(ctypes.c_uint64) * len(groups))(
+            *[ctypes.cast(a, ctypes.POINTER(ctypes.c_uint64)) for a in addr_arrays])
+        obj = CudaObject(kg_ptrs, t_ptrs, len(kgs), size)
+
+        def block_lists(lists):
+            arrs = [(ctypes.c_int64 * len(b))(*b) for b in lists]
+            return arrs, (ctypes.POINTER(ctypes.c_int64) * len(arrs))(
+                *[ctypes.cast(a, ctypes.POINTER(ctypes.c_int64)) for a in arrs])
+
+        dev_sync(torch)
+        keep_alive, bl = block_lists(blocks)
+        rc = ops.copy_object(s, ctypes.byref(obj), host.data_ptr(), bl, None, True, err.buf, 512)
+        check(rc == 0, f"{name}: copy_object (STORE): {err}")
+        h = (ctypes.c_uint8 * 64)()
+        check(ops.record_event(s, ctypes.cast(h, ctypes.c_void_p), err.buf, 512) == 0,
+              f"{name}: record_event: {err}")
+        check(bytes(h) != bytes(64), f"{name}: record_event exported 64 zero bytes")
+        ran = []
+        cb = HOSTFN(lambda arg: ran.append(arg))
+        check(ops.then(s, cb, ctypes.c_void_p(42), err.buf, 512) == 0, f"{name}: then: {err}")
+        check(ops.sync(s, err.buf, 512) == 0, f"{name}: sync: {err}")
+        for _ in range(100):
+            if ran:
+                break
+            time.sleep(0.01)
+        check(ran == [42], f"{name}: the host function ran {ran}")
+        want = torch.cat([g.entry(b) for g, b in zip(groups, blocks)]).cpu()
+        if not torch.equal(host[:size], want):
+            bad = (host[:size] != want).nonzero()
+            raise AssertionError(f"{name}: the stored object differs from torch's gather "
+                                 f"({want.numel()} bytes expected, {size} stored; first bad "
+                                 f"byte {int(bad[0]) if bad.numel() else None})")
+        check(bool((host[size:size + 64] == 0xEE).all()), f"{name}: bytes past the object "
+              "written")
+
+        # RETRIEVE a fresh object into dst, skipping the first skips[i] blocks
+        fresh = torch.randint(0, 256, (size,), dtype=torch.uint8)
+        host[:size] = fresh
+        before = [[t.clone() for t in g.tensors] for g in groups]
+        dev_sync(torch)
+        keep_alive2, bl2 = block_lists(dst)
+        sk = (ctypes.c_uint32 * len(groups))(*skips)
+        rc = ops.copy_object(s, ctypes.byref(obj), host.data_ptr(), bl2, sk, False, err.buf, 512)
+        check(rc == 0, f"{name}: copy_object (RETRIEVE): {err}")
+        check(ops.sync(s, err.buf, 512) == 0, f"{name}: sync: {err}")
+        fresh_dev = fresh.to(DEV)
+        for i, (g, k) in enumerate(zip(groups, kgs)):
+            part = fresh_dev[k.entry_offset:k.entry_offset + k.entry_bytes]
+            exp = g.scatter_expected(before[i], part, dst[i], min(skips[i], len(dst[i])))
+            for t, (a, b) in enumerate(zip(g.tensors, exp)):
+                check(torch.equal(a, b), f"{name}: member {i} tensor {t} differs from "
+                      f"torch's scatter (skip {skips[i]})")
+        del keep_alive, keep_alive2
+        print(f"  plugin {name}: ok ({size}-byte object)", flush=True)
+    finally:
+        ops.stream_free(s)
+        ops.unpin(host.data_ptr())
+
+
+def plugin_main(torch, args, uuid):
+    lib, ops = load_plugin(args.cuda_lib or os.path.join(args.bundle, "liblmcached_cuda.so"))
+    err = Err()
+    n = ctypes.c_int(0)
+    check(ops.init(ctypes.byref(n), err.buf, 512) == 0, f"init: {err}")
+    check(n.value >= 1, f"init: {n.value} devices")
+    dev = ctypes.c_int(-1)
+    for u in (uuid, "GPU-" + uuid) + ((uuid.upper(),) if DEV != "cpu" else ()):
+        check(ops.device_by_uuid(u.encode(), ctypes.byref(dev), err.buf, 512) == 0 and
+              dev.value == 0, f"device_by_uuid({u}): {err}")
+    check(ops.device_by_uuid(b"00000000-0000-0000-0000-000000000000", ctypes.byref(dev),
+                             err.buf, 512) == -1, "a made-up UUID was found")
+    print(f"  plugin: {n.value} device(s); unknown UUID: {err}")
+    i16, u8, i32 = torch.int16, torch.uint8, torch.int32
+    B = [17, 3, 9, 21]
+    D = [5, 11, 2, 20]
+    cases = [
+        ("fa_nhd+mla_padded", [PGroup(torch, F_FA_NHD, 3, 24, 16, 4, 64, i16, seed=1),
+                               PGroup(torch, F_MLA, 3, 24, 16, 1, 36, i16, pad=5, seed=2)]),
+        ("fa_hnd", [PGroup(torch, F_FA_HND, 2, 24, 16, 4, 64, i16, seed=3)]),
+        ("fi_nhd+fi_hnd", [PGroup(torch, F_FI_NHD, 2, 24, 16, 2, 128, i16, seed=4),
+                           PGroup(torch, F_FI_HND, 2, 24, 16, 2, 128, i16, seed=5)]),
+        ("fused_nhd+fused_hnd", [PGroup(torch, F_FUSED_NHD, 2, 24, 16, 2, 32, i16, seed=6),
+                                 PGroup(torch, F_FUSED_HND, 2, 24, 16, 2, 32, i16, seed=7)]),
+        ("cross+trt", [PGroup(torch, F_CROSS, 4, 24, 16, 2, 64, i16, seed=8),
+                       PGroup(torch, F_TRT, 4, 24, 16, 2, 64, i16, seed=9)]),
+        ("sglang_kv_lists", [PGroup(torch, F_SGLANG, 3, 24, 16, 2, 64, i16, seed=10)]),
+        ("many_heads_hnd", [PGroup(torch, F_FA_HND, 2, 24, 4, 40, 256, i16, seed=11)]),
+        ("fp8_odd_rows+misaligned", [PGroup(torch, F_FA_NHD, 2, 24, 16, 3, 3, u8, seed=12),
+                                     PGroup(torch, F_FA_NHD, 2, 24, 16, 2, 64, i16,
+                                            misalign=1, seed=13)]),
+        ("fp32", [PGroup(torch, F_FI_NHD, 2, 24, 32, 1, 128, i32, seed=14)]),
+    ]
+    for name, groups in cases:
+        plugin_case(torch, ops, name, groups, [B] * len(groups), [D] * len(groups),
+                    [0] + [2] * (len(groups) - 1) if len(groups) > 1 else [0])
+        if len(groups) == 1:
+            plugin_case(torch, ops, name + " skip 3", groups, [B], [D], [3])
+
+    if DEV == "cpu":
+        return
+    # refusals: nothing enqueued, an error line, no abort
+    g = PGroup(torch, F_FA_NHD, 1, 2048, 16, 1, 8, i16, seed=15)
+    big = list(range(1025))
+    kg = g.kernel_group(len(big), 0)
+    s = ops.stream_new(0, kg.entry_bytes, err.buf, 512)
+    try:
+        addrs = (ctypes.c_uint64 * 1)(g.tensors[0].data_ptr())
+        obj = CudaObject((ctypes.POINTER(KernelGroup) * 1)(ctypes.pointer(kg)),
+                         (ctypes.POINTER(ctypes.c_uint64) * 1)(
+                             ctypes.cast(addrs, ctypes.POINTER(ctypes.c_uint64))),
+                         1, kg.entry_bytes)
+        ids = (ctypes.c_int64 * len(big))(*big)
+        bl = (ctypes.POINTER(ctypes.c_int64) * 1)(ctypes.cast(ids, ctypes.POINTER(ctypes.c_int64)))
+        host = torch.empty(kg.entry_bytes, dtype=torch.uint8)
+        rc = ops.copy_object(s, ctypes.byref(obj), host.data_ptr(), bl, None, True, err.buf, 512)
+        check(rc == -1 and "1025" in str(err), f"1025 blocks: rc {rc}, {err}")
+        print(f"  plugin refuses: {err}")
+        check(ops.wait_event(s, None, 0, err.buf, 512) == 0, "wait_event of no handle")
+        check(ops.wait_event(s, b"12345", 5, err.buf, 512) == -1, "a 5-byte event handle")
+        print(f"  plugin refuses: {err}")
+        check(ops.sync(s, err.buf, 512) == 0, f"sync after refusals: {err}")
+    finally:
+        ops.stream_free(s)
+
+
+def gpu_main(args, z):
+    torch = real_torch()
+    check(torch.cuda.is_available(), "torch sees no CUDA device")
+    props = torch.cuda.get_device_properties(0)
+    uuid = str(props.uuid)
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {props.name}, uuid {uuid}",
+          flush=True)
+    if "plugin" in args.phases:
+        print("plugin: liblmcached_cuda.so driven directly, against torch", flush=True)
+        plugin_main(torch, args, uuid)
+    if "server" not in args.phases:
+        return
+    print("server: lmcached over CUDA IPC", flush=True)
+    srv = Server(z, args.lmcached, args.lib_dir, args.cuda_lib,
+                 "--chunk-size", str(args.chunk_size))
+    ok = False
+    try:
+        for i, fmt in enumerate(args.formats):
+            run_case(torch, srv, fmt, 100 + i, uuid, args.chunk_size)
+        ok = True
+    finally:
+        rc = srv.stop()
+        if not ok or rc != 0 or args.verbose:
+            print("---- lmcached log (tail) ----")
+            print("\n".join(srv.output().splitlines()[-80:]))
+    check(rc == 0, f"lmcached exited {rc}")
+
+
+def emul_main(args):
+    """The plugin phase on the CPU, against a stand-in library that copies
+    host memory (tests/cuda_emul): checks this script's torch gather and
+    scatter, not the CUDA kernel."""
+    global DEV
+    torch = real_torch()
+    DEV = "cpu"
+    args.cuda_lib = args.emul
+    plugin_main(torch, args, "emul-0")
+
+
+def selftest_main(args, z):
+    """No torch, no GPU: the plugin's ctypes plumbing, the ZMQ client and
+    the server's refusal."""
+    _, ops = load_plugin(args.cuda_lib or os.path.join(args.bundle, "liblmcached_cuda.so"))
+    err, n = Err(), ctypes.c_int(0)
+    rc = ops.init(ctypes.byref(n), err.buf, 512)
+    print(f"  plugin: ABI {ops.abi_version}, init rc {rc}: {n.value} device(s) {err}")
+    check(rc == 0 or str(err), "init failed without a reason")
+    srv = Server(z, args.lmcached, args.lib_dir, args.cuda_lib,
+                 "--chunk-size", str(args.chunk_size))
+    ok = False
+    try:
+        d = srv.dealer()
+        check(d.call(NOOP) is not None, "NOOP: no reply")
+        toks = prompt(1, 2 * args.chunk_size)
+        check(d.call(LOOKUP, key(toks, 0, len(toks), "st", "m", worker_id=None), 1)
+              is not None, "LOOKUP: no reply")
+        hits = None
+        for _ in range(100):
+            hits = unpack(d.call(QUERY, "st"))
+            if hits is not None:
+                break
+            time.sleep(0.02)
+        check(hits == 0, f"QUERY on an empty cache: {hits}")
+        fake = w.cuda_ipc((2, 8, 16, 2, 8), (2048, 256, 16, 8, 1))
+        frames = d.call(REG, 5, [msgpack.ExtType(1, w.dumps(fake))], "m", 1, "vllm",
+                        {"kv_layout": "NHD"}, [], timeout_ms=5000)
+        check(frames is None, "a CUDA registration without a GPU was accepted")
+        deadline = time.monotonic() + 5
+        while "CUDA" not in srv.output() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        log = srv.output()
+        line = next((l for l in log.splitlines() if "CUDA" in l), None)
+        check(line is not None, "the server logged no reason for refusing CUDA tensors")
+        print("  refused:", line.strip())
+        d.close()
+        ok = True
+    finally:
+        rc = srv.stop()
+        if not ok or args.verbose:
+            print(srv.output()[-4000:])
+    check(rc == 0, f"lmcached exited {rc}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bundle", default=os.path.join(HERE, "bundle"),
+                    help="dir with lmcached, liblmcached_cuda.so and lib/ (tests/gpu/bundle.sh)")
+    ap.add_argument("--lmcached", help="the server binary (default: BUNDLE/lmcached)")
+    ap.add_argument("--lib-dir", help="shared libraries for the server and libzmq "
+                                      "(default: BUNDLE/lib)")
+    ap.add_argument("--cuda-lib", help="liblmcached_cuda.so to load (LMCACHED_CUDA_LIB; "
+                                       "default: the one beside lmcached)")
+    ap.add_argument("--chunk-size", type=int, default=64)
+    ap.add_argument("--formats", nargs="+", default=["fa_nhd", "fa_hnd", "mla"],
+                    help="server phase: the engine KV formats registered")
+    ap.add_argument("--phases", nargs="+", default=["plugin", "server"],
+                    choices=["plugin", "server"],
+                    help="plugin: the library alone in this process; server: lmcached over IPC")
+    ap.add_argument("--zmq-selftest", action="store_true",
+                    help="no torch/GPU: check the ZMQ client and the refusal without a GPU")
+    ap.add_argument("--emul", metavar="LIB",
+                    help="no GPU: the plugin phase on the CPU against a stand-in library "
+                         "(libcuda_emul.so), to check this script")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args()
+    args.lmcached = args.lmcached or os.path.join(args.bundle, "lmcached")
+    args.lib_dir = args.lib_dir or os.path.join(args.bundle, "lib")
+    try:
+        if args.emul:
+            emul_main(args)
+        else:
+            if not args.zmq_selftest:
+                real_torch()   # first: its libstdc++ is the one libzmq gets
+            z = Zmq(load_libzmq(args.lib_dir))
+            (selftest_main if args.zmq_selftest else gpu_main)(args, z)
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        print(f"FAIL: {e}")
+        return 1
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
