@@ -187,6 +187,28 @@ def test_sglang_and_trtllm_formats_round_trip(srv, fmt, engine, hints):
     round_trip(srv, g, Engine(srv, 13, [g], hints=hints, engine=engine))
 
 
+@pytest.mark.parametrize("frames", [2, 4])
+def test_older_registrations_with_fewer_frames(srv, frames):
+    """[instance_id, kv_caches] (the layout then goes under the first op's
+    model and world size) and [instance_id, kv_caches, model, world_size]."""
+    g = PagedKV(f"old{frames}", "fa_hnd", nl=2, nb=16, bs=16, nh=2, hs=8)
+    d = srv.dealer()
+    args = [15, g.handles()] + (["m", 1] if frames == 4 else [])
+    reply = d.call(REG, *args)
+    assert reply is not None and len(reply) == 2, srv.output()
+    toks = prompt(16)
+    assert unpack(d.call(STORE, key(toks, 0, 2 * CS, "s"), 15, [[1, 2, 3, 4]], b"")) == \
+        [ZEROS, True]
+    assert lookup(srv, toks, "r") == 2
+    assert unpack(d.call(RETRIEVE, key(toks, 0, 2 * CS, "r"), 15, [5, 6, 7, 8], b"")) == \
+        [ZEROS, True]                                  # a flat block list, no skip frame
+    for c in range(2):
+        assert chunk_rows(g, [5, 6, 7, 8], c) == chunk_rows(g, [1, 2, 3, 4], c)
+    assert len(d.call(UNREG, 15)) == 2
+    d.close()
+    g.close()
+
+
 def test_cpu_server_reads_vllm_tensors_as_hnd_whatever_the_hint(srv):
     g = PagedKV("hnd", "fa_hnd", nl=2, nb=16, bs=16, nh=2, hs=8)
     e = Engine(srv, 12, [g], hints={"kv_layout": "NHD"})
