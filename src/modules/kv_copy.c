@@ -30,24 +30,39 @@ static uint8_t *tensor_of(const lmc_kv_chunk_copy *c, uint32_t kv, uint32_t laye
 }
 
 /* One block j of the chunk, for one (kv, layer): either direction. */
-static void copy_block(const lmc_kv_chunk_copy *c, uint32_t kv, uint32_t l, uint32_t j,
-                       bool gather)
+/* Token-major blocks j.. of (kv, l), as one run while the engine's next
+ * block starts where this one ends (vLLM hands a fresh request consecutive
+ * blocks, and the object's slots are consecutive anyway).  Returns the
+ * number of blocks copied. */
+static uint32_t copy_run(const lmc_kv_chunk_copy *c, uint32_t kv, uint32_t l, uint32_t j,
+                         bool gather)
+{
+    const lmc_kv_geometry *g = &c->g->geo;
+    uint64_t es = g->element_size, block = (uint64_t)g->bs * g->nh * g->hs;
+    uint32_t layer = lmc_kv_format_cross_layer(g->format) ? l : 0;
+    uint64_t first = lmc_kv_paged_offset(g, kv, layer, (uint64_t)c->blocks[j], 0, 0, 0);
+    uint32_t n = 1;
+    while (j + n < c->g->keep_blocks &&
+           lmc_kv_paged_offset(g, kv, layer, (uint64_t)c->blocks[j + n], 0, 0, 0) ==
+               first + n * block)
+        n++;
+    uint8_t *p = tensor_of(c, kv, l) + first * es;
+    uint8_t *o = c->entry + lmc_kv_object_offset(g, c->g->slots, kv, l, j * g->bs, 0, 0) * es;
+    size_t bytes = (size_t)(n * block * es);
+    gather ? lmc_bulk_copy(c->method, o, p, bytes) : lmc_bulk_copy(c->method, p, o, bytes);
+    return n;
+}
+
+/* HND block j of (kv, l): the block is [nh][bs][hs], the object's rows
+ * [bs][nh][hs]. */
+static void copy_transposed(const lmc_kv_chunk_copy *c, uint32_t kv, uint32_t l, uint32_t j,
+                            bool gather)
 {
     const lmc_kv_geometry *g = &c->g->geo;
     uint64_t es = g->element_size, b = (uint64_t)c->blocks[j];
     uint32_t layer = lmc_kv_format_cross_layer(g->format) ? l : 0;
-    uint8_t *paged = tensor_of(c, kv, l);
-    uint32_t s0 = j * g->bs;
-    if (token_major(g->format)) {
-        uint8_t *p = paged + lmc_kv_paged_offset(g, kv, layer, b, 0, 0, 0) * es;
-        uint8_t *o = c->entry + lmc_kv_object_offset(g, c->g->slots, kv, l, s0, 0, 0) * es;
-        size_t n = (size_t)g->bs * g->nh * g->hs * es;
-        gather ? lmc_bulk_copy(c->method, o, p, n) : lmc_bulk_copy(c->method, p, o, n);
-        return;
-    }
-    /* HND: the block is [nh][bs][hs], the object's rows [bs][nh][hs]. */
-    uint8_t *p = paged + lmc_kv_paged_offset(g, kv, layer, b, 0, 0, 0) * es;
-    uint8_t *o = c->entry + lmc_kv_object_offset(g, c->g->slots, kv, l, s0, 0, 0) * es;
+    uint8_t *p = tensor_of(c, kv, l) + lmc_kv_paged_offset(g, kv, layer, b, 0, 0, 0) * es;
+    uint8_t *o = c->entry + lmc_kv_object_offset(g, c->g->slots, kv, l, j * g->bs, 0, 0) * es;
     size_t row = (size_t)g->hs * es;
     if (gather)
         lmc_bulk_copy_transpose(c->method, o, p, row, g->nh, g->bs, false);
@@ -58,10 +73,14 @@ static void copy_block(const lmc_kv_chunk_copy *c, uint32_t kv, uint32_t l, uint
 static void copy_chunk(const lmc_kv_chunk_copy *c, bool gather)
 {
     const lmc_kv_geometry *g = &c->g->geo;
+    bool runs = token_major(g->format);
     for (uint32_t kv = 0; kv < g->kv_size; kv++)
         for (uint32_t l = 0; l < g->nl; l++)
-            for (uint32_t j = c->skip_blocks; j < c->g->keep_blocks; j++)
-                copy_block(c, kv, l, j, gather);
+            for (uint32_t j = c->skip_blocks; j < c->g->keep_blocks;)
+                if (runs)
+                    j += copy_run(c, kv, l, j, gather);
+                else
+                    copy_transposed(c, kv, l, j++, gather);
     lmc_bulk_copy_fence(c->method);
 }
 
