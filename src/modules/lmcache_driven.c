@@ -9,9 +9,11 @@
  * STORE gathers the chunks' blocks into freshly reserved L1 objects and
  * publishes them once every byte is in place; RETRIEVE scatters objects a
  * LOOKUP read-locked into the given blocks and gives one read share per
- * object back.  The CPU copy is synchronous, so both reply when the bytes
- * have moved, with 64 zero bytes for the event handle (what an upstream
- * server without a GPU sends). */
+ * object back.  On CPU shared tensors the copy is synchronous, so both reply
+ * when the bytes have moved, with 64 zero bytes for the event handle (what
+ * an upstream server without a GPU sends); on CUDA tensors the copies are
+ * enqueued on the context's stream and the reply carries its event
+ * (sd_cuda.c). */
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,16 +97,6 @@ static int decode_block_ids(const sd_ctx *c, const msgpack_object *o, sd_op *op,
                             op->n * kg->blocks_per_chunk, kg->blocks_per_chunk), -1;
     }
     return 0;
-}
-
-static bool ids_in_range(const sd_op *op, uint32_t gi, size_t chunk)
-{
-    const lmc_kv_kernel_group *g = &op->c->plan.kg[gi];
-    const int64_t *ids = lmc_sd_kept_ids(op, gi, chunk);
-    for (uint32_t j = 0; j < g->keep_blocks; j++)
-        if (ids[j] < 0 || (uint64_t)ids[j] >= g->geo.nb)
-            return false;
-    return true;
 }
 
 /* Frames 0 (key) and 1 (instance) and 2 (block ids): the context, the
@@ -243,7 +235,7 @@ static int plan_store(const sd_op *op, sd_store_plan *s, char *err, size_t errle
             if (null_chunk(op, &p->og[og], c))
                 continue;
             for (uint32_t i = 0; i < p->og[og].n_members; i++)
-                if (!ids_in_range(op, p->og[og].members[i], c))
+                if (!lmc_sd_ids_in_range(op, p->og[og].members[i], c))
                     return snprintf(err, errlen, "chunk %zu names a block outside kernel group "
                                                  "%u's %llu blocks", c, p->og[og].members[i],
                                     (unsigned long long)p->kg[p->og[og].members[i]].geo.nb), -1;
@@ -467,7 +459,7 @@ static bool retrieve_group(sd_mod *m, const sd_op *op, uint32_t og, uint64_t ski
     size_t first = lmc_sd_window_start(op, og), n = op->n - first;
     for (size_t c = first; c < op->n; c++) {
         for (uint32_t k = 0; k < p->og[og].n_members; k++)
-            if (!ids_in_range(op, p->og[og].members[k], c)) {
+            if (!lmc_sd_ids_in_range(op, p->og[og].members[k], c)) {
                 LMC_WARN("RETRIEVE: chunk %zu names a block outside its tensor", c);
                 return false;
             }

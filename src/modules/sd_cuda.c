@@ -390,8 +390,12 @@ static int retrieve_group(sd_mod *m, const sd_op *op, uint32_t og, uint64_t skip
     lmc_object_key *keys = malloc((n + 1) * sizeof *keys);
     lmc_lease *leases = calloc(n + 1, sizeof *leases);
     int rc = keys && leases ? 0 : (snprintf(err, errlen, "out of memory"), -1);
-    for (size_t c = first; rc == 0 && c < op->n; c++)
+    for (size_t c = first; rc == 0 && c < op->n; c++) {
+        for (uint32_t k = 0; rc == 0 && k < p->og[og].n_members; k++)
+            if (!lmc_sd_ids_in_range(op, p->og[og].members[k], c))
+                rc = (snprintf(err, errlen, "chunk %zu names a block outside its tensor", c), -1);
         keys[c - first] = op->keys[c * p->n_og + og];
+    }
     if (rc == 0 && lmc_storage_manager_lease_copy(m->ctx->storage, keys, n,
                                                   LMC_COPY_CARRIES_SHARE, true, leases,
                                                   NULL) != n)

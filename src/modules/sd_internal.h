@@ -111,6 +111,18 @@ static inline const int64_t *lmc_sd_kept_ids(const sd_op *op, uint32_t gi, size_
            (g->blocks_per_chunk - g->keep_blocks);
 }
 
+/* Every block id chunk `chunk` of kernel group gi stores is inside the
+ * group's tensors (checked before any copy: a kernel would not). */
+static inline bool lmc_sd_ids_in_range(const sd_op *op, uint32_t gi, size_t chunk)
+{
+    const lmc_kv_kernel_group *g = &op->c->plan.kg[gi];
+    const int64_t *ids = lmc_sd_kept_ids(op, gi, chunk);
+    for (uint32_t j = 0; j < g->keep_blocks; j++)
+        if (ids[j] < 0 || (uint64_t)ids[j] >= g->geo.nb)
+            return false;
+    return true;
+}
+
 /* First chunk object group og needs: a sliding-window group only its last
  * chunks_in_sw, the only ones the LOOKUP locked for it. */
 static inline size_t lmc_sd_window_start(const sd_op *op, uint32_t og)

@@ -111,7 +111,15 @@ def test_failures_reply_with_a_recorded_event(srv):
     assert not ok and len(h) == 64                            # a 3-byte event handle
     h, ok = unpack(d.call(RETRIEVE, key(toks, 0, CS, "x"), 82, [[1, 2]], b"", 0))
     assert not ok and len(h) == 64                            # no LOOKUP locks
-    assert lookup(d, toks, "r", 3) == 0                       # nothing half-published
+    fresh = prompt(25)
+    assert unpack(d.call(STORE, key(fresh, 0, CS, "f"), 82, [[1, 2]], b""))[1]
+    assert until(lambda: lookup(d, fresh, f"q{time.monotonic()}", 1) == 1)
+    assert lookup(d, fresh, "l", 1) == 1
+    h, ok = unpack(d.call(RETRIEVE, key(fresh, 0, CS, "l"), 82, [[1, 99]], b"", 0))
+    assert not ok and len(h) == 64                            # a block outside the tensor
+    other = prompt(24)
+    assert unpack(d.call(STORE, key(other, 0, 3 * CS, "s"), 82, [[1, 2, 3]], b""))[1] is False
+    assert lookup(d, other, "r", 3) == 0                      # nothing half-published
     assert d.call(NOOP)[2] == msgpack.packb("OK")
     d.close()
     g.close()
