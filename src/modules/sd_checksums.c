@@ -158,6 +158,8 @@ static json_t *id_ranges(const int64_t *ids, size_t n)
 static json_t *checksums(const sd_ctx *c, const cks_request *r, unsigned *status, char *err,
                          size_t errlen)
 {
+    if (c->cuda)   /* its tensors are device memory, out of this thread's reach */
+        return fail(status, 501, err, errlen, "checksums of CUDA tensors are not supported yet");
     for (uint32_t l = 0; l < c->n_tensors; l++) {
         uint32_t pos, kg;
         const lmc_kv_kernel_group *g = group_of(c, l, &pos, &kg);

@@ -9,6 +9,7 @@ stream's callbacks on the completion thread."""
 import json
 import os
 import time
+import urllib.error
 import urllib.request
 
 import msgpack
@@ -95,6 +96,14 @@ def test_store_and_retrieve_through_the_stream(srv, fmt, hint):
         leases = status(srv)["storage_manager"]["l1_manager"]["leases"]
         return leases["copy"]["outstanding"] == 0 and leases["write"]["outstanding"] == 0
     assert until(settled), status(srv)["storage_manager"]["l1_manager"]["leases"]
+    req = urllib.request.Request(f"http://127.0.0.1:{srv.http_port}/cache/checksums",
+                                 data=json.dumps({"block_ids": [1], "chunk_size": 1,
+                                                  "instance_id": 81}).encode(), method="POST")
+    try:
+        urllib.request.urlopen(req, timeout=5)
+        raise AssertionError("checksums of a CUDA context answered 200")
+    except urllib.error.HTTPError as e:
+        assert e.code == 501 and "CUDA" in json.loads(e.read())["detail"]
     assert len(d.call(UNREG, 81)) == 2
     d.close()
     g.close()
