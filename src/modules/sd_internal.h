@@ -70,7 +70,9 @@ typedef struct {
     uint32_t cs;
     lmc_copy_method copy;
     bool force_hnd;              /* vLLM tensors on a server without a GPU */
-    pthread_mutex_t lock;        /* ctxs, and each ctx's model/layout_held */
+    pthread_mutex_t lock;        /* ctxs, each ctx's model/layout_held, populating */
+    pthread_cond_t populated;    /* populating fell to 0 */
+    int populating;              /* page-table fill threads still running */
     sd_ctx **ctxs;
     size_t n_ctxs, cap_ctxs;
     lmc_reaper *reaper;

@@ -239,11 +239,9 @@ static sd_mapping *map_segment(sd_mod *m, sd_ctx *c, const lmc_shared_tensor *t,
                         (unsigned long long)t->storage_bytes,
                         fd < 0 ? strerror(errno) : "it is smaller"), NULL;
     }
-    /* Populated now: the engine's KV cache lives as long as the engine, and
-     * a page-table fault per 4 KiB on the first copies would cost them
-     * several times the copy itself (BENCHMARKS.md). */
-    void *addr = mmap(NULL, t->storage_bytes, PROT_READ | PROT_WRITE,
-                      MAP_SHARED | MAP_POPULATE, fd, 0);
+    /* Not populated here: registration runs on the socket thread, and a
+     * large cache would stall every client; populate_later() does it. */
+    void *addr = mmap(NULL, t->storage_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (addr == MAP_FAILED)
         return snprintf(err, errlen, "cannot map segment %s: %s", t->shm_name,
@@ -420,6 +418,56 @@ static int add_ctx(sd_mod *m, sd_ctx *c)
     return rc;
 }
 
+/* Fills the page tables of a CPU context's mappings on a thread of its
+ * own, holding a reference: the engine's cache lives as long as the
+ * engine, and a fault per 4 KiB on the first copies would cost them
+ * several times the copy itself (BENCHMARKS.md). */
+typedef struct {
+    sd_mod *m;
+    sd_ctx *c;
+} populate_job;
+
+static void *populate(void *arg)
+{
+    populate_job *j = arg;
+    sd_mod *m = j->m;
+    for (size_t i = 0; i < j->c->n_maps; i++)
+        (void)madvise(j->c->maps[i].addr, j->c->maps[i].len, MADV_POPULATE_WRITE);
+    lmc_sd_put(m, j->c);
+    free(j);
+    pthread_mutex_lock(&m->lock);   /* lmc_sd_close waits for this */
+    if (--m->populating == 0)
+        pthread_cond_broadcast(&m->populated);
+    pthread_mutex_unlock(&m->lock);
+    return NULL;
+}
+
+static void populate_later(sd_mod *m, sd_ctx *c)
+{
+    populate_job *j = malloc(sizeof *j);
+    pthread_t th;
+    pthread_attr_t attr;
+    if (!j || c->cuda || c->n_maps == 0) {
+        free(j);
+        return;
+    }
+    *j = (populate_job){.m = m, .c = c};
+    atomic_fetch_add(&c->refs, 1);
+    pthread_mutex_lock(&m->lock);
+    m->populating++;
+    pthread_mutex_unlock(&m->lock);
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &attr, populate, j) != 0) {   /* faults on first use then */
+        atomic_fetch_sub(&c->refs, 1);
+        free(j);
+        pthread_mutex_lock(&m->lock);
+        m->populating--;
+        pthread_mutex_unlock(&m->lock);
+    }
+    pthread_attr_destroy(&attr);
+}
+
 static void log_registered(const sd_ctx *c)
 {
     const lmc_kv_plan *p = &c->plan;
@@ -450,8 +498,10 @@ lmc_handler_result lmc_sd_register(void *state, lmc_rpc_call *call)
     int rc = decode_request(m, call, &r, err, sizeof err);
     if (rc == 0)
         rc = build_ctx(m, &r, &c, err, sizeof err);
+    if (rc == 0)
+        populate_later(m, c);   /* holds its own reference */
     if (rc == 0 && add_ctx(m, c) != 0) {
-        ctx_destroy(m, c);
+        lmc_sd_put(m, c);
         rc = -2;
         snprintf(err, sizeof err, "out of memory");
     }
@@ -558,6 +608,7 @@ int lmc_sd_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen)
      * HND whatever its hint says (docs/protocol.md). */
     m->force_hnd = strcmp(ctx->config->mp.cpu_kv_layout, "hint") != 0;
     pthread_mutex_init(&m->lock, NULL);
+    pthread_cond_init(&m->populated, NULL);
     lmc_sd_cuda_init(&m->cuda);
     if (lmc_fault_guard_install() != 0)
         LMC_WARN("lmcache_driven_transfer: no SIGBUS handler: an engine that shrinks its "
@@ -568,6 +619,7 @@ int lmc_sd_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen)
                             ctx->config->mp.worker_registration_grace_seconds);
     if (!(m->reaper = lmc_reaper_new(&ro))) {
         lmc_sd_cuda_close(m);
+        pthread_cond_destroy(&m->populated);
         pthread_mutex_destroy(&m->lock);
         free(m);
         return snprintf(err, errlen, "lmcache_driven_transfer: cannot start the reaper"), -1;
@@ -582,8 +634,13 @@ void lmc_sd_close(void *state)
     lmc_reaper_free(m->reaper);
     while (m->n_ctxs)
         lmc_sd_put(m, m->ctxs[--m->n_ctxs]);
+    pthread_mutex_lock(&m->lock);   /* the last references may be theirs */
+    while (m->populating)
+        pthread_cond_wait(&m->populated, &m->lock);
+    pthread_mutex_unlock(&m->lock);
     lmc_sd_cuda_close(m);   /* the streams are gone: no completion can come */
     free(m->ctxs);
+    pthread_cond_destroy(&m->populated);
     pthread_mutex_destroy(&m->lock);
     free(m);
 }
