@@ -327,6 +327,25 @@ static lmc_handler_result prepare_store(void *state, lmc_rpc_call *call)
     return LMC_HANDLER_REPLY;
 }
 
+/* Publishes a pending entry's writes; the number actually stored (a key a
+ * forced clear voided meanwhile is not; a call that failed whole gives
+ * every lease back). */
+static size_t publish_pending(engine_mod *m, ed_pending *p)
+{
+    lmc_l1_result *res = malloc((p->n ? p->n : 1) * sizeof *res);
+    size_t ok = 0;
+    if (!res || lmc_storage_manager_publish_writes(m->ctx->storage, p->keys, p->leases, p->n, 0,
+                                                   res) != 0) {
+        lmc_storage_manager_give_back(m->ctx->storage, p->keys, p->leases, p->n);
+        free(res);
+        return 0;
+    }
+    for (size_t i = 0; i < p->n; i++)
+        ok += res[i] == LMC_L1_SUCCESS;
+    free(res);
+    return ok;
+}
+
 /* COMMIT_STORE(key, instance_id, data: bytes) -> bool */
 static lmc_handler_result commit_store(void *state, lmc_rpc_call *call)
 {
@@ -343,18 +362,18 @@ static lmc_handler_result commit_store(void *state, lmc_rpc_call *call)
         return lmc_rpc_call_fail(call, resolve_error(rrc), "COMMIT_STORE: %s", err);
     /* Non-empty data is the pickle fallback, which lmcached does not speak. */
     ed_pending *p = data_len == 0 ? take_pending(m, &op, true) : NULL;
+    size_t published = p ? publish_pending(m, p) : 0;
     if (p) {
-        /* A key a forced clear voided meanwhile is simply not stored; a
-         * call that failed whole leaves the leases to give back. */
-        if (lmc_storage_manager_publish_writes(m->ctx->storage, p->keys, p->leases, p->n, 0,
-                                               NULL) != 0)
-            lmc_storage_manager_give_back(m->ctx->storage, p->keys, p->leases, p->n);
-        atomic_fetch_add(&m->chunks_committed, p->n);
-        publish_transfer(m, LMC_EVENT_STORE_END, &op, p->n, p->n * op.layout.object_size);
-        free_pending(p);
+        atomic_fetch_add(&m->chunks_committed, published);
+        publish_transfer(m, LMC_EVENT_STORE_END, &op, published,
+                         published * op.layout.object_size);
     }
+    /* True only when every chunk prepared is now stored: a write a forced
+     * clear voided (or whose lock lapsed) is not, and the engine is told. */
     msgpack_packer *pk = lmc_rpc_call_reply(call);
-    p ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+    p && published == p->n ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+    if (p)
+        free_pending(p);
     lmc_ed_op_free(&op);
     return LMC_HANDLER_REPLY;
 }

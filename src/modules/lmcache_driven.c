@@ -320,22 +320,26 @@ static void abandon_store(sd_mod *m, sd_store_plan *s)
             lmc_storage_manager_give_back(m->ctx->storage, &s->keys[i], &s->leases[i], 1);
 }
 
-/* Publishes what was copied; the rest of the plan holds no lease. */
+/* Publishes what was copied (the rest of the plan holds no lease); the
+ * number of chunks now stored. */
 static size_t publish_store(sd_mod *m, sd_store_plan *s)
 {
-    size_t w = 0;
+    size_t w = 0, stored = 0;
     for (size_t i = 0; i < s->n; i++) {
         if (s->res[i] == LMC_L1_SUCCESS) {
             s->keys[w] = s->keys[i];
             s->leases[w++] = s->leases[i];
         }
     }
+    s->n = w;   /* the plan now holds the published-or-voided writes only */
     if (w && lmc_storage_manager_publish_writes(m->ctx->storage, s->keys, s->leases, w, 0,
-                                                NULL) != 0) {
+                                                s->res) != 0) {
         lmc_storage_manager_give_back(m->ctx->storage, s->keys, s->leases, w);
         return 0;
     }
-    return w;
+    for (size_t i = 0; i < w; i++)
+        stored += s->res[i] == LMC_L1_SUCCESS;
+    return stored;
 }
 
 /* Copies the reserved chunks and publishes them; -1 when the engine's
@@ -349,12 +353,16 @@ static int store_on_cpu(sd_mod *m, const sd_op *op, sd_store_plan *s)
                  "nothing stored", (long long)op->c->instance_id);
         return -1;
     }
+    size_t reserved = 0;
+    for (size_t i = 0; i < s->n; i++)
+        reserved += s->res[i] == LMC_L1_SUCCESS;
     size_t stored = publish_store(m, s);
     atomic_fetch_add(&m->chunks_stored, stored);
     atomic_fetch_add(&m->bytes_stored, bytes);
     lmc_publish_transfer(m->ctx->events, LMC_EVENT_STORE_END, &op->key, op->c->instance_id,
                          "cpu", stored, bytes);
-    return 0;
+    /* A write a forced clear voided in between is not stored: say so. */
+    return stored == reserved ? 0 : -1;
 }
 
 /* Enqueues the copies on the context's stream and replies with its event;

@@ -427,7 +427,7 @@ def test_clear_during_transfers_never_hands_out_memory_in_use(srv, pair):
     assert unpack(w1.d.call(CRETR, k_read, w1.id)) is True
     for s in writing:
         w0.pool[s["offset"]:s["offset"] + s["length"]] = b"\xee" * s["length"]
-    assert unpack(w0.d.call(CSTORE, k_write, w0.id, b"")) is True   # processed...
+    assert unpack(w0.d.call(CSTORE, k_write, w0.id, b"")) is False  # processed, voided...
     assert retired_bytes(srv) == 0
     again = unpack(w0.d.call(PSTORE, k_write, w0.id))["context"]   # ...but not published
     assert again["chunk_indices"] == [0, 1, 2, 3]
