@@ -1,0 +1,90 @@
+/* kv_gather_bench: the server-driven CPU gather (lmc_kv_gather_chunk) alone,
+ * outside any server: N chunks of 2 MiB ([2, 8 layers, 256 tokens, 256],
+ * bf16) gathered from paged FlashAttention tensors (block size 16,
+ * consecutive blocks) beside a straight streaming copy of the same bytes,
+ * alternating, three rounds; in private memory and in shared memory
+ * (memfd, 4 KiB pages, as the engine's segments and the L1 pool are).
+ * It separates the copy loop's own speed from what the server around it
+ * costs (BENCHMARKS.md, "Server-driven transfers").
+ *
+ *   kv_gather_bench [chunks]          (default 512) */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "modules/kv_copy.h"
+
+enum { NL = 8, BS = 16, NH = 2, HS = 128, CS = 256 };
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static void *buffer(size_t n, bool shared)
+{
+    void *p = NULL;
+    if (!shared) {
+        p = malloc(n);
+    } else {
+        int fd = memfd_create("kv_gather_bench", 0);
+        if (fd >= 0 && ftruncate(fd, (off_t)n) == 0)
+            p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (fd >= 0)
+            close(fd);
+        p = p == MAP_FAILED ? NULL : p;
+    }
+    if (p)
+        memset(p, 7, n);   /* touched: no first-touch faults in the rounds */
+    return p;
+}
+
+static int run(size_t chunks, bool shared)
+{
+    size_t nb = chunks * CS / BS + 1, plane = nb * BS * NH * HS * 2;
+    size_t obj = 2ull * NL * CS * NH * HS * 2;
+    uint8_t *layers[NL], *dst = buffer(chunks * obj, shared), *src = buffer(chunks * obj, shared);
+    int64_t *ids = malloc(chunks * (CS / BS) * sizeof *ids);
+    int rc = dst && src && ids ? 0 : -1;
+    for (int l = 0; l < NL; l++)
+        rc |= (layers[l] = buffer(2 * plane, shared)) ? 0 : -1;
+    if (rc != 0)
+        return fprintf(stderr, "kv_gather_bench: out of memory\n"), -1;
+    for (size_t i = 0; i < chunks * (CS / BS); i++)
+        ids[i] = 1 + (int64_t)i;
+    lmc_kv_kernel_group g = {
+        .geo = {.format = LMC_KV_NL_X_TWO_NB_BS_NH_HS, .kv_size = 2, .nl = NL, .nb = nb,
+                .bs = BS, .nh = NH, .hs = HS, .element_size = 2, .block_stride = BS * NH * HS},
+        .keep_blocks = CS / BS, .slots = CS, .n_tensors = NL};
+    for (int round = 0; round < 3; round++) {
+        double t0 = now_s();
+        for (size_t c = 0; c < chunks; c++) {
+            lmc_kv_chunk_copy cc = {.g = &g, .bases = layers, .blocks = ids + c * (CS / BS),
+                                    .entry = dst + c * obj, .method = LMC_COPY_STREAM};
+            lmc_kv_gather_chunk(&cc);
+        }
+        double t1 = now_s();
+        for (size_t c = 0; c < chunks; c++)
+            lmc_bulk_copy(LMC_COPY_STREAM, dst + c * obj, src + c * obj, obj);
+        lmc_bulk_copy_fence(LMC_COPY_STREAM);
+        double t2 = now_s();
+        printf("  %s memory: gather %.2f GB/s, straight copy %.2f GB/s: %.2fx\n",
+               shared ? "shared " : "private", chunks * obj / (t1 - t0) / 1e9,
+               chunks * obj / (t2 - t1) / 1e9, (t2 - t1) / (t1 - t0));
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    size_t chunks = argc > 1 ? strtoul(argv[1], NULL, 10) : 512;
+    if (chunks < 1)
+        return fprintf(stderr, "usage: kv_gather_bench [chunks >= 1]\n"), 1;
+    return run(chunks, false) != 0 || run(chunks, true) != 0;
+}
