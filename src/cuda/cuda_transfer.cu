@@ -275,7 +275,7 @@ static void cu_unpin(void *host)
 
 typedef struct exported {
     cudaEvent_t ev;
-    double t;                  /* when it was recorded */
+    double done_t;             /* when it was first seen complete; 0: not yet */
     uint64_t seq;              /* how many the stream exported before it */
 } exported;
 
@@ -333,15 +333,18 @@ static void reap_events(lmc_cuda_stream *s, bool all)
     while (s->count > 0) {
         exported *e = &s->ring[s->head];
         if (!all) {
-            uint64_t newer = s->exported_total - e->seq - 1;
-            if (now - e->t < EVENT_GRACE_S && newer < EVENT_GRACE_COUNT)
-                break;
-            cudaError_t q = cudaEventQuery(e->ev);
-            if (q != cudaSuccess) {
-                if (q != cudaErrorNotReady)
-                    (void)cudaGetLastError();
-                break;
+            if (e->done_t == 0) {
+                cudaError_t q = cudaEventQuery(e->ev);
+                if (q != cudaSuccess) {
+                    if (q != cudaErrorNotReady)
+                        (void)cudaGetLastError();
+                    break;
+                }
+                e->done_t = now;   /* the grace runs from completion */
             }
+            uint64_t newer = s->exported_total - e->seq - 1;
+            if (now - e->done_t < EVENT_GRACE_S && newer < EVENT_GRACE_COUNT)
+                break;
         }
         (void)cudaEventDestroy(e->ev);
         s->head = (s->head + 1) % s->cap;
@@ -469,7 +472,7 @@ static int ring_push(lmc_cuda_stream *s, cudaEvent_t ev)
     }
     exported *e = &s->ring[(s->head + s->count) % s->cap];
     e->ev = ev;
-    e->t = now_s();
+    e->done_t = 0;
     e->seq = s->exported_total++;
     s->count++;
     return 0;

@@ -111,6 +111,8 @@ void lmc_sd_cuda_close(sd_mod *m)
         c->head = w->next;
         complete(m, w);
     }
+    if (c->pinner_started)
+        pthread_join(c->pinner, NULL);
     if (c->pinned)
         c->ops->unpin(lmc_storage_manager_l1_arena(m->ctx->storage)->base);
     if (c->dl)
@@ -170,27 +172,43 @@ static const lmc_cuda_ops *load(sd_mod *m)
     return ops;
 }
 
+/* Page-locks the arena on a thread of its own: pinning tens of GiB takes
+ * seconds, and registration runs on the socket thread.  Copies before it
+ * is done still work, staged by the driver. */
+static void *pin_thread(void *arg)
+{
+    sd_mod *m = arg;
+    sd_cuda *c = &m->cuda;
+    const lmc_l1_arena_desc *a = lmc_storage_manager_l1_arena(m->ctx->storage);
+    char why[256];
+    bool ok = c->ops->pin(a->base, a->size, why, sizeof why) == 0;
+    if (!ok)
+        LMC_WARN("L1 arena not pinned (copies will be slower): %s", why);
+    pthread_mutex_lock(&c->lock);
+    c->pinned = ok;
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
 /* Pins the L1 arena for DMA, once, when all of it is committed: pinning
  * touches every page, which for a lazily committed arena would commit all
  * of it at once (and fault where /dev/shm is short).  Unpinned, copies
  * still work, staged by the driver, slower. */
-static void pin_arena(sd_mod *m, const lmc_cuda_ops *ops)
+static void pin_arena(sd_mod *m)
 {
     sd_cuda *c = &m->cuda;
     const lmc_l1_arena_desc *a = lmc_storage_manager_l1_arena(m->ctx->storage);
     uint64_t used, committed;
     lmc_storage_manager_usage(m->ctx->storage, &used, &committed);
     pthread_mutex_lock(&c->lock);
-    if (!c->pinned && a) {
-        char why[256];
+    if (!c->pin_started && a) {
+        c->pin_started = true;
         if (committed < a->size)
             LMC_INFO("L1 arena not pinned: it is committed lazily (%llu of %llu bytes so "
                      "far); --no-l1-use-lazy commits and pins it whole",
                      (unsigned long long)committed, (unsigned long long)a->size);
-        else if (ops->pin(a->base, a->size, why, sizeof why) == 0)
-            c->pinned = true;
-        else
-            LMC_WARN("L1 arena not pinned (copies will be slower): %s", why);
+        else if (pthread_create(&c->pinner, NULL, pin_thread, m) == 0)
+            c->pinner_started = true;
     }
     pthread_mutex_unlock(&c->lock);
 }
@@ -254,7 +272,7 @@ int lmc_sd_cuda_register(sd_mod *m, sd_ctx *c, const lmc_shared_tensor *t, size_
             ops->wait_event(cu->stream, t[i].event_handle, LMC_CUDA_EVENT_HANDLE_BYTES, err,
                             errlen) != 0)
             return -1;
-    pin_arena(m, ops);
+    pin_arena(m);
     return 0;
 }
 

@@ -28,7 +28,8 @@ typedef struct sd_completion sd_completion;
 typedef struct sd_cuda {
     pthread_mutex_t lock;          /* loading, pinning, the completion queue */
     pthread_cond_t wake;
-    bool tried, stopping, thread_started, pinned;
+    bool tried, stopping, thread_started, pin_started, pinner_started, pinned;
+    pthread_t pinner;              /* pins the L1 arena once (sd_cuda.c) */
     void *dl;
     const lmc_cuda_ops *ops;
     char why[256];                 /* why the CUDA part is unavailable */

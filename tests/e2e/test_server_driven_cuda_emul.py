@@ -152,6 +152,30 @@ def test_unregister_with_copies_in_flight(srv):
     g.close()
 
 
+def test_a_whole_arena_is_pinned_off_the_socket_thread(monkeypatch):
+    """--no-l1-use-lazy: the arena is committed whole, so the first CUDA
+    registration pins it, on a thread of its own, and unpins it at exit."""
+    if not os.path.exists(EMUL):
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{EMUL} was not built")
+        pytest.skip(f"{EMUL} not built")
+    monkeypatch.setenv("LMCACHED_CUDA_LIB", EMUL)
+    s = Server("--chunk-size", str(CS), "--no-l1-use-lazy")
+    try:
+        g = PagedKV("cupin", "fa_nhd", nl=2, nb=16, bs=16, nh=2, hs=8)
+        d = s.dealer()
+        assert register(d, 85, g)
+        toks = prompt(26)
+        assert unpack(d.call(STORE, key(toks, 0, CS, "s"), 85, [[1, 2]], b""))[1]
+        assert until(lambda: lookup(d, toks, f"p{time.monotonic()}", 1) == 1)
+        assert "not pinned" not in s.output()
+        assert len(d.call(UNREG, 85)) == 2
+        d.close()
+        g.close()
+    finally:
+        assert s.stop() == 0, s.output()
+
+
 def test_without_the_cuda_part_registration_is_refused(monkeypatch):
     monkeypatch.setenv("LMCACHED_CUDA_LIB", "/nonexistent/liblmcached_cuda.so")
     s = Server("--chunk-size", str(CS))

@@ -6,8 +6,7 @@
 #
 #   tests/gpu/bundle.sh [BUILD_DIR]     (default: build; or $BUILD_DIR)
 #   BUNDLE_DIR=... overrides the output (default: tests/gpu/bundle, which
-#   is not ignored by git: a /tests/gpu/bundle/ line in .gitignore is
-#   suggested, or point BUNDLE_DIR into an ignored build dir and carry it).
+#   .gitignore keeps out of git; carry it to the GPU machine explicitly).
 #
 # Layout:  BUNDLE/lmcached  BUNDLE/liblmcached_cuda.so  BUNDLE/lmcache-cli
 #          BUNDLE/lib/*.so*  BUNDLE/zmq-libs.txt (libzmq's closure, in

@@ -18,17 +18,35 @@ the server returns and compares the blocks with torch.equal.  Each STORE
 and RETRIEVE is preceded by a delayed write on the engine's stream, so a
 server that did not wait on the engine's event would copy the wrong bytes.
 
+bench (last, once the others passed): the issue's GPU goal, structured as
+bench/sd_transfer_bench.c (BENCHMARKS.md).  Per layout (NHD, HND) a fresh
+lmcached with a pinned L1 4x the data: STORE of --chunks 2 MiB chunks
+(one request per 4096-token prompt), LOOKUP, RETRIEVE into other blocks,
+each timed until every reply's event completed, the bytes compared; a
+warm-up round, then --rounds measured ones, each beside the mean of
+cudaMemcpyAsync D2H / H2D of the same bytes (torch, pinned host memory,
+2 MiB pieces or one copy, the faster) measured right before and after it.
+Then one-chunk STORE / RETRIEVE p50 beside NOOP p50.  A SUMMARY line says
+MET or NOT MET (goals >= 0.85x and <= 2x); missing a goal is no failure,
+wrong bytes are.
+
 Needs: python3 with torch (CUDA) and msgpack, no pyzmq: ZMQ goes through
 ctypes to the libzmq.so.5 carried in the bundle (tests/gpu/bundle.sh).
 Run it with tests/gpu/run.sh.  Prints PASS or FAIL; exit status 0 on PASS.
+
+--emul LIB runs the plugin and bench phases on the CPU, with CPU torch,
+against tests/cuda_emul's stand-in library: it checks this script, not
+the GPU code, and its bench numbers mean nothing.
 
 --zmq-selftest runs without torch or a GPU: it checks the plugin's ctypes
 plumbing (its init then fails with CUDA's reason), the ctypes ZMQ client
 against the server (NOOP, LOOKUP, QUERY) and that a CUDA registration on a
 machine without a GPU is refused with a reason."""
 import argparse
+import contextlib
 import ctypes
 import ctypes.util
+import faulthandler
 import mmap
 import os
 import socket
@@ -57,7 +75,7 @@ def real_torch():
 
 REG, UNREG, STORE, RETRIEVE = 1, 2, 6, 7
 LOOKUP, QUERY, FREE, END = 8, 9, 12, 13
-NOOP = 24
+CLEAR, NOOP = 20, 24
 
 # ---- ZMQ through ctypes ---------------------------------------------------
 
@@ -238,7 +256,7 @@ def free_port():
 
 
 class Server:
-    def __init__(self, z, binary, lib_dir, cuda_lib, *extra):
+    def __init__(self, z, binary, lib_dir, cuda_lib, *extra, l1_gb=1):
         self.z = z
         self.port, self.http_port = free_port(), free_port()
         self.url = f"tcp://127.0.0.1:{self.port}"
@@ -252,7 +270,7 @@ class Server:
         self.log = open(self.log_path, "w+b")
         args = [binary, "--host", "127.0.0.1", "--port", str(self.port),
                 "--http-host", "127.0.0.1", "--http-port", str(self.http_port),
-                "--l1-size-gb", "1", "--eviction-policy", "LRU", "--log-level", "INFO",
+                "--l1-size-gb", str(l1_gb), "--eviction-policy", "LRU", "--log-level", "INFO",
                 *extra]
         print("starting:", " ".join(args), flush=True)
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
@@ -301,12 +319,14 @@ def prompt(seed, n):
     return [(seed * 7919 + i * 31) % 50000 for i in range(n)]
 
 
-def lookup(srv, tokens, end, rid, model, want, timeout=10.0):
+def lookup(srv, tokens, end, rid, model, want, timeout=10.0, d=None, retry_sleep=0.1):
     """LOOKUP [0, end) and QUERY until the prefetch is done; retries (after
     freeing the locks) while fewer than `want` chunks hit, since a STORE's
     objects are published by the server's completion thread just after its
-    event completes."""
-    d = srv.dealer()
+    event completes.  On a dealer of its own unless one is given (the bench
+    reuses its own: a connect per LOOKUP would dominate its loops)."""
+    own = d is None
+    d = srv.dealer() if own else d
     deadline = time.monotonic() + timeout
     attempt, hits = 0, None
     try:
@@ -325,9 +345,10 @@ def lookup(srv, tokens, end, rid, model, want, timeout=10.0):
             d.call(FREE, k, 1)
             d.call(END, r)
             attempt += 1
-            time.sleep(0.1)
+            time.sleep(retry_sleep)
     finally:
-        d.close()
+        if own:
+            d.close()
 
 
 # ---- the GPU test -------------------------------------------------------------
@@ -336,7 +357,8 @@ class Case:
     """One engine's KV cache: NL per-layer views of one allocation, as vLLM
     carves them, in one of three formats."""
 
-    def __init__(self, torch, fmt, nl=4, nb=64, bs=16, nh=8, hs=128, dtype="bfloat16"):
+    def __init__(self, torch, fmt, nl=4, nb=64, bs=16, nh=8, hs=128, dtype="bfloat16",
+                 alloc=None):
         self.torch, self.fmt, self.nl, self.nb, self.bs = torch, fmt, nl, nb, bs
         dev = torch.device("cuda:0")
         dt = getattr(torch, dtype)
@@ -348,7 +370,8 @@ class Case:
             shape, self.hint = (nl, nb, bs, 576), "NHD"
         else:
             raise ValueError(fmt)
-        self.big = torch.zeros(shape, dtype=dt, device=dev)
+        # alloc(shape, dtype): where the cache lives (the bench's --emul: shared memory)
+        self.big = alloc(shape, dt) if alloc else torch.zeros(shape, dtype=dt, device=dev)
         self.layers = [self.big[l] for l in range(nl)]
 
     def block(self, layer, b):
@@ -372,15 +395,19 @@ class Case:
                     blk.fill_(value)
 
     def handles(self, uuid):
-        out = []
-        for t in self.layers:
-            handle = tuple(t.untyped_storage()._share_cuda_())
-            obj = w._new(w.CUDA_MODULE, "CudaIPCWrapper", [
-                ("handle", handle), ("dtype", t.dtype),
-                ("shape", tuple(t.shape)), ("stride", tuple(t.stride())),
-                ("storage_offset", t.storage_offset()), ("device_uuid", uuid)])
-            out.append(msgpack.ExtType(1, w.dumps(obj)))
-        return out
+        return [ipc_wrapper(t, tuple(t.untyped_storage()._share_cuda_()), uuid)
+                for t in self.layers]
+
+
+def ipc_wrapper(t, handle, uuid):
+    """The ext-1 item of tensor t as LMCache's CudaIPCWrapper pickles it, with
+    `handle` the 8-tuple of torch's _share_cuda_() (docs/protocol.md, "Shared
+    tensor handles"); t.dtype is torch's own, which pickles as torch.<name>."""
+    obj = w._new(w.CUDA_MODULE, "CudaIPCWrapper", [
+        ("handle", handle), ("dtype", t.dtype),
+        ("shape", tuple(t.shape)), ("stride", tuple(t.stride())),
+        ("storage_offset", t.storage_offset()), ("device_uuid", uuid)])
+    return msgpack.ExtType(1, w.dumps(obj))
 
 
 SLEEP_CYCLES = 400_000_000    # ~0.2 s of GPU time before each producer write
@@ -392,13 +419,19 @@ def event_handle(torch):
     return ev, ev.ipc_handle()
 
 
-def wait_server_event(torch, h):
-    """Makes the engine's stream wait on the server's event, then the host."""
+def import_server_event(torch, h):
+    """The event of a server's reply, imported into this process; checked
+    first: 64 bytes, and not the 64 zero bytes a CPU context replies."""
     if not isinstance(h, (bytes, bytearray)) or len(h) != 64:
         raise AssertionError(f"the server's event handle is {h!r:.80}, not 64 bytes")
     if h == bytes(64):
         raise AssertionError("the server replied with 64 zero bytes to a CUDA client")
-    ev = torch.cuda.Event.from_ipc_handle(torch.device("cuda:0"), h)
+    return torch.cuda.Event.from_ipc_handle(torch.device("cuda:0"), h)
+
+
+def wait_server_event(torch, h):
+    """Makes the engine's stream wait on the server's event, then the host."""
+    ev = import_server_event(torch, h)
     torch.cuda.current_stream().wait_event(ev)
     torch.cuda.current_stream().synchronize()
 
@@ -815,6 +848,422 @@ def plugin_main(torch, args, uuid):
         ops.stream_free(s)
 
 
+# ---- the bandwidth phase ----------------------------------------------------------
+# The issue's GPU goal, measured the way bench/sd_transfer_bench.c measures
+# the CPU one (BENCHMARKS.md): server-driven STORE and RETRIEVE of N chunks
+# of 2 MiB beside the copy an engine could do itself, cudaMemcpyAsync of the
+# same bytes between device and pinned host memory, measured in the same
+# run right before and right after each measured round.
+
+BENCH_CS, BENCH_BS = 256, 16              # chunk size, block size (vLLM's default)
+BENCH_NL, BENCH_NH, BENCH_HS = 8, 2, 128  # per chunk [2, 8, 256, 256] bf16 = 2 MiB
+BENCH_OBJ = 2 * BENCH_NL * BENCH_CS * BENCH_NH * BENCH_HS * 2
+PROMPT_CHUNKS = 16                        # one request per 4096-token prompt
+PROMPT_TOKENS = PROMPT_CHUNKS * BENCH_CS
+BW_GOAL, P50_GOAL = 0.85, 2.0             # x cudaMemcpyAsync; x NOOP p50
+
+
+class CudaEngine:
+    """The engine's side of the bench on the GPU: KV caches are torch CUDA
+    tensors shared as CudaIPCWrapper pickles, and the server's replies carry
+    interprocess events that say when its copies are done."""
+    emulated = False
+
+    def __init__(self, torch, uuid):
+        self.torch, self.uuid = torch, uuid
+        self.events = []      # the events whose handles we sent: alive while in use
+
+    def zeros(self, shape, dtype):
+        return self.torch.zeros(shape, dtype=dtype, device="cuda:0")
+
+    def handles(self, case):
+        return case.handles(self.uuid)
+
+    def ready(self):
+        """The event handle a request carries (every write enqueued so far),
+        synchronized here: the timed requests then measure the server's
+        copies, not our fills."""
+        ev, h = event_handle(self.torch)
+        self.torch.cuda.synchronize()
+        self.events = self.events[-8:] + [ev]
+        return h
+
+    def imported(self, h):
+        """A reply's event, imported as the reply arrives (while the server's
+        copies run, so the import costs the measurement nothing)."""
+        return import_server_event(self.torch, h)
+
+    def wait(self, events):
+        """Blocks until each imported reply event has completed: a reply comes
+        as soon as the copies are enqueued, so a time that ended at the reply
+        would not include them."""
+        for ev in events:
+            ev.synchronize()
+
+    def sync(self):
+        self.torch.cuda.synchronize()
+
+    def settled(self, pred):
+        return pred()         # after wait(): no polling, a late byte is a FAIL
+
+    def copy_buffers(self, nbytes):
+        """Device memory and pinned host memory (cudaHostAlloc) for the baseline."""
+        t = self.torch
+        return (t.empty(nbytes, dtype=t.uint8, device="cuda:0"),
+                t.empty(nbytes, dtype=t.uint8, pin_memory=True), t.cuda.Stream())
+
+    def stream(self, s):
+        return self.torch.cuda.stream(s)
+
+    def close(self):
+        pass
+
+
+class EmulEngine:
+    """--emul: the bench's requests against lmcached running the CPU stand-in
+    of the library (tests/cuda_emul, LMCACHED_CUDA_LIB): KV caches in POSIX
+    shared memory that the memory handles name, device UUID emul-0.  The
+    stand-in's events are counters nobody can wait on, so wait() returns at
+    once and the byte checks poll.  It checks this script's requests and
+    bookkeeping without a GPU; its numbers mean nothing."""
+    emulated = True
+
+    def __init__(self, torch):
+        self.torch, self.names, self.keep = torch, {}, []
+
+    def zeros(self, shape, dtype):
+        t = self.torch
+        nbytes = t.empty((), dtype=dtype).element_size()
+        for n in shape:
+            nbytes *= n
+        name = f"/lmc_gpubench_{os.getpid()}_{len(self.keep)}"
+        fd = os.open("/dev/shm" + name, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, nbytes)
+            mm = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+        big = t.frombuffer(mm, dtype=t.uint8).view(dtype).view(shape)
+        self.keep.append((name, mm))
+        self.names[big.data_ptr()] = (name, nbytes)
+        return big
+
+    def handles(self, case):
+        name, nbytes = self.names[case.big.data_ptr()]
+        handle = (0, name.encode().ljust(64, b"\0"), nbytes, 0, b"/emul", 0, bytes(64), False)
+        return [ipc_wrapper(t, handle, "emul-0") for t in case.layers]
+
+    def ready(self):
+        return bytes(64)
+
+    def imported(self, h):
+        check(isinstance(h, bytes) and len(h) == 64, f"an event handle of {h!r:.80}")
+        return h
+
+    def wait(self, events):
+        pass
+
+    def sync(self):
+        pass
+
+    def settled(self, pred, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        while not pred() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return pred()
+
+    def copy_buffers(self, nbytes):
+        t = self.torch
+        return t.empty(nbytes, dtype=t.uint8), t.empty(nbytes, dtype=t.uint8), None
+
+    def stream(self, s):
+        return contextlib.nullcontext()
+
+    def close(self):
+        for name, _ in self.keep:
+            try:
+                os.unlink("/dev/shm" + name)
+            except OSError:
+                pass
+
+
+class CopyBaseline:
+    """cudaMemcpyAsync of the bench's bytes between device memory and pinned
+    host memory, issued as an engine would with torch (copy_(non_blocking=
+    True) on a stream of its own, then a synchronize): in chunk-sized pieces,
+    as the server copies one object at a time, and as one big copy.  Each
+    direction's faster one is its baseline: D2H for STORE, H2D for RETRIEVE."""
+
+    def __init__(self, eng, nbytes, piece, reps=2):
+        self.eng, self.nbytes, self.piece, self.reps = eng, nbytes, piece, reps
+        self.dev, self.host, self.s = eng.copy_buffers(nbytes)
+
+    def _gbps(self, dst, src, piece):
+        best = 0.0
+        for _ in range(self.reps):
+            self.eng.sync()
+            t0 = time.perf_counter()
+            with self.eng.stream(self.s):
+                if piece:
+                    for off in range(0, self.nbytes, piece):
+                        dst[off:off + piece].copy_(src[off:off + piece], non_blocking=True)
+                else:
+                    dst.copy_(src, non_blocking=True)
+            if self.s is not None:
+                self.s.synchronize()
+            best = max(best, self.nbytes / (time.perf_counter() - t0) / 1e9)
+        return best
+
+    def measure(self):
+        """{"d2h": (best GB/s, "pieces"|"one copy", {way: GB/s}), "h2d": ...}"""
+        out = {}
+        for way, dst, src in (("d2h", self.host, self.dev), ("h2d", self.dev, self.host)):
+            by = {"pieces": self._gbps(dst, src, self.piece), "one copy": self._gbps(dst, src, 0)}
+            name = max(by, key=by.get)
+            out[way] = (by[name], name, by)
+        return out
+
+
+def kv_blocks(case, first, n):
+    """Blocks [first, first + n) of every layer and plane, as int16: bf16
+    random bits may be NaNs, which torch.equal would call different."""
+    return case.big[:, :, first:first + n].view(case.torch.int16)
+
+
+def bench_round(eng, srv, d, case, instance, model, n_chunks, seed):
+    """STORE of n_chunks chunks from blocks 1.. (one request per 4096-token
+    prompt), LOOKUP of each prompt, RETRIEVE into the blocks after them; each
+    transfer timed from the first request until every reply's event has
+    completed.  GB/s of STORE and RETRIEVE; wrong bytes raise."""
+    torch = eng.torch
+    per = PROMPT_CHUNKS * BENCH_CS // BENCH_BS            # block ids per request
+    n_blocks = n_chunks * BENCH_CS // BENCH_BS
+    src0, dst0 = 1, 1 + n_blocks                          # block 0: vLLM's null block
+    prompts = [prompt(seed * 1000 + p, PROMPT_TOKENS) for p in range(n_chunks // PROMPT_CHUNKS)]
+    torch.manual_seed(seed)
+    kv_blocks(case, src0, n_blocks).random_()             # new bytes every round
+    kv_blocks(case, dst0, n_blocks).zero_()
+
+    def transfer(op, rids, first, *extra):
+        h = eng.ready()
+        t0 = time.perf_counter()
+        events = []
+        for p, toks in enumerate(prompts):
+            ids = list(range(first + p * per, first + (p + 1) * per))
+            r = unpack(d.call(op, key(toks, 0, PROMPT_TOKENS, rids[p], model), instance, [ids],
+                              h, *extra))
+            check(isinstance(r, list) and len(r) == 2 and r[1] is True,
+                  f"{'STORE' if op == STORE else 'RETRIEVE'} of prompt {p} replied {r!r:.120}")
+            events.append(eng.imported(r[0]))
+        eng.wait(events)
+        return n_chunks * BENCH_OBJ / (time.perf_counter() - t0) / 1e9
+
+    srids = [f"bw{seed}-s{p}" for p in range(len(prompts))]
+    st = transfer(STORE, srids, src0)
+    for r in srids:
+        d.call(END, r)
+    rrids = []
+    for p, toks in enumerate(prompts):   # untimed; retried until the STORE is published
+        hits, rid = lookup(srv, toks, PROMPT_TOKENS, f"bw{seed}-r{p}", model, PROMPT_CHUNKS,
+                           d=d, retry_sleep=0.005)
+        check(hits == PROMPT_CHUNKS, f"LOOKUP of prompt {p} hit {hits} of {PROMPT_CHUNKS}")
+        rrids.append(rid)
+    rt = transfer(RETRIEVE, rrids, dst0, 0)
+    for r in rrids:
+        d.call(END, r)
+    check(eng.settled(lambda: torch.equal(kv_blocks(case, dst0, n_blocks),
+                                          kv_blocks(case, src0, n_blocks))),
+          f"the {n_chunks} retrieved chunks differ from the stored blocks")
+    return st, rt
+
+
+def bench_overhead(eng, srv, d, iters):
+    """Request overhead, as sd_transfer_bench's: per iteration a NOOP, the
+    STORE of one new 16 KiB chunk (1 layer, [2, 16, 2, 8] bf16 blocks), its
+    LOOKUP, its RETRIEVE into other blocks (checked), END.  A CUDA reply comes
+    before the copy ends, so STORE and RETRIEVE are timed until the reply's
+    event completed, which is what a CPU server's reply means; the reply
+    alone is printed too.  Returns (STORE p50 / NOOP p50, RETRIEVE's)."""
+    torch = eng.torch
+    case = Case(torch, "fa_nhd", nl=1, nb=64, bs=BENCH_BS, nh=2, hs=8, alloc=eng.zeros)
+    frames = d.call(REG, 900, eng.handles(case), "small", 1, "vllm", {"kv_layout": "NHD"}, [],
+                    timeout_ms=60000)
+    check(frames is not None and len(frames) == 2, "overhead: REGISTER_KV_CACHE refused")
+    bpc = BENCH_CS // BENCH_BS
+    src, dst = list(range(1, 1 + bpc)), list(range(1 + bpc, 1 + 2 * bpc))
+    torch.manual_seed(5)
+    kv_blocks(case, 1, bpc).random_()
+    h = eng.ready()
+    noop, st, st_reply, rt, rt_reply = [], [], [], [], []
+    for i in range(iters):
+        toks = prompt(30000 + i, BENCH_CS)
+        rid = f"o{i}"
+        t0 = time.perf_counter()
+        check(d.call(NOOP) is not None, "NOOP: no reply")
+        t1 = time.perf_counter()
+        r = unpack(d.call(STORE, key(toks, 0, BENCH_CS, rid, "small"), 900, [src], h))
+        t2 = time.perf_counter()
+        check(isinstance(r, list) and len(r) == 2 and r[1] is True, f"STORE replied {r!r:.120}")
+        eng.wait([eng.imported(r[0])])
+        t3 = time.perf_counter()
+        d.call(END, rid)
+        hits, lrid = lookup(srv, toks, BENCH_CS, rid + "-l", "small", 1, d=d, retry_sleep=0.001)
+        check(hits == 1, f"overhead: LOOKUP {i} hit {hits}")
+        kv_blocks(case, 1 + bpc, bpc).zero_()
+        eng.sync()
+        t4 = time.perf_counter()
+        r = unpack(d.call(RETRIEVE, key(toks, 0, BENCH_CS, lrid, "small"), 900, [dst], h, 0))
+        t5 = time.perf_counter()
+        check(isinstance(r, list) and len(r) == 2 and r[1] is True,
+              f"RETRIEVE replied {r!r:.120}")
+        eng.wait([eng.imported(r[0])])
+        t6 = time.perf_counter()
+        d.call(END, lrid)
+        check(eng.settled(lambda: torch.equal(kv_blocks(case, 1 + bpc, bpc),
+                                              kv_blocks(case, 1, bpc))),
+              f"overhead: iteration {i} retrieved other bytes")
+        noop.append(t1 - t0)
+        st.append(t3 - t1), st_reply.append(t2 - t1)
+        rt.append(t6 - t4), rt_reply.append(t5 - t4)
+    frames = d.call(UNREG, 900, timeout_ms=30000)
+    check(frames is not None, "overhead: UNREGISTER got no reply")
+
+    def p50(xs):
+        return sorted(xs)[len(xs) // 2]
+    n50 = p50(noop)
+    kib = 2 * BENCH_CS * 2 * 8 * 2 // 1024
+    print(f"  one {kib} KiB chunk, {iters} requests: NOOP p50 {n50 * 1e6:.1f} us; "
+          f"STORE p50 {p50(st) * 1e6:.1f} us ({p50(st) / n50:.2f}x; reply "
+          f"{p50(st_reply) * 1e6:.1f} us); RETRIEVE p50 {p50(rt) * 1e6:.1f} us "
+          f"({p50(rt) / n50:.2f}x; reply {p50(rt_reply) * 1e6:.1f} us)", flush=True)
+    return p50(st) / n50, p50(rt) / n50
+
+
+def l1_placement(l1_bytes):
+    """lmcached's default L1, a /dev/shm segment, where /dev/shm can hold it
+    (a container's default is 64 MiB, and a short one leaves part of the
+    arena uncommitted, hence unpinned), else private memory (--shm-name ""),
+    which the server-driven path does not mind.  (extra args, words)."""
+    st = os.statvfs("/dev/shm")
+    avail = st.f_bavail * st.f_frsize
+    if avail >= l1_bytes + (256 << 20):
+        return [], "in /dev/shm"
+    return ["--shm-name", ""], f"in private memory (/dev/shm has {avail / 2**30:.1f} GiB free)"
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def bench_layout(eng, z, args, layout, baseline, label):
+    """One fresh server for one layout: registration, a warm-up round (the
+    server's first copies: kernels, event paths, the arena's first use),
+    CLEAR, then args.rounds measured rounds (CLEAR after each), each beside
+    the mean of the baseline measured right before and right after it; the
+    request-overhead loop on the NHD server.  Returns the phase's results."""
+    torch = eng.torch
+    n = args.chunks
+    l1_gb = 4 * n * BENCH_OBJ / 2**30 + 0.25
+    extra, where = l1_placement(int(l1_gb * 2**30))
+    srv = Server(z, args.lmcached, args.lib_dir, args.cuda_lib, "--chunk-size", str(BENCH_CS),
+                 "--no-l1-use-lazy", "--max-gpu-workers", "1", *extra, l1_gb=f"{l1_gb:.3f}")
+    ok, res = False, {"layout": layout}
+    d = srv.dealer()
+    try:
+        fmt = {"NHD": "fa_nhd", "HND": "fa_hnd"}[layout]
+        case = Case(torch, fmt, nl=BENCH_NL, nb=1 + 2 * n * BENCH_CS // BENCH_BS, bs=BENCH_BS,
+                    nh=BENCH_NH, hs=BENCH_HS, alloc=eng.zeros)
+        instance, model = 800, f"bench-{layout.lower()}"
+        t0 = time.monotonic()       # the first CUDA registration pins the L1: seconds
+        frames = d.call(REG, instance, eng.handles(case), model, 1, "vllm",
+                        {"kv_layout": layout}, [], timeout_ms=120000)
+        reg_s = time.monotonic() - t0
+        check(frames is not None and len(frames) == 2,
+              f"bench {layout}: REGISTER_KV_CACHE got no reply (refused): see the server log")
+        pin = [l.split(": ", 1)[-1] for l in srv.output().splitlines() if "not pinned" in l]
+        print(f"  {layout}: L1 {l1_gb:.2f} GiB {where}, "
+              f"{'NOT pinned: ' + pin[0] if pin else 'pinned (no not-pinned line in the log)'}"
+              f"; REGISTER_KV_CACHE took {reg_s:.2f} s", flush=True)
+
+        st, rt = bench_round(eng, srv, d, case, instance, model, n, seed=1)
+        print(f"  {layout} warm-up round on the fresh server: STORE {st:.2f} GB/s, "
+              f"RETRIEVE {rt:.2f} GB/s", flush=True)
+        check(d.call(CLEAR) is not None, "CLEAR: no reply")
+        rounds = []
+        for r in range(args.rounds):
+            before = baseline.measure()
+            st, rt = bench_round(eng, srv, d, case, instance, model, n, seed=2 + r)
+            after = baseline.measure()
+            check(d.call(CLEAR) is not None, "CLEAR: no reply")
+            d2h = (before["d2h"][0] + after["d2h"][0]) / 2
+            h2d = (before["h2d"][0] + after["h2d"][0]) / 2
+            rounds.append((st, rt, d2h, h2d))
+            print(f"  {layout} round {r + 1}: STORE {st:.2f} GB/s ({st / d2h:.2f}x), RETRIEVE "
+                  f"{rt:.2f} GB/s ({rt / h2d:.2f}x); D2H {before['d2h'][0]:.2f} -> "
+                  f"{after['d2h'][0]:.2f} GB/s, H2D {before['h2d'][0]:.2f} -> "
+                  f"{after['h2d'][0]:.2f} GB/s (before -> after); bytes equal", flush=True)
+        res["store_x"] = median([s / b for s, _, b, _ in rounds])
+        res["retrieve_x"] = median([r / b for _, r, _, b in rounds])
+        res["store"] = median([s for s, _, _, _ in rounds])
+        res["retrieve"] = median([r for _, r, _, _ in rounds])
+        res["d2h"] = median([b for _, _, b, _ in rounds])
+        res["h2d"] = median([b for _, _, _, b in rounds])
+        print(f"{label} {layout} {n} chunks: STORE {res['store']:.2f} GB/s "
+              f"({res['store_x']:.2f}x), RETRIEVE {res['retrieve']:.2f} GB/s "
+              f"({res['retrieve_x']:.2f}x) beside D2H {res['d2h']:.2f} GB/s / H2D "
+              f"{res['h2d']:.2f} GB/s (median of {args.rounds} round"
+              f"{'s' if args.rounds > 1 else ''})", flush=True)
+        if layout == "NHD" and args.iters:
+            res["p50"] = bench_overhead(eng, srv, d, args.iters)
+        frames = d.call(UNREG, instance, timeout_ms=30000)
+        check(frames is not None and len(frames) == 2, f"bench {layout}: UNREGISTER: no reply")
+        ok = True
+    finally:
+        d.close()
+        rc = srv.stop()
+        if not ok or rc != 0 or args.verbose:
+            print("---- lmcached log (tail) ----")
+            print("\n".join(srv.output().splitlines()[-60:]))
+    check(rc == 0, f"lmcached exited {rc}")
+    return res
+
+
+def bench_main(eng, z, args):
+    """The bandwidth phase: one server per layout (NHD, then HND) and a
+    summary line; missing a goal is reported, never a failure, as in every
+    benchmark here; wrong bytes or a failed request raise (FAIL)."""
+    label = "EMUL" if eng.emulated else "GPU"
+    t_start = time.monotonic()
+    n = args.chunks
+    print(f"bench: server-driven STORE/RETRIEVE of {n} chunks of {BENCH_OBJ >> 20} MiB "
+          f"([2, {BENCH_NL} layers, {BENCH_CS} tokens, {BENCH_NH}x{BENCH_HS}] bf16, block size "
+          f"{BENCH_BS}, {PROMPT_CHUNKS} chunks a request) beside cudaMemcpyAsync of the same "
+          f"{n * BENCH_OBJ >> 20} MiB", flush=True)
+    if eng.emulated:
+        print("  (--emul: the CPU stand-in of the library; these numbers mean nothing)")
+    baseline = CopyBaseline(eng, n * BENCH_OBJ, BENCH_OBJ)
+    first = baseline.measure()
+    for way in ("d2h", "h2d"):
+        by = first[way][2]
+        print(f"  baseline {way.upper()}: {BENCH_OBJ >> 20} MiB pieces {by['pieces']:.2f} GB/s, "
+              f"one copy {by['one copy']:.2f} GB/s (faster: {first[way][1]})", flush=True)
+    results = [bench_layout(eng, z, args, layout, baseline, label) for layout in args.layouts]
+    del baseline
+    bw = [(r["layout"], r["store_x"], r["retrieve_x"]) for r in results]
+    bw_met = all(s >= BW_GOAL and x >= BW_GOAL for _, s, x in bw)
+    p50 = next((r["p50"] for r in results if "p50" in r), None)
+    words = ", ".join(f"{l} STORE {s:.2f}x RETRIEVE {x:.2f}x" for l, s, x in bw)
+    line = (f"SUMMARY {label}: bytes PASS (every round verified); bandwidth >= {BW_GOAL}x "
+            f"cudaMemcpyAsync: {'MET' if bw_met else 'NOT MET'} ({words})")
+    if p50:
+        p50_met = p50[0] <= P50_GOAL and p50[1] <= P50_GOAL
+        line += (f"; one-chunk p50 <= {P50_GOAL:g}x NOOP: {'MET' if p50_met else 'NOT MET'} "
+                 f"(STORE {p50[0]:.2f}x, RETRIEVE {p50[1]:.2f}x)")
+    print(line)
+    print(f"bench: {time.monotonic() - t_start:.1f} s", flush=True)
+
+
 def gpu_main(args, z):
     torch = real_torch()
     check(torch.cuda.is_available(), "torch sees no CUDA device")
@@ -823,35 +1272,48 @@ def gpu_main(args, z):
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {props.name}, uuid {uuid}",
           flush=True)
     if "plugin" in args.phases:
+        t0 = time.monotonic()
         print("plugin: liblmcached_cuda.so driven directly, against torch", flush=True)
         plugin_main(torch, args, uuid)
-    if "server" not in args.phases:
-        return
-    print("server: lmcached over CUDA IPC", flush=True)
-    srv = Server(z, args.lmcached, args.lib_dir, args.cuda_lib,
-                 "--chunk-size", str(args.chunk_size))
-    ok = False
-    try:
-        for i, fmt in enumerate(args.formats):
-            run_case(torch, srv, fmt, 100 + i, uuid, args.chunk_size)
-        ok = True
-    finally:
-        rc = srv.stop()
-        if not ok or rc != 0 or args.verbose:
-            print("---- lmcached log (tail) ----")
-            print("\n".join(srv.output().splitlines()[-80:]))
-    check(rc == 0, f"lmcached exited {rc}")
+        print(f"plugin: PASS ({time.monotonic() - t0:.1f} s)", flush=True)
+    if "server" in args.phases:
+        t0 = time.monotonic()
+        print("server: lmcached over CUDA IPC", flush=True)
+        srv = Server(z, args.lmcached, args.lib_dir, args.cuda_lib,
+                     "--chunk-size", str(args.chunk_size))
+        ok = False
+        try:
+            for i, fmt in enumerate(args.formats):
+                run_case(torch, srv, fmt, 100 + i, uuid, args.chunk_size)
+            ok = True
+        finally:
+            rc = srv.stop()
+            if not ok or rc != 0 or args.verbose:
+                print("---- lmcached log (tail) ----")
+                print("\n".join(srv.output().splitlines()[-80:]))
+        check(rc == 0, f"lmcached exited {rc}")
+        print(f"server: PASS ({time.monotonic() - t0:.1f} s)", flush=True)
+    if "bench" in args.phases:      # last: only once the correctness phases passed
+        torch.cuda.empty_cache()
+        bench_main(CudaEngine(torch, uuid), z, args)
 
 
 def emul_main(args):
-    """The plugin phase on the CPU, against a stand-in library that copies
-    host memory (tests/cuda_emul): checks this script's torch gather and
-    scatter, not the CUDA kernel."""
+    """The plugin and bench phases on the CPU, against a stand-in library
+    that copies host memory (tests/cuda_emul): checks this script's torch
+    gather and scatter and the bench's requests, not the CUDA kernel."""
     global DEV
     torch = real_torch()
     DEV = "cpu"
     args.cuda_lib = args.emul
-    plugin_main(torch, args, "emul-0")
+    if "plugin" in args.phases:
+        plugin_main(torch, args, "emul-0")
+    if "bench" in args.phases:
+        eng = EmulEngine(torch)
+        try:
+            bench_main(eng, Zmq(load_libzmq(args.lib_dir)), args)
+        finally:
+            eng.close()
 
 
 def selftest_main(args, z):
@@ -907,12 +1369,26 @@ def main():
                                       "(default: BUNDLE/lib)")
     ap.add_argument("--cuda-lib", help="liblmcached_cuda.so to load (LMCACHED_CUDA_LIB; "
                                        "default: the one beside lmcached)")
-    ap.add_argument("--chunk-size", type=int, default=64)
+    ap.add_argument("--chunk-size", type=int, default=64,
+                    help="server phase: the chunk size (the bench uses 256)")
     ap.add_argument("--formats", nargs="+", default=["fa_nhd", "fa_hnd", "mla"],
                     help="server phase: the engine KV formats registered")
-    ap.add_argument("--phases", nargs="+", default=["plugin", "server"],
-                    choices=["plugin", "server"],
-                    help="plugin: the library alone in this process; server: lmcached over IPC")
+    ap.add_argument("--phases", nargs="+", default=["plugin", "server", "bench"],
+                    choices=["plugin", "server", "bench"],
+                    help="plugin: the library alone in this process; server: lmcached over "
+                         "IPC; bench: STORE/RETRIEVE bandwidth beside cudaMemcpyAsync (last)")
+    ap.add_argument("--bench", action="store_true", help="only the bench phase")
+    ap.add_argument("--no-bench", action="store_true", help="only the correctness phases")
+    ap.add_argument("--chunks", type=int,
+                    help="bench: 2 MiB chunks per round, a multiple of 16 (default 512, "
+                         "--emul 32)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="bench: measured rounds per layout (the medians are reported)")
+    ap.add_argument("--iters", type=int,
+                    help="bench: one-chunk requests timed for the p50s (default 1000, "
+                         "--emul 50; 0 skips)")
+    ap.add_argument("--layouts", nargs="+", default=["NHD", "HND"], choices=["NHD", "HND"],
+                    help="bench: the FlashAttention layouts measured, a fresh server each")
     ap.add_argument("--zmq-selftest", action="store_true",
                     help="no torch/GPU: check the ZMQ client and the refusal without a GPU")
     ap.add_argument("--emul", metavar="LIB",
@@ -920,6 +1396,18 @@ def main():
                          "(libcuda_emul.so), to check this script")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
+    if args.bench:
+        args.phases = ["bench"]
+    elif args.no_bench:
+        args.phases = [p for p in args.phases if p != "bench"]
+    n = args.chunks if args.chunks is not None else (32 if args.emul else 512)
+    args.chunks = max(PROMPT_CHUNKS, n // PROMPT_CHUNKS * PROMPT_CHUNKS)
+    args.iters = args.iters if args.iters is not None else (50 if args.emul else 1000)
+    args.rounds = max(1, args.rounds)
+    # run.sh's timeout kills us silently: print where we hung a little before it.
+    limit = int(os.environ.get("GPU_TEST_TIMEOUT", "0") or 0)
+    if limit > 30:
+        faulthandler.dump_traceback_later(limit - 20, exit=False)
     args.lmcached = args.lmcached or os.path.join(args.bundle, "lmcached")
     args.lib_dir = args.lib_dir or os.path.join(args.bundle, "lib")
     try:
