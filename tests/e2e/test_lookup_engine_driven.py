@@ -243,6 +243,8 @@ def test_concurrent_sessions(srv, pair):
     errors = []
 
     def client(t):
+        # An assertion in a thread would only end the thread: every failure,
+        # raised or counted, goes to `errors`, which the test asserts.
         d = srv.dealer()
         try:
             for i in range(25):
@@ -251,8 +253,12 @@ def test_concurrent_sessions(srv, pair):
                 got = lookup(d, p, rid)
                 if got != len(p) // CS:
                     errors.append((rid, got))
-                d.call(FREE, key(p, 0, len(p), rid), 1)
-                d.call(END, rid)
+                if d.call(FREE, key(p, 0, len(p), rid), 1) is None:
+                    errors.append((rid, "FREE_LOOKUP_LOCKS unanswered"))
+                if d.call(END, rid) is None:
+                    errors.append((rid, "END_SESSION unanswered"))
+        except BaseException as e:  # noqa: BLE001 - reported to the main thread
+            errors.append((t, repr(e)))
         finally:
             d.close()
 
