@@ -41,6 +41,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "lmcached: error: %s\n", err);
         return 2;
     }
+    if (lmc_config_check_built(&cfg, err, sizeof err) != 0) {
+        fprintf(stderr, "lmcached: error: %s\n", err);
+        lmc_config_free(&cfg);
+        return 2;
+    }
     lmc_log_level level = LMC_LOG_INFO;
     lmc_log_level_parse(cfg.mp.log_level, &level);
     lmc_log_set_level(level);

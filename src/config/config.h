@@ -171,6 +171,13 @@ void lmc_config_free(lmc_config *cfg);
  * Returns a malloc'd NUL-terminated string, or NULL on allocation failure. */
 char *lmc_config_to_json(const lmc_config *cfg);
 
+/* Refuses a value whose feature this build does not have (a non-default
+ * --engine-type, --coordinator-url, --p2p-advertise-url, ...): returns -1
+ * with one line naming the flag in `err`, else 0.  Separate from parsing,
+ * which accepts whatever upstream accepts (docs/configuration.md, "Flags
+ * refused by this version"). */
+int lmc_config_check_built(const lmc_config *cfg, char *err, size_t errlen);
+
 /* L1 size in bytes from the legacy flag or the first --l1-manager entry
  * (0 if neither is set). */
 uint64_t lmc_config_l1_size_bytes(const lmc_config *cfg);

@@ -264,6 +264,16 @@ def test_bad_flags_exit_2_with_a_message_naming_the_flag():
          "--supported-transfer-mode"),
         (["--hash-algorithm", "builtin"], "--hash-algorithm"),
         (["--no-such-flag"], "--no-such-flag"),
+        # Parsed as upstream does, then refused: the feature is not built
+        # (docs/configuration.md, "Flags refused by this version").
+        (["--engine-type", "blend"], "--engine-type"),
+        (["--coordinator-url", "http://127.0.0.1:9"], "--coordinator-url"),
+        (["--p2p-advertise-url", "127.0.0.1:7000", "--coordinator-url", "http://127.0.0.1:9"],
+         "--p2p-advertise-url"),
+        (["--enable-segmented-prefix"], "--enable-segmented-prefix"),
+        (["--script-allowed-imports", "os"], "--script-allowed-imports"),
+        (["--trace-level", "events"], "--trace-level"),
+        (["--enable-extra-logging"], "--enable-extra-logging"),
     ]
     for extra, flag in cases:
         r = run_lmcached("--l1-size-gb", "0.0625", "--eviction-policy", "LRU", *extra)

@@ -507,6 +507,51 @@ static void test_l2_affinity(void **state)
         "{\"type\":\"fs\",\"base_path\":\"/x\",\"affinity_tag\":1}");
 }
 
+/* Parses (upstream accepts it), then lmc_config_check_built refuses it with
+ * the flag's name; the defaults pass. */
+static void expect_unbuilt(char *const *envp, const char *const *args, const char *flag)
+{
+    const char *argv[32] = {"lmcached", "--l1-size-gb", "1", "--eviction-policy", "LRU"};
+    int argc = 5;
+    for (size_t i = 0; args && args[i]; i++)
+        argv[argc++] = args[i];
+    argv[argc] = NULL;
+    lmc_config c;
+    assert_int_equal(lmc_config_parse(&c, argc, (char *const *)argv, envp, NULL, err, sizeof err),
+                     LMC_CONFIG_OK);
+    char why[256] = "";
+    int rc = lmc_config_check_built(&c, why, sizeof why);
+    lmc_config_free(&c);
+    if (!flag) {
+        assert_int_equal(rc, 0);
+        return;
+    }
+    assert_int_equal(rc, -1);
+    if (strncmp(why, flag, strlen(flag)) != 0 || why[strlen(flag)] != ':')
+        fail_msg("'%s' does not start with '%s:'", why, flag);
+}
+
+static void test_unbuilt_features_refused(void **state)
+{
+    (void)state;
+    expect_unbuilt(NULL, NULL, NULL);
+    expect_unbuilt(NULL, ARGS("--engine-type", "blend"), "--engine-type");
+    expect_unbuilt(NULL, ARGS("--engine-type", "blend_legacy"), "--engine-type");
+    expect_unbuilt(NULL, ARGS("--enable-segmented-prefix"), "--enable-segmented-prefix");
+    expect_unbuilt(NULL, ARGS("--script-allowed-imports", "math"), "--script-allowed-imports");
+    expect_unbuilt(NULL, ARGS("--script-allowed-imports"), NULL);
+    expect_unbuilt(NULL, ARGS("--coordinator-url", "http://c:8000"), "--coordinator-url");
+    char *env[] = {"LMCACHE_COORDINATOR_URL=http://c:8000", NULL};
+    expect_unbuilt(env, NULL, "--coordinator-url");
+    expect_unbuilt(NULL, ARGS("--p2p-advertise-url", "10.0.0.1:9000", "--coordinator-url", "http://c"),
+                   "--p2p-advertise-url");
+    expect_unbuilt(NULL, ARGS("--trace-level", "storage"), "--trace-level");
+    expect_unbuilt(NULL, ARGS("--trace-output", "/tmp/t.bin"), "--trace-level");
+    expect_unbuilt(NULL, ARGS("--enable-extra-logging"), "--enable-extra-logging");
+    /* Documented as having no effect, and accepted. */
+    expect_unbuilt(NULL, ARGS("--enable-gc-monitor", "--periodic-notifier-interval-ms", "50"), NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -536,6 +581,7 @@ int main(void)
         cmocka_unit_test(test_l1_entry_eviction),
         cmocka_unit_test(test_l2_adapter_shape),
         cmocka_unit_test(test_l2_affinity),
+        cmocka_unit_test(test_unbuilt_features_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
