@@ -362,6 +362,7 @@ void lmc_http_dispatch(const lmc_http_request *req, lmc_http_reply *out)
         if (!path_matches(r, req->path) || (req->site->metrics_only && r->fn != ep_metrics))
             continue;
         if (strcmp(r->method, method) == 0) {
+            out->allow[0] = '\0'; /* Allow goes with a 405 only */
             if (!answer_not_ready(req, r, out))
                 r->fn(req, out, r->arg);
             return;

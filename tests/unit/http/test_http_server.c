@@ -378,6 +378,21 @@ static void test_body_limits(void **state)
     assert_int_equal(atomic_load(&f->clears), 0);
 }
 
+/* Allow goes with a 405 only, not with the answer of a route whose path
+ * another method's route shares. */
+static void test_allow_only_on_405(void **state)
+{
+    fixture *f = *state;
+    response r = http(f, "PATCH", "/config/policies", NULL, "{}");
+    assert_int_equal(r.status, 501);
+    assert_null(strstr(r.head, "Allow:"));
+    free_response(&r);
+    r = http(f, "PUT", "/config/policies", NULL, NULL);
+    assert_int_equal(r.status, 405);
+    assert_non_null(strstr(r.head, "Allow: GET, PATCH"));
+    free_response(&r);
+}
+
 static void test_garbage_keeps_serving(void **state)
 {
     fixture *f = *state;
@@ -429,6 +444,7 @@ int main(void)
         cmocka_unit_test(test_garbage_keeps_serving),
         cmocka_unit_test(test_cache_clear),
         cmocka_unit_test(test_bind_errors),
+        cmocka_unit_test(test_allow_only_on_405),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
