@@ -242,6 +242,11 @@ static void test_status_and_pressure(void **state)
 {
     fixture *f = *state;
     json_t *want = fake_status(NULL);
+    /* The frontend adds its own view (docs/http.md, "Request bodies"). */
+    json_object_set_new(want, "http_uploads",
+                        json_pack("{s:I, s:i, s:i, s:i}", "budget_bytes", (json_int_t)2 << 30,
+                                  "buffered_bytes", 0, "refused_too_large", 0,
+                                  "refused_over_budget", 0));
     char *want_text = json_dumps(want, 0);
     expect(f, "GET", "/status", NULL, 200, want_text);
     expect(f, "GET", "/api/status", NULL, 200, want_text);
@@ -393,6 +398,104 @@ static void test_allow_only_on_405(void **state)
     free_response(&r);
 }
 
+/* A second server on the same fake backend, with a small upload budget. */
+static lmc_http_server *start_guarded(fixture *f, size_t budget)
+{
+    lmc_http_backend b = {.user = f, .ready = fake_ready, .status = fake_status,
+                          .config = fake_config, .clear = fake_clear, .metrics = fake_metrics};
+    lmc_http_options o = {.host = "127.0.0.1", .max_body_bytes = MAX_BODY, .timeout_s = 2,
+                          .max_buffered_bytes = budget};
+    lmc_http_server *s = NULL;
+    char err[256];
+    assert_int_equal(lmc_http_server_start(&o, &b, &s, err, sizeof err), 0);
+    return s;
+}
+
+static response http_on(int port, const char *method, const char *path, const char *extra,
+                        const char *body)
+{
+    fixture tmp = {.port = port};
+    return http(&tmp, method, path, extra, body);
+}
+
+static json_t *status_member(int port, const char *name)
+{
+    response r = http_on(port, "GET", "/status", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    json_t *all = body_json(&r);
+    json_t *m = json_incref(json_object_get(all, name));
+    json_decref(all);
+    free_response(&r);
+    assert_non_null(m);
+    return m;
+}
+
+/* GET routes read no body: a large one is refused from the headers. */
+static void test_get_body_refused_early(void **state)
+{
+    fixture *f = *state;
+    char req[256];
+    int n = snprintf(req, sizeof req,
+                     "GET /healthcheck HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n",
+                     MAX_BODY);
+    response r = raw(f->port, req, (size_t)n);
+    assert_int_equal(r.status, 413);
+    free_response(&r);
+    expect(f, "GET", "/config/policies", "{}", 501, NULL); /* a few bytes still pass */
+}
+
+static size_t buffered(int port)
+{
+    json_t *up = status_member(port, "http_uploads");
+    size_t n = (size_t)json_integer_value(json_object_get(up, "buffered_bytes"));
+    json_decref(up);
+    return n;
+}
+
+static void wait_buffered(int port, size_t want)
+{
+    for (int i = 0; i < 500 && buffered(port) != want; i++)
+        usleep(10000);
+    assert_int_equal(buffered(port), want);
+}
+
+/* One upload holds most of the budget: the next is answered 503 from its
+ * headers; once the first connection is gone its bytes are free again. */
+static void test_upload_budget(void **state)
+{
+    fixture *f = *state;
+    lmc_http_server *s = start_guarded(f, 4096);
+    int port = lmc_http_server_port(s);
+    int clears = atomic_load(&f->clears);
+    int held = connect_to(port);
+    char part[4096];
+    int n = snprintf(part, sizeof part, "POST /cache/clear HTTP/1.1\r\nHost: x\r\n"
+                                        "Content-Length: 3000\r\n\r\n");
+    memset(part + n, ' ', 2500);
+    send_all(held, part, (size_t)n + 2500);
+    wait_buffered(port, 2500);
+    char body[2001];
+    memset(body, ' ', 2000);
+    body[2000] = '\0';
+    response r = http_on(port, "POST", "/cache/clear", NULL, body); /* 2000 > 4096 - 2500 */
+    assert_int_equal(r.status, 503);
+    assert_non_null(strstr(r.head, "Retry-After: 1"));
+    free_response(&r);
+    close(held); /* aborted mid-body: the completion callback frees its bytes */
+    wait_buffered(port, 0);
+    json_t *up = status_member(port, "http_uploads");
+    assert_int_equal(json_integer_value(json_object_get(up, "refused_over_budget")), 1);
+    json_decref(up);
+    /* Over the budget itself: 413, it could never fit. */
+    n = snprintf(part, sizeof part, "POST /cache/clear HTTP/1.1\r\nHost: x\r\n"
+                                    "Content-Length: 4097\r\n\r\n");
+    r = raw(port, part, (size_t)n);
+    assert_int_equal(r.status, 413);
+    free_response(&r);
+    lmc_http_server_stop(s);
+    assert_int_equal(atomic_load(&f->clears), clears);
+}
+
 static void test_garbage_keeps_serving(void **state)
 {
     fixture *f = *state;
@@ -445,6 +548,8 @@ int main(void)
         cmocka_unit_test(test_cache_clear),
         cmocka_unit_test(test_bind_errors),
         cmocka_unit_test(test_allow_only_on_405),
+        cmocka_unit_test(test_get_body_refused_early),
+        cmocka_unit_test(test_upload_budget),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
