@@ -11,13 +11,14 @@
 
 struct MHD_Connection;
 
-/* Request-body bounds, counted for /status (docs/http.md, "Request
- * bodies"). */
+/* Request-body bounds and access checks, counted for /status
+ * (docs/http.md, "Authentication" and "Request bodies"). */
 typedef struct {
     size_t upload_budget;               /* bytes all request bodies may hold at once */
     atomic_size_t upload_held;          /* bytes they hold now */
     atomic_ullong refused_too_large;    /* 413 */
     atomic_ullong refused_over_budget;  /* 503 */
+    atomic_ullong auth_rejected;        /* 401 */
 } lmc_http_stats;
 
 /* What the routes need to know about the server. */
@@ -26,6 +27,8 @@ typedef struct {
     char *version;  /* "NA" when not given */
     char *commit;
     bool metrics_only;  /* lmc_http_options.metrics_only */
+    bool auth_enabled;  /* a bearer token guards the LMC_HTTP_TOKEN routes */
+    bool exposed;       /* listening on an address other than loopback */
     lmc_http_stats *stats;  /* NULL when dispatch is called without a server */
 } lmc_http_site;
 

@@ -71,11 +71,17 @@ static void ep_health(const lmc_http_request *req, lmc_http_reply *out, const ch
     lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:s}", "status", "healthy"));
 }
 
-/* /status's view of the frontend itself (docs/http.md, "Request
- * bodies"): what its limits refused. */
+/* /status's view of the frontend itself (docs/http.md, "Authentication"
+ * and "Request bodies"): whether a token guards it, whether it listens
+ * beyond loopback, and what its limits refused. */
 static int add_frontend_status(const lmc_http_site *site, json_t *status)
 {
     const lmc_http_stats *st = site->stats;
+    json_t *auth = json_pack("{s:b, s:b, s:I}", "enabled", site->auth_enabled, "exposed",
+                             site->exposed, "rejected",
+                             (json_int_t)(st ? atomic_load(&st->auth_rejected) : 0));
+    if (json_object_set_new(status, "http_auth", auth) != 0)
+        return -1;
     if (!st)
         return 0;
     json_t *up = json_pack("{s:I, s:I, s:I, s:I}", "budget_bytes", (json_int_t)st->upload_budget,
@@ -296,8 +302,9 @@ static void ep_not_built(const lmc_http_request *req, lmc_http_reply *out, const
 /* Access: OPEN only for what probes, scrapers and the dashboard read
  * (health, status, memory pressure, version, metrics, the pages); every
  * other route can change the cache, read or write KV data, or tell one
- * tenant's keys and salts to another (the bearer token will guard them).
- * Body: what the route reads, which picks its size limit. */
+ * tenant's keys and salts to another, and needs the token when one is set
+ * (docs/http.md, "Authentication", lists each route's class; the e2e test
+ * test_http_auth.py checks that list against this table). */
 #define OPEN LMC_HTTP_OPEN
 #define TOKEN LMC_HTTP_TOKEN
 #define NOB LMC_HTTP_BODY_NONE

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "http/http_auth.h"
 #include "http/http_body.h"
 #include "http/http_internal.h"
 #include "http/http_json.h"
@@ -47,6 +48,7 @@ struct lmc_http_server {
     size_t max_body;
     size_t max_kv_body;
     lmc_http_site site;
+    lmc_http_auth auth;
     lmc_http_stats stats;
     /* libmicrohttpd's messages (mostly about malformed requests) are rate
      * limited so that a flood of garbage cannot flood the log. */
@@ -150,6 +152,14 @@ static enum MHD_Result queue_refusal(struct MHD_Connection *conn, unsigned statu
                        MHD_HTTP_HEADER_RETRY_AFTER, RETRY_AFTER_S);
 }
 
+static enum MHD_Result queue_unauthorized(struct MHD_Connection *conn)
+{
+    return queue_error(conn, MHD_HTTP_UNAUTHORIZED,
+                       lmc_http_detail("missing or wrong bearer token "
+                                       "(Authorization: Bearer <token>)"),
+                       MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"lmcached\"");
+}
+
 /* ---- request bodies ------------------------------------------------------ */
 
 /* The declared Content-Length; false when there is none (chunked).  A
@@ -187,7 +197,7 @@ static enum MHD_Result refuse_early(lmc_http_server *s, struct MHD_Connection *c
 }
 
 /* Headers are in, no body byte has been read: refuse what can be refused
- * now. */
+ * now, the token first so that a stranger learns nothing of the limits. */
 static enum MHD_Result first_call(lmc_http_server *s, struct MHD_Connection *conn,
                                   const char *url, const char *method, void **con_cls)
 {
@@ -196,6 +206,13 @@ static enum MHD_Result first_call(lmc_http_server *s, struct MHD_Connection *con
         return MHD_NO;
     *con_cls = rs;
     lmc_http_policy policy = lmc_http_route_policy(&s->site, method, url);
+    if (policy.access == LMC_HTTP_TOKEN &&
+        !lmc_http_auth_ok(&s->auth, MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                                MHD_HTTP_HEADER_AUTHORIZATION))) {
+        rs->replied = true;
+        atomic_fetch_add(&s->stats.auth_rejected, 1);
+        return queue_unauthorized(conn);
+    }
     rs->body.limit = body_limit(s, policy.body);
     size_t declared;
     if (!declared_length(conn, &declared))
@@ -357,15 +374,23 @@ static int bind_listener(const char *host, int port, int *family, char *err, siz
     return fd;
 }
 
-static int bound_port(int fd)
+/* The bound port (-1 on failure) and whether the address is loopback
+ * only (127.0.0.0/8, ::1, or ::ffff:127.x.y.z). */
+static int bound_port(int fd, bool *loopback)
 {
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
+    *loopback = false;
     if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
         return -1;
-    if (ss.ss_family == AF_INET6)
+    if (ss.ss_family == AF_INET6) {
+        const struct in6_addr *a = &((struct sockaddr_in6 *)&ss)->sin6_addr;
+        *loopback = IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
         return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    }
+    const struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+    *loopback = (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    return ntohs(in->sin_port);
 }
 
 static char *dup_or_na(const char *s)
@@ -375,6 +400,7 @@ static char *dup_or_na(const char *s)
 
 static void free_server(lmc_http_server *s)
 {
+    lmc_http_auth_free(&s->auth);
     free(s->site.version);
     free(s->site.commit);
     free(s);
@@ -414,7 +440,27 @@ static int configure(lmc_http_server *s, const lmc_http_options *opts,
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    if (lmc_http_auth_init(&s->auth, opts->auth_token) != 0) {
+        snprintf(err, errlen, "--http-auth-token: SHA-256 is not available from OpenSSL");
+        return -1;
+    }
+    s->site.auth_enabled = s->auth.enabled;
     return 0;
+}
+
+/* Says where the frontend listens, and warns when anyone who can reach
+ * the port may clear the cache or read KV data (docs/http.md,
+ * "Authentication"). */
+static void announce(const lmc_http_server *s, const char *host)
+{
+    LMC_INFO("HTTP frontend listening on http://%s:%d (%s)", host, s->port,
+             s->site.metrics_only  ? "metrics only"
+             : s->site.auth_enabled ? "bearer token required on admin and KV routes"
+                                    : "no authentication");
+    if (!s->site.metrics_only && !s->site.auth_enabled && s->site.exposed)
+        LMC_WARN("HTTP frontend on %s:%d is reachable from other hosts and has no "
+                 "--http-auth-token: anyone who can connect can clear the cache and read or "
+                 "write KV data (docs/http.md, \"Authentication\")", host, s->port);
 }
 
 int lmc_http_server_start(const lmc_http_options *opts, const lmc_http_backend *backend,
@@ -435,7 +481,9 @@ int lmc_http_server_start(const lmc_http_options *opts, const lmc_http_backend *
         free_server(s);
         return -1;
     }
-    s->port = bound_port(fd);
+    bool loopback;
+    s->port = bound_port(fd, &loopback);
+    s->site.exposed = !loopback;
     s->daemon = start_daemon(s, opts, fd, family);
     if (!s->daemon) {
         snprintf(err, errlen, "cannot start the HTTP server on %s:%d", host, s->port);
@@ -443,7 +491,7 @@ int lmc_http_server_start(const lmc_http_options *opts, const lmc_http_backend *
         free_server(s);
         return -1;
     }
-    LMC_INFO("HTTP frontend listening on http://%s:%d", host, s->port);
+    announce(s, host);
     *out = s;
     return 0;
 }

@@ -98,6 +98,9 @@ typedef struct {
     size_t max_kv_body_bytes;  /* POST /api/kv/store bodies; 0 = 1 GiB */
     bool metrics_only;         /* serve GET/HEAD /metrics only (the standalone
                                 * Prometheus exporter); every other path 404 */
+    const char *auth_token;    /* bearer token the guarded routes require
+                                * (docs/http.md, "Authentication"); NULL or "" =
+                                * none.  Not kept: only its digest is. */
     size_t max_buffered_bytes; /* request bodies held at once over all
                                 * connections; 0 = 2 GiB */
 } lmc_http_options;

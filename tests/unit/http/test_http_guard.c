@@ -1,6 +1,7 @@
-/* The pieces behind the HTTP frontend's upload bounds (docs/http.md,
- * "Request bodies"): the route policies, and request bodies under a limit
- * and a shared budget. */
+/* The pieces behind the HTTP frontend's access and upload bounds
+ * (docs/http.md, "Authentication" and "Request bodies"): the bearer-token
+ * check, the route policies, and request bodies under a limit and a
+ * shared budget. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -9,8 +10,48 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "http/http_auth.h"
 #include "http/http_body.h"
 #include "http/http_internal.h"
+
+/* ---- bearer token -------------------------------------------------------- */
+
+static void test_auth_disabled(void **state)
+{
+    (void)state;
+    lmc_http_auth a;
+    assert_int_equal(lmc_http_auth_init(&a, NULL), 0);
+    assert_false(a.enabled);
+    assert_true(lmc_http_auth_ok(&a, NULL));
+    assert_true(lmc_http_auth_ok(&a, "Bearer anything"));
+    lmc_http_auth_free(&a);
+    assert_int_equal(lmc_http_auth_init(&a, ""), 0);
+    assert_false(a.enabled);
+    lmc_http_auth_free(&a);
+}
+
+static void test_auth_token(void **state)
+{
+    (void)state;
+    lmc_http_auth a;
+    assert_int_equal(lmc_http_auth_init(&a, "s3cr3t-T0ken"), 0);
+    assert_true(a.enabled);
+    static const char *const good[] = {"Bearer s3cr3t-T0ken", "bearer s3cr3t-T0ken",
+                                       "BEARER \t s3cr3t-T0ken  ", " Bearer s3cr3t-T0ken"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        if (!lmc_http_auth_ok(&a, good[i]))
+            fail_msg("refused: %s", good[i]);
+    static const char *const bad[] = {
+        "", "Bearer", "Bearer ", "Bearers3cr3t-T0ken", "Basic s3cr3t-T0ken", "s3cr3t-T0ken",
+        "Bearer s3cr3t-T0ke", "Bearer s3cr3t-T0kenX", "Bearer S3CR3T-T0KEN",
+        "Bearer s3cr3t-T0ken extra", "Bearer \x01s3cr3t-T0ken"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (lmc_http_auth_ok(&a, bad[i]))
+            fail_msg("accepted: %s", bad[i]);
+    assert_false(lmc_http_auth_ok(&a, NULL));
+    lmc_http_auth_free(&a);
+    assert_false(a.enabled);
+}
 
 /* ---- route policies ------------------------------------------------------ */
 
@@ -165,6 +206,8 @@ static void test_budget_concurrent(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_auth_disabled),
+        cmocka_unit_test(test_auth_token),
         cmocka_unit_test(test_route_policy),
         cmocka_unit_test(test_body_within_limits),
         cmocka_unit_test(test_body_over_limit),

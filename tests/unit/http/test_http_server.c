@@ -242,7 +242,9 @@ static void test_status_and_pressure(void **state)
 {
     fixture *f = *state;
     json_t *want = fake_status(NULL);
-    /* The frontend adds its own view (docs/http.md, "Request bodies"). */
+    /* The frontend adds its own view (docs/http.md, "Authentication"). */
+    json_object_set_new(want, "http_auth",
+                        json_pack("{s:b, s:b, s:i}", "enabled", 0, "exposed", 0, "rejected", 0));
     json_object_set_new(want, "http_uploads",
                         json_pack("{s:I, s:i, s:i, s:i}", "budget_bytes", (json_int_t)2 << 30,
                                   "buffered_bytes", 0, "refused_too_large", 0,
@@ -398,13 +400,14 @@ static void test_allow_only_on_405(void **state)
     free_response(&r);
 }
 
-/* A second server on the same fake backend, with a small upload budget. */
-static lmc_http_server *start_guarded(fixture *f, size_t budget)
+/* A second server on the same fake backend, with a token and a small
+ * upload budget. */
+static lmc_http_server *start_guarded(fixture *f, const char *token, size_t budget)
 {
     lmc_http_backend b = {.user = f, .ready = fake_ready, .status = fake_status,
                           .config = fake_config, .clear = fake_clear, .metrics = fake_metrics};
     lmc_http_options o = {.host = "127.0.0.1", .max_body_bytes = MAX_BODY, .timeout_s = 2,
-                          .max_buffered_bytes = budget};
+                          .auth_token = token, .max_buffered_bytes = budget};
     lmc_http_server *s = NULL;
     char err[256];
     assert_int_equal(lmc_http_server_start(&o, &b, &s, err, sizeof err), 0);
@@ -428,6 +431,46 @@ static json_t *status_member(int port, const char *name)
     free_response(&r);
     assert_non_null(m);
     return m;
+}
+
+static void test_bearer_token(void **state)
+{
+    fixture *f = *state;
+    lmc_http_server *s = start_guarded(f, "tok-123", 0);
+    int port = lmc_http_server_port(s);
+    int clears = atomic_load(&f->clears);
+    static const char *const wrong[] = {NULL, "Authorization: Bearer tok-12\r\n",
+                                        "Authorization: Basic tok-123\r\n"};
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+        response r = http_on(port, "POST", "/cache/clear", wrong[i], NULL);
+        assert_int_equal(r.status, 401);
+        assert_non_null(strstr(r.head, "WWW-Authenticate: Bearer"));
+        assert_non_null(strstr(r.body, "\"detail\""));
+        free_response(&r);
+    }
+    /* The token is checked before the body's size: a stranger learns no limit. */
+    char req[256];
+    int n = snprintf(req, sizeof req, "POST /cache/clear HTTP/1.1\r\nHost: x\r\n"
+                                      "Content-Length: %d\r\n\r\n", MAX_BODY * 4);
+    response r = raw(port, req, (size_t)n);
+    assert_int_equal(r.status, 401);
+    free_response(&r);
+    assert_int_equal(atomic_load(&f->clears), clears);
+    r = http_on(port, "POST", "/cache/clear", "Authorization: Bearer tok-123\r\n", NULL);
+    assert_int_equal(r.status, 200);
+    free_response(&r);
+    assert_int_equal(atomic_load(&f->clears), clears + 1);
+    r = http_on(port, "GET", "/config", NULL, NULL);
+    assert_int_equal(r.status, 401);
+    free_response(&r);
+    r = http_on(port, "GET", "/healthcheck", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    free_response(&r);
+    json_t *auth = status_member(port, "http_auth");
+    assert_true(json_is_true(json_object_get(auth, "enabled")));
+    assert_int_equal(json_integer_value(json_object_get(auth, "rejected")), 5);
+    json_decref(auth);
+    lmc_http_server_stop(s);
 }
 
 /* GET routes read no body: a large one is refused from the headers. */
@@ -464,7 +507,7 @@ static void wait_buffered(int port, size_t want)
 static void test_upload_budget(void **state)
 {
     fixture *f = *state;
-    lmc_http_server *s = start_guarded(f, 4096);
+    lmc_http_server *s = start_guarded(f, NULL, 4096);
     int port = lmc_http_server_port(s);
     int clears = atomic_load(&f->clears);
     int held = connect_to(port);
@@ -548,6 +591,7 @@ int main(void)
         cmocka_unit_test(test_cache_clear),
         cmocka_unit_test(test_bind_errors),
         cmocka_unit_test(test_allow_only_on_405),
+        cmocka_unit_test(test_bearer_token),
         cmocka_unit_test(test_get_body_refused_early),
         cmocka_unit_test(test_upload_budget),
     };
