@@ -74,6 +74,11 @@ typedef struct {
     char *http_host;                 /* --http-host "0.0.0.0" */
     int http_port;                   /* --http-port 8080 */
     bool enabled;                    /* --[no-]http, true (lmcached: ZMQ only when off) */
+    /* lmcached additions (docs/http.md, "Authentication" and "Request bodies") */
+    char *auth_token;                /* --http-auth-token / LMCACHE_HTTP_AUTH_TOKEN, or
+                                      * read from --http-auth-token-file; NULL = none */
+    char *auth_token_file;           /* --http-auth-token-file, nullable */
+    int max_buffered_mb;             /* --http-max-buffered-mb 2048 */
 } lmc_http_config;
 
 /* --- Coordinator (flags fall back to LMCACHE_COORDINATOR_*) -------------- */
@@ -223,6 +228,7 @@ enum {
     LMC_FF_JSON = 1u << 1,         /* value(s) are JSON text, rendered parsed */
     LMC_FF_DERIVED = 1u << 2,      /* default computed from another flag */
     LMC_FF_LOG_LEVEL = 1u << 3,    /* lmc_log_level_parse(); stored canonical */
+    LMC_FF_SECRET = 1u << 4,       /* never rendered: "***" when set, null when not */
 };
 
 typedef struct {

@@ -44,6 +44,9 @@ int lmc_cfg_validate(lmc_config *cfg, lmc_cfg_err *e);
 int lmc_cfg_check_l1_managers(const lmc_config *cfg, lmc_cfg_err *e);
 int lmc_cfg_check_l2_adapters(const lmc_config *cfg, lmc_cfg_err *e);
 int lmc_cfg_check_verbs(const lmc_config *cfg, lmc_cfg_err *e);
+/* The HTTP token rules (config_http.c); reads --http-auth-token-file into
+ * cfg->http.auth_token. */
+int lmc_cfg_check_http(lmc_config *cfg, lmc_cfg_err *e);
 
 /* Sets *type to the type ("DRAM", "DEVDAX", "GDS") of the L1 with this
  * tag, NULL if none.  Legacy mode has one L1 tagged "_default".  Points

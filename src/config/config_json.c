@@ -44,6 +44,8 @@ static json_t *flag_value(const lmc_config *cfg, const lmc_config_flag *f)
     const void *slot = lmc_cfg_cfield(cfg, f);
     const char *s;
     const lmc_opt_double *od;
+    if (f->flags & LMC_FF_SECRET) /* a string flag: the JSON goes to /config, plugins, logs */
+        return *(char *const *)slot ? json_string("***") : json_null();
     switch (f->kind) {
     case LMC_FK_STR:
     case LMC_FK_NSTR:

@@ -152,6 +152,17 @@ static const lmc_config_flag flags[] = {
     {.name = "http", .group = LMC_FG_HTTP, .kind = LMC_FK_BOOL, AT(http.enabled),
      .def = "true", .json_name = "enabled",
      .help = "Serve the HTTP frontend (lmcached; --no-http runs ZMQ only)."},
+    {.name = "http-auth-token", .group = LMC_FG_HTTP, .kind = LMC_FK_NSTR,
+     AT(http.auth_token), .env = "LMCACHE_HTTP_AUTH_TOKEN", .json_name = "http_auth_token",
+     .flags = LMC_FF_ADDITION | LMC_FF_SECRET,
+     .help = "Bearer token the admin and KV routes require (docs/http.md); unset = none."},
+    {.name = "http-auth-token-file", .group = LMC_FG_HTTP, .kind = LMC_FK_NSTR,
+     AT(http.auth_token_file), .json_name = "http_auth_token_file", .flags = LMC_FF_ADDITION,
+     .help = "Read --http-auth-token from this file (one line, trailing newline dropped)."},
+    {.name = "http-max-buffered-mb", .group = LMC_FG_HTTP, .kind = LMC_FK_INT,
+     AT(http.max_buffered_mb), .def = "2048", .json_name = "http_max_buffered_mb",
+     .flags = LMC_FF_ADDITION, GE1,
+     .help = "MiB of request bodies held at once over all connections; past it, 503."},
 
     /* --- Coordinator ------------------------------------------------------- */
     {.name = "coordinator-url", .group = LMC_FG_COORD, .kind = LMC_FK_STR,

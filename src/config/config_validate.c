@@ -218,7 +218,7 @@ int lmc_cfg_validate(lmc_config *cfg, lmc_cfg_err *e)
     if (check_l1_mode(cfg, e) || check_l1_memory(cfg, e) ||
         lmc_cfg_check_l1_managers(cfg, e) || lmc_cfg_check_l2_adapters(cfg, e))
         return -1;
-    if (check_p2p_enabled(cfg, e) || lmc_cfg_check_verbs(cfg, e))
+    if (check_p2p_enabled(cfg, e) || lmc_cfg_check_verbs(cfg, e) || lmc_cfg_check_http(cfg, e))
         return -1;
     return 0;
 }

@@ -4,11 +4,22 @@
 #define LMC_HTTP_HTTP_INTERNAL_H
 
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stddef.h>
 
 #include "http/http_server.h"
 
 struct MHD_Connection;
+
+/* Request-body bounds and access checks, counted for /status
+ * (docs/http.md, "Authentication" and "Request bodies"). */
+typedef struct {
+    size_t upload_budget;               /* bytes all request bodies may hold at once */
+    atomic_size_t upload_held;          /* bytes they hold now */
+    atomic_ullong refused_too_large;    /* 413 */
+    atomic_ullong refused_over_budget;  /* 503 */
+    atomic_ullong auth_rejected;        /* 401 */
+} lmc_http_stats;
 
 /* What the routes need to know about the server. */
 typedef struct {
@@ -16,7 +27,31 @@ typedef struct {
     char *version;  /* "NA" when not given */
     char *commit;
     bool metrics_only;  /* lmc_http_options.metrics_only */
+    bool auth_enabled;  /* a bearer token guards the LMC_HTTP_TOKEN routes */
+    bool exposed;       /* listening on an address other than loopback */
+    lmc_http_stats *stats;  /* NULL when dispatch is called without a server */
 } lmc_http_site;
+
+/* Who may call a route (docs/http.md, "Authentication").  TOKEN is 0 so
+ * that a route entry that forgets to say is guarded. */
+typedef enum {
+    LMC_HTTP_TOKEN = 0,  /* needs the bearer token when one is configured */
+    LMC_HTTP_OPEN,       /* probes and scrapers: never needs it */
+} lmc_http_access;
+
+/* What body a route reads, which picks its size limit (docs/http.md,
+ * "Request bodies"). */
+typedef enum {
+    LMC_HTTP_BODY_NONE = 0,  /* ignored: a few bytes at most */
+    LMC_HTTP_BODY_JSON,      /* a JSON document: lmc_http_options.max_body_bytes */
+    LMC_HTTP_BODY_KV,        /* a KV tensor: lmc_http_options.max_kv_body_bytes */
+    LMC_HTTP_BODY_BULK,      /* JSON with a token or key list: 16 x max_body_bytes */
+} lmc_http_body;
+
+typedef struct {
+    lmc_http_access access;
+    lmc_http_body body;
+} lmc_http_policy;
 
 typedef struct {
     const lmc_http_site *site;
@@ -50,6 +85,10 @@ void lmc_http_reply_text(lmc_http_reply *out, unsigned status, const char *conte
 
 /* Routes the request (http_routes.c). */
 void lmc_http_dispatch(const lmc_http_request *req, lmc_http_reply *out);
+/* The policy of the route that dispatch would run for (method, path); a
+ * path or method no route serves (404/405) is {OPEN, BODY_NONE}. */
+lmc_http_policy lmc_http_route_policy(const lmc_http_site *site, const char *method,
+                                      const char *path);
 
 /* Static pages (http_pages.c). */
 extern const char lmc_http_index_html[];

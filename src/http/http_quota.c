@@ -11,6 +11,9 @@
 #include "http/http_quota.h"
 
 #define GB ((double)(1ull << 30))
+/* Limits are kept in bytes as signed 64-bit JSON integers: 2^33 GB is
+ * 2^63 bytes, the first value that no longer fits. */
+#define MAX_LIMIT_GB 8589934592.0
 
 static const char *salt_of(const lmc_http_request *req, const char *prefix)
 {
@@ -33,7 +36,7 @@ static double gb_of(const json_t *obj, const char *salt)
     return (double)json_integer_value(json_object_get(obj, salt)) / GB;
 }
 
-/* PUT {"limit_gb": number >= 0, finite} */
+/* PUT {"limit_gb": number}, finite, >= 0 and below MAX_LIMIT_GB */
 void lmc_http_quota_put(const lmc_http_request *req, lmc_http_reply *out, const char *prefix)
 {
     if (!available(req, out))
@@ -44,9 +47,10 @@ void lmc_http_quota_put(const lmc_http_request *req, lmc_http_reply *out, const 
     double gb = json_number_value(v);
     if (!body || !json_is_object(body)) {
         lmc_http_reply_json(out, MHD_HTTP_BAD_REQUEST, lmc_http_detail("body must be a JSON object"));
-    } else if (!json_is_number(v) || !isfinite(gb) || gb < 0) {
+    } else if (!json_is_number(v) || !isfinite(gb) || !(gb >= 0 && gb < MAX_LIMIT_GB)) {
         lmc_http_reply_json(out, MHD_HTTP_BAD_REQUEST,
-                            lmc_http_detail("\"limit_gb\" must be a finite number >= 0"));
+                            lmc_http_detail("\"limit_gb\" must be a finite number >= 0 and "
+                                            "below 8589934592 (2^63 bytes)"));
     } else if (req->site->backend.quota_set(req->site->backend.user, salt,
                                             (uint64_t)llround(gb * GB)) != 0) {
         lmc_http_reply_json(out, MHD_HTTP_INTERNAL_SERVER_ERROR, lmc_http_detail("out of memory"));

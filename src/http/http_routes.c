@@ -29,6 +29,8 @@ typedef struct {
     const char *method;
     const char *path;
     bool prefix;       /* path is a prefix ending in '/'; the rest must be non-empty */
+    lmc_http_access access;
+    lmc_http_body body;
     readiness ready;
     route_fn fn;
     const char *arg;   /* handler argument (501 messages, version parts) */
@@ -69,12 +71,34 @@ static void ep_health(const lmc_http_request *req, lmc_http_reply *out, const ch
     lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:s}", "status", "healthy"));
 }
 
+/* /status's view of the frontend itself (docs/http.md, "Authentication"
+ * and "Request bodies"): whether a token guards it, whether it listens
+ * beyond loopback, and what its limits refused. */
+static int add_frontend_status(const lmc_http_site *site, json_t *status)
+{
+    const lmc_http_stats *st = site->stats;
+    json_t *auth = json_pack("{s:b, s:b, s:I}", "enabled", site->auth_enabled, "exposed",
+                             site->exposed, "rejected",
+                             (json_int_t)(st ? atomic_load(&st->auth_rejected) : 0));
+    if (json_object_set_new(status, "http_auth", auth) != 0)
+        return -1;
+    if (!st)
+        return 0;
+    json_t *up = json_pack("{s:I, s:I, s:I, s:I}", "budget_bytes", (json_int_t)st->upload_budget,
+                           "buffered_bytes", (json_int_t)atomic_load(&st->upload_held),
+                           "refused_too_large", (json_int_t)atomic_load(&st->refused_too_large),
+                           "refused_over_budget",
+                           (json_int_t)atomic_load(&st->refused_over_budget));
+    return json_object_set_new(status, "http_uploads", up);
+}
+
 static void ep_status(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
 {
     (void)arg;
     const lmc_http_backend *b = backend_of(req);
     json_t *status = b->status ? b->status(b->user) : NULL;
-    if (!status) {
+    if (!json_is_object(status) || add_frontend_status(req->site, status) != 0) {
+        json_decref(status);
         lmc_http_reply_json(out, MHD_HTTP_INTERNAL_SERVER_ERROR,
                             lmc_http_error("status unavailable"));
         return;
@@ -275,51 +299,69 @@ static void ep_not_built(const lmc_http_request *req, lmc_http_reply *out, const
 
 /* ---- table and dispatch --------------------------------------------------- */
 
-#define NB(m, p, what) {m, p, false, READY_ANY, ep_not_built, what}
-#define NBP(m, p, what) {m, p, true, READY_ANY, ep_not_built, what}
+/* Access: OPEN only for what probes, scrapers and the dashboard read
+ * (health, status, memory pressure, version, metrics, the pages); every
+ * other route can change the cache, read or write KV data, or tell one
+ * tenant's keys and salts to another, and needs the token when one is set
+ * (docs/http.md, "Authentication", lists each route's class; the e2e test
+ * test_http_auth.py checks that list against this table). */
+#define OPEN LMC_HTTP_OPEN
+#define TOKEN LMC_HTTP_TOKEN
+#define NOB LMC_HTTP_BODY_NONE
+#define JSON LMC_HTTP_BODY_JSON
+#define KV LMC_HTTP_BODY_KV
+#define BULK LMC_HTTP_BODY_BULK
 
 static const route routes[] = {
-    {"GET", "/", false, READY_ANY, ep_root, NULL},
-    {"GET", "/dashboard", false, READY_ANY, ep_dashboard, NULL},
-    {"GET", "/healthcheck", false, READY_HEALTH, ep_health, NULL},
-    {"GET", "/api/healthcheck", false, READY_HEALTH, ep_health, NULL},
-    {"GET", "/status", false, READY_ENGINE, ep_status, NULL},
-    {"GET", "/api/status", false, READY_ENGINE, ep_status, NULL},
-    {"GET", "/status/memory-pressure", false, READY_DETAIL, ep_pressure, NULL},
-    {"GET", "/version", false, READY_ANY, ep_version, "both"},
-    {"GET", "/lmc_version", false, READY_ANY, ep_version, "version"},
-    {"GET", "/commit_id", false, READY_ANY, ep_version, "commit"},
-    {"GET", "/config", false, READY_CONFIGS, ep_config, NULL},
-    {"GET", "/conf", false, READY_CONFIGS, ep_config, NULL},
-    {"GET", "/config/adapters", false, READY_DETAIL, ep_adapters, NULL},
-    {"POST", "/cache/clear", false, READY_DETAIL, ep_cache_clear, NULL},
-    {"POST", "/clear-cache", false, READY_ENGINE, ep_clear_legacy, NULL},
-    {"GET", "/threads", false, READY_ANY, ep_threads, NULL},
-    {"GET", "/metrics", false, READY_ANY, ep_metrics, NULL},
-    {"POST", "/coordinator/command", false, READY_ANY, ep_coordinator, NULL},
-    NB("GET", "/config/policies", "runtime policies are"),
-    NB("PATCH", "/config/policies", "runtime policies are"),
-    NB("POST", "/config/policies/validate", "runtime policies are"),
-    {"GET", "/cache/objects", false, READY_DETAIL, lmc_http_objects_list, NULL},
-    {"DELETE", "/cache/objects", false, READY_DETAIL, lmc_http_objects_remove, NULL},
-    {"POST", "/cache/prefetches", false, READY_DETAIL, lmc_http_prefetch_submit, NULL},
-    {"GET", "/cache/prefetches/", true, READY_DETAIL, lmc_http_prefetch_query,
+    {"GET", "/", false, OPEN, NOB, READY_ANY, ep_root, NULL},
+    {"GET", "/dashboard", false, OPEN, NOB, READY_ANY, ep_dashboard, NULL},
+    {"GET", "/healthcheck", false, OPEN, NOB, READY_HEALTH, ep_health, NULL},
+    {"GET", "/api/healthcheck", false, OPEN, NOB, READY_HEALTH, ep_health, NULL},
+    {"GET", "/status", false, OPEN, NOB, READY_ENGINE, ep_status, NULL},
+    {"GET", "/api/status", false, OPEN, NOB, READY_ENGINE, ep_status, NULL},
+    {"GET", "/status/memory-pressure", false, OPEN, NOB, READY_DETAIL, ep_pressure, NULL},
+    {"GET", "/version", false, OPEN, NOB, READY_ANY, ep_version, "both"},
+    {"GET", "/lmc_version", false, OPEN, NOB, READY_ANY, ep_version, "version"},
+    {"GET", "/commit_id", false, OPEN, NOB, READY_ANY, ep_version, "commit"},
+    {"GET", "/metrics", false, OPEN, NOB, READY_ANY, ep_metrics, NULL},
+    {"GET", "/config", false, TOKEN, NOB, READY_CONFIGS, ep_config, NULL},
+    {"GET", "/conf", false, TOKEN, NOB, READY_CONFIGS, ep_config, NULL},
+    {"GET", "/config/adapters", false, TOKEN, NOB, READY_DETAIL, ep_adapters, NULL},
+    {"POST", "/cache/clear", false, TOKEN, JSON, READY_DETAIL, ep_cache_clear, NULL},
+    {"POST", "/clear-cache", false, TOKEN, JSON, READY_ENGINE, ep_clear_legacy, NULL},
+    {"GET", "/threads", false, TOKEN, NOB, READY_ANY, ep_threads, NULL},
+    {"POST", "/coordinator/command", false, TOKEN, JSON, READY_ANY, ep_coordinator, NULL},
+    {"GET", "/config/policies", false, TOKEN, NOB, READY_ANY, ep_not_built,
+     "runtime policies are"},
+    {"PATCH", "/config/policies", false, TOKEN, JSON, READY_ANY, ep_not_built,
+     "runtime policies are"},
+    {"POST", "/config/policies/validate", false, TOKEN, JSON, READY_ANY, ep_not_built,
+     "runtime policies are"},
+    {"GET", "/cache/objects", false, TOKEN, NOB, READY_DETAIL, lmc_http_objects_list, NULL},
+    {"DELETE", "/cache/objects", false, TOKEN, BULK, READY_DETAIL, lmc_http_objects_remove,
+     NULL},
+    {"POST", "/cache/prefetches", false, TOKEN, BULK, READY_DETAIL, lmc_http_prefetch_submit,
+     NULL},
+    {"GET", "/cache/prefetches/", true, TOKEN, NOB, READY_DETAIL, lmc_http_prefetch_query,
      "/cache/prefetches/"},
-    {"POST", "/cache/checksums", false, READY_DETAIL, lmc_http_checksums, NULL},
-    {"GET", "/kvcache/check", false, READY_DETAIL, lmc_http_checksums_legacy, NULL},
-    {"GET", "/quota", false, READY_DETAIL, lmc_http_quota_list, "/quota/"},
-    {"GET", "/quota/", true, READY_DETAIL, lmc_http_quota_get, "/quota/"},
-    {"PUT", "/quota/", true, READY_DETAIL, lmc_http_quota_put, "/quota/"},
-    {"DELETE", "/quota/", true, READY_DETAIL, lmc_http_quota_delete, "/quota/"},
-    {"GET", "/api/quota", false, READY_DETAIL, lmc_http_quota_list, "/api/quota/"},
-    {"GET", "/api/quota/", true, READY_DETAIL, lmc_http_quota_get, "/api/quota/"},
-    {"PUT", "/api/quota/", true, READY_DETAIL, lmc_http_quota_put, "/api/quota/"},
-    {"DELETE", "/api/quota/", true, READY_DETAIL, lmc_http_quota_delete, "/api/quota/"},
-    {"POST", "/api/kv/store", false, READY_DETAIL, lmc_http_kv_store, NULL},
-    {"POST", "/api/kv/retrieve", false, READY_DETAIL, lmc_http_kv_retrieve, NULL},
-    {"POST", "/api/kv/lookup", false, READY_DETAIL, lmc_http_kv_lookup, NULL},
-    NBP("GET", "/reconfigure/", "reconfiguration is"),
-    NBP("POST", "/reconfigure/", "reconfiguration is"),
+    {"POST", "/cache/checksums", false, TOKEN, BULK, READY_DETAIL, lmc_http_checksums, NULL},
+    {"GET", "/kvcache/check", false, TOKEN, NOB, READY_DETAIL, lmc_http_checksums_legacy,
+     NULL},
+    {"GET", "/quota", false, TOKEN, NOB, READY_DETAIL, lmc_http_quota_list, "/quota/"},
+    {"GET", "/quota/", true, TOKEN, NOB, READY_DETAIL, lmc_http_quota_get, "/quota/"},
+    {"PUT", "/quota/", true, TOKEN, JSON, READY_DETAIL, lmc_http_quota_put, "/quota/"},
+    {"DELETE", "/quota/", true, TOKEN, NOB, READY_DETAIL, lmc_http_quota_delete, "/quota/"},
+    {"GET", "/api/quota", false, TOKEN, NOB, READY_DETAIL, lmc_http_quota_list, "/api/quota/"},
+    {"GET", "/api/quota/", true, TOKEN, NOB, READY_DETAIL, lmc_http_quota_get, "/api/quota/"},
+    {"PUT", "/api/quota/", true, TOKEN, JSON, READY_DETAIL, lmc_http_quota_put, "/api/quota/"},
+    {"DELETE", "/api/quota/", true, TOKEN, NOB, READY_DETAIL, lmc_http_quota_delete,
+     "/api/quota/"},
+    {"POST", "/api/kv/store", false, TOKEN, KV, READY_DETAIL, lmc_http_kv_store, NULL},
+    {"POST", "/api/kv/retrieve", false, TOKEN, BULK, READY_DETAIL, lmc_http_kv_retrieve, NULL},
+    {"POST", "/api/kv/lookup", false, TOKEN, BULK, READY_DETAIL, lmc_http_kv_lookup, NULL},
+    {"GET", "/reconfigure/", true, TOKEN, NOB, READY_ANY, ep_not_built, "reconfiguration is"},
+    {"POST", "/reconfigure/", true, TOKEN, JSON, READY_ANY, ep_not_built,
+     "reconfiguration is"},
 };
 #define N_ROUTES (sizeof routes / sizeof routes[0])
 
@@ -353,15 +395,37 @@ static void add_allowed(char *allow, size_t len, const char *method)
     snprintf(allow + used, len - used, "%s%s", used ? ", " : "", method);
 }
 
+static bool serves(const lmc_http_site *site, const route *r, const char *path)
+{
+    return path_matches(r, path) && !(site->metrics_only && r->fn != ep_metrics);
+}
+
+/* HEAD is routed like GET. */
+static const char *routed_method(const char *method)
+{
+    return strcmp(method, "HEAD") == 0 ? "GET" : method;
+}
+
+lmc_http_policy lmc_http_route_policy(const lmc_http_site *site, const char *method,
+                                      const char *path)
+{
+    method = routed_method(method);
+    for (size_t i = 0; i < N_ROUTES; i++)
+        if (serves(site, &routes[i], path) && strcmp(routes[i].method, method) == 0)
+            return (lmc_http_policy){routes[i].access, routes[i].body};
+    return (lmc_http_policy){LMC_HTTP_OPEN, LMC_HTTP_BODY_NONE};
+}
+
 void lmc_http_dispatch(const lmc_http_request *req, lmc_http_reply *out)
 {
-    const char *method = strcmp(req->method, "HEAD") == 0 ? "GET" : req->method;
+    const char *method = routed_method(req->method);
     out->allow[0] = '\0';
     for (size_t i = 0; i < N_ROUTES; i++) {
         const route *r = &routes[i];
-        if (!path_matches(r, req->path) || (req->site->metrics_only && r->fn != ep_metrics))
+        if (!serves(req->site, r, req->path))
             continue;
         if (strcmp(r->method, method) == 0) {
+            out->allow[0] = '\0'; /* Allow goes with a 405 only */
             if (!answer_not_ready(req, r, out))
                 r->fn(req, out, r->arg);
             return;

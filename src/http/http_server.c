@@ -15,12 +15,25 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "http/http_auth.h"
+#include "http/http_body.h"
 #include "http/http_internal.h"
 #include "http/http_json.h"
 #include "obs/json_dump.h"
 #include "obs/log.h"
 
 #define DEFAULT_MAX_BODY (1024u * 1024u)
+#define DEFAULT_MAX_KV_BODY ((size_t)1 << 30)
+/* Two KV uploads of the largest size at once (docs/http.md, "Request
+ * bodies"). */
+#define DEFAULT_UPLOAD_BUDGET ((size_t)2 << 30)
+/* Routes that read no body (GET, HEAD, unknown paths) still get a few
+ * bytes: some clients send "{}" with a GET. */
+#define NO_BODY_LIMIT 1024u
+/* Routes that take a token list (up to 2^20 ids of up to 11 bytes each in
+ * JSON) or a key list (10,000 keys): 16 MiB with the default 1 MiB. */
+#define BULK_BODY_FACTOR 16u
+#define RETRY_AFTER_S "1"
 #define DEFAULT_TIMEOUT_S 30u
 #define DEFAULT_THREADS 2u
 #define MAX_CONNECTIONS 256u
@@ -38,6 +51,8 @@ struct lmc_http_server {
     size_t max_body;
     size_t max_kv_body;
     lmc_http_site site;
+    lmc_http_auth auth;
+    lmc_http_stats stats;
     /* libmicrohttpd's messages (mostly about malformed requests) are rate
      * limited so that a flood of garbage cannot flood the log. */
     atomic_llong log_second;
@@ -48,10 +63,7 @@ struct lmc_http_server {
 /* Per-request state, from the first call of the access handler to the
  * completion callback. */
 typedef struct {
-    char *body;
-    size_t len, cap;
-    size_t limit;  /* body limit of this request's route */
-    bool too_large;
+    lmc_http_body_state body;
     bool replied;  /* a response was queued before the body was read */
 } request_state;
 
@@ -118,17 +130,44 @@ static enum MHD_Result queue_reply(struct MHD_Connection *conn, lmc_http_reply *
     return rc;
 }
 
-static enum MHD_Result queue_too_large(struct MHD_Connection *conn, size_t limit)
+static enum MHD_Result queue_error(struct MHD_Connection *conn, unsigned status, json_t *body,
+                                   const char *header, const char *value)
 {
     lmc_http_reply r = {0};
-    lmc_http_reply_json(&r, MHD_HTTP_CONTENT_TOO_LARGE,
-                        lmc_http_detail("request body exceeds %zu bytes", limit));
+    lmc_http_reply_json(&r, status, body);
+    if (header) {
+        r.extra_names[0] = header;
+        snprintf(r.extra_values[0], sizeof r.extra_values[0], "%s", value);
+        r.n_extra = 1;
+    }
     return queue_reply(conn, &r);
+}
+
+/* 413 (over the route's limit) or 503 (over the upload budget). */
+static enum MHD_Result queue_refusal(struct MHD_Connection *conn, unsigned status, size_t limit)
+{
+    if (status == MHD_HTTP_CONTENT_TOO_LARGE)
+        return queue_error(conn, status, lmc_http_detail("request body exceeds %zu bytes", limit),
+                           NULL, NULL);
+    return queue_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE,
+                       lmc_http_detail("the server holds too many request bodies "
+                                       "(--http-max-buffered-mb); retry later"),
+                       MHD_HTTP_HEADER_RETRY_AFTER, RETRY_AFTER_S);
+}
+
+static enum MHD_Result queue_unauthorized(struct MHD_Connection *conn)
+{
+    return queue_error(conn, MHD_HTTP_UNAUTHORIZED,
+                       lmc_http_detail("missing or wrong bearer token "
+                                       "(Authorization: Bearer <token>)"),
+                       MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"lmcached\"");
 }
 
 /* ---- request bodies ------------------------------------------------------ */
 
-static bool declared_too_large(struct MHD_Connection *conn, size_t limit)
+/* The declared Content-Length; false when there is none (chunked).  A
+ * value that does not parse or overflows reads as SIZE_MAX. */
+static bool declared_length(struct MHD_Connection *conn, size_t *out)
 {
     const char *cl =
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -137,54 +176,56 @@ static bool declared_too_large(struct MHD_Connection *conn, size_t limit)
     errno = 0;
     char *end;
     unsigned long long n = strtoull(cl, &end, 10);
-    return errno == ERANGE || (end != cl && n > limit);
+    *out = errno == ERANGE || end == cl || n > SIZE_MAX ? SIZE_MAX : (size_t)n;
+    return true;
 }
 
-/* Appends an upload chunk; past the limit, the body is dropped and the
- * rest of the upload discarded. */
-static void append_body(request_state *rs, const char *data, size_t n, size_t limit)
+static size_t body_limit(const lmc_http_server *s, lmc_http_body kind)
 {
-    if (rs->too_large)
-        return;
-    if (n > limit - rs->len) {
-        rs->too_large = true;
-        free(rs->body);
-        rs->body = NULL;
-        rs->len = rs->cap = 0;
-        return;
-    }
-    if (rs->len + n + 1 > rs->cap) {
-        size_t cap = rs->cap ? rs->cap : 4096;
-        while (cap < rs->len + n + 1)
-            cap *= 2;
-        char *grown = realloc(rs->body, cap);
-        if (!grown) {
-            rs->too_large = true; /* answered 413: the body cannot be held */
-            return;
-        }
-        rs->body = grown;
-        rs->cap = cap;
-    }
-    memcpy(rs->body + rs->len, data, n);
-    rs->len += n;
-    rs->body[rs->len] = '\0';
+    size_t limit = kind == LMC_HTTP_BODY_KV     ? s->max_kv_body
+                   : kind == LMC_HTTP_BODY_BULK ? s->max_body * BULK_BODY_FACTOR
+                   : kind == LMC_HTTP_BODY_JSON ? s->max_body
+                   : NO_BODY_LIMIT < s->max_body ? NO_BODY_LIMIT : s->max_body;
+    return limit < s->stats.upload_budget ? limit : s->stats.upload_budget;
 }
 
 /* ---- libmicrohttpd callbacks ------------------------------------------- */
 
+static enum MHD_Result refuse_early(lmc_http_server *s, struct MHD_Connection *conn,
+                                    request_state *rs, unsigned status)
+{
+    rs->replied = true;
+    atomic_fetch_add(status == MHD_HTTP_CONTENT_TOO_LARGE ? &s->stats.refused_too_large
+                                                          : &s->stats.refused_over_budget, 1);
+    return queue_refusal(conn, status, rs->body.limit);
+}
+
+/* Headers are in, no body byte has been read: refuse what can be refused
+ * now, the token first so that a stranger learns nothing of the limits. */
 static enum MHD_Result first_call(lmc_http_server *s, struct MHD_Connection *conn,
-                                  const char *url, void **con_cls)
+                                  const char *url, const char *method, void **con_cls)
 {
     request_state *rs = calloc(1, sizeof *rs);
     if (!rs)
         return MHD_NO;
     *con_cls = rs;
-    /* KV uploads carry whole tensors; every other body is small JSON. */
-    rs->limit = strcmp(url, "/api/kv/store") == 0 ? s->max_kv_body : s->max_body;
-    if (declared_too_large(conn, rs->limit)) {
+    lmc_http_policy policy = lmc_http_route_policy(&s->site, method, url);
+    if (policy.access == LMC_HTTP_TOKEN &&
+        !lmc_http_auth_ok(&s->auth, MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                                MHD_HTTP_HEADER_AUTHORIZATION))) {
         rs->replied = true;
-        return queue_too_large(conn, rs->limit);
+        atomic_fetch_add(&s->stats.auth_rejected, 1);
+        return queue_unauthorized(conn);
     }
+    rs->body.limit = body_limit(s, policy.body);
+    size_t declared;
+    if (!declared_length(conn, &declared))
+        return MHD_YES;
+    if (declared > rs->body.limit)
+        return refuse_early(s, conn, rs, MHD_HTTP_CONTENT_TOO_LARGE);
+    if (declared > lmc_http_budget_free(&s->stats))
+        return refuse_early(s, conn, rs, MHD_HTTP_SERVICE_UNAVAILABLE);
+    rs->body.expected = declared;
     return MHD_YES;
 }
 
@@ -214,6 +255,31 @@ static bool request_text_ok(struct MHD_Connection *conn, const char *url)
     return ok;
 }
 
+/* The whole body is in: run the route, then free the body before the
+ * answer goes out so that its budget serves the next upload. */
+static enum MHD_Result answer(lmc_http_server *s, struct MHD_Connection *conn,
+                              request_state *rs, const char *url, const char *method)
+{
+    rs->replied = true;
+    if (rs->body.refusal)
+        return queue_refusal(conn, rs->body.refusal, rs->body.limit);
+    lmc_http_request req = {
+        .site = &s->site, .method = method, .path = url,
+        .body = rs->body.len ? rs->body.body : NULL, .body_len = rs->body.len, .conn = conn,
+    };
+    lmc_http_reply reply = {.status = MHD_HTTP_INTERNAL_SERVER_ERROR};
+    if (request_text_ok(conn, url))
+        lmc_http_dispatch(&req, &reply);
+    else
+        lmc_http_reply_json(&reply, MHD_HTTP_BAD_REQUEST,
+                            lmc_http_detail("the request path and query must be UTF-8 "
+                                            "(after percent-decoding)"));
+    lmc_http_body_release(&rs->body, &s->stats);
+    if (!reply.content_type)
+        reply.content_type = "application/json";
+    return queue_reply(conn, &reply);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
@@ -223,43 +289,30 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     lmc_http_server *s = cls;
     request_state *rs = *con_cls;
     if (!rs)
-        return first_call(s, conn, url, con_cls);
+        return first_call(s, conn, url, method, con_cls);
     if (*upload_data_size) {
-        if (!rs->replied)
-            append_body(rs, upload_data, *upload_data_size, rs->limit);
+        size_t n = *upload_data_size;
         *upload_data_size = 0;
-        return MHD_YES;
+        if (rs->replied) /* answered from the headers: drain a little, then hang up */
+            return (rs->body.discarded += n) <= LMC_HTTP_DRAIN_LIMIT ? MHD_YES : MHD_NO;
+        return lmc_http_body_take(&rs->body, &s->stats, upload_data, n) ? MHD_YES : MHD_NO;
     }
     if (rs->replied)
         return MHD_YES;
-    rs->replied = true;
-    if (rs->too_large)
-        return queue_too_large(conn, rs->limit);
-    lmc_http_request req = {
-        .site = &s->site, .method = method, .path = url,
-        .body = rs->len ? rs->body : NULL, .body_len = rs->len, .conn = conn,
-    };
-    lmc_http_reply reply = {.status = MHD_HTTP_INTERNAL_SERVER_ERROR};
-    if (request_text_ok(conn, url))
-        lmc_http_dispatch(&req, &reply);
-    else
-        lmc_http_reply_json(&reply, MHD_HTTP_BAD_REQUEST,
-                            lmc_http_detail("the request path and query must be UTF-8 "
-                                            "(after percent-decoding)"));
-    if (!reply.content_type)
-        reply.content_type = "application/json";
-    return queue_reply(conn, &reply);
+    return answer(s, conn, rs, url, method);
 }
 
+/* Runs for every request that reached the access handler, answered or
+ * not (client gone, timeout, shutdown): the body's budget comes back. */
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    (void)cls;
     (void)conn;
     (void)toe;
+    lmc_http_server *s = cls;
     request_state *rs = *con_cls;
     if (rs) {
-        free(rs->body);
+        lmc_http_body_release(&rs->body, &s->stats);
         free(rs);
         *con_cls = NULL;
     }
@@ -325,15 +378,23 @@ static int bind_listener(const char *host, int port, int *family, char *err, siz
     return fd;
 }
 
-static int bound_port(int fd)
+/* The bound port (-1 on failure) and whether the address is loopback
+ * only (127.0.0.0/8, ::1, or ::ffff:127.x.y.z). */
+static int bound_port(int fd, bool *loopback)
 {
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
+    *loopback = false;
     if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0)
         return -1;
-    if (ss.ss_family == AF_INET6)
+    if (ss.ss_family == AF_INET6) {
+        const struct in6_addr *a = &((struct sockaddr_in6 *)&ss)->sin6_addr;
+        *loopback = IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
         return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    }
+    const struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+    *loopback = (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    return ntohs(in->sin_port);
 }
 
 static char *dup_or_na(const char *s)
@@ -343,6 +404,7 @@ static char *dup_or_na(const char *s)
 
 static void free_server(lmc_http_server *s)
 {
+    lmc_http_auth_free(&s->auth);
     free(s->site.version);
     free(s->site.commit);
     free(s);
@@ -361,8 +423,48 @@ static struct MHD_Daemon *start_daemon(lmc_http_server *s, const lmc_http_option
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->timeout_s ? o->timeout_s : DEFAULT_TIMEOUT_S),
         MHD_OPTION_CONNECTION_LIMIT, MAX_CONNECTIONS,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONNECTION_MEMORY,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-        NULL, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_END);
+}
+
+/* Everything but the socket; -1 with err set on failure. */
+static int configure(lmc_http_server *s, const lmc_http_options *opts,
+                     const lmc_http_backend *backend, char *err, size_t errlen)
+{
+    s->site.backend = *backend;
+    s->site.version = dup_or_na(opts->version);
+    s->site.commit = dup_or_na(opts->commit);
+    s->site.metrics_only = opts->metrics_only;
+    s->site.stats = &s->stats;
+    s->max_body = opts->max_body_bytes ? opts->max_body_bytes : DEFAULT_MAX_BODY;
+    s->max_kv_body = opts->max_kv_body_bytes ? opts->max_kv_body_bytes : DEFAULT_MAX_KV_BODY;
+    s->stats.upload_budget =
+        opts->max_buffered_bytes ? opts->max_buffered_bytes : DEFAULT_UPLOAD_BUDGET;
+    if (!s->site.version || !s->site.commit) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (lmc_http_auth_init(&s->auth, opts->auth_token) != 0) {
+        snprintf(err, errlen, "--http-auth-token: SHA-256 is not available from OpenSSL");
+        return -1;
+    }
+    s->site.auth_enabled = s->auth.enabled;
+    return 0;
+}
+
+/* Says where the frontend listens, and warns when anyone who can reach
+ * the port may clear the cache or read KV data (docs/http.md,
+ * "Authentication"). */
+static void announce(const lmc_http_server *s, const char *host)
+{
+    LMC_INFO("HTTP frontend listening on http://%s:%d (%s)", host, s->port,
+             s->site.metrics_only  ? "metrics only"
+             : s->site.auth_enabled ? "bearer token required on admin and KV routes"
+                                    : "no authentication");
+    if (!s->site.metrics_only && !s->site.auth_enabled && s->site.exposed)
+        LMC_WARN("HTTP frontend on %s:%d is reachable from other hosts and has no "
+                 "--http-auth-token: anyone who can connect can clear the cache and read or "
+                 "write KV data (docs/http.md, \"Authentication\")", host, s->port);
 }
 
 int lmc_http_server_start(const lmc_http_options *opts, const lmc_http_backend *backend,
@@ -374,22 +476,18 @@ int lmc_http_server_start(const lmc_http_options *opts, const lmc_http_backend *
         free(s);
         return -1;
     }
-    s->site.backend = *backend;
-    s->site.version = dup_or_na(opts->version);
-    s->site.commit = dup_or_na(opts->commit);
-    s->site.metrics_only = opts->metrics_only;
-    s->max_body = opts->max_body_bytes ? opts->max_body_bytes : DEFAULT_MAX_BODY;
-    s->max_kv_body = opts->max_kv_body_bytes ? opts->max_kv_body_bytes : (size_t)1 << 30;
     int family = AF_INET;
     const char *host = opts->host && *opts->host ? opts->host : "0.0.0.0";
-    int fd = (s->site.version && s->site.commit)
+    int fd = configure(s, opts, backend, err, errlen) == 0
                  ? bind_listener(host, opts->port, &family, err, errlen)
-                 : (snprintf(err, errlen, "out of memory"), -1);
+                 : -1;
     if (fd < 0) {
         free_server(s);
         return -1;
     }
-    s->port = bound_port(fd);
+    bool loopback;
+    s->port = bound_port(fd, &loopback);
+    s->site.exposed = !loopback;
     s->daemon = start_daemon(s, opts, fd, family);
     if (!s->daemon) {
         snprintf(err, errlen, "cannot start the HTTP server on %s:%d", host, s->port);
@@ -397,7 +495,7 @@ int lmc_http_server_start(const lmc_http_options *opts, const lmc_http_backend *
         free_server(s);
         return -1;
     }
-    LMC_INFO("HTTP frontend listening on http://%s:%d", host, s->port);
+    announce(s, host);
     *out = s;
     return 0;
 }

@@ -92,12 +92,17 @@ typedef struct {
     int port;                  /* 0 = any free port (see lmc_http_server_port) */
     const char *version;       /* for /version; NULL or "" = "NA" */
     const char *commit;        /* for /version; NULL or "" = "NA" */
-    size_t max_body_bytes;     /* larger request bodies get 413; 0 = 1 MiB */
+    size_t max_body_bytes;     /* larger JSON request bodies get 413; 0 = 1 MiB */
     unsigned timeout_s;        /* idle connection timeout; 0 = 30 s */
     unsigned threads;          /* worker threads; 0 = 2 */
     size_t max_kv_body_bytes;  /* POST /api/kv/store bodies; 0 = 1 GiB */
     bool metrics_only;         /* serve GET/HEAD /metrics only (the standalone
                                 * Prometheus exporter); every other path 404 */
+    const char *auth_token;    /* bearer token the guarded routes require
+                                * (docs/http.md, "Authentication"); NULL or "" =
+                                * none.  Not kept: only its digest is. */
+    size_t max_buffered_bytes; /* request bodies held at once over all
+                                * connections; 0 = 2 GiB */
 } lmc_http_options;
 
 typedef struct lmc_http_server lmc_http_server;

@@ -328,6 +328,8 @@ static int start_http(lmc_server *s, char *err, size_t errlen)
         .host = s->cfg->http.http_host,
         .port = s->cfg->http.http_port,
         .version = LMC_VERSION_STRING,
+        .auth_token = s->cfg->http.auth_token,
+        .max_buffered_bytes = (size_t)s->cfg->http.max_buffered_mb << 20,
     };
     if (lmc_http_server_start(&opts, &backend, &s->http, err, errlen) != 0)
         return -1;

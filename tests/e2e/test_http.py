@@ -336,3 +336,21 @@ def test_quota_api(hs):
         assert json.loads(body) == {"cache_salt": "tenant-a", "status": "not_found"}
         assert get_json(p, base + "/tenant-a")["exists"] is False
         request(p, "DELETE", base + "/_default")
+
+
+def test_quota_limit_bounds(hs):
+    """limit_gb is kept in bytes as a signed 64-bit integer: 1e300 once
+    wrapped to a negative limit (issue 17)."""
+    p = hs.http_port
+    for base in ("/quota", "/api/quota"):
+        for bad in ("1e300", "8589934592", "1.7976931348623157e308", "-1e-300"):
+            st, _, body = request(p, "PUT", base + "/big", body='{"limit_gb": %s}' % bad,
+                                  headers={"Content-Type": "application/json"})
+            assert st == 400, (bad, st, body)
+            assert "below 8589934592" in json.loads(body)["detail"], body
+        assert get_json(p, base + "/big")["exists"] is False
+        st, _, body = request(p, "PUT", base + "/big", body={"limit_gb": 8589934591})
+        assert st == 200, body
+        got = get_json(p, base + "/big")
+        assert got["exists"] is True and got["limit_gb"] == 8589934591.0
+        assert request(p, "DELETE", base + "/big")[0] == 200

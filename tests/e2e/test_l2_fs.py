@@ -542,6 +542,13 @@ def test_warm_prefetch_from_l2(tmp_path):
         assert http("POST", "/cache/prefetches", {**req, "cache_salt": "a/b"})[0] == 400
         st, res = http("POST", "/cache/prefetches", {**req, "token_ids": toks[:CS - 1]})
         assert st == 202 and res == {"chunks": 0, "status": "noop"}
+        # A long prompt's JSON is past the 1 MiB of ordinary bodies but
+        # within this route's limit (docs/http.md, "Request bodies").
+        long_toks = [4_000_000_000 + i for i in range(300_000)]
+        body = json.dumps({**req, "token_ids": long_toks})
+        assert len(body) > 3 << 20
+        st, res = http("POST", "/cache/prefetches", {**req, "token_ids": long_toks})
+        assert st == 202 and res["status"] == "submitted", (st, res)
         close_all(ws, sched)
     finally:
         assert srv.stop() == 0, srv.output()

@@ -8,8 +8,12 @@ import time
 
 from conftest import Server
 
+# Each plugin also writes the config to a file beside it: a log line is cut
+# at 2 KiB (src/obs/log.c), and the whole configuration with this test's
+# long paths comes close to that.
 SH_PLUGIN = """\
 echo "SHCONFIG $LMCACHE_RUNTIME_PLUGIN_CONFIG"
+printf '%s' "$LMCACHE_RUNTIME_PLUGIN_CONFIG" > "$(dirname "$0")/sh.config"
 echo "SHENV role=[$LMCACHE_RUNTIME_PLUGIN_ROLE] id=$LMCACHE_PLUGIN_WORKER_ID count=$LMCACHE_RUNTIME_PLUGIN_WORKER_COUNT" >&2
 echo $$ > "$(dirname "$0")/sh.pid"
 exec sleep 300
@@ -19,6 +23,8 @@ PY_PLUGIN = """\
 import json, os, sys, time
 cfg = json.loads(os.environ["LMCACHE_RUNTIME_PLUGIN_CONFIG"])
 print("PYCONFIG " + json.dumps(cfg))
+with open(os.path.join(os.path.dirname(__file__), "py.config"), "w") as f:
+    json.dump(cfg, f)
 print("PYERR unbuffered=" + os.environ.get("PYTHONUNBUFFERED", ""), file=sys.stderr)
 with open(os.path.join(os.path.dirname(__file__), "py.pid"), "w") as f:
     f.write(str(os.getpid()))
@@ -74,8 +80,10 @@ def test_plugins_run_and_stop(tmp_path):
         assert sh_line and py_line, s.output()
         assert f"[{sh}] SHCONFIG " in sh_line
         assert f"[{py}] PYCONFIG " in py_line
-        for line in (sh_line, py_line):
-            cfg = json.loads(line.split("CONFIG ", 1)[1])
+        assert sh_line.split("SHCONFIG ", 1)[1].startswith('{"mp_config":{')
+        assert py_line.split("PYCONFIG ", 1)[1].startswith('{"mp_config": {')
+        for path in (pdir / "sh.config", pdir / "nested" / "py.config"):
+            cfg = json.loads(wait_for(lambda: path.exists() and path.read_text()))
             assert cfg["mp_config"]["port"] == s.port
             assert cfg["http_config"]["http_port"] == s.http_port
             assert cfg["storage_manager_config"]["eviction_policy"] == "LRU"

@@ -106,6 +106,9 @@ static void assert_net_defaults(const lmc_config *c)
     assert_string_equal(c->http.http_host, "0.0.0.0");
     assert_int_equal(c->http.http_port, 8080);
     assert_true(c->http.enabled);
+    assert_null(c->http.auth_token);
+    assert_null(c->http.auth_token_file);
+    assert_int_equal(c->http.max_buffered_mb, 2048);
     assert_string_equal(c->coordinator.url, "");
     assert_string_equal(c->coordinator.advertise_ip, "");
     assert_true(c->coordinator.heartbeat_interval == 5.0);
@@ -214,7 +217,7 @@ static const char *const all_args[] = {
     "nixl", "--p2p-rdma-device", "mlx5_0", "--p2p-rdma-port", "2", "--p2p-rdma-gid-index",
     "3", "--p2p-rdma-gid-indices", "3", "--p2p-rdma-queue-depth", "128",
     "--p2p-rdma-handshake-timeout-ms", "500", "--http-host", "127.0.0.1", "--http-port",
-    "8081", "--no-http", "--coordinator-url", "http://c:9000", "--coordinator-advertise-ip", "10.0.0.1",
+    "8081", "--no-http", "--http-auth-token", "tok", "--http-max-buffered-mb", "64", "--coordinator-url", "http://c:9000", "--coordinator-advertise-ip", "10.0.0.1",
     "--coordinator-heartbeat-interval", "2.5", "--coordinator-l2-event-reporting",
     "--coordinator-l2-event-flush-interval", "0.5", "--l1-size-gb", "2.5",
     "--no-l1-use-lazy", "--l1-init-size-gb", "4", "--l1-align-bytes", "8192",
@@ -275,6 +278,8 @@ static void assert_all_net(const lmc_config *c)
     assert_string_equal(c->http.http_host, "127.0.0.1");
     assert_int_equal(c->http.http_port, 8081);
     assert_false(c->http.enabled);
+    assert_string_equal(c->http.auth_token, "tok");
+    assert_int_equal(c->http.max_buffered_mb, 64);
     assert_string_equal(c->coordinator.url, "http://c:9000");
     assert_string_equal(c->coordinator.advertise_ip, "10.0.0.1");
     assert_true(c->coordinator.heartbeat_interval == 2.5);
@@ -345,7 +350,7 @@ static void test_every_flag_is_covered(void **state)
     (void)state;
     static const char *const elsewhere[] = {"l1-manager", "l1-use-hugepages",
                                             "l1-devdax-path", "gds-l1-path",
-                                            "p2p-advertise-url", NULL};
+                                            "p2p-advertise-url", "http-auth-token-file", NULL};
     size_t n;
     const lmc_config_flag *flags = lmc_config_flags(&n);
     assert_true(n > 60);

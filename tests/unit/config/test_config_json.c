@@ -166,6 +166,34 @@ static void test_json_set_values(void **state)
     lmc_config_free(&c);
 }
 
+/* A token never leaves the config: "***" when set, null when not
+ * (docs/configuration.md, "HTTP Frontend"). */
+static void test_json_secret_redacted(void **state)
+{
+    (void)state;
+    lmc_config c;
+    parse_ok(&c, ARGS(LEGACY));
+    json_t *r = render(&c);
+    assert_true(json_is_null(field(r, "http_config", "http_auth_token")));
+    assert_int_equal(INT(r, "http_config", "http_max_buffered_mb"), 2048);
+    json_decref(r);
+    lmc_config_free(&c);
+    parse_ok(&c, ARGS(LEGACY, "--http-auth-token", "very-secret-value"));
+    char *text = lmc_config_to_json(&c);
+    assert_non_null(text);
+    assert_null(strstr(text, "very-secret-value"));
+    free(text);
+    r = render(&c);
+    assert_string_equal(STR(r, "http_config", "http_auth_token"), "***");
+    json_decref(r);
+    lmc_config_free(&c);
+    size_t n;
+    const lmc_config_flag *flags = lmc_config_flags(&n);
+    for (size_t i = 0; i < n; i++) /* the renderer reads secrets as strings */
+        if (flags[i].flags & LMC_FF_SECRET)
+            assert_true(flags[i].kind == LMC_FK_STR || flags[i].kind == LMC_FK_NSTR);
+}
+
 static void test_json_l1_manager_embedded(void **state)
 {
     (void)state;
@@ -255,6 +283,7 @@ int main(void)
         cmocka_unit_test(test_json_has_every_flag),
         cmocka_unit_test(test_json_set_values),
         cmocka_unit_test(test_json_l1_manager_embedded),
+        cmocka_unit_test(test_json_secret_redacted),
         cmocka_unit_test(test_l1_size_bytes),
         cmocka_unit_test(test_instance_id),
         cmocka_unit_test(test_group_names),

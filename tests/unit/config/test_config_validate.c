@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -552,6 +553,92 @@ static void test_unbuilt_features_refused(void **state)
     expect_unbuilt(NULL, ARGS("--enable-gc-monitor", "--periodic-notifier-interval-ms", "50"), NULL);
 }
 
+/* ------------------------------------------------------------- HTTP */
+
+/* Writes `text` to a fresh temporary file; the caller unlinks *path. */
+static void write_temp(char path[64], const char *text, size_t len)
+{
+    snprintf(path, 64, "/tmp/lmc-token-XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, len), (ssize_t)len);
+    close(fd);
+}
+
+/* No message may show the token (docs/http.md, "Authentication"). */
+static void expect_secret_err(lmc_config_status st, const char *needle, const char *secret)
+{
+    expect_err(st, needle);
+    if (secret && *secret && strstr(err, secret))
+        fail_msg("error '%s' shows the token", err);
+}
+
+static void test_http_auth_token(void **state)
+{
+    (void)state;
+    OK("--http-auth-token", "abc");
+    OK("--http-auth-token", "A-z0.9_~+/=");
+    expect_secret_err(run(NULL, true, ARGS("--http-auth-token", "")),
+                      "--http-auth-token (or LMCACHE_HTTP_AUTH_TOKEN): must not be empty", NULL);
+    expect_secret_err(run(NULL, true, ARGS("--http-auth-token", "two words")),
+                      "--http-auth-token", "two words");
+    expect_secret_err(run(NULL, true, ARGS("--http-auth-token", "tab\there")),
+                      "visible ASCII", "tab\there");
+    char big[4098];
+    memset(big, 'x', 4097);
+    big[4097] = '\0';
+    expect_secret_err(run(NULL, true, ARGS("--http-auth-token", big)), "at most 4096", big);
+    big[4096] = '\0';
+    OK("--http-auth-token", big);
+    char *empty_env[] = {"LMCACHE_HTTP_AUTH_TOKEN=", NULL};
+    expect_err(run(empty_env, true, ARGS("--port", "5555")), "--http-auth-token");
+    char *env[] = {"LMCACHE_HTTP_AUTH_TOKEN=from-env", NULL};
+    expect_ok(run(env, true, ARGS("--port", "5555")));
+    ERR("--http-max-buffered-mb: must be >= 1", "--http-max-buffered-mb", "0");
+}
+
+static void test_http_auth_token_file(void **state)
+{
+    (void)state;
+    char path[64];
+    write_temp(path, "file-token\r\n", 12);
+    lmc_config c;
+    const char *argv[] = {"lmcached", "--l1-size-gb", "1", "--eviction-policy", "LRU",
+                          "--http-auth-token-file", path, NULL};
+    assert_int_equal(lmc_config_parse(&c, 7, (char *const *)argv, NULL, NULL, err, sizeof err),
+                     LMC_CONFIG_OK);
+    assert_string_equal(c.http.auth_token, "file-token");
+    lmc_config_free(&c);
+    expect_secret_err(run(NULL, true, ARGS("--http-auth-token-file", path, "--http-auth-token",
+                                           "other")),
+                      "--http-auth-token-file: cannot be combined with --http-auth-token",
+                      "file-token");
+    char *env[] = {"LMCACHE_HTTP_AUTH_TOKEN=from-env", NULL};
+    expect_secret_err(run(env, true, ARGS("--http-auth-token-file", path)),
+                      "cannot be combined", "from-env");
+    unlink(path);
+    ERR("--http-auth-token-file: cannot read '/nonexistent/token': No such file",
+        "--http-auth-token-file", "/nonexistent/token");
+    ERR("--http-auth-token-file: cannot read '/tmp': Is a directory", "--http-auth-token-file",
+        "/tmp");
+    write_temp(path, "\n", 1);
+    ERR("is empty", "--http-auth-token-file", path);
+    unlink(path);
+    write_temp(path, "line-one\nline-two\n", 18);
+    expect_secret_err(run(NULL, true, ARGS("--http-auth-token-file", path)), "one line",
+                      "line-one");
+    unlink(path);
+    static char big[4200];
+    memset(big, 'y', sizeof big - 1);
+    write_temp(path, big, 4097);
+    expect_secret_err(run(NULL, true, ARGS("--http-auth-token-file", path)), "at most 4096",
+                      "yyyyyyyy");
+    unlink(path);
+    write_temp(path, big, 4096);
+    OK("--http-auth-token-file", path);
+    unlink(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -582,6 +669,8 @@ int main(void)
         cmocka_unit_test(test_l2_adapter_shape),
         cmocka_unit_test(test_l2_affinity),
         cmocka_unit_test(test_unbuilt_features_refused),
+        cmocka_unit_test(test_http_auth_token),
+        cmocka_unit_test(test_http_auth_token_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -242,6 +242,13 @@ static void test_status_and_pressure(void **state)
 {
     fixture *f = *state;
     json_t *want = fake_status(NULL);
+    /* The frontend adds its own view (docs/http.md, "Authentication"). */
+    json_object_set_new(want, "http_auth",
+                        json_pack("{s:b, s:b, s:i}", "enabled", 0, "exposed", 0, "rejected", 0));
+    json_object_set_new(want, "http_uploads",
+                        json_pack("{s:I, s:i, s:i, s:i}", "budget_bytes", (json_int_t)2 << 30,
+                                  "buffered_bytes", 0, "refused_too_large", 0,
+                                  "refused_over_budget", 0));
     char *want_text = json_dumps(want, 0);
     expect(f, "GET", "/status", NULL, 200, want_text);
     expect(f, "GET", "/api/status", NULL, 200, want_text);
@@ -378,6 +385,160 @@ static void test_body_limits(void **state)
     assert_int_equal(atomic_load(&f->clears), 0);
 }
 
+/* Allow goes with a 405 only, not with the answer of a route whose path
+ * another method's route shares. */
+static void test_allow_only_on_405(void **state)
+{
+    fixture *f = *state;
+    response r = http(f, "PATCH", "/config/policies", NULL, "{}");
+    assert_int_equal(r.status, 501);
+    assert_null(strstr(r.head, "Allow:"));
+    free_response(&r);
+    r = http(f, "PUT", "/config/policies", NULL, NULL);
+    assert_int_equal(r.status, 405);
+    assert_non_null(strstr(r.head, "Allow: GET, PATCH"));
+    free_response(&r);
+}
+
+/* A second server on the same fake backend, with a token and a small
+ * upload budget. */
+static lmc_http_server *start_guarded(fixture *f, const char *token, size_t budget)
+{
+    lmc_http_backend b = {.user = f, .ready = fake_ready, .status = fake_status,
+                          .config = fake_config, .clear = fake_clear, .metrics = fake_metrics};
+    lmc_http_options o = {.host = "127.0.0.1", .max_body_bytes = MAX_BODY, .timeout_s = 2,
+                          .auth_token = token, .max_buffered_bytes = budget};
+    lmc_http_server *s = NULL;
+    char err[256];
+    assert_int_equal(lmc_http_server_start(&o, &b, &s, err, sizeof err), 0);
+    return s;
+}
+
+static response http_on(int port, const char *method, const char *path, const char *extra,
+                        const char *body)
+{
+    fixture tmp = {.port = port};
+    return http(&tmp, method, path, extra, body);
+}
+
+static json_t *status_member(int port, const char *name)
+{
+    response r = http_on(port, "GET", "/status", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    json_t *all = body_json(&r);
+    json_t *m = json_incref(json_object_get(all, name));
+    json_decref(all);
+    free_response(&r);
+    assert_non_null(m);
+    return m;
+}
+
+static void test_bearer_token(void **state)
+{
+    fixture *f = *state;
+    lmc_http_server *s = start_guarded(f, "tok-123", 0);
+    int port = lmc_http_server_port(s);
+    int clears = atomic_load(&f->clears);
+    static const char *const wrong[] = {NULL, "Authorization: Bearer tok-12\r\n",
+                                        "Authorization: Basic tok-123\r\n"};
+    for (size_t i = 0; i < sizeof wrong / sizeof wrong[0]; i++) {
+        response r = http_on(port, "POST", "/cache/clear", wrong[i], NULL);
+        assert_int_equal(r.status, 401);
+        assert_non_null(strstr(r.head, "WWW-Authenticate: Bearer"));
+        assert_non_null(strstr(r.body, "\"detail\""));
+        free_response(&r);
+    }
+    /* The token is checked before the body's size: a stranger learns no limit. */
+    char req[256];
+    int n = snprintf(req, sizeof req, "POST /cache/clear HTTP/1.1\r\nHost: x\r\n"
+                                      "Content-Length: %d\r\n\r\n", MAX_BODY * 4);
+    response r = raw(port, req, (size_t)n);
+    assert_int_equal(r.status, 401);
+    free_response(&r);
+    assert_int_equal(atomic_load(&f->clears), clears);
+    r = http_on(port, "POST", "/cache/clear", "Authorization: Bearer tok-123\r\n", NULL);
+    assert_int_equal(r.status, 200);
+    free_response(&r);
+    assert_int_equal(atomic_load(&f->clears), clears + 1);
+    r = http_on(port, "GET", "/config", NULL, NULL);
+    assert_int_equal(r.status, 401);
+    free_response(&r);
+    r = http_on(port, "GET", "/healthcheck", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    free_response(&r);
+    json_t *auth = status_member(port, "http_auth");
+    assert_true(json_is_true(json_object_get(auth, "enabled")));
+    assert_int_equal(json_integer_value(json_object_get(auth, "rejected")), 5);
+    json_decref(auth);
+    lmc_http_server_stop(s);
+}
+
+/* GET routes read no body: a large one is refused from the headers. */
+static void test_get_body_refused_early(void **state)
+{
+    fixture *f = *state;
+    char req[256];
+    int n = snprintf(req, sizeof req,
+                     "GET /healthcheck HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n",
+                     MAX_BODY);
+    response r = raw(f->port, req, (size_t)n);
+    assert_int_equal(r.status, 413);
+    free_response(&r);
+    expect(f, "GET", "/config/policies", "{}", 501, NULL); /* a few bytes still pass */
+}
+
+static size_t buffered(int port)
+{
+    json_t *up = status_member(port, "http_uploads");
+    size_t n = (size_t)json_integer_value(json_object_get(up, "buffered_bytes"));
+    json_decref(up);
+    return n;
+}
+
+static void wait_buffered(int port, size_t want)
+{
+    for (int i = 0; i < 500 && buffered(port) != want; i++)
+        usleep(10000);
+    assert_int_equal(buffered(port), want);
+}
+
+/* One upload holds most of the budget: the next is answered 503 from its
+ * headers; once the first connection is gone its bytes are free again. */
+static void test_upload_budget(void **state)
+{
+    fixture *f = *state;
+    lmc_http_server *s = start_guarded(f, NULL, 4096);
+    int port = lmc_http_server_port(s);
+    int clears = atomic_load(&f->clears);
+    int held = connect_to(port);
+    char part[4096];
+    int n = snprintf(part, sizeof part, "POST /cache/clear HTTP/1.1\r\nHost: x\r\n"
+                                        "Content-Length: 3000\r\n\r\n");
+    memset(part + n, ' ', 2500);
+    send_all(held, part, (size_t)n + 2500);
+    wait_buffered(port, 2500);
+    char body[2001];
+    memset(body, ' ', 2000);
+    body[2000] = '\0';
+    response r = http_on(port, "POST", "/cache/clear", NULL, body); /* 2000 > 4096 - 2500 */
+    assert_int_equal(r.status, 503);
+    assert_non_null(strstr(r.head, "Retry-After: 1"));
+    free_response(&r);
+    close(held); /* aborted mid-body: the completion callback frees its bytes */
+    wait_buffered(port, 0);
+    json_t *up = status_member(port, "http_uploads");
+    assert_int_equal(json_integer_value(json_object_get(up, "refused_over_budget")), 1);
+    json_decref(up);
+    /* Over the budget itself: 413, it could never fit. */
+    n = snprintf(part, sizeof part, "POST /cache/clear HTTP/1.1\r\nHost: x\r\n"
+                                    "Content-Length: 4097\r\n\r\n");
+    r = raw(port, part, (size_t)n);
+    assert_int_equal(r.status, 413);
+    free_response(&r);
+    lmc_http_server_stop(s);
+    assert_int_equal(atomic_load(&f->clears), clears);
+}
+
 static void test_garbage_keeps_serving(void **state)
 {
     fixture *f = *state;
@@ -429,6 +590,10 @@ int main(void)
         cmocka_unit_test(test_garbage_keeps_serving),
         cmocka_unit_test(test_cache_clear),
         cmocka_unit_test(test_bind_errors),
+        cmocka_unit_test(test_allow_only_on_405),
+        cmocka_unit_test(test_bearer_token),
+        cmocka_unit_test(test_get_body_refused_early),
+        cmocka_unit_test(test_upload_budget),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
