@@ -19,7 +19,7 @@ DEB_TEST := python3 python3-zmq python3-msgpack python3-pytest \
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps deps-test configure build run test unit e2e bench asan tsan sanitize alloc-fault \
-	fuzz clean
+	fuzz soak clean
 
 all: build
 
@@ -109,6 +109,15 @@ fuzz: deps
 	    || { tail -n 40 build-fuzz/$$t.log; echo "fuzz_$$t: finding in build-fuzz/"; exit 1; }; \
 	  tail -n 1 build-fuzz/$$t.log; \
 	done
+
+# A bounded soak on loopback: the real server with an fs L2 under a mixed
+# workload for SOAK_SECONDS, its RSS and fds sampled; fails on growth after
+# the warm-up or on any data check (tests/reliability/soak.py,
+# docs/RELIABILITY.md).
+SOAK_SECONDS ?= 600
+soak: build deps-test
+	SOAK_SECONDS=$(SOAK_SECONDS) LMCACHED_BIN=$(abspath $(BUILD_DIR))/lmcached \
+	  /usr/bin/python3 tests/reliability/soak.py
 
 clean:
 	rm -rf $(BUILD_DIR) build-asan build-tsan build-fault build-fuzz

@@ -137,6 +137,7 @@ bool l1_books_balance(lmc_l1_manager *m, bool full)
 {
     const lmc_object_key *key;
     const char *broken = first_broken_rule(m, full, &key);
+    m->books_checks++;
     if (broken)
         l1_violation(m, key, broken);
     return broken == NULL;
@@ -210,6 +211,7 @@ void lmc_l1_manager_stats(lmc_l1_manager *m, lmc_l1_stats *out)
     out->configured_bytes = m->configured_bytes;
     out->events_lost = m->events_lost;
     out->invariant_violations = m->violations;
+    out->books_checks = m->books_checks;
     out->leases = m->leases;
     pthread_mutex_unlock(&m->mutex);
 }
@@ -284,6 +286,7 @@ json_t *lmc_l1_manager_report_status(lmc_l1_manager *m)
     rc |= set_u64(st, "read_ttl_seconds", (uint64_t)(m->read_ttl_ms / 1000));
     rc |= set_u64(st, "events_lost", s.events_lost);
     rc |= set_u64(st, "invariant_violations", s.invariant_violations);
+    rc |= set_u64(st, "books_checks", s.books_checks);
     rc |= json_object_set_new(st, "leases", lease_status(&s.leases));
     if (rc != 0)
         goto fail;

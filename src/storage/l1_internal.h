@@ -86,6 +86,7 @@ struct lmc_l1_manager {
     lmc_l1_copy_id last_copy;        /* buffer ids count up from 1 */
     lmc_lease_counts leases;
     uint64_t violations;             /* broken invariants seen */
+    uint64_t books_checks;           /* passes of l1_books_balance, cheap or full */
     bool violation_logged;
     l1_retired *retired;             /* see l1_retired; usually empty */
     size_t num_retired, cap_retired;

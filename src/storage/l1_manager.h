@@ -95,6 +95,7 @@ typedef struct lmc_l1_stats {
     uint64_t configured_bytes;
     uint64_t events_lost;        /* listener events a give-back could not allocate */
     uint64_t invariant_violations;
+    uint64_t books_checks;       /* checks of the books run so far (status, debug) */
     lmc_lease_counts leases;
 } lmc_l1_stats;
 

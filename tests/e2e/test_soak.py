@@ -3,12 +3,22 @@ through the engine-driven path at once, while another process keeps
 clearing the cache (forced) and the L1 is small enough that eviction runs:
 every chunk a retrieve hands back must be exactly the bytes stored for its
 key, and the server must stay healthy. This is where a slot given to two
-owners at once (a freed buffer still being copied) shows up."""
+owners at once (a freed buffer still being copied) shows up.
+
+Healthy is read, not assumed: /status is polled during the load and once
+after it. Every read runs the L1 books check (docs/storage.md,
+"Invariants"); the test requires the check's count (`books_checks`) to
+grow from read to read, no broken rule (`invariant_violations` 0,
+`is_healthy` true) in any of them, and the lease ledger settled at the
+end."""
 import hashlib
+import json
 import mmap
 import multiprocessing
 import os
+import threading
 import time
+import urllib.request
 
 import msgpack
 
@@ -111,17 +121,51 @@ def clearer(url, out):
     out.put({"clears": clears})
 
 
+def l1_status(srv):
+    url = f"http://127.0.0.1:{srv.http_port}/status"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        st = json.loads(r.read())
+    return st, st["storage_manager"]["l1_manager"]
+
+
+def poll_status(srv, stop, reads, failures):
+    """Reads /status every 0.2 s until stop is set; keeps each read's L1
+    health and check count, and what went wrong reading it."""
+    while not stop.is_set():
+        try:
+            st, l1 = l1_status(srv)
+            reads.append((st["is_healthy"], l1["is_healthy"], l1["invariant_violations"],
+                          l1["books_checks"]))
+        except Exception as e:  # noqa: BLE001 - a failed read is a finding too
+            failures.append(repr(e))
+        stop.wait(0.2)
+
+
+def assert_books_checked(reads):
+    """Every read healthy, no violation, and the check ran for each one."""
+    assert reads, "no /status read succeeded"
+    broken = [r for r in reads if not (r[0] and r[1]) or r[2] != 0]
+    assert not broken, f"unhealthy or violated L1 books in {len(broken)} reads: {broken[:5]}"
+    checks = [r[3] for r in reads]
+    assert all(b > a for a, b in zip(checks, checks[1:])), f"books_checks did not grow: {checks}"
+
+
 def test_workers_and_clears_never_see_foreign_bytes(start_server):
     srv = start_server("--chunk-size", str(CS), "--l1-size-gb", "0.005")  # ~40 chunks
     spawn = multiprocessing.get_context("spawn")
     out = spawn.Queue()
     procs = [spawn.Process(target=worker, args=(srv.url, 2000 + w, w, out)) for w in range(4)]
     procs.append(spawn.Process(target=clearer, args=(srv.url, out)))
+    stop, reads, read_failures = threading.Event(), [], []
+    poller = threading.Thread(target=poll_status, args=(srv, stop, reads, read_failures))
     for pr in procs:
         pr.start()
+    poller.start()
     try:
         results = [out.get(timeout=SECONDS + 60) for _ in procs]
     finally:   # a process that died or hangs must not hang the test run too
+        stop.set()
+        poller.join(15)
         for pr in procs:
             pr.join(10)
             if pr.is_alive():
@@ -142,4 +186,18 @@ def test_workers_and_clears_never_see_foreign_bytes(start_server):
     d = srv.dealer()
     assert d.call(NOOP)[2] == b"\xa2OK"
     d.close()
+    # The books, as the server checked them during the load and after it.
+    assert not read_failures, read_failures[:5]
+    assert len(reads) >= SECONDS, f"only {len(reads)} /status reads during the load"
+    st, l1 = l1_status(srv)
+    reads.append((st["is_healthy"], l1["is_healthy"], l1["invariant_violations"],
+                  l1["books_checks"]))
+    print(f"/status reads: {len(reads)}, books_checks {reads[0][3]} -> {reads[-1][3]}")
+    assert_books_checked(reads)
+    # Every worker committed what it prepared and gave back what it
+    # retrieved: no lease out, no staging or retired buffer left.
+    leases = l1["leases"]
+    assert leases["write"]["outstanding"] == 0 and leases["copy"]["outstanding"] == 0, leases
+    assert l1["num_staging_objects"] == 0 and l1["num_retired_buffers"] == 0, l1
+    assert leases["returned_twice"] == 0, leases
     assert "L1 invariant broken" not in srv.output()

@@ -1313,6 +1313,8 @@ static void test_report_status(void **state)
     assert_int_equal(json_integer_value(json_object_get(st, "write_ttl_seconds")), 600);
     assert_int_equal(json_integer_value(json_object_get(st, "read_ttl_seconds")), 300);
     assert_int_equal(json_integer_value(json_object_get(st, "invariant_violations")), 0);
+    json_int_t checks = json_integer_value(json_object_get(st, "books_checks"));
+    assert_true(checks >= 1); /* this report's own check counts */
     json_t *leases = json_object_get(st, "leases");
     json_t *writes = json_object_get(leases, "write");
     assert_int_equal(json_integer_value(json_object_get(writes, "granted")), 2);
@@ -1321,6 +1323,9 @@ static void test_report_status(void **state)
     assert_int_equal(
         json_integer_value(json_object_get(json_object_get(leases, "read"), "granted")), 1);
     assert_int_equal(json_integer_value(json_object_get(leases, "returned_twice")), 0);
+    json_decref(st);
+    st = lmc_l1_manager_report_status(f->m);      /* every report runs the check again */
+    assert_true(json_integer_value(json_object_get(st, "books_checks")) > checks);
     json_decref(st);
     back1(f->m, 1, &r);
 }
