@@ -1,19 +1,43 @@
-"""L2 over Redis (resp) and an S3 endpoint (moto_server), end to end through
-the engine-driven path: write-behind, hits from L2 after L1 eviction, a
-restart of lmcached over the same store, and a Redis outage that degrades
-to L1-only and recovers without restarting lmcached."""
+"""L2 over Redis (resp) and an S3 endpoint, end to end through the
+engine-driven path: write-behind, hits from L2 after L1 eviction, a restart
+of lmcached over the same store, a Redis outage that degrades to L1-only and
+recovers without restarting lmcached.
+
+The S3 endpoint is s3rver as `make deps-test` installs it
+(build-tools/s3rver/, tests/s3server/README.md), else moto_server.  A
+missing server fails the test under CI=true and skips it elsewhere."""
+import datetime
+import hashlib
+import hmac
 import json
+import os
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
+import urllib.parse
+import urllib.request
+import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import Server, free_port
+from conftest import ROOT, Server, free_port
 from test_l2_fs import close_all, lookup_wait, status, store_all
 from test_lookup_engine_driven import CLEAR, CS, Worker, chunk_bytes, prompt
+
+S3RVER = os.environ.get("LMC_S3RVER",
+                        os.path.join(ROOT, "build-tools", "s3rver", "node_modules", ".bin", "s3rver"))
+BUCKET = "lmcache"
+
+
+def missing(what):
+    """A server the test needs is not installed: a failure under CI=true
+    (where `make deps-test` must have installed it), a skip elsewhere."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} is missing: `make deps-test` installs it")
+    pytest.skip(f"{what} is missing (`make deps-test` installs it)")
 
 
 def wait_port(port, proc, timeout=30):
@@ -45,7 +69,7 @@ def stop(proc):
 @pytest.fixture
 def redis_port():
     if not shutil.which("redis-server"):
-        pytest.fail("redis-server is missing (the Makefile installs it)")
+        missing("redis-server")
     port = free_port()
     proc = start_redis(port)
     yield port
@@ -53,17 +77,80 @@ def redis_port():
         stop(proc)
 
 
+class S3Server:
+    """s3rver (its own data directory, its default credentials) or
+    moto_server on a free port."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.dir = None
+        if os.access(S3RVER, os.X_OK):
+            self.dir = tempfile.mkdtemp(prefix="lmc-s3rver-")
+            args = [S3RVER, "-d", self.dir, "-a", "127.0.0.1", "-p", str(self.port), "--silent"]
+            self.access = self.secret = "S3RVER"
+        elif shutil.which("moto_server"):
+            args = ["moto_server", "-H", "127.0.0.1", "-p", str(self.port)]
+            self.access = self.secret = "test"
+        else:
+            missing("an S3 server (s3rver or moto_server)")
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port, self.proc)
+
+    def spec(self, **extra):
+        return {"type": "s3", "s3_endpoint": f"{BUCKET}.127.0.0.1:{self.port}",
+                "disable_tls": True, "aws_access_key_id": self.access,
+                "aws_secret_access_key": self.secret, "s3_create_bucket": True, **extra}
+
+    def _get(self, path, query):
+        """A SigV4-signed GET (the way lmcached signs: UNSIGNED-PAYLOAD)."""
+        now = datetime.datetime.now(datetime.timezone.utc)
+        amz, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+        headers = {"host": f"127.0.0.1:{self.port}", "x-amz-content-sha256": "UNSIGNED-PAYLOAD",
+                   "x-amz-date": amz}
+        names = ";".join(sorted(headers))
+        canonical = "\n".join(["GET", path, query,
+                               "".join(f"{k}:{headers[k]}\n" for k in sorted(headers)), names,
+                               "UNSIGNED-PAYLOAD"])
+        scope = f"{day}/us-east-1/s3/aws4_request"
+        to_sign = "\n".join(["AWS4-HMAC-SHA256", amz, scope,
+                             hashlib.sha256(canonical.encode()).hexdigest()])
+        key = ("AWS4" + self.secret).encode()
+        for part in (day, "us-east-1", "s3", "aws4_request"):
+            key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+        sig = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}?{query}", headers={
+            "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "x-amz-date": amz,
+            "Authorization": f"AWS4-HMAC-SHA256 Credential={self.access}/{scope}, "
+                             f"SignedHeaders={names}, Signature={sig}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return ET.fromstring(r.read())
+
+    def objects(self):
+        """{name: size} of every object in the bucket (ListObjectsV2, paged)."""
+        out, token = {}, None
+        while True:
+            query = "list-type=2" if token is None else \
+                f"continuation-token={urllib.parse.quote(token, safe='')}&list-type=2"
+            root = self._get(f"/{BUCKET}/", query)
+            ns = root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+            for c in root.iter(ns + "Contents"):
+                out[c.find(ns + "Key").text] = int(c.find(ns + "Size").text)
+            token = root.findtext(ns + "NextContinuationToken")
+            if root.findtext(ns + "IsTruncated") != "true" or not token:
+                return out
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait()
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
 @pytest.fixture
-def moto_endpoint():
-    if not shutil.which("moto_server"):
-        pytest.skip("moto_server (Python moto) is not installed on this machine")
-    port = free_port()
-    proc = subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_port(port, proc)
-    yield f"lmcache.127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait()
+def s3_server():
+    srv = S3Server()
+    yield srv
+    srv.close()
 
 
 def start(spec):
@@ -117,13 +204,13 @@ def test_resp_round_trip_and_restart(redis_port):
     round_trip({"type": "resp", "host": "127.0.0.1", "port": redis_port, "num_workers": 2}, "r")
 
 
-def test_s3_round_trip_and_restart(moto_endpoint):
-    round_trip({"type": "s3", "s3_endpoint": moto_endpoint, "disable_tls": True,
-                "aws_access_key_id": "test", "aws_secret_access_key": "test",
-                "s3_create_bucket": True}, "s")
+def test_s3_round_trip_and_restart(s3_server):
+    round_trip(s3_server.spec(), "s")
 
 
 def test_redis_outage_degrades_then_recovers():
+    if not shutil.which("redis-server"):
+        missing("redis-server")
     port = free_port()
     redis = start_redis(port)
     srv = start({"type": "resp", "host": "127.0.0.1", "port": port, "num_workers": 2,
@@ -153,3 +240,4 @@ def test_redis_outage_degrades_then_recovers():
         assert srv.stop() == 0, srv.output()
         if redis.poll() is None:
             stop(redis)
+
