@@ -532,7 +532,6 @@ static int strlen_page(resp_conn *c, scan_page *p)
     return rc;
 }
 
-
 /* Every key of `node` matching `pattern`, with its size.  0 when the scan
  * completed, -1 on failure or at the deadline (0: none). */
 static int scan_node(resp_backend *R, pool_slot *ps, int node, const char *pattern,

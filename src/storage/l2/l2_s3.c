@@ -345,8 +345,11 @@ static bool xml_field(const char **from, const char *end, const char *tag, char 
     char open[64], close[64];
     snprintf(open, sizeof open, "<%s>", tag);
     snprintf(close, sizeof close, "</%s>", tag);
-    const char *a = strstr(*from, open), *z = a ? strstr(a, close) : NULL;
-    if (!z || z >= end)
+    /* Searched within the range only: a field missing from one entry must
+     * not send every entry's search through the rest of the page. */
+    const char *a = memmem(*from, (size_t)(end - *from), open, strlen(open));
+    const char *z = a ? memmem(a, (size_t)(end - a), close, strlen(close)) : NULL;
+    if (!z)
         return false;
     a += strlen(open);
     size_t o = 0;
