@@ -5,8 +5,9 @@ recovers without restarting lmcached, and (issue 17) usage accounting and L2
 eviction against the real stores.
 
 The S3 endpoint is s3rver as `make deps-test` installs it
-(build-tools/s3rver/, tests/s3server/README.md), else moto_server.  A
-missing server fails the test under CI=true and skips it elsewhere."""
+(build-tools/s3rver/, tests/s3server/README.md), else moto_server, behind
+a proxy that verifies SigV4 signatures.  A missing server fails the test
+under CI=true and skips it elsewhere."""
 import datetime
 import hashlib
 import hmac
@@ -16,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.parse
@@ -80,17 +82,18 @@ def redis_port():
 
 class S3Server:
     """s3rver (its own data directory, its default credentials) or
-    moto_server on a free port."""
+    moto_server on a free port, behind tests/s3server/sigv4_proxy.py, which
+    verifies every request's SigV4 signature (neither server does)."""
 
     def __init__(self):
-        self.port = free_port()
+        upstream = free_port()
         self.dir = None
         if os.access(S3RVER, os.X_OK):
             self.dir = tempfile.mkdtemp(prefix="lmc-s3rver-")
-            args = [S3RVER, "-d", self.dir, "-a", "127.0.0.1", "-p", str(self.port), "--silent"]
+            args = [S3RVER, "-d", self.dir, "-a", "127.0.0.1", "-p", str(upstream), "--silent"]
             self.access = self.secret = "S3RVER"
         elif shutil.which("moto_server"):
-            args = ["moto_server", "-H", "127.0.0.1", "-p", str(self.port)]
+            args = ["moto_server", "-H", "127.0.0.1", "-p", str(upstream)]
             self.access = self.secret = "test"
         else:
             missing("an S3 server (s3rver or moto_server)")
@@ -99,7 +102,13 @@ class S3Server:
         env = dict(os.environ, NODE_OPTIONS="--openssl-legacy-provider")
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      env=env)
-        wait_port(self.port, self.proc)
+        wait_port(upstream, self.proc)
+        self.port = free_port()
+        self.proxy = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "tests", "s3server", "sigv4_proxy.py"),
+             str(self.port), str(upstream), self.access, self.secret],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port, self.proxy)
 
     def spec(self, **extra):
         return {"type": "s3", "s3_endpoint": f"{BUCKET}.127.0.0.1:{self.port}",
@@ -145,8 +154,9 @@ class S3Server:
                 return out
 
     def close(self):
-        self.proc.terminate()
-        self.proc.wait()
+        for p in (self.proxy, self.proc):
+            p.terminate()
+            p.wait()
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -1,8 +1,9 @@
 /* The s3 backend: SigV4 against AWS's published examples, and real round
  * trips and usage accounting (issue 17) against a local S3 endpoint
  * started here: s3rver as `make deps-test` installs it
- * (build-tools/s3rver/), else moto_server.  With neither, these tests fail
- * under CI=true and are skipped elsewhere. */
+ * (build-tools/s3rver/), else moto_server, behind a proxy that verifies
+ * SigV4 signatures (tests/s3server/sigv4_proxy.py).  With neither server,
+ * these tests fail under CI=true and are skipped elsewhere. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -72,13 +73,22 @@ static void test_uri_encoding(void **state)
 
 
 typedef struct {
-    pid_t pid;
-    char endpoint[64], dir[64];
+    pid_t pid, proxy;
+    char endpoint[64], dir[64];    /* endpoint: the SigV4-checking proxy's */
     const char *access, *secret;   /* credentials the server accepts */
 } s3_server;
 
-/* s3rver's launcher in this checkout (tests/s3server/README.md): the
- * repository root is what this file's path has before tests/unit/. */
+/* A file of this checkout (tests/s3server/README.md): the repository root
+ * is what this file's path has before tests/unit/. */
+static bool repo_file(const char *rel, char *out, size_t cap)
+{
+    const char *at = strstr(__FILE__, "tests/unit/storage_l2/");
+    if (!at)
+        return false;
+    snprintf(out, cap, "%.*s%s", (int)(at - __FILE__), __FILE__, rel);
+    return access(out, R_OK) == 0;
+}
+
 static bool s3rver_path(char *out, size_t cap)
 {
     const char *env = getenv("LMC_S3RVER");
@@ -86,12 +96,8 @@ static bool s3rver_path(char *out, size_t cap)
         snprintf(out, cap, "%s", env);
         return access(out, X_OK) == 0;
     }
-    const char *at = strstr(__FILE__, "tests/unit/storage_l2/");
-    if (!at)
-        return false;
-    snprintf(out, cap, "%.*sbuild-tools/s3rver/node_modules/.bin/s3rver", (int)(at - __FILE__),
-             __FILE__);
-    return access(out, X_OK) == 0;
+    return repo_file("build-tools/s3rver/node_modules/.bin/s3rver", out, cap) &&
+           access(out, X_OK) == 0;
 }
 
 static bool wait_http(int port, pid_t pid)
@@ -129,14 +135,28 @@ static pid_t spawn(const char *const *argv)
     return pid;
 }
 
+/* tests/s3server/sigv4_proxy.py in front of the server on `upstream`:
+ * neither s3rver nor moto_server verifies SigV4 signatures. */
+static void start_proxy(s3_server *s, int upstream)
+{
+    char proxy[1024], port[16], up[16];
+    int p = pick_ports(1, false);
+    snprintf(port, sizeof port, "%d", p);
+    snprintf(up, sizeof up, "%d", upstream);
+    snprintf(s->endpoint, sizeof s->endpoint, "http://127.0.0.1:%d", p);
+    assert_true(repo_file("tests/s3server/sigv4_proxy.py", proxy, sizeof proxy));
+    const char *argv[] = {"python3", proxy, port, up, s->access, s->secret, NULL};
+    s->proxy = spawn(argv);
+    assert_true(s->proxy > 0 && wait_http(p, s->proxy));
+}
+
 /* Starts s3rver (own data directory, default credentials S3RVER/S3RVER),
- * else moto_server; false when neither is installed. */
+ * else moto_server, behind the proxy; false when neither is installed. */
 static bool start_s3(s3_server *s)
 {
     char s3rver[1024], port[16];
     int p = pick_ports(1, false);
     snprintf(port, sizeof port, "%d", p);
-    snprintf(s->endpoint, sizeof s->endpoint, "http://127.0.0.1:%d", p);
     s->dir[0] = '\0';
     if (s3rver_path(s3rver, sizeof s3rver)) {
         snprintf(s->dir, sizeof s->dir, "/tmp/lmc-s3rver-XXXXXX");
@@ -153,6 +173,7 @@ static bool start_s3(s3_server *s)
         return false;
     }
     assert_true(s->pid > 0 && wait_http(p, s->pid));
+    start_proxy(s, p);
     return true;
 }
 
@@ -168,9 +189,12 @@ static int server_setup(void **state)
 static int server_teardown(void **state)
 {
     s3_server *s = *state;
-    if (s->pid > 0) {
-        kill(s->pid, SIGTERM);
-        waitpid(s->pid, NULL, 0);
+    pid_t pids[2] = {s->proxy, s->pid};
+    for (int i = 0; i < 2; i++) {
+        if (pids[i] > 0) {
+            kill(pids[i], SIGTERM);
+            waitpid(pids[i], NULL, 0);
+        }
     }
     if (s->dir[0]) {
         char cmd[128];
@@ -265,6 +289,32 @@ static void test_round_trip(void **state)
     free(out);
 }
 
+/* The endpoint verifies signatures: a wrong secret fails every request. */
+static void test_wrong_secret_is_refused(void **state)
+{
+    s3_server *srv = *state;
+    NEED_S3(srv);
+    lmc_l2_backend *good = connect_s3(srv, 0);
+    lmc_l2_s3_options o = {.endpoint = srv->endpoint, .bucket = "lmcache",
+                           .access_key = srv->access, .secret_key = "not-the-secret",
+                           .num_connections = 1};
+    char err[128];
+    lmc_l2_backend *bad = lmc_l2_s3_new(&o, err, sizeof err);
+    assert_non_null(bad);
+    uint8_t buf[16] = {0}, *p = buf;
+    uint64_t size = sizeof buf;
+    lmc_object_key k = make_key(0);
+    assert_int_equal(bad->ops->store(bad, &k, &p, &size, 1), -1);
+    assert_int_equal(good->ops->store(good, &k, &p, &size, 1), (int64_t)size);
+    uint8_t found = 1;
+    bad->ops->lookup_and_lock(bad, &k, &size, 1, &found);
+    assert_int_equal(found, 0);
+    good->ops->lookup_and_lock(good, &k, &size, 1, &found);
+    assert_int_equal(found, 1);
+    bad->ops->destroy(bad);
+    good->ops->destroy(good);
+}
+
 static lmc_object_key unique_key(int i)
 {
     lmc_object_key k = make_key(i);
@@ -357,6 +407,7 @@ int main(void)
         cmocka_unit_test(test_sigv4_list_objects_example),
         cmocka_unit_test(test_uri_encoding),
         cmocka_unit_test_setup_teardown(test_round_trip, server_setup, server_teardown),
+        cmocka_unit_test_setup_teardown(test_wrong_secret_is_refused, server_setup, server_teardown),
         cmocka_unit_test_setup_teardown(test_usage_follows_overwrites_and_deletes, server_setup, server_teardown),
         cmocka_unit_test_setup_teardown(test_capacity_is_enforced, server_setup, server_teardown),
         cmocka_unit_test_setup_teardown(test_usage_rebuilt_at_start, server_setup, server_teardown),
