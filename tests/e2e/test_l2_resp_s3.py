@@ -102,7 +102,7 @@ class S3Server:
         env = dict(os.environ, NODE_OPTIONS="--openssl-legacy-provider")
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      env=env)
-        wait_port(upstream, self.proc)
+        wait_port(upstream, self.proc, timeout=60)  # node starts slowly on a busy machine
         self.port = free_port()
         self.proxy = subprocess.Popen(
             [sys.executable, os.path.join(ROOT, "tests", "s3server", "sigv4_proxy.py"),
