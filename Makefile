@@ -38,8 +38,26 @@ endef
 deps:
 	$(call install_missing,$(DEB_BUILD))
 
+# The local S3 server the tests start (tests/s3server/README.md): s3rver,
+# pinned with its lockfile in tests/s3server/, installed with npm into the
+# git-ignored build-tools/s3rver/.  Debian 12 has no S3 server package but
+# has npm; npm comes from Debian only when the machine has no npm at all.
+S3RVER_DIR := build-tools/s3rver
+
 deps-test: deps
 	$(call install_missing,$(DEB_TEST))
+	@command -v npm >/dev/null 2>&1 || { \
+	  echo "Installing Debian packages: nodejs npm"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nodejs npm >/dev/null; }
+	@if [ ! -x $(S3RVER_DIR)/node_modules/.bin/s3rver ] || \
+	    ! cmp -s tests/s3server/package-lock.json $(S3RVER_DIR)/package-lock.json; then \
+	  echo "Installing s3rver (tests/s3server) into $(S3RVER_DIR)"; \
+	  rm -rf $(S3RVER_DIR) && mkdir -p $(S3RVER_DIR) && \
+	  cp tests/s3server/package.json tests/s3server/package-lock.json $(S3RVER_DIR)/ && \
+	  npm ci --prefix $(S3RVER_DIR) --ignore-scripts --no-audit --no-fund --loglevel=error \
+	    >/dev/null; \
+	fi
 
 $(BUILD_DIR)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)

@@ -137,6 +137,31 @@ static int check_field(const field_spec *f, const json_t *v, bool strict, int de
     return 0;
 }
 
+/* Common fields that would be accepted and then ignored are refused by
+ * name (docs/l2.md, "Flags"): lmcached never deletes L2 data at shutdown;
+ * eviction, affinity and sharing are read from the outer adapter only; a
+ * fault_inject adapter has no capacity of its own. */
+static int check_placement(const char *name, const json_t *v, const char *type, int depth,
+                           char *err, size_t errlen)
+{
+    if (strcmp(name, "persist_enabled") == 0 && json_is_false(v)) {
+        snprintf(err, errlen, "\"persist_enabled\": false is not supported: lmcached keeps L2 "
+                              "data at shutdown (docs/l2.md); drop it or set it to true");
+        return -1;
+    }
+    if (depth > 0 && (strcmp(name, "eviction") == 0 || strcmp(name, "affinity_tag") == 0 ||
+                      strcmp(name, "shared") == 0)) {
+        snprintf(err, errlen, "\"%s\" belongs on the outer adapter, not in \"inner\"", name);
+        return -1;
+    }
+    if (strcmp(type, "fault_inject") == 0 && strcmp(name, "max_capacity_gb") == 0) {
+        snprintf(err, errlen, "\"max_capacity_gb\" of a fault_inject adapter belongs on its "
+                              "\"inner\" adapter");
+        return -1;
+    }
+    return 0;
+}
+
 static int check_fields(const json_t *o, size_t t, bool strict, int depth, char *err,
                         size_t errlen)
 {
@@ -151,7 +176,9 @@ static int check_fields(const json_t *o, size_t t, bool strict, int depth, char 
                      json_string_value(json_object_get(o, "type")));
             return -1;
         }
-        if (f && check_field(f, v, strict, depth, err, errlen) != 0)
+        if (f && (check_field(f, v, strict, depth, err, errlen) != 0 ||
+                  check_placement(name, v, json_string_value(json_object_get(o, "type")), depth,
+                                  err, errlen) != 0))
             return -1;
     }
     return 0;

@@ -552,3 +552,23 @@ def test_warm_prefetch_from_l2(tmp_path):
         close_all(ws, sched)
     finally:
         assert srv.stop() == 0, srv.output()
+
+
+def test_common_adapter_fields_do_what_docs_l2_says(tmp_path):
+    """persist_enabled false is refused at start by name (lmcached always
+    keeps L2 data); shared is reported by /status and /cache/objects
+    (issue 17)."""
+    from conftest import run_lmcached
+    r = run_lmcached("--l1-size-gb", "0.0625", "--eviction-policy", "LRU", "--l2-adapter",
+                     json.dumps({"type": "fs", "base_path": str(tmp_path),
+                                 "persist_enabled": False}), "--port", "1")
+    assert r.returncode == 2 and '--l2-adapter[0]: "persist_enabled": false' in r.stderr, r.stderr
+    specs = [{"type": "fs", "base_path": str(tmp_path), "persist_enabled": True, "shared": True},
+             {"type": "mock"}]
+    srv = Server("--chunk-size", str(CS), *sum((["--l2-adapter", json.dumps(s)] for s in specs), []))
+    try:
+        assert [a["shared"] for a in status(srv)["l2_adapters"]] == [True, False]
+        assert http_json(srv, "GET", "/cache/objects?tier=l2&adapter=fs")[1]["shared"] is True
+        assert http_json(srv, "GET", "/cache/objects?tier=l2&adapter=mock")[1]["shared"] is False
+    finally:
+        assert srv.stop() == 0, srv.output()

@@ -1,19 +1,46 @@
-"""L2 over Redis (resp) and an S3 endpoint (moto_server), end to end through
-the engine-driven path: write-behind, hits from L2 after L1 eviction, a
-restart of lmcached over the same store, and a Redis outage that degrades
-to L1-only and recovers without restarting lmcached."""
+"""L2 over Redis (resp) and an S3 endpoint, end to end through the
+engine-driven path: write-behind, hits from L2 after L1 eviction, a restart
+of lmcached over the same store, a Redis outage that degrades to L1-only and
+recovers without restarting lmcached, and (issue 17) usage accounting and L2
+eviction against the real stores.
+
+The S3 endpoint is s3rver as `make deps-test` installs it
+(build-tools/s3rver/, tests/s3server/README.md), else moto_server, behind
+a proxy that verifies SigV4 signatures.  A missing server fails the test
+under CI=true and skips it elsewhere."""
+import datetime
+import hashlib
+import hmac
 import json
+import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
+import urllib.parse
+import urllib.request
+import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import Server, free_port
+from conftest import ROOT, Server, free_port
 from test_l2_fs import close_all, lookup_wait, status, store_all
-from test_lookup_engine_driven import CLEAR, CS, Worker, chunk_bytes, prompt
+from test_lookup_engine_driven import CLEAR, CS, OBJ, Worker, chunk_bytes, prompt
+
+S3RVER = os.environ.get("LMC_S3RVER",
+                        os.path.join(ROOT, "build-tools", "s3rver", "node_modules", ".bin", "s3rver"))
+BUCKET = "lmcache"
+
+
+def missing(what):
+    """A server the test needs is not installed: a failure under CI=true
+    (where `make deps-test` must have installed it), a skip elsewhere."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} is missing: `make deps-test` installs it")
+    pytest.skip(f"{what} is missing (`make deps-test` installs it)")
 
 
 def wait_port(port, proc, timeout=30):
@@ -45,7 +72,7 @@ def stop(proc):
 @pytest.fixture
 def redis_port():
     if not shutil.which("redis-server"):
-        pytest.fail("redis-server is missing (the Makefile installs it)")
+        missing("redis-server")
     port = free_port()
     proc = start_redis(port)
     yield port
@@ -53,17 +80,92 @@ def redis_port():
         stop(proc)
 
 
+class S3Server:
+    """s3rver (its own data directory, its default credentials) or
+    moto_server on a free port, behind tests/s3server/sigv4_proxy.py, which
+    verifies every request's SigV4 signature (neither server does)."""
+
+    def __init__(self):
+        upstream = free_port()
+        self.dir = None
+        if os.access(S3RVER, os.X_OK):
+            self.dir = tempfile.mkdtemp(prefix="lmc-s3rver-")
+            args = [S3RVER, "-d", self.dir, "-a", "127.0.0.1", "-p", str(upstream), "--silent"]
+            self.access = self.secret = "S3RVER"
+        elif shutil.which("moto_server"):
+            args = ["moto_server", "-H", "127.0.0.1", "-p", str(upstream)]
+            self.access = self.secret = "test"
+        else:
+            missing("an S3 server (s3rver or moto_server)")
+        # s3rver's continuation tokens use DES, which OpenSSL 3 keeps in its
+        # legacy provider (tests/s3server/README.md).
+        env = dict(os.environ, NODE_OPTIONS="--openssl-legacy-provider")
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     env=env)
+        wait_port(upstream, self.proc, timeout=60)  # node starts slowly on a busy machine
+        self.port = free_port()
+        self.proxy = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "tests", "s3server", "sigv4_proxy.py"),
+             str(self.port), str(upstream), self.access, self.secret],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port, self.proxy)
+
+    def spec(self, **extra):
+        return {"type": "s3", "s3_endpoint": f"{BUCKET}.127.0.0.1:{self.port}",
+                "disable_tls": True, "aws_access_key_id": self.access,
+                "aws_secret_access_key": self.secret, "s3_create_bucket": True, **extra}
+
+    def _get(self, path, query):
+        """A SigV4-signed GET (the way lmcached signs: UNSIGNED-PAYLOAD)."""
+        now = datetime.datetime.now(datetime.timezone.utc)
+        amz, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+        headers = {"host": f"127.0.0.1:{self.port}", "x-amz-content-sha256": "UNSIGNED-PAYLOAD",
+                   "x-amz-date": amz}
+        names = ";".join(sorted(headers))
+        canonical = "\n".join(["GET", path, query,
+                               "".join(f"{k}:{headers[k]}\n" for k in sorted(headers)), names,
+                               "UNSIGNED-PAYLOAD"])
+        scope = f"{day}/us-east-1/s3/aws4_request"
+        to_sign = "\n".join(["AWS4-HMAC-SHA256", amz, scope,
+                             hashlib.sha256(canonical.encode()).hexdigest()])
+        key = ("AWS4" + self.secret).encode()
+        for part in (day, "us-east-1", "s3", "aws4_request"):
+            key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+        sig = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}?{query}", headers={
+            "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "x-amz-date": amz,
+            "Authorization": f"AWS4-HMAC-SHA256 Credential={self.access}/{scope}, "
+                             f"SignedHeaders={names}, Signature={sig}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return ET.fromstring(r.read())
+
+    def objects(self):
+        """{name: size} of every object in the bucket (ListObjectsV2, paged)."""
+        out, token = {}, None
+        while True:
+            query = "list-type=2" if token is None else \
+                f"continuation-token={urllib.parse.quote(token, safe='')}&list-type=2"
+            root = self._get(f"/{BUCKET}/", query)
+            ns = root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+            for c in root.iter(ns + "Contents"):
+                out[c.find(ns + "Key").text] = int(c.find(ns + "Size").text)
+            token = root.findtext(ns + "NextContinuationToken")
+            if root.findtext(ns + "IsTruncated") != "true" or not token:
+                return out
+
+    def close(self):
+        for p in (self.proxy, self.proc):
+            p.terminate()
+            p.wait()
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
 @pytest.fixture
-def moto_endpoint():
-    if not shutil.which("moto_server"):
-        pytest.skip("moto_server (Python moto) is not installed on this machine")
-    port = free_port()
-    proc = subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_port(port, proc)
-    yield f"lmcache.127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait()
+def s3_server():
+    srv = S3Server()
+    yield srv
+    srv.close()
 
 
 def start(spec):
@@ -117,13 +219,13 @@ def test_resp_round_trip_and_restart(redis_port):
     round_trip({"type": "resp", "host": "127.0.0.1", "port": redis_port, "num_workers": 2}, "r")
 
 
-def test_s3_round_trip_and_restart(moto_endpoint):
-    round_trip({"type": "s3", "s3_endpoint": moto_endpoint, "disable_tls": True,
-                "aws_access_key_id": "test", "aws_secret_access_key": "test",
-                "s3_create_bucket": True}, "s")
+def test_s3_round_trip_and_restart(s3_server):
+    round_trip(s3_server.spec(), "s")
 
 
 def test_redis_outage_degrades_then_recovers():
+    if not shutil.which("redis-server"):
+        missing("redis-server")
     port = free_port()
     redis = start_redis(port)
     srv = start({"type": "resp", "host": "127.0.0.1", "port": port, "num_workers": 2,
@@ -153,3 +255,134 @@ def test_redis_outage_degrades_then_recovers():
         assert srv.stop() == 0, srv.output()
         if redis.poll() is None:
             stop(redis)
+
+
+# ---- usage accounting and L2 eviction against the real stores (issue 17) ----
+
+class RedisStore:
+    def __init__(self):
+        if not shutil.which("redis-server") or not shutil.which("redis-cli"):
+            missing("redis-server / redis-cli")
+        self.port = free_port()
+        self.proc = start_redis(self.port)
+
+    def spec(self, **extra):
+        return {"type": "resp", "host": "127.0.0.1", "port": self.port, "num_workers": 2,
+                **extra}
+
+    def objects(self):
+        """{name: STRLEN} of every key (this Redis holds lmcached's alone)."""
+        script = ("local r = {} for _, k in ipairs(redis.call('KEYS', '*')) do "
+                  "r[#r + 1] = k r[#r + 1] = redis.call('STRLEN', k) end return r")
+        out = subprocess.run(["redis-cli", "-p", str(self.port), "EVAL", script, "0"],
+                             capture_output=True, text=True, check=True, timeout=10).stdout
+        lines = out.splitlines()
+        return {lines[i]: int(lines[i + 1]) for i in range(0, len(lines) - 1, 2)}
+
+    def close(self):
+        stop(self.proc)
+
+
+@pytest.fixture(params=["resp", "s3"])
+def store(request):
+    st = RedisStore() if request.param == "resp" else S3Server()
+    yield st
+    st.close()
+
+
+EVICTION = {"eviction_policy": "LRU", "trigger_watermark": 0.5, "eviction_ratio": 0.25}
+PERIOD = 1.0  # the L2 eviction controller's cycle (docs/l2.md)
+
+
+def l2_status(srv):
+    st = status(srv)
+    return st["l2_adapters"][0], st["l2_eviction_controller"]["adapters"][0]
+
+
+def stable_count(store, cycles=3, timeout=30):
+    """The store's object count once it stayed the same for `cycles`
+    eviction cycles."""
+    deadline = time.monotonic() + timeout
+    last, since = None, time.monotonic()
+    while True:
+        n = len(store.objects())
+        if n != last:
+            last, since = n, time.monotonic()
+        elif time.monotonic() - since >= cycles * PERIOD + 0.2:
+            return n
+        assert time.monotonic() < deadline, f"the store never settled: {n} objects"
+        time.sleep(0.2)
+
+
+def assert_usage_is_the_store(srv, store):
+    """The adapter's reported usage is the bytes the store really holds, and
+    the eviction tracks every object in it."""
+    objs = store.objects()
+    ad, ev = l2_status(srv)
+    assert (ad["used_bytes"], ad["num_keys"]) == (sum(objs.values()), len(objs)), (ad, objs)
+    assert (ev["tracked_keys"], ev["tracked_bytes"]) == (len(objs), sum(objs.values())), ev
+
+
+def test_l2_eviction_stops_under_the_watermark(store):
+    """Capacity 20 objects, watermark 0.5: overwrites do not count twice, and
+    crossing the watermark evicts down to just under it, then nothing more."""
+    srv = start(store.spec(max_capacity_gb=20 * OBJ / 2**30, eviction=EVICTION))
+    try:
+        a, b = prompt(301), prompt(302)
+        ws = store_all(srv, a)                        # 8 objects: 0.4 of capacity
+        wait_l2(srv, 8)
+        sched = srv.dealer()
+        assert sched.call(CLEAR, False) is not None
+        for w in ws:                                  # the same 8 again: overwrites
+            w.store(a, 0, len(a))
+        wait_l2(srv, 16)
+        assert stable_count(store) == 8               # nothing under the watermark goes
+        assert l2_status(srv)[1]["evicted_keys"] == 0
+        assert_usage_is_the_store(srv, store)
+        for w in ws:                                  # 16 objects: 0.8 of capacity
+            w.store(b, 0, len(b))
+        wait_l2(srv, 24)
+        n = stable_count(store)
+        # 25 % of the tracked keys per cycle until under 10 objects; how many
+        # cycles depends on when each rank's store landed: 7..9 stay.
+        assert 7 <= n <= 9, n
+        ad, ev = l2_status(srv)
+        assert ev["evicted_keys"] == 16 - n and ad["used_bytes"] < 0.5 * ad["capacity_bytes"]
+        assert_usage_is_the_store(srv, store)
+        assert sched.call(CLEAR, False) is not None   # the older prompt went first:
+        assert lookup_wait(sched, b, "e1") == 4       # the newer one is whole
+        for w in ws:
+            assert w.retrieve(b, 0, 4 * CS, "e1") == [chunk_bytes(w.rank, b, c) for c in range(4)]
+        close_all(ws, sched)
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
+def test_usage_rebuilt_from_the_store_at_start(store):
+    roomy = store.spec(max_capacity_gb=100 * OBJ / 2**30, eviction=EVICTION)
+    srv = start(roomy)
+    try:
+        ws = store_all(srv, prompt(311))
+        wait_l2(srv, 8)
+        for w in ws:
+            w.store(prompt(312), 0, len(prompt(312)))
+        wait_l2(srv, 16)
+        close_all(ws, srv.dealer())
+    finally:
+        assert srv.stop() == 0, srv.output()
+    assert len(store.objects()) == 16
+    srv = start(roomy)                                # 16 of 100 objects: kept
+    try:
+        ad, ev = l2_status(srv)
+        assert (ad["used_bytes"], ad["num_keys"], ev["recovered_keys"]) == (16 * OBJ, 16, 16), \
+            (ad, ev)
+        assert_usage_is_the_store(srv, store)
+    finally:
+        assert srv.stop() == 0, srv.output()
+    srv = start(store.spec(max_capacity_gb=20 * OBJ / 2**30, eviction=EVICTION))
+    try:                                              # 16 of 20: 16 -> 12 -> 9
+        assert stable_count(store) == 9
+        assert l2_status(srv)[1]["evicted_keys"] == 7
+        assert_usage_is_the_store(srv, store)
+    finally:
+        assert srv.stop() == 0, srv.output()

@@ -26,7 +26,10 @@ static size_t workers_or(const json_t *o, size_t def)
     return n > 0 ? (size_t)n : def;
 }
 
-static lmc_l2_backend *make(const json_t *o, size_t *num_workers, char *err, size_t errlen);
+/* `evicted`: the adapter (or one wrapping it) has an "eviction" object, so
+ * the objects a backend finds at start are kept for the L2 eviction. */
+static lmc_l2_backend *make(const json_t *o, bool evicted, size_t *num_workers, char *err,
+                            size_t errlen);
 
 static lmc_l2_backend *make_fs(const json_t *o, size_t *num_workers, char *err, size_t errlen)
 {
@@ -43,10 +46,10 @@ static lmc_l2_backend *make_fs(const json_t *o, size_t *num_workers, char *err, 
     return lmc_l2_fs_new(&fo, err, errlen);
 }
 
-static lmc_l2_backend *make_fault(const json_t *o, size_t *num_workers, char *err,
-                                  size_t errlen)
+static lmc_l2_backend *make_fault(const json_t *o, bool evicted, size_t *num_workers,
+                                  char *err, size_t errlen)
 {
-    lmc_l2_backend *inner = make(json_object_get(o, "inner"), num_workers, err, errlen);
+    lmc_l2_backend *inner = make(json_object_get(o, "inner"), evicted, num_workers, err, errlen);
     if (!inner)
         return NULL;
     lmc_l2_fault_options fo = {
@@ -61,8 +64,8 @@ static lmc_l2_backend *make_fault(const json_t *o, size_t *num_workers, char *er
     return b;
 }
 
-static lmc_l2_backend *make_resp(const json_t *o, size_t *num_workers, char *err,
-                                 size_t errlen)
+static lmc_l2_backend *make_resp(const json_t *o, bool evicted, size_t *num_workers,
+                                 char *err, size_t errlen)
 {
     *num_workers = workers_or(o, 8);
     lmc_l2_resp_options ro = {
@@ -73,13 +76,15 @@ static lmc_l2_backend *make_resp(const json_t *o, size_t *num_workers, char *err
         .num_connections = *num_workers,
         .capacity_bytes = capacity_of(o),
         .timeout_ms = (int)json_integer_value(json_object_get(o, "timeout_ms")),
+        .keep_found = evicted,
     };
     return lmc_l2_resp_new(&ro, err, errlen);
 }
 
 /* s3_endpoint is virtual-hosted, as upstream: [s3://]<bucket>.<host[:port]>;
  * lmcached addresses it path-style (<scheme>://<host>/<bucket>/<key>). */
-static lmc_l2_backend *make_s3(const json_t *o, size_t *num_workers, char *err, size_t errlen)
+static lmc_l2_backend *make_s3(const json_t *o, bool evicted, size_t *num_workers, char *err,
+                               size_t errlen)
 {
     const char *ep = json_string_value(json_object_get(o, "s3_endpoint"));
     if (strncmp(ep, "s3://", 5) == 0)
@@ -104,22 +109,25 @@ static lmc_l2_backend *make_s3(const json_t *o, size_t *num_workers, char *err, 
         .create_bucket = bool_or(o, "s3_create_bucket", false),
         .num_connections = io > 0 && (size_t)io < *num_workers ? (size_t)io : *num_workers,
         .capacity_bytes = capacity_of(o),
+        .keep_found = evicted,
     };
     return lmc_l2_s3_new(&so, err, errlen);
 }
 
-static lmc_l2_backend *make(const json_t *o, size_t *num_workers, char *err, size_t errlen)
+static lmc_l2_backend *make(const json_t *o, bool evicted, size_t *num_workers, char *err,
+                            size_t errlen)
 {
     const char *type = json_string_value(json_object_get(o, "type"));
     lmc_l2_backend *b = NULL;
+    evicted = evicted || json_object_get(o, "eviction");
     if (strcmp(type, "fs") == 0)
         return make_fs(o, num_workers, err, errlen);
     if (strcmp(type, "fault_inject") == 0)
-        return make_fault(o, num_workers, err, errlen);
+        return make_fault(o, evicted, num_workers, err, errlen);
     if (strcmp(type, "resp") == 0)
-        return make_resp(o, num_workers, err, errlen);
+        return make_resp(o, evicted, num_workers, err, errlen);
     if (strcmp(type, "s3") == 0)
-        return make_s3(o, num_workers, err, errlen);
+        return make_s3(o, evicted, num_workers, err, errlen);
     if (strcmp(type, "mock") == 0) {
         *num_workers = workers_or(o, 2);
         b = lmc_l2_mock_new(capacity_of(o));
@@ -136,5 +144,5 @@ lmc_l2_backend *lmc_l2_backend_from_json(const json_t *o, size_t *num_workers, c
 {
     if (lmc_l2_adapter_json_check(o, true, err, errlen) != 0)
         return NULL;
-    return make(o, num_workers, err, errlen);
+    return make(o, false, num_workers, err, errlen);
 }

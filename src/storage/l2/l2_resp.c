@@ -7,8 +7,14 @@
  * costs the operations in flight, not a server restart.
  *
  * Cluster: slot_owner maps each of the 16384 hash slots to a node index
- * (0 = the configured node until a MOVED says otherwise).  MOVED updates
- * the map and retries; ASK retries once on the named node after ASKING. */
+ * (0 = the configured node until CLUSTER NODES or a MOVED says otherwise).
+ * MOVED updates the map and retries; ASK retries once on the named node
+ * after ASKING.
+ *
+ * Usage (docs/l2.md, "Usage and capacity of resp and s3"): a size index of
+ * every object, filled at start from SCAN + STRLEN over every master, then
+ * kept by stores (an overwrite replaces the size), deletes and lookups
+ * that find an object gone. */
 #include "storage/l2/l2_resp.h"
 
 #include <pthread.h>
@@ -18,11 +24,14 @@
 #include <string.h>
 
 #include "obs/log.h"
+#include "storage/l2/l2_internal.h"
 #include "storage/l2/l2_resp_conn.h"
+#include "storage/l2/l2_size_index.h"
 
 #define MAX_NODES 16
 #define MAX_REDIRECTS 5
 #define NUM_SLOTS 16384
+#define KEY_MAX 1024                 /* longer names are not objects of ours */
 
 typedef struct {
     char host[256];
@@ -38,7 +47,6 @@ typedef struct resp_backend {
     lmc_l2_backend base;               /* first: a backend pointer is a resp pointer */
     char username[128], password[256];
     int timeout_ms;
-    uint64_t capacity;
     pthread_mutex_t nodes_lock;        /* guards nodes[] appends */
     resp_node nodes[MAX_NODES];
     atomic_int n_nodes;
@@ -47,8 +55,15 @@ typedef struct resp_backend {
     pthread_cond_t pool_free;
     pool_slot *slots;
     size_t n_slots;
-    lmc_key_interner *interner;        /* keys parsed back by list() */
-    _Atomic uint64_t stored_bytes, stores, store_errors, gets, hits, io_errors, redirects;
+    lmc_key_interner *interner;        /* keys parsed back by list() and the rebuild */
+    lmc_l2_size_index *index;          /* what Redis holds: usage, max_capacity_gb */
+    /* Written by lmc_l2_resp_new() alone, before any other call: */
+    bool keep_found;                   /* keep `found` for the L2 eviction */
+    lmc_l2_found_list found;           /* objects listed at start */
+    uint64_t rebuild_keys, rebuild_ms;
+    bool rebuild_complete;
+    _Atomic uint64_t stored_bytes, stores, store_errors, stores_refused, gets, hits, io_errors,
+        redirects;
 } resp_backend;
 
 /* ---- hash slots ---------------------------------------------------------- */
@@ -268,43 +283,84 @@ static size_t key_string(const lmc_object_key *k, char *out, size_t cap)
     return n < 0 ? 0 : (size_t)n;
 }
 
+/* The index ids of keys[0..n); false when a key has no name. */
+static bool key_ids(const lmc_object_key *keys, size_t n, uint64_t *ids)
+{
+    for (size_t i = 0; i < n; i++) {
+        char key[KEY_MAX];
+        size_t kl = key_string(&keys[i], key, sizeof key);
+        if (!kl)
+            return false;
+        ids[i] = lmc_l2_key_id(key, kl);
+    }
+    return true;
+}
+
+/* SETs keys[0..n) in order; returns how many were written before the first
+ * failure. */
+static size_t set_all(resp_backend *R, const lmc_object_key *keys, uint8_t *const *bufs,
+                      const uint64_t *sizes, size_t n)
+{
+    pool_slot *ps = pool_acquire(R);
+    size_t i = 0;
+    for (; i < n; i++) {
+        char key[KEY_MAX];
+        size_t kl = key_string(&keys[i], key, sizeof key);
+        resp_arg args[3] = {{"SET", 3}, {key, kl}, {bufs[i], sizes[i]}};
+        bool ok = false;
+        if (execute(R, ps, key, kl, args, 3, reply_ok, &ok) != 0 || !ok)
+            break;
+    }
+    pool_release(R, ps);
+    return i;
+}
+
+/* A batch that would pass max_capacity_gb is refused before anything is
+ * written (as fs does); the L2 eviction makes room ahead of that. */
 static int64_t resp_store(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
                           const uint64_t *sizes, size_t n)
 {
     resp_backend *R = (resp_backend *)b;
-    pool_slot *ps = pool_acquire(R);
-    int64_t total = 0;
-    for (size_t i = 0; i < n && total >= 0; i++) {
-        char key[1024];
-        size_t kl = key_string(&keys[i], key, sizeof key);
-        resp_arg args[3] = {{"SET", 3}, {key, kl}, {bufs[i], sizes[i]}};
-        bool ok = false;
-        if (kl && execute(R, ps, key, kl, args, 3, reply_ok, &ok) == 0 && ok)
-            total += (int64_t)sizes[i];
-        else
-            total = -1;
-    }
-    pool_release(R, ps);
+    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids), reserved = 0;
+    int64_t total = -1;
     atomic_fetch_add(&R->stores, 1);
+    if (!ids || !key_ids(keys, n, ids))
+        goto out;
+    if (!lmc_l2_size_index_reserve(R->index, ids, sizes, n, &reserved)) {
+        atomic_fetch_add(&R->stores_refused, 1);
+        goto out;
+    }
+    size_t written = set_all(R, keys, bufs, sizes, n);
+    lmc_l2_size_index_commit(R->index, ids, sizes, written, reserved);
+    if (written == n) {
+        total = 0;
+        for (size_t i = 0; i < n; i++)
+            total += (int64_t)sizes[i];
+        atomic_fetch_add(&R->stored_bytes, (uint64_t)total);
+    }
+out:
     if (total < 0)
         atomic_fetch_add(&R->store_errors, 1);
-    else
-        atomic_fetch_add(&R->stored_bytes, (uint64_t)total);
+    free(ids);
     return total;
 }
 
+/* A key Redis no longer has (its own eviction, another server) leaves the
+ * index when a lookup misses it. */
 static void resp_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uint64_t *sizes,
                         size_t n, uint8_t *found)
 {
     resp_backend *R = (resp_backend *)b;
     pool_slot *ps = pool_acquire(R);
     for (size_t i = 0; i < n; i++) {
-        char key[1024];
+        char key[KEY_MAX];
         size_t kl = key_string(&keys[i], key, sizeof key);
         resp_arg args[2] = {{"STRLEN", 6}, {key, kl}};
         int64_t len = -1;
         found[i] = kl && execute(R, ps, key, kl, args, 2, reply_int, &len) == 0 && len > 0 &&
                    (!sizes || (uint64_t)len == sizes[i]);
+        if (kl && len == 0)
+            lmc_l2_size_index_forget(R->index, lmc_l2_key_id(key, kl));
     }
     pool_release(R, ps);
 }
@@ -315,7 +371,7 @@ static void resp_load(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *co
     resp_backend *R = (resp_backend *)b;
     pool_slot *ps = pool_acquire(R);
     for (size_t i = 0; i < n; i++) {
-        char key[1024];
+        char key[KEY_MAX];
         size_t kl = key_string(&keys[i], key, sizeof key);
         resp_arg args[2] = {{"GET", 3}, {key, kl}};
         get_ctx g = {bufs[i], sizes[i], false};
@@ -334,18 +390,23 @@ static void resp_unlock(lmc_l2_backend *b, const lmc_object_key *keys, size_t n)
     (void)b, (void)keys, (void)n;
 }
 
+/* A key Redis answers DEL for is gone afterwards, whether this DEL or
+ * something earlier removed it: it counts as deleted (as fs counts a
+ * missing file), so the L2 eviction does not retry it forever. */
 static size_t resp_remove(lmc_l2_backend *b, const lmc_object_key *keys, size_t n)
 {
     resp_backend *R = (resp_backend *)b;
     pool_slot *ps = pool_acquire(R);
     size_t deleted = 0;
     for (size_t i = 0; i < n; i++) {
-        char key[1024];
+        char key[KEY_MAX];
         size_t kl = key_string(&keys[i], key, sizeof key);
         resp_arg args[2] = {{"DEL", 3}, {key, kl}};
-        int64_t count = 0;
-        if (kl && execute(R, ps, key, kl, args, 2, reply_int, &count) == 0 && count > 0)
+        int64_t count = -1;
+        if (kl && execute(R, ps, key, kl, args, 2, reply_int, &count) == 0 && count >= 0) {
+            lmc_l2_size_index_forget(R->index, lmc_l2_key_id(key, kl));
             deleted++;
+        }
     }
     pool_release(R, ps);
     return deleted;
@@ -354,13 +415,28 @@ static size_t resp_remove(lmc_l2_backend *b, const lmc_object_key *keys, size_t 
 static void resp_usage(lmc_l2_backend *b, lmc_l2_usage *u)
 {
     resp_backend *R = (resp_backend *)b;
-    /* Bytes this server wrote: Redis may hold more (other servers) or less
-     * (its own eviction); exact accounting needs the L2 eviction layer. */
-    *u = (lmc_l2_usage){.used_bytes = atomic_load(&R->stored_bytes),
-                        .capacity_bytes = R->capacity};
+    lmc_l2_size_index_usage(R->index, u);
 }
 
-/* ---- list (SCAN) ----------------------------------------------------------- */
+/* ---- SCAN with pipelined STRLEN: listing and the rebuild at start ------------ */
+
+#define SCAN_PAGE_MAX 65536          /* keys one SCAN reply may carry (COUNT asks 1000) */
+#define PIPELINE 512                 /* STRLENs in flight on one connection */
+#define REBUILD_MAX_MS 60000         /* the rebuild at start stops after this */
+
+/* One SCAN page: names packed NUL-separated in `text`. */
+typedef struct {
+    char *text;
+    size_t len, cap;
+    size_t *at;                      /* offset of each name in text */
+    uint32_t *name_len;
+    int64_t *size;                   /* STRLEN, -1 when Redis answered an error */
+    size_t n;
+} scan_page;
+
+/* Called for every name of a page with its STRLEN; `page` counts pages. */
+typedef void (*scan_fn)(resp_backend *R, const char *name, size_t len, int64_t size,
+                        size_t page, size_t pos, void *ctx);
 
 static int read_bulk_string(resp_conn *c, char *out, size_t cap, size_t *len)
 {
@@ -380,53 +456,135 @@ static int read_bulk_string(resp_conn *c, char *out, size_t cap, size_t *len)
     return 0;
 }
 
-static void list_key(resp_backend *R, pool_slot *ps, const char *key, size_t kl, json_t *entries)
+static int page_add(scan_page *p, const char *name, size_t len)
 {
-    lmc_object_key k;
-    if (lmc_object_key_parse_string(R->interner, key, &k) != 0)
-        return; /* a foreign key in the same Redis */
-    resp_arg args[2] = {{"STRLEN", 6}, {key, kl}};
-    int64_t size = -1;
-    if (execute(R, ps, key, kl, args, 2, reply_int, &size) != 0 || size < 0)
-        return;
-    json_array_append_new(entries, json_pack("{s:o, s:I, s:s}", "key", lmc_l2_encode_key(&k),
-                                             "size_bytes", (json_int_t)size, "name", key));
+    if (p->len + len + 1 > p->cap) {
+        size_t cap = p->cap ? 2 * p->cap : 64 * 1024;
+        while (cap < p->len + len + 1)
+            cap *= 2;
+        char *t = realloc(p->text, cap);
+        if (!t)
+            return -1;
+        p->text = t;
+        p->cap = cap;
+    }
+    memcpy(p->text + p->len, name, len + 1);
+    p->at[p->n] = p->len;
+    p->name_len[p->n++] = (uint32_t)len;
+    p->len += len + 1;
+    return 0;
 }
 
-/* One SCAN page on `c`; returns the next cursor (0 = done) or -1. */
-static long long scan_page(resp_backend *R, pool_slot *ps, resp_conn *c, long long cursor,
-                           const char *pattern, json_t *entries)
+/* Reads one SCAN reply ("*2", cursor, "*n", n names) into p; names too long
+ * to be ours are dropped.  The next cursor (0 = done), or -1. */
+static long long read_scan_reply(resp_conn *c, scan_page *p)
 {
-    char cur[32], line[RESP_LINE_MAX];
-    snprintf(cur, sizeof cur, "%lld", cursor);
-    resp_arg args[6] = {{"SCAN", 4}, {cur, strlen(cur)}, {"MATCH", 5},
-                        {pattern, strlen(pattern)}, {"COUNT", 5}, {"1000", 4}};
+    char line[RESP_LINE_MAX], cur[32], name[KEY_MAX];
     int64_t n;
     size_t len;
-    if (resp_send_command(c, args, 6) != 0 || resp_read_line(c, line, sizeof line) != 0 ||
-        strcmp(line, "*2") != 0 || read_bulk_string(c, cur, sizeof cur, &len) != 0 ||
-        resp_read_line(c, line, sizeof line) != 0 || line[0] != '*' || !resp_parse_int(line, &n))
+    if (resp_read_line(c, line, sizeof line) != 0 || strcmp(line, "*2") != 0 ||
+        read_bulk_string(c, cur, sizeof cur, &len) != 0 || len == 0 ||
+        resp_read_line(c, line, sizeof line) != 0 || line[0] != '*' ||
+        !resp_parse_int(line, &n) || n < 0 || n > SCAN_PAGE_MAX)
         return -1;
-    /* Collect the page first: STRLEN lookups would interleave with it. */
-    char (*keys)[1024] = n > 0 ? malloc((size_t)n * sizeof *keys) : NULL;
-    size_t *lens = n > 0 ? malloc((size_t)n * sizeof *lens) : NULL;
-    if (n > 0 && (!keys || !lens)) {
-        free(keys);
-        free(lens);
-        return -1;
+    p->len = p->n = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (read_bulk_string(c, name, sizeof name, &len) != 0 ||
+            (len && page_add(p, name, len) != 0))
+            return -1;
     }
-    int64_t got = 0;
-    for (; got < n; got++) {
-        if (read_bulk_string(c, keys[got], sizeof keys[got], &lens[got]) != 0)
+    char *end;
+    long long next = strtoll(cur, &end, 10);
+    return *end || next < 0 ? -1 : next;
+}
+
+/* The replies to STRLENs of names [from, to) of p.  0, or -1. */
+static int read_sizes(resp_conn *c, scan_page *p, size_t from, size_t to)
+{
+    for (size_t i = from; i < to; i++) {
+        char line[RESP_LINE_MAX];
+        if (resp_read_line(c, line, sizeof line) != 0 || (line[0] != ':' && line[0] != '-'))
+            return -1;
+        if (line[0] == '-' || !resp_parse_int(line, &p->size[i]))
+            p->size[i] = -1; /* e.g. a key of another type, or MOVED mid-reshard */
+    }
+    return 0;
+}
+
+/* STRLEN of every name of p, PIPELINE commands (one send) at a time.
+ * 0, or -1. */
+static int strlen_page(resp_conn *c, scan_page *p)
+{
+    char *out = NULL;
+    size_t cap = 0;
+    int rc = 0;
+    for (size_t from = 0; rc == 0 && from < p->n; from += PIPELINE) {
+        size_t to = p->n - from < PIPELINE ? p->n : from + PIPELINE, len = 0;
+        for (size_t i = from; rc == 0 && i < to; i++) {
+            resp_arg args[2] = {{"STRLEN", 6}, {p->text + p->at[i], p->name_len[i]}};
+            rc = resp_append_command(&out, &len, &cap, args, 2);
+        }
+        if (rc == 0)
+            rc = resp_send_raw(c, out, len);
+        rc = rc == 0 ? read_sizes(c, p, from, to) : -1;
+    }
+    free(out);
+    return rc;
+}
+
+/* Every key of `node` matching `pattern`, with its size.  0 when the scan
+ * completed, -1 on failure or at the deadline (0: none). */
+static int scan_node(resp_backend *R, pool_slot *ps, int node, const char *pattern,
+                     int64_t deadline_ms, scan_fn fn, void *ctx)
+{
+    scan_page p = {.at = malloc(SCAN_PAGE_MAX * sizeof *p.at),
+                   .name_len = malloc(SCAN_PAGE_MAX * sizeof *p.name_len),
+                   .size = malloc(SCAN_PAGE_MAX * sizeof *p.size)};
+    resp_conn *c = p.at && p.name_len && p.size ? conn_for(R, ps, node) : NULL;
+    long long cursor = c ? 0 : -1;
+    for (size_t page = 0; cursor >= 0; page++) {
+        char cur[32];
+        snprintf(cur, sizeof cur, "%lld", cursor);
+        resp_arg args[6] = {{"SCAN", 4}, {cur, strlen(cur)}, {"MATCH", 5},
+                            {pattern, strlen(pattern)}, {"COUNT", 5}, {"1000", 4}};
+        if (resp_send_command(c, args, 6) != 0 || (cursor = read_scan_reply(c, &p)) < 0 ||
+            strlen_page(c, &p) != 0) {
+            cursor = -1;
+            break;
+        }
+        for (size_t i = 0; i < p.n; i++)
+            fn(R, p.text + p.at[i], p.name_len[i], p.size[i], page, i, ctx);
+        if (cursor == 0 || (deadline_ms && lmc_l2_now_ms() > deadline_ms))
             break;
     }
-    for (int64_t i = 0; i < got; i++) {
-        if (lens[i])
-            list_key(R, ps, keys[i], lens[i], entries);
-    }
-    free(keys);
-    free(lens);
-    return got == n ? atoll(cur) : -1;
+    if (cursor != 0 && c)
+        resp_conn_close(c); /* mid-reply, or abandoned mid-scan: start afresh */
+    free(p.text);
+    free(p.at);
+    free(p.name_len);
+    free(p.size);
+    return cursor == 0 ? 0 : -1;
+}
+
+/* True when `node` owns a hash slot (a master; until CLUSTER NODES or a
+ * MOVED says otherwise, node 0 owns them all). */
+static bool owns_slots(resp_backend *R, int node)
+{
+    for (int s = 0; s < NUM_SLOTS; s++)
+        if (atomic_load(&R->slot_owner[s]) == node)
+            return true;
+    return false;
+}
+
+static void list_key(resp_backend *R, const char *name, size_t len, int64_t size, size_t page,
+                     size_t pos, void *ctx)
+{
+    (void)len, (void)page, (void)pos;
+    lmc_object_key k;
+    if (size <= 0 || lmc_object_key_parse_string(R->interner, name, &k) != 0)
+        return; /* gone since SCAN saw it, or a foreign key in the same Redis */
+    json_array_append_new(ctx, json_pack("{s:o, s:I, s:s}", "key", lmc_l2_encode_key(&k),
+                                         "size_bytes", (json_int_t)size, "name", name));
 }
 
 /* Glob pattern "<model>@*" with glob metacharacters of the model escaped. */
@@ -448,15 +606,119 @@ static void resp_list(lmc_l2_backend *b, const char *model, json_t *entries)
     char pattern[600];
     model_pattern(model, pattern, sizeof pattern);
     pool_slot *ps = pool_acquire(R);
-    int nodes = atomic_load(&R->n_nodes); /* every node seen so far */
+    int nodes = atomic_load(&R->n_nodes); /* every master seen so far */
     for (int node = 0; node < nodes; node++) {
-        resp_conn *c = conn_for(R, ps, node);
-        long long cursor = 0;
-        do {
-            cursor = c ? scan_page(R, ps, c, cursor, pattern, entries) : -1;
-        } while (cursor > 0);
+        if (node > 0 || nodes == 1 || owns_slots(R, 0)) /* not a replica seed */
+            scan_node(R, ps, node, pattern, 0, list_key, entries);
     }
     pool_release(R, ps);
+}
+
+/* ---- cluster layout and the rebuild at start ----------------------------------- */
+
+/* One line of CLUSTER NODES: "<id> <ip:port@cport[,host]> <flags> <master>
+ * <ping> <pong> <epoch> <link> <slot or range>...".  A master that serves
+ * slots becomes a node and owns them. */
+static void learn_node_line(resp_backend *R, char *line, const char *seed_host)
+{
+    char *save = NULL, *f[8];
+    for (int i = 0; i < 8; i++)
+        if (!(f[i] = strtok_r(i ? NULL : line, " ", &save)))
+            return;
+    if (!strstr(f[2], "master") || strstr(f[2], "fail") || strstr(f[2], "noaddr"))
+        return;
+    char *at = strchr(f[1], '@');
+    if (at)
+        *at = '\0';
+    char *colon = strrchr(f[1], ':');
+    int port = colon ? atoi(colon + 1) : 0;
+    if (!colon || port < 1 || port > 65535)
+        return;
+    *colon = '\0';
+    /* "myself" is the seed, whatever address it is known by here. */
+    int node = strstr(f[2], "myself") ? 0 : node_index(R, f[1][0] ? f[1] : seed_host, port);
+    for (char *r; node >= 0 && (r = strtok_r(NULL, " ", &save)) != NULL;) {
+        char *dash = strchr(r, '-');
+        long lo = strtol(r, NULL, 10), hi = dash ? strtol(dash + 1, NULL, 10) : lo;
+        for (long s = lo; r[0] != '[' && s <= hi && s >= 0 && s < NUM_SLOTS; s++)
+            atomic_store(&R->slot_owner[s], (uint8_t)node);
+    }
+}
+
+/* Redis Cluster: learns every master and the slots it owns, so the rebuild
+ * scans them all.  A server without cluster support answers an error. */
+static void learn_cluster(resp_backend *R, pool_slot *ps)
+{
+    enum { NODES_MAX = 1 << 20 };  /* CLUSTER NODES text of far more than 16 masters */
+    resp_conn *c = conn_for(R, ps, 0);
+    static const resp_arg cmd[2] = {{"CLUSTER", 7}, {"NODES", 5}};
+    char line[RESP_LINE_MAX];
+    int64_t n;
+    if (!c || resp_send_command(c, cmd, 2) != 0 || resp_read_line(c, line, sizeof line) != 0)
+        return;
+    if (line[0] != '$' || !resp_parse_int(line, &n) || n < 0 || n > NODES_MAX) {
+        if (line[0] != '-')
+            resp_conn_close(c); /* not a reply we can skip */
+        return;
+    }
+    char *text = malloc((size_t)n + 1);
+    if (!text || resp_read_bulk_body(c, text, (size_t)n) != 0) {
+        free(text);
+        return;
+    }
+    text[n] = '\0';
+    char seed[256], *save = NULL;
+    snprintf(seed, sizeof seed, "%s", R->nodes[0].host);
+    for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
+        learn_node_line(R, l, seed);
+    free(text);
+}
+
+/* Redis keeps no write order: one SCAN page is one batch for the L2
+ * eviction, pages in scan order. */
+static void rebuild_key(resp_backend *R, const char *name, size_t len, int64_t size,
+                        size_t page, size_t pos, void *ctx)
+{
+    lmc_object_key k;
+    int64_t batch = ((int64_t)*(const int *)ctx << 32) | (int64_t)page;
+    if (size <= 0 || lmc_object_key_parse_string(R->interner, name, &k) != 0)
+        return; /* gone since SCAN saw it, or not an object (foreign, another type) */
+    if (lmc_l2_size_index_put(R->index, lmc_l2_key_id(name, len), (uint64_t)size) != 0 ||
+        (R->keep_found && lmc_l2_found_add(&R->found, &k, (uint64_t)size, batch,
+                                           (int64_t)pos) != 0))
+        return;
+    R->rebuild_keys++;
+}
+
+/* Fills the index from what Redis holds (docs/l2.md, "Usage and capacity of
+ * resp and s3"), within REBUILD_MAX_MS.  A Redis that is down leaves it
+ * empty: usage then counts only what this process stores. */
+static void rebuild(resp_backend *R)
+{
+    int64_t start = lmc_l2_now_ms();
+    pool_slot *ps = pool_acquire(R);
+    learn_cluster(R, ps);
+    bool complete = true;
+    int nodes = atomic_load(&R->n_nodes);
+    for (int node = 0; node < nodes; node++) {
+        if (node == 0 && nodes > 1 && !owns_slots(R, 0))
+            continue; /* the seed is a replica: its master is scanned instead */
+        complete &= scan_node(R, ps, node, "*", start + REBUILD_MAX_MS, rebuild_key, &node) == 0;
+    }
+    pool_release(R, ps);
+    R->rebuild_complete = complete;
+    R->rebuild_ms = (uint64_t)(lmc_l2_now_ms() - start);
+    if (!complete)
+        LMC_WARN("resp: counted %llu objects in %s:%d within %llu ms, not all of them: usage "
+                 "counts those and what this server stores (docs/l2.md)",
+                 (unsigned long long)R->rebuild_keys, R->nodes[0].host, R->nodes[0].port,
+                 (unsigned long long)R->rebuild_ms);
+}
+
+static void resp_for_each_recovered(lmc_l2_backend *b, lmc_l2_recovered_fn fn, void *user)
+{
+    resp_backend *R = (resp_backend *)b;
+    lmc_l2_found_hand_over(&R->found, fn, user);
 }
 
 /* ---- status, lifetime ------------------------------------------------------ */
@@ -468,14 +730,17 @@ static json_t *resp_status(lmc_l2_backend *b)
     int n = atomic_load(&R->n_nodes);
     for (int i = 0; i < n; i++)
         json_array_append_new(nodes, json_sprintf("%s:%d", R->nodes[i].host, R->nodes[i].port));
-    return json_pack("{s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "nodes", nodes,
-                     "stores", (json_int_t)atomic_load(&R->stores),
+    return json_pack("{s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:I, s:I, s:b}}",
+                     "nodes", nodes, "stores", (json_int_t)atomic_load(&R->stores),
                      "store_errors", (json_int_t)atomic_load(&R->store_errors),
+                     "stores_refused_full", (json_int_t)atomic_load(&R->stores_refused),
                      "gets", (json_int_t)atomic_load(&R->gets),
                      "get_hits", (json_int_t)atomic_load(&R->hits),
                      "io_errors", (json_int_t)atomic_load(&R->io_errors),
                      "cluster_redirects", (json_int_t)atomic_load(&R->redirects),
-                     "stored_bytes", (json_int_t)atomic_load(&R->stored_bytes));
+                     "stored_bytes", (json_int_t)atomic_load(&R->stored_bytes),
+                     "usage_rebuild", "keys", (json_int_t)R->rebuild_keys, "ms",
+                     (json_int_t)R->rebuild_ms, "complete", R->rebuild_complete);
 }
 
 static void resp_destroy(lmc_l2_backend *b)
@@ -486,6 +751,8 @@ static void resp_destroy(lmc_l2_backend *b)
             resp_conn_close(&R->slots[i].conns[n]);
     }
     free(R->slots);
+    lmc_l2_found_clear(&R->found);
+    lmc_l2_size_index_free(R->index);
     lmc_key_interner_free(R->interner);
     pthread_mutex_destroy(&R->nodes_lock);
     pthread_mutex_destroy(&R->pool_lock);
@@ -503,6 +770,7 @@ static const lmc_l2_backend_ops resp_ops = {
     .list = resp_list,
     .status = resp_status,
     .destroy = resp_destroy,
+    .for_each_recovered = resp_for_each_recovered,
 };
 
 static const char *env_or(const char *name, const char *fallback)
@@ -527,10 +795,11 @@ lmc_l2_backend *lmc_l2_resp_new(const lmc_l2_resp_options *o, char *err, size_t 
     snprintf(R->username, sizeof R->username, "%s", env_or("LMCACHE_RESP_USERNAME", o->username ? o->username : ""));
     snprintf(R->password, sizeof R->password, "%s", env_or("LMCACHE_RESP_PASSWORD", o->password ? o->password : ""));
     R->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 2000;
-    R->capacity = o->capacity_bytes;
+    R->keep_found = o->keep_found;
     R->n_slots = o->num_connections ? o->num_connections : 1;
     R->slots = calloc(R->n_slots, sizeof *R->slots);
     R->interner = lmc_key_interner_new();
+    R->index = lmc_l2_size_index_new(o->capacity_bytes);
     pthread_mutex_init(&R->nodes_lock, NULL);
     pthread_mutex_init(&R->pool_lock, NULL);
     pthread_cond_init(&R->pool_free, NULL);
@@ -538,12 +807,13 @@ lmc_l2_backend *lmc_l2_resp_new(const lmc_l2_resp_options *o, char *err, size_t 
         for (int n = 0; n < MAX_NODES; n++)
             resp_conn_init(&R->slots[i].conns[n]);
     }
-    if (!R->slots || !R->interner) {
+    if (!R->slots || !R->interner || !R->index) {
         resp_destroy(&R->base);
         R = NULL;
         goto oom;
     }
     node_index(R, host, port); /* node 0: owner of every slot until told otherwise */
+    rebuild(R);
     return &R->base;
 oom:
     free(R);

@@ -10,6 +10,7 @@
 #define LMC_STORAGE_L2_RESP_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,13 +22,17 @@ typedef struct lmc_l2_resp_options {
     const char *username;      /* "" = none (LMCACHE_RESP_USERNAME) */
     const char *password;      /* "" = no AUTH (LMCACHE_RESP_PASSWORD) */
     size_t num_connections;    /* per node: one per adapter worker */
-    uint64_t capacity_bytes;   /* 0 = unknown */
+    uint64_t capacity_bytes;   /* max_capacity_gb in bytes; 0 = unlimited */
     int timeout_ms;            /* connect / send / receive; 0 = 2000 */
+    bool keep_found;           /* keep the objects listed at start for for_each_recovered
+                                * (the adapter has an "eviction" object) */
 } lmc_l2_resp_options;
 
 /* Environment overrides are applied here (and kept out of logs).  The
- * server is not contacted yet: a Redis that is down at start-up only makes
- * the first operations fail, and the backend reconnects when it is back. */
+ * objects already in Redis are counted here (SCAN + STRLEN over every
+ * master, docs/l2.md "Usage and capacity of resp and s3"); a Redis that is
+ * down at start-up leaves them uncounted and only makes the first
+ * operations fail, and the backend reconnects when it is back. */
 lmc_l2_backend *lmc_l2_resp_new(const lmc_l2_resp_options *o, char *err, size_t errlen);
 
 /* Redis Cluster hash slot of a key (CRC16/XMODEM of the key or of its

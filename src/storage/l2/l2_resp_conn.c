@@ -110,6 +110,47 @@ int resp_send_command(resp_conn *c, const resp_arg *args, size_t n)
     return send_all(c, iov, k);
 }
 
+static int append(char **out, size_t *len, size_t *cap, const void *data, size_t n)
+{
+    if (*len + n > *cap) {
+        size_t want = *cap ? *cap : 4096;
+        while (want < *len + n)
+            want *= 2;
+        char *grown = realloc(*out, want);
+        if (!grown)
+            return -1;
+        *out = grown;
+        *cap = want;
+    }
+    memcpy(*out + *len, data, n);
+    *len += n;
+    return 0;
+}
+
+int resp_append_command(char **out, size_t *len, size_t *cap, const resp_arg *args, size_t n)
+{
+    char head[24];
+    int hl = snprintf(head, sizeof head, "*%zu\r\n", n);
+    if (append(out, len, cap, head, (size_t)hl) != 0)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        hl = snprintf(head, sizeof head, "$%zu\r\n", args[i].len);
+        if (append(out, len, cap, head, (size_t)hl) != 0 ||
+            append(out, len, cap, args[i].data, args[i].len) != 0 ||
+            append(out, len, cap, "\r\n", 2) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+int resp_send_raw(resp_conn *c, const void *data, size_t len)
+{
+    if (c->fd < 0)
+        return -1;
+    struct iovec iov = {(void *)data, len};
+    return send_all(c, &iov, 1);
+}
+
 static int fill(resp_conn *c)
 {
     if (c->pos == c->len)

@@ -26,6 +26,11 @@ int resp_conn_open(resp_conn *c, const char *host, int port, int timeout_ms);
 void resp_conn_close(resp_conn *c);
 /* Sends one command (RESP array of bulk strings).  0, or -1 (closed). */
 int resp_send_command(resp_conn *c, const resp_arg *args, size_t n);
+/* Appends one command to out (grown as needed), for pipelines sent with
+ * resp_send_raw.  0, or -1 when out of memory. */
+int resp_append_command(char **out, size_t *len, size_t *cap, const resp_arg *args, size_t n);
+/* Sends bytes as they are.  0, or -1 (closed). */
+int resp_send_raw(resp_conn *c, const void *data, size_t len);
 /* Reads one reply line without its CRLF into line (NUL-terminated).  The
  * first byte is the RESP type (+ - : $ *).  0, or -1 (closed). */
 int resp_read_line(resp_conn *c, char *line, size_t cap);

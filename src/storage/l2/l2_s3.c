@@ -2,7 +2,12 @@
  * connections alive between requests; a worker borrows a slot per call.
  * Bodies go straight between the L1 buffer and curl (read/write callbacks
  * over the caller's memory); payloads are sent UNSIGNED-PAYLOAD, as S3
- * allows, so a 2 MiB chunk is not hashed once more before upload. */
+ * allows, so a 2 MiB chunk is not hashed once more before upload.
+ *
+ * Usage (docs/l2.md, "Usage and capacity of resp and s3"): a size index of
+ * every object, filled at start from ListObjectsV2, then kept by PUTs (an
+ * overwrite replaces the size), DELETEs and HEADs that find an object
+ * gone. */
 #include "storage/l2/l2_s3.h"
 
 #include <curl/curl.h>
@@ -14,8 +19,13 @@
 #include <time.h>
 
 #include "obs/log.h"
+#include "storage/l2/l2_internal.h"
+#include "storage/l2/l2_size_index.h"
 
 #define UNSIGNED_PAYLOAD "UNSIGNED-PAYLOAD"
+#define TEXT_MAX (16u << 20)       /* a listing page or an error body; 1000 keys take ~0.4 MiB */
+#define NAME_MAX_LEN 1024          /* longer object names are not ours */
+#define REBUILD_MAX_MS 60000       /* the listing at start stops after this */
 
 typedef struct {
     CURL *curl;
@@ -26,13 +36,18 @@ typedef struct s3_backend {
     lmc_l2_backend base;           /* first: a backend pointer is an s3 pointer */
     char endpoint[512], host[300], bucket[256], region[64], access[256], secret[256];
     long timeout_ms;
-    uint64_t capacity;
     pthread_mutex_t pool_lock;
     pthread_cond_t pool_free;
     s3_slot *slots;
     size_t n_slots;
     lmc_key_interner *interner;
-    _Atomic uint64_t puts, put_errors, gets, hits, http_errors, stored_bytes;
+    lmc_l2_size_index *index;      /* what the bucket holds: usage, max_capacity_gb */
+    /* Written by lmc_l2_s3_new() alone, before any other call: */
+    bool keep_found;               /* keep `found` for the L2 eviction */
+    lmc_l2_found_list found;       /* objects listed at start */
+    uint64_t rebuild_keys, rebuild_ms;
+    bool rebuild_complete;
+    _Atomic uint64_t puts, put_errors, puts_refused, gets, hits, http_errors, stored_bytes;
 } s3_backend;
 
 /* ---- one request ------------------------------------------------------------ */
@@ -64,6 +79,10 @@ static size_t on_write(char *src, size_t size, size_t n, void *user)
     download *d = user;
     size_t got = size * n;
     if (!d->data) {
+        if (got > TEXT_MAX - d->len) { /* no reply of S3's to us is that long */
+            d->overflow = true;
+            return 0;
+        }
         char *grown = realloc(d->text, d->len + got + 1);
         if (!grown)
             return 0;
@@ -181,38 +200,82 @@ static bool object_name(const lmc_object_key *k, char *out, size_t cap)
     return lmc_object_key_to_string(k, out, cap) > 0;
 }
 
+/* The index ids of keys[0..n); false when a key has no name. */
+static bool key_ids(const lmc_object_key *keys, size_t n, uint64_t *ids)
+{
+    for (size_t i = 0; i < n; i++) {
+        char name[NAME_MAX_LEN];
+        int len = lmc_object_key_to_string(&keys[i], name, sizeof name);
+        if (len <= 0)
+            return false;
+        ids[i] = lmc_l2_key_id(name, (size_t)len);
+    }
+    return true;
+}
+
+/* PUTs keys[0..n) in order; returns how many were written before the first
+ * failure. */
+static size_t put_all(s3_backend *S, const lmc_object_key *keys, uint8_t *const *bufs,
+                      const uint64_t *sizes, size_t n)
+{
+    s3_slot *slot = pool_acquire(S);
+    size_t i = 0;
+    for (; i < n; i++) {
+        char name[NAME_MAX_LEN];
+        upload up = {bufs[i], sizes[i], 0};
+        s3_request rq = {"PUT", name, "", &up, NULL};
+        if (!object_name(&keys[i], name, sizeof name) || perform(S, slot->curl, &rq) != 200)
+            break;
+    }
+    pool_release(S, slot);
+    return i;
+}
+
+/* A batch that would pass max_capacity_gb is refused before anything is
+ * written (as fs does); the L2 eviction makes room ahead of that. */
 static int64_t s3_store(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
                         const uint64_t *sizes, size_t n)
 {
     s3_backend *S = (s3_backend *)b;
-    s3_slot *slot = pool_acquire(S);
-    int64_t total = 0;
-    for (size_t i = 0; i < n && total >= 0; i++) {
-        char name[1024];
-        upload up = {bufs[i], sizes[i], 0};
-        s3_request rq = {"PUT", name, "", &up, NULL};
-        long st = object_name(&keys[i], name, sizeof name) ? perform(S, slot->curl, &rq) : 0;
-        total = st == 200 ? total + (int64_t)sizes[i] : -1;
-    }
-    pool_release(S, slot);
+    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids), reserved = 0;
+    int64_t total = -1;
     atomic_fetch_add(&S->puts, 1);
+    if (!ids || !key_ids(keys, n, ids))
+        goto out;
+    if (!lmc_l2_size_index_reserve(S->index, ids, sizes, n, &reserved)) {
+        atomic_fetch_add(&S->puts_refused, 1);
+        goto out;
+    }
+    size_t written = put_all(S, keys, bufs, sizes, n);
+    lmc_l2_size_index_commit(S->index, ids, sizes, written, reserved);
+    if (written == n) {
+        total = 0;
+        for (size_t i = 0; i < n; i++)
+            total += (int64_t)sizes[i];
+        atomic_fetch_add(&S->stored_bytes, (uint64_t)total);
+    }
+out:
     if (total < 0)
         atomic_fetch_add(&S->put_errors, 1);
-    else
-        atomic_fetch_add(&S->stored_bytes, (uint64_t)total);
+    free(ids);
     return total;
 }
 
+/* An object the bucket no longer has (deleted by someone else) leaves the
+ * index when a lookup misses it. */
 static void s3_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uint64_t *sizes,
                       size_t n, uint8_t *found)
 {
     s3_backend *S = (s3_backend *)b;
     s3_slot *slot = pool_acquire(S);
     for (size_t i = 0; i < n; i++) {
-        char name[1024];
+        char name[NAME_MAX_LEN];
         s3_request rq = {"HEAD", name, "", NULL, NULL};
         found[i] = 0;
-        if (!object_name(&keys[i], name, sizeof name) || perform(S, slot->curl, &rq) != 200)
+        long st = object_name(&keys[i], name, sizeof name) ? perform(S, slot->curl, &rq) : 0;
+        if (st == 404)
+            lmc_l2_size_index_forget(S->index, lmc_l2_key_id(name, strlen(name)));
+        if (st != 200)
             continue;
         curl_off_t len = -1;
         curl_easy_getinfo(slot->curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &len);
@@ -227,7 +290,7 @@ static void s3_load(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *cons
     s3_backend *S = (s3_backend *)b;
     s3_slot *slot = pool_acquire(S);
     for (size_t i = 0; i < n; i++) {
-        char name[1024];
+        char name[NAME_MAX_LEN];
         download d = {.data = bufs[i], .cap = sizes[i]};
         s3_request rq = {"GET", name, "", NULL, &d};
         long st = object_name(&keys[i], name, sizeof name) ? perform(S, slot->curl, &rq) : 0;
@@ -245,16 +308,21 @@ static void s3_unlock(lmc_l2_backend *b, const lmc_object_key *keys, size_t n)
     (void)b, (void)keys, (void)n;
 }
 
+/* S3 answers 204 to a DELETE whether or not the object was there: either
+ * way it is gone afterwards, and counts as deleted. */
 static size_t s3_remove(lmc_l2_backend *b, const lmc_object_key *keys, size_t n)
 {
     s3_backend *S = (s3_backend *)b;
     s3_slot *slot = pool_acquire(S);
     size_t deleted = 0;
     for (size_t i = 0; i < n; i++) {
-        char name[1024];
+        char name[NAME_MAX_LEN];
         s3_request rq = {"DELETE", name, "", NULL, NULL};
-        if (object_name(&keys[i], name, sizeof name) && perform(S, slot->curl, &rq) / 100 == 2)
+        long st = object_name(&keys[i], name, sizeof name) ? perform(S, slot->curl, &rq) : 0;
+        if (st / 100 == 2 || st == 404) {
+            lmc_l2_size_index_forget(S->index, lmc_l2_key_id(name, strlen(name)));
             deleted++;
+        }
     }
     pool_release(S, slot);
     return deleted;
@@ -263,55 +331,107 @@ static size_t s3_remove(lmc_l2_backend *b, const lmc_object_key *keys, size_t n)
 static void s3_usage(lmc_l2_backend *b, lmc_l2_usage *u)
 {
     s3_backend *S = (s3_backend *)b;
-    *u = (lmc_l2_usage){.used_bytes = atomic_load(&S->stored_bytes), .capacity_bytes = S->capacity};
+    lmc_l2_size_index_usage(S->index, u);
 }
 
 /* ---- listing (ListObjectsV2, paged) -------------------------------------------- */
 
-/* Copies the text between <tag> and </tag> after *from; advances *from. */
-static bool xml_field(const char **from, const char *tag, char *out, size_t cap)
+/* Copies the text between <tag> and </tag>, searched in [*from, end), into
+ * out with the five XML entities decoded; advances *from past it.  False
+ * when the field is missing or does not fit in cap. */
+static bool xml_field(const char **from, const char *end, const char *tag, char *out,
+                      size_t cap)
 {
     char open[64], close[64];
     snprintf(open, sizeof open, "<%s>", tag);
     snprintf(close, sizeof close, "</%s>", tag);
-    const char *a = strstr(*from, open), *z = a ? strstr(a, close) : NULL;
+    /* Searched within the range only: a field missing from one entry must
+     * not send every entry's search through the rest of the page. */
+    const char *a = memmem(*from, (size_t)(end - *from), open, strlen(open));
+    const char *z = a ? memmem(a, (size_t)(end - a), close, strlen(close)) : NULL;
     if (!z)
         return false;
     a += strlen(open);
     size_t o = 0;
-    for (const char *p = a; p < z && o + 1 < cap; p++) { /* the five XML entities */
+    for (const char *p = a; p < z; p++) {
         static const struct { const char *ent; char ch; } ents[] = {
             {"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}, {"&quot;", '"'}, {"&apos;", '\''}};
-        bool replaced = false;
+        if (o + 1 >= cap)
+            return false;
+        char ch = *p;
         for (size_t e = 0; e < 5 && *p == '&'; e++) {
             size_t l = strlen(ents[e].ent);
             if (strncmp(p, ents[e].ent, l) == 0) {
-                out[o++] = ents[e].ch;
+                ch = ents[e].ch;
                 p += l - 1;
-                replaced = true;
                 break;
             }
         }
-        if (!replaced)
-            out[o++] = *p;
+        out[o++] = ch;
     }
     out[o] = '\0';
     *from = z + strlen(close);
     return true;
 }
 
-static void add_listed(s3_backend *S, const char *name, long long size, json_t *entries)
+/* "<digits>" of at most 18 digits, else -1. */
+static long long parse_size(const char *s)
 {
-    lmc_object_key k;
-    if (lmc_object_key_parse_string(S->interner, name, &k) != 0)
-        return; /* a foreign object in the same bucket */
-    json_array_append_new(entries, json_pack("{s:o, s:I, s:s}", "key", lmc_l2_encode_key(&k),
-                                             "size_bytes", (json_int_t)size, "name", name));
+    size_t n = strspn(s, "0123456789");
+    return n == 0 || n > 18 || s[n] ? -1 : atoll(s);
+}
+
+/* ISO 8601 "YYYY-MM-DDTHH:MM:SS[.mmm]Z" in ms since the epoch; 0 when
+ * unparsable (such objects sort first). */
+static int64_t parse_time_ms(const char *s)
+{
+    struct tm tm = {0};
+    int ms = 0;
+    if (sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour,
+               &tm.tm_min, &tm.tm_sec) != 6)
+        return 0;
+    const char *dot = strchr(s, '.');
+    if (dot)
+        ms = (int)strtol(dot + 1, NULL, 10) % 1000;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    time_t t = timegm(&tm);
+    return t < 0 ? 0 : (int64_t)t * 1000 + ms;
+}
+
+/* Called for every object of a listing that parses as an object key. */
+typedef void (*listed_fn)(s3_backend *S, const char *name, const lmc_object_key *k,
+                          uint64_t size, int64_t mtime_ms, void *ctx);
+
+/* The objects of one page's XML; entries with a missing, over-long or
+ * malformed field are skipped. */
+static void parse_contents(s3_backend *S, const char *xml, listed_fn fn, void *ctx)
+{
+    const char *p = xml, *start;
+    while ((start = strstr(p, "<Contents>")) != NULL) {
+        const char *end = strstr(start, "</Contents>");
+        if (!end)
+            return;
+        char name[NAME_MAX_LEN], size[32], when[64];
+        const char *f = start;
+        long long sz = -1;
+        lmc_object_key k;
+        if (xml_field(&f, end, "Key", name, sizeof name) &&
+            (f = start, xml_field(&f, end, "Size", size, sizeof size)) &&
+            (sz = parse_size(size)) >= 0 &&
+            lmc_object_key_parse_string(S->interner, name, &k) == 0) { /* else foreign */
+            f = start;
+            int64_t ms = xml_field(&f, end, "LastModified", when, sizeof when)
+                             ? parse_time_ms(when) : 0;
+            fn(S, name, &k, (uint64_t)sz, ms, ctx);
+        }
+        p = end + strlen("</Contents>");
+    }
 }
 
 /* One page; returns true and fills `token` when another page follows. */
 static bool list_page(s3_backend *S, s3_slot *slot, const char *prefix, char *token,
-                      size_t token_cap, json_t *entries, bool *failed)
+                      size_t token_cap, listed_fn fn, void *ctx, bool *failed)
 {
     char query[8192], enc_prefix[2048], enc_token[3200];
     if (lmc_s3_uri_encode(prefix, strlen(prefix), false, enc_prefix, sizeof enc_prefix) < 0 ||
@@ -334,19 +454,22 @@ static bool list_page(s3_backend *S, s3_slot *slot, const char *prefix, char *to
         *failed = true;
         return false;
     }
-    const char *p = d.text, *contents;
-    char name[1024], size[32];
-    while ((contents = strstr(p, "<Contents>")) != NULL) {
-        p = contents;
-        if (!xml_field(&p, "Key", name, sizeof name) || !xml_field(&p, "Size", size, sizeof size))
-            break;
-        add_listed(S, name, atoll(size), entries);
-    }
+    parse_contents(S, d.text, fn, ctx);
     const char *q = d.text;
-    bool more = strstr(d.text, "<IsTruncated>true</IsTruncated>") &&
-                xml_field(&q, "NextContinuationToken", token, token_cap);
+    bool truncated = strstr(d.text, "<IsTruncated>true</IsTruncated>") != NULL;
+    bool more = truncated && xml_field(&q, d.text + d.len, "NextContinuationToken", token,
+                                       token_cap);
+    *failed = truncated && !more; /* a next page we cannot ask for */
     free(d.text);
     return more;
+}
+
+static void add_listed(s3_backend *S, const char *name, const lmc_object_key *k, uint64_t size,
+                       int64_t mtime_ms, void *entries)
+{
+    (void)S, (void)mtime_ms;
+    json_array_append_new(entries, json_pack("{s:o, s:I, s:s}", "key", lmc_l2_encode_key(k),
+                                             "size_bytes", (json_int_t)size, "name", name));
 }
 
 static void s3_list(lmc_l2_backend *b, const char *model, json_t *entries)
@@ -356,11 +479,51 @@ static void s3_list(lmc_l2_backend *b, const char *model, json_t *entries)
     snprintf(prefix, sizeof prefix, "%s%s", model ? model : "", model ? "@" : "");
     s3_slot *slot = pool_acquire(S);
     bool failed = false;
-    while (list_page(S, slot, prefix, token, sizeof token, entries, &failed)) {
+    while (list_page(S, slot, prefix, token, sizeof token, add_listed, entries, &failed)) {
     }
     pool_release(S, slot);
     if (failed)
         LMC_WARN("s3: listing %s failed", S->bucket);
+}
+
+/* ---- the rebuild at start ------------------------------------------------------ */
+
+/* For the L2 eviction, objects written within the same second are one
+ * batch, older batches first (as fs orders recovered files by mtime). */
+static void rebuild_object(s3_backend *S, const char *name, const lmc_object_key *k,
+                           uint64_t size, int64_t mtime_ms, void *ctx)
+{
+    (void)ctx;
+    if (lmc_l2_size_index_put(S->index, lmc_l2_key_id(name, strlen(name)), size) != 0 ||
+        (S->keep_found && lmc_l2_found_add(&S->found, k, size, mtime_ms / 1000, mtime_ms) != 0))
+        return;
+    S->rebuild_keys++;
+}
+
+/* Fills the index from the bucket's listing (docs/l2.md, "Usage and
+ * capacity of resp and s3"), within REBUILD_MAX_MS. */
+static void rebuild(s3_backend *S)
+{
+    int64_t start = lmc_l2_now_ms();
+    char token[1024] = "";
+    bool failed = false, more = true;
+    s3_slot *slot = pool_acquire(S);
+    while (more && !failed && lmc_l2_now_ms() - start <= REBUILD_MAX_MS)
+        more = list_page(S, slot, "", token, sizeof token, rebuild_object, NULL, &failed);
+    pool_release(S, slot);
+    S->rebuild_complete = !more && !failed;
+    S->rebuild_ms = (uint64_t)(lmc_l2_now_ms() - start);
+    if (!S->rebuild_complete)
+        LMC_WARN("s3: counted %llu objects in bucket %s within %llu ms, not all of them: usage "
+                 "counts those and what this server stores (docs/l2.md)",
+                 (unsigned long long)S->rebuild_keys, S->bucket,
+                 (unsigned long long)S->rebuild_ms);
+}
+
+static void s3_for_each_recovered(lmc_l2_backend *b, lmc_l2_recovered_fn fn, void *user)
+{
+    s3_backend *S = (s3_backend *)b;
+    lmc_l2_found_hand_over(&S->found, fn, user);
 }
 
 /* ---- status, lifetime ------------------------------------------------------------ */
@@ -368,13 +531,17 @@ static void s3_list(lmc_l2_backend *b, const char *model, json_t *entries)
 static json_t *s3_status(lmc_l2_backend *b)
 {
     s3_backend *S = (s3_backend *)b;
-    return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "endpoint", S->endpoint,
-                     "bucket", S->bucket, "puts", (json_int_t)atomic_load(&S->puts),
+    return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:{s:I, s:I, s:b}}",
+                     "endpoint", S->endpoint, "bucket", S->bucket,
+                     "puts", (json_int_t)atomic_load(&S->puts),
                      "put_errors", (json_int_t)atomic_load(&S->put_errors),
+                     "puts_refused_full", (json_int_t)atomic_load(&S->puts_refused),
                      "gets", (json_int_t)atomic_load(&S->gets),
                      "get_hits", (json_int_t)atomic_load(&S->hits),
                      "http_errors", (json_int_t)atomic_load(&S->http_errors),
-                     "stored_bytes", (json_int_t)atomic_load(&S->stored_bytes));
+                     "stored_bytes", (json_int_t)atomic_load(&S->stored_bytes),
+                     "usage_rebuild", "keys", (json_int_t)S->rebuild_keys, "ms",
+                     (json_int_t)S->rebuild_ms, "complete", S->rebuild_complete);
 }
 
 static void s3_destroy(lmc_l2_backend *b)
@@ -383,6 +550,8 @@ static void s3_destroy(lmc_l2_backend *b)
     for (size_t i = 0; S->slots && i < S->n_slots; i++)
         curl_easy_cleanup(S->slots[i].curl);
     free(S->slots);
+    lmc_l2_found_clear(&S->found);
+    lmc_l2_size_index_free(S->index);
     lmc_key_interner_free(S->interner);
     pthread_mutex_destroy(&S->pool_lock);
     pthread_cond_destroy(&S->pool_free);
@@ -399,6 +568,7 @@ static const lmc_l2_backend_ops s3_ops = {
     .list = s3_list,
     .status = s3_status,
     .destroy = s3_destroy,
+    .for_each_recovered = s3_for_each_recovered,
 };
 
 /* "http://host:port/..." -> "host:port", the Host header curl will send. */
@@ -450,13 +620,14 @@ lmc_l2_backend *lmc_l2_s3_new(const lmc_l2_s3_options *o, char *err, size_t errl
     snprintf(S->access, sizeof S->access, "%s", or_env(o->access_key, "AWS_ACCESS_KEY_ID"));
     snprintf(S->secret, sizeof S->secret, "%s", or_env(o->secret_key, "AWS_SECRET_ACCESS_KEY"));
     S->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
-    S->capacity = o->capacity_bytes;
+    S->keep_found = o->keep_found;
+    S->index = lmc_l2_size_index_new(o->capacity_bytes);
     S->n_slots = o->num_connections ? o->num_connections : 1;
     pthread_mutex_init(&S->pool_lock, NULL);
     pthread_cond_init(&S->pool_free, NULL);
     S->slots = calloc(S->n_slots, sizeof *S->slots);
     S->interner = lmc_key_interner_new();
-    bool ok = S->slots && S->interner && host_of(S->endpoint, S->host, sizeof S->host) &&
+    bool ok = S->slots && S->interner && S->index && host_of(S->endpoint, S->host, sizeof S->host) &&
               S->bucket[0];
     for (size_t i = 0; ok && i < S->n_slots; i++)
         ok = (S->slots[i].curl = curl_easy_init()) != NULL;
@@ -465,8 +636,11 @@ lmc_l2_backend *lmc_l2_s3_new(const lmc_l2_s3_options *o, char *err, size_t errl
         s3_destroy(&S->base);
         return NULL;
     }
-    if (!ensure_bucket(S, o->create_bucket))
-        LMC_WARN("s3: bucket %s at %s is not reachable yet; operations will fail until it is",
+    if (ensure_bucket(S, o->create_bucket))
+        rebuild(S);
+    else
+        LMC_WARN("s3: bucket %s at %s is not reachable yet; operations will fail until it is, "
+                 "and usage counts only what this server stores",
                  S->bucket, S->endpoint);
     return &S->base;
 }

@@ -19,10 +19,14 @@ typedef struct lmc_l2_s3_options {
     const char *secret_key;      /* NULL: $AWS_SECRET_ACCESS_KEY */
     bool create_bucket;          /* create the bucket at start when missing */
     size_t num_connections;      /* concurrent requests (one per adapter worker) */
-    uint64_t capacity_bytes;     /* 0 = unknown */
+    uint64_t capacity_bytes;     /* max_capacity_gb in bytes; 0 = unlimited */
     long timeout_ms;             /* per request; 0 = 10000 */
+    bool keep_found;             /* keep the objects listed at start for for_each_recovered
+                                  * (the adapter has an "eviction" object) */
 } lmc_l2_s3_options;
 
+/* Counts the objects already in the bucket (ListObjectsV2, docs/l2.md
+ * "Usage and capacity of resp and s3") when it is reachable. */
 lmc_l2_backend *lmc_l2_s3_new(const lmc_l2_s3_options *o, char *err, size_t errlen);
 
 /* ---- SigV4, exposed for tests ------------------------------------------- */

@@ -19,6 +19,7 @@
 typedef struct l2_service {
     lmc_storage_manager *sm;
     lmc_l2_adapter **ad;
+    bool *shared;                  /* per adapter: its JSON's "shared" (docs/l2.md) */
     size_t na;
     lmc_l2_store_ctl *store;
     lmc_l2_prefetch_ctl *prefetch;
@@ -45,6 +46,8 @@ static json_t *svc_status(void *impl)
     for (size_t a = 0; list && a < s->na; a++) {
         json_t *st = lmc_l2_adapter_status(s->ad[a]);
         healthy = healthy && !json_is_false(json_object_get(st, "is_healthy"));
+        if (st)
+            json_object_set_new(st, "shared", json_boolean(s->shared[a]));
         json_array_append_new(list, st ? st : json_null());
     }
     return json_pack("{s:b, s:I, s:o, s:o, s:o, s:o}", "is_healthy", healthy,
@@ -69,6 +72,7 @@ static void svc_close(void *impl)
     lmc_l2_store_ctl_free(s->store);
     lmc_l2_eviction_free(s->eviction);
     free(s->ad);
+    free(s->shared);
     free(s);
 }
 
@@ -99,7 +103,7 @@ static json_t *svc_list_objects(void *impl, int adapter, const char *model, size
     json_t *page = lmc_l2_adapter_list_keys(s->ad[adapter], model, page_size, page_token);
     if (page) {
         json_object_set_new(page, "adapter", json_string(lmc_l2_adapter_type(s->ad[adapter])));
-        json_object_set_new(page, "shared", json_false());
+        json_object_set_new(page, "shared", json_boolean(s->shared[adapter]));
     }
     return page;
 }
@@ -128,14 +132,15 @@ static const lmc_storage_tier_ops svc_ops = {
     .close = svc_close,
 };
 
-static lmc_l2_adapter *adapter_from_text(const char *text, size_t i, uint8_t *base, char *err,
-                                         size_t errlen)
+static lmc_l2_adapter *adapter_from_text(const char *text, size_t i, uint8_t *base,
+                                         bool *shared, char *err, size_t errlen)
 {
     json_error_t jerr;
     char why[512];
     json_t *o = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
     size_t workers = 1;
     lmc_l2_backend *be = o ? lmc_l2_backend_from_json(o, &workers, why, sizeof why) : NULL;
+    *shared = json_is_true(json_object_get(o, "shared"));
     if (!o && json_error_code(&jerr) == json_error_out_of_memory)
         snprintf(why, sizeof why, "out of memory reading its JSON");
     else if (!o)
@@ -179,10 +184,12 @@ static int build(l2_service *s, const lmc_config *cfg, char *err, size_t errlen)
     const lmc_strlist *l = &cfg->storage.l2_adapter_json;
     uint8_t *base = lmc_storage_manager_l1_arena(s->sm)->base;
     s->ad = calloc(l->count, sizeof *s->ad);
-    if (!s->ad)
+    s->shared = calloc(l->count, sizeof *s->shared);
+    if (!s->ad || !s->shared)
         return snprintf(err, errlen, "out of memory"), -1;
     for (; s->na < l->count; s->na++)
-        if (!(s->ad[s->na] = adapter_from_text(l->items[s->na], s->na, base, err, errlen)))
+        if (!(s->ad[s->na] = adapter_from_text(l->items[s->na], s->na, base, &s->shared[s->na],
+                                               err, errlen)))
             return -1;
     const lmc_storage_config *sc = &cfg->storage;
     lmc_l2_prefetch_options po = {

@@ -341,6 +341,46 @@ static void test_from_json(void **state)
     json_decref(o);
 }
 
+/* The common fields are honoured or refused by name (issue 17). */
+static void test_common_fields_refused_where_ignored(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json, *why;
+    } refused[] = {
+        {"{\"type\":\"mock\",\"persist_enabled\":false}", "\"persist_enabled\": false"},
+        {"{\"type\":\"fault_inject\",\"max_capacity_gb\":1,\"inner\":{\"type\":\"mock\"}}",
+         "\"max_capacity_gb\""},
+        {"{\"type\":\"fault_inject\",\"inner\":{\"type\":\"mock\",\"eviction\":{}}}",
+         "\"eviction\""},
+        {"{\"type\":\"fault_inject\",\"inner\":{\"type\":\"mock\",\"shared\":true}}",
+         "\"shared\""},
+        {"{\"type\":\"fault_inject\",\"inner\":{\"type\":\"mock\",\"affinity_tag\":\"a\"}}",
+         "\"affinity_tag\""},
+    };
+    char err[256];
+    size_t workers;
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        json_t *o = json_loads(refused[i].json, 0, NULL);
+        err[0] = '\0';
+        lmc_l2_backend *be = lmc_l2_backend_from_json(o, &workers, err, sizeof err);
+        if (be)
+            be->ops->destroy(be);
+        assert_null(be);
+        assert_non_null(strstr(err, refused[i].why));
+        json_decref(o);
+    }
+    json_t *o = json_loads("{\"type\":\"fault_inject\",\"persist_enabled\":true,\"shared\":true,"
+                           "\"inner\":{\"type\":\"mock\",\"max_capacity_gb\":1}}", 0, NULL);
+    lmc_l2_backend *be = lmc_l2_backend_from_json(o, &workers, err, sizeof err);
+    assert_non_null(be);
+    lmc_l2_usage u = {0};
+    be->ops->usage(be, &u);
+    assert_int_equal(u.capacity_bytes, 1ull << 30);   /* the inner adapter's capacity */
+    be->ops->destroy(be);
+    json_decref(o);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -351,6 +391,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fault_inject, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fault_inject_seeded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_from_json, setup, teardown),
+        cmocka_unit_test(test_common_fields_refused_where_ignored),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

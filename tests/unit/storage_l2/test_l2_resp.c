@@ -1,5 +1,7 @@
 /* The resp backend against real redis-server processes started here: one
- * plain, one with a password, and a three-node Redis Cluster. */
+ * plain, one with a password, and a three-node Redis Cluster; usage
+ * accounting (overwrites, deletes, max_capacity_gb, the rebuild at start)
+ * of issue 17. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -23,6 +25,21 @@
 
 #define OBJ 70000 /* > the connection buffer: payloads go straight to the caller */
 
+
+/* Servers still running; a failed assertion leaves its test early, and the
+ * teardown stops what it left (a live server would keep ctest's output
+ * pipe open until the test's timeout). */
+static pid_t running[8];
+
+static void track(pid_t pid, bool add)
+{
+    for (size_t i = 0; i < sizeof running / sizeof running[0]; i++) {
+        if (add ? running[i] == 0 : running[i] == pid) {
+            running[i] = add ? pid : 0;
+            return;
+        }
+    }
+}
 
 static pid_t start_redis(int port, const char *extra1, const char *extra2, const char *dir)
 {
@@ -48,8 +65,10 @@ static pid_t start_redis(int port, const char *extra1, const char *extra2, const
             int ok = resp_send_command(&c, &ping, 1) == 0 &&
                      resp_read_line(&c, line, sizeof line) == 0;
             resp_conn_close(&c);
-            if (ok)
+            if (ok) {
+                track(pid, true);
                 return pid;
+            }
         }
         usleep(25000);
     }
@@ -58,8 +77,19 @@ static pid_t start_redis(int port, const char *extra1, const char *extra2, const
 
 static void stop_redis(pid_t pid)
 {
+    track(pid, false);
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
+}
+
+static int stop_leftovers(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof running / sizeof running[0]; i++) {
+        if (running[i])
+            stop_redis(running[i]);
+    }
+    return 0;
 }
 
 static lmc_object_key make_key(int i, const char *model)
@@ -175,6 +205,148 @@ static void test_single_node_round_trip_and_restart(void **state)
     stop_redis(pid);
 }
 
+/* Runs one command on a fresh connection; the first reply line in `line`. */
+static void redis_command(int port, const resp_arg *args, size_t n, char *line, size_t cap)
+{
+    resp_conn c;
+    resp_conn_init(&c);
+    assert_int_equal(resp_conn_open(&c, "127.0.0.1", port, 1000), 0);
+    assert_int_equal(resp_send_command(&c, args, n), 0);
+    assert_int_equal(resp_read_line(&c, line, cap), 0);
+    resp_conn_close(&c);
+}
+
+static lmc_l2_usage usage_of(lmc_l2_backend *b)
+{
+    lmc_l2_usage u = {0};
+    b->ops->usage(b, &u);
+    return u;
+}
+
+/* make_key() repeats after 256 keys; these stay distinct up to 65536. */
+static lmc_object_key unique_key(int i, const char *model)
+{
+    lmc_object_key k = make_key(i, model);
+    k.chunk_hash[0] = (uint8_t)i;
+    k.chunk_hash[1] = (uint8_t)(i >> 8);
+    return k;
+}
+
+static lmc_l2_backend *backend_with_capacity(int port, uint64_t capacity)
+{
+    lmc_l2_resp_options o = {.host = "127.0.0.1", .port = port, .num_connections = 2,
+                             .timeout_ms = 1000, .capacity_bytes = capacity};
+    char err[128];
+    lmc_l2_backend *b = lmc_l2_resp_new(&o, err, sizeof err);
+    assert_non_null(b);
+    return b;
+}
+
+/* Usage follows what Redis holds: an overwrite replaces a key's size, a
+ * delete subtracts it once, a delete of an absent key changes nothing. */
+static void test_usage_follows_overwrites_and_deletes(void **state)
+{
+    (void)state;
+    int port = pick_ports(1, false);
+    pid_t pid = start_redis(port, NULL, NULL, "/tmp");
+    assert_true(pid > 0);
+    lmc_l2_backend *b = connect_backend(port, "");
+    uint8_t *buf = calloc(1, OBJ);
+    lmc_object_key k0 = make_key(0, "org/model"), k1 = make_key(1, "org/model");
+    uint64_t size = OBJ, half = OBJ / 2;
+    assert_int_equal(b->ops->store(b, &k0, &buf, &size, 1), OBJ);
+    assert_int_equal(usage_of(b).used_bytes, OBJ);
+    assert_int_equal(usage_of(b).num_keys, 1);
+    assert_int_equal(b->ops->store(b, &k0, &buf, &size, 1), OBJ);   /* same bytes again */
+    assert_int_equal(usage_of(b).used_bytes, OBJ);
+    assert_int_equal(b->ops->store(b, &k0, &buf, &half, 1), OBJ / 2); /* a smaller value */
+    assert_int_equal(usage_of(b).used_bytes, OBJ / 2);
+    assert_int_equal(b->ops->store(b, &k1, &buf, &size, 1), OBJ);
+    assert_int_equal(usage_of(b).used_bytes, OBJ / 2 + OBJ);
+    assert_int_equal(usage_of(b).num_keys, 2);
+    assert_int_equal(b->ops->remove(b, &k0, 1), 1);
+    assert_int_equal(usage_of(b).used_bytes, OBJ);
+    b->ops->remove(b, &k0, 1);                                       /* already gone */
+    lmc_object_key never = make_key(77, "org/model");
+    b->ops->remove(b, &never, 1);
+    assert_int_equal(usage_of(b).used_bytes, OBJ);
+    assert_int_equal(usage_of(b).num_keys, 1);
+    assert_int_equal(b->ops->remove(b, &k1, 1), 1);
+    assert_int_equal(usage_of(b).used_bytes, 0);
+    assert_int_equal(usage_of(b).num_keys, 0);
+    b->ops->destroy(b);
+    free(buf);
+    stop_redis(pid);
+}
+
+/* max_capacity_gb: a store that does not fit fails and writes nothing; an
+ * overwrite that does not grow the store still succeeds when full. */
+static void test_capacity_is_enforced(void **state)
+{
+    (void)state;
+    int port = pick_ports(1, false);
+    pid_t pid = start_redis(port, NULL, NULL, "/tmp");
+    assert_true(pid > 0);
+    lmc_l2_backend *b = backend_with_capacity(port, 3 * OBJ);
+    uint8_t *buf = calloc(1, OBJ);
+    uint64_t size = OBJ;
+    for (int i = 0; i < 3; i++) {
+        lmc_object_key k = make_key(i, "org/model");
+        assert_int_equal(b->ops->store(b, &k, &buf, &size, 1), OBJ);
+    }
+    lmc_object_key k3 = make_key(3, "org/model"), k0 = make_key(0, "org/model");
+    assert_int_equal(b->ops->store(b, &k3, &buf, &size, 1), -1);
+    uint8_t found = 1;
+    b->ops->lookup_and_lock(b, &k3, &size, 1, &found);
+    assert_int_equal(found, 0);                                      /* nothing written */
+    assert_int_equal(b->ops->store(b, &k0, &buf, &size, 1), OBJ);   /* overwrite fits */
+    assert_int_equal(usage_of(b).used_bytes, 3 * OBJ);
+    assert_int_equal(usage_of(b).capacity_bytes, 3 * OBJ);
+    assert_int_equal(b->ops->remove(b, &k0, 1), 1);
+    assert_int_equal(b->ops->store(b, &k3, &buf, &size, 1), OBJ);
+    b->ops->destroy(b);
+    free(buf);
+    stop_redis(pid);
+}
+
+/* A new backend over a Redis that already holds objects counts them (and
+ * only them: a foreign key is not an object). */
+static void test_usage_rebuilt_at_start(void **state)
+{
+    (void)state;
+    int port = pick_ports(1, false);
+    pid_t pid = start_redis(port, NULL, NULL, "/tmp");
+    assert_true(pid > 0);
+    lmc_l2_backend *b = connect_backend(port, "");
+    uint8_t *buf = calloc(1, OBJ);
+    enum { N = 2500 }; /* more than one SCAN page */
+    for (int i = 0; i < N; i++) {
+        lmc_object_key k = unique_key(i, i % 2 ? "org/model" : "other");
+        uint64_t size = 100 + (uint64_t)i % 7;
+        assert_int_equal(b->ops->store(b, &k, &buf, &size, 1), (int64_t)size);
+    }
+    b->ops->destroy(b);
+    char line[64];
+    resp_arg set[3] = {{"SET", 3}, {"foreign", 7}, {"0123456789", 10}};
+    redis_command(port, set, 3, line, sizeof line);
+    assert_string_equal(line, "+OK");
+    uint64_t want = 0;
+    for (int i = 0; i < N; i++)
+        want += 100 + (uint64_t)i % 7;
+    b = backend_with_capacity(port, 1ull << 30);
+    assert_int_equal(usage_of(b).used_bytes, want);
+    assert_int_equal(usage_of(b).num_keys, N);
+    lmc_object_key k0 = unique_key(0, "other");                      /* 100 bytes */
+    uint64_t size = OBJ;
+    assert_int_equal(b->ops->store(b, &k0, &buf, &size, 1), OBJ);   /* known: replaced */
+    assert_int_equal(usage_of(b).used_bytes, want - 100 + OBJ);
+    assert_int_equal(b->ops->remove(b, &k0, 1), 1);
+    assert_int_equal(usage_of(b).used_bytes, want - 100);
+    b->ops->destroy(b);
+    free(buf);
+    stop_redis(pid);
+}
+
 static void test_auth(void **state)
 {
     (void)state;
@@ -213,6 +385,9 @@ static void test_cluster_routing(void **state)
         n += snprintf(cmd + n, sizeof cmd - (size_t)n, " 127.0.0.1:%d", port + i);
     }
     snprintf(cmd + n, sizeof cmd - (size_t)n, " --cluster-replicas 0 --cluster-yes >/dev/null 2>&1");
+    /* Seeded with one node before the cluster has slots: the layout can only
+     * be learned from MOVED replies. */
+    lmc_l2_backend *b = connect_backend(port, "");
     assert_int_equal(system(cmd), 0);
     /* Wait until every node agrees the cluster is up. */
     char check[128];
@@ -220,7 +395,6 @@ static void test_cluster_routing(void **state)
              "redis-cli -p %d cluster info | grep -q 'cluster_state:ok'", port + 2);
     for (int i = 0; i < 100 && system(check) != 0; i++)
         usleep(100000);
-    lmc_l2_backend *b = connect_backend(port, ""); /* seeded with one node only */
     round_trip(b, 40);
     json_t *st = b->ops->status(b);
     assert_true(json_integer_value(json_object_get(st, "cluster_redirects")) > 0);
@@ -230,6 +404,18 @@ static void test_cluster_routing(void **state)
     b->ops->list(b, "org/model", entries);
     assert_int_equal(json_array_size(entries), 40);  /* every node was scanned */
     json_decref(entries);
+    assert_int_equal(usage_of(b).used_bytes, 40 * OBJ);
+    b->ops->destroy(b);
+    /* A fresh start learns the layout (CLUSTER NODES) and counts every node. */
+    b = connect_backend(port + 1, "");
+    assert_int_equal(usage_of(b).used_bytes, 40 * OBJ);
+    assert_int_equal(usage_of(b).num_keys, 40);
+    round_trip(b, 40);                                /* overwrites: nothing added */
+    assert_int_equal(usage_of(b).used_bytes, 40 * OBJ);
+    st = b->ops->status(b);
+    assert_int_equal(json_integer_value(json_object_get(st, "cluster_redirects")), 0);
+    assert_int_equal(json_array_size(json_object_get(st, "nodes")), 3);
+    json_decref(st);
     b->ops->destroy(b);
     for (int i = 0; i < 3; i++)
         stop_redis(pids[i]);
@@ -246,9 +432,12 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_slot),
-        cmocka_unit_test(test_single_node_round_trip_and_restart),
-        cmocka_unit_test(test_auth),
-        cmocka_unit_test(test_cluster_routing),
+        cmocka_unit_test_teardown(test_single_node_round_trip_and_restart, stop_leftovers),
+        cmocka_unit_test_teardown(test_usage_follows_overwrites_and_deletes, stop_leftovers),
+        cmocka_unit_test_teardown(test_capacity_is_enforced, stop_leftovers),
+        cmocka_unit_test_teardown(test_usage_rebuilt_at_start, stop_leftovers),
+        cmocka_unit_test_teardown(test_auth, stop_leftovers),
+        cmocka_unit_test_teardown(test_cluster_routing, stop_leftovers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
