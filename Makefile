@@ -88,6 +88,8 @@ bench: build deps-test
 	./$(BUILD_DIR)/transfer_bench --chunks 128 --iters 500 --server-process
 	./$(BUILD_DIR)/l1_meta_bench
 	./$(BUILD_DIR)/sd_transfer_bench --chunks 256 --iters 1000
+	./$(BUILD_DIR)/l2_bench --dir $(BUILD_DIR)/l2_bench.dir
+	./$(BUILD_DIR)/l2_bench --dir $(BUILD_DIR)/l2_bench.dir --odirect
 
 # Sanitizer builds: ASan+UBSan and TSan, each in its own build tree.
 asan: deps-test

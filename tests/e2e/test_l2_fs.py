@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from conftest import Server
-from test_lookup_engine_driven import (CLEAR, CS, FREE, LOOKUP, WAIT, LOOKUP_HITS, Worker, chunk_bytes,
+from test_lookup_engine_driven import (CLEAR, CS, END, FREE, LOOKUP, WAIT, LOOKUP_HITS, Worker, chunk_bytes,
                                        key, prompt, unpack)
 
 
@@ -570,5 +570,43 @@ def test_common_adapter_fields_do_what_docs_l2_says(tmp_path):
         assert [a["shared"] for a in status(srv)["l2_adapters"]] == [True, False]
         assert http_json(srv, "GET", "/cache/objects?tier=l2&adapter=fs")[1]["shared"] is True
         assert http_json(srv, "GET", "/cache/objects?tier=l2&adapter=mock")[1]["shared"] is False
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
+@pytest.mark.parametrize("how", ["free", "end_session"])
+def test_cancel_a_parallel_load(tmp_path, how):
+    """Issue 18: FREE_LOOKUP_LOCKS or END_SESSION while the chunks of one
+    prompt load in parallel (each part held 300 ms): the late load's staging
+    and L2 locks are all given back, and the prompt loads again in full."""
+    spec = {"type": "fault_inject", "delay_rate": 1.0, "delay_ms": 300, "seed": 3,
+            "inner": {"type": "fs", "base_path": str(tmp_path), "num_workers": 4}}
+    srv = Server("--chunk-size", str(CS), "--l2-adapter", json.dumps(spec))
+    try:
+        toks, ws, sched = stored_in_l2_only(srv, tmp_path, 111)
+        done = status(srv)["prefetch_controller"]["completed"]
+        assert sched.call(LOOKUP, key(toks, 0, 64, "c"), 1) is not None
+        deadline = time.monotonic() + 10
+        while unpack(sched.call(LOOKUP_HITS, "c")) is None and time.monotonic() < deadline:
+            time.sleep(0.01)                                # lookup done: loads running
+        if how == "free":
+            assert sched.call(FREE, key(toks, 0, 64, "c"), 1) is not None
+        else:
+            assert sched.call(END, "c") is not None
+        while status(srv)["prefetch_controller"]["completed"] == done:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        if how == "free":
+            # The late chunks join the lookup's lock record (docs/l2.md,
+            # "Prefetch (LOOKUP)"), which the scheduler ends after freeing.
+            assert sched.call(END, "c") is not None
+        st = status(srv)
+        assert st["l2_adapters"][0]["max_parts_in_flight"] >= 2, st["l2_adapters"][0]
+        assert st["l1_manager"]["num_objects"] == 0, st["l1_manager"]
+        assert st["l1_manager"]["memory_used_bytes"] == 0, st["l1_manager"]
+        assert lookup_wait(sched, toks, "c2") == 4          # no lock or staging leaked
+        for w in ws:
+            assert w.retrieve(toks, 0, 64, "c2") == [chunk_bytes(w.rank, toks, c) for c in range(4)]
+        close_all(ws, sched)
     finally:
         assert srv.stop() == 0, srv.output()

@@ -1,5 +1,7 @@
 /* Asynchronous adapter over a synchronous backend: a FIFO of tasks, N worker
- * threads, one completed list and one eventfd per kind of task. */
+ * threads, one completed list and one eventfd per kind of task.  Workers
+ * take parts of the head task (part_len), so one request's keys run in
+ * parallel; the worker whose part finishes last completes the task. */
 #include "storage/l2/l2_adapter.h"
 
 #include <pthread.h>
@@ -18,8 +20,11 @@ typedef struct task {
     uint64_t *sizes;          /* NULL for a lookup without sizes */
     uint8_t **bufs;           /* store/load */
     uint8_t *bitmap;          /* lookup/load result */
-    int64_t result;           /* store result */
-    struct task *next;
+    int64_t result;           /* store result: bytes, -1 once a part failed */
+    size_t next;              /* first key no worker has taken yet */
+    size_t finished;          /* keys whose part returned */
+    size_t running;           /* parts on a worker now */
+    struct task *next_task;
 } task;
 
 struct lmc_l2_adapter {
@@ -34,6 +39,7 @@ struct lmc_l2_adapter {
     int efd[LMC_L2_NUM_OPS];
     pthread_t *workers;
     size_t num_workers;
+    size_t max_parts;         /* most parts of one task that ran at once (status) */
     atomic_uint_fast64_t stores_ok, stores_failed, bytes_stored, lookups, lookup_keys,
         lookup_hits, loads, load_keys, load_ok, deleted;
     lmc_l2_observer obs;      /* all callbacks NULL unless L2 eviction tracks us */
@@ -57,13 +63,35 @@ void lmc_l2_drain_fd(int fd)
     }
 }
 
-static void run_task(lmc_l2_adapter *a, task *t)
+/* Keys [from, to) of t: the backend's answer for that part.  Store: bytes
+ * or -1; lookup and load fill their slice of the bitmap. */
+static int64_t run_part(lmc_l2_adapter *a, task *t, size_t from, size_t to)
 {
     const lmc_l2_backend_ops *ops = a->be->ops;
-    size_t hits = 0;
+    size_t n = to - from;
+    const uint64_t *sizes = t->sizes ? t->sizes + from : NULL;
     switch (t->op) {
     case LMC_L2_OP_STORE:
-        t->result = ops->store(a->be, t->keys, t->bufs, t->sizes, t->n);
+        return ops->store(a->be, t->keys + from, t->bufs + from, sizes, n);
+    case LMC_L2_OP_LOOKUP:
+        ops->lookup_and_lock(a->be, t->keys + from, sizes, n, t->bitmap + from);
+        return 0;
+    case LMC_L2_OP_LOAD:
+        ops->load(a->be, t->keys + from, t->bufs + from, sizes, n, t->bitmap + from);
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+/* Counters and observers of a task whose last part finished (no lock held). */
+static void finish_task(lmc_l2_adapter *a, task *t)
+{
+    size_t hits = 0;
+    for (size_t i = 0; t->bitmap && i < t->n; i++)
+        hits += t->bitmap[i] != 0;
+    switch (t->op) {
+    case LMC_L2_OP_STORE:
         atomic_fetch_add(t->result >= 0 ? &a->stores_ok : &a->stores_failed, 1);
         if (t->result > 0)
             atomic_fetch_add(&a->bytes_stored, (uint64_t)t->result);
@@ -71,17 +99,11 @@ static void run_task(lmc_l2_adapter *a, task *t)
             a->obs.on_stored(a->obs.user, t->keys, t->sizes, t->n);
         return;
     case LMC_L2_OP_LOOKUP:
-        ops->lookup_and_lock(a->be, t->keys, t->sizes, t->n, t->bitmap);
-        for (size_t i = 0; i < t->n; i++)
-            hits += t->bitmap[i] != 0;
         atomic_fetch_add(&a->lookups, 1);
         atomic_fetch_add(&a->lookup_keys, t->n);
         atomic_fetch_add(&a->lookup_hits, hits);
         return;
     case LMC_L2_OP_LOAD:
-        ops->load(a->be, t->keys, t->bufs, t->sizes, t->n, t->bitmap);
-        for (size_t i = 0; i < t->n; i++)
-            hits += t->bitmap[i] != 0;
         atomic_fetch_add(&a->loads, 1);
         atomic_fetch_add(&a->load_keys, t->n);
         atomic_fetch_add(&a->load_ok, hits);
@@ -93,6 +115,44 @@ static void run_task(lmc_l2_adapter *a, task *t)
     }
 }
 
+/* How many keys the next part of t takes.  A backend that cannot split the
+ * op gets the whole task; else at most an even share per worker, and for
+ * stores and loads no more than PART_BYTES, so a prompt of 2 MiB chunks
+ * goes one chunk per part to whichever worker is free (issue 18). */
+#define PART_BYTES (1u << 20)
+static size_t part_len(const lmc_l2_adapter *a, const task *t)
+{
+    static const unsigned bit[LMC_L2_NUM_OPS] = {LMC_L2_SPLIT_STORE, LMC_L2_SPLIT_LOOKUP,
+                                                 LMC_L2_SPLIT_LOAD};
+    size_t left = t->n - t->next;
+    if (!(a->be->split_ops & bit[t->op]))
+        return left;
+    size_t most = (t->n + a->num_workers - 1) / a->num_workers;
+    if (most > left)
+        most = left;
+    if (t->op == LMC_L2_OP_LOOKUP || !t->sizes)
+        return most;
+    size_t k = 0;
+    for (uint64_t bytes = 0; k < most && bytes < PART_BYTES; k++)
+        bytes += t->sizes[t->next + k];
+    return k;
+}
+
+/* Takes the next part of the queue's head; the task leaves the queue with
+ * its last part.  Caller holds a->mu and the queue is not empty. */
+static task *take_part(lmc_l2_adapter *a, size_t *from, size_t *to)
+{
+    task *t = a->head;
+    *from = t->next;
+    *to = t->next += part_len(a, t);
+    if (t->next == t->n) {
+        a->head = t->next_task;
+        if (!a->head)
+            a->tail = NULL;
+    }
+    return t;
+}
+
 static void *worker_main(void *arg)
 {
     lmc_l2_adapter *a = arg;
@@ -102,14 +162,22 @@ static void *worker_main(void *arg)
             pthread_cond_wait(&a->cv, &a->mu);
         if (a->stop)
             break;
-        task *t = a->head;
-        a->head = t->next;
-        if (!a->head)
-            a->tail = NULL;
+        size_t from, to;
+        task *t = take_part(a, &from, &to);
+        if (++t->running > a->max_parts)
+            a->max_parts = t->running;
         pthread_mutex_unlock(&a->mu);
-        run_task(a, t);
+        int64_t r = run_part(a, t, from, to);
         pthread_mutex_lock(&a->mu);
-        t->next = a->done[t->op];
+        t->running--;
+        t->result = t->result < 0 || r < 0 ? -1 : t->result + r;
+        t->finished += to - from;
+        if (t->finished < t->n)
+            continue;
+        pthread_mutex_unlock(&a->mu);
+        finish_task(a, t);
+        pthread_mutex_lock(&a->mu);
+        t->next_task = a->done[t->op];
         a->done[t->op] = t;
         uint64_t one = 1;
         /* An eventfd write only fails on counter overflow: not reachable. */
@@ -161,7 +229,7 @@ lmc_l2_adapter *lmc_l2_adapter_new(lmc_l2_backend *be, uint8_t *arena_base, size
 static void free_list(task *t)
 {
     while (t) {
-        task *next = t->next;
+        task *next = t->next_task;
         task_free(t);
         t = next;
     }
@@ -235,13 +303,14 @@ static uint64_t submit(lmc_l2_adapter *a, task *t)
     pthread_mutex_lock(&a->mu);
     if (!a->stop) {
         id = t->id = a->next_id++;
-        t->next = NULL;
+        t->next_task = NULL;
         if (a->tail)
-            a->tail->next = t;
+            a->tail->next_task = t;
         else
             a->head = t;
         a->tail = t;
-        pthread_cond_signal(&a->cv);
+        /* Every idle worker may take a part of it. */
+        pthread_cond_broadcast(&a->cv);
     }
     pthread_mutex_unlock(&a->mu);
     if (!id)
@@ -272,10 +341,10 @@ static task *take_done(lmc_l2_adapter *a, lmc_l2_op op, uint64_t id)
 {
     pthread_mutex_lock(&a->mu);
     task *found = NULL;
-    for (task **p = &a->done[op]; *p; p = &(*p)->next) {
+    for (task **p = &a->done[op]; *p; p = &(*p)->next_task) {
         if (id == 0 || (*p)->id == id) {
             found = *p;
-            *p = found->next;
+            *p = found->next_task;
             break;
         }
     }
@@ -350,10 +419,14 @@ json_t *lmc_l2_adapter_status(lmc_l2_adapter *a)
     lmc_l2_usage u;
     lmc_l2_adapter_usage(a, &u);
     json_t *be = a->be->ops->status(a->be);
+    pthread_mutex_lock(&a->mu);
+    size_t max_parts = a->max_parts;
+    pthread_mutex_unlock(&a->mu);
     json_t *st = json_pack(
-        "{s:s, s:b, s:I, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:I, s:I, s:I,"
+        "{s:s, s:b, s:I, s:I, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:I, s:I, s:I,"
         " s:f}",
         "type_name", a->be->type, "is_healthy", 1, "num_workers", (json_int_t)a->num_workers,
+        "max_parts_in_flight", (json_int_t)max_parts,
         "counters", "stores_ok", (json_int_t)atomic_load(&a->stores_ok), "stores_failed",
         (json_int_t)atomic_load(&a->stores_failed), "bytes_stored",
         (json_int_t)atomic_load(&a->bytes_stored), "lookups", (json_int_t)atomic_load(&a->lookups),

@@ -9,6 +9,10 @@
  *    three eventfds (store, lookup, load) plus "pop completed" / "query
  *    once" calls, like upstream's native-connector bridge.
  *
+ * A task's keys may run on several workers at once (the backend's
+ * split_ops): a prompt's chunks are stored and loaded in parallel, and the
+ * task completes when its last part does (docs/l2.md, "Adapter interface").
+ *
  * Buffers are L1 arena ranges: the caller passes arena offsets and sizes;
  * the adapter adds the arena base it was created with.  A buffer must stay
  * valid (read-locked for stores, write-reserved for loads) until its task
@@ -68,9 +72,17 @@ typedef struct lmc_l2_backend_ops {
     void (*for_each_recovered)(lmc_l2_backend *b, lmc_l2_recovered_fn fn, void *user);
 } lmc_l2_backend_ops;
 
+/* Bits of lmc_l2_backend.split_ops: the ops whose calls on parts of a
+ * task do what one call on the whole task does (no batch-wide semantics),
+ * so the adapter spreads one task's keys over its workers (issue 18). */
+#define LMC_L2_SPLIT_STORE 1u
+#define LMC_L2_SPLIT_LOOKUP 2u
+#define LMC_L2_SPLIT_LOAD 4u
+
 struct lmc_l2_backend {
     const lmc_l2_backend_ops *ops;
     const char *type;
+    unsigned split_ops;      /* LMC_L2_SPLIT_* (0: every task runs as one call) */
 };
 
 /* Builds a backend from one --l2-adapter JSON object (validated strictly

@@ -140,7 +140,8 @@ lmc_l2_backend *lmc_l2_fault_new(lmc_l2_backend *inner, const lmc_l2_fault_optio
         inner->ops->destroy(inner);
         return NULL;
     }
-    f->base = (lmc_l2_backend){&fault_ops, "fault_inject"};
+    /* Split as the inner backend splits: each part is then one faulted call. */
+    f->base = (lmc_l2_backend){&fault_ops, "fault_inject", inner->split_ops};
     f->inner = inner;
     f->o = *o;
     f->rng = o->seed;

@@ -520,7 +520,8 @@ lmc_l2_backend *lmc_l2_fs_new(const lmc_l2_fs_options *o, char *err, size_t errl
         snprintf(err, errlen, f ? "L2 fs: base_path is required" : "out of memory");
         return NULL;
     }
-    f->base = (lmc_l2_backend){&fs_ops, "fs"};
+    f->base = (lmc_l2_backend){&fs_ops, "fs",
+                               LMC_L2_SPLIT_STORE | LMC_L2_SPLIT_LOOKUP | LMC_L2_SPLIT_LOAD};
     f->o = *o;
     pthread_mutex_init(&f->mu, NULL);
     f->interner = lmc_key_interner_new();

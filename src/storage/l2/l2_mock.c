@@ -190,7 +190,8 @@ lmc_l2_backend *lmc_l2_mock_new(uint64_t capacity_bytes)
     mock *m = calloc(1, sizeof *m);
     if (!m)
         return NULL;
-    m->base = (lmc_l2_backend){&mock_ops, "mock"};
+    m->base = (lmc_l2_backend){&mock_ops, "mock",
+                               LMC_L2_SPLIT_STORE | LMC_L2_SPLIT_LOOKUP | LMC_L2_SPLIT_LOAD};
     m->capacity = capacity_bytes;
     m->interner = lmc_key_interner_new();
     if (!m->interner || lmc_key_table_init(&m->table, offsetof(mock_item, key), 64) != 0) {

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gate_backend.h"
 #include "scratch_dir.h"
 #include "storage/l2/l2_adapter.h"
 
@@ -258,6 +259,57 @@ static void test_fs_corruption(void **state)
     lmc_l2_adapter_close(a);
 }
 
+static json_int_t max_parts(lmc_l2_adapter *a)
+{
+    return fs_counter(a, "max_parts_in_flight");
+}
+
+/* Issue 18: one task's keys run on every worker at once (one key a part
+ * here), and an adapter with a single worker still does the whole task. */
+static void test_parts_run_in_parallel(void **state)
+{
+    fx *f = *state;
+    for (int workers = 1; workers <= N; workers += N - 1) {
+        gate *g;
+        lmc_l2_adapter *a = lmc_l2_adapter_new(gate_new(lmc_l2_mock_new(0), workers, -1, &g),
+                                               f->arena, (size_t)workers);
+        assert_int_equal(store(a, f, N), N * OBJ);
+        assert_int_equal(gate_max_inside(g), workers);
+        uint8_t ok[N];
+        load(a, f, ok);
+        assert_memory_equal(ok, ((uint8_t[]){1, 1, 1, 1}), N);
+        for (size_t i = 0; i < N; i++)
+            assert_true(same(f, i));
+        assert_int_equal(max_parts(a), workers);
+        lmc_l2_adapter_close(a);
+    }
+}
+
+/* Issue 18: a file corrupted on disk while the loads of the other chunks
+ * run beside it is a miss; the others load. */
+static void test_fs_corruption_during_parallel_load(void **state)
+{
+    fx *f = *state;
+    char err[256];
+    lmc_l2_fs_options o = {.base_path = f->dir, .verify_checksum = true};
+    gate *g;
+    lmc_l2_backend *fs = lmc_l2_fs_new(&o, err, sizeof err);
+    assert_non_null(fs);
+    lmc_l2_adapter *a = lmc_l2_adapter_new(gate_new(fs, N, -1, &g), f->arena, N);
+    assert_int_equal(store(a, f, N), N * OBJ);
+    FILE *fp = fopen(path_of(f, 1, ""), "r+b");
+    fseek(fp, OBJ / 2, SEEK_SET);
+    fputc(0x5A ^ f->arena[f->src[1] + OBJ / 2], fp);
+    fclose(fp);
+    uint8_t ok[N];
+    load(a, f, ok);
+    assert_memory_equal(ok, ((uint8_t[]){1, 0, 1, 1}), N);
+    assert_true(same(f, 0) && same(f, 2) && same(f, 3));
+    assert_int_equal(fs_counter(a, "corrupt_files_detected"), 1);
+    assert_int_equal(gate_max_inside(g), N);
+    lmc_l2_adapter_close(a);
+}
+
 static void test_fault_inject(void **state)
 {
     fx *f = *state;
@@ -388,6 +440,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fs_contract_and_format, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fs_recovery, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fs_corruption, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_parts_run_in_parallel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fs_corruption_during_parallel_load, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_fault_inject, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fault_inject_seeded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_from_json, setup, teardown),

@@ -13,6 +13,8 @@
 #include <pthread.h>
 #include <time.h>
 
+#include "gate_backend.h"
+#include "storage/l2/l2_internal.h"
 #include "storage/l2/l2_service.h"
 #include "storage/storage_manager.h"
 
@@ -250,6 +252,56 @@ static void test_skip_l1_policy(void **state)
     free(f);
 }
 
+/* Issue 18: the parts of one load run in parallel and the middle one fails:
+ * the hit count is the leading run before it, the staging of the rest goes
+ * back, and no L2 lock is left (every key can be deleted afterwards). */
+static void test_middle_chunk_fails_to_load(void **state)
+{
+    (void)state;
+    fx *f = start("{\"type\":\"mock\"}", NULL);   /* its tier stays idle */
+    gate *g;
+    lmc_l2_adapter *ad = lmc_l2_adapter_new(gate_new(lmc_l2_mock_new(0), 3, 3, &g),
+                                            lmc_storage_manager_l1_arena(f->sm)->base, 4);
+    static uint8_t data[N][OBJ];
+    uint8_t *bufs[N];
+    uint64_t sizes[N];
+    for (size_t i = 0; i < N; i++) {
+        memset(data[i], (int)i + 1, OBJ);
+        bufs[i] = data[i];
+        sizes[i] = OBJ;
+    }
+    lmc_l2_backend *be = lmc_l2_adapter_backend(ad);
+    assert_int_equal(be->ops->store(be, f->keys, bufs, sizes, N), N * OBJ);
+    lmc_l2_prefetch_options po = {.max_in_flight = 4};
+    lmc_l2_prefetch_ctl *c = lmc_l2_prefetch_ctl_new(f->sm, &ad, 1, &po);
+    lmc_storage_l2_request req = {.keys = f->keys, .leases = f->leases, .n = N,
+                                  .keys_per_unit = PER, .object_size = OBJ, .readers = 1,
+                                  .on_lookup_done = on_lookup, .on_done = on_done, .user = f};
+    assert_int_equal(lmc_l2_prefetch_ctl_submit(c, &req), 0);
+    pthread_mutex_lock(&f->mu);
+    while (f->done_calls == 0)
+        pthread_cond_wait(&f->cv, &f->mu);
+    pthread_mutex_unlock(&f->mu);
+    assert_int_equal(f->lookup_units, N / PER);
+    assert_int_equal(f->done_units, 1);   /* key 3 failed: unit 1 is not whole */
+    assert_int_equal(gate_max_inside(g), 3);
+    uint8_t *base = lmc_storage_manager_l1_arena(f->sm)->base;
+    for (size_t i = 0; i < N; i++) {
+        if (i < PER) {
+            assert_int_equal(f->leases[i].kind, LMC_LEASE_READ);
+            assert_int_equal(base[f->leases[i].offset + OBJ - 1], i + 1);
+        } else {
+            assert_false(lmc_lease_held(&f->leases[i]));
+        }
+    }
+    assert_int_equal(lmc_l2_adapter_delete(ad, f->keys, N), N);   /* nothing locked */
+    lmc_storage_manager_give_back(f->sm, f->keys, f->leases, PER);
+    lmc_l2_prefetch_ctl_stop(c);
+    lmc_l2_adapter_close(ad);
+    lmc_l2_prefetch_ctl_free(c);
+    stop(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -257,6 +309,7 @@ int main(void)
         cmocka_unit_test(test_slow_adapter_times_out),
         cmocka_unit_test(test_failing_store_counted),
         cmocka_unit_test(test_skip_l1_policy),
+        cmocka_unit_test(test_middle_chunk_fails_to_load),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
