@@ -340,9 +340,14 @@ static const handler_entry *resolve_op(lmc_rpc_server *s, zmq_msg_t *op_frame, i
                 found = &s->named[i].entry;
             }
         }
-        if (!found)
-            snprintf(why, whylen, "no handler registered for request type '%.*s'",
-                     (int)(o->via.str.size > 64 ? 64 : o->via.str.size), o->via.str.ptr);
+        if (!found) {
+            /* At most 64 bytes of the name, cut between characters and
+             * valid UTF-8 whatever the client sent: it goes back to the
+             * client in an error frame. */
+            char name[65];
+            lmc_utf8_sanitize(name, sizeof name, o->via.str.ptr, o->via.str.size);
+            snprintf(why, whylen, "no handler registered for request type '%s'", name);
+        }
     } else {
         snprintf(why, whylen, "op frame is neither an int nor a str");
     }
