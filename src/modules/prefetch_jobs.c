@@ -91,7 +91,7 @@ lmc_jobs *lmc_jobs_new(const lmc_jobs_options *o)
     if (j->o.max_jobs == 0)
         j->o.max_jobs = 65536;
     j->next_id = 1;
-    if (lmc_rid_table_init(&j->table, 1024) != 0) {
+    if (lmc_rid_table_init(&j->table, 16) != 0) {
         free(j);
         return NULL;
     }
