@@ -164,8 +164,15 @@ static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
     uint32_t per = layout->num_groups * lmc_ipc_key_num_ranks(k);
     size_t n = n_chunks * per;
     lmc_object_key *keys = malloc(n * sizeof *keys);
-    if (!keys || lmc_ipc_key_object_keys(k, hashes, n_chunks, layout->num_groups,
-                                         m->ctx->interner, keys) != 0) {
+    /* A LOOKUP only asks: a name never interned is a name no L1 object
+     * has, so it is not interned now (issue 17).  An L2 tier may hold
+     * objects of names this process never saw (a persistent store from an
+     * earlier run), which its prefetch brings into L1 under these keys. */
+    bool l2 = lmc_storage_manager_has_l2(m->ctx->storage);
+    if (!keys || (l2 ? lmc_ipc_key_object_keys(k, hashes, n_chunks, layout->num_groups,
+                                               m->ctx->interner, keys)
+                     : lmc_ipc_key_object_keys_find(k, hashes, n_chunks, layout->num_groups,
+                                                    m->ctx->interner, keys)) != 0) {
         free(keys);
         return 0;
     }

@@ -154,6 +154,22 @@ static void test_resolution_order(void **st)
     assert_int_equal(keys[0].kv_rank, 0x02010201u);
     assert_int_equal(keys[1].chunk_hash[0], 2);
     assert_ptr_equal(keys[0].model_name, lmc_intern(in, "m", 1));
+    /* issue 17: the find-only form takes interned names and interns none */
+    lmc_object_key found[2];
+    assert_int_equal(lmc_ipc_key_object_keys_find(&k, hashes, 2, 1, in, found), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_true(lmc_object_key_equal(&found[i], &keys[i]));
+        assert_ptr_equal(found[i].model_name, keys[i].model_name);
+        assert_ptr_equal(found[i].cache_salt, keys[i].cache_salt);
+    }
+    size_t before = lmc_key_interner_count(in);
+    k.cache_salt = "new-salt", k.salt_len = 8;
+    found[0].kv_rank = 77;
+    assert_int_equal(lmc_ipc_key_object_keys_find(&k, hashes, 2, 1, in, found), 1);
+    assert_int_equal(found[0].kv_rank, 77);           /* untouched */
+    k.model_name = "never", k.model_len = 5, k.cache_salt = "s", k.salt_len = 1;
+    assert_int_equal(lmc_ipc_key_object_keys_find(&k, hashes, 2, 1, in, found), 1);
+    assert_int_equal(lmc_key_interner_count(in), before);
     lmc_key_interner_free(in);
 }
 
