@@ -29,6 +29,9 @@ static int read_tokens(lmc_mp_reader *r, lmc_ipc_key *k, char *err, size_t errle
     uint32_t n;
     if (!lmc_mpr_array(r, &n))
         return FAIL("token_ids must be an array of ints");
+    if (n > LMC_KEY_MAX_TOKENS)
+        return FAIL("token_ids has %u ids; a key carries at most %u token ids", n,
+                    LMC_KEY_MAX_TOKENS);
     lmc_ipc_key_free(k); /* a repeated key: the last one wins, as in msgspec */
     k->tokens = malloc((n ? n : 1) * sizeof *k->tokens);
     if (!k->tokens)
@@ -94,6 +97,8 @@ static int check_fields(const key_fields *f, uint32_t cs, lmc_ipc_key *k, char *
         return FAIL(MODEL_RULE);
     if (!f->has_rid)
         return FAIL("request_id must be a str");
+    if (k->request_id_len > LMC_REQUEST_ID_MAX)
+        return FAIL("request_id must be at most %d bytes", LMC_REQUEST_ID_MAX);
     if (!lmc_cache_salt_valid(k->cache_salt, k->salt_len))
         return FAIL(SALT_RULE);
     if (!f->has_world || f->world_size < 1 || f->world_size > 255)

@@ -15,6 +15,12 @@
 #include "hash/token_hash.h"
 #include "storage/object_key.h"
 
+/* Bounds on a key (docs/protocol.md, "Keys" and "Bounds"): the most token
+ * ids one key carries (a 16M-token context; 80 MiB on the wire at 5 bytes
+ * an id) and the longest request id (sessions and jobs keep a copy). */
+#define LMC_KEY_MAX_TOKENS (1u << 24)
+#define LMC_REQUEST_ID_MAX 1024
+
 typedef struct {
     const char *model_name;
     size_t model_len;

@@ -54,6 +54,20 @@ typedef struct {
 /* Payload bound for running a quick handler inline (a 64k-token key). */
 #define LMC_RPC_INLINE_MAX_BYTES (320u * 1024u)
 
+/* Bounds on what a client can send (docs/protocol.md, "Bounds").  The
+ * largest legal frame is a key of LMC_KEY_MAX_TOKENS token ids of up to 5
+ * bytes each (80 MiB, src/modules/ipc_key.h) plus its other fields, the
+ * largest legal message that key plus a STORE's block ids (at most 2^20
+ * of up to 9 bytes): both stay under 128 MiB.  ZMQ disconnects a peer
+ * that sends a larger frame (ZMQ_MAXMSGSIZE); a message of smaller frames
+ * that add up to more is answered as a failed request and freed. */
+#define LMC_RPC_MAX_MESSAGE_BYTES (128u << 20)
+/* Whole messages ZMQ queues per peer: inbound before the socket thread
+ * reads them (past it ZMQ stops reading that peer's connection), and
+ * replies a peer has not read yet (past it ZMQ drops that peer's replies). */
+#define LMC_RPC_RCVHWM 1000
+#define LMC_RPC_SNDHWM 10000
+
 /* ---- inside a handler --------------------------------------------------- */
 int lmc_rpc_call_op(const lmc_rpc_call *call);       /* resolved op id (names map too) */
 size_t lmc_rpc_call_nargs(const lmc_rpc_call *call); /* payload frame count */

@@ -109,10 +109,17 @@ int lmc_rpc_server_new(const lmc_rpc_options *opts, lmc_rpc_server **out,
         snprintf(err, errlen, "cannot create ZMQ socket: %s", zmq_strerror(zmq_errno()));
         goto fail;
     }
-    int linger_ms = 1000, hwm = 0; /* 0 = unbounded: never silently drop replies */
-    zmq_setsockopt(s->socket, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
-    zmq_setsockopt(s->socket, ZMQ_SNDHWM, &hwm, sizeof hwm);
-    zmq_setsockopt(s->socket, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    /* Finite queues and frames: no peer can make ZMQ buffer without bound
+     * (docs/protocol.md, "Bounds"). */
+    int linger_ms = 1000, sndhwm = LMC_RPC_SNDHWM, rcvhwm = LMC_RPC_RCVHWM;
+    int64_t max_frame = LMC_RPC_MAX_MESSAGE_BYTES;
+    if (zmq_setsockopt(s->socket, ZMQ_LINGER, &linger_ms, sizeof linger_ms) != 0 ||
+        zmq_setsockopt(s->socket, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm) != 0 ||
+        zmq_setsockopt(s->socket, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm) != 0 ||
+        zmq_setsockopt(s->socket, ZMQ_MAXMSGSIZE, &max_frame, sizeof max_frame) != 0) {
+        snprintf(err, errlen, "cannot set ZMQ socket options: %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
     if (zmq_bind(s->socket, opts->bind_url) != 0) {
         snprintf(err, errlen, "cannot bind %s: %s", opts->bind_url, zmq_strerror(zmq_errno()));
         goto fail;
@@ -391,7 +398,8 @@ static bool run_inline(lmc_rpc_server *s, const handler_entry *h, lmc_rpc_call *
     return true;
 }
 
-static void dispatch(lmc_rpc_server *s, zmq_msg_t *frames, size_t n)
+/* `bytes`: the message's size, frames past the first MAX_FRAMES included. */
+static void dispatch(lmc_rpc_server *s, zmq_msg_t *frames, size_t n, size_t bytes)
 {
     char why[160];
     int op_id;
@@ -401,6 +409,13 @@ static void dispatch(lmc_rpc_server *s, zmq_msg_t *frames, size_t n)
         return;
     }
     const handler_entry *h = resolve_op(s, &frames[CALL_OP], &op_id, why, sizeof why);
+    if (bytes > LMC_RPC_MAX_MESSAGE_BYTES) {
+        /* Every frame passed ZMQ_MAXMSGSIZE; together they are more than a
+         * legal request: answered as a failure, freed now, never queued. */
+        snprintf(why, sizeof why, "message of %zu bytes is over the limit of %u bytes (128 MiB)",
+                 bytes, LMC_RPC_MAX_MESSAGE_BYTES);
+        h = NULL;
+    }
     lmc_rpc_call *c = lmc_call_new(s, frames, n);
     if (!c) {
         log_drop(s, "out of memory");
@@ -442,7 +457,7 @@ static void dispatch(lmc_rpc_server *s, zmq_msg_t *frames, size_t n)
 static int receive_message(lmc_rpc_server *s)
 {
     zmq_msg_t frames[MAX_FRAMES];
-    size_t n = 0, total = 0;
+    size_t n = 0, total = 0, bytes = 0;
     int more = 1;
     while (more) {
         /* Frames past the limit are read into a scratch slot and discarded. */
@@ -457,6 +472,7 @@ static int receive_message(lmc_rpc_server *s)
             break; /* multipart delivery is atomic; only on shutdown */
         }
         more = zmq_msg_more(slot);
+        bytes += zmq_msg_size(slot);
         if (n < MAX_FRAMES)
             n++;
         total++;
@@ -467,7 +483,7 @@ static int receive_message(lmc_rpc_server *s)
         snprintf(why, sizeof why, "message has %zu frames (limit %d)", total, MAX_FRAMES);
         log_drop(s, why);
     } else {
-        dispatch(s, frames, n);
+        dispatch(s, frames, n, bytes);
     }
     for (size_t i = 0; i < n; i++)
         zmq_msg_close(&frames[i]); /* moved-from frames are empty: closing is a no-op */

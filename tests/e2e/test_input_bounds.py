@@ -7,6 +7,8 @@ costs its sender the connection and nobody else anything, and error frames
 are valid UTF-8."""
 import http.client
 import json
+import struct
+import time
 
 import msgpack
 import pytest
@@ -135,6 +137,27 @@ def test_over_long_names_and_salts_are_refused(start_server):
     d.close()
 
 
+def test_request_ids_and_token_counts_are_bounded(start_server):
+    s = start_server("--chunk-size", str(CS), "--rpc-error-frames")
+    d = s.dealer()
+    tokens = list(range(CS))
+    err = error_of(d.call(LOOKUP, key(tokens, "r" * (REQUEST_ID_MAX + 1)), 1))
+    assert err["error_type"] == "ValidationError"
+    assert f"at most {REQUEST_ID_MAX} bytes" in err["message"]
+    uid = d.uid
+    assert d.call(LOOKUP, key(tokens, "r" * REQUEST_ID_MAX), 1) == [msgpack.packb(uid), b"\x08"]
+    # More token ids than any key may carry: refused before they are read.
+    n = KEY_MAX_TOKENS + CS
+    head = msgpack.packb({"model_name": "m", "world_size": 1, "worker_id": None,
+                          "start": 0, "end": CS, "request_id": "big"})
+    frame = bytes([head[0] + 1]) + head[1:] + msgpack.packb("token_ids") + \
+        b"\xdd" + struct.pack(">I", n) + b"\x00" * n
+    err = error_of(d.call(LOOKUP, raw=[frame, msgpack.packb(1)], timeout_ms=20000))
+    assert f"at most {KEY_MAX_TOKENS} token ids" in err["message"]
+    assert d.call(NOOP)[2] == b"\xa2OK"
+    d.close()
+
+
 def metric(port, name):
     st, body = http_call(port, "GET", "/metrics")
     assert st == 200
@@ -142,6 +165,33 @@ def metric(port, name):
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+def test_oversized_message_costs_its_sender_the_connection_only(start_server):
+    s = start_server("--rpc-error-frames")
+    bad = s.dealer()
+    # One frame past the limit: ZMQ closes the connection before it is read.
+    uid = bad.send(NOOP, raw=[b"\x00" * (MAX_MESSAGE_BYTES + 1)])
+    others = s.dealer()
+    assert others.call(NOOP)[2] == b"\xa2OK"
+    got = bad.recv(2000)
+    assert got is None or msgpack.unpackb(got[0]) != uid
+    # ZMQ reconnects the first client, which is served again.
+    deadline = time.monotonic() + 10
+    ok = None
+    while ok is None and time.monotonic() < deadline:
+        ok = bad.call(NOOP, timeout_ms=500)
+    assert ok is not None and ok[2] == b"\xa2OK"
+    # Frames under the limit whose sum is over it: answered with an error
+    # and freed at once.
+    frames = bad.call(NOOP, raw=[b"\x00" * (70 << 20), b"\x00" * (70 << 20)],
+                      timeout_ms=20000)
+    err = error_of(frames)
+    assert f"limit of {MAX_MESSAGE_BYTES} bytes" in err["message"]
+    assert s.alive()
+    assert others.call(NOOP)[2] == b"\xa2OK"
+    bad.close()
+    others.close()
 
 
 @pytest.mark.parametrize("op_frame", [
