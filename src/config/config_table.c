@@ -106,6 +106,12 @@ static const lmc_config_flag flags[] = {
      .max = 16777216,
      .help = "Distinct model names and cache salts the server keeps for stored objects; "
              "a store naming a new one past this is refused."},
+    {.name = "max-queued-requests", .group = LMC_FG_MP, .kind = LMC_FK_INT,
+     AT(mp.max_queued_requests), .def = "4096", .json_name = "max_queued_requests",
+     .flags = LMC_FF_ADDITION, .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = 1,
+     .max = 1048576,
+     .help = "Requests waiting per worker queue; past it a request gets its op's "
+             "overload answer at once."},
 
     /* --- Runtime plugins -------------------------------------------------- */
     {.name = "runtime-plugin-locations", .group = LMC_FG_PLUGINS, .kind = LMC_FK_NARGS,

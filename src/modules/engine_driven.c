@@ -452,14 +452,40 @@ static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
     return LMC_HANDLER_REPLY;
 }
 
+/* The answers of a full queue (docs/protocol.md, "Overload"): each op's
+ * documented failure, with nothing reserved, published or released. */
+static lmc_handler_result busy_prepare_store(void *state, lmc_rpc_call *call)
+{
+    (void)state;
+    pack_store_reply(lmc_rpc_call_reply(call), NULL, NULL, 0, NULL);   /* nothing to write */
+    return LMC_HANDLER_REPLY;
+}
+
+static lmc_handler_result busy_commit_store(void *state, lmc_rpc_call *call)
+{
+    (void)state;
+    msgpack_pack_false(lmc_rpc_call_reply(call));
+    return LMC_HANDLER_REPLY;
+}
+
+static lmc_handler_result busy_prepare_retrieve(void *state, lmc_rpc_call *call)
+{
+    (void)state;
+    pack_retrieve_reply(lmc_rpc_call_reply(call), NULL, 0, NULL);   /* success: false */
+    return LMC_HANDLER_REPLY;
+}
+
 static const lmc_rpc_handler_spec ed_handlers[] = {
     {LMC_OP_REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_register,
-     false, NULL},
+     false, NULL, NULL},
     {LMC_OP_UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_unregister,
-     false, NULL},
-    {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, prepare_store, .quick = true},
-    {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_AFFINITY, commit_store, .quick = true},
-    {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, prepare_retrieve, .quick = true},
+     false, NULL, NULL},
+    {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, prepare_store, .quick = true,
+     .busy = busy_prepare_store},
+    {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_AFFINITY, commit_store, .quick = true,
+     .busy = busy_commit_store},
+    {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, prepare_retrieve, .quick = true,
+     .busy = busy_prepare_retrieve},
     {LMC_OP_COMMIT_RETRIEVE, NULL, LMC_POOL_AFFINITY, commit_retrieve, .quick = true},
 };
 

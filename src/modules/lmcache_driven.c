@@ -630,11 +630,24 @@ static bool small_copy(void *state, lmc_rpc_call *call)
     return bytes <= INLINE_COPY_BYTES;
 }
 
+/* A full queue's answer to STORE and RETRIEVE (docs/protocol.md,
+ * "Overload"): [b"", false], what an unknown instance gets: nothing was
+ * touched, so there is no event to wait for. */
+static lmc_handler_result busy_transfer(void *state, lmc_rpc_call *call)
+{
+    (void)state;
+    msgpack_packer *pk = lmc_rpc_call_reply(call);
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_bin(pk, 0);
+    msgpack_pack_false(pk);
+    return LMC_HANDLER_REPLY;
+}
+
 static const lmc_rpc_handler_spec sd_handlers[] = {
-    {LMC_OP_REGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, lmc_sd_register, false, NULL},
-    {LMC_OP_UNREGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, lmc_sd_unregister, false, NULL},
-    {LMC_OP_STORE, NULL, LMC_POOL_AFFINITY, store, false, small_copy},
-    {LMC_OP_RETRIEVE, NULL, LMC_POOL_AFFINITY, retrieve, false, small_copy},
+    {LMC_OP_REGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, lmc_sd_register, false, NULL, NULL},
+    {LMC_OP_UNREGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, lmc_sd_unregister, false, NULL, NULL},
+    {LMC_OP_STORE, NULL, LMC_POOL_AFFINITY, store, false, small_copy, busy_transfer},
+    {LMC_OP_RETRIEVE, NULL, LMC_POOL_AFFINITY, retrieve, false, small_copy, busy_transfer},
 };
 
 #define COUNTER(name) (json_int_t)atomic_load(&m->name)

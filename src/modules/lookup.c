@@ -597,14 +597,25 @@ static lmc_handler_result end_session(void *state, lmc_rpc_call *call)
     return LMC_HANDLER_VOID;
 }
 
+/* The answers of a full queue (docs/protocol.md, "Overload").  LOOKUP:
+ * the void reply, with no job registered, so the status polls answer 0
+ * hits (a job an earlier LOOKUP of the same id registered is left as it
+ * is).  WAIT_PREFETCH_STATUS: no frame, as when its timeout passes. */
+static lmc_handler_result busy_void(void *state, lmc_rpc_call *call)
+{
+    (void)state;
+    (void)call;
+    return LMC_HANDLER_VOID;
+}
+
 static const lmc_rpc_handler_spec lookup_handlers[] = {
-    {LMC_OP_LOOKUP, NULL, LMC_POOL_NORMAL, lookup, .quick = true},
+    {LMC_OP_LOOKUP, NULL, LMC_POOL_NORMAL, lookup, .quick = true, .busy = busy_void},
     /* The two status polls are a table lookup: answered on the socket
      * thread, they skip two thread hand-offs per scheduler poll.  The job
      * they read was registered before the LOOKUP's reply went out. */
-    {LMC_OP_QUERY_PREFETCH_STATUS, NULL, LMC_POOL_SYNC, query_status, false, NULL},
-    {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, wait_status, false, NULL},
-    {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, query_lookup_hits, false, NULL},
+    {LMC_OP_QUERY_PREFETCH_STATUS, NULL, LMC_POOL_SYNC, query_status, false, NULL, NULL},
+    {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, wait_status, false, NULL, busy_void},
+    {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, query_lookup_hits, false, NULL, NULL},
     {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, free_lookup_locks, .quick = true},
     {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, end_session, .quick = true},
 };

@@ -158,6 +158,7 @@ int lmc_server_new(const lmc_config *cfg, lmc_server **out, char *err, size_t er
         .normal_workers = cfg->mp.max_cpu_workers,
         .affinity_workers = cfg->mp.max_gpu_workers,
         .error_frames = cfg->mp.rpc_error_frames,
+        .max_queued = (size_t)cfg->mp.max_queued_requests,
     };
     /* Bind first: a busy port fails before any memory is committed. */
     if (lmc_rpc_server_new(&ro, &s->rpc, err, errlen) != 0 ||

@@ -304,10 +304,10 @@ static lmc_metrics_rpc_counts rpc_counts(void *user)
 {
     lmc_server *s = user;
     if (!atomic_load(&s->ready))
-        return (lmc_metrics_rpc_counts){0, 0, 0, 0, 0};
+        return (lmc_metrics_rpc_counts){0, 0, 0, 0, 0, 0};
     lmc_rpc_stats st = lmc_rpc_server_stats(s->rpc);
-    return (lmc_metrics_rpc_counts){st.received, st.replied, st.dropped, st.error_frames,
-                                    st.inlined};
+    return (lmc_metrics_rpc_counts){st.received,     st.replied, st.dropped,
+                                    st.error_frames, st.inlined, st.overloaded};
 }
 
 /* lmcache_mp_rpc_requests_total{op, result}: per frozen op, requests

@@ -167,6 +167,42 @@ def metric(port, name):
     return None
 
 
+def test_full_worker_queue_is_answered_at_once(start_server):
+    s = start_server("--chunk-size", "256", "--max-cpu-workers", "1",
+                     "--max-queued-requests", "1", "--rpc-error-frames")
+    d = s.dealer()
+    assert "error" not in register(d)
+    # A LOOKUP whose hashing keeps the only CPU worker busy for a while
+    # (too large to run on the socket thread), then a burst behind it.
+    n = 1 << 21
+    big = key([], "busy", end=n)
+    big["token_ids"] = [i & 0x7f for i in range(n)]
+    busy_uid = d.send(LOOKUP, big, 1)
+    waits = [d.send(WAIT, f"unknown-{i}", 0.0) for i in range(40)]
+    ends = [d.send(END, f"unknown-{i}") for i in range(40)]
+    replies = {}
+    deadline = time.monotonic() + 20
+    while len(replies) < 81 and time.monotonic() < deadline:
+        frames = d.recv(1000)
+        if frames is not None:
+            replies[msgpack.unpackb(frames[0])] = frames
+    assert len(replies) == 81, "every request is answered"
+    assert replies[busy_uid][1:] == [b"\x08"]
+    # WAIT on an unknown id answers 0; a full queue answers None at once.
+    answered = [replies[u][2:] for u in waits]
+    assert all(a in ([b"\x00"], []) for a in answered), answered
+    assert [] in answered, "no WAIT was refused"
+    # END_SESSION has no failure reply: a full queue sends an error frame.
+    refused = [error_of(replies[u]) for u in ends if replies[u][2:3] == [ERROR_MARKER]]
+    assert refused and all(e["error_type"] == "ServerBusyError" for e in refused)
+    assert "queue" in refused[0]["message"]
+    assert metric(s.http_port, "lmcache_mp_rpc_overloaded_total") >= len(refused) + 1
+    # The server keeps serving.
+    assert d.call(NOOP)[2] == b"\xa2OK"
+    assert d.call(WAIT, "unknown", 0.0)[2] == b"\x00"
+    d.close()
+
+
 def test_oversized_message_costs_its_sender_the_connection_only(start_server):
     s = start_server("--rpc-error-frames")
     bad = s.dealer()
