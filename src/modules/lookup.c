@@ -466,6 +466,10 @@ typedef struct {
     lmc_rpc_call *call;
 } parked_wait;
 
+/* Payload of a WAIT that may park: a request id (at most 1 KiB for a job
+ * to exist) and a float, with room to spare. */
+#define PARKED_WAIT_MAX_BYTES 4096
+
 /* Runs on whichever thread finishes the wait (completion, timer, close). */
 static void wait_done(void *user, lmc_job_status st, int64_t hits)
 {
@@ -492,6 +496,17 @@ static lmc_handler_result wait_status(void *state, lmc_rpc_call *call)
         timeout = 0;                   /* NaN or negative: poll once */
     if (timeout > 86400)
         timeout = 86400;
+    /* A parked call keeps its frames: a WAIT carrying more than a request
+     * id and a timeout (trailing frames are allowed) is answered as a
+     * poll instead, so that parked waits stay small (issue 17). */
+    size_t bytes = 0, flen;
+    for (size_t i = 0; i < lmc_rpc_call_nargs(call); i++)
+        bytes += lmc_rpc_call_arg_raw(call, i, &flen) ? flen : 0;
+    if (bytes > PARKED_WAIT_MAX_BYTES) {
+        int64_t hits;
+        lmc_job_status st = lmc_jobs_query(m->jobs, rid, len, &hits);
+        return answer(m, call, rid, len, st, hits);
+    }
     parked_wait *pw = malloc(sizeof *pw);
     if (!pw)
         return lmc_rpc_call_fail(call, "MemoryError", "out of memory");
