@@ -1,7 +1,7 @@
 """Runtime plugins end to end (docs/plugins.md): a .sh
-and a .py plugin print the config they were given and sleep; their output
-reaches the server log with the "[<path>] " prefix, and SIGTERM to the
-server ends them."""
+and a .py plugin save the config they were given (a file: it outgrows one
+log line), say so and sleep; their output reaches the server log with the
+"[<path>] " prefix, and SIGTERM to the server ends them."""
 import json
 import os
 import time
@@ -9,7 +9,8 @@ import time
 from conftest import Server
 
 SH_PLUGIN = """\
-echo "SHCONFIG $LMCACHE_RUNTIME_PLUGIN_CONFIG"
+printf '%s' "$LMCACHE_RUNTIME_PLUGIN_CONFIG" > "$(dirname "$0")/sh.config"
+echo "SHCONFIG saved"
 echo "SHENV role=[$LMCACHE_RUNTIME_PLUGIN_ROLE] id=$LMCACHE_PLUGIN_WORKER_ID count=$LMCACHE_RUNTIME_PLUGIN_WORKER_COUNT" >&2
 echo $$ > "$(dirname "$0")/sh.pid"
 exec sleep 300
@@ -18,7 +19,9 @@ exec sleep 300
 PY_PLUGIN = """\
 import json, os, sys, time
 cfg = json.loads(os.environ["LMCACHE_RUNTIME_PLUGIN_CONFIG"])
-print("PYCONFIG " + json.dumps(cfg))
+with open(os.path.join(os.path.dirname(__file__), "py.config"), "w") as f:
+    json.dump(cfg, f)
+print("PYCONFIG saved")
 print("PYERR unbuffered=" + os.environ.get("PYTHONUNBUFFERED", ""), file=sys.stderr)
 with open(os.path.join(os.path.dirname(__file__), "py.pid"), "w") as f:
     f.write(str(os.getpid()))
@@ -72,10 +75,10 @@ def test_plugins_run_and_stop(tmp_path):
         sh_line = wait_for(lambda: log_line(s, "SHCONFIG "))
         py_line = wait_for(lambda: log_line(s, "PYCONFIG "))
         assert sh_line and py_line, s.output()
-        assert f"[{sh}] SHCONFIG " in sh_line
-        assert f"[{py}] PYCONFIG " in py_line
-        for line in (sh_line, py_line):
-            cfg = json.loads(line.split("CONFIG ", 1)[1])
+        assert f"[{sh}] SHCONFIG saved" in sh_line
+        assert f"[{py}] PYCONFIG saved" in py_line
+        for saved in (pdir / "sh.config", pdir / "nested" / "py.config"):
+            cfg = json.loads(saved.read_text())
             assert cfg["mp_config"]["port"] == s.port
             assert cfg["http_config"]["http_port"] == s.http_port
             assert cfg["storage_manager_config"]["eviction_policy"] == "LRU"
