@@ -407,7 +407,6 @@ static bool run_inline(lmc_rpc_server *s, const handler_entry *h, lmc_rpc_call *
     return true;
 }
 
-/* `bytes`: the message's size, frames past the first MAX_FRAMES included. */
 /* A full pool queue: the call is answered now with its op's failure reply,
  * or fails as ServerBusyError (docs/protocol.md, "Overload"), and the
  * socket thread goes on reading. */
@@ -421,8 +420,10 @@ static void answer_overload(lmc_rpc_server *s, const handler_entry *h, lmc_rpc_c
     snprintf(why, sizeof why, "the %s worker queue is full (--max-queued-requests %zu)", queue,
              s->opts.max_queued);
     if (h->spec.busy) {
+        char what[96];
+        snprintf(what, sizeof what, "%s answered with its overload reply", op ? op : "request");
         c->result = h->spec.busy(h->ctx, c);
-        log_limited(s, op ? op : "request", why);
+        log_limited(s, what, why);
     } else {
         c->result = lmc_rpc_call_fail(c, "ServerBusyError", "%s; try again later", why);
     }
@@ -440,6 +441,7 @@ static void submit(lmc_rpc_server *s, const handler_entry *h, lmc_rpc_call *c, l
     answer_overload(s, h, c, pool == s->normal_pool ? "CPU" : "GPU");
 }
 
+/* `bytes`: the message's size, frames past the first MAX_FRAMES included. */
 static void dispatch(lmc_rpc_server *s, zmq_msg_t *frames, size_t n, size_t bytes)
 {
     char why[160];
