@@ -4,8 +4,8 @@
 #include <string.h>
 #include <sys/random.h>
 
-/* ---- SipHash-2-4 (Aumasson and Bernstein, "SipHash: a fast short-input
- * PRF", 2012): two compression rounds per 8-byte word, four to finish. */
+/* ---- SipHash-2-4: a keyed hash whose outputs a client that does not know
+ * the key cannot steer; two rounds per 8-byte word, four to finish. */
 
 static inline uint64_t rotl(uint64_t x, int b)
 {

@@ -509,9 +509,9 @@ static size_t utf8_need(unsigned char b)
            : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
 }
 
-/* Length of the well-formed UTF-8 sequence at p (RFC 3629: no overlong
- * forms, no surrogates, nothing above U+10FFFF), or 0 when the bytes
- * there are not one, or not all of one (n too short). */
+/* Length of the well-formed UTF-8 sequence at p (no overlong forms, no
+ * surrogates, nothing above U+10FFFF: what strict decoders accept), or 0
+ * when the bytes there are not one, or not all of one (n too short). */
 static size_t utf8_seq_len(const unsigned char *p, size_t n)
 {
     unsigned char b = p[0];
