@@ -46,6 +46,8 @@ typedef struct {
     /* lmcached additions (documented in docs/configuration.md) */
     char *log_level;                 /* --log-level, env LMCACHE_LOG_LEVEL, "INFO" */
     bool rpc_error_frames;           /* --[no-]rpc-error-frames, false */
+    int max_interned_strings;        /* --max-interned-strings 65536 */
+    int max_queued_requests;         /* --max-queued-requests 4096 */
 } lmc_mp_config;
 
 /* --- Runtime plugins ---------------------------------------------------- */

@@ -100,6 +100,18 @@ static const lmc_config_flag flags[] = {
      AT(mp.rpc_error_frames), .def = "false", .json_name = "rpc_error_frames",
      .flags = LMC_FF_ADDITION,
      .help = "Answer bad requests with LMCACHE_RPC_ERROR_V1 frames instead of dropping them."},
+    {.name = "max-interned-strings", .group = LMC_FG_MP, .kind = LMC_FK_INT,
+     AT(mp.max_interned_strings), .def = "65536", .json_name = "max_interned_strings",
+     .flags = LMC_FF_ADDITION, .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = 16,
+     .max = 16777216,
+     .help = "Distinct model names and cache salts the server keeps for stored objects; "
+             "a store naming a new one past this is refused."},
+    {.name = "max-queued-requests", .group = LMC_FG_MP, .kind = LMC_FK_INT,
+     AT(mp.max_queued_requests), .def = "4096", .json_name = "max_queued_requests",
+     .flags = LMC_FF_ADDITION, .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = 1,
+     .max = 1048576,
+     .help = "Requests waiting per worker queue; past it a request gets its op's "
+             "overload answer at once."},
 
     /* --- Runtime plugins -------------------------------------------------- */
     {.name = "runtime-plugin-locations", .group = LMC_FG_PLUGINS, .kind = LMC_FK_NARGS,

@@ -51,6 +51,9 @@ typedef struct {
     size_t n;
     uint64_t digest;
     bool registered;
+    /* No object can have these keys: keys[] is not filled (a name never
+     * interned, or one a full interner refused to a PREPARE_STORE). */
+    bool unknown_names;
     lmc_layout layout;        /* copy (valid when registered) */
     char tag[40];
 } ed_op;

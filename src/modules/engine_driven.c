@@ -101,8 +101,11 @@ static uint64_t fnv(uint64_t h, const void *data, size_t len)
 
 /* Decodes the key (frame 0) and instance id (frame 1) of a transfer op and
  * resolves the rank's ObjectKeys; copies the context's layout and tag.
+ * Only a registered instance's PREPARE_STORE (`store`) interns the key's
+ * names; the other ops look them up (docs/storage.md, "Interned strings").
  * 0; -1 for a malformed op; -2 when memory ran out (err says which). */
-static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, char *err, size_t errlen)
+static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, bool store, char *err,
+                   size_t errlen)
 {
     *op = (ed_op){0};
     const msgpack_object *id_o = lmc_rpc_call_arg(call, 1);
@@ -136,9 +139,15 @@ static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, char *err, size
                                            op->key.request_id_len, op->key.tokens,
                                            op->key.n_tokens, op->key.start, op->key.end, hashes)
                  : LMC_HASH_ENOMEM;
-    if (rc == LMC_HASH_OK &&
-        lmc_ipc_key_object_keys(&op->key, hashes, op->n, 1, m->ctx->interner, op->keys) != 0)
-        rc = LMC_HASH_ENOMEM;
+    if (rc == LMC_HASH_OK) {
+        lmc_key_interner *in = m->ctx->interner;
+        int krc = store && op->registered
+                      ? lmc_ipc_key_object_keys(&op->key, hashes, op->n, 1, in, op->keys)
+                      : lmc_ipc_key_object_keys_find(&op->key, hashes, op->n, 1, in, op->keys);
+        if (krc < 0 && !lmc_key_interner_full(in))
+            rc = LMC_HASH_ENOMEM;
+        op->unknown_names = krc != 0;
+    }
     if (rc == LMC_HASH_OK) {
         uint64_t d = fnv(1469598103934665603ULL, hashes, op->n * LMC_TOKEN_HASH_LEN);
         uint64_t range[3] = {op->key.start, op->key.end, op->key.worker_id};
@@ -280,10 +289,12 @@ static lmc_handler_result prepare_store(void *state, lmc_rpc_call *call)
     engine_mod *m = state;
     ed_op op;
     char err[256];
-    int rrc = resolve(m, call, &op, err, sizeof err);
+    int rrc = resolve(m, call, &op, true, err, sizeof err);
     if (rrc != 0)
         return lmc_rpc_call_fail(call, resolve_error(rrc), "PREPARE_STORE: %s", err);
-    size_t n = op.registered ? op.n : 0, ok = 0, oom = 0;
+    /* Names a full interner refused: nothing of them can be stored (it
+     * logged why), so there is nothing to write. */
+    size_t n = op.registered && !op.unknown_names ? op.n : 0, ok = 0, oom = 0;
     lmc_lease *leases = calloc(n + 1, sizeof *leases);
     lmc_lease *granted = calloc(n + 1, sizeof *granted);
     lmc_l1_result *res = calloc(n + 1, sizeof *res);
@@ -357,7 +368,7 @@ static lmc_handler_result commit_store(void *state, lmc_rpc_call *call)
     const msgpack_object *d = lmc_rpc_call_arg(call, 2);
     if (d && !lmc_mp_is_nil(d) && !lmc_mp_get_bin(d, &data, &data_len))
         return lmc_rpc_call_fail(call, "ValidationError", "COMMIT_STORE: data must be bytes");
-    int rrc = resolve(m, call, &op, err, sizeof err);
+    int rrc = resolve(m, call, &op, false, err, sizeof err);
     if (rrc != 0)
         return lmc_rpc_call_fail(call, resolve_error(rrc), "COMMIT_STORE: %s", err);
     /* Non-empty data is the pickle fallback, which lmcached does not speak. */
@@ -384,14 +395,14 @@ static lmc_handler_result prepare_retrieve(void *state, lmc_rpc_call *call)
     engine_mod *m = state;
     ed_op op;
     char err[256];
-    int rrc = resolve(m, call, &op, err, sizeof err);
+    int rrc = resolve(m, call, &op, false, err, sizeof err);
     if (rrc != 0)
         return lmc_rpc_call_fail(call, resolve_error(rrc), "PREPARE_RETRIEVE: %s", err);
     /* Each COPY lease carries the share the LOOKUP took for this reader;
      * all or none, since the engine loads every chunk or none. */
     lmc_lease *leases = calloc(op.n + 1, sizeof *leases);
     lmc_l1_result *res = calloc(op.n + 1, sizeof *res);
-    bool asked = op.registered && leases && res && op.n > 0;
+    bool asked = op.registered && !op.unknown_names && leases && res && op.n > 0;
     size_t granted = asked ? lmc_storage_manager_lease_copy(m->ctx->storage, op.keys, op.n,
                                                             LMC_COPY_CARRIES_SHARE, true,
                                                             leases, res)
@@ -427,7 +438,7 @@ static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
     engine_mod *m = state;
     ed_op op;
     char err[256];
-    int rrc = resolve(m, call, &op, err, sizeof err);
+    int rrc = resolve(m, call, &op, false, err, sizeof err);
     if (rrc != 0)
         return lmc_rpc_call_fail(call, resolve_error(rrc), "COMMIT_RETRIEVE: %s", err);
     ed_pending *p = take_pending(m, &op, false);
@@ -441,14 +452,40 @@ static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
     return LMC_HANDLER_REPLY;
 }
 
+/* The answers of a full queue (docs/protocol.md, "Overload"): each op's
+ * documented failure, with nothing reserved, published or released. */
+static lmc_handler_result busy_prepare_store(void *state, lmc_rpc_call *call)
+{
+    (void)state;
+    pack_store_reply(lmc_rpc_call_reply(call), NULL, NULL, 0, NULL);   /* nothing to write */
+    return LMC_HANDLER_REPLY;
+}
+
+static lmc_handler_result busy_commit_store(void *state, lmc_rpc_call *call)
+{
+    (void)state;
+    msgpack_pack_false(lmc_rpc_call_reply(call));
+    return LMC_HANDLER_REPLY;
+}
+
+static lmc_handler_result busy_prepare_retrieve(void *state, lmc_rpc_call *call)
+{
+    (void)state;
+    pack_retrieve_reply(lmc_rpc_call_reply(call), NULL, 0, NULL);   /* success: false */
+    return LMC_HANDLER_REPLY;
+}
+
 static const lmc_rpc_handler_spec ed_handlers[] = {
     {LMC_OP_REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_register,
-     false, NULL},
+     false, NULL, NULL},
     {LMC_OP_UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_unregister,
-     false, NULL},
-    {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, prepare_store, .quick = true},
-    {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_AFFINITY, commit_store, .quick = true},
-    {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, prepare_retrieve, .quick = true},
+     false, NULL, NULL},
+    {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, prepare_store, .quick = true,
+     .busy = busy_prepare_store},
+    {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_AFFINITY, commit_store, .quick = true,
+     .busy = busy_commit_store},
+    {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, prepare_retrieve, .quick = true,
+     .busy = busy_prepare_retrieve},
     {LMC_OP_COMMIT_RETRIEVE, NULL, LMC_POOL_AFFINITY, commit_retrieve, .quick = true},
 };
 

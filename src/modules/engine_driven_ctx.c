@@ -65,7 +65,8 @@ static const char *unsupported(const msgpack_object *o, const reg_payload *p, ui
     const msgpack_object *gl = lmc_mp_map_get(o, "group_layouts");
     const msgpack_object *gi = lmc_mp_map_get(o, "engine_group_infos");
     if (!lmc_model_name_valid(p->model, p->model_len))
-        return "model_name must be non-empty and must not contain '@'";
+        return "model_name must be non-empty, at most " LMC_MODEL_NAME_MAX_TEXT
+               " bytes, and must not contain '@'";
     if (p->world_size < 1 || p->world_size > 255)
         return "world_size must be in 1..255";
     if (p->num_layers < 1 || p->num_layers > (1 << 20) || p->hidden_dim < 1 ||
@@ -126,7 +127,11 @@ static const char *create_ctx(engine_mod *m, const reg_payload *p)
     if (!c->model || lmc_layout_build(&c->layout, m->cs, (uint32_t)p->num_layers,
                                       (uint32_t)p->hidden_dim, p->dtype, p->dtype_len, p->use_mla,
                                       err, sizeof err) != 0) {
-        const char *why = c->model ? "unsupported dtype_str" : "out of memory";
+        const char *why = c->model ? "unsupported dtype_str"
+                          : lmc_key_interner_full(m->ctx->interner)
+                              ? "too many distinct model names and cache salts "
+                                "(--max-interned-strings)"
+                              : "out of memory";
         free(c);
         return why;
     }

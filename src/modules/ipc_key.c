@@ -7,6 +7,10 @@
 #include "rpc/wire.h"
 
 #define FAIL(...) (snprintf(err, errlen, __VA_ARGS__), -1)
+#define MODEL_RULE "model_name must be a non-empty str of at most " LMC_MODEL_NAME_MAX_TEXT \
+                   " bytes without '@'"
+#define SALT_RULE "cache_salt must be a str of at most " LMC_CACHE_SALT_MAX_TEXT \
+                  " bytes without '@/\\'"
 
 /* ---- one-pass decoding from the raw frame ------------------------------- */
 
@@ -25,6 +29,9 @@ static int read_tokens(lmc_mp_reader *r, lmc_ipc_key *k, char *err, size_t errle
     uint32_t n;
     if (!lmc_mpr_array(r, &n))
         return FAIL("token_ids must be an array of ints");
+    if (n > LMC_KEY_MAX_TOKENS)
+        return FAIL("token_ids has %u ids; a key carries at most %u token ids", n,
+                    LMC_KEY_MAX_TOKENS);
     lmc_ipc_key_free(k); /* a repeated key: the last one wins, as in msgspec */
     k->tokens = malloc((n ? n : 1) * sizeof *k->tokens);
     if (!k->tokens)
@@ -51,14 +58,14 @@ static int read_field(lmc_mp_reader *r, const char *name, size_t len, lmc_ipc_ke
         return f->has_tokens = true, read_tokens(r, k, err, errlen);
     if (name_is(name, len, "model_name"))
         return (f->has_model = lmc_mpr_str(r, &k->model_name, &k->model_len)) ? 0
-               : FAIL("model_name must be a non-empty str without '@'");
+               : FAIL(MODEL_RULE);
     if (name_is(name, len, "request_id"))
         return (f->has_rid = lmc_mpr_str(r, &k->request_id, &k->request_id_len)) ? 0
                : FAIL("request_id must be a str");
     if (name_is(name, len, "cache_salt")) {
         k->cache_salt = "", k->salt_len = 0;
         return lmc_mpr_nil(r) || lmc_mpr_str(r, &k->cache_salt, &k->salt_len)
-                   ? 0 : FAIL("cache_salt must be a str of at most 128 chars without '@/\\'");
+                   ? 0 : FAIL(SALT_RULE);
     }
     if (name_is(name, len, "world_size"))
         return (f->has_world = lmc_mpr_int(r, &f->world_size)) ? 0
@@ -87,11 +94,13 @@ static int check_fields(const key_fields *f, uint32_t cs, lmc_ipc_key *k, char *
                         size_t errlen)
 {
     if (!f->has_model || !lmc_model_name_valid(k->model_name, k->model_len))
-        return FAIL("model_name must be a non-empty str without '@'");
+        return FAIL(MODEL_RULE);
     if (!f->has_rid)
         return FAIL("request_id must be a str");
+    if (k->request_id_len > LMC_REQUEST_ID_MAX)
+        return FAIL("request_id must be at most %d bytes", LMC_REQUEST_ID_MAX);
     if (!lmc_cache_salt_valid(k->cache_salt, k->salt_len))
-        return FAIL("cache_salt must be a str of at most 128 chars without '@/\\'");
+        return FAIL(SALT_RULE);
     if (!f->has_world || f->world_size < 1 || f->world_size > 255)
         return FAIL("world_size must be an int in 1..255");
     k->world_size = (uint32_t)f->world_size;
@@ -162,13 +171,9 @@ void lmc_ipc_key_free(lmc_ipc_key *k)
     k->n_tokens = 0;
 }
 
-int lmc_ipc_key_object_keys(const lmc_ipc_key *k, const uint8_t *hashes, size_t n_chunks,
-                            uint32_t groups, lmc_key_interner *in, lmc_object_key *out)
+static void fill_keys(const lmc_ipc_key *k, const uint8_t *hashes, size_t n_chunks,
+                      uint32_t groups, const char *model, const char *salt, lmc_object_key *out)
 {
-    const char *model = lmc_intern(in, k->model_name, k->model_len);
-    const char *salt = lmc_intern(in, k->cache_salt, k->salt_len);
-    if (!model || !salt)
-        return -1;
     uint32_t nranks = lmc_ipc_key_num_ranks(k);
     size_t i = 0;
     for (size_t c = 0; c < n_chunks; c++) {
@@ -185,5 +190,26 @@ int lmc_ipc_key_object_keys(const lmc_ipc_key *k, const uint8_t *hashes, size_t 
             }
         }
     }
+}
+
+int lmc_ipc_key_object_keys(const lmc_ipc_key *k, const uint8_t *hashes, size_t n_chunks,
+                            uint32_t groups, lmc_key_interner *in, lmc_object_key *out)
+{
+    const char *model = lmc_intern(in, k->model_name, k->model_len);
+    const char *salt = model ? lmc_intern(in, k->cache_salt, k->salt_len) : NULL;
+    if (!model || !salt)
+        return -1;
+    fill_keys(k, hashes, n_chunks, groups, model, salt, out);
+    return 0;
+}
+
+int lmc_ipc_key_object_keys_find(const lmc_ipc_key *k, const uint8_t *hashes, size_t n_chunks,
+                                 uint32_t groups, lmc_key_interner *in, lmc_object_key *out)
+{
+    const char *model = lmc_intern_find(in, k->model_name, k->model_len);
+    const char *salt = model ? lmc_intern_find(in, k->cache_salt, k->salt_len) : NULL;
+    if (!model || !salt)
+        return 1;
+    fill_keys(k, hashes, n_chunks, groups, model, salt, out);
     return 0;
 }

@@ -15,6 +15,12 @@
 #include "hash/token_hash.h"
 #include "storage/object_key.h"
 
+/* Bounds on a key (docs/protocol.md, "Keys" and "Bounds"): the most token
+ * ids one key carries (a 16M-token context; 80 MiB on the wire at 5 bytes
+ * an id) and the longest request id (sessions and jobs keep a copy). */
+#define LMC_KEY_MAX_TOKENS (1u << 24)
+#define LMC_REQUEST_ID_MAX 1024
+
 typedef struct {
     const char *model_name;
     size_t model_len;
@@ -59,8 +65,14 @@ static inline uint32_t lmc_ipc_key_num_ranks(const lmc_ipc_key *k)
  * (32 bytes each, contiguous), for `groups` object groups and the key's
  * ranks, chunk-major (chunk -> group -> rank): out[(c*groups + g)*R + r].
  * Strings are interned in `in`.  `out` must hold n_chunks*groups*R keys.
- * 0, or -1 when interning fails. */
+ * 0, or -1 when interning fails (no memory, or `in` is full). */
 int lmc_ipc_key_object_keys(const lmc_ipc_key *k, const uint8_t *hashes, size_t n_chunks,
                             uint32_t groups, lmc_key_interner *in, lmc_object_key *out);
+/* The same for a request that only reads or asks: the strings are looked
+ * up, never interned (docs/storage.md, "Interned strings").  0, or 1 with
+ * `out` untouched when the model name or salt was never interned: then no
+ * object has these keys. */
+int lmc_ipc_key_object_keys_find(const lmc_ipc_key *k, const uint8_t *hashes, size_t n_chunks,
+                                 uint32_t groups, lmc_key_interner *in, lmc_object_key *out);
 
 #endif

@@ -99,10 +99,31 @@ static int decode_block_ids(const sd_ctx *c, const msgpack_object *o, sd_op *op,
     return 0;
 }
 
+/* The object keys of op: a STORE interns the key's names, a RETRIEVE
+ * only looks them up (docs/storage.md, "Interned strings").  0, or -1 /
+ * -2 with the reason. */
+static int object_keys(sd_mod *m, sd_op *op, const uint8_t *hashes, uint32_t n_og, bool store,
+                       char *err, size_t errlen)
+{
+    lmc_key_interner *in = m->ctx->interner;
+    if (!store)
+        return lmc_ipc_key_object_keys_find(&op->key, hashes, op->n, n_og, in, op->keys) == 0
+                   ? 0
+                   : (snprintf(err, errlen, "nothing is stored under this model name and "
+                                            "cache salt"), -1);
+    if (lmc_ipc_key_object_keys(&op->key, hashes, op->n, n_og, in, op->keys) == 0)
+        return 0;
+    if (lmc_key_interner_full(in))
+        return snprintf(err, errlen, "too many distinct model names and cache salts "
+                                     "(--max-interned-strings)"), -1;
+    return snprintf(err, errlen, "out of memory"), -2;
+}
+
 /* Frames 0 (key) and 1 (instance) and 2 (block ids): the context, the
  * object keys of every object group and the block lists.  0, or -1 / -2
  * with the reason. */
-static int op_begin(sd_mod *m, lmc_rpc_call *call, sd_op *op, char *err, size_t errlen)
+static int op_begin(sd_mod *m, lmc_rpc_call *call, sd_op *op, bool store, char *err,
+                    size_t errlen)
 {
     *op = (sd_op){0};
     int64_t id;
@@ -134,13 +155,15 @@ static int op_begin(sd_mod *m, lmc_rpc_call *call, sd_op *op, char *err, size_t 
                                                       op->key.n_tokens, op->key.start,
                                                       op->key.end, hashes)
                             : LMC_HASH_ENOMEM;
-    if (rc == LMC_HASH_OK && lmc_ipc_key_object_keys(&op->key, hashes, op->n, n_og,
-                                                     m->ctx->interner, op->keys) != 0)
-        rc = LMC_HASH_ENOMEM;
+    if (rc == LMC_HASH_OK) {
+        rc = object_keys(m, op, hashes, n_og, store, err, errlen);
+    } else {
+        snprintf(err, errlen, "hashing failed: %s", lmc_hash_strerror(rc));
+        rc = rc == LMC_HASH_ENOMEM ? -2 : -1;
+    }
     free(hashes);
-    if (rc != LMC_HASH_OK)
-        return snprintf(err, errlen, "hashing failed: %s", lmc_hash_strerror(rc)),
-               rc == LMC_HASH_ENOMEM ? -2 : -1;
+    if (rc != 0)
+        return rc;
     op->arena = lmc_storage_manager_l1_arena(m->ctx->storage)->base;
     return decode_block_ids(op->c, lmc_rpc_call_arg(call, 2), op, err, errlen);
 }
@@ -386,7 +409,7 @@ static lmc_handler_result store(void *state, lmc_rpc_call *call)
     sd_store_plan s = {0};
     char err[256];
     int64_t t0 = now_ns();
-    int rc = op_begin(m, call, &op, err, sizeof err);
+    int rc = op_begin(m, call, &op, true, err, sizeof err);
     if (rc == 0)
         rc = plan_store(&op, &s, err, sizeof err);
     const uint8_t *client = NULL;
@@ -528,7 +551,7 @@ static lmc_handler_result retrieve(void *state, lmc_rpc_call *call)
     char err[256];
     uint64_t skip = 0, bytes = 0;
     int64_t t0 = now_ns();
-    int rc = op_begin(m, call, &op, err, sizeof err);
+    int rc = op_begin(m, call, &op, false, err, sizeof err);
     if (rc == 0)
         rc = decode_skip(call, &skip, err, sizeof err);
     const uint8_t *client = NULL;
@@ -607,11 +630,24 @@ static bool small_copy(void *state, lmc_rpc_call *call)
     return bytes <= INLINE_COPY_BYTES;
 }
 
+/* A full queue's answer to STORE and RETRIEVE (docs/protocol.md,
+ * "Overload"): [b"", false], what an unknown instance gets: nothing was
+ * touched, so there is no event to wait for. */
+static lmc_handler_result busy_transfer(void *state, lmc_rpc_call *call)
+{
+    (void)state;
+    msgpack_packer *pk = lmc_rpc_call_reply(call);
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_bin(pk, 0);
+    msgpack_pack_false(pk);
+    return LMC_HANDLER_REPLY;
+}
+
 static const lmc_rpc_handler_spec sd_handlers[] = {
-    {LMC_OP_REGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, lmc_sd_register, false, NULL},
-    {LMC_OP_UNREGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, lmc_sd_unregister, false, NULL},
-    {LMC_OP_STORE, NULL, LMC_POOL_AFFINITY, store, false, small_copy},
-    {LMC_OP_RETRIEVE, NULL, LMC_POOL_AFFINITY, retrieve, false, small_copy},
+    {LMC_OP_REGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, lmc_sd_register, false, NULL, NULL},
+    {LMC_OP_UNREGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, lmc_sd_unregister, false, NULL, NULL},
+    {LMC_OP_STORE, NULL, LMC_POOL_AFFINITY, store, false, small_copy, busy_transfer},
+    {LMC_OP_RETRIEVE, NULL, LMC_POOL_AFFINITY, retrieve, false, small_copy, busy_transfer},
 };
 
 #define COUNTER(name) (json_int_t)atomic_load(&m->name)

@@ -164,8 +164,15 @@ static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
     uint32_t per = layout->num_groups * lmc_ipc_key_num_ranks(k);
     size_t n = n_chunks * per;
     lmc_object_key *keys = malloc(n * sizeof *keys);
-    if (!keys || lmc_ipc_key_object_keys(k, hashes, n_chunks, layout->num_groups,
-                                         m->ctx->interner, keys) != 0) {
+    /* A LOOKUP only asks: a name never interned is a name no L1 object
+     * has, so it is not interned now (issue 17).  An L2 tier may hold
+     * objects of names this process never saw (a persistent store from an
+     * earlier run), which its prefetch brings into L1 under these keys. */
+    bool l2 = lmc_storage_manager_has_l2(m->ctx->storage);
+    if (!keys || (l2 ? lmc_ipc_key_object_keys(k, hashes, n_chunks, layout->num_groups,
+                                               m->ctx->interner, keys)
+                     : lmc_ipc_key_object_keys_find(k, hashes, n_chunks, layout->num_groups,
+                                                    m->ctx->interner, keys)) != 0) {
         free(keys);
         return 0;
     }
@@ -459,6 +466,10 @@ typedef struct {
     lmc_rpc_call *call;
 } parked_wait;
 
+/* Payload of a WAIT that may park: a request id (at most 1 KiB for a job
+ * to exist) and a float, with room to spare. */
+#define PARKED_WAIT_MAX_BYTES 4096
+
 /* Runs on whichever thread finishes the wait (completion, timer, close). */
 static void wait_done(void *user, lmc_job_status st, int64_t hits)
 {
@@ -485,6 +496,17 @@ static lmc_handler_result wait_status(void *state, lmc_rpc_call *call)
         timeout = 0;                   /* NaN or negative: poll once */
     if (timeout > 86400)
         timeout = 86400;
+    /* A parked call keeps its frames: a WAIT carrying more than a request
+     * id and a timeout (trailing frames are allowed) is answered as a
+     * poll instead, so that parked waits stay small (issue 17). */
+    size_t bytes = 0, flen;
+    for (size_t i = 0; i < lmc_rpc_call_nargs(call); i++)
+        bytes += lmc_rpc_call_arg_raw(call, i, &flen) ? flen : 0;
+    if (bytes > PARKED_WAIT_MAX_BYTES) {
+        int64_t hits;
+        lmc_job_status st = lmc_jobs_query(m->jobs, rid, len, &hits);
+        return answer(m, call, rid, len, st, hits);
+    }
     parked_wait *pw = malloc(sizeof *pw);
     if (!pw)
         return lmc_rpc_call_fail(call, "MemoryError", "out of memory");
@@ -590,14 +612,25 @@ static lmc_handler_result end_session(void *state, lmc_rpc_call *call)
     return LMC_HANDLER_VOID;
 }
 
+/* The answers of a full queue (docs/protocol.md, "Overload").  LOOKUP:
+ * the void reply, with no job registered, so the status polls answer 0
+ * hits (a job an earlier LOOKUP of the same id registered is left as it
+ * is).  WAIT_PREFETCH_STATUS: no frame, as when its timeout passes. */
+static lmc_handler_result busy_void(void *state, lmc_rpc_call *call)
+{
+    (void)state;
+    (void)call;
+    return LMC_HANDLER_VOID;
+}
+
 static const lmc_rpc_handler_spec lookup_handlers[] = {
-    {LMC_OP_LOOKUP, NULL, LMC_POOL_NORMAL, lookup, .quick = true},
+    {LMC_OP_LOOKUP, NULL, LMC_POOL_NORMAL, lookup, .quick = true, .busy = busy_void},
     /* The two status polls are a table lookup: answered on the socket
      * thread, they skip two thread hand-offs per scheduler poll.  The job
      * they read was registered before the LOOKUP's reply went out. */
-    {LMC_OP_QUERY_PREFETCH_STATUS, NULL, LMC_POOL_SYNC, query_status, false, NULL},
-    {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, wait_status, false, NULL},
-    {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, query_lookup_hits, false, NULL},
+    {LMC_OP_QUERY_PREFETCH_STATUS, NULL, LMC_POOL_SYNC, query_status, false, NULL, NULL},
+    {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, wait_status, false, NULL, busy_void},
+    {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, query_lookup_hits, false, NULL, NULL},
     {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, free_lookup_locks, .quick = true},
     {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, end_session, .quick = true},
 };

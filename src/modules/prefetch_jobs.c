@@ -30,6 +30,7 @@ struct lmc_jobs {
     pthread_cond_t wake;      /* timer thread: new earliest deadline or stop */
     lmc_rid_table table;
     waiter *waiters;          /* every parked waiter, any job */
+    size_t n_waiters;
     uint64_t next_id;
     bool stop;
     bool has_thread;
@@ -65,6 +66,7 @@ static void detach_waiters(lmc_jobs *j, job *jb, lmc_job_status first_st, int64_
             continue;
         }
         *p = w->next;
+        j->n_waiters--;
         w->st = first ? first_st : rest_st;
         w->hits = first ? hits : 0;
         first = false;
@@ -90,8 +92,10 @@ lmc_jobs *lmc_jobs_new(const lmc_jobs_options *o)
     j->o = *o;
     if (j->o.max_jobs == 0)
         j->o.max_jobs = 65536;
+    if (j->o.max_waiters == 0)
+        j->o.max_waiters = 4096;
     j->next_id = 1;
-    if (lmc_rid_table_init(&j->table, 1024) != 0) {
+    if (lmc_rid_table_init(&j->table, 16) != 0) {
         free(j);
         return NULL;
     }
@@ -120,6 +124,7 @@ void lmc_jobs_free(lmc_jobs *j)
     while (j->waiters) {
         waiter *w = j->waiters;
         j->waiters = w->next;
+        j->n_waiters--;
         w->st = LMC_JOB_RUNNING;
         w->next = fired;
         fired = w;
@@ -268,6 +273,14 @@ lmc_job_status lmc_jobs_wait(lmc_jobs *j, const char *rid, size_t len, int64_t t
     if (!w)
         return LMC_JOB_RUNNING;   /* answer None rather than block */
     pthread_mutex_lock(&j->lock);
+    if (j->n_waiters >= j->o.max_waiters) {
+        /* Each parked wait holds its request's frames: a bound, so that
+         * waits on a slow prefetch cannot pile up (issue 17).  None now
+         * is what a timeout answers; the client asks again. */
+        pthread_mutex_unlock(&j->lock);
+        free(w);
+        return LMC_JOB_RUNNING;
+    }
     /* Re-check: the job may have completed between query() and here. */
     job *jb = (job *)lmc_rid_table_find(&j->table, rid, len);
     if (!jb || jb->done) {
@@ -279,6 +292,7 @@ lmc_job_status lmc_jobs_wait(lmc_jobs *j, const char *rid, size_t len, int64_t t
                   .deadline_ms = now_ms(j) + (timeout_ms > 0 ? timeout_ms : 0),
                   .next = j->waiters};
     j->waiters = w;
+    j->n_waiters++;
     pthread_cond_signal(&j->wake);
     pthread_mutex_unlock(&j->lock);
     return LMC_JOB_WAITING;
@@ -305,6 +319,7 @@ static int64_t expire_locked(lmc_jobs *j, int64_t now, waiter **fired, size_t *n
         waiter *w = *p;
         if (w->deadline_ms <= now) {
             *p = w->next;
+            j->n_waiters--;
             w->st = LMC_JOB_RUNNING;
             w->next = *fired;
             *fired = w;
@@ -365,9 +380,7 @@ size_t lmc_jobs_count(lmc_jobs *j)
 size_t lmc_jobs_waiter_count(lmc_jobs *j)
 {
     pthread_mutex_lock(&j->lock);
-    size_t n = 0;
-    for (waiter *w = j->waiters; w; w = w->next)
-        n++;
+    size_t n = j->n_waiters;
     pthread_mutex_unlock(&j->lock);
     return n;
 }

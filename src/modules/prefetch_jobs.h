@@ -30,6 +30,8 @@ typedef void (*lmc_job_waiter_fn)(void *user, lmc_job_status st, int64_t hits);
 
 typedef struct {
     size_t max_jobs;          /* bound; the least recently used job goes first */
+    size_t max_waiters;       /* parked waits, all jobs; past it wait() answers RUNNING
+                               * at once.  0: 4096 */
     int64_t max_age_ms;       /* jobs idle longer are dropped on submit; 0 = never */
     lmc_clock_ms_fn clock;    /* NULL: CLOCK_MONOTONIC */
     void *clock_user;
@@ -64,7 +66,8 @@ lmc_job_status lmc_jobs_query(lmc_jobs *j, const char *rid, size_t len, int64_t 
  * over (not consuming), RUNNING before, UNKNOWN without a job. */
 lmc_job_status lmc_jobs_lookup_hits(lmc_jobs *j, const char *rid, size_t len, int64_t *hits);
 /* WAIT_PREFETCH_STATUS: DONE/UNKNOWN at once (fn not called), or WAITING
- * when fn(user, ...) will be called later, at the latest after timeout_ms. */
+ * when fn(user, ...) will be called later, at the latest after timeout_ms;
+ * RUNNING at once (fn not called) when max_waiters are parked already. */
 lmc_job_status lmc_jobs_wait(lmc_jobs *j, const char *rid, size_t len, int64_t timeout_ms,
                              lmc_job_waiter_fn fn, void *user, int64_t *hits);
 /* Removes rid's job; its waiters get UNKNOWN.  True if an unconsumed job

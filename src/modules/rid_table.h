@@ -5,7 +5,13 @@
  * links them.  The node owns a copy of its request id.  Recency order lets
  * both users drop the least recently used entry when they hit their bound,
  * so clients that never end their requests cannot grow memory without
- * limit.  Not thread-safe: the owner serialises access. */
+ * limit.
+ *
+ * Request ids come from clients, so the bucket index is a keyed hash
+ * (SipHash-2-4) under a key drawn from getrandom() per table: a client
+ * cannot pick ids that all land in one bucket.  The bucket array doubles
+ * whenever the count passes it, so chains stay short at any count (issue
+ * 17).  Not thread-safe: the owner serialises access. */
 #ifndef LMC_MODULES_RID_TABLE_H
 #define LMC_MODULES_RID_TABLE_H
 
@@ -24,11 +30,14 @@ typedef struct lmc_rid_node {
 
 typedef struct {
     lmc_rid_node **buckets;
-    size_t nbuckets;              /* power of two */
+    size_t nbuckets;              /* power of two, >= count once it could grow */
     size_t count;
     lmc_rid_node *newest, *oldest;
+    uint64_t key[2];              /* the hash key, from getrandom() */
 } lmc_rid_table;
 
+/* Starts with `nbuckets` (rounded up to a power of two, at least 16)
+ * buckets and a fresh random key.  0, or -1 (no memory, no randomness). */
 int lmc_rid_table_init(lmc_rid_table *t, size_t nbuckets);
 /* Frees the buckets only; entries belong to the caller. */
 void lmc_rid_table_destroy(lmc_rid_table *t);
@@ -40,5 +49,7 @@ int lmc_rid_table_insert(lmc_rid_table *t, lmc_rid_node *n, const char *rid, siz
 void lmc_rid_table_remove(lmc_rid_table *t, lmc_rid_node *n);
 /* Marks the node most recently used. */
 void lmc_rid_table_touch(lmc_rid_table *t, lmc_rid_node *n, int64_t now_ms);
+/* SipHash-2-4 of s[0..len) under key k (exposed for its known-answer test). */
+uint64_t lmc_rid_hash(const uint64_t k[2], const char *s, size_t len);
 
 #endif

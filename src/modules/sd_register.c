@@ -197,8 +197,8 @@ static int decode_request(sd_mod *m, lmc_rpc_call *call, reg_request *r, char *e
     if (nargs >= 4) {
         if (!lmc_mp_get_str(lmc_rpc_call_arg(call, 2), &r->model, &r->model_len) ||
             !lmc_model_name_valid(r->model, r->model_len))
-            return snprintf(err, errlen, "model_name must be a non-empty string without '@'"),
-                   -1;
+            return snprintf(err, errlen, "model_name must be a non-empty string of at most %d "
+                                         "bytes without '@'", LMC_MODEL_NAME_MAX), -1;
         const msgpack_object *ws = lmc_rpc_call_arg(call, 3);
         if (!ws || ws->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(ws, &r->world_size) ||
             r->world_size < 1 || r->world_size > 255)
@@ -388,8 +388,15 @@ static int build_ctx(sd_mod *m, const reg_request *r, sd_ctx **out, char *err, s
         rc = plan_layout(m, &c->plan, &c->layout, err, errlen);
     if (rc == 0 && r->model) {
         c->model = lmc_intern(m->ctx->interner, r->model, r->model_len);
-        rc = c->model ? acquire_layout(m, c, err, errlen)
-                      : (snprintf(err, errlen, "out of memory"), -2);
+        bool full = !c->model && lmc_key_interner_full(m->ctx->interner);
+        if (c->model)
+            rc = acquire_layout(m, c, err, errlen);
+        else
+            snprintf(err, errlen, "%s", full ? "too many distinct model names and cache salts "
+                                               "(--max-interned-strings)"
+                                             : "out of memory");
+        if (!c->model)
+            rc = full ? -1 : -2;
     }
     if (rc != 0) {
         ctx_destroy(m, c);

@@ -50,7 +50,7 @@ lmc_sessions *lmc_sessions_new(const lmc_sessions_options *o)
     s->o = *o;
     if (!s->o.max_sessions)
         s->o.max_sessions = 65536;
-    if (lmc_rid_table_init(&s->table, 1024) != 0) {
+    if (lmc_rid_table_init(&s->table, 16) != 0) {
         free(s);
         return NULL;
     }

@@ -92,7 +92,7 @@ int lmc_metrics_attach_event_bus(lmc_metrics *r, lmc_event_bus *bus);
 
 /* RPC core totals, mirrored as lmcache_mp_rpc_*_total counters. */
 typedef struct {
-    uint64_t received, replied, dropped, error_frames, inlined;
+    uint64_t received, replied, dropped, error_frames, inlined, overloaded;
 } lmc_metrics_rpc_counts;
 typedef lmc_metrics_rpc_counts (*lmc_metrics_rpc_fn)(void *user);
 int lmc_metrics_add_rpc_source(lmc_metrics *r, lmc_metrics_rpc_fn fn, void *user);

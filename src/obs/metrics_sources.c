@@ -209,7 +209,7 @@ int lmc_metrics_attach_event_bus(lmc_metrics *r, lmc_event_bus *bus)
 typedef struct {
     lmc_metrics_rpc_fn fn;
     void *user;
-    lmc_metric *received, *replied, *dropped, *error_frames, *inlined;
+    lmc_metric *received, *replied, *dropped, *error_frames, *inlined, *overloaded;
 } rpc_metrics;
 
 static void collect_rpc(lmc_metrics *r, void *user)
@@ -222,6 +222,7 @@ static void collect_rpc(lmc_metrics *r, void *user)
     lmc_metric_set(rm->dropped, NULL, (double)c.dropped);
     lmc_metric_set(rm->error_frames, NULL, (double)c.error_frames);
     lmc_metric_set(rm->inlined, NULL, (double)c.inlined);
+    lmc_metric_set(rm->overloaded, NULL, (double)c.overloaded);
 }
 
 int lmc_metrics_add_rpc_source(lmc_metrics *r, lmc_metrics_rpc_fn fn, void *user)
@@ -245,7 +246,12 @@ int lmc_metrics_add_rpc_source(lmc_metrics *r, lmc_metrics_rpc_fn fn, void *user
                                       "Pooled RPC requests run on the socket thread because "
                                       "their pool was idle",
                                       NULL);
-    if (!rm->received || !rm->replied || !rm->dropped || !rm->error_frames || !rm->inlined) {
+    rm->overloaded = lmc_metrics_counter(r, "lmcache_mp_rpc_overloaded_total",
+                                         "RPC requests answered at once because their worker "
+                                         "queue was full",
+                                         NULL);
+    if (!rm->received || !rm->replied || !rm->dropped || !rm->error_frames || !rm->inlined ||
+        !rm->overloaded) {
         free(rm);
         return -1;
     }

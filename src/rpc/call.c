@@ -147,20 +147,6 @@ lmc_handler_result lmc_call_settle(lmc_rpc_call *call, lmc_handler_result result
                              call->reply.size);
 }
 
-/* Messages are cut to whole UTF-8 sequences: clients decode them as str,
- * and vsnprintf may have cut the last one. */
-static size_t utf8_whole_prefix(const char *s, size_t n)
-{
-    size_t i = n;
-    while (i > 0 && ((unsigned char)s[i - 1] & 0xC0) == 0x80)
-        i--;
-    if (i == 0)
-        return 0;
-    unsigned char b = (unsigned char)s[i - 1];
-    size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
-    return n - (i - 1) >= need ? n : i - 1;
-}
-
 const char *lmc_call_error_body(const lmc_rpc_call *call, msgpack_sbuffer *sb, size_t *len)
 {
     /* {"error_type": "MemoryError", "message": "out of memory"} */
@@ -168,11 +154,15 @@ const char *lmc_call_error_body(const lmc_rpc_call *call, msgpack_sbuffer *sb, s
                                    "\xa7" "message" "\xad" "out of memory";
     msgpack_packer pk;
     msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
-    size_t n = utf8_whole_prefix(call->error_message, strlen(call->error_message));
+    /* Clients decode the message as str: vsnprintf may have cut its last
+     * character, and it may quote a client's bytes that are not UTF-8. */
+    char msg[sizeof call->error_message];
+    size_t n = lmc_utf8_sanitize(msg, sizeof msg, call->error_message,
+                                 strlen(call->error_message));
     const char *type = call->error_type[0] ? call->error_type : "RuntimeError";
     if (msgpack_pack_map(&pk, 2) == 0 && lmc_mp_pack_cstr(&pk, "error_type") == 0 &&
         lmc_mp_pack_cstr(&pk, type) == 0 && lmc_mp_pack_cstr(&pk, "message") == 0 &&
-        msgpack_pack_str(&pk, n) == 0 && msgpack_pack_str_body(&pk, call->error_message, n) == 0) {
+        msgpack_pack_str(&pk, n) == 0 && msgpack_pack_str_body(&pk, msg, n) == 0) {
         *len = sb->size;
         return sb->data;
     }

@@ -38,6 +38,7 @@ struct lmc_rpc_call {
     call_reply_buffer reply;
     msgpack_packer packer;
     lmc_handler_result result;
+    bool overloaded;               /* answered at once: its pool queue was full */
     char error_type[64];
     char error_message[512];
     void (*then_fn)(void *arg);    /* lmc_rpc_call_then; cleared once run */

@@ -12,6 +12,7 @@ typedef struct {
     pthread_cond_t ready;
     lmc_pool_task *head, *tail;
     size_t pending;   /* queued + running */
+    size_t waiting, waiting_bytes;   /* queued, not yet started */
     bool stopping;
 } task_queue;
 
@@ -25,6 +26,7 @@ struct lmc_pool {
     lmc_pool_run_fn run;
     void *user;
     size_t n_queues, n_threads, started;
+    size_t max_queued, max_bytes;   /* per queue; 0: no bound */
     task_queue *queues;
     pool_worker *workers;
 };
@@ -39,6 +41,8 @@ static lmc_pool_task *queue_pop_wait(task_queue *q)
         q->head = t->next;
         if (!q->head)
             q->tail = NULL;
+        q->waiting--;
+        q->waiting_bytes -= t->bytes;
     }
     pthread_mutex_unlock(&q->lock);
     return t;
@@ -58,8 +62,8 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-lmc_pool *lmc_pool_new(const char *name, int n_threads, int n_queues,
-                       lmc_pool_run_fn run, void *user)
+lmc_pool *lmc_pool_new(const char *name, int n_threads, int n_queues, size_t max_queued,
+                       size_t max_bytes, lmc_pool_run_fn run, void *user)
 {
     if (n_threads < 1 || n_queues < 1 || n_queues > n_threads)
         return NULL;
@@ -68,6 +72,8 @@ lmc_pool *lmc_pool_new(const char *name, int n_threads, int n_queues,
         return NULL;
     p->run = run;
     p->user = user;
+    p->max_queued = max_queued;
+    p->max_bytes = max_bytes;
     p->n_queues = (size_t)n_queues;
     p->n_threads = (size_t)n_threads;
     p->queues = calloc(p->n_queues, sizeof *p->queues);
@@ -103,11 +109,27 @@ size_t lmc_pool_queue_count(const lmc_pool *pool)
     return pool->n_queues;
 }
 
-void lmc_pool_submit(lmc_pool *pool, size_t queue_index, lmc_pool_task *task)
+/* Caller holds q->lock. */
+static bool queue_full(const lmc_pool *pool, const task_queue *q, size_t bytes)
+{
+    if (q->waiting == 0)
+        return false;
+    return (pool->max_queued && q->waiting >= pool->max_queued) ||
+           (pool->max_bytes && q->waiting_bytes + bytes > pool->max_bytes);
+}
+
+bool lmc_pool_submit(lmc_pool *pool, size_t queue_index, lmc_pool_task *task, size_t bytes)
 {
     task_queue *q = &pool->queues[queue_index % pool->n_queues];
     task->next = NULL;
+    task->bytes = bytes;
     pthread_mutex_lock(&q->lock);
+    if (queue_full(pool, q, bytes)) {
+        pthread_mutex_unlock(&q->lock);
+        return false;
+    }
+    q->waiting++;
+    q->waiting_bytes += bytes;
     if (q->tail)
         q->tail->next = task;
     else
@@ -117,6 +139,7 @@ void lmc_pool_submit(lmc_pool *pool, size_t queue_index, lmc_pool_task *task)
     /* With several threads on one queue, wake exactly one per task. */
     pthread_cond_signal(&q->ready);
     pthread_mutex_unlock(&q->lock);
+    return true;
 }
 
 bool lmc_pool_queue_idle(lmc_pool *pool, size_t queue_index)

@@ -12,17 +12,24 @@
 
 typedef struct lmc_pool_task {
     struct lmc_pool_task *next;
+    size_t bytes;               /* what it counts against its queue's byte bound */
 } lmc_pool_task;
 
 typedef void (*lmc_pool_run_fn)(lmc_pool_task *task, void *user);
 
 typedef struct lmc_pool lmc_pool;
 
-/* Returns NULL on failure (threads could not be started). */
-lmc_pool *lmc_pool_new(const char *name, int n_threads, int n_queues,
-                       lmc_pool_run_fn run, void *user);
+/* Each queue holds at most `max_queued` tasks waiting to start and
+ * `max_bytes` of their bytes (0: no bound), so a flood of requests cannot
+ * grow it without limit (issue 17).  Returns NULL on failure (threads
+ * could not be started). */
+lmc_pool *lmc_pool_new(const char *name, int n_threads, int n_queues, size_t max_queued,
+                       size_t max_bytes, lmc_pool_run_fn run, void *user);
 size_t lmc_pool_queue_count(const lmc_pool *pool);
-void lmc_pool_submit(lmc_pool *pool, size_t queue_index, lmc_pool_task *task);
+/* Queues `task` (of `bytes`) on queue `queue_index`; false, and not
+ * queued, when that queue is at its bound.  A queue with nothing waiting
+ * takes any task, so no task is refused for its size alone. */
+bool lmc_pool_submit(lmc_pool *pool, size_t queue_index, lmc_pool_task *task, size_t bytes);
 /* True when queue `queue_index` has no task queued or running.  With a
  * single submitting thread, that thread's answer stays true until its own
  * next submit. */

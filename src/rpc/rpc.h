@@ -49,10 +49,34 @@ typedef struct {
      * call the module judges bounded and small (it reads the call's frames,
      * never replies or keeps it) may run inline like a quick one. */
     bool (*inline_ok)(void *ctx, lmc_rpc_call *call);
+    /* The op's answer when its pool queue is full (docs/protocol.md,
+     * "Overload"): packs the op's documented failure reply and returns
+     * REPLY or VOID, on the socket thread, without doing the op's work or
+     * decoding more than it must.  NULL: the op has no failure reply, and
+     * the call fails with a ServerBusyError (an error frame with
+     * --rpc-error-frames, else dropped). */
+    lmc_handler_result (*busy)(void *ctx, lmc_rpc_call *call);
 } lmc_rpc_handler_spec;
 
 /* Payload bound for running a quick handler inline (a 64k-token key). */
 #define LMC_RPC_INLINE_MAX_BYTES (320u * 1024u)
+
+/* Bounds on what a client can send (docs/protocol.md, "Bounds").  The
+ * largest legal frame is a key of LMC_KEY_MAX_TOKENS token ids of up to 5
+ * bytes each (80 MiB, src/modules/ipc_key.h) plus its other fields, the
+ * largest legal message that key plus a STORE's block ids (at most 2^20
+ * of up to 9 bytes): both stay under 128 MiB.  ZMQ disconnects a peer
+ * that sends a larger frame (ZMQ_MAXMSGSIZE); a message of smaller frames
+ * that add up to more is answered as a failed request and freed. */
+#define LMC_RPC_MAX_MESSAGE_BYTES (128u << 20)
+/* Whole messages ZMQ queues per peer: inbound before the socket thread
+ * reads them (past it ZMQ stops reading that peer's connection), and
+ * replies a peer has not read yet (past it ZMQ drops that peer's replies). */
+#define LMC_RPC_RCVHWM 1000
+#define LMC_RPC_SNDHWM 10000
+/* Bytes of the requests waiting in one worker queue (an empty queue takes
+ * any request); the count is lmc_rpc_options.max_queued. */
+#define LMC_RPC_QUEUE_MAX_BYTES (256u << 20)
 
 /* ---- inside a handler --------------------------------------------------- */
 int lmc_rpc_call_op(const lmc_rpc_call *call);       /* resolved op id (names map too) */
@@ -92,6 +116,7 @@ typedef struct {
     int normal_workers;     /* --max-cpu-workers */
     int affinity_workers;   /* --max-gpu-workers */
     bool error_frames;      /* reply LMCACHE_RPC_ERROR_V1 instead of dropping */
+    size_t max_queued;      /* --max-queued-requests, per worker queue; 0: no bound */
 } lmc_rpc_options;
 
 typedef struct {
@@ -100,6 +125,7 @@ typedef struct {
     uint64_t dropped;         /* malformed / unknown / failed, no reply */
     uint64_t error_frames;    /* error frames sent */
     uint64_t inlined;         /* pooled (quick) requests run on the socket thread */
+    uint64_t overloaded;      /* answered at once because their pool queue was full */
 } lmc_rpc_stats;
 
 /* Binds the socket (failure: port in use, bad host) and starts the pools. */

@@ -49,7 +49,7 @@ struct lmc_rpc_server {
     time_t drop_log_second;
     unsigned drop_logs_this_second;
     uint64_t drops_suppressed;
-    _Atomic uint64_t n_received, n_replied, n_dropped, n_error_frames, n_inlined;
+    _Atomic uint64_t n_received, n_replied, n_dropped, n_error_frames, n_inlined, n_overloaded;
     _Atomic uint64_t op_replied[LMC_OP_FROZEN_MAX + 1], op_failed[LMC_OP_FROZEN_MAX + 1];
 };
 
@@ -60,22 +60,29 @@ static void bump(_Atomic uint64_t *counter)
     atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
 }
 
-static void log_drop(lmc_rpc_server *s, const char *why)
+/* At most 10 lines a second about dropped or refused requests, plus a
+ * count of the lines suppressed: a flood cannot flood the log. */
+static void log_limited(lmc_rpc_server *s, const char *what, const char *why)
 {
-    bump(&s->n_dropped);
     time_t now = time(NULL);
     if (now != s->drop_log_second) {
         if (s->drops_suppressed)
-            LMC_WARN("rpc: %llu more malformed/unhandled requests dropped",
+            LMC_WARN("rpc: %llu more lines about dropped or refused requests suppressed",
                      (unsigned long long)s->drops_suppressed);
         s->drop_log_second = now;
         s->drop_logs_this_second = 0;
         s->drops_suppressed = 0;
     }
     if (s->drop_logs_this_second++ < 10)
-        LMC_WARN("rpc: dropping request: %s", why);
+        LMC_WARN("rpc: %s: %s", what, why);
     else
         s->drops_suppressed++;
+}
+
+static void log_drop(lmc_rpc_server *s, const char *why)
+{
+    bump(&s->n_dropped);
+    log_limited(s, "dropping request", why);
 }
 
 static uint64_t identity_hash(const uint8_t *p, size_t n)
@@ -109,10 +116,17 @@ int lmc_rpc_server_new(const lmc_rpc_options *opts, lmc_rpc_server **out,
         snprintf(err, errlen, "cannot create ZMQ socket: %s", zmq_strerror(zmq_errno()));
         goto fail;
     }
-    int linger_ms = 1000, hwm = 0; /* 0 = unbounded: never silently drop replies */
-    zmq_setsockopt(s->socket, ZMQ_LINGER, &linger_ms, sizeof linger_ms);
-    zmq_setsockopt(s->socket, ZMQ_SNDHWM, &hwm, sizeof hwm);
-    zmq_setsockopt(s->socket, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    /* Finite queues and frames: no peer can make ZMQ buffer without bound
+     * (docs/protocol.md, "Bounds"). */
+    int linger_ms = 1000, sndhwm = LMC_RPC_SNDHWM, rcvhwm = LMC_RPC_RCVHWM;
+    int64_t max_frame = LMC_RPC_MAX_MESSAGE_BYTES;
+    if (zmq_setsockopt(s->socket, ZMQ_LINGER, &linger_ms, sizeof linger_ms) != 0 ||
+        zmq_setsockopt(s->socket, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm) != 0 ||
+        zmq_setsockopt(s->socket, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm) != 0 ||
+        zmq_setsockopt(s->socket, ZMQ_MAXMSGSIZE, &max_frame, sizeof max_frame) != 0) {
+        snprintf(err, errlen, "cannot set ZMQ socket options: %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
     if (zmq_bind(s->socket, opts->bind_url) != 0) {
         snprintf(err, errlen, "cannot bind %s: %s", opts->bind_url, zmq_strerror(zmq_errno()));
         goto fail;
@@ -123,8 +137,10 @@ int lmc_rpc_server_new(const lmc_rpc_options *opts, lmc_rpc_server **out,
         snprintf(err, errlen, "eventfd: %s", strerror(errno));
         goto fail;
     }
-    s->normal_pool = lmc_pool_new("cpu", opts->normal_workers, 1, run_pooled_call, s);
+    s->normal_pool = lmc_pool_new("cpu", opts->normal_workers, 1, opts->max_queued,
+                                  LMC_RPC_QUEUE_MAX_BYTES, run_pooled_call, s);
     s->affinity_pool = lmc_pool_new("gpu", opts->affinity_workers, opts->affinity_workers,
+                                    opts->max_queued, LMC_RPC_QUEUE_MAX_BYTES,
                                     run_pooled_call, s);
     if (!s->normal_pool || !s->affinity_pool) {
         snprintf(err, errlen, "cannot start worker pools (%d cpu, %d gpu workers)",
@@ -213,7 +229,7 @@ static void count_op(lmc_rpc_server *s, const lmc_rpc_call *c)
 {
     if (c->op_id < 1 || c->op_id > LMC_OP_FROZEN_MAX)
         return;
-    bool ok = c->result == LMC_HANDLER_REPLY || c->result == LMC_HANDLER_VOID;
+    bool ok = !c->overloaded && (c->result == LMC_HANDLER_REPLY || c->result == LMC_HANDLER_VOID);
     bump(ok ? &s->op_replied[c->op_id] : &s->op_failed[c->op_id]);
 }
 
@@ -340,9 +356,14 @@ static const handler_entry *resolve_op(lmc_rpc_server *s, zmq_msg_t *op_frame, i
                 found = &s->named[i].entry;
             }
         }
-        if (!found)
-            snprintf(why, whylen, "no handler registered for request type '%.*s'",
-                     (int)(o->via.str.size > 64 ? 64 : o->via.str.size), o->via.str.ptr);
+        if (!found) {
+            /* At most 64 bytes of the name, cut between characters and
+             * valid UTF-8 whatever the client sent: it goes back to the
+             * client in an error frame. */
+            char name[65];
+            lmc_utf8_sanitize(name, sizeof name, o->via.str.ptr, o->via.str.size);
+            snprintf(why, whylen, "no handler registered for request type '%s'", name);
+        }
     } else {
         snprintf(why, whylen, "op frame is neither an int nor a str");
     }
@@ -386,7 +407,42 @@ static bool run_inline(lmc_rpc_server *s, const handler_entry *h, lmc_rpc_call *
     return true;
 }
 
-static void dispatch(lmc_rpc_server *s, zmq_msg_t *frames, size_t n)
+/* A full pool queue: the call is answered now with its op's failure reply,
+ * or fails as ServerBusyError (docs/protocol.md, "Overload"), and the
+ * socket thread goes on reading. */
+static void answer_overload(lmc_rpc_server *s, const handler_entry *h, lmc_rpc_call *c,
+                            const char *queue)
+{
+    char why[160];
+    const char *op = lmc_op_name(c->op_id) ? lmc_op_name(c->op_id) : h->spec.op_name;
+    bump(&s->n_overloaded);
+    c->overloaded = true;
+    snprintf(why, sizeof why, "the %s worker queue is full (--max-queued-requests %zu)", queue,
+             s->opts.max_queued);
+    if (h->spec.busy) {
+        char what[96];
+        snprintf(what, sizeof what, "%s answered with its overload reply", op ? op : "request");
+        c->result = h->spec.busy(h->ctx, c);
+        log_limited(s, what, why);
+    } else {
+        c->result = lmc_rpc_call_fail(c, "ServerBusyError", "%s; try again later", why);
+    }
+    finish_call(s, c);
+}
+
+/* Queues c on its pool, or answers it at once when the queue is full. */
+static void submit(lmc_rpc_server *s, const handler_entry *h, lmc_rpc_call *c, lmc_pool *pool,
+                   size_t queue, size_t bytes)
+{
+    s->in_flight++;
+    if (lmc_pool_submit(pool, queue, &c->task, bytes))
+        return;
+    s->in_flight--;
+    answer_overload(s, h, c, pool == s->normal_pool ? "CPU" : "GPU");
+}
+
+/* `bytes`: the message's size, frames past the first MAX_FRAMES included. */
+static void dispatch(lmc_rpc_server *s, zmq_msg_t *frames, size_t n, size_t bytes)
 {
     char why[160];
     int op_id;
@@ -396,6 +452,13 @@ static void dispatch(lmc_rpc_server *s, zmq_msg_t *frames, size_t n)
         return;
     }
     const handler_entry *h = resolve_op(s, &frames[CALL_OP], &op_id, why, sizeof why);
+    if (bytes > LMC_RPC_MAX_MESSAGE_BYTES) {
+        /* Every frame passed ZMQ_MAXMSGSIZE; together they are more than a
+         * legal request: answered as a failure, freed now, never queued. */
+        snprintf(why, sizeof why, "message of %zu bytes is over the limit of %u bytes (128 MiB)",
+                 bytes, LMC_RPC_MAX_MESSAGE_BYTES);
+        h = NULL;
+    }
     lmc_rpc_call *c = lmc_call_new(s, frames, n);
     if (!c) {
         log_drop(s, "out of memory");
@@ -419,16 +482,14 @@ static void dispatch(lmc_rpc_server *s, zmq_msg_t *frames, size_t n)
         size_t queue = identity_hash(id, idlen) % lmc_pool_queue_count(s->affinity_pool);
         if (run_inline(s, h, c, s->affinity_pool, queue))
             return;
-        s->in_flight++;
-        lmc_pool_submit(s->affinity_pool, queue, &c->task);
+        submit(s, h, c, s->affinity_pool, queue, bytes);
         return;
     }
     case LMC_POOL_NORMAL:
     default:
         if (run_inline(s, h, c, s->normal_pool, 0))
             return;
-        s->in_flight++;
-        lmc_pool_submit(s->normal_pool, 0, &c->task);
+        submit(s, h, c, s->normal_pool, 0, bytes);
         return;
     }
 }
@@ -437,7 +498,7 @@ static void dispatch(lmc_rpc_server *s, zmq_msg_t *frames, size_t n)
 static int receive_message(lmc_rpc_server *s)
 {
     zmq_msg_t frames[MAX_FRAMES];
-    size_t n = 0, total = 0;
+    size_t n = 0, total = 0, bytes = 0;
     int more = 1;
     while (more) {
         /* Frames past the limit are read into a scratch slot and discarded. */
@@ -452,6 +513,7 @@ static int receive_message(lmc_rpc_server *s)
             break; /* multipart delivery is atomic; only on shutdown */
         }
         more = zmq_msg_more(slot);
+        bytes += zmq_msg_size(slot);
         if (n < MAX_FRAMES)
             n++;
         total++;
@@ -462,7 +524,7 @@ static int receive_message(lmc_rpc_server *s)
         snprintf(why, sizeof why, "message has %zu frames (limit %d)", total, MAX_FRAMES);
         log_drop(s, why);
     } else {
-        dispatch(s, frames, n);
+        dispatch(s, frames, n, bytes);
     }
     for (size_t i = 0; i < n; i++)
         zmq_msg_close(&frames[i]); /* moved-from frames are empty: closing is a no-op */
@@ -549,6 +611,7 @@ lmc_rpc_stats lmc_rpc_server_stats(lmc_rpc_server *s)
         .dropped = atomic_load(&s->n_dropped),
         .error_frames = atomic_load(&s->n_error_frames),
         .inlined = atomic_load(&s->n_inlined),
+        .overloaded = atomic_load(&s->n_overloaded),
     };
     return st;
 }

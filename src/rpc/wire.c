@@ -498,3 +498,70 @@ int lmc_mp_pack_cstr(msgpack_packer *pk, const char *s)
         return -1;
     return msgpack_pack_str_body(pk, s, n);
 }
+
+/* ---- UTF-8 -------------------------------------------------------------- */
+
+/* Bytes of the sequence lead byte b starts, or 0 for a byte that starts
+ * none (a continuation byte, C0/C1, F5..FF). */
+static size_t utf8_need(unsigned char b)
+{
+    return b < 0x80 ? 1 : b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3
+           : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+}
+
+/* Length of the well-formed UTF-8 sequence at p (no overlong forms, no
+ * surrogates, nothing above U+10FFFF: what strict decoders accept), or 0
+ * when the bytes there are not one, or not all of one (n too short). */
+static size_t utf8_seq_len(const unsigned char *p, size_t n)
+{
+    unsigned char b = p[0];
+    size_t need = utf8_need(b);
+    /* The second byte's range excludes overlong forms, surrogates and
+     * code points above U+10FFFF. */
+    unsigned char lo = b == 0xE0 ? 0xA0 : b == 0xF0 ? 0x90 : 0x80;
+    unsigned char hi = b == 0xED ? 0x9F : b == 0xF4 ? 0x8F : 0xBF;
+    if (need <= 1 || n < need)
+        return need == 1 ? 1 : 0;
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < need; i++)
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;
+    return need;
+}
+
+/* True when p[0..n) is the start of a sequence that needs more than n
+ * bytes: what a byte limit (vsnprintf, a length cap) leaves at the end. */
+static bool utf8_cut_short(const unsigned char *p, size_t n)
+{
+    if (utf8_need(p[0]) <= n)
+        return false;
+    for (size_t i = 1; i < n; i++)
+        if ((p[i] & 0xC0) != 0x80)
+            return false;
+    return true;
+}
+
+size_t lmc_utf8_sanitize(char *dst, size_t cap, const char *src, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)src;
+    size_t in = 0, out = 0;
+    if (cap == 0)
+        return 0;
+    while (in < len) {
+        size_t n = utf8_seq_len(s + in, len - in);
+        if (n == 0 && utf8_cut_short(s + in, len - in))
+            break;                 /* dropped: cut, not invalid */
+        size_t w = n ? n : 1;      /* an invalid byte becomes one '?' */
+        if (out + w >= cap)
+            break;                 /* never split a character */
+        if (n)
+            memcpy(dst + out, s + in, n);
+        else
+            dst[out] = '?';
+        out += w;
+        in += w;
+    }
+    dst[out] = '\0';
+    return out;
+}

@@ -115,4 +115,12 @@ bool lmc_mpr_skip(lmc_mp_reader *r, unsigned max_depth);
 /* Packs a NUL-terminated string as msgpack str. */
 int lmc_mp_pack_cstr(msgpack_packer *pk, const char *s);
 
+/* Copies src[0..len) into dst (cap bytes, always NUL-terminated when cap >
+ * 0) as valid UTF-8, for text a client decodes strictly (error frames,
+ * docs/protocol.md "Framing"): a byte that does not start a well-formed
+ * sequence becomes '?', a sequence the end of src cuts short is dropped,
+ * and the copy stops before a character that would not fit whole.
+ * Returns the bytes written, without the NUL. */
+size_t lmc_utf8_sanitize(char *dst, size_t cap, const char *src, size_t len);
+
 #endif

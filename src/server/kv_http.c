@@ -34,8 +34,11 @@ static int fail(unsigned *status, unsigned code, char *err, size_t errlen, const
     return -1;
 }
 
-static int plan(lmc_module_ctx *ctx, const lmc_kv_request *rq, kv_plan *p, unsigned *status,
-                char *err, size_t errlen)
+/* Only a store interns the names: a lookup or retrieve of names never
+ * interned finds no object (docs/storage.md, "Interned strings") and gets
+ * an empty plan (n_keys 0). */
+static int plan(lmc_module_ctx *ctx, const lmc_kv_request *rq, bool store, kv_plan *p,
+                unsigned *status, char *err, size_t errlen)
 {
     *p = (kv_plan){.cs = lmc_token_hasher_chunk_size(ctx->hasher)};
     if (!lmc_layout_registry_find_model(ctx->layouts, rq->model, strlen(rq->model), &p->ws,
@@ -62,10 +65,22 @@ static int plan(lmc_module_ctx *ctx, const lmc_kv_request *rq, kv_plan *p, unsig
     int rc = hashes && p->keys ? lmc_hash_chunks(ctx->hasher, rq->tokens, rq->n_tokens, 0,
                                                  p->n_chunks * p->cs, hashes)
                                : LMC_HASH_ENOMEM;
-    if (rc == LMC_HASH_OK &&
-        lmc_ipc_key_object_keys(&k, hashes, p->n_chunks, 1, ctx->interner, p->keys) != 0)
-        rc = LMC_HASH_ENOMEM;
+    int krc = 0;
+    if (rc == LMC_HASH_OK)
+        krc = store ? lmc_ipc_key_object_keys(&k, hashes, p->n_chunks, 1, ctx->interner, p->keys)
+                    : lmc_ipc_key_object_keys_find(&k, hashes, p->n_chunks, 1, ctx->interner,
+                                                   p->keys);
     free(hashes);
+    if (krc > 0)
+        p->n_keys = 0;
+    if (krc < 0 && lmc_key_interner_full(ctx->interner)) {
+        free(p->keys);
+        p->keys = NULL;
+        return fail(status, 503, err, errlen,
+                    "too many distinct model names and cache salts (--max-interned-strings)");
+    }
+    if (krc < 0)
+        rc = LMC_HASH_ENOMEM;
     if (rc != LMC_HASH_OK) {
         free(p->keys);
         p->keys = NULL;
@@ -115,7 +130,7 @@ int lmc_kv_http_lookup(lmc_module_ctx *ctx, const lmc_kv_request *rq, lmc_kv_cou
                        unsigned *status, char *err, size_t errlen)
 {
     kv_plan p;
-    if (plan(ctx, rq, &p, status, err, errlen) != 0)
+    if (plan(ctx, rq, false, &p, status, err, errlen) != 0)
         return -1;
     size_t hits = lock_hits(ctx, &p);
     lmc_storage_manager_give_back(ctx->storage, p.keys, p.held, hits * p.per);
@@ -147,7 +162,7 @@ int lmc_kv_http_store(lmc_module_ctx *ctx, const lmc_kv_request *rq, const uint8
                       size_t errlen)
 {
     kv_plan p;
-    if (plan(ctx, rq, &p, status, err, errlen) != 0)
+    if (plan(ctx, rq, true, &p, status, err, errlen) != 0)
         return -1;
     size_t expect = 2ull * p.layout.num_layers * rq->n_tokens * p.row_bytes * p.ws;
     if (len != expect) {
@@ -193,7 +208,7 @@ int lmc_kv_http_retrieve(lmc_module_ctx *ctx, const lmc_kv_request *rq, uint8_t 
     kv_plan p;
     *data = NULL;
     *len = 0;
-    if (plan(ctx, rq, &p, status, err, errlen) != 0)
+    if (plan(ctx, rq, false, &p, status, err, errlen) != 0)
         return -1;
     size_t hits = lock_hits(ctx, &p), n = hits * p.per;
     lmc_lease *copies = calloc(n + 1, sizeof *copies);

@@ -65,7 +65,7 @@ static int create_services(lmc_server *s, char *err, size_t errlen)
     s->ctx.hasher = hasher;
     if (lmc_token_hasher_enable_memo(hasher, (size_t)cfg->mp.hash_memo_mb << 20) != 0)
         LMC_WARN("hash memo of %d MiB unavailable: hashing without it", cfg->mp.hash_memo_mb);
-    s->ctx.interner = lmc_key_interner_new();
+    s->ctx.interner = lmc_key_interner_new_bounded((size_t)cfg->mp.max_interned_strings);
     if (!s->ctx.interner) {
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -158,6 +158,7 @@ int lmc_server_new(const lmc_config *cfg, lmc_server **out, char *err, size_t er
         .normal_workers = cfg->mp.max_cpu_workers,
         .affinity_workers = cfg->mp.max_gpu_workers,
         .error_frames = cfg->mp.rpc_error_frames,
+        .max_queued = (size_t)cfg->mp.max_queued_requests,
     };
     /* Bind first: a busy port fails before any memory is committed. */
     if (lmc_rpc_server_new(&ro, &s->rpc, err, errlen) != 0 ||

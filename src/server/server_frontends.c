@@ -103,9 +103,12 @@ static int hex_nibble(char c)
 }
 
 /* EncodedObjectKey {chunk_hash_hex, model_name, kv_rank, object_group_id=0,
- * cache_salt=""} -> key interned in the server's interner. */
-static int decode_encoded_key(lmc_server *s, const json_t *o, lmc_object_key *k, char *why,
-                              size_t whylen)
+ * cache_salt=""} -> key.  A delete only names keys, so nothing is interned
+ * (issue 17): strings the server's interner holds are taken from it, and
+ * *l1 tells whether both were there (else no L1 object has the key); the
+ * others point into `o`, which outlives the L2 delete that reads them. */
+static int decode_encoded_key(lmc_server *s, const json_t *o, lmc_object_key *k, bool *l1,
+                              char *why, size_t whylen)
 {
     const char *hex = json_string_value(json_object_get(o, "chunk_hash_hex"));
     const char *model = json_string_value(json_object_get(o, "model_name"));
@@ -124,7 +127,8 @@ static int decode_encoded_key(lmc_server *s, const json_t *o, lmc_object_key *k,
     }
     k->chunk_hash_len = (uint8_t)(hl / 2);
     if (!model || !lmc_model_name_valid(model, strlen(model)))
-        return snprintf(why, whylen, "model_name must be a non-empty str without '@'"), -1;
+        return snprintf(why, whylen, "model_name must be a non-empty str of at most %d bytes "
+                                     "without '@'", LMC_MODEL_NAME_MAX), -1;
     if (!salt || !lmc_cache_salt_valid(salt, strlen(salt)))
         return snprintf(why, whylen, "cache_salt is invalid"), -1;
     if (!json_is_integer(rank_j) || json_integer_value(rank_j) < 0 ||
@@ -134,9 +138,14 @@ static int decode_encoded_key(lmc_server *s, const json_t *o, lmc_object_key *k,
         return snprintf(why, whylen, "kv_rank and object_group_id must be u32 integers"), -1;
     k->kv_rank = (uint32_t)json_integer_value(rank_j);
     k->object_group_id = group_j ? (uint32_t)json_integer_value(group_j) : 0;
-    k->model_name = lmc_intern(s->ctx.interner, model, strlen(model));
-    k->cache_salt = lmc_intern(s->ctx.interner, salt, strlen(salt));
-    return k->model_name && k->cache_salt ? 0 : (snprintf(why, whylen, "out of memory"), -1);
+    k->model_name = lmc_intern_find(s->ctx.interner, model, strlen(model));
+    k->cache_salt = lmc_intern_find(s->ctx.interner, salt, strlen(salt));
+    *l1 = k->model_name && k->cache_salt;
+    if (!k->model_name)
+        k->model_name = model;
+    if (!k->cache_salt)
+        k->cache_salt = salt;
+    return 0;
 }
 
 static json_t *http_objects_remove(void *user, const json_t *body, unsigned *status, char *err,
@@ -152,25 +161,36 @@ static json_t *http_objects_remove(void *user, const json_t *body, unsigned *sta
     int a = l2 ? find_adapter(s, adapter, status, err, errlen) : -1;
     if (l2 && a < 0)
         return NULL;
-    size_t n = json_array_size(keys_j);
+    size_t n = json_array_size(keys_j), n_l1 = 0;
+    /* keys[0..n) for L2; l1_keys[0..n_l1) the ones an L1 object may have */
     lmc_object_key *keys = malloc((n ? n : 1) * sizeof *keys);
-    if (!keys)
+    lmc_object_key *l1_keys = malloc((n ? n : 1) * sizeof *l1_keys);
+    if (!keys || !l1_keys) {
+        free(keys);
+        free(l1_keys);
         return *status = 500, snprintf(err, errlen, "out of memory"), NULL;
+    }
     for (size_t i = 0; i < n; i++) {
         char why[160];
-        if (decode_encoded_key(s, json_array_get(keys_j, i), &keys[i], why, sizeof why) != 0) {
+        bool known;
+        if (decode_encoded_key(s, json_array_get(keys_j, i), &keys[i], &known, why,
+                               sizeof why) != 0) {
             free(keys);
+            free(l1_keys);
             *status = 400;
             snprintf(err, errlen, "keys[%zu]: %s", i, why);
             return NULL;
         }
+        if (known)
+            l1_keys[n_l1++] = keys[i];
     }
     size_t deleted = 0, skipped = 0;
     if (l1)
-        lmc_storage_manager_delete(s->ctx.storage, keys, n, force, &deleted, &skipped);
+        lmc_storage_manager_delete(s->ctx.storage, l1_keys, n_l1, force, &deleted, &skipped);
     if (l2)
         deleted += lmc_storage_manager_l2_delete(s->ctx.storage, a, keys, n);
     free(keys);
+    free(l1_keys);
     return json_pack("{s:I, s:I, s:b}", "deleted", (json_int_t)deleted, "skipped",
                      (json_int_t)skipped, "ok", 1);
 }
@@ -284,10 +304,10 @@ static lmc_metrics_rpc_counts rpc_counts(void *user)
 {
     lmc_server *s = user;
     if (!atomic_load(&s->ready))
-        return (lmc_metrics_rpc_counts){0, 0, 0, 0, 0};
+        return (lmc_metrics_rpc_counts){0, 0, 0, 0, 0, 0};
     lmc_rpc_stats st = lmc_rpc_server_stats(s->rpc);
-    return (lmc_metrics_rpc_counts){st.received, st.replied, st.dropped, st.error_frames,
-                                    st.inlined};
+    return (lmc_metrics_rpc_counts){st.received,     st.replied, st.dropped,
+                                    st.error_frames, st.inlined, st.overloaded};
 }
 
 /* lmcache_mp_rpc_requests_total{op, result}: per frozen op, requests

@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "obs/log.h"
+
 /* ---- Interning ---------------------------------------------------------- */
 
 /* Open-addressing hash set of owned strings.  Each string is a separate
@@ -28,6 +30,8 @@ struct lmc_key_interner {
     intern_slot *slots;
     size_t cap; /* power of two */
     size_t count;
+    size_t max_strings; /* 0: no bound */
+    uint64_t refused;
 };
 
 #define INTERN_INITIAL_CAP 64
@@ -44,6 +48,11 @@ static uint64_t fnv1a(const char *s, size_t len)
 
 lmc_key_interner *lmc_key_interner_new(void)
 {
+    return lmc_key_interner_new_bounded(0);
+}
+
+lmc_key_interner *lmc_key_interner_new_bounded(size_t max_strings)
+{
     lmc_key_interner *in = calloc(1, sizeof *in);
     if (!in)
         return NULL;
@@ -54,6 +63,7 @@ lmc_key_interner *lmc_key_interner_new(void)
         return NULL;
     }
     in->cap = INTERN_INITIAL_CAP;
+    in->max_strings = max_strings;
     return in;
 }
 
@@ -97,12 +107,28 @@ static bool grow(lmc_key_interner *in)
     return true;
 }
 
+/* A full bounded interner refuses the string; logged at each power of
+ * two refusals, so a flood of new names cannot flood the log. */
+static bool refuse_locked(lmc_key_interner *in)
+{
+    if (!in->max_strings || in->count < in->max_strings)
+        return false;
+    uint64_t n = ++in->refused;
+    if ((n & (n - 1)) == 0)
+        LMC_WARN("interned strings: %zu held, the maximum; %llu new model names or cache salts "
+                 "refused so far (--max-interned-strings)",
+                 in->count, (unsigned long long)in->refused);
+    return true;
+}
+
 /* Caller holds in->mu. */
 static const char *intern_locked(lmc_key_interner *in, const char *s, size_t len, uint64_t hash)
 {
     intern_slot *sl = find_slot(in->slots, in->cap, s, len, hash);
     if (sl->str)
         return sl->str;
+    if (refuse_locked(in))
+        return NULL;
     /* Keep the load factor <= 1/2 so probe runs stay short. */
     if (2 * (in->count + 1) > in->cap) {
         if (!grow(in))
@@ -128,11 +154,45 @@ const char *lmc_intern(lmc_key_interner *in, const char *s, size_t len)
     return r;
 }
 
+const char *lmc_intern_find(lmc_key_interner *in, const char *s, size_t len)
+{
+    const uint64_t hash = fnv1a(s, len);
+    pthread_mutex_lock(&in->mu);
+    const char *r = find_slot(in->slots, in->cap, s, len, hash)->str;
+    pthread_mutex_unlock(&in->mu);
+    return r;
+}
+
+size_t lmc_key_interner_count(lmc_key_interner *in)
+{
+    pthread_mutex_lock(&in->mu);
+    size_t n = in->count;
+    pthread_mutex_unlock(&in->mu);
+    return n;
+}
+
+bool lmc_key_interner_full(lmc_key_interner *in)
+{
+    pthread_mutex_lock(&in->mu);
+    bool full = in->max_strings && in->count >= in->max_strings;
+    pthread_mutex_unlock(&in->mu);
+    return full;
+}
+
+uint64_t lmc_key_interner_refused(lmc_key_interner *in)
+{
+    pthread_mutex_lock(&in->mu);
+    uint64_t n = in->refused;
+    pthread_mutex_unlock(&in->mu);
+    return n;
+}
+
 /* ---- Validation --------------------------------------------------------- */
 
 bool lmc_model_name_valid(const char *s, size_t len)
 {
-    return len > 0 && !memchr(s, '@', len) && !memchr(s, '\0', len);
+    return len > 0 && len <= LMC_MODEL_NAME_MAX && !memchr(s, '@', len) &&
+           !memchr(s, '\0', len);
 }
 
 bool lmc_cache_salt_valid(const char *s, size_t len)

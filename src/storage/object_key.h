@@ -16,7 +16,10 @@
 #include <string.h>
 
 #define LMC_CHUNK_HASH_MAX 32
-#define LMC_CACHE_SALT_MAX 128
+#define LMC_MODEL_NAME_MAX 256   /* bytes (docs/protocol.md, "Keys") */
+#define LMC_MODEL_NAME_MAX_TEXT "256"
+#define LMC_CACHE_SALT_MAX 128   /* bytes */
+#define LMC_CACHE_SALT_MAX_TEXT "128"
 
 typedef struct lmc_object_key {
     uint8_t chunk_hash[LMC_CHUNK_HASH_MAX];
@@ -64,19 +67,40 @@ static inline uint64_t lmc_object_key_hash(const lmc_object_key *k)
     return h;
 }
 
-/* ---- Interning (thread-safe) ------------------------------------------- */
+/* ---- Interning (thread-safe) -------------------------------------------
+ * Strings are never freed before the interner: every copy of a key anywhere
+ * (L1 entries, eviction scopes, the L2 queues, telemetry) may compare its
+ * pointers.  What bounds the memory instead (docs/storage.md, "Interned
+ * strings"): names are at most LMC_MODEL_NAME_MAX / LMC_CACHE_SALT_MAX
+ * bytes, paths that only ask about a name use lmc_intern_find(), which
+ * never inserts, and a bounded interner refuses new strings past its
+ * maximum count. */
 typedef struct lmc_key_interner lmc_key_interner;
 
+/* An interner without a bound on its count (what it holds is bounded by
+ * its owner, e.g. the objects an L2 adapter stores). */
 lmc_key_interner *lmc_key_interner_new(void);
+/* One that refuses a new string once it holds `max_strings` (0: none). */
+lmc_key_interner *lmc_key_interner_new_bounded(size_t max_strings);
 void lmc_key_interner_free(lmc_key_interner *in);
 /* Returns a pointer, stable until the interner is freed, to a copy of `s`
- * (length `len`, need not be NUL-terminated).  NULL on allocation failure. */
+ * (length `len`, need not be NUL-terminated).  NULL on allocation failure
+ * or when a bounded interner is full and `s` is new. */
 const char *lmc_intern(lmc_key_interner *in, const char *s, size_t len);
+/* The interned copy of `s`, or NULL when it was never interned (so no key
+ * built through this interner names it).  Never inserts. */
+const char *lmc_intern_find(lmc_key_interner *in, const char *s, size_t len);
+/* Strings held, and new strings refused because the interner was full. */
+size_t lmc_key_interner_count(lmc_key_interner *in);
+uint64_t lmc_key_interner_refused(lmc_key_interner *in);
+/* True when a bounded interner holds its maximum (a new string is refused:
+ * what tells that refusal from a lack of memory). */
+bool lmc_key_interner_full(lmc_key_interner *in);
 
 /* ---- Validation --------------------------------------------------------- */
-/* Model names must be non-empty and not contain '@' (or NUL). */
+/* Model names: 1..LMC_MODEL_NAME_MAX bytes, no '@' (or NUL). */
 bool lmc_model_name_valid(const char *s, size_t len);
-/* Salts: at most 128 chars, none of '@' '/' '\\' NUL. "" is valid. */
+/* Salts: at most LMC_CACHE_SALT_MAX bytes, none of '@' '/' '\\' NUL. "" is valid. */
 bool lmc_cache_salt_valid(const char *s, size_t len);
 
 /* ---- Text forms (docs/hashing.md, "4. Object keys") -------------------- */

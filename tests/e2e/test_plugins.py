@@ -1,7 +1,7 @@
 """Runtime plugins end to end (docs/plugins.md): a .sh
-and a .py plugin print the config they were given and sleep; their output
-reaches the server log with the "[<path>] " prefix, and SIGTERM to the
-server ends them."""
+and a .py plugin save the config they were given (a file: it outgrows one
+log line), say so and sleep; their output reaches the server log with the
+"[<path>] " prefix, and SIGTERM to the server ends them."""
 import json
 import os
 import time

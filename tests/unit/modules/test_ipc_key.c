@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "modules/ipc_key.h"
@@ -118,6 +119,19 @@ static void test_invalid_keys(void **st)
     s = valid(), s.bool_start = true, expect_invalid(s);
     s = valid(), s.readers = -1, expect_invalid(s);
     lmc_ipc_key k;
+    /* issue 17: lengths a client could otherwise make the server keep */
+    char name[LMC_REQUEST_ID_MAX + 2];
+    memset(name, 'x', sizeof name - 1);
+    name[sizeof name - 1] = '\0';
+    s = valid(), s.model = name + sizeof name - 2 - LMC_MODEL_NAME_MAX, expect_invalid(s);
+    s.model = name + sizeof name - 1 - LMC_MODEL_NAME_MAX;          /* 256 bytes */
+    assert_int_equal(decode(&s, &k), 0);
+    lmc_ipc_key_free(&k);
+    s = valid(), s.salt = name + sizeof name - 2 - LMC_CACHE_SALT_MAX, expect_invalid(s);
+    s = valid(), s.rid = name, expect_invalid(s);                   /* 1025 bytes */
+    s.rid = name + 1;
+    assert_int_equal(decode(&s, &k), 0);
+    lmc_ipc_key_free(&k);
     char err[64];
     assert_int_equal(lmc_ipc_key_decode_frame((const uint8_t *)"\xc0", 1, CS, &k, err, sizeof err),
                      -1);
@@ -128,6 +142,32 @@ static void test_invalid_keys(void **st)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         assert_int_equal(lmc_ipc_key_decode_frame((const uint8_t *)bad[i], bad_len[i], CS, &k,
                                                   err, sizeof err), -1);
+}
+
+/* issue 17: a token count past LMC_KEY_MAX_TOKENS is refused before any
+ * memory is taken for it, however many bytes follow. */
+static void test_token_count_bound(void **st)
+{
+    (void)st;
+    size_t n = LMC_KEY_MAX_TOKENS + 1;
+    static const char head[] = "\x81\xa9token_ids\xdd";
+    size_t len = sizeof head - 1 + 4 + n;
+    uint8_t *frame = calloc(1, len);
+    assert_non_null(frame);
+    memcpy(frame, head, sizeof head - 1);
+    for (int i = 0; i < 4; i++)
+        frame[sizeof head - 1 + (size_t)i] = (uint8_t)(n >> (24 - 8 * i));
+    lmc_ipc_key k;
+    char err[128];
+    assert_int_equal(lmc_ipc_key_decode_frame(frame, len, CS, &k, err, sizeof err), -1);
+    assert_non_null(strstr(err, "at most 16777216 token ids"));
+    /* one fewer passes the count (and fails later: no other field) */
+    n--;
+    for (int i = 0; i < 4; i++)
+        frame[sizeof head - 1 + (size_t)i] = (uint8_t)(n >> (24 - 8 * i));
+    assert_int_equal(lmc_ipc_key_decode_frame(frame, len - 1, CS, &k, err, sizeof err), -1);
+    assert_null(strstr(err, "token ids"));
+    free(frame);
 }
 
 static void test_resolution_order(void **st)
@@ -154,6 +194,22 @@ static void test_resolution_order(void **st)
     assert_int_equal(keys[0].kv_rank, 0x02010201u);
     assert_int_equal(keys[1].chunk_hash[0], 2);
     assert_ptr_equal(keys[0].model_name, lmc_intern(in, "m", 1));
+    /* issue 17: the find-only form takes interned names and interns none */
+    lmc_object_key found[2];
+    assert_int_equal(lmc_ipc_key_object_keys_find(&k, hashes, 2, 1, in, found), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_true(lmc_object_key_equal(&found[i], &keys[i]));
+        assert_ptr_equal(found[i].model_name, keys[i].model_name);
+        assert_ptr_equal(found[i].cache_salt, keys[i].cache_salt);
+    }
+    size_t before = lmc_key_interner_count(in);
+    k.cache_salt = "new-salt", k.salt_len = 8;
+    found[0].kv_rank = 77;
+    assert_int_equal(lmc_ipc_key_object_keys_find(&k, hashes, 2, 1, in, found), 1);
+    assert_int_equal(found[0].kv_rank, 77);           /* untouched */
+    k.model_name = "never", k.model_len = 5, k.cache_salt = "s", k.salt_len = 1;
+    assert_int_equal(lmc_ipc_key_object_keys_find(&k, hashes, 2, 1, in, found), 1);
+    assert_int_equal(lmc_key_interner_count(in), before);
     lmc_key_interner_free(in);
 }
 
@@ -162,6 +218,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_key),
         cmocka_unit_test(test_invalid_keys),
+        cmocka_unit_test(test_token_count_bound),
         cmocka_unit_test(test_resolution_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

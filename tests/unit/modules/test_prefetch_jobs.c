@@ -160,6 +160,35 @@ static void test_timer_thread(void **st)
     lmc_jobs_free(j);
 }
 
+/* issue 17: parked waits are bounded; past the bound a wait answers None
+ * (RUNNING) at once, and room comes back as waits finish. */
+static void test_waiter_bound(void **st)
+{
+    (void)st;
+    fake_now = 1000;
+    lmc_jobs_options o = {.max_waiters = 2, .clock = fake_clock, .clock_user = &fake_now};
+    lmc_jobs *j = lmc_jobs_new(&o);
+    bool replaced;
+    uint64_t id = lmc_jobs_submit(j, "r", 1, &replaced);
+    seen a = {0}, b = {0}, c = {0};
+    int64_t hits;
+    assert_int_equal(lmc_jobs_wait(j, "r", 1, 100, on_wait, &a, &hits), LMC_JOB_WAITING);
+    assert_int_equal(lmc_jobs_wait(j, "r", 1, 500, on_wait, &b, &hits), LMC_JOB_WAITING);
+    assert_int_equal(lmc_jobs_wait(j, "r", 1, 500, on_wait, &c, &hits), LMC_JOB_RUNNING);
+    assert_int_equal(c.calls, 0);
+    assert_int_equal(lmc_jobs_waiter_count(j), 2);
+    fake_now += 200;                      /* a times out: room for one more */
+    assert_int_equal(lmc_jobs_expire(j), 1);
+    assert_int_equal(lmc_jobs_waiter_count(j), 1);
+    assert_int_equal(lmc_jobs_wait(j, "r", 1, 500, on_wait, &c, &hits), LMC_JOB_WAITING);
+    lmc_jobs_complete(j, "r", 1, id, 3);  /* one of b, c gets the result */
+    assert_int_equal(lmc_jobs_waiter_count(j), 0);
+    assert_int_equal(a.calls + b.calls + c.calls, 3);
+    assert_int_equal((b.st == LMC_JOB_DONE) + (c.st == LMC_JOB_DONE), 1);
+    assert_int_equal(b.hits + c.hits, 3);
+    lmc_jobs_free(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -167,6 +196,7 @@ int main(void)
         cmocka_unit_test(test_replace),
         cmocka_unit_test(test_waiters),
         cmocka_unit_test(test_bound),
+        cmocka_unit_test(test_waiter_bound),
         cmocka_unit_test(test_timer_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

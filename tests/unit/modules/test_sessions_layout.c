@@ -1,14 +1,17 @@
-/* Layout registry (sizes, refcounts, conflicts) and the session table
- * (bounds, idle expiry, cached hashes equal direct hashing). */
+/* Layout registry (sizes, refcounts, conflicts), the session table
+ * (bounds, idle expiry, cached hashes equal direct hashing) and the
+ * request-id table under it (keyed hash, growth). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "modules/layout_registry.h"
+#include "modules/rid_table.h"
 #include "modules/sessions.h"
 
 static void test_layout_build(void **st)
@@ -104,12 +107,77 @@ static void test_sessions(void **st)
     lmc_token_hasher_free(h);
 }
 
+
+/* SipHash-2-4's published test vector: key 00..0f, message 00..0e. */
+static void test_rid_hash_known_answer(void **st)
+{
+    (void)st;
+    const uint64_t k[2] = {0x0706050403020100ULL, 0x0f0e0d0c0b0a0908ULL};
+    char msg[15];
+    for (int i = 0; i < 15; i++)
+        msg[i] = (char)i;
+    assert_true(lmc_rid_hash(k, msg, 15) == 0xa129ca6149be45e5ULL);
+    assert_true(lmc_rid_hash(k, msg, 0) == 0x726fdb47dd0e0e31ULL);
+    assert_true(lmc_rid_hash(k, msg, 8) == 0x93f5f5799a932462ULL);
+}
+
+/* issue 17: each table draws its own key (ids that collide in one table
+ * do not in the next), and the buckets grow with the count, where there
+ * used to be 1,024 for up to 65,536 ids. */
+static void test_rid_table_seeded_and_growing(void **st)
+{
+    (void)st;
+    enum { N = 20000 };
+    lmc_rid_table a, b;
+    assert_int_equal(lmc_rid_table_init(&a, 16), 0);
+    assert_int_equal(lmc_rid_table_init(&b, 16), 0);
+    assert_memory_not_equal(a.key, b.key, sizeof a.key);
+    assert_true(lmc_rid_hash(a.key, "req-1", 5) != lmc_rid_hash(b.key, "req-1", 5));
+    assert_int_equal(a.nbuckets, 16);
+    lmc_rid_node *nodes = calloc(N, sizeof *nodes);
+    assert_non_null(nodes);
+    char rid[32];
+    size_t longest = 0;
+    for (int i = 0; i < N; i++) {
+        int n = snprintf(rid, sizeof rid, "cmpl-%d", i);
+        assert_int_equal(lmc_rid_table_insert(&a, &nodes[i], rid, (size_t)n, i), 0);
+        assert_true(a.nbuckets >= a.count);
+    }
+    assert_int_equal(a.count, N);
+    assert_true(a.nbuckets >= N && a.nbuckets <= 2 * (size_t)N);
+    for (size_t i = 0; i < a.nbuckets; i++) {
+        size_t len = 0;
+        for (lmc_rid_node *n = a.buckets[i]; n; n = n->hnext)
+            len++;
+        longest = len > longest ? len : longest;
+    }
+    assert_true(longest <= 16);   /* about 8 expected at a load of 1 */
+    for (int i = 0; i < N; i += 2)
+        lmc_rid_table_remove(&a, &nodes[i]);
+    for (int i = 0; i < N; i++) {
+        int n = snprintf(rid, sizeof rid, "cmpl-%d", i);
+        lmc_rid_node *f = lmc_rid_table_find(&a, rid, (size_t)n);
+        assert_ptr_equal(f, i % 2 ? &nodes[i] : NULL);
+    }
+    /* the recency list survived the rehashes: oldest is the first odd one */
+    assert_ptr_equal(a.oldest, &nodes[1]);
+    assert_ptr_equal(a.newest, &nodes[N - 1]);
+    for (int i = 1; i < N; i += 2)
+        lmc_rid_table_remove(&a, &nodes[i]);
+    assert_int_equal(a.count, 0);
+    free(nodes);
+    lmc_rid_table_destroy(&a);
+    lmc_rid_table_destroy(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_build),
         cmocka_unit_test(test_layout_registry),
         cmocka_unit_test(test_sessions),
+        cmocka_unit_test(test_rid_hash_known_answer),
+        cmocka_unit_test(test_rid_table_seeded_and_growing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -170,27 +170,27 @@ static int start(void **state, bool error_frames)
     fixture *f = calloc(1, sizeof *f);
     pthread_mutex_init(&f->lock, NULL);
     sem_init(&f->reply_seen, 0, 0);
-    lmc_rpc_options o = {URL, 3, 4, error_frames};
+    lmc_rpc_options o = {URL, 3, 4, error_frames, 0};
     char err[256];
     if (lmc_rpc_server_new(&o, &f->server, err, sizeof err) != 0) {
         fprintf(stderr, "%s\n", err);
         return -1;
     }
     lmc_rpc_handler_spec specs[] = {
-        {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, h_noop, false, NULL},
-        {LMC_OP_CLEAR, NULL, LMC_POOL_NORMAL, h_void, false, NULL},
-        {LMC_OP_GET_CHUNK_SIZE, NULL, LMC_POOL_NORMAL, h_sum, false, NULL},
-        {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, h_ordered, true, NULL},
-        {LMC_OP_PING, NULL, LMC_POOL_NORMAL, h_where, true, NULL},
-        {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, h_where, true, NULL},
-        {LMC_OP_COMMIT_RETRIEVE, NULL, LMC_POOL_NORMAL, h_where, false, NULL},
-        {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_AFFINITY, h_where, false, small_arg},
-        {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, h_busy, false, NULL},
-        {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, h_then_socket, false, NULL},
-        {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, h_then_pooled, false, NULL},
-        {LMC_OP_GET_EXPERIMENTAL, NULL, LMC_POOL_SYNC, h_then_state, false, NULL},
-        {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, h_deferred, false, NULL},
-        {0, "store_with_chunk_events", LMC_POOL_SYNC, h_noop, false, NULL},
+        {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, h_noop, false, NULL, NULL},
+        {LMC_OP_CLEAR, NULL, LMC_POOL_NORMAL, h_void, false, NULL, NULL},
+        {LMC_OP_GET_CHUNK_SIZE, NULL, LMC_POOL_NORMAL, h_sum, false, NULL, NULL},
+        {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, h_ordered, true, NULL, NULL},
+        {LMC_OP_PING, NULL, LMC_POOL_NORMAL, h_where, true, NULL, NULL},
+        {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, h_where, true, NULL, NULL},
+        {LMC_OP_COMMIT_RETRIEVE, NULL, LMC_POOL_NORMAL, h_where, false, NULL, NULL},
+        {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_AFFINITY, h_where, false, small_arg, NULL},
+        {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, h_busy, false, NULL, NULL},
+        {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, h_then_socket, false, NULL, NULL},
+        {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, h_then_pooled, false, NULL, NULL},
+        {LMC_OP_GET_EXPERIMENTAL, NULL, LMC_POOL_SYNC, h_then_state, false, NULL, NULL},
+        {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, h_deferred, false, NULL, NULL},
+        {0, "store_with_chunk_events", LMC_POOL_SYNC, h_noop, false, NULL, NULL},
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
         assert_int_equal(lmc_rpc_server_register(f->server, &specs[i], f), 0);
@@ -594,6 +594,107 @@ static void test_validate(void **state)
     assert_true(lmc_mp_validate(deep + 20, 20, 32));
 }
 
+
+/* ---- overload (issue 17) ------------------------------------------------ */
+
+typedef struct {
+    lmc_rpc_server *server;
+    pthread_t thread;
+    sem_t entered, gate;   /* the gated handler started; may finish */
+} busy_fixture;
+
+static void *serve_busy(void *arg)
+{
+    lmc_rpc_server_run(((busy_fixture *)arg)->server, -1, 2000);
+    return NULL;
+}
+
+static lmc_handler_result h_gated(void *ctx, lmc_rpc_call *call)
+{
+    (void)call;
+    busy_fixture *f = ctx;
+    sem_post(&f->entered);
+    sem_wait(&f->gate);
+    return LMC_HANDLER_VOID;
+}
+
+static lmc_handler_result busy_false(void *ctx, lmc_rpc_call *call)
+{
+    (void)ctx;
+    msgpack_pack_false(lmc_rpc_call_reply(call));
+    return LMC_HANDLER_REPLY;
+}
+
+/* One CPU worker, one request allowed to wait: with the worker held, the
+ * second request waits, the third gets its op's failure reply at once, a
+ * request of an op without one an error frame, and the server goes on. */
+static void test_full_queue_is_answered_at_once(void **state)
+{
+    (void)state;
+    busy_fixture f;
+    sem_init(&f.entered, 0, 0);
+    sem_init(&f.gate, 0, 0);
+    lmc_rpc_options o = {URL, 1, 1, true, 1};
+    char err[256];
+    assert_int_equal(lmc_rpc_server_new(&o, &f.server, err, sizeof err), 0);
+    lmc_rpc_handler_spec specs[] = {
+        {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, h_noop, false, NULL, NULL},
+        {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_NORMAL, h_gated, false, NULL, busy_false},
+        {LMC_OP_CLEAR, NULL, LMC_POOL_NORMAL, h_void, false, NULL, NULL},
+    };
+    for (size_t i = 0; i < 3; i++)
+        assert_int_equal(lmc_rpc_server_register(f.server, &specs[i], &f), 0);
+    pthread_create(&f.thread, NULL, serve_busy, &f);
+    void *z = zmq_ctx_new(), *s = dealer(z);
+    const char *fr[] = {"\x00", "\x11"};
+    size_t ln[] = {1, 1};
+    send_frames(s, fr, ln, 2);            /* uid 0 runs and holds the worker */
+    sem_wait(&f.entered);
+    fr[0] = "\x01";
+    send_frames(s, fr, ln, 2);            /* uid 1 waits in the queue */
+    fr[0] = "\x02";
+    send_frames(s, fr, ln, 2);            /* uid 2: full */
+    const char *clear[] = {"\x03", "\x14"};
+    send_frames(s, clear, ln, 2);         /* uid 3: full, no failure reply */
+    char b[8][256];
+    size_t l[8];
+    assert_int_equal(recv_frames(s, b, l, 5000), 3);
+    assert_memory_equal(b[0], "\x02", 1);
+    assert_memory_equal(b[2], "\xc2", 1);
+    assert_int_equal(recv_frames(s, b, l, 5000), 4);
+    assert_memory_equal(b[0], "\x03", 1);
+    assert_memory_equal(b[2], "LMCACHE_RPC_ERROR_V1", 20);
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    size_t off = 0;
+    assert_int_equal(msgpack_unpack_next(&up, b[3], l[3], &off), MSGPACK_UNPACK_SUCCESS);
+    assert_true(lmc_mp_str_eq(lmc_mp_map_get(&up.data, "error_type"), "ServerBusyError"));
+    msgpack_unpacked_destroy(&up);
+    const char *noop[] = {"\x04", "\x18"};
+    send_frames(s, noop, ln, 2);          /* the socket thread is not held up */
+    assert_int_equal(recv_frames(s, b, l, 5000), 3);
+    assert_memory_equal(b[0], "\x04", 1);
+    lmc_rpc_stats st = lmc_rpc_server_stats(f.server);
+    assert_int_equal(st.overloaded, 2);
+    sem_post(&f.gate);
+    sem_post(&f.gate);
+    for (int i = 0; i < 2; i++) {          /* uids 0 and 1 finish: void replies */
+        assert_int_equal(recv_frames(s, b, l, 5000), 2);
+        assert_int_equal(b[0][0], i);
+    }
+    uint64_t replied, failed;
+    assert_true(lmc_rpc_server_op_counts(f.server, LMC_OP_COMMIT_STORE, &replied, &failed));
+    assert_int_equal(replied, 2);
+    assert_int_equal(failed, 1);
+    zmq_close(s);
+    zmq_ctx_term(z);
+    lmc_rpc_server_stop(f.server);
+    pthread_join(f.thread, NULL);
+    lmc_rpc_server_free(f.server);
+    sem_destroy(&f.entered);
+    sem_destroy(&f.gate);
+}
+
 static void test_op_table(void **state)
 {
     (void)state;
@@ -623,6 +724,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_then_runs_after_the_reply_on_the_socket_thread,
                                         setup, teardown),
+        cmocka_unit_test(test_full_queue_is_answered_at_once),
         cmocka_unit_test_setup_teardown(test_error_frames_when_enabled, setup_error_frames,
                                         teardown),
     };

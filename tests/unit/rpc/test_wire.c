@@ -323,6 +323,56 @@ static void test_uints_agree_with_msgpack_c(void **state)
     }
 }
 
+
+/* issue 17: error frames quote client bytes and are cut to a limit; what
+ * comes out must decode as UTF-8 whatever went in. */
+static void test_utf8_sanitize(void **state)
+{
+    (void)state;
+    char out[16];
+    /* valid text passes unchanged */
+    assert_int_equal(lmc_utf8_sanitize(out, sizeof out, "ab\xc3\xa9\xe2\x82\xac", 7), 7);
+    assert_string_equal(out, "ab\xc3\xa9\xe2\x82\xac");
+    /* a cap inside a character stops before it: "x" + 7 x "é" = 15 bytes
+     * do not fit 16 with the NUL... 14 do */
+    const char *e7 = "x\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9";
+    assert_int_equal(lmc_utf8_sanitize(out, 15, e7, strlen(e7)), 13);
+    assert_memory_equal(out, e7, 13);
+    assert_int_equal(out[13], 0);
+    assert_int_equal(lmc_utf8_sanitize(out, 16, e7, strlen(e7)), 15);
+    /* bytes that start no sequence become '?' */
+    assert_int_equal(lmc_utf8_sanitize(out, sizeof out, "a\xff\xfe" "b\x80", 5), 5);
+    assert_string_equal(out, "a??b?");
+    /* overlong forms, surrogates and code points past U+10FFFF are invalid */
+    lmc_utf8_sanitize(out, sizeof out, "\xc0\xaf\xed\xa0\x80\xf4\x90\x80\x80", 9);
+    assert_string_equal(out, "?????????");
+    /* a sequence the end cuts short is dropped, one the next byte breaks is not */
+    assert_int_equal(lmc_utf8_sanitize(out, sizeof out, "ok\xe2\x82", 4), 2);
+    assert_string_equal(out, "ok");
+    assert_int_equal(lmc_utf8_sanitize(out, sizeof out, "\xe2\x82z", 3), 3);
+    assert_string_equal(out, "??z");
+    /* cap 1: just the NUL; cap 0 writes nothing */
+    assert_int_equal(lmc_utf8_sanitize(out, 1, "abc", 3), 0);
+    assert_string_equal(out, "");
+    out[0] = 'q';
+    assert_int_equal(lmc_utf8_sanitize(out, 0, "abc", 3), 0);
+    assert_int_equal(out[0], 'q');
+    /* every 4-byte input of these bytes comes out valid (checked by a
+     * second pass, which must change nothing) */
+    static const unsigned char bytes[] = {0x41, 0x80, 0xbf, 0xc2, 0xdf, 0xe0, 0xed, 0xef,
+                                          0xf0, 0xf4, 0xf5, 0xff, 0xa0, 0x90, 0x8f, 0x00};
+    for (size_t a = 0; a < 16; a++)
+        for (size_t b = 0; b < 16; b++)
+            for (size_t c = 0; c < 16; c++)
+                for (size_t d = 0; d < 16; d++) {
+                    char in[4] = {(char)bytes[a], (char)bytes[b], (char)bytes[c], (char)bytes[d]};
+                    char once[16], twice[16];
+                    size_t n = lmc_utf8_sanitize(once, sizeof once, in, 4);
+                    assert_int_equal(lmc_utf8_sanitize(twice, sizeof twice, once, n), n);
+                    assert_memory_equal(once, twice, n);
+                }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -334,6 +384,7 @@ int main(void)
         cmocka_unit_test(test_validate_depth_matches_msgpack_c),
         cmocka_unit_test(test_pull_reader),
         cmocka_unit_test(test_uints_agree_with_msgpack_c),
+        cmocka_unit_test(test_utf8_sanitize),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -112,6 +112,13 @@ static void test_validation(void **state)
     assert_false(lmc_model_name_valid("", 0));
     assert_false(lmc_model_name_valid("a@b", 3));
     assert_false(lmc_model_name_valid("a\0b", 3));
+    /* issue 17: a length bound, stated in the error texts as text */
+    char model[LMC_MODEL_NAME_MAX + 1];
+    memset(model, 'm', sizeof model);
+    assert_true(lmc_model_name_valid(model, LMC_MODEL_NAME_MAX));
+    assert_false(lmc_model_name_valid(model, LMC_MODEL_NAME_MAX + 1));
+    assert_int_equal(atoi(LMC_MODEL_NAME_MAX_TEXT), LMC_MODEL_NAME_MAX);
+    assert_int_equal(atoi(LMC_CACHE_SALT_MAX_TEXT), LMC_CACHE_SALT_MAX);
     char salt[LMC_CACHE_SALT_MAX + 1];
     memset(salt, 'x', sizeof salt);
     assert_true(lmc_cache_salt_valid("", 0));
@@ -311,6 +318,44 @@ static void test_intern_identity(void **state)
     lmc_key_interner_free(in);
 }
 
+
+/* issue 17: a query looks a string up without interning it, and a bounded
+ * interner refuses new strings at its maximum while still finding (and
+ * re-interning) the ones it holds. */
+static void test_intern_find_only_and_bound(void **state)
+{
+    (void)state;
+    lmc_key_interner *in = lmc_key_interner_new_bounded(3);
+    assert_null(lmc_intern_find(in, "m", 1));
+    assert_int_equal(lmc_key_interner_count(in), 0);
+    const char *m = lmc_intern(in, "m", 1);
+    assert_ptr_equal(lmc_intern_find(in, "mx", 1), m);   /* length-delimited */
+    assert_null(lmc_intern_find(in, "mx", 2));
+    assert_int_equal(lmc_key_interner_count(in), 1);
+    const char *salt = lmc_intern(in, "", 0);
+    assert_ptr_equal(lmc_intern_find(in, "", 0), salt);
+    assert_non_null(lmc_intern(in, "s1", 2));
+    assert_true(lmc_key_interner_full(in));
+    assert_null(lmc_intern(in, "s2", 2));          /* refused, counted */
+    assert_null(lmc_intern(in, "s3", 2));
+    assert_int_equal(lmc_key_interner_refused(in), 2);
+    assert_null(lmc_intern_find(in, "s2", 2));
+    assert_ptr_equal(lmc_intern(in, "m", 1), m);    /* held ones still come back */
+    assert_int_equal(lmc_key_interner_count(in), 3);
+    assert_int_equal(lmc_key_interner_refused(in), 2);
+    lmc_key_interner_free(in);
+    /* 100k lookups of unknown names leave an interner as they found it */
+    in = lmc_key_interner_new();
+    char buf[32];
+    for (int i = 0; i < 100000; i++) {
+        int n = snprintf(buf, sizeof buf, "salt-%d", i);
+        assert_null(lmc_intern_find(in, buf, (size_t)n));
+    }
+    assert_int_equal(lmc_key_interner_count(in), 0);
+    assert_false(lmc_key_interner_full(in));
+    lmc_key_interner_free(in);
+}
+
 #define N_THREADS 8
 #define N_STRINGS 3000
 
@@ -369,6 +414,7 @@ int main(void)
         cmocka_unit_test(test_random_round_trips),
         cmocka_unit_test(test_sep_in_model_is_lossy),
         cmocka_unit_test(test_intern_identity),
+        cmocka_unit_test(test_intern_find_only_and_bound),
         cmocka_unit_test(test_intern_concurrent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
