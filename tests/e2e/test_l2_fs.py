@@ -109,7 +109,11 @@ def test_store_evict_then_hits_from_l2(tmp_path):
         names = data_files(tmp_path)
         # Upstream's file name form: <model>@0x<kv_rank 8 hex>@<group hex>@<hash hex>.data
         assert all(re.fullmatch(r"m@0x020([01])020\1@0@[0-9a-f]{64}\.data", n) for n in names), names
-        assert all(os.path.exists(os.path.join(tmp_path, n + ".b3")) for n in names)
+        # The checksum travels in an xattr of the data file, not a sidecar
+        # (docs/l2.md, "fs").
+        assert all(len(os.getxattr(os.path.join(tmp_path, n), "user.lmcache.b3")) == 64
+                   for n in names)
+        assert not any(os.path.exists(os.path.join(tmp_path, n + ".b3")) for n in names)
         sched = srv.dealer()
         assert sched.call(CLEAR, False) is not None       # evict: L1 is empty now
         assert lookup_wait(sched, toks, "r1") == 4        # all four from L2
@@ -205,11 +209,10 @@ def test_restart_recovers_and_accepts_upstream_files(tmp_path):
             w.close()
     finally:
         assert srv.stop() == 0, srv.output()
-    # An upstream server writes raw bytes and no sidecar: re-create chunk 0
-    # of rank 0 that way, by hand.
+    # An upstream server writes raw bytes and no checksum: re-create chunk 0
+    # of rank 0 that way, by hand (a new inode, without the xattr).
     f0 = file_of(tmp_path, 0, toks, 0)
     os.unlink(f0)
-    os.unlink(f0 + ".b3")
     with open(f0, "wb") as fh:
         fh.write(chunk_bytes(0, toks, 0))
     srv = start(tmp_path)

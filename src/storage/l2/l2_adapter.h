@@ -100,7 +100,11 @@ typedef struct lmc_l2_fs_options {
     uint64_t read_ahead_size;       /* 0: off */
     bool use_odirect;
     bool recover_on_start;
-    bool verify_checksum;           /* write and check "<name>.b3" sidecars */
+    bool verify_checksum;           /* write and check BLAKE3 checksums (docs/l2.md, "fs") */
+    size_t hash_threads;            /* threads hashing beside the I/O; 0: 4 */
+    /* NULL: "user.lmcache.b3".  Tests name a namespace the kernel refuses
+     * (EOPNOTSUPP), as a filesystem without user xattrs does. */
+    const char *checksum_xattr;
 } lmc_l2_fs_options;
 lmc_l2_backend *lmc_l2_fs_new(const lmc_l2_fs_options *o, char *err, size_t errlen);
 typedef struct lmc_l2_fault_options {

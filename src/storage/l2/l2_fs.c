@@ -2,11 +2,16 @@
  * named by lmc_object_key_to_filename() and holding the raw object bytes,
  * so the directory is interchangeable with an upstream server's.
  *
- * Integrity: beside "<name>" we keep "<name>.b3" (BLAKE3 of the data, hex),
- * leaving the data file in upstream's format.  A load checks the size
- * against the expected object size (a truncated file is a miss) and, when
- * the sidecar exists, the checksum (a corrupted file is a miss).  Files
- * without a sidecar (written by upstream) are accepted on size alone.
+ * Integrity (docs/l2.md, "fs"): the BLAKE3 of the data, in hex, goes into
+ * the temp file's "user.lmcache.b3" xattr before its rename, so it appears
+ * with the data and costs no file of its own; where the filesystem has no
+ * user xattrs, into a "<name>.b3" sidecar published before the data file,
+ * as lmcached did before issue 18.  The data file keeps upstream's format.
+ * A load checks the size against the expected object size (a truncated
+ * file is a miss) and, when an xattr or sidecar exists, the checksum (a
+ * corrupted file is a miss).  Files with neither (written by upstream) are
+ * accepted on size alone.  The hashing runs on the checksum pool
+ * (l2_hasher.h) while the same object is written or read.
  *
  * The in-memory index (key -> size, lock count) serves accounting, listing
  * and locks; presence itself is always checked on disk, so files written by
@@ -21,16 +26,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
-#include "blake3.h"
 #include "obs/log.h"
 #include "storage/key_table.h"
 #include "storage/l2/l2_adapter.h"
+#include "storage/l2/l2_hasher.h"
 
 #define FS_PATH_MAX 4096
 #define DIRECT_ALIGN 4096u
+#define HEX_LEN (2 * LMC_L2_DIGEST_LEN)
+/* A load hands the checksum pool this much at a time: small enough that
+ * little is left to hash after the last read, large enough for O_DIRECT
+ * reads to stay efficient (a multiple of DIRECT_ALIGN). */
+#define HASH_PIECE (512u << 10)
 
 typedef struct fs_item {
     lmc_object_key key;      /* strings interned in fs.interner */
@@ -49,6 +61,9 @@ typedef struct fs {
     lmc_key_interner *interner;
     uint64_t used, tmp_seq;
     uint64_t corrupt, truncated, recovered, skipped_existing, io_errors;
+    lmc_l2_hasher *hasher;   /* NULL without verify_checksum */
+    char *xattr;             /* name of the checksum xattr */
+    atomic_bool no_xattr;    /* the filesystem refused it: sidecars from now on */
 } fs;
 
 static int key_path(const fs *f, const lmc_object_key *k, const char *suffix, char *out,
@@ -124,37 +139,73 @@ static int write_all(int fd, const uint8_t *p, uint64_t n)
     return 0;
 }
 
-/* Reads exactly n bytes; the first read asks for read_ahead bytes only so
- * the kernel starts read-ahead early (upstream's read_ahead_size). */
-static int read_all(int fd, uint8_t *p, uint64_t n, uint64_t read_ahead)
+/* Reads exactly n bytes.  The first read asks for read_ahead_size bytes
+ * only, so the kernel starts read-ahead early (upstream's option); with a
+ * checksum job, each HASH_PIECE read is handed to the pool and hashed while
+ * the next one is read. */
+static int read_all(fs *f, int fd, uint8_t *p, uint64_t n, lmc_l2_hash_job *job)
 {
-    uint64_t want = read_ahead && read_ahead < n ? read_ahead : n;
-    while (n > 0) {
-        ssize_t r = read(fd, p, want < n ? want : n);
+    uint64_t ra = f->o.read_ahead_size, want = ra && ra < n ? ra : n, got = 0;
+    while (got < n) {
+        uint64_t ask = n - got < want ? n - got : want;
+        if (job && ask > HASH_PIECE)
+            ask = HASH_PIECE;
+        ssize_t r = read(fd, p + got, ask);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
             return -1;
-        p += r;
-        n -= (uint64_t)r;
-        want = n;
+        got += (uint64_t)r;
+        want = n - got;
+        if (job)
+            lmc_l2_hash_advance(f->hasher, job, got);
     }
     return 0;
 }
 
-static void checksum_hex(const uint8_t *p, uint64_t n, char out[65])
+static void to_hex(const uint8_t d[LMC_L2_DIGEST_LEN], char out[HEX_LEN])
 {
-    blake3_hasher h;
-    uint8_t d[32];
-    blake3_hasher_init(&h);
-    blake3_hasher_update(&h, p, n);
-    blake3_hasher_finalize(&h, d, sizeof d);
-    for (int i = 0; i < 32; i++)
-        snprintf(out + 2 * i, 3, "%02x", d[i]);
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < LMC_L2_DIGEST_LEN; i++) {
+        out[2 * i] = digits[d[i] >> 4];
+        out[2 * i + 1] = digits[d[i] & 15];
+    }
 }
 
-/* Writes `p` to a fresh temp file and renames it onto `final`. */
-static int publish(fs *f, const char *final, const char *name, const uint8_t *p, uint64_t n)
+static int publish(fs *f, const lmc_object_key *k, const char *final, const char *name,
+                   const uint8_t *p, uint64_t n, lmc_l2_hash_job *job);
+
+/* Waits for the checksum of the object being written to `fd` and attaches
+ * it: as an xattr of the temp file, or where the filesystem refuses user
+ * xattrs as a sidecar published now, before the data file's rename. */
+static int attach_checksum(fs *f, const lmc_object_key *k, const char *name, int fd,
+                           lmc_l2_hash_job *job)
+{
+    uint8_t d[LMC_L2_DIGEST_LEN];
+    char hex[HEX_LEN + 1], spath[FS_PATH_MAX], sname[1100];
+    lmc_l2_hash_finish(f->hasher, job, d);
+    to_hex(d, hex);
+    hex[HEX_LEN] = '\n';
+    if (!atomic_load(&f->no_xattr)) {
+        if (fsetxattr(fd, f->xattr, hex, HEX_LEN, 0) == 0)
+            return 0;
+        if (errno != ENOTSUP)
+            return -1;
+        if (!atomic_exchange(&f->no_xattr, true))
+            LMC_WARN("L2 fs: %s refuses xattr %s: checksums go to .b3 sidecars", f->base_path,
+                     f->xattr);
+    }
+    snprintf(sname, sizeof sname, "%s.b3", name);
+    if (key_path(f, k, ".b3", spath, sizeof spath) != 0)
+        return -1;
+    return publish(f, k, spath, sname, (const uint8_t *)hex, HEX_LEN + 1, NULL);
+}
+
+/* Writes `p` to a fresh temp file and renames it onto `final`.  With a
+ * checksum job (hashing `p` meanwhile), its result is attached before the
+ * rename, so the data file never appears without its checksum. */
+static int publish(fs *f, const lmc_object_key *k, const char *final, const char *name,
+                   const uint8_t *p, uint64_t n, lmc_l2_hash_job *job)
 {
     char tmp[FS_PATH_MAX];
     pthread_mutex_lock(&f->mu);
@@ -163,12 +214,15 @@ static int publish(fs *f, const char *final, const char *name, const uint8_t *p,
     /* Unique per write: two workers storing the same key never share one. */
     int len = snprintf(tmp, sizeof tmp, "%s/%s.%ld.%llu.tmp", f->tmp_dir, name, (long)getpid(),
                        (unsigned long long)seq);
-    if (len < 0 || (size_t)len >= sizeof tmp)
-        return -1;
-    int fd = open_io(f, tmp, O_WRONLY | O_CREAT | O_TRUNC, p, n);
+    int fd = len > 0 && (size_t)len < sizeof tmp
+                 ? open_io(f, tmp, O_WRONLY | O_CREAT | O_TRUNC, p, n) : -1;
+    int rc = fd < 0 ? -1 : write_all(fd, p, n);
+    if (job && rc == 0)
+        rc = attach_checksum(f, k, name, fd, job);
+    else if (job)
+        lmc_l2_hash_abort(f->hasher, job);
     if (fd < 0)
         return -1;
-    int rc = write_all(fd, p, n);
     rc |= close(fd);
     if (rc == 0 && rename(tmp, final) == 0)
         return 0;
@@ -194,18 +248,11 @@ static int store_one(fs *f, const lmc_object_key *k, const uint8_t *buf, uint64_
     pthread_mutex_unlock(&f->mu);
     if (full)
         return -1;   /* no L2 eviction yet: a full adapter refuses stores */
-    if (f->o.verify_checksum) {
-        /* Sidecar first: a data file never exists without its checksum
-         * from this writer (a crash leaves at most an orphan sidecar). */
-        char sum[66], spath[FS_PATH_MAX], sname[1100];
-        checksum_hex(buf, size, sum);
-        sum[64] = '\n';
-        snprintf(sname, sizeof sname, "%s.b3", name);
-        if (key_path(f, k, ".b3", spath, sizeof spath) != 0 ||
-            publish(f, spath, sname, (const uint8_t *)sum, 65) != 0)
-            return -1;
-    }
-    if (publish(f, path, name, buf, size) != 0)
+    /* The checksum is computed on the pool while this thread writes. */
+    lmc_l2_hash_job job;
+    if (f->hasher)
+        lmc_l2_hash_start(f->hasher, &job, buf, size, size);
+    if (publish(f, k, path, name, buf, size, f->hasher ? &job : NULL) != 0)
         return -1;
     pthread_mutex_lock(&f->mu);
     index_add_locked(f, k, size);
@@ -255,27 +302,52 @@ static void fs_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uint6
     }
 }
 
-/* 0 when the sidecar is absent or matches; -1 when it does not match. */
-static int verify(fs *f, const lmc_object_key *k, const uint8_t *buf, uint64_t size)
+/* The checksum the writer left for the file open as `fd`: 1 (in `want`), 0
+ * when there is none (an upstream-written file, accepted on size alone), -1
+ * when it cannot be right (a corrupt object).  The xattr comes first: it
+ * belongs to this very inode.  A sidecar is what lmcached wrote before
+ * issue 18, and still writes where the filesystem has no user xattrs. */
+static int expected_checksum(fs *f, const lmc_object_key *k, int fd, char want[HEX_LEN])
 {
-    char spath[FS_PATH_MAX], want[65], got[65];
-    if (!f->o.verify_checksum || key_path(f, k, ".b3", spath, sizeof spath) != 0)
-        return 0;
-    int fd = open(spath, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;   /* upstream-written file: accepted on size alone */
-    ssize_t r = read(fd, want, 64);
-    close(fd);
-    if (r != 64)
+    char spath[FS_PATH_MAX];
+    ssize_t r = fgetxattr(fd, f->xattr, want, HEX_LEN);
+    if (r == HEX_LEN)
+        return 1;
+    if (r >= 0 || (errno != ENODATA && errno != ENOTSUP))
+        return -1;   /* wrong length (ERANGE: too long) or unreadable */
+    if (key_path(f, k, ".b3", spath, sizeof spath) != 0)
         return -1;
-    want[64] = '\0';
-    checksum_hex(buf, size, got);
-    return memcmp(want, got, 64) == 0 ? 0 : -1;
+    int sfd = open(spath, O_RDONLY | O_CLOEXEC);
+    if (sfd < 0)
+        return 0;
+    r = read(sfd, want, HEX_LEN);
+    close(sfd);
+    return r == HEX_LEN ? 1 : -1;
 }
 
+/* Reads the object into `buf` while the pool hashes what has been read:
+ * 0 when it matches `want`, -1 on a read error, -2 on a mismatch. */
+static int read_verified(fs *f, int fd, uint8_t *buf, uint64_t size,
+                         const char want[HEX_LEN])
+{
+    lmc_l2_hash_job job;
+    uint8_t d[LMC_L2_DIGEST_LEN];
+    char got[HEX_LEN];
+    lmc_l2_hash_start(f->hasher, &job, buf, size, 0);
+    if (read_all(f, fd, buf, size, &job) != 0) {
+        lmc_l2_hash_abort(f->hasher, &job);
+        return -1;
+    }
+    lmc_l2_hash_finish(f->hasher, &job, d);
+    to_hex(d, got);
+    return memcmp(want, got, HEX_LEN) == 0 ? 0 : -2;
+}
+
+/* Bad bytes may land in `buf` (L1 staging) but the key then fails, so the
+ * prefetch never publishes them (docs/l2.md, "fs"). */
 static bool load_one(fs *f, const lmc_object_key *k, uint8_t *buf, uint64_t size)
 {
-    char path[FS_PATH_MAX];
+    char path[FS_PATH_MAX], want[HEX_LEN];
     struct stat st;
     if (key_path(f, k, "", path, sizeof path) != 0)
         return false;
@@ -285,16 +357,17 @@ static bool load_one(fs *f, const lmc_object_key *k, uint8_t *buf, uint64_t size
     bool ok = fstat(fd, &st) == 0 && (uint64_t)st.st_size == size;
     if (!ok)
         count(f, &f->truncated);
+    int have = ok && f->hasher ? expected_checksum(f, k, fd, want) : 0;
     if (ok && f->o.read_ahead_size)
         posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    ok = ok && read_all(fd, buf, size, f->o.read_ahead_size) == 0;
+    int rc = !ok ? -1 : have < 0 ? -2 : have ? read_verified(f, fd, buf, size, want)
+                                             : read_all(f, fd, buf, size, NULL);
     close(fd);
-    if (ok && verify(f, k, buf, size) != 0) {
+    if (rc == -2) {
         LMC_WARN("L2 fs: checksum mismatch in %s: treated as a miss", path);
         count(f, &f->corrupt);
-        ok = false;
     }
-    return ok;
+    return rc == 0;
 }
 
 static void fs_load(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
@@ -377,9 +450,10 @@ static json_t *fs_status(lmc_l2_backend *b)
 {
     fs *f = (fs *)b;
     pthread_mutex_lock(&f->mu);
-    json_t *st = json_pack("{s:s, s:b, s:b, s:I, s:I, s:I, s:I, s:I}", "base_path",
+    const char *where = !f->hasher ? "off" : atomic_load(&f->no_xattr) ? "sidecar" : "xattr";
+    json_t *st = json_pack("{s:s, s:b, s:b, s:s, s:I, s:I, s:I, s:I, s:I}", "base_path",
                            f->base_path, "use_odirect", f->o.use_odirect, "verify_checksum",
-                           f->o.verify_checksum, "corrupt_files_detected",
+                           f->o.verify_checksum, "checksum_in", where, "corrupt_files_detected",
                            (json_int_t)f->corrupt, "truncated_files_detected",
                            (json_int_t)f->truncated, "recovered_keys",
                            (json_int_t)f->recovered, "skipped_existing",
@@ -396,7 +470,9 @@ static void fs_destroy(lmc_l2_backend *b)
         free(lmc_key_table_slot_item(&f->table, i));
     lmc_key_table_destroy(&f->table);
     lmc_key_interner_free(f->interner);
+    lmc_l2_hasher_free(f->hasher);
     pthread_mutex_destroy(&f->mu);
+    free(f->xattr);
     free(f->base_path);
     free(f->tmp_dir);
     free(f);
@@ -512,6 +588,18 @@ static int set_paths(fs *f, const lmc_l2_fs_options *o, char *err, size_t errlen
     return make_dir(f->base_path, err, errlen) || make_dir(f->tmp_dir, err, errlen) ? -1 : 0;
 }
 
+static int start_checksums(fs *f, const lmc_l2_fs_options *o, char *err, size_t errlen)
+{
+    f->xattr = strdup(o->checksum_xattr ? o->checksum_xattr : "user.lmcache.b3");
+    if (o->verify_checksum)
+        f->hasher = lmc_l2_hasher_new(o->hash_threads ? o->hash_threads : 4);
+    if (!f->xattr || (o->verify_checksum && !f->hasher)) {
+        snprintf(err, errlen, "L2 fs: cannot start the checksum threads");
+        return -1;
+    }
+    return 0;
+}
+
 lmc_l2_backend *lmc_l2_fs_new(const lmc_l2_fs_options *o, char *err, size_t errlen)
 {
     fs *f = calloc(1, sizeof *f);
@@ -530,12 +618,13 @@ lmc_l2_backend *lmc_l2_fs_new(const lmc_l2_fs_options *o, char *err, size_t errl
         fs_destroy(&f->base);
         return NULL;
     }
-    if (set_paths(f, o, err, errlen) != 0) {
+    if (set_paths(f, o, err, errlen) != 0 || start_checksums(f, o, err, errlen) != 0) {
         fs_destroy(&f->base);
         return NULL;
     }
     f->o.base_path = f->base_path;
     f->o.relative_tmp_dir = NULL;
+    f->o.checksum_xattr = f->xattr;
     if (o->recover_on_start)
         recover(f);
     LMC_INFO("L2 fs: %s (%llu keys, %llu bytes recovered)", f->base_path,

@@ -41,6 +41,7 @@ static lmc_l2_backend *make_fs(const json_t *o, size_t *num_workers, char *err, 
         .use_odirect = bool_or(o, "use_odirect", false),
         .recover_on_start = bool_or(o, "recover_on_start", true),
         .verify_checksum = bool_or(o, "verify_checksum", true),
+        .hash_threads = workers_or(o, 4),   /* one per worker: none waits for another's */
     };
     *num_workers = workers_or(o, 4);
     return lmc_l2_fs_new(&fo, err, errlen);

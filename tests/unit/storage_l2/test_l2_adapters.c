@@ -11,14 +11,17 @@
 #include <dirent.h>
 #include <poll.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
+#include "blake3.h"
 #include "gate_backend.h"
 #include "scratch_dir.h"
 #include "storage/l2/l2_adapter.h"
 
 #define OBJ 1000u   /* deliberately not a multiple of any block size */
 #define N 4
+#define XATTR "user.lmcache.b3"   /* docs/l2.md, "fs" */
 
 typedef struct {
     lmc_key_interner *in;
@@ -187,19 +190,59 @@ static json_int_t fs_counter(lmc_l2_adapter *a, const char *name)
     return v;
 }
 
+static void assert_status_string(lmc_l2_adapter *a, const char *name, const char *want)
+{
+    json_t *st = lmc_l2_adapter_status(a);
+    const char *got = json_string_value(json_object_get(st, name));
+    assert_non_null(got);
+    assert_string_equal(got, want);
+    json_decref(st);
+}
+
+/* A new file (new inode, no xattr), as upstream or an older lmcached writes. */
+static void write_file(const char *path, const void *p, size_t n)
+{
+    unlink(path);
+    FILE *fp = fopen(path, "wb");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(p, 1, n, fp), n);
+    assert_int_equal(fclose(fp), 0);
+}
+
+/* The checksum as lmcached keeps it: BLAKE3 in lowercase hex, then '\n'. */
+static void b3_hex(const uint8_t *p, size_t n, char out[65])
+{
+    blake3_hasher h;
+    uint8_t d[32];
+    char two[3];
+    blake3_hasher_init(&h);
+    blake3_hasher_update(&h, p, n);
+    blake3_hasher_finalize(&h, d, sizeof d);
+    for (int i = 0; i < 32; i++) {
+        snprintf(two, sizeof two, "%02x", d[i]);
+        memcpy(out + 2 * i, two, 2);
+    }
+    out[64] = '\n';
+}
+
+static bool exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
 static void test_fs_contract_and_format(void **state)
 {
     fx *f = *state;
     lmc_l2_adapter *a = open_fs(f, true);
     common_contract(a, f);
     /* Upstream format: "<model, / -> -SEP->@0x<rank>@<group>@<hash>.data",
-     * raw bytes only; the checksum sits beside it. */
+     * raw bytes only (the checksum: test_fs_checksum_in_xattr). */
     struct stat st;
     char *p = path_of(f, 1, "");
     assert_non_null(strstr(p, "/org-SEP-model@0x02010201@0@2526"));
     assert_int_equal(stat(p, &st), 0);
     assert_int_equal(st.st_size, OBJ);
-    assert_int_equal(stat(path_of(f, 1, ".b3"), &st), 0);
     FILE *fp = fopen(p, "rb");
     uint8_t buf[OBJ];
     assert_int_equal(fread(buf, 1, OBJ, fp), OBJ);
@@ -236,13 +279,14 @@ static void test_fs_corruption(void **state)
     fx *f = *state;
     lmc_l2_adapter *a = open_fs(f, true);
     assert_int_equal(store(a, f, N), N * OBJ);
-    /* 0: a bit flip (same size); 1: truncated; 2: no sidecar (upstream). */
+    /* 0: a bit flip (same size); 1: truncated; 2: rewritten without a
+     * checksum, as upstream writes it. */
     FILE *fp = fopen(path_of(f, 0, ""), "r+b");
     fseek(fp, 10, SEEK_SET);
     fputc(0xAB ^ f->arena[10], fp);
     fclose(fp);
     assert_int_equal(truncate(path_of(f, 1, ""), OBJ / 2), 0);
-    assert_int_equal(unlink(path_of(f, 2, ".b3")), 0);
+    write_file(path_of(f, 2, ""), f->arena + f->src[2], OBJ);
     uint8_t found[N], ok[N];
     lookup(a, f, f->sizes, found);
     assert_memory_equal(found, ((uint8_t[]){1, 0, 1, 1}), N);
@@ -252,7 +296,7 @@ static void test_fs_corruption(void **state)
     assert_memory_equal(ok, ((uint8_t[]){0, 0, 1, 1}), N);
     assert_true(same(f, 2) && same(f, 3));
     assert_int_equal(fs_counter(a, "corrupt_files_detected"), 1);
-    /* Without a sidecar a wrong size is still caught. */
+    /* Without a checksum a wrong size is still caught. */
     assert_int_equal(truncate(path_of(f, 2, ""), OBJ - 1), 0);
     load(a, f, ok);
     assert_memory_equal(ok, ((uint8_t[]){0, 0, 0, 1}), N);
@@ -308,6 +352,150 @@ static void test_fs_corruption_during_parallel_load(void **state)
     assert_int_equal(fs_counter(a, "corrupt_files_detected"), 1);
     assert_int_equal(gate_max_inside(g), N);
     lmc_l2_adapter_close(a);
+}
+
+/* Issue 18: the checksum is an xattr of the data file (set before its
+ * rename), so no sidecar is created; a wrong xattr makes the object a miss. */
+static void test_fs_checksum_in_xattr(void **state)
+{
+    fx *f = *state;
+    lmc_l2_adapter *a = open_fs(f, true);
+    assert_int_equal(store(a, f, N), N * OBJ);
+    for (size_t i = 0; i < N; i++) {
+        char got[80], want[65];
+        b3_hex(f->arena + f->src[i], OBJ, want);
+        assert_int_equal(getxattr(path_of(f, i, ""), XATTR, got, sizeof got), 64);
+        assert_memory_equal(got, want, 64);
+        assert_false(exists(path_of(f, i, ".b3")));
+    }
+    assert_status_string(a, "checksum_in", "xattr");
+    char bad[64];
+    memset(bad, '0', sizeof bad);
+    assert_int_equal(setxattr(path_of(f, 0, ""), XATTR, bad, sizeof bad, XATTR_REPLACE), 0);
+    uint8_t ok[N];
+    load(a, f, ok);
+    assert_memory_equal(ok, ((uint8_t[]){0, 1, 1, 1}), N);
+    assert_int_equal(fs_counter(a, "corrupt_files_detected"), 1);
+    lmc_l2_adapter_close(a);
+}
+
+/* Issue 18: objects an older lmcached wrote (data file + "<name>.b3"
+ * sidecar, no xattr) still load, and their sidecar is still checked; the
+ * xattr of a file stored now wins over a stale sidecar left beside it. */
+static void test_fs_sidecar_still_read(void **state)
+{
+    fx *f = *state;
+    lmc_l2_adapter *a = open_fs(f, true);
+    for (size_t i = 0; i < 2; i++) {
+        char sum[65];
+        b3_hex(f->arena + f->src[i], OBJ, sum);
+        sum[0] ^= (char)i;   /* key 1: a sidecar that does not match */
+        write_file(path_of(f, i, ""), f->arena + f->src[i], OBJ);
+        write_file(path_of(f, i, ".b3"), sum, sizeof sum);
+    }
+    assert_int_equal(store(a, f, 3), 3 * OBJ);   /* keys 0 and 1 exist: only 2 is written */
+    char stale[65];
+    memset(stale, 'f', 64);
+    stale[64] = '\n';
+    write_file(path_of(f, 2, ".b3"), stale, sizeof stale);
+    uint8_t ok[N];
+    load(a, f, ok);
+    assert_memory_equal(ok, ((uint8_t[]){1, 0, 1, 0}), N);
+    assert_true(same(f, 0) && same(f, 2));
+    assert_int_equal(fs_counter(a, "corrupt_files_detected"), 1);
+    lmc_l2_adapter_close(a);
+}
+
+/* Issue 18: where the filesystem refuses the xattr (EOPNOTSUPP, as ramfs
+ * does for user xattrs; here a namespace the kernel does not know), the
+ * checksum goes to a sidecar, published before the data file, and is
+ * checked at load. */
+static void test_fs_without_xattrs(void **state)
+{
+    fx *f = *state;
+    char err[256];
+    lmc_l2_fs_options o = {.base_path = f->dir, .verify_checksum = true,
+                           .checksum_xattr = "lmctest.b3"};
+    lmc_l2_backend *be = lmc_l2_fs_new(&o, err, sizeof err);
+    assert_non_null(be);
+    lmc_l2_adapter *a = lmc_l2_adapter_new(be, f->arena, 2);
+    assert_int_equal(store(a, f, N), N * OBJ);
+    assert_status_string(a, "checksum_in", "sidecar");
+    for (size_t i = 0; i < N; i++) {
+        char got[80], want[65];
+        b3_hex(f->arena + f->src[i], OBJ, want);
+        FILE *fp = fopen(path_of(f, i, ".b3"), "rb");
+        assert_non_null(fp);
+        assert_int_equal(fread(got, 1, sizeof got, fp), 65);
+        fclose(fp);
+        assert_memory_equal(got, want, 65);
+    }
+    FILE *fp = fopen(path_of(f, 3, ""), "r+b");
+    fseek(fp, OBJ / 2, SEEK_SET);
+    fputc(0x11 ^ f->arena[f->src[3] + OBJ / 2], fp);
+    fclose(fp);
+    uint8_t ok[N];
+    load(a, f, ok);
+    assert_memory_equal(ok, ((uint8_t[]){1, 1, 1, 0}), N);
+    assert_int_equal(fs_counter(a, "corrupt_files_detected"), 1);
+    lmc_l2_adapter_close(a);
+}
+
+/* Several checksum pieces (512 KiB each, l2_fs.c) and an odd tail. */
+#define BIG (3u * (512u << 10) + 1000u)
+
+static void big_task(lmc_l2_adapter *a, lmc_l2_op op, fx *f, const uint64_t *offs,
+                     const uint64_t *sizes, uint8_t *ok)
+{
+    uint64_t id = op == LMC_L2_OP_STORE ? lmc_l2_adapter_submit_store(a, f->keys, offs, sizes, N)
+                                        : lmc_l2_adapter_submit_load(a, f->keys, offs, sizes, N);
+    int64_t result;
+    uint64_t got;
+    assert_true(id > 0);
+    if (op == LMC_L2_OP_STORE) {
+        while (!lmc_l2_adapter_pop_completed_store(a, &got, &result))
+            wait_fd(lmc_l2_adapter_event_fd(a, op));
+        assert_int_equal(result, (int64_t)N * BIG);
+    } else {
+        while (!lmc_l2_adapter_query_load(a, id, ok))
+            wait_fd(lmc_l2_adapter_event_fd(a, op));
+    }
+}
+
+/* Issue 18: a byte flipped in the middle of a multi-piece object is a miss
+ * while the loads of the other chunks run beside it on every worker (the
+ * checksum is verified while each is read), and the others load intact. */
+static void test_fs_mid_object_corruption_parallel(void **state)
+{
+    fx *f = *state;
+    char err[256];
+    uint8_t *arena = malloc(2 * N * (size_t)BIG), ok[N];
+    uint64_t src[N], dst[N], sizes[N];
+    for (size_t i = 0; i < N; i++) {
+        src[i] = i * BIG, dst[i] = (N + i) * BIG, sizes[i] = BIG;
+        for (size_t b = 0; b < BIG; b++)
+            arena[src[i] + b] = (uint8_t)(b * 13 + i + b / 4096);
+    }
+    memset(arena + N * BIG, 0, N * (size_t)BIG);
+    lmc_l2_fs_options o = {.base_path = f->dir, .verify_checksum = true, .hash_threads = 2};
+    gate *g;
+    lmc_l2_backend *fs = lmc_l2_fs_new(&o, err, sizeof err);
+    assert_non_null(fs);
+    lmc_l2_adapter *a = lmc_l2_adapter_new(gate_new(fs, N, -1, &g), arena, N);
+    big_task(a, LMC_L2_OP_STORE, f, src, sizes, NULL);
+    assert_int_equal(getxattr(path_of(f, 2, ""), XATTR, err, sizeof err), 64);
+    FILE *fp = fopen(path_of(f, 2, ""), "r+b");
+    fseek(fp, BIG / 2, SEEK_SET);   /* in the second piece */
+    fputc(0x5A ^ arena[src[2] + BIG / 2], fp);
+    fclose(fp);
+    big_task(a, LMC_L2_OP_LOAD, f, dst, sizes, ok);
+    assert_memory_equal(ok, ((uint8_t[]){1, 1, 0, 1}), N);
+    for (size_t i = 0; i < N; i++)
+        assert_true(i == 2 || memcmp(arena + src[i], arena + dst[i], BIG) == 0);
+    assert_int_equal(fs_counter(a, "corrupt_files_detected"), 1);
+    assert_int_equal(gate_max_inside(g), N);
+    lmc_l2_adapter_close(a);
+    free(arena);
 }
 
 static void test_fault_inject(void **state)
@@ -442,6 +630,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fs_corruption, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parts_run_in_parallel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fs_corruption_during_parallel_load, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_fs_checksum_in_xattr, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fs_sidecar_still_read, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fs_without_xattrs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fs_mid_object_corruption_parallel, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_fault_inject, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fault_inject_seeded, setup, teardown),
