@@ -477,16 +477,17 @@ static lmc_handler_result busy_prepare_retrieve(void *state, lmc_rpc_call *call)
 
 static const lmc_rpc_handler_spec ed_handlers[] = {
     {LMC_OP_REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_register,
-     false, NULL, NULL},
+     false, NULL, NULL, false},
     {LMC_OP_UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, NULL, LMC_POOL_SYNC, lmc_ed_unregister,
-     false, NULL, NULL},
+     false, NULL, NULL, false},
     {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, prepare_store, .quick = true,
      .busy = busy_prepare_store},
     {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_AFFINITY, commit_store, .quick = true,
-     .busy = busy_commit_store},
+     .busy = busy_commit_store, .releases = true},
     {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, prepare_retrieve, .quick = true,
      .busy = busy_prepare_retrieve},
-    {LMC_OP_COMMIT_RETRIEVE, NULL, LMC_POOL_AFFINITY, commit_retrieve, .quick = true},
+    {LMC_OP_COMMIT_RETRIEVE, NULL, LMC_POOL_AFFINITY, commit_retrieve, .quick = true,
+     .releases = true},
 };
 
 static json_t *ed_status(void *state)

@@ -644,10 +644,10 @@ static lmc_handler_result busy_transfer(void *state, lmc_rpc_call *call)
 }
 
 static const lmc_rpc_handler_spec sd_handlers[] = {
-    {LMC_OP_REGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, lmc_sd_register, false, NULL, NULL},
-    {LMC_OP_UNREGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, lmc_sd_unregister, false, NULL, NULL},
-    {LMC_OP_STORE, NULL, LMC_POOL_AFFINITY, store, false, small_copy, busy_transfer},
-    {LMC_OP_RETRIEVE, NULL, LMC_POOL_AFFINITY, retrieve, false, small_copy, busy_transfer},
+    {LMC_OP_REGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, lmc_sd_register, false, NULL, NULL, false},
+    {LMC_OP_UNREGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, lmc_sd_unregister, false, NULL, NULL, false},
+    {LMC_OP_STORE, NULL, LMC_POOL_AFFINITY, store, false, small_copy, busy_transfer, false},
+    {LMC_OP_RETRIEVE, NULL, LMC_POOL_AFFINITY, retrieve, false, small_copy, busy_transfer, false},
 };
 
 #define COUNTER(name) (json_int_t)atomic_load(&m->name)

@@ -628,11 +628,13 @@ static const lmc_rpc_handler_spec lookup_handlers[] = {
     /* The two status polls are a table lookup: answered on the socket
      * thread, they skip two thread hand-offs per scheduler poll.  The job
      * they read was registered before the LOOKUP's reply went out. */
-    {LMC_OP_QUERY_PREFETCH_STATUS, NULL, LMC_POOL_SYNC, query_status, false, NULL, NULL},
-    {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, wait_status, false, NULL, busy_void},
-    {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, query_lookup_hits, false, NULL, NULL},
-    {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, free_lookup_locks, .quick = true},
-    {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, end_session, .quick = true},
+    {LMC_OP_QUERY_PREFETCH_STATUS, NULL, LMC_POOL_SYNC, query_status, false, NULL, NULL, false},
+    {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, wait_status, false, NULL, busy_void, false},
+    {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, query_lookup_hits, false, NULL, NULL, false},
+    {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, free_lookup_locks, .quick = true,
+     .releases = true},
+    {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, end_session, .quick = true,
+     .releases = true},
 };
 
 static int lookup_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen)

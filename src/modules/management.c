@@ -146,12 +146,12 @@ static json_t *block_records_to_json(const msgpack_object *records)
 }
 
 static const lmc_rpc_handler_spec management_handlers[] = {
-    {LMC_OP_GET_CHUNK_SIZE, NULL, LMC_POOL_SYNC, get_chunk_size, false, NULL, NULL},
-    {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, noop, false, NULL, NULL},
-    {LMC_OP_GET_EXPERIMENTAL, NULL, LMC_POOL_SYNC, get_experimental, false, NULL, NULL},
+    {LMC_OP_GET_CHUNK_SIZE, NULL, LMC_POOL_SYNC, get_chunk_size, false, NULL, NULL, false},
+    {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, noop, false, NULL, NULL, false},
+    {LMC_OP_GET_EXPERIMENTAL, NULL, LMC_POOL_SYNC, get_experimental, false, NULL, NULL, false},
     {LMC_OP_PING, NULL, LMC_POOL_NORMAL, ping, .quick = true},
-    {LMC_OP_CLEAR, NULL, LMC_POOL_NORMAL, clear, false, NULL, NULL},
-    {LMC_OP_REPORT_BLOCK_ALLOCATION, NULL, LMC_POOL_NORMAL, report_block_allocation, false, NULL, NULL},
+    {LMC_OP_CLEAR, NULL, LMC_POOL_NORMAL, clear, false, NULL, NULL, false},
+    {LMC_OP_REPORT_BLOCK_ALLOCATION, NULL, LMC_POOL_NORMAL, report_block_allocation, false, NULL, NULL, false},
 };
 
 static int management_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen)

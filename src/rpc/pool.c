@@ -110,21 +110,23 @@ size_t lmc_pool_queue_count(const lmc_pool *pool)
 }
 
 /* Caller holds q->lock. */
-static bool queue_full(const lmc_pool *pool, const task_queue *q, size_t bytes)
+static bool queue_full(const lmc_pool *pool, const task_queue *q, size_t bytes, bool releases)
 {
     if (q->waiting == 0)
         return false;
-    return (pool->max_queued && q->waiting >= pool->max_queued) ||
+    size_t max_queued = releases ? 2 * pool->max_queued : pool->max_queued;
+    return (max_queued && q->waiting >= max_queued) ||
            (pool->max_bytes && q->waiting_bytes + bytes > pool->max_bytes);
 }
 
-bool lmc_pool_submit(lmc_pool *pool, size_t queue_index, lmc_pool_task *task, size_t bytes)
+bool lmc_pool_submit(lmc_pool *pool, size_t queue_index, lmc_pool_task *task, size_t bytes,
+                     bool releases)
 {
     task_queue *q = &pool->queues[queue_index % pool->n_queues];
     task->next = NULL;
     task->bytes = bytes;
     pthread_mutex_lock(&q->lock);
-    if (queue_full(pool, q, bytes)) {
+    if (queue_full(pool, q, bytes, releases)) {
         pthread_mutex_unlock(&q->lock);
         return false;
     }

@@ -28,8 +28,10 @@ lmc_pool *lmc_pool_new(const char *name, int n_threads, int n_queues, size_t max
 size_t lmc_pool_queue_count(const lmc_pool *pool);
 /* Queues `task` (of `bytes`) on queue `queue_index`; false, and not
  * queued, when that queue is at its bound.  A queue with nothing waiting
- * takes any task, so no task is refused for its size alone. */
-bool lmc_pool_submit(lmc_pool *pool, size_t queue_index, lmc_pool_task *task, size_t bytes);
+ * takes any task, so no task is refused for its size alone.  A task that
+ * `releases` what others hold may fill the queue to twice `max_queued`. */
+bool lmc_pool_submit(lmc_pool *pool, size_t queue_index, lmc_pool_task *task, size_t bytes,
+                     bool releases);
 /* True when queue `queue_index` has no task queued or running.  With a
  * single submitting thread, that thread's answer stays true until its own
  * next submit. */

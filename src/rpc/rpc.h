@@ -56,6 +56,12 @@ typedef struct {
      * the call fails with a ServerBusyError (an error frame with
      * --rpc-error-frames, else dropped). */
     lmc_handler_result (*busy)(void *ctx, lmc_rpc_call *call);
+    /* The op gives back what earlier requests took (read locks, pins,
+     * write reservations).  Refusing it under overload would keep those
+     * held until they lapse, which deepens the overload, so it may queue
+     * past --max-queued-requests, up to twice that count (docs/protocol.md,
+     * "Overload"). */
+    bool releases;
 } lmc_rpc_handler_spec;
 
 /* Payload bound for running a quick handler inline (a 64k-token key). */

@@ -435,7 +435,7 @@ static void submit(lmc_rpc_server *s, const handler_entry *h, lmc_rpc_call *c, l
                    size_t queue, size_t bytes)
 {
     s->in_flight++;
-    if (lmc_pool_submit(pool, queue, &c->task, bytes))
+    if (lmc_pool_submit(pool, queue, &c->task, bytes, h->spec.releases))
         return;
     s->in_flight--;
     answer_overload(s, h, c, pool == s->normal_pool ? "CPU" : "GPU");

@@ -177,20 +177,20 @@ static int start(void **state, bool error_frames)
         return -1;
     }
     lmc_rpc_handler_spec specs[] = {
-        {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, h_noop, false, NULL, NULL},
-        {LMC_OP_CLEAR, NULL, LMC_POOL_NORMAL, h_void, false, NULL, NULL},
-        {LMC_OP_GET_CHUNK_SIZE, NULL, LMC_POOL_NORMAL, h_sum, false, NULL, NULL},
-        {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, h_ordered, true, NULL, NULL},
-        {LMC_OP_PING, NULL, LMC_POOL_NORMAL, h_where, true, NULL, NULL},
-        {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, h_where, true, NULL, NULL},
-        {LMC_OP_COMMIT_RETRIEVE, NULL, LMC_POOL_NORMAL, h_where, false, NULL, NULL},
-        {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_AFFINITY, h_where, false, small_arg, NULL},
-        {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, h_busy, false, NULL, NULL},
-        {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, h_then_socket, false, NULL, NULL},
-        {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, h_then_pooled, false, NULL, NULL},
-        {LMC_OP_GET_EXPERIMENTAL, NULL, LMC_POOL_SYNC, h_then_state, false, NULL, NULL},
-        {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, h_deferred, false, NULL, NULL},
-        {0, "store_with_chunk_events", LMC_POOL_SYNC, h_noop, false, NULL, NULL},
+        {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, h_noop, false, NULL, NULL, false},
+        {LMC_OP_CLEAR, NULL, LMC_POOL_NORMAL, h_void, false, NULL, NULL, false},
+        {LMC_OP_GET_CHUNK_SIZE, NULL, LMC_POOL_NORMAL, h_sum, false, NULL, NULL, false},
+        {LMC_OP_PREPARE_STORE, NULL, LMC_POOL_AFFINITY, h_ordered, true, NULL, NULL, false},
+        {LMC_OP_PING, NULL, LMC_POOL_NORMAL, h_where, true, NULL, NULL, false},
+        {LMC_OP_PREPARE_RETRIEVE, NULL, LMC_POOL_AFFINITY, h_where, true, NULL, NULL, false},
+        {LMC_OP_COMMIT_RETRIEVE, NULL, LMC_POOL_NORMAL, h_where, false, NULL, NULL, false},
+        {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_AFFINITY, h_where, false, small_arg, NULL, false},
+        {LMC_OP_END_SESSION, NULL, LMC_POOL_NORMAL, h_busy, false, NULL, NULL, false},
+        {LMC_OP_QUERY_PREFETCH_LOOKUP_HITS, NULL, LMC_POOL_SYNC, h_then_socket, false, NULL, NULL, false},
+        {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, h_then_pooled, false, NULL, NULL, false},
+        {LMC_OP_GET_EXPERIMENTAL, NULL, LMC_POOL_SYNC, h_then_state, false, NULL, NULL, false},
+        {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, h_deferred, false, NULL, NULL, false},
+        {0, "store_with_chunk_events", LMC_POOL_SYNC, h_noop, false, NULL, NULL, false},
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
         assert_int_equal(lmc_rpc_server_register(f->server, &specs[i], f), 0);
@@ -638,9 +638,9 @@ static void test_full_queue_is_answered_at_once(void **state)
     char err[256];
     assert_int_equal(lmc_rpc_server_new(&o, &f.server, err, sizeof err), 0);
     lmc_rpc_handler_spec specs[] = {
-        {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, h_noop, false, NULL, NULL},
-        {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_NORMAL, h_gated, false, NULL, busy_false},
-        {LMC_OP_CLEAR, NULL, LMC_POOL_NORMAL, h_void, false, NULL, NULL},
+        {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, h_noop, false, NULL, NULL, false},
+        {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_NORMAL, h_gated, false, NULL, busy_false, false},
+        {LMC_OP_CLEAR, NULL, LMC_POOL_NORMAL, h_void, false, NULL, NULL, false},
     };
     for (size_t i = 0; i < 3; i++)
         assert_int_equal(lmc_rpc_server_register(f.server, &specs[i], &f), 0);
@@ -695,6 +695,57 @@ static void test_full_queue_is_answered_at_once(void **state)
     sem_destroy(&f.gate);
 }
 
+/* Ops that give back what others hold queue past the bound, up to twice
+ * it, so an overload does not keep locks and pins held until they lapse. */
+static void test_releasing_ops_get_headroom(void **state)
+{
+    (void)state;
+    busy_fixture f;
+    sem_init(&f.entered, 0, 0);
+    sem_init(&f.gate, 0, 0);
+    lmc_rpc_options o = {URL, 1, 1, true, 1};
+    char err[256];
+    assert_int_equal(lmc_rpc_server_new(&o, &f.server, err, sizeof err), 0);
+    lmc_rpc_handler_spec specs[] = {
+        {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_NORMAL, h_gated, false, NULL, busy_false, false},
+        {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, h_void, false, NULL, NULL,
+         .releases = true},
+    };
+    for (size_t i = 0; i < 2; i++)
+        assert_int_equal(lmc_rpc_server_register(f.server, &specs[i], &f), 0);
+    pthread_create(&f.thread, NULL, serve_busy, &f);
+    void *z = zmq_ctx_new(), *s = dealer(z);
+    const char *fr[] = {"\x00", "\x11"};
+    size_t ln[] = {1, 1};
+    send_frames(s, fr, ln, 2);            /* uid 0 runs and holds the worker */
+    sem_wait(&f.entered);
+    fr[0] = "\x01";
+    send_frames(s, fr, ln, 2);            /* uid 1 fills the queue (bound 1) */
+    const char *rel[] = {"\x02", "\x0c"};
+    send_frames(s, rel, ln, 2);           /* uid 2 releases: queued past the bound */
+    rel[0] = "\x03";
+    send_frames(s, rel, ln, 2);           /* uid 3: twice the bound is full too */
+    char b[8][256];
+    size_t l[8];
+    assert_int_equal(recv_frames(s, b, l, 5000), 4);
+    assert_memory_equal(b[0], "\x03", 1);
+    assert_memory_equal(b[2], "LMCACHE_RPC_ERROR_V1", 20);
+    sem_post(&f.gate);
+    sem_post(&f.gate);
+    for (int i = 0; i < 3; i++) {          /* uids 0, 1 and 2 run, in order */
+        assert_int_equal(recv_frames(s, b, l, 5000), 2);
+        assert_int_equal(b[0][0], i);
+    }
+    assert_int_equal(lmc_rpc_server_stats(f.server).overloaded, 1);
+    zmq_close(s);
+    zmq_ctx_term(z);
+    lmc_rpc_server_stop(f.server);
+    pthread_join(f.thread, NULL);
+    lmc_rpc_server_free(f.server);
+    sem_destroy(&f.entered);
+    sem_destroy(&f.gate);
+}
+
 static void test_op_table(void **state)
 {
     (void)state;
@@ -725,6 +776,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_then_runs_after_the_reply_on_the_socket_thread,
                                         setup, teardown),
         cmocka_unit_test(test_full_queue_is_answered_at_once),
+        cmocka_unit_test(test_releasing_ops_get_headroom),
         cmocka_unit_test_setup_teardown(test_error_frames_when_enabled, setup_error_frames,
                                         teardown),
     };
