@@ -20,7 +20,13 @@
  *   load warm   prefetch with the files in the page cache, vs a memcpy of
  *               the same bytes;
  *   x2          the same with two prompts in flight at once, vs one dd
- *               stream of both prompts' bytes. */
+ *               stream of both prompts' bytes.
+ *
+ * With --adapter JSON (any --l2-adapter object, e.g. resp or s3) the rows
+ * are "store" and "load" of one prompt, each right after its baseline: a
+ * shell command (--store-baseline, --load-baseline) that moves the same
+ * bytes, timed from start to exit.  bench/l2_net_bench.sh starts Redis and
+ * s3rver and pairs them with redis-benchmark and curl (issue 18). */
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -37,6 +43,7 @@
 
 typedef struct {
     const char *dir;
+    const char *adapter, *store_base, *load_base;   /* --adapter mode */
     size_t chunks, workers;
     uint64_t chunk;
     int reps;
@@ -267,6 +274,18 @@ static void one_round(bench *b, int np)
     row(what, "memcpy", bytes, t, tb);
 }
 
+/* --adapter mode: one prompt stored and loaded, each after its baseline. */
+static void net_round(bench *b)
+{
+    double bytes = (double)b->chunks * (double)b->chunk;
+    double tb = run_cmd(b->store_base);
+    double t = store_prompts(b, 1);
+    row("store", "baseline", bytes, t, tb);
+    tb = run_cmd(b->load_base);
+    t = load_prompts(b, 1);
+    row("load", "baseline", bytes, t, tb);
+}
+
 static void setup(bench *b)
 {
     char spec[4400], l1[32], err[512];
@@ -275,6 +294,8 @@ static void setup(bench *b)
     if (b->workers)
         n += snprintf(spec + n, sizeof spec - n, ",\"num_workers\":%zu", b->workers);
     snprintf(spec + n, sizeof spec - n, "}");
+    if (b->adapter)
+        snprintf(spec, sizeof spec, "%s", b->adapter);
     /* Both prompts stored, then their staging: 2 x 2 prompts, plus slack. */
     snprintf(l1, sizeof l1, "%.2f",
              4.0 * MAX_PROMPTS * (double)(b->chunks * b->chunk) / (1 << 30) / 2 + 0.1);
@@ -298,9 +319,13 @@ static void setup(bench *b)
     }
     pthread_mutex_init(&b->mu, NULL);
     pthread_cond_init(&b->cv, NULL);
-    printf("l2_bench: fs %s, %zu chunks of %llu MiB, use_odirect %s, workers %s\n", b->dir,
-           b->chunks, (unsigned long long)(b->chunk >> 20), b->odirect ? "true" : "false",
-           b->workers ? spec : "default");
+    if (b->adapter)
+        printf("l2_bench: %s, %zu chunks of %llu MiB\n", spec, b->chunks,
+               (unsigned long long)(b->chunk >> 20));
+    else
+        printf("l2_bench: fs %s, %zu chunks of %llu MiB, use_odirect %s, workers %s\n", b->dir,
+               b->chunks, (unsigned long long)(b->chunk >> 20), b->odirect ? "true" : "false",
+               b->workers ? spec : "default");
 }
 
 int main(int argc, char **argv)
@@ -320,14 +345,26 @@ int main(int argc, char **argv)
             b.workers = strtoul(v, NULL, 10), i++;
         else if (!strcmp(argv[i], "--odirect"))
             b.odirect = true;
+        else if (!strcmp(argv[i], "--adapter"))
+            b.adapter = v, i++;
+        else if (!strcmp(argv[i], "--store-baseline"))
+            b.store_base = v, i++;
+        else if (!strcmp(argv[i], "--load-baseline"))
+            b.load_base = v, i++;
         else
             die("usage: l2_bench [--dir DIR] [--chunks N] [--chunk-mb M] [--reps R] "
-                "[--workers W] [--odirect]");
+                "[--workers W] [--odirect] [--adapter JSON --store-baseline CMD "
+                "--load-baseline CMD]");
     }
-    if (!b.chunks || !b.chunk || b.reps < 1)
+    if (!b.chunks || !b.chunk || b.reps < 1 ||
+        (b.adapter && (!b.store_base || !b.load_base)))
         die("bad arguments");
     setup(&b);
     for (int r = 0; r < b.reps; r++) {
+        if (b.adapter) {
+            net_round(&b);
+            continue;
+        }
         one_round(&b, 1);
         one_round(&b, 2);
     }

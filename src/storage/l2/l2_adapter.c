@@ -1,7 +1,9 @@
 /* Asynchronous adapter over a synchronous backend: a FIFO of tasks, N worker
  * threads, one completed list and one eventfd per kind of task.  Workers
  * take parts of the head task (part_len), so one request's keys run in
- * parallel; the worker whose part finishes last completes the task. */
+ * parallel; the worker whose part finishes last completes the task.  A
+ * store on a backend with store_batch ops is first reserved whole by one
+ * worker (the others wait for it), then split (docs/l2.md, "Parts"). */
 #include "storage/l2/l2_adapter.h"
 
 #include <pthread.h>
@@ -24,6 +26,9 @@ typedef struct task {
     size_t next;              /* first key no worker has taken yet */
     size_t finished;          /* keys whose part returned */
     size_t running;           /* parts on a worker now */
+    void *batch;              /* store_begin's reservation, until store_end */
+    bool begun;               /* store_begin ran (batch NULL: refused) */
+    bool beginning;           /* a worker runs store_begin: nobody takes parts */
     struct task *next_task;
 } task;
 
@@ -56,6 +61,21 @@ static void task_free(task *t)
     free(t);
 }
 
+/* A task leaves the adapter: its reservation, if any, goes back first. */
+static const lmc_l2_store_batch_ops *batch_ops(const lmc_l2_adapter *a)
+{
+    return a->be->split_ops & LMC_L2_SPLIT_STORE_BATCH
+               ? ((const lmc_l2_batch_backend *)a->be)->store_batch
+               : NULL;
+}
+
+static void task_drop(lmc_l2_adapter *a, task *t)
+{
+    if (t && t->batch)
+        batch_ops(a)->end(a->be, t->batch);
+    task_free(t);
+}
+
 void lmc_l2_drain_fd(int fd)
 {
     uint64_t v;
@@ -72,6 +92,9 @@ static int64_t run_part(lmc_l2_adapter *a, task *t, size_t from, size_t to)
     const uint64_t *sizes = t->sizes ? t->sizes + from : NULL;
     switch (t->op) {
     case LMC_L2_OP_STORE:
+        if (t->batch)
+            return batch_ops(a)->part(a->be, t->batch, from, t->keys + from, t->bufs + from,
+                                   sizes, n);
         return ops->store(a->be, t->keys + from, t->bufs + from, sizes, n);
     case LMC_L2_OP_LOOKUP:
         ops->lookup_and_lock(a->be, t->keys + from, sizes, n, t->bitmap + from);
@@ -125,7 +148,7 @@ static size_t part_len(const lmc_l2_adapter *a, const task *t)
     static const unsigned bit[LMC_L2_NUM_OPS] = {LMC_L2_SPLIT_STORE, LMC_L2_SPLIT_LOOKUP,
                                                  LMC_L2_SPLIT_LOAD};
     size_t left = t->n - t->next;
-    if (!(a->be->split_ops & bit[t->op]))
+    if (!(a->be->split_ops & bit[t->op]) && !t->batch)
         return left;
     size_t most = (t->n + a->num_workers - 1) / a->num_workers;
     if (most > left)
@@ -153,15 +176,64 @@ static task *take_part(lmc_l2_adapter *a, size_t *from, size_t *to)
     return t;
 }
 
+/* Completes t, whose parts all returned (or none will run).  Called and
+ * returns with a->mu held. */
+static void complete(lmc_l2_adapter *a, task *t)
+{
+    pthread_mutex_unlock(&a->mu);
+    if (t->batch && !batch_ops(a)->end(a->be, t->batch))
+        t->result = -1;
+    t->batch = NULL;
+    finish_task(a, t);
+    pthread_mutex_lock(&a->mu);
+    t->next_task = a->done[t->op];
+    a->done[t->op] = t;
+    uint64_t one = 1;
+    /* An eventfd write only fails on counter overflow: not reachable. */
+    (void)!write(a->efd[t->op], &one, sizeof one);
+}
+
+/* The head task is a store whose backend checks capacity per batch: this
+ * worker reserves the whole batch (outside a->mu; the others wait) before
+ * any part is written.  A refused batch fails whole, writing nothing.
+ * Called and returns with a->mu held. */
+static void begin_store(lmc_l2_adapter *a, task *t)
+{
+    t->beginning = true;
+    pthread_mutex_unlock(&a->mu);
+    void *batch = batch_ops(a)->begin(a->be, t->keys, t->sizes, t->n);
+    pthread_mutex_lock(&a->mu);
+    t->beginning = false;
+    t->begun = true;
+    t->batch = batch;
+    pthread_cond_broadcast(&a->cv);
+    if (batch)
+        return;
+    a->head = t->next_task; /* refused: no part will run */
+    if (!a->head)
+        a->tail = NULL;
+    t->result = -1;
+    complete(a, t);
+}
+
+static bool needs_begin(const lmc_l2_adapter *a, const task *t)
+{
+    return t->op == LMC_L2_OP_STORE && batch_ops(a) && !t->begun && t->sizes;
+}
+
 static void *worker_main(void *arg)
 {
     lmc_l2_adapter *a = arg;
     pthread_mutex_lock(&a->mu);
     for (;;) {
-        while (!a->stop && !a->head)
+        while (!a->stop && (!a->head || a->head->beginning))
             pthread_cond_wait(&a->cv, &a->mu);
         if (a->stop)
             break;
+        if (needs_begin(a, a->head)) {
+            begin_store(a, a->head);
+            continue;
+        }
         size_t from, to;
         task *t = take_part(a, &from, &to);
         if (++t->running > a->max_parts)
@@ -172,16 +244,8 @@ static void *worker_main(void *arg)
         t->running--;
         t->result = t->result < 0 || r < 0 ? -1 : t->result + r;
         t->finished += to - from;
-        if (t->finished < t->n)
-            continue;
-        pthread_mutex_unlock(&a->mu);
-        finish_task(a, t);
-        pthread_mutex_lock(&a->mu);
-        t->next_task = a->done[t->op];
-        a->done[t->op] = t;
-        uint64_t one = 1;
-        /* An eventfd write only fails on counter overflow: not reachable. */
-        (void)!write(a->efd[t->op], &one, sizeof one);
+        if (t->finished >= t->n)
+            complete(a, t);
     }
     pthread_mutex_unlock(&a->mu);
     return NULL;
@@ -226,11 +290,11 @@ lmc_l2_adapter *lmc_l2_adapter_new(lmc_l2_backend *be, uint8_t *arena_base, size
     return a;
 }
 
-static void free_list(task *t)
+static void free_list(lmc_l2_adapter *a, task *t)
 {
     while (t) {
         task *next = t->next_task;
-        task_free(t);
+        task_drop(a, t);
         t = next;
     }
 }
@@ -246,9 +310,9 @@ void lmc_l2_adapter_close(lmc_l2_adapter *a)
     for (size_t i = 0; i < a->num_workers; i++)
         pthread_join(a->workers[i], NULL);
     free(a->workers);
-    free_list(a->head);
+    free_list(a, a->head);
     for (int k = 0; k < LMC_L2_NUM_OPS; k++) {
-        free_list(a->done[k]);
+        free_list(a, a->done[k]);
         if (a->efd[k] >= 0)
             close(a->efd[k]);
     }

@@ -78,12 +78,37 @@ typedef struct lmc_l2_backend_ops {
 #define LMC_L2_SPLIT_STORE 1u
 #define LMC_L2_SPLIT_LOOKUP 2u
 #define LMC_L2_SPLIT_LOAD 4u
+/* The backend is an lmc_l2_batch_backend: its stores are split through
+ * its store_batch ops.  A backend that wraps another must not copy this
+ * bit unless it is one too. */
+#define LMC_L2_SPLIT_STORE_BATCH 8u
 
 struct lmc_l2_backend {
     const lmc_l2_backend_ops *ops;
     const char *type;
     unsigned split_ops;      /* LMC_L2_SPLIT_* (0: every task runs as one call) */
 };
+
+/* A store batch whose capacity check covers the whole batch (resp, s3),
+ * split into parts (issue 18; docs/l2.md, "Parts").  begin checks and
+ * reserves the whole batch before any part runs: NULL when refused
+ * (nothing is written, the task fails).  part writes keys[0..n), which are
+ * keys [from, from + n) of the batch (bytes written, or -1).  end gives
+ * back what no part used (a task dropped at close), frees the batch, and
+ * is true when every key was written. */
+typedef struct lmc_l2_store_batch_ops {
+    void *(*begin)(lmc_l2_backend *b, const lmc_object_key *keys, const uint64_t *sizes,
+                   size_t n);
+    int64_t (*part)(lmc_l2_backend *b, void *batch, size_t from, const lmc_object_key *keys,
+                    uint8_t *const *bufs, const uint64_t *sizes, size_t n);
+    bool (*end)(lmc_l2_backend *b, void *batch);
+} lmc_l2_store_batch_ops;
+
+/* A backend with LMC_L2_SPLIT_STORE_BATCH starts with one of these. */
+typedef struct lmc_l2_batch_backend {
+    lmc_l2_backend base;     /* first */
+    const lmc_l2_store_batch_ops *store_batch;
+} lmc_l2_batch_backend;
 
 /* Builds a backend from one --l2-adapter JSON object (validated strictly
  * with lmc_l2_adapter_json_check first).  *num_workers gets the configured

@@ -140,8 +140,10 @@ lmc_l2_backend *lmc_l2_fault_new(lmc_l2_backend *inner, const lmc_l2_fault_optio
         inner->ops->destroy(inner);
         return NULL;
     }
-    /* Split as the inner backend splits: each part is then one faulted call. */
-    f->base = (lmc_l2_backend){&fault_ops, "fault_inject", inner->split_ops};
+    /* Split as the inner backend splits: each part is then one faulted call.
+     * Not a batch backend itself: stores of one that is run whole here. */
+    f->base = (lmc_l2_backend){&fault_ops, "fault_inject",
+                               inner->split_ops & ~LMC_L2_SPLIT_STORE_BATCH};
     f->inner = inner;
     f->o = *o;
     f->rng = o->seed;

@@ -44,7 +44,7 @@ typedef struct {
 } pool_slot;
 
 typedef struct resp_backend {
-    lmc_l2_backend base;               /* first: a backend pointer is a resp pointer */
+    lmc_l2_batch_backend base;         /* first: a backend pointer is a resp pointer */
     char username[128], password[256];
     int timeout_ms;
     pthread_mutex_t nodes_lock;        /* guards nodes[] appends */
@@ -296,54 +296,200 @@ static bool key_ids(const lmc_object_key *keys, size_t n, uint64_t *ids)
     return true;
 }
 
-/* SETs keys[0..n) in order; returns how many were written before the first
- * failure. */
-static size_t set_all(resp_backend *R, const lmc_object_key *keys, uint8_t *const *bufs,
-                      const uint64_t *sizes, size_t n)
+/* ---- pipelines: a part's commands sent before any reply is read ------------ */
+
+#define PIPE_MAX 64                  /* commands of one round (bounds the memory) */
+
+/* One keyed command of a pipeline. */
+typedef struct {
+    char key[KEY_MAX];
+    size_t kl;                       /* 0: the key has no name, never sent */
+    resp_arg args[3];
+    size_t nargs;
+    void *ctx;                       /* for the reply function */
+    int node;                        /* the connection it went out on; -1: not sent */
+    int rc;                          /* 0: its reply was consumed; -1: failed */
+} pipe_cmd;
+
+/* verb key [value]: value NULL for a command of two arguments. */
+static void cmd_init(pipe_cmd *p, const char *verb, const lmc_object_key *k, const void *value,
+                     uint64_t vlen, void *ctx)
 {
-    pool_slot *ps = pool_acquire(R);
-    size_t i = 0;
-    for (; i < n; i++) {
-        char key[KEY_MAX];
-        size_t kl = key_string(&keys[i], key, sizeof key);
-        resp_arg args[3] = {{"SET", 3}, {key, kl}, {bufs[i], sizes[i]}};
-        bool ok = false;
-        if (execute(R, ps, key, kl, args, 3, reply_ok, &ok) != 0 || !ok)
-            break;
-    }
-    pool_release(R, ps);
-    return i;
+    int n = lmc_object_key_to_string(k, p->key, sizeof p->key);
+    p->kl = n < 0 ? 0 : (size_t)n;
+    p->args[0] = (resp_arg){verb, strlen(verb)};
+    p->args[1] = (resp_arg){p->key, p->kl};
+    p->args[2] = (resp_arg){value, (size_t)vlen};
+    p->nargs = value ? 3 : 2;
+    p->ctx = ctx;
+    p->rc = -1;
 }
 
-/* A batch that would pass max_capacity_gb is refused before anything is
- * written (as fs does); the L2 eviction makes room ahead of that. */
+/* Sends each command to its slot's owner.  A node whose send failed takes
+ * no more commands this round (its connection is closed). */
+static void pipe_send(resp_backend *R, pool_slot *ps, pipe_cmd *cmds, size_t n, bool *broken)
+{
+    for (size_t i = 0; i < n; i++) {
+        pipe_cmd *p = &cmds[i];
+        p->node = -1;
+        if (!p->kl)
+            continue;
+        int node = atomic_load(&R->slot_owner[lmc_resp_key_slot(p->key, p->kl)]);
+        if (broken[node])
+            continue;
+        resp_conn *c = conn_for(R, ps, node);
+        if (!c || resp_send_command(c, p->args, p->nargs) != 0) {
+            if (c)
+                atomic_fetch_add(&R->io_errors, 1);
+            broken[node] = true;
+            continue;
+        }
+        p->node = node;
+    }
+}
+
+/* Reads the replies in the order sent.  A redirect (MOVED teaches the
+ * slot's owner) or a broken connection leaves the command for execute(). */
+static void pipe_read(resp_backend *R, pool_slot *ps, pipe_cmd *cmds, size_t n, bool *broken,
+                      reply_fn on_reply)
+{
+    for (size_t i = 0; i < n; i++) {
+        pipe_cmd *p = &cmds[i];
+        if (p->node < 0 || broken[p->node])
+            continue;
+        resp_conn *c = &ps->conns[p->node];
+        char line[RESP_LINE_MAX];
+        if (resp_read_line(c, line, sizeof line) != 0) {
+            atomic_fetch_add(&R->io_errors, 1);
+            broken[p->node] = true;
+            continue;
+        }
+        bool moved = strncmp(line, "-MOVED ", 7) == 0, ask = strncmp(line, "-ASK ", 5) == 0;
+        int node;
+        if (moved || ask) {
+            atomic_fetch_add(&R->redirects, 1);
+            if (moved && parse_redirect(R, line, &node))
+                atomic_store(&R->slot_owner[lmc_resp_key_slot(p->key, p->kl)], (uint8_t)node);
+            continue;
+        }
+        if (on_reply(c, line, p->ctx) != 0) { /* the connection broke mid-reply */
+            atomic_fetch_add(&R->io_errors, 1);
+            broken[p->node] = true;
+            continue;
+        }
+        p->rc = 0;
+    }
+}
+
+/* Runs cmds[0..n) as one pipeline per node; what it could not finish
+ * (redirects, broken connections) runs again one by one through execute(),
+ * which follows redirects and reconnects.  Every command we send is
+ * idempotent, so sending one twice is harmless. */
+static void run_pipeline(resp_backend *R, pool_slot *ps, pipe_cmd *cmds, size_t n,
+                         reply_fn on_reply)
+{
+    bool broken[MAX_NODES] = {false};
+    pipe_send(R, ps, cmds, n, broken);
+    pipe_read(R, ps, cmds, n, broken, on_reply);
+    for (size_t i = 0; i < n; i++) {
+        pipe_cmd *p = &cmds[i];
+        if (p->rc != 0 && p->kl)
+            p->rc = execute(R, ps, p->key, p->kl, p->args, p->nargs, on_reply, p->ctx);
+    }
+}
+
+/* ---- store: the whole batch reserved, its parts written apart -------------------- */
+
+typedef struct {
+    lmc_l2_reservation *res;
+    uint64_t bytes;                  /* of the whole batch */
+} resp_batch;
+
+/* docs/l2.md, "Parts": the capacity check covers the whole batch, so a
+ * batch that would pass max_capacity_gb is refused before anything is
+ * written (as fs refuses one); the L2 eviction makes room ahead of that. */
+static void *resp_store_begin(lmc_l2_backend *b, const lmc_object_key *keys,
+                              const uint64_t *sizes, size_t n)
+{
+    resp_backend *R = (resp_backend *)b;
+    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    resp_batch *batch = calloc(1, sizeof *batch);
+    atomic_fetch_add(&R->stores, 1);
+    if (!ids || !batch || !key_ids(keys, n, ids))
+        goto fail;
+    batch->res = lmc_l2_size_index_reserve_batch(R->index, ids, sizes, n);
+    if (!batch->res) {
+        atomic_fetch_add(&R->stores_refused, 1);
+        goto fail;
+    }
+    for (size_t i = 0; i < n; i++)
+        batch->bytes += sizes[i];
+    free(ids);
+    return batch;
+fail:
+    atomic_fetch_add(&R->store_errors, 1);
+    free(ids);
+    free(batch);
+    return NULL;
+}
+
+/* SETs of one part, PIPE_MAX a round; each round settles what it wrote. */
+static int64_t resp_store_part(lmc_l2_backend *b, void *batch, size_t from,
+                               const lmc_object_key *keys, uint8_t *const *bufs,
+                               const uint64_t *sizes, size_t n)
+{
+    resp_backend *R = (resp_backend *)b;
+    resp_batch *rb = batch;
+    pipe_cmd *cmds = malloc(PIPE_MAX * sizeof *cmds);
+    pool_slot *ps = pool_acquire(R);
+    bool all = true;
+    int64_t bytes = 0;
+    for (size_t at = 0; at < n; at += PIPE_MAX) {
+        size_t m = n - at < PIPE_MAX ? n - at : PIPE_MAX;
+        bool ok[PIPE_MAX] = {false};
+        uint8_t written[PIPE_MAX] = {0};
+        for (size_t i = 0; cmds && i < m; i++)
+            cmd_init(&cmds[i], "SET", &keys[at + i], bufs[at + i], sizes[at + i], &ok[i]);
+        if (cmds)
+            run_pipeline(R, ps, cmds, m, reply_ok);
+        bool round = cmds != NULL;
+        for (size_t i = 0; cmds && i < m; i++) {
+            written[i] = cmds[i].rc == 0 && ok[i];
+            round = round && written[i];
+            bytes += (int64_t)sizes[at + i];
+        }
+        lmc_l2_size_index_settle(R->index, rb->res, from + at, m, written, round);
+        all = all && round;
+    }
+    pool_release(R, ps);
+    free(cmds);
+    return all ? bytes : -1;
+}
+
+static bool resp_store_end(lmc_l2_backend *b, void *batch)
+{
+    resp_backend *R = (resp_backend *)b;
+    resp_batch *rb = batch;
+    bool ok = lmc_l2_size_index_release(R->index, rb->res);
+    if (ok)
+        atomic_fetch_add(&R->stored_bytes, rb->bytes);
+    else
+        atomic_fetch_add(&R->store_errors, 1);
+    free(rb);
+    return ok;
+}
+
 static int64_t resp_store(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
                           const uint64_t *sizes, size_t n)
 {
-    resp_backend *R = (resp_backend *)b;
-    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids), reserved = 0;
-    int64_t total = -1;
-    atomic_fetch_add(&R->stores, 1);
-    if (!ids || !key_ids(keys, n, ids))
-        goto out;
-    if (!lmc_l2_size_index_reserve(R->index, ids, sizes, n, &reserved)) {
-        atomic_fetch_add(&R->stores_refused, 1);
-        goto out;
-    }
-    size_t written = set_all(R, keys, bufs, sizes, n);
-    lmc_l2_size_index_commit(R->index, ids, sizes, written, reserved);
-    if (written == n) {
-        total = 0;
-        for (size_t i = 0; i < n; i++)
-            total += (int64_t)sizes[i];
-        atomic_fetch_add(&R->stored_bytes, (uint64_t)total);
-    }
-out:
-    if (total < 0)
-        atomic_fetch_add(&R->store_errors, 1);
-    free(ids);
-    return total;
+    void *batch = resp_store_begin(b, keys, sizes, n);
+    if (!batch)
+        return -1;
+    int64_t bytes = resp_store_part(b, batch, 0, keys, bufs, sizes, n);
+    return resp_store_end(b, batch) ? bytes : -1;
 }
+
+/* ---- lookup and load: pipelined STRLEN and GET ---------------------------------- */
 
 /* A key Redis no longer has (its own eviction, another server) leaves the
  * index when a lookup misses it. */
@@ -351,36 +497,53 @@ static void resp_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uin
                         size_t n, uint8_t *found)
 {
     resp_backend *R = (resp_backend *)b;
+    pipe_cmd *cmds = malloc(PIPE_MAX * sizeof *cmds);
     pool_slot *ps = pool_acquire(R);
-    for (size_t i = 0; i < n; i++) {
-        char key[KEY_MAX];
-        size_t kl = key_string(&keys[i], key, sizeof key);
-        resp_arg args[2] = {{"STRLEN", 6}, {key, kl}};
-        int64_t len = -1;
-        found[i] = kl && execute(R, ps, key, kl, args, 2, reply_int, &len) == 0 && len > 0 &&
-                   (!sizes || (uint64_t)len == sizes[i]);
-        if (kl && len == 0)
-            lmc_l2_size_index_forget(R->index, lmc_l2_key_id(key, kl));
+    memset(found, 0, n);
+    for (size_t at = 0; cmds && at < n; at += PIPE_MAX) {
+        size_t m = n - at < PIPE_MAX ? n - at : PIPE_MAX;
+        int64_t len[PIPE_MAX];
+        for (size_t i = 0; i < m; i++) {
+            len[i] = -1;
+            cmd_init(&cmds[i], "STRLEN", &keys[at + i], NULL, 0, &len[i]);
+        }
+        run_pipeline(R, ps, cmds, m, reply_int);
+        for (size_t i = 0; i < m; i++) {
+            bool answered = cmds[i].rc == 0;
+            found[at + i] = answered && len[i] > 0 &&
+                            (!sizes || (uint64_t)len[i] == sizes[at + i]);
+            if (answered && len[i] == 0)
+                lmc_l2_size_index_forget(R->index, lmc_l2_key_id(cmds[i].key, cmds[i].kl));
+        }
     }
     pool_release(R, ps);
+    free(cmds);
 }
 
 static void resp_load(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
                       const uint64_t *sizes, size_t n, uint8_t *ok)
 {
     resp_backend *R = (resp_backend *)b;
+    pipe_cmd *cmds = malloc(PIPE_MAX * sizeof *cmds);
     pool_slot *ps = pool_acquire(R);
-    for (size_t i = 0; i < n; i++) {
-        char key[KEY_MAX];
-        size_t kl = key_string(&keys[i], key, sizeof key);
-        resp_arg args[2] = {{"GET", 3}, {key, kl}};
-        get_ctx g = {bufs[i], sizes[i], false};
-        ok[i] = kl && execute(R, ps, key, kl, args, 2, reply_get, &g) == 0 && g.ok;
-        atomic_fetch_add(&R->gets, 1);
-        if (ok[i])
-            atomic_fetch_add(&R->hits, 1);
+    memset(ok, 0, n);
+    for (size_t at = 0; cmds && at < n; at += PIPE_MAX) {
+        size_t m = n - at < PIPE_MAX ? n - at : PIPE_MAX;
+        get_ctx g[PIPE_MAX];
+        for (size_t i = 0; i < m; i++) {
+            g[i] = (get_ctx){bufs[at + i], sizes[at + i], false};
+            cmd_init(&cmds[i], "GET", &keys[at + i], NULL, 0, &g[i]);
+        }
+        run_pipeline(R, ps, cmds, m, reply_get);
+        for (size_t i = 0; i < m; i++) {
+            ok[at + i] = cmds[i].rc == 0 && g[i].ok;
+            atomic_fetch_add(&R->gets, 1);
+            if (ok[at + i])
+                atomic_fetch_add(&R->hits, 1);
+        }
     }
     pool_release(R, ps);
+    free(cmds);
 }
 
 /* Redis has no pins: an object can vanish between lookup and load, which
@@ -773,6 +936,12 @@ static const lmc_l2_backend_ops resp_ops = {
     .for_each_recovered = resp_for_each_recovered,
 };
 
+static const lmc_l2_store_batch_ops resp_batch_ops = {
+    .begin = resp_store_begin,
+    .part = resp_store_part,
+    .end = resp_store_end,
+};
+
 static const char *env_or(const char *name, const char *fallback)
 {
     const char *v = getenv(name);
@@ -791,7 +960,11 @@ lmc_l2_backend *lmc_l2_resp_new(const lmc_l2_resp_options *o, char *err, size_t 
     resp_backend *R = calloc(1, sizeof *R);
     if (!R)
         goto oom;
-    R->base = (lmc_l2_backend){.ops = &resp_ops, .type = "resp"};
+    /* Stores are split through the store_batch ops (docs/l2.md, "Parts"). */
+    R->base = (lmc_l2_batch_backend){
+        .base = {.ops = &resp_ops, .type = "resp",
+                 .split_ops = LMC_L2_SPLIT_LOOKUP | LMC_L2_SPLIT_LOAD | LMC_L2_SPLIT_STORE_BATCH},
+        .store_batch = &resp_batch_ops};
     snprintf(R->username, sizeof R->username, "%s", env_or("LMCACHE_RESP_USERNAME", o->username ? o->username : ""));
     snprintf(R->password, sizeof R->password, "%s", env_or("LMCACHE_RESP_PASSWORD", o->password ? o->password : ""));
     R->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 2000;
@@ -808,13 +981,13 @@ lmc_l2_backend *lmc_l2_resp_new(const lmc_l2_resp_options *o, char *err, size_t 
             resp_conn_init(&R->slots[i].conns[n]);
     }
     if (!R->slots || !R->interner || !R->index) {
-        resp_destroy(&R->base);
+        resp_destroy(&R->base.base);
         R = NULL;
         goto oom;
     }
     node_index(R, host, port); /* node 0: owner of every slot until told otherwise */
     rebuild(R);
-    return &R->base;
+    return &R->base.base;
 oom:
     free(R);
     snprintf(err, errlen, "resp: out of memory");

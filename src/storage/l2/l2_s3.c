@@ -33,7 +33,7 @@ typedef struct {
 } s3_slot;
 
 typedef struct s3_backend {
-    lmc_l2_backend base;           /* first: a backend pointer is an s3 pointer */
+    lmc_l2_batch_backend base;     /* first: a backend pointer is an s3 pointer */
     char endpoint[512], host[300], bucket[256], region[64], access[256], secret[256];
     long timeout_ms;
     pthread_mutex_t pool_lock;
@@ -213,52 +213,87 @@ static bool key_ids(const lmc_object_key *keys, size_t n, uint64_t *ids)
     return true;
 }
 
-/* PUTs keys[0..n) in order; returns how many were written before the first
- * failure. */
-static size_t put_all(s3_backend *S, const lmc_object_key *keys, uint8_t *const *bufs,
-                      const uint64_t *sizes, size_t n)
+/* ---- store: the whole batch reserved, its parts written apart -------------------- */
+
+typedef struct {
+    lmc_l2_reservation *res;
+    uint64_t bytes;                /* of the whole batch */
+} s3_batch;
+
+/* docs/l2.md, "Parts": the capacity check covers the whole batch, so a
+ * batch that would pass max_capacity_gb is refused before anything is
+ * written (as fs refuses one); the L2 eviction makes room ahead of that. */
+static void *s3_store_begin(lmc_l2_backend *b, const lmc_object_key *keys, const uint64_t *sizes,
+                            size_t n)
 {
+    s3_backend *S = (s3_backend *)b;
+    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    s3_batch *batch = calloc(1, sizeof *batch);
+    atomic_fetch_add(&S->puts, 1);
+    if (!ids || !batch || !key_ids(keys, n, ids))
+        goto fail;
+    batch->res = lmc_l2_size_index_reserve_batch(S->index, ids, sizes, n);
+    if (!batch->res) {
+        atomic_fetch_add(&S->puts_refused, 1);
+        goto fail;
+    }
+    for (size_t i = 0; i < n; i++)
+        batch->bytes += sizes[i];
+    free(ids);
+    return batch;
+fail:
+    atomic_fetch_add(&S->put_errors, 1);
+    free(ids);
+    free(batch);
+    return NULL;
+}
+
+/* PUTs of one part, one after the other on this worker's handle; each
+ * object is settled as its PUT returns. */
+static int64_t s3_store_part(lmc_l2_backend *b, void *batch, size_t from,
+                             const lmc_object_key *keys, uint8_t *const *bufs,
+                             const uint64_t *sizes, size_t n)
+{
+    s3_backend *S = (s3_backend *)b;
+    s3_batch *sb = batch;
     s3_slot *slot = pool_acquire(S);
-    size_t i = 0;
-    for (; i < n; i++) {
+    bool all = true;
+    int64_t bytes = 0;
+    for (size_t i = 0; i < n; i++) {
         char name[NAME_MAX_LEN];
         upload up = {bufs[i], sizes[i], 0};
         s3_request rq = {"PUT", name, "", &up, NULL};
-        if (!object_name(&keys[i], name, sizeof name) || perform(S, slot->curl, &rq) != 200)
-            break;
+        uint8_t written =
+            object_name(&keys[i], name, sizeof name) && perform(S, slot->curl, &rq) == 200;
+        lmc_l2_size_index_settle(S->index, sb->res, from + i, 1, &written, written);
+        all = all && written;
+        bytes += (int64_t)sizes[i];
     }
     pool_release(S, slot);
-    return i;
+    return all ? bytes : -1;
 }
 
-/* A batch that would pass max_capacity_gb is refused before anything is
- * written (as fs does); the L2 eviction makes room ahead of that. */
+static bool s3_store_end(lmc_l2_backend *b, void *batch)
+{
+    s3_backend *S = (s3_backend *)b;
+    s3_batch *sb = batch;
+    bool ok = lmc_l2_size_index_release(S->index, sb->res);
+    if (ok)
+        atomic_fetch_add(&S->stored_bytes, sb->bytes);
+    else
+        atomic_fetch_add(&S->put_errors, 1);
+    free(sb);
+    return ok;
+}
+
 static int64_t s3_store(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
                         const uint64_t *sizes, size_t n)
 {
-    s3_backend *S = (s3_backend *)b;
-    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids), reserved = 0;
-    int64_t total = -1;
-    atomic_fetch_add(&S->puts, 1);
-    if (!ids || !key_ids(keys, n, ids))
-        goto out;
-    if (!lmc_l2_size_index_reserve(S->index, ids, sizes, n, &reserved)) {
-        atomic_fetch_add(&S->puts_refused, 1);
-        goto out;
-    }
-    size_t written = put_all(S, keys, bufs, sizes, n);
-    lmc_l2_size_index_commit(S->index, ids, sizes, written, reserved);
-    if (written == n) {
-        total = 0;
-        for (size_t i = 0; i < n; i++)
-            total += (int64_t)sizes[i];
-        atomic_fetch_add(&S->stored_bytes, (uint64_t)total);
-    }
-out:
-    if (total < 0)
-        atomic_fetch_add(&S->put_errors, 1);
-    free(ids);
-    return total;
+    void *batch = s3_store_begin(b, keys, sizes, n);
+    if (!batch)
+        return -1;
+    int64_t bytes = s3_store_part(b, batch, 0, keys, bufs, sizes, n);
+    return s3_store_end(b, batch) ? bytes : -1;
 }
 
 /* An object the bucket no longer has (deleted by someone else) leaves the
@@ -571,6 +606,12 @@ static const lmc_l2_backend_ops s3_ops = {
     .for_each_recovered = s3_for_each_recovered,
 };
 
+static const lmc_l2_store_batch_ops s3_batch_ops = {
+    .begin = s3_store_begin,
+    .part = s3_store_part,
+    .end = s3_store_end,
+};
+
 /* "http://host:port/..." -> "host:port", the Host header curl will send. */
 static bool host_of(const char *endpoint, char *out, size_t cap)
 {
@@ -610,7 +651,11 @@ lmc_l2_backend *lmc_l2_s3_new(const lmc_l2_s3_options *o, char *err, size_t errl
         snprintf(err, errlen, "s3: out of memory");
         return NULL;
     }
-    S->base = (lmc_l2_backend){.ops = &s3_ops, .type = "s3"};
+    /* Stores are split through the store_batch ops (docs/l2.md, "Parts"). */
+    S->base = (lmc_l2_batch_backend){
+        .base = {.ops = &s3_ops, .type = "s3",
+                 .split_ops = LMC_L2_SPLIT_LOOKUP | LMC_L2_SPLIT_LOAD | LMC_L2_SPLIT_STORE_BATCH},
+        .store_batch = &s3_batch_ops};
     snprintf(S->endpoint, sizeof S->endpoint, "%s", o->endpoint ? o->endpoint : "");
     size_t el = strlen(S->endpoint);
     while (el && S->endpoint[el - 1] == '/')
@@ -633,7 +678,7 @@ lmc_l2_backend *lmc_l2_s3_new(const lmc_l2_s3_options *o, char *err, size_t errl
         ok = (S->slots[i].curl = curl_easy_init()) != NULL;
     if (!ok) {
         snprintf(err, errlen, "s3: need an http(s) endpoint and a bucket");
-        s3_destroy(&S->base);
+        s3_destroy(&S->base.base);
         return NULL;
     }
     if (ensure_bucket(S, o->create_bucket))
@@ -642,5 +687,5 @@ lmc_l2_backend *lmc_l2_s3_new(const lmc_l2_s3_options *o, char *err, size_t errl
         LMC_WARN("s3: bucket %s at %s is not reachable yet; operations will fail until it is, "
                  "and usage counts only what this server stores",
                  S->bucket, S->endpoint);
-    return &S->base;
+    return &S->base.base;
 }

@@ -137,37 +137,80 @@ static void set_size(lmc_l2_size_index *ix, uint64_t id, uint64_t size)
 
 /* ---- operations -------------------------------------------------------------- */
 
-bool lmc_l2_size_index_reserve(lmc_l2_size_index *ix, const uint64_t *ids,
-                               const uint64_t *sizes, size_t n, uint64_t *reserved)
+struct lmc_l2_reservation {
+    size_t n, settled;           /* settled and ok: under ix->mu */
+    bool ok;
+    uint64_t *ids, *sizes, *grow;
+};
+
+static void reservation_free(lmc_l2_reservation *r)
 {
+    if (!r)
+        return;
+    free(r->ids);
+    free(r->sizes);
+    free(r->grow);
+    free(r);
+}
+
+lmc_l2_reservation *lmc_l2_size_index_reserve_batch(lmc_l2_size_index *ix, const uint64_t *ids,
+                                                    const uint64_t *sizes, size_t n)
+{
+    lmc_l2_reservation *r = calloc(1, sizeof *r);
+    size_t m = n ? n : 1;
+    if (!r || !(r->ids = malloc(m * sizeof *r->ids)) ||
+        !(r->sizes = malloc(m * sizeof *r->sizes)) || !(r->grow = malloc(m * sizeof *r->grow))) {
+        reservation_free(r);
+        return NULL;
+    }
+    r->n = n;
+    r->ok = true;
+    memcpy(r->ids, ids, n * sizeof *ids);
+    memcpy(r->sizes, sizes, n * sizeof *sizes);
     pthread_mutex_lock(&ix->mu);
     uint64_t grow = 0;
     for (size_t i = 0; i < n; i++) {
         const slot *s = find(ix, ids[i]);
         uint64_t old = s ? s->size : 0;
-        grow += sizes[i] > old ? sizes[i] - old : 0;
+        r->grow[i] = sizes[i] > old ? sizes[i] - old : 0;
+        grow += r->grow[i];
     }
-    bool ok = (!ix->capacity || ix->used + ix->reserved + grow <= ix->capacity) &&
-              make_room(ix, n) == 0;
-    if (ok)
+    bool fits = (!ix->capacity || ix->used + ix->reserved + grow <= ix->capacity) &&
+                make_room(ix, n) == 0;
+    if (fits)
         ix->reserved += grow;
     pthread_mutex_unlock(&ix->mu);
-    *reserved = ok ? grow : 0;
-    return ok;
+    if (!fits) {
+        reservation_free(r);
+        return NULL;
+    }
+    return r;
 }
 
-void lmc_l2_size_index_commit(lmc_l2_size_index *ix, const uint64_t *ids, const uint64_t *sizes,
-                              size_t written, uint64_t reserved)
+void lmc_l2_size_index_settle(lmc_l2_size_index *ix, lmc_l2_reservation *r, size_t from,
+                              size_t n, const uint8_t *written, bool ok)
 {
     pthread_mutex_lock(&ix->mu);
-    ix->reserved -= reserved;
-    for (size_t i = 0; i < written; i++) {
-        /* Grows only when concurrent writes passed what their reserves made
-         * room for together; out of memory, the object goes unindexed. */
-        if (make_room(ix, 1) == 0)
-            set_size(ix, ids[i], sizes[i]);
+    for (size_t i = from; i < from + n && i < r->n; i++) {
+        ix->reserved -= r->grow[i];
+        r->grow[i] = 0; /* settled: release() must not give it back again */
+        if (written[i - from] && make_room(ix, 1) == 0)
+            set_size(ix, r->ids[i], r->sizes[i]);
     }
+    r->settled += n;
+    r->ok = r->ok && ok;
     pthread_mutex_unlock(&ix->mu);
+}
+
+bool lmc_l2_size_index_release(lmc_l2_size_index *ix, lmc_l2_reservation *r)
+{
+    pthread_mutex_lock(&ix->mu);
+    for (size_t i = 0; i < r->n; i++)
+        ix->reserved -= r->grow[i];
+    bool ok = r->ok && r->settled == r->n;
+    pthread_mutex_unlock(&ix->mu);
+    reservation_free(r);
+    return ok;
 }
 
 int lmc_l2_size_index_put(lmc_l2_size_index *ix, uint64_t id, uint64_t size)

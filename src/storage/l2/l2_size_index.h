@@ -27,15 +27,25 @@ void lmc_l2_size_index_free(lmc_l2_size_index *ix);
 /* The id of an object's name (never 0). */
 uint64_t lmc_l2_key_id(const char *name, size_t len);
 
-/* Before a write of n objects: reserves what they add to the store (an
- * indexed object adds only its growth) and room in the table.  False, with
- * nothing reserved, when that passes the capacity or memory ran out. */
-bool lmc_l2_size_index_reserve(lmc_l2_size_index *ix, const uint64_t *ids,
-                               const uint64_t *sizes, size_t n, uint64_t *reserved);
-/* After it: ids[0..written) are in the store with those sizes (a write that
- * failed part-way still put the first ones there); releases `reserved`. */
-void lmc_l2_size_index_commit(lmc_l2_size_index *ix, const uint64_t *ids, const uint64_t *sizes,
-                              size_t written, uint64_t reserved);
+/* The reservation of one store batch whose parts are written apart
+ * (docs/l2.md, "Parts"): the growth of the whole batch is checked and
+ * reserved at once, each part then settles its own objects, and whatever
+ * no part settled is released at the end, so a refused batch writes
+ * nothing and usage stays exact whichever parts fail. */
+typedef struct lmc_l2_reservation lmc_l2_reservation;
+/* NULL, with nothing reserved, when the batch passes the capacity or
+ * memory ran out.  ids and sizes are copied. */
+lmc_l2_reservation *lmc_l2_size_index_reserve_batch(lmc_l2_size_index *ix, const uint64_t *ids,
+                                                    const uint64_t *sizes, size_t n);
+/* Objects [from, from + n) of the batch were tried: written[i] says which
+ * of them are in the store now.  Releases their share of the reservation;
+ * ok says whether the whole part succeeded (for release's answer). */
+void lmc_l2_size_index_settle(lmc_l2_size_index *ix, lmc_l2_reservation *r, size_t from,
+                              size_t n, const uint8_t *written, bool ok);
+/* Releases what no part settled and frees r.  True when every object was
+ * settled by a part that succeeded. */
+bool lmc_l2_size_index_release(lmc_l2_size_index *ix, lmc_l2_reservation *r);
+
 /* An object seen in the store (the listing at start-up).  0, or -1 when
  * out of memory. */
 int lmc_l2_size_index_put(lmc_l2_size_index *ix, uint64_t id, uint64_t size);

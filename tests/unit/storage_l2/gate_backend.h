@@ -122,7 +122,7 @@ static const lmc_l2_backend_ops gate_ops = {
 static lmc_l2_backend *gate_new(lmc_l2_backend *inner, int want, int fail_hash, gate **out)
 {
     gate *g = calloc(1, sizeof *g);
-    g->base = (lmc_l2_backend){&gate_ops, "gate", inner->split_ops};
+    g->base = (lmc_l2_backend){&gate_ops, "gate", inner->split_ops & ~LMC_L2_SPLIT_STORE_BATCH};
     g->inner = inner;
     g->want = want;
     g->fail_hash = fail_hash;

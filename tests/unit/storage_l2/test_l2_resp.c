@@ -1,7 +1,7 @@
 /* The resp backend against real redis-server processes started here: one
  * plain, one with a password, and a three-node Redis Cluster; usage
  * accounting (overwrites, deletes, max_capacity_gb, the rebuild at start)
- * of issue 17. */
+ * of issue 17; the parts of one adapter task in parallel (issue 18). */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 #include <cmocka.h>
 
+#include "gate_backend.h"
 #include "ports.h"
 #include "storage/l2/l2_resp.h"
 #include "storage/l2/l2_resp_conn.h"
@@ -423,6 +424,213 @@ static void test_cluster_routing(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* ---- issue 18: the parts of one adapter task ------------------------------ */
+
+#define BIG (1u << 20)  /* the adapter's parts are at most 1 MiB: one key a part */
+#define PARTS 4
+
+/* An arena of 2 * PARTS * 2 slots of BIG bytes: sources first, then loads. */
+typedef struct {
+    uint8_t *arena;
+    uint64_t src[2 * PARTS], dst[2 * PARTS], sizes[2 * PARTS];
+} arena_fx;
+
+static arena_fx *arena_new(void)
+{
+    arena_fx *f = calloc(1, sizeof *f);
+    f->arena = malloc(4u * PARTS * BIG);
+    assert_non_null(f->arena);
+    for (size_t i = 0; i < 2 * PARTS; i++) {
+        f->src[i] = i * BIG;
+        f->dst[i] = (2 * PARTS + i) * BIG;
+        f->sizes[i] = BIG;
+        for (size_t b = 0; b < BIG; b += 4096)
+            f->arena[f->src[i] + b] = (uint8_t)(i * 17 + b / 4096);
+    }
+    return f;
+}
+
+static void arena_free(arena_fx *f)
+{
+    free(f->arena);
+    free(f);
+}
+
+static lmc_l2_backend *parts_backend(int port, const char *user, const char *pass,
+                                     uint64_t capacity)
+{
+    lmc_l2_resp_options o = {.host = "127.0.0.1", .port = port, .username = user,
+                             .password = pass, .num_connections = PARTS, .timeout_ms = 2000,
+                             .capacity_bytes = capacity};
+    char err[128];
+    lmc_l2_backend *b = lmc_l2_resp_new(&o, err, sizeof err);
+    assert_non_null(b);
+    return b;
+}
+
+static int64_t adapter_store(lmc_l2_adapter *a, arena_fx *f, const lmc_object_key *keys,
+                             size_t from, size_t n)
+{
+    uint64_t id = lmc_l2_adapter_submit_store(a, keys, f->src + from, f->sizes, n), got;
+    int64_t r;
+    assert_true(id > 0);
+    for (int i = 0; i < 3000; i++) {
+        if (lmc_l2_adapter_pop_completed_store(a, &got, &r)) {
+            assert_int_equal(got, id);
+            return r;
+        }
+        usleep(2000);
+    }
+    fail_msg("store task did not complete");
+    return -1;
+}
+
+static void adapter_load(lmc_l2_adapter *a, arena_fx *f, const lmc_object_key *keys, size_t n,
+                         uint8_t *ok)
+{
+    uint64_t id = lmc_l2_adapter_submit_load(a, keys, f->dst, f->sizes, n);
+    assert_true(id > 0);
+    for (int i = 0; i < 3000; i++) {
+        if (lmc_l2_adapter_query_load(a, id, ok))
+            return;
+        usleep(2000);
+    }
+    fail_msg("load task did not complete");
+}
+
+static json_int_t max_parts(lmc_l2_adapter *a)
+{
+    json_t *st = lmc_l2_adapter_status(a);
+    json_int_t v = json_integer_value(json_object_get(st, "max_parts_in_flight"));
+    json_decref(st);
+    return v;
+}
+
+/* STRLEN of one key on a fresh connection of the default user. */
+static int64_t redis_strlen(int port, const lmc_object_key *k)
+{
+    char key[1024], line[64];
+    int kl = lmc_object_key_to_string(k, key, sizeof key);
+    resp_arg args[2] = {{"STRLEN", 6}, {key, (size_t)kl}};
+    redis_command(port, args, 2, line, sizeof line);
+    int64_t v = -1;
+    assert_true(line[0] == ':' && resp_parse_int(line, &v));
+    return v;
+}
+
+/* One task's keys run on every worker at once: the stores overlap, and the
+ * loads of a prompt meet at a gate that opens only when PARTS of them are
+ * inside.  A chunk deleted from the middle is a miss; the ones after it
+ * still load (the prefetch keeps the leading run, test_l2_controllers). */
+static void test_parts_of_one_task_run_in_parallel(void **state)
+{
+    (void)state;
+    int port = pick_ports(1, false);
+    pid_t pid = start_redis(port, NULL, NULL, "/tmp");
+    assert_true(pid > 0);
+    arena_fx *f = arena_new();
+    lmc_object_key keys[2 * PARTS];
+    for (int i = 0; i < 2 * PARTS; i++)
+        keys[i] = make_key(i, "org/model");
+    lmc_l2_adapter *a = lmc_l2_adapter_new(parts_backend(port, "", "", 0), f->arena, PARTS);
+    assert_int_equal(adapter_store(a, f, keys, 0, 2 * PARTS), 2 * PARTS * (int64_t)BIG);
+    assert_true(max_parts(a) >= 2);
+    lmc_l2_adapter_close(a);
+    char line[64];
+    char key1[1024];
+    int kl = lmc_object_key_to_string(&keys[1], key1, sizeof key1);
+    resp_arg del[2] = {{"DEL", 3}, {key1, (size_t)kl}};
+    redis_command(port, del, 2, line, sizeof line);
+    assert_string_equal(line, ":1");
+    gate *g;
+    a = lmc_l2_adapter_new(gate_new(parts_backend(port, "", "", 0), PARTS, -1, &g), f->arena,
+                           PARTS);
+    uint8_t ok[PARTS];
+    adapter_load(a, f, keys, PARTS, ok);
+    assert_memory_equal(ok, ((uint8_t[]){1, 0, 1, 1}), PARTS);
+    for (size_t i = 0; i < PARTS; i++) {
+        if (i != 1)
+            assert_memory_equal(f->arena + f->dst[i], f->arena + f->src[i], BIG);
+    }
+    assert_int_equal(gate_max_inside(g), PARTS);
+    assert_int_equal(max_parts(a), PARTS);
+    lmc_l2_adapter_close(a);
+    arena_free(f);
+    stop_redis(pid);
+}
+
+/* The capacity check covers the whole batch even when its parts run on
+ * several workers: a batch that does not fit writes nothing at all. */
+static void test_split_store_over_capacity_writes_nothing(void **state)
+{
+    (void)state;
+    int port = pick_ports(1, false);
+    pid_t pid = start_redis(port, NULL, NULL, "/tmp");
+    assert_true(pid > 0);
+    arena_fx *f = arena_new();
+    lmc_object_key keys[PARTS + 1];
+    for (int i = 0; i <= PARTS; i++)
+        keys[i] = make_key(i, "org/model");
+    lmc_l2_adapter *a = lmc_l2_adapter_new(parts_backend(port, "", "", (PARTS - 1) * BIG),
+                                           f->arena, PARTS);
+    assert_int_equal(adapter_store(a, f, keys, 0, PARTS), -1);
+    char line[64];
+    resp_arg dbsize = {"DBSIZE", 6};
+    redis_command(port, &dbsize, 1, line, sizeof line);
+    assert_string_equal(line, ":0");
+    lmc_l2_usage u;
+    lmc_l2_adapter_usage(a, &u);
+    assert_int_equal(u.used_bytes, 0);
+    assert_int_equal(adapter_store(a, f, keys, 0, PARTS - 1), (PARTS - 1) * (int64_t)BIG);
+    assert_true(max_parts(a) >= 2);
+    assert_int_equal(adapter_store(a, f, keys + PARTS, PARTS, 1), -1);
+    redis_command(port, &dbsize, 1, line, sizeof line);
+    assert_int_equal(atoi(line + 1), PARTS - 1);
+    lmc_l2_adapter_close(a);
+    arena_free(f);
+    stop_redis(pid);
+}
+
+/* One part of a split store fails (Redis refuses the key to this user):
+ * the other parts write theirs, usage counts exactly what Redis holds, and
+ * the room reserved for the failed key is free again. */
+static void test_split_store_with_a_failing_part_keeps_usage_exact(void **state)
+{
+    (void)state;
+    int port = pick_ports(1, false);
+    pid_t pid = start_redis(port, NULL, NULL, "/tmp");
+    assert_true(pid > 0);
+    char line[128];
+    resp_arg acl[7] = {{"ACL", 3}, {"SETUSER", 7}, {"lmc", 3}, {"on", 2}, {">pw", 3},
+                       {"~org/model@*", 12}, {"+@all", 5}};
+    redis_command(port, acl, 7, line, sizeof line);
+    assert_string_equal(line, "+OK");
+    arena_fx *f = arena_new();
+    lmc_object_key keys[2 * PARTS];
+    for (int i = 0; i < 2 * PARTS; i++)
+        keys[i] = make_key(i, i == 2 ? "other/model" : "org/model");
+    lmc_l2_adapter *a = lmc_l2_adapter_new(parts_backend(port, "lmc", "pw", 2 * (PARTS - 1) * BIG),
+                                           f->arena, PARTS);
+    assert_int_equal(adapter_store(a, f, keys, 0, PARTS), -1);
+    uint64_t held = 0;
+    for (int i = 0; i < PARTS; i++)
+        held += (uint64_t)redis_strlen(port, &keys[i]);
+    lmc_l2_usage u;
+    lmc_l2_adapter_usage(a, &u);
+    assert_int_equal(u.used_bytes, held);
+    assert_int_equal(held, (PARTS - 1) * (uint64_t)BIG);  /* every other part wrote */
+    assert_int_equal(u.num_keys, PARTS - 1);
+    /* Exactly PARTS - 1 objects of room are left: none stayed reserved. */
+    assert_int_equal(adapter_store(a, f, keys + PARTS, PARTS, PARTS - 1),
+                     (PARTS - 1) * (int64_t)BIG);
+    assert_int_equal(adapter_store(a, f, keys + 2 * PARTS - 1, 2 * PARTS - 1, 1), -1);
+    lmc_l2_adapter_usage(a, &u);
+    assert_int_equal(u.used_bytes, 2 * (PARTS - 1) * (uint64_t)BIG);
+    lmc_l2_adapter_close(a);
+    arena_free(f);
+    stop_redis(pid);
+}
+
 int main(void)
 {
     if (system("command -v redis-server >/dev/null && command -v redis-cli >/dev/null") != 0) {
@@ -438,6 +646,10 @@ int main(void)
         cmocka_unit_test_teardown(test_usage_rebuilt_at_start, stop_leftovers),
         cmocka_unit_test_teardown(test_auth, stop_leftovers),
         cmocka_unit_test_teardown(test_cluster_routing, stop_leftovers),
+        cmocka_unit_test_teardown(test_parts_of_one_task_run_in_parallel, stop_leftovers),
+        cmocka_unit_test_teardown(test_split_store_over_capacity_writes_nothing, stop_leftovers),
+        cmocka_unit_test_teardown(test_split_store_with_a_failing_part_keeps_usage_exact,
+                                  stop_leftovers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,7 +3,8 @@
  * started here: s3rver as `make deps-test` installs it
  * (build-tools/s3rver/), else moto_server, behind a proxy that verifies
  * SigV4 signatures (tests/s3server/sigv4_proxy.py).  With neither server,
- * these tests fail under CI=true and are skipped elsewhere. */
+ * these tests fail under CI=true and are skipped elsewhere.  Issue 18: the
+ * parts of one adapter task run in parallel. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -21,6 +22,7 @@
 #include <cmocka.h>
 #include <curl/curl.h>
 
+#include "gate_backend.h"
 #include "ports.h"
 #include "storage/l2/l2_s3.h"
 
@@ -399,6 +401,133 @@ static void test_usage_rebuilt_at_start(void **state)
     b->ops->destroy(b);
 }
 
+/* ---- issue 18: the parts of one adapter task ------------------------------ */
+
+#define BIG (1u << 20)  /* the adapter's parts are at most 1 MiB: one key a part */
+#define PARTS 4
+
+typedef struct {
+    uint8_t *arena;
+    uint64_t src[2 * PARTS], dst[2 * PARTS], sizes[2 * PARTS];
+} arena_fx;
+
+static arena_fx *arena_new(void)
+{
+    arena_fx *f = calloc(1, sizeof *f);
+    f->arena = malloc(4u * PARTS * BIG);
+    assert_non_null(f->arena);
+    for (size_t i = 0; i < 2 * PARTS; i++) {
+        f->src[i] = i * BIG;
+        f->dst[i] = (2 * PARTS + i) * BIG;
+        f->sizes[i] = BIG;
+        for (size_t b = 0; b < BIG; b += 4096)
+            f->arena[f->src[i] + b] = (uint8_t)(i * 17 + b / 4096);
+    }
+    return f;
+}
+
+static void arena_free(arena_fx *f)
+{
+    free(f->arena);
+    free(f);
+}
+
+static lmc_l2_backend *parts_backend(const s3_server *s, uint64_t capacity)
+{
+    lmc_l2_s3_options o = {.endpoint = s->endpoint, .bucket = "lmcache", .access_key = s->access,
+                           .secret_key = s->secret, .create_bucket = true,
+                           .num_connections = PARTS, .capacity_bytes = capacity};
+    char err[128];
+    lmc_l2_backend *b = lmc_l2_s3_new(&o, err, sizeof err);
+    assert_non_null(b);
+    return b;
+}
+
+static int64_t adapter_store(lmc_l2_adapter *a, arena_fx *f, const lmc_object_key *keys,
+                             size_t from, size_t n)
+{
+    uint64_t id = lmc_l2_adapter_submit_store(a, keys, f->src + from, f->sizes, n), got;
+    int64_t r;
+    assert_true(id > 0);
+    for (int i = 0; i < 10000; i++) {
+        if (lmc_l2_adapter_pop_completed_store(a, &got, &r)) {
+            assert_int_equal(got, id);
+            return r;
+        }
+        usleep(2000);
+    }
+    fail_msg("store task did not complete");
+    return -1;
+}
+
+static json_int_t max_parts(lmc_l2_adapter *a)
+{
+    json_t *st = lmc_l2_adapter_status(a);
+    json_int_t v = json_integer_value(json_object_get(st, "max_parts_in_flight"));
+    json_decref(st);
+    return v;
+}
+
+/* One task's keys run on every worker at once: the PUTs overlap, and the
+ * GETs of a prompt meet at a gate that opens only when PARTS of them are
+ * inside.  An object deleted from the middle is a miss; the ones after it
+ * still load (the prefetch keeps the leading run, test_l2_controllers). */
+static void test_parts_of_one_task_run_in_parallel(void **state)
+{
+    s3_server *srv = *state;
+    NEED_S3(srv);
+    arena_fx *f = arena_new();
+    lmc_object_key keys[2 * PARTS];
+    for (int i = 0; i < 2 * PARTS; i++)
+        keys[i] = unique_key(i);
+    lmc_l2_adapter *a = lmc_l2_adapter_new(parts_backend(srv, 0), f->arena, PARTS);
+    assert_int_equal(adapter_store(a, f, keys, 0, 2 * PARTS), 2 * PARTS * (int64_t)BIG);
+    assert_true(max_parts(a) >= 2);
+    assert_int_equal(lmc_l2_adapter_delete(a, &keys[1], 1), 1);
+    lmc_l2_adapter_close(a);
+    gate *g;
+    a = lmc_l2_adapter_new(gate_new(parts_backend(srv, 0), PARTS, -1, &g), f->arena, PARTS);
+    uint64_t id = lmc_l2_adapter_submit_load(a, keys, f->dst, f->sizes, PARTS);
+    uint8_t ok[PARTS];
+    for (int i = 0; i < 10000 && !lmc_l2_adapter_query_load(a, id, ok); i++)
+        usleep(2000);
+    assert_memory_equal(ok, ((uint8_t[]){1, 0, 1, 1}), PARTS);
+    for (size_t i = 0; i < PARTS; i++) {
+        if (i != 1)
+            assert_memory_equal(f->arena + f->dst[i], f->arena + f->src[i], BIG);
+    }
+    assert_int_equal(gate_max_inside(g), PARTS);
+    lmc_l2_adapter_close(a);
+    arena_free(f);
+}
+
+/* The capacity check covers the whole batch even when its parts run on
+ * several workers: a batch that does not fit writes nothing at all. */
+static void test_split_store_over_capacity_writes_nothing(void **state)
+{
+    s3_server *srv = *state;
+    NEED_S3(srv);
+    arena_fx *f = arena_new();
+    lmc_object_key keys[PARTS];
+    for (int i = 0; i < PARTS; i++)
+        keys[i] = unique_key(i);
+    lmc_l2_adapter *a = lmc_l2_adapter_new(parts_backend(srv, (PARTS - 1) * BIG), f->arena,
+                                           PARTS);
+    assert_int_equal(adapter_store(a, f, keys, 0, PARTS), -1);
+    json_t *entries = json_array();
+    lmc_l2_backend *be = lmc_l2_adapter_backend(a);
+    be->ops->list(be, NULL, entries);
+    assert_int_equal(json_array_size(entries), 0);
+    json_decref(entries);
+    assert_int_equal(adapter_store(a, f, keys, 0, PARTS - 1), (PARTS - 1) * (int64_t)BIG);
+    assert_true(max_parts(a) >= 2);
+    lmc_l2_usage u;
+    lmc_l2_adapter_usage(a, &u);
+    assert_int_equal(u.used_bytes, (PARTS - 1) * (uint64_t)BIG);
+    lmc_l2_adapter_close(a);
+    arena_free(f);
+}
+
 int main(void)
 {
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -411,6 +540,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_usage_follows_overwrites_and_deletes, server_setup, server_teardown),
         cmocka_unit_test_setup_teardown(test_capacity_is_enforced, server_setup, server_teardown),
         cmocka_unit_test_setup_teardown(test_usage_rebuilt_at_start, server_setup, server_teardown),
+        cmocka_unit_test_setup_teardown(test_parts_of_one_task_run_in_parallel, server_setup,
+                                        server_teardown),
+        cmocka_unit_test_setup_teardown(test_split_store_over_capacity_writes_nothing,
+                                        server_setup, server_teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();

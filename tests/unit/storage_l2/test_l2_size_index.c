@@ -18,20 +18,29 @@ static lmc_l2_usage usage_of(lmc_l2_size_index *ix)
     return u;
 }
 
+/* A whole batch written by one part. */
+static bool store_all(lmc_l2_size_index *ix, const uint64_t *ids, const uint64_t *sizes,
+                      size_t n, size_t written)
+{
+    lmc_l2_reservation *r = lmc_l2_size_index_reserve_batch(ix, ids, sizes, n);
+    if (!r)
+        return false;
+    uint8_t w[8] = {0};
+    for (size_t i = 0; i < written; i++)
+        w[i] = 1;
+    lmc_l2_size_index_settle(ix, r, 0, n, w, written == n);
+    return lmc_l2_size_index_release(ix, r);
+}
+
 static void test_overwrite_and_forget(void **state)
 {
     (void)state;
     lmc_l2_size_index *ix = lmc_l2_size_index_new(0);
     uint64_t ids[2] = {lmc_l2_key_id("a", 1), lmc_l2_key_id("b", 1)}, sizes[2] = {100, 50};
-    uint64_t r;
-    assert_true(lmc_l2_size_index_reserve(ix, ids, sizes, 2, &r));
-    assert_int_equal(r, 150);
-    lmc_l2_size_index_commit(ix, ids, sizes, 2, r);
+    assert_true(store_all(ix, ids, sizes, 2, 2));
     assert_int_equal(usage_of(ix).used_bytes, 150);
-    sizes[0] = 40; /* "a" shrinks: no growth to reserve */
-    assert_true(lmc_l2_size_index_reserve(ix, ids, sizes, 1, &r));
-    assert_int_equal(r, 0);
-    lmc_l2_size_index_commit(ix, ids, sizes, 1, r);
+    sizes[0] = 40; /* "a" shrinks */
+    assert_true(store_all(ix, ids, sizes, 1, 1));
     assert_int_equal(usage_of(ix).used_bytes, 90);
     assert_int_equal(usage_of(ix).num_keys, 2);
     assert_true(lmc_l2_size_index_forget(ix, ids[0]));
@@ -45,21 +54,46 @@ static void test_capacity_and_partial_writes(void **state)
 {
     (void)state;
     lmc_l2_size_index *ix = lmc_l2_size_index_new(300);
-    uint64_t ids[3] = {1, 2, 3}, sizes[3] = {100, 100, 100}, r1, r2;
-    assert_true(lmc_l2_size_index_reserve(ix, ids, sizes, 2, &r1));
+    uint64_t ids[3] = {1, 2, 3}, sizes[3] = {100, 100, 100};
+    lmc_l2_reservation *r1 = lmc_l2_size_index_reserve_batch(ix, ids, sizes, 2);
+    assert_non_null(r1);
     /* Reserved room counts for a concurrent writer. */
-    assert_false(lmc_l2_size_index_reserve(ix, ids + 1, sizes + 1, 2, &r2));
-    assert_true(lmc_l2_size_index_reserve(ix, ids + 2, sizes + 2, 1, &r2));
-    lmc_l2_size_index_commit(ix, ids, sizes, 1, r1); /* the second write failed */
-    lmc_l2_size_index_commit(ix, ids + 2, sizes + 2, 1, r2);
+    assert_null(lmc_l2_size_index_reserve_batch(ix, ids + 1, sizes + 1, 2));
+    assert_true(store_all(ix, ids + 2, sizes + 2, 1, 1));
+    lmc_l2_size_index_settle(ix, r1, 0, 2, (uint8_t[]){1, 0}, false); /* 2nd write failed */
+    assert_false(lmc_l2_size_index_release(ix, r1));
     assert_int_equal(usage_of(ix).used_bytes, 200);
     assert_int_equal(usage_of(ix).capacity_bytes, 300);
-    assert_true(lmc_l2_size_index_reserve(ix, ids + 1, sizes + 1, 1, &r1));
-    lmc_l2_size_index_commit(ix, ids + 1, sizes + 1, 1, r1);
-    assert_false(lmc_l2_size_index_reserve(ix, (uint64_t[]){4}, (uint64_t[]){1}, 1, &r1));
-    assert_true(lmc_l2_size_index_reserve(ix, ids, sizes, 1, &r1)); /* same size again */
-    lmc_l2_size_index_commit(ix, ids, sizes, 1, r1);
+    assert_true(store_all(ix, ids + 1, sizes + 1, 1, 1));
+    assert_false(store_all(ix, (uint64_t[]){4}, (uint64_t[]){1}, 1, 1));
+    assert_true(store_all(ix, ids, sizes, 1, 1)); /* same size again */
     assert_int_equal(usage_of(ix).used_bytes, 300);
+    lmc_l2_size_index_free(ix);
+}
+
+/* Issue 18: a batch written in parts.  A part that fails settles only what
+ * it wrote, a part that never ran is released at the end, and the room
+ * reserved for both is free again afterwards. */
+static void test_batch_settled_in_parts(void **state)
+{
+    (void)state;
+    lmc_l2_size_index *ix = lmc_l2_size_index_new(400);
+    uint64_t ids[4] = {1, 2, 3, 4}, sizes[4] = {100, 100, 100, 100};
+    lmc_l2_reservation *r = lmc_l2_size_index_reserve_batch(ix, ids, sizes, 4);
+    assert_non_null(r);
+    assert_null(lmc_l2_size_index_reserve_batch(ix, (uint64_t[]){9}, (uint64_t[]){1}, 1));
+    lmc_l2_size_index_settle(ix, r, 2, 1, (uint8_t[]){1}, true);
+    lmc_l2_size_index_settle(ix, r, 0, 2, (uint8_t[]){1, 0}, false);
+    assert_int_equal(usage_of(ix).used_bytes, 200);   /* ids 1 and 3 */
+    assert_false(lmc_l2_size_index_release(ix, r));  /* id 4's part never ran */
+    assert_int_equal(usage_of(ix).num_keys, 2);
+    /* Exactly 200 bytes are free again: nothing stays reserved. */
+    assert_true(store_all(ix, (uint64_t[]){5, 6}, (uint64_t[]){100, 100}, 2, 2));
+    assert_false(store_all(ix, (uint64_t[]){7}, (uint64_t[]){1}, 1, 1));
+    r = lmc_l2_size_index_reserve_batch(ix, ids, sizes, 1); /* an overwrite: no growth */
+    lmc_l2_size_index_settle(ix, r, 0, 1, (uint8_t[]){1}, true);
+    assert_true(lmc_l2_size_index_release(ix, r));
+    assert_int_equal(usage_of(ix).used_bytes, 400);
     lmc_l2_size_index_free(ix);
 }
 
@@ -133,6 +167,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_overwrite_and_forget),
         cmocka_unit_test(test_capacity_and_partial_writes),
+        cmocka_unit_test(test_batch_settled_in_parts),
         cmocka_unit_test(test_colliding_ids_against_a_reference),
         cmocka_unit_test(test_found_handed_over_by_batch),
     };
