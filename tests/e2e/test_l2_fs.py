@@ -5,6 +5,7 @@ import functools
 import json
 import os
 import re
+import subprocess
 import time
 import urllib.request
 
@@ -611,5 +612,38 @@ def test_cancel_a_parallel_load(tmp_path, how):
         for w in ws:
             assert w.retrieve(toks, 0, 64, "c2") == [chunk_bytes(w.rank, toks, c) for c in range(4)]
         close_all(ws, sched)
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
+def test_crash_leftovers_removed_at_start(tmp_path):
+    """A write cut by a crash leaves a temp file (and, on filesystems
+    without xattrs, a sidecar without its data file); a restart removes the
+    ones that are certainly dead and keeps everything else (docs/l2.md)."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()                                  # a pid that runs nothing now
+    old = time.time() - 120
+    files = {
+        "gone_old": f"k1.data.{dead.pid}.1.tmp",            # removed
+        "gone_young": f"k2.data.{dead.pid}.2.tmp",          # too fresh: kept
+        "alive_old": f"k3.data.{os.getpid()}.3.tmp",        # writer runs: kept
+        "orphan_old": "k4.data.b3",                         # no data file: removed
+        "paired_old": "k5.data.b3",                         # data file beside it: kept
+        "paired_data": "k5.data",
+        "foreign_old": "notes.txt",                         # not ours: kept
+    }
+    for role, name in files.items():
+        p = tmp_path / name
+        p.write_bytes(b"x")
+        if role != "gone_young":
+            os.utime(p, (old, old))
+    srv = start(tmp_path)
+    try:
+        fs = status(srv)["l2_adapters"][0]
+        assert fs["leftovers_removed"] == 2, fs
+        left = {p.name for p in tmp_path.iterdir()}
+        assert files["gone_old"] not in left and files["orphan_old"] not in left
+        for role in ("gone_young", "alive_old", "paired_old", "paired_data", "foreign_old"):
+            assert files[role] in left, role
     finally:
         assert srv.stop() == 0, srv.output()

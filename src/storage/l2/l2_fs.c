@@ -27,6 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdatomic.h>
+#include <time.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -60,7 +62,7 @@ typedef struct fs {
     lmc_key_table table;
     lmc_key_interner *interner;
     uint64_t used, tmp_seq;
-    uint64_t corrupt, truncated, recovered, skipped_existing, io_errors;
+    uint64_t corrupt, truncated, recovered, skipped_existing, io_errors, leftovers_removed;
     lmc_l2_hasher *hasher;   /* NULL without verify_checksum */
     char *xattr;             /* name of the checksum xattr */
     atomic_bool no_xattr;    /* the filesystem refused it: sidecars from now on */
@@ -451,14 +453,15 @@ static json_t *fs_status(lmc_l2_backend *b)
     fs *f = (fs *)b;
     pthread_mutex_lock(&f->mu);
     const char *where = !f->hasher ? "off" : atomic_load(&f->no_xattr) ? "sidecar" : "xattr";
-    json_t *st = json_pack("{s:s, s:b, s:b, s:s, s:I, s:I, s:I, s:I, s:I}", "base_path",
+    json_t *st = json_pack("{s:s, s:b, s:b, s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "base_path",
                            f->base_path, "use_odirect", f->o.use_odirect, "verify_checksum",
                            f->o.verify_checksum, "checksum_in", where, "corrupt_files_detected",
                            (json_int_t)f->corrupt, "truncated_files_detected",
                            (json_int_t)f->truncated, "recovered_keys",
                            (json_int_t)f->recovered, "skipped_existing",
                            (json_int_t)f->skipped_existing, "io_errors",
-                           (json_int_t)f->io_errors);
+                           (json_int_t)f->io_errors, "leftovers_removed",
+                           (json_int_t)f->leftovers_removed);
     pthread_mutex_unlock(&f->mu);
     return st;
 }
@@ -564,6 +567,70 @@ static void recover(fs *f)
     closedir(d);
 }
 
+/* A crash between a temp file's creation and its rename, or between a
+ * sidecar's publication and its data file's, leaves files nobody reads.
+ * At start they are removed once certainly dead: untouched for
+ * LEFTOVER_AGE_S (a live write touches its file every few milliseconds),
+ * and for a temp file, its writer's pid runs no process on this host (a
+ * directory shared with other hosts may hold their live temp files); for
+ * a sidecar, no data file beside it (docs/l2.md, "fs"). */
+#define LEFTOVER_AGE_S 30
+
+/* "<name>.<pid>.<seq>.tmp", as write_file names them: true when that pid
+ * runs no process here. */
+static bool temp_writer_gone(const char *name)
+{
+    size_t n = strlen(name);
+    if (n < 8 || strcmp(name + n - 4, ".tmp") != 0)
+        return false;
+    const char *seq = name + n - 4;
+    while (seq > name && seq[-1] != '.')
+        seq--;
+    const char *pid_at = seq - 1;
+    while (pid_at > name && pid_at[-1] != '.')
+        pid_at--;
+    if (pid_at == name || pid_at >= seq - 1)
+        return false;
+    char *end;
+    long pid = strtol(pid_at, &end, 10);
+    if (end != seq - 1 || pid <= 0 || pid == (long)getpid())
+        return false;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+static bool sidecar_orphaned(const char *dir, const char *name)
+{
+    size_t n = strlen(name);
+    char data[FS_PATH_MAX];
+    struct stat st;
+    if (n < 4 || strcmp(name + n - 3, ".b3") != 0)
+        return false;
+    int len = snprintf(data, sizeof data, "%s/%.*s", dir, (int)(n - 3), name);
+    return len > 0 && (size_t)len < sizeof data && stat(data, &st) != 0 && errno == ENOENT;
+}
+
+static void remove_leftovers(fs *f, const char *dir, bool sidecars)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    time_t now = time(NULL);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char path[FS_PATH_MAX];
+        struct stat st;
+        bool temp = temp_writer_gone(e->d_name);
+        if (!temp && !(sidecars && sidecar_orphaned(dir, e->d_name)))
+            continue;
+        int n = snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (n < 0 || (size_t)n >= sizeof path || lstat(path, &st) != 0 || !S_ISREG(st.st_mode) ||
+            now - st.st_mtim.tv_sec < LEFTOVER_AGE_S || unlink(path) != 0)
+            continue;
+        f->leftovers_removed++;
+    }
+    closedir(d);
+}
+
 static int make_dir(const char *path, char *err, size_t errlen)
 {
     if (mkdir(path, 0755) == 0 || errno == EEXIST)
@@ -627,6 +694,12 @@ lmc_l2_backend *lmc_l2_fs_new(const lmc_l2_fs_options *o, char *err, size_t errl
     f->o.checksum_xattr = f->xattr;
     if (o->recover_on_start)
         recover(f);
+    remove_leftovers(f, f->base_path, true);
+    if (strcmp(f->tmp_dir, f->base_path) != 0)
+        remove_leftovers(f, f->tmp_dir, false);
+    if (f->leftovers_removed)
+        LMC_INFO("L2 fs: removed %llu files left by a crashed write",
+                 (unsigned long long)f->leftovers_removed);
     LMC_INFO("L2 fs: %s (%llu keys, %llu bytes recovered)", f->base_path,
              (unsigned long long)f->recovered, (unsigned long long)f->used);
     return &f->base;
