@@ -283,19 +283,6 @@ static size_t key_string(const lmc_object_key *k, char *out, size_t cap)
     return n < 0 ? 0 : (size_t)n;
 }
 
-/* The index ids of keys[0..n); false when a key has no name. */
-static bool key_ids(const lmc_object_key *keys, size_t n, uint64_t *ids)
-{
-    for (size_t i = 0; i < n; i++) {
-        char key[KEY_MAX];
-        size_t kl = key_string(&keys[i], key, sizeof key);
-        if (!kl)
-            return false;
-        ids[i] = lmc_l2_key_id(key, kl);
-    }
-    return true;
-}
-
 /* ---- pipelines: a part's commands sent before any reply is read ------------ */
 
 #define PIPE_MAX 64                  /* commands of one round (bounds the memory) */
@@ -400,11 +387,6 @@ static void run_pipeline(resp_backend *R, pool_slot *ps, pipe_cmd *cmds, size_t 
 
 /* ---- store: the whole batch reserved, its parts written apart -------------------- */
 
-typedef struct {
-    lmc_l2_reservation *res;
-    uint64_t bytes;                  /* of the whole batch */
-} resp_batch;
-
 /* docs/l2.md, "Parts": the capacity check covers the whole batch, so a
  * batch that would pass max_capacity_gb is refused before anything is
  * written (as fs refuses one); the L2 eviction makes room ahead of that. */
@@ -412,25 +394,15 @@ static void *resp_store_begin(lmc_l2_backend *b, const lmc_object_key *keys,
                               const uint64_t *sizes, size_t n)
 {
     resp_backend *R = (resp_backend *)b;
-    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
-    resp_batch *batch = calloc(1, sizeof *batch);
+    bool refused;
     atomic_fetch_add(&R->stores, 1);
-    if (!ids || !batch || !key_ids(keys, n, ids))
-        goto fail;
-    batch->res = lmc_l2_size_index_reserve_batch(R->index, ids, sizes, n);
-    if (!batch->res) {
-        atomic_fetch_add(&R->stores_refused, 1);
-        goto fail;
+    lmc_l2_reservation *r = lmc_l2_size_index_reserve_keys(R->index, keys, sizes, n, &refused);
+    if (!r) {
+        if (refused)
+            atomic_fetch_add(&R->stores_refused, 1);
+        atomic_fetch_add(&R->store_errors, 1);
     }
-    for (size_t i = 0; i < n; i++)
-        batch->bytes += sizes[i];
-    free(ids);
-    return batch;
-fail:
-    atomic_fetch_add(&R->store_errors, 1);
-    free(ids);
-    free(batch);
-    return NULL;
+    return r;
 }
 
 /* SETs of one part, PIPE_MAX a round; each round settles what it wrote. */
@@ -439,7 +411,7 @@ static int64_t resp_store_part(lmc_l2_backend *b, void *batch, size_t from,
                                const uint64_t *sizes, size_t n)
 {
     resp_backend *R = (resp_backend *)b;
-    resp_batch *rb = batch;
+    lmc_l2_reservation *rb = batch;
     pipe_cmd *cmds = malloc(PIPE_MAX * sizeof *cmds);
     pool_slot *ps = pool_acquire(R);
     bool all = true;
@@ -458,7 +430,7 @@ static int64_t resp_store_part(lmc_l2_backend *b, void *batch, size_t from,
             round = round && written[i];
             bytes += (int64_t)sizes[at + i];
         }
-        lmc_l2_size_index_settle(R->index, rb->res, from + at, m, written, round);
+        lmc_l2_size_index_settle(R->index, rb, from + at, m, written, round);
         all = all && round;
     }
     pool_release(R, ps);
@@ -469,13 +441,13 @@ static int64_t resp_store_part(lmc_l2_backend *b, void *batch, size_t from,
 static bool resp_store_end(lmc_l2_backend *b, void *batch)
 {
     resp_backend *R = (resp_backend *)b;
-    resp_batch *rb = batch;
-    bool ok = lmc_l2_size_index_release(R->index, rb->res);
+    lmc_l2_reservation *rb = batch;
+    uint64_t bytes = lmc_l2_reservation_bytes(rb);
+    bool ok = lmc_l2_size_index_release(R->index, rb);
     if (ok)
-        atomic_fetch_add(&R->stored_bytes, rb->bytes);
+        atomic_fetch_add(&R->stored_bytes, bytes);
     else
         atomic_fetch_add(&R->store_errors, 1);
-    free(rb);
     return ok;
 }
 

@@ -200,25 +200,7 @@ static bool object_name(const lmc_object_key *k, char *out, size_t cap)
     return lmc_object_key_to_string(k, out, cap) > 0;
 }
 
-/* The index ids of keys[0..n); false when a key has no name. */
-static bool key_ids(const lmc_object_key *keys, size_t n, uint64_t *ids)
-{
-    for (size_t i = 0; i < n; i++) {
-        char name[NAME_MAX_LEN];
-        int len = lmc_object_key_to_string(&keys[i], name, sizeof name);
-        if (len <= 0)
-            return false;
-        ids[i] = lmc_l2_key_id(name, (size_t)len);
-    }
-    return true;
-}
-
 /* ---- store: the whole batch reserved, its parts written apart -------------------- */
-
-typedef struct {
-    lmc_l2_reservation *res;
-    uint64_t bytes;                /* of the whole batch */
-} s3_batch;
 
 /* docs/l2.md, "Parts": the capacity check covers the whole batch, so a
  * batch that would pass max_capacity_gb is refused before anything is
@@ -227,25 +209,15 @@ static void *s3_store_begin(lmc_l2_backend *b, const lmc_object_key *keys, const
                             size_t n)
 {
     s3_backend *S = (s3_backend *)b;
-    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
-    s3_batch *batch = calloc(1, sizeof *batch);
+    bool refused;
     atomic_fetch_add(&S->puts, 1);
-    if (!ids || !batch || !key_ids(keys, n, ids))
-        goto fail;
-    batch->res = lmc_l2_size_index_reserve_batch(S->index, ids, sizes, n);
-    if (!batch->res) {
-        atomic_fetch_add(&S->puts_refused, 1);
-        goto fail;
+    lmc_l2_reservation *r = lmc_l2_size_index_reserve_keys(S->index, keys, sizes, n, &refused);
+    if (!r) {
+        if (refused)
+            atomic_fetch_add(&S->puts_refused, 1);
+        atomic_fetch_add(&S->put_errors, 1);
     }
-    for (size_t i = 0; i < n; i++)
-        batch->bytes += sizes[i];
-    free(ids);
-    return batch;
-fail:
-    atomic_fetch_add(&S->put_errors, 1);
-    free(ids);
-    free(batch);
-    return NULL;
+    return r;
 }
 
 /* PUTs of one part, one after the other on this worker's handle; each
@@ -255,7 +227,7 @@ static int64_t s3_store_part(lmc_l2_backend *b, void *batch, size_t from,
                              const uint64_t *sizes, size_t n)
 {
     s3_backend *S = (s3_backend *)b;
-    s3_batch *sb = batch;
+    lmc_l2_reservation *sb = batch;
     s3_slot *slot = pool_acquire(S);
     bool all = true;
     int64_t bytes = 0;
@@ -265,7 +237,7 @@ static int64_t s3_store_part(lmc_l2_backend *b, void *batch, size_t from,
         s3_request rq = {"PUT", name, "", &up, NULL};
         uint8_t written =
             object_name(&keys[i], name, sizeof name) && perform(S, slot->curl, &rq) == 200;
-        lmc_l2_size_index_settle(S->index, sb->res, from + i, 1, &written, written);
+        lmc_l2_size_index_settle(S->index, sb, from + i, 1, &written, written);
         all = all && written;
         bytes += (int64_t)sizes[i];
     }
@@ -276,13 +248,13 @@ static int64_t s3_store_part(lmc_l2_backend *b, void *batch, size_t from,
 static bool s3_store_end(lmc_l2_backend *b, void *batch)
 {
     s3_backend *S = (s3_backend *)b;
-    s3_batch *sb = batch;
-    bool ok = lmc_l2_size_index_release(S->index, sb->res);
+    lmc_l2_reservation *sb = batch;
+    uint64_t bytes = lmc_l2_reservation_bytes(sb);
+    bool ok = lmc_l2_size_index_release(S->index, sb);
     if (ok)
-        atomic_fetch_add(&S->stored_bytes, sb->bytes);
+        atomic_fetch_add(&S->stored_bytes, bytes);
     else
         atomic_fetch_add(&S->put_errors, 1);
-    free(sb);
     return ok;
 }
 

@@ -187,6 +187,42 @@ lmc_l2_reservation *lmc_l2_size_index_reserve_batch(lmc_l2_size_index *ix, const
     return r;
 }
 
+/* Object names are at most this long; a longer one is not an object of
+ * ours (the adapters refuse to store it). */
+#define NAME_MAX_LEN 1024
+
+lmc_l2_reservation *lmc_l2_size_index_reserve_keys(lmc_l2_size_index *ix,
+                                                   const lmc_object_key *keys,
+                                                   const uint64_t *sizes, size_t n,
+                                                   bool *refused)
+{
+    *refused = false;
+    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    if (!ids)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        char name[NAME_MAX_LEN];
+        int len = lmc_object_key_to_string(&keys[i], name, sizeof name);
+        if (len <= 0) {
+            free(ids);
+            return NULL;
+        }
+        ids[i] = lmc_l2_key_id(name, (size_t)len);
+    }
+    lmc_l2_reservation *r = lmc_l2_size_index_reserve_batch(ix, ids, sizes, n);
+    *refused = !r;
+    free(ids);
+    return r;
+}
+
+uint64_t lmc_l2_reservation_bytes(const lmc_l2_reservation *r)
+{
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < r->n; i++)
+        bytes += r->sizes[i];
+    return bytes;
+}
+
 void lmc_l2_size_index_settle(lmc_l2_size_index *ix, lmc_l2_reservation *r, size_t from,
                               size_t n, const uint8_t *written, bool ok)
 {

@@ -37,6 +37,14 @@ typedef struct lmc_l2_reservation lmc_l2_reservation;
  * memory ran out.  ids and sizes are copied. */
 lmc_l2_reservation *lmc_l2_size_index_reserve_batch(lmc_l2_size_index *ix, const uint64_t *ids,
                                                     const uint64_t *sizes, size_t n);
+/* The same, from the objects' keys (their names' ids): *refused says the
+ * capacity refused it (false: out of memory, or a key without a name). */
+lmc_l2_reservation *lmc_l2_size_index_reserve_keys(lmc_l2_size_index *ix,
+                                                   const lmc_object_key *keys,
+                                                   const uint64_t *sizes, size_t n,
+                                                   bool *refused);
+/* Bytes of the whole batch. */
+uint64_t lmc_l2_reservation_bytes(const lmc_l2_reservation *r);
 /* Objects [from, from + n) of the batch were tried: written[i] says which
  * of them are in the store now.  Releases their share of the reservation;
  * ok says whether the whole part succeeded (for release's answer). */
