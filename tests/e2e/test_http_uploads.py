@@ -3,6 +3,7 @@ the limit follows method and path, chunked bodies are counted as they
 arrive, and all uploads share one memory budget that comes back when a
 request ends, however it ends."""
 import json
+import os
 import socket
 import threading
 import time
@@ -133,7 +134,10 @@ def test_chunked_kv_upload_capped_by_budget():
         assert status in (0, 413), status
         assert sent < 80 * MiB, sent
         grown = peak_rss(pid) - before
-        assert grown < 48 * MiB, f"peak RSS grew by {grown / MiB:.0f} MiB"
+        # Sanitizer builds keep freed buffers in a quarantine: twice the
+        # room there, still well under the 128 MiB the client sent.
+        bound = 96 * MiB if os.environ.get("LMC_SANITIZE") else 48 * MiB
+        assert grown < bound, f"peak RSS grew by {grown / MiB:.0f} MiB"
         up = uploads(p)
         assert up["buffered_bytes"] == 0 and up["refused_too_large"] == 1
         assert request(p, "GET", "/healthcheck")[0] == 200
