@@ -90,6 +90,7 @@ bench: build deps-test
 	./$(BUILD_DIR)/sd_transfer_bench --chunks 256 --iters 1000
 	./$(BUILD_DIR)/l2_bench --dir $(BUILD_DIR)/l2_bench.dir
 	./$(BUILD_DIR)/l2_bench --dir $(BUILD_DIR)/l2_bench.dir --odirect
+	./$(BUILD_DIR)/l2_lookup_bench --dir $(BUILD_DIR)/l2_lookup_bench.dir
 	./bench/l2_net_bench.sh 3 $(BUILD_DIR)/l2_bench
 
 # Sanitizer builds: ASan+UBSan and TSan, each in its own build tree.

@@ -208,27 +208,46 @@ static void l2_lookup_done(void *user, size_t units)
                              p->l1_chunks + (int64_t)units);
 }
 
+/* Appends the loaded leases p->leases[0..nk) to the record, except those
+ * a FREE_LOOKUP_LOCKS covered while they loaded: those are moved to the
+ * front of p's arrays.  Returns how many the caller gives back. */
+static size_t attach_loaded(l2_lookup *p, lmc_lookup_locks *l, size_t nk)
+{
+    size_t back = 0;
+    for (size_t i = 0; i < nk; i++) {
+        lmc_lease *slot = &l->leases[l->n + i];
+        if (slot->kind == LMC_LEASE_RETURNED) {
+            p->keys[back] = p->keys[i];   /* back <= i: compacts in place */
+            p->leases[back++] = p->leases[i];
+        } else {
+            *slot = p->leases[i];
+        }
+    }
+    l->n += nk;
+    return back;
+}
+
 /* Prefetch thread: keys[0..units*per) are loaded and read-locked.  They
  * join the session's lock record if that is still this LOOKUP's (same job,
- * same record); otherwise nobody can retrieve them and the locks go back. */
+ * same record) and no free covered them; otherwise nobody can retrieve
+ * them and the locks go back. */
 static void l2_done(void *user, size_t units)
 {
     l2_lookup *p = user;
     lookup_mod *m = p->m;
     size_t nk = units * p->per;
-    bool attached = false;
+    size_t back = nk;
     lmc_session *se = lmc_sessions_acquire(m->ctx->sessions, p->rid, p->rid_len, false);
     if (se) {
-        if (nk && se->locks.keys == p->session_keys && se->locks.n == p->l1_keys &&
-            lmc_jobs_is_current(m->jobs, p->rid, p->rid_len, p->job_id)) {
-            memcpy(se->locks.leases + se->locks.n, p->leases, nk * sizeof *p->leases);
-            se->locks.n += nk;
-            attached = true;
+        if (se->locks.keys == p->session_keys && se->locks.n == p->l1_keys) {
+            if (nk && lmc_jobs_is_current(m->jobs, p->rid, p->rid_len, p->job_id))
+                back = attach_loaded(p, &se->locks, nk);
+            se->locks.pending = 0;
         }
         lmc_sessions_release(m->ctx->sessions, se);
     }
-    if (nk && !attached)
-        lmc_storage_manager_give_back(m->ctx->storage, p->keys, p->leases, nk);
+    if (back)
+        lmc_storage_manager_give_back(m->ctx->storage, p->keys, p->leases, back);
     int64_t hits = p->l1_chunks + (int64_t)units;
     if (p->event) { /* the final answer is known only now */
         int64_t cs = m->chunk_size;
@@ -305,6 +324,7 @@ static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint6
         return false;
     }
     *event = NULL;
+    l->pending = rest; /* the session is held: on_done cannot run before this */
     atomic_fetch_add(&m->l2_prefetches, 1);
     return true;
 }
@@ -538,24 +558,29 @@ static lmc_handler_result query_lookup_hits(void *state, lmc_rpc_call *call)
     return LMC_HANDLER_REPLY;
 }
 
+/* Whether record entry i is a key of chunk c in [c0, c1) whose hash
+ * matches the request's chain (`hashes` = chunk c0 on) and model. */
+static bool in_free_range(const lmc_lookup_locks *l, size_t i, size_t c0, size_t c1,
+                          const uint8_t *hashes, const lmc_ipc_key *k)
+{
+    size_t c = l->first_chunk + i / l->keys_per_chunk;
+    const lmc_object_key *key = &l->keys[i];
+    return c >= c0 && c < c1 &&
+           memcmp(key->chunk_hash, hashes + (c - c0) * LMC_TOKEN_HASH_LEN,
+                  LMC_TOKEN_HASH_LEN) == 0 &&
+           strlen(key->model_name) == k->model_len &&
+           memcmp(key->model_name, k->model_name, k->model_len) == 0;
+}
+
 /* Releases the recorded locks of chunks in [c0, c1) whose hash matches the
- * request's chain (`hashes` = chunk c0 on). */
+ * request's chain, and marks the matching keys an L2 prefetch has still to
+ * append so that their leases go back when they arrive. */
 static void free_range(lookup_mod *m, lmc_lookup_locks *l, size_t c0, size_t c1,
                        const uint8_t *hashes, const lmc_ipc_key *k)
 {
     size_t nb = 0, run = 0;   /* leases [run, i) match: given back together, in place */
     for (size_t i = 0; i <= l->n; i++) {
-        bool match = false;
-        if (i < l->n) {
-            size_t c = l->first_chunk + i / l->keys_per_chunk;
-            const lmc_object_key *key = &l->keys[i];
-            match = lmc_lease_held(&l->leases[i]) && c >= c0 && c < c1 &&
-                    memcmp(key->chunk_hash, hashes + (c - c0) * LMC_TOKEN_HASH_LEN,
-                           LMC_TOKEN_HASH_LEN) == 0 &&
-                    strlen(key->model_name) == k->model_len &&
-                    memcmp(key->model_name, k->model_name, k->model_len) == 0;
-        }
-        if (match)
+        if (i < l->n && lmc_lease_held(&l->leases[i]) && in_free_range(l, i, c0, c1, hashes, k))
             continue;
         if (i > run) {
             lmc_storage_manager_give_back(m->ctx->storage, l->keys + run, l->leases + run,
@@ -563,6 +588,12 @@ static void free_range(lookup_mod *m, lmc_lookup_locks *l, size_t c0, size_t c1,
             nb += i - run;
         }
         run = i + 1;
+    }
+    for (size_t i = l->n; i < l->n + l->pending; i++) {
+        if (l->leases[i].kind != LMC_LEASE_RETURNED && in_free_range(l, i, c0, c1, hashes, k)) {
+            l->leases[i].kind = LMC_LEASE_RETURNED;
+            nb++;
+        }
     }
     atomic_fetch_add(&m->freed_keys, nb);
 }
@@ -582,7 +613,7 @@ static lmc_handler_result free_lookup_locks(void *state, lmc_rpc_call *call)
                           : NULL;
     if (se) {
         const uint8_t *hashes;
-        if (se->locks.n &&
+        if (se->locks.n + se->locks.pending &&
             lmc_session_hashes(se, k.tokens, k.n_tokens, k.start, k.end, &hashes) == LMC_HASH_OK)
             free_range(m, &se->locks, k.start / m->chunk_size, k.end / m->chunk_size, hashes, &k);
         lmc_sessions_release(m->ctx->sessions, se);

@@ -25,11 +25,15 @@
 
 /* The READ leases one LOOKUP took: keys[0..n) is the chunk-major leading
  * run of whole hit chunks, leases[i] `readers` shares on its copy; a lease
- * FREE_LOOKUP_LOCKS gave back already is RETURNED. */
+ * FREE_LOOKUP_LOCKS gave back already is RETURNED.  While an L2 prefetch
+ * runs, keys[n..n+pending) are the keys it may still append; a free that
+ * covers one of them before it arrives marks its lease slot RETURNED, and
+ * the load gives that key's lease back on arrival (docs/l2.md). */
 typedef struct {
     lmc_object_key *keys;
     lmc_lease *leases;
     size_t n;
+    size_t pending;
     size_t first_chunk;        /* chunk index of keys[0] */
     uint32_t keys_per_chunk;   /* groups * ranks */
     uint32_t readers;

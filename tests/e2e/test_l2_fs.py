@@ -578,11 +578,14 @@ def test_common_adapter_fields_do_what_docs_l2_says(tmp_path):
         assert srv.stop() == 0, srv.output()
 
 
-@pytest.mark.parametrize("how", ["free", "end_session"])
+@pytest.mark.parametrize("how", ["free", "free_head", "end_session"])
 def test_cancel_a_parallel_load(tmp_path, how):
     """Issue 18: FREE_LOOKUP_LOCKS or END_SESSION while the chunks of one
     prompt load in parallel (each part held 300 ms): the late load's staging
-    and L2 locks are all given back, and the prompt loads again in full."""
+    and L2 locks are all given back, and the prompt loads again in full.  A
+    free also covers the chunks that arrive after it: those of its range go
+    back as they arrive (no END_SESSION needed), the others stay locked for
+    the retrieve (docs/l2.md, "Prefetch (LOOKUP)")."""
     spec = {"type": "fault_inject", "delay_rate": 1.0, "delay_ms": 300, "seed": 3,
             "inner": {"type": "fs", "base_path": str(tmp_path), "num_workers": 4}}
     srv = Server("--chunk-size", str(CS), "--l2-adapter", json.dumps(spec))
@@ -595,15 +598,24 @@ def test_cancel_a_parallel_load(tmp_path, how):
             time.sleep(0.01)                                # lookup done: loads running
         if how == "free":
             assert sched.call(FREE, key(toks, 0, 64, "c"), 1) is not None
+        elif how == "free_head":
+            assert sched.call(FREE, key(toks, 0, 32, "c"), 1) is not None
         else:
             assert sched.call(END, "c") is not None
+        assert status(srv)["prefetch_controller"]["completed"] == done   # the free was early
         while status(srv)["prefetch_controller"]["completed"] == done:
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        if how == "free":
-            # The late chunks join the lookup's lock record (docs/l2.md,
-            # "Prefetch (LOOKUP)"), which the scheduler ends after freeing.
+        if how == "free_head":
+            # Chunks 2-3 of both ranks stay read-locked for the retrieve:
+            # a non-forced CLEAR keeps them, and they come out of L1.
+            assert sched.call(CLEAR, False) is not None
+            assert status(srv)["l1_manager"]["num_objects"] == 4
+            for w in ws:
+                assert w.retrieve(toks, 32, 64, "c") == [chunk_bytes(w.rank, toks, c)
+                                                         for c in (2, 3)]
             assert sched.call(END, "c") is not None
+            assert sched.call(CLEAR, False) is not None
         st = status(srv)
         assert st["l2_adapters"][0]["max_parts_in_flight"] >= 2, st["l2_adapters"][0]
         assert st["l1_manager"]["num_objects"] == 0, st["l1_manager"]
