@@ -413,7 +413,12 @@ static void free_server(lmc_http_server *s)
 static struct MHD_Daemon *start_daemon(lmc_http_server *s, const lmc_http_options *o, int fd,
                                        int family)
 {
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_AUTO;
+    /* MHD_USE_ITC: without it, stopping wakes the workers through the
+     * listen socket, and a worker at its share of the connection limit
+     * has taken that socket out of its poll set: it would sleep until its
+     * idle connections time out (30 s) before the server could exit. */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_AUTO |
+                     MHD_USE_ITC;
     if (family == AF_INET6)
         flags |= MHD_USE_IPv6;
     return MHD_start_daemon(

@@ -354,3 +354,25 @@ def test_quota_limit_bounds(hs):
         got = get_json(p, base + "/big")
         assert got["exists"] is True and got["limit_gb"] == 8589934591.0
         assert request(p, "DELETE", base + "/big")[0] == 200
+
+
+def test_stop_is_prompt_with_the_connection_limit_reached():
+    """SIGTERM while the frontend holds its share of 256 connections, half
+    of them in the middle of a request line: the server exits at once, not
+    when the idle connections time out 30 s later."""
+    s = Server()
+    held = []
+    try:
+        for i in range(240):
+            c = socket.create_connection(("127.0.0.1", s.http_port), timeout=5)
+            if i % 2:
+                c.sendall(b"GET /sta")
+            held.append(c)
+        time.sleep(1)
+        t = time.monotonic()
+        assert s.stop(timeout=10) == 0, s.output()
+        assert time.monotonic() - t < 5
+    finally:
+        for c in held:
+            c.close()
+        s.stop()
