@@ -73,6 +73,21 @@ static pid_t start_redis(int port, const char *extra1, const char *extra2, const
         }
         usleep(25000);
     }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+/* A Redis on a port picked now; another port when that one was taken
+ * between the pick and Redis's bind. */
+static pid_t start_redis_fresh(int *port, const char *extra1, const char *extra2)
+{
+    for (int attempt = 0; attempt < 5; attempt++) {
+        *port = pick_ports(1, false);
+        pid_t pid = start_redis(*port, extra1, extra2, "/tmp");
+        if (pid > 0)
+            return pid;
+    }
     return -1;
 }
 
@@ -160,8 +175,8 @@ static void test_key_slot(void **state)
 static void test_single_node_round_trip_and_restart(void **state)
 {
     (void)state;
-    int port = pick_ports(1, false);
-    pid_t pid = start_redis(port, NULL, NULL, "/tmp");
+    int port;
+    pid_t pid = start_redis_fresh(&port, NULL, NULL);
     assert_true(pid > 0);
     lmc_l2_backend *b = connect_backend(port, "");
     round_trip(b, 12);
@@ -248,8 +263,8 @@ static lmc_l2_backend *backend_with_capacity(int port, uint64_t capacity)
 static void test_usage_follows_overwrites_and_deletes(void **state)
 {
     (void)state;
-    int port = pick_ports(1, false);
-    pid_t pid = start_redis(port, NULL, NULL, "/tmp");
+    int port;
+    pid_t pid = start_redis_fresh(&port, NULL, NULL);
     assert_true(pid > 0);
     lmc_l2_backend *b = connect_backend(port, "");
     uint8_t *buf = calloc(1, OBJ);
@@ -285,8 +300,8 @@ static void test_usage_follows_overwrites_and_deletes(void **state)
 static void test_capacity_is_enforced(void **state)
 {
     (void)state;
-    int port = pick_ports(1, false);
-    pid_t pid = start_redis(port, NULL, NULL, "/tmp");
+    int port;
+    pid_t pid = start_redis_fresh(&port, NULL, NULL);
     assert_true(pid > 0);
     lmc_l2_backend *b = backend_with_capacity(port, 3 * OBJ);
     uint8_t *buf = calloc(1, OBJ);
@@ -315,8 +330,8 @@ static void test_capacity_is_enforced(void **state)
 static void test_usage_rebuilt_at_start(void **state)
 {
     (void)state;
-    int port = pick_ports(1, false);
-    pid_t pid = start_redis(port, NULL, NULL, "/tmp");
+    int port;
+    pid_t pid = start_redis_fresh(&port, NULL, NULL);
     assert_true(pid > 0);
     lmc_l2_backend *b = connect_backend(port, "");
     uint8_t *buf = calloc(1, OBJ);
@@ -351,8 +366,8 @@ static void test_usage_rebuilt_at_start(void **state)
 static void test_auth(void **state)
 {
     (void)state;
-    int port = pick_ports(1, false);
-    pid_t pid = start_redis(port, "--requirepass", "s3cret", "/tmp");
+    int port;
+    pid_t pid = start_redis_fresh(&port, "--requirepass", "s3cret");
     assert_true(pid > 0);
     lmc_l2_backend *good = connect_backend(port, "s3cret");
     round_trip(good, 2);
@@ -525,8 +540,8 @@ static int64_t redis_strlen(int port, const lmc_object_key *k)
 static void test_parts_of_one_task_run_in_parallel(void **state)
 {
     (void)state;
-    int port = pick_ports(1, false);
-    pid_t pid = start_redis(port, NULL, NULL, "/tmp");
+    int port;
+    pid_t pid = start_redis_fresh(&port, NULL, NULL);
     assert_true(pid > 0);
     arena_fx *f = arena_new();
     lmc_object_key keys[2 * PARTS];
@@ -564,8 +579,8 @@ static void test_parts_of_one_task_run_in_parallel(void **state)
 static void test_split_store_over_capacity_writes_nothing(void **state)
 {
     (void)state;
-    int port = pick_ports(1, false);
-    pid_t pid = start_redis(port, NULL, NULL, "/tmp");
+    int port;
+    pid_t pid = start_redis_fresh(&port, NULL, NULL);
     assert_true(pid > 0);
     arena_fx *f = arena_new();
     lmc_object_key keys[PARTS + 1];
@@ -597,8 +612,8 @@ static void test_split_store_over_capacity_writes_nothing(void **state)
 static void test_split_store_with_a_failing_part_keeps_usage_exact(void **state)
 {
     (void)state;
-    int port = pick_ports(1, false);
-    pid_t pid = start_redis(port, NULL, NULL, "/tmp");
+    int port;
+    pid_t pid = start_redis_fresh(&port, NULL, NULL);
     assert_true(pid > 0);
     char line[128];
     resp_arg acl[7] = {{"ACL", 3}, {"SETUSER", 7}, {"lmc", 3}, {"on", 2}, {">pw", 3},
