@@ -60,8 +60,21 @@ static void *hasher_main(void *arg)
     return NULL;
 }
 
+/* BLAKE3 detects the CPU's features lazily, into a global of its own, on
+ * its first compression.  Doing one here, before the pool's threads (and
+ * the adapter's workers) exist, keeps them from racing to write it. */
+static void detect_blake3_features(void)
+{
+    blake3_hasher b;
+    uint8_t byte = 0, out[BLAKE3_OUT_LEN];
+    blake3_hasher_init(&b);
+    blake3_hasher_update(&b, &byte, 1);
+    blake3_hasher_finalize(&b, out, sizeof out);
+}
+
 lmc_l2_hasher *lmc_l2_hasher_new(size_t threads)
 {
+    detect_blake3_features();
     lmc_l2_hasher *h = calloc(1, sizeof *h + threads * sizeof h->threads[0]);
     if (!h)
         return NULL;
