@@ -104,8 +104,9 @@ static const lmc_config_flag flags[] = {
      AT(mp.max_interned_strings), .def = "65536", .json_name = "max_interned_strings",
      .flags = LMC_FF_ADDITION, .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = 16,
      .max = 16777216,
-     .help = "Distinct model names and cache salts the server keeps for stored objects; "
-             "a store naming a new one past this is refused."},
+     .help = "Distinct model names and cache salts the server keeps; past this, names no "
+             "object uses any more are evicted, and a store naming a new one is refused only "
+             "while every one is in use."},
     {.name = "max-queued-requests", .group = LMC_FG_MP, .kind = LMC_FK_INT,
      AT(mp.max_queued_requests), .def = "4096", .json_name = "max_queued_requests",
      .flags = LMC_FF_ADDITION, .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = 1,

@@ -15,7 +15,7 @@
 /* Reserved-but-unpublished writes, or handed-out reads, of one op key. */
 typedef struct ed_pending {
     uint64_t digest;          /* of the key range, tokens, rank and salt */
-    lmc_object_key *keys;     /* owned */
+    lmc_object_key *keys;     /* owned, each holding its string references */
     lmc_lease *leases;        /* WRITE leases (writes) or COPY leases (reads), owned */
     size_t n;
     struct ed_pending *next;
@@ -23,7 +23,7 @@ typedef struct ed_pending {
 
 typedef struct {
     int64_t instance_id;
-    const char *model;        /* interned */
+    const char *model;        /* interned, one reference held */
     uint32_t world_size;
     lmc_layout layout;
     char tag[40];             /* writer tag "ed:<instance_id>" */
@@ -49,6 +49,7 @@ typedef struct {
     lmc_ipc_key key;
     lmc_object_key *keys;     /* n, chunk order */
     size_t n;
+    size_t n_held;            /* keys filled, each holding its string references */
     uint64_t digest;
     bool registered;
     /* No object can have these keys: keys[] is not filled (a name never

@@ -64,6 +64,7 @@ static size_t count_pending(const ed_pending *p)
 
 static void free_pending(ed_pending *p)
 {
+    lmc_keys_drop(p->keys, p->n);
     free(p->keys);
     free(p->leases);
     free(p);
@@ -84,6 +85,7 @@ void lmc_ed_ctx_destroy(engine_mod *m, ed_ctx *c)
     }
     c->writes = c->reads = NULL;
     lmc_layout_registry_release(m->ctx->layouts, c->model, c->world_size);
+    lmc_intern_release(c->model);
     free(c);
 }
 
@@ -147,6 +149,7 @@ static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, bool store, cha
         if (krc < 0 && !lmc_key_interner_full(in))
             rc = LMC_HASH_ENOMEM;
         op->unknown_names = krc != 0;
+        op->n_held = krc == 0 ? op->n : 0;
     }
     if (rc == LMC_HASH_OK) {
         uint64_t d = fnv(1469598103934665603ULL, hashes, op->n * LMC_TOKEN_HASH_LEN);
@@ -173,11 +176,15 @@ static const char *resolve_error(int rc)
 void lmc_ed_op_free(ed_op *op)
 {
     lmc_ipc_key_free(&op->key);
+    if (op->keys)
+        lmc_keys_drop(op->keys, op->n_held);
     free(op->keys);
     op->keys = NULL;
+    op->n_held = 0;
 }
 
-/* Records `keys` (owned from here on success) and a copy of their leases
+/* Records `keys` (owned from here on success, with the string references
+ * they hold) and a copy of their leases
  * under (instance, op key); false if the instance's context is gone (or
  * memory ran out): the caller still holds the leases then. */
 static bool add_pending(engine_mod *m, const ed_op *op, lmc_object_key *keys,
@@ -315,9 +322,11 @@ static lmc_handler_result prepare_store(void *state, lmc_rpc_call *call)
             reserved[ok++] = op.keys[i];
         }
     }
+    lmc_keys_hold(reserved, ok); /* the pending entry outlives this request */
     if (ok && !add_pending(m, &op, reserved, granted, ok, true)) {
         /* Unregistered or reaped meanwhile: never publish. */
         lmc_storage_manager_give_back(m->ctx->storage, reserved, granted, ok);
+        lmc_keys_drop(reserved, ok);
         ok = 0;
     }
     if (ok == 0)
@@ -418,7 +427,7 @@ static lmc_handler_result prepare_retrieve(void *state, lmc_rpc_call *call)
     if (ok) {
         ok = add_pending(m, &op, op.keys, leases, op.n, false);
         if (ok)
-            op.keys = NULL;   /* now owned by the pending entry */
+            op.keys = NULL, op.n_held = 0;   /* now owned by the pending entry */
         else   /* no COMMIT_RETRIEVE will come for these: this reader is done */
             lmc_storage_manager_give_back(m->ctx->storage, op.keys, leases, op.n);
     }

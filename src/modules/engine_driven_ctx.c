@@ -132,10 +132,12 @@ static const char *create_ctx(engine_mod *m, const reg_payload *p)
                               ? "too many distinct model names and cache salts "
                                 "(--max-interned-strings)"
                               : "out of memory";
+        lmc_intern_release(c->model);
         free(c);
         return why;
     }
     if (lmc_layout_registry_acquire(m->ctx->layouts, c->model, c->world_size, &c->layout) != 0) {
+        lmc_intern_release(c->model);
         free(c);
         return "layout conflicts with another registration of this model and world size";
     }
@@ -145,6 +147,7 @@ static const char *create_ctx(engine_mod *m, const reg_payload *p)
     pthread_mutex_unlock(&m->lock);
     if (rc != 0) {
         lmc_layout_registry_release(m->ctx->layouts, c->model, c->world_size);
+        lmc_intern_release(c->model);
         free(c);
         return "out of memory";
     }

@@ -187,9 +187,22 @@ static void fill_keys(const lmc_ipc_key *k, const uint8_t *hashes, size_t n_chun
                 ok->object_group_id = g;
                 ok->model_name = model;
                 ok->cache_salt = salt;
+                ok->interned = 1;
             }
         }
     }
+}
+
+/* Fills `out`, gives every key its references and returns the two the
+ * interner handed out. */
+static void fill_held_keys(const lmc_ipc_key *k, const uint8_t *hashes, size_t n_chunks,
+                           uint32_t groups, const char *model, const char *salt,
+                           lmc_object_key *out)
+{
+    fill_keys(k, hashes, n_chunks, groups, model, salt, out);
+    lmc_keys_hold(out, n_chunks * groups * lmc_ipc_key_num_ranks(k));
+    lmc_intern_release(model);
+    lmc_intern_release(salt);
 }
 
 int lmc_ipc_key_object_keys(const lmc_ipc_key *k, const uint8_t *hashes, size_t n_chunks,
@@ -197,9 +210,11 @@ int lmc_ipc_key_object_keys(const lmc_ipc_key *k, const uint8_t *hashes, size_t 
 {
     const char *model = lmc_intern(in, k->model_name, k->model_len);
     const char *salt = model ? lmc_intern(in, k->cache_salt, k->salt_len) : NULL;
-    if (!model || !salt)
+    if (!model || !salt) {
+        lmc_intern_release(model);
         return -1;
-    fill_keys(k, hashes, n_chunks, groups, model, salt, out);
+    }
+    fill_held_keys(k, hashes, n_chunks, groups, model, salt, out);
     return 0;
 }
 
@@ -208,8 +223,10 @@ int lmc_ipc_key_object_keys_find(const lmc_ipc_key *k, const uint8_t *hashes, si
 {
     const char *model = lmc_intern_find(in, k->model_name, k->model_len);
     const char *salt = model ? lmc_intern_find(in, k->cache_salt, k->salt_len) : NULL;
-    if (!model || !salt)
+    if (!model || !salt) {
+        lmc_intern_release(model);
         return 1;
-    fill_keys(k, hashes, n_chunks, groups, model, salt, out);
+    }
+    fill_held_keys(k, hashes, n_chunks, groups, model, salt, out);
     return 0;
 }

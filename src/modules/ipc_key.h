@@ -64,14 +64,16 @@ static inline uint32_t lmc_ipc_key_num_ranks(const lmc_ipc_key *k)
 /* Builds the ObjectKeys of n_chunks chunks whose hashes are `hashes`
  * (32 bytes each, contiguous), for `groups` object groups and the key's
  * ranks, chunk-major (chunk -> group -> rank): out[(c*groups + g)*R + r].
- * Strings are interned in `in`.  `out` must hold n_chunks*groups*R keys.
+ * Strings are interned in `in`.  `out` must hold n_chunks*groups*R keys,
+ * each of which holds its references: give them back with lmc_keys_drop()
+ * (docs/storage.md, "Interned strings").
  * 0, or -1 when interning fails (no memory, or `in` is full). */
 int lmc_ipc_key_object_keys(const lmc_ipc_key *k, const uint8_t *hashes, size_t n_chunks,
                             uint32_t groups, lmc_key_interner *in, lmc_object_key *out);
 /* The same for a request that only reads or asks: the strings are looked
  * up, never interned (docs/storage.md, "Interned strings").  0, or 1 with
  * `out` untouched when the model name or salt was never interned: then no
- * object has these keys. */
+ * object has these keys.  Keys hold references as above. */
 int lmc_ipc_key_object_keys_find(const lmc_ipc_key *k, const uint8_t *hashes, size_t n_chunks,
                                  uint32_t groups, lmc_key_interner *in, lmc_object_key *out);
 

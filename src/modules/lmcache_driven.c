@@ -37,6 +37,7 @@ static void op_end(sd_mod *m, sd_op *op)
 {
     if (op->key_decoded)
         lmc_ipc_key_free(&op->key);
+    lmc_keys_drop(op->keys, op->n_keys);
     free(op->keys);
     free(op->ids);
     lmc_sd_put(m, op->c);
@@ -106,13 +107,17 @@ static int object_keys(sd_mod *m, sd_op *op, const uint8_t *hashes, uint32_t n_o
                        char *err, size_t errlen)
 {
     lmc_key_interner *in = m->ctx->interner;
-    if (!store)
-        return lmc_ipc_key_object_keys_find(&op->key, hashes, op->n, n_og, in, op->keys) == 0
-                   ? 0
-                   : (snprintf(err, errlen, "nothing is stored under this model name and "
-                                            "cache salt"), -1);
-    if (lmc_ipc_key_object_keys(&op->key, hashes, op->n, n_og, in, op->keys) == 0)
+    if (!store) {
+        if (lmc_ipc_key_object_keys_find(&op->key, hashes, op->n, n_og, in, op->keys) != 0)
+            return snprintf(err, errlen, "nothing is stored under this model name and "
+                                         "cache salt"), -1;
+        op->n_keys = op->n * n_og;
         return 0;
+    }
+    if (lmc_ipc_key_object_keys(&op->key, hashes, op->n, n_og, in, op->keys) == 0) {
+        op->n_keys = op->n * n_og;
+        return 0;
+    }
     if (lmc_key_interner_full(in))
         return snprintf(err, errlen, "too many distinct model names and cache salts "
                                      "(--max-interned-strings)"), -1;

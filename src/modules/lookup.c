@@ -44,6 +44,7 @@ typedef struct {
     const lmc_object_key *session_keys;   /* identity of the lock record extended */
     size_t l1_keys;                       /* its length before the extension */
     lmc_object_key *keys;                 /* copy of the prefetched keys */
+    size_t n_keys;                        /* of keys, each holding its string references */
     lmc_lease *leases;                    /* the READ leases the prefetch took */
     uint32_t per, readers;
     uint64_t *unit_sizes;                 /* per key of a chunk, or NULL (all one size) */
@@ -179,12 +180,13 @@ static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
     /* n: an L2 prefetch may extend the record */
     lmc_lease *leases = calloc(n, sizeof *leases);
     if (!leases) {
+        lmc_keys_drop(keys, n);
         free(keys);
         return 0;
     }
     size_t full = windowed(layout) ? lock_windowed(m, k, layout, keys, leases, n_chunks, per)
                                    : lock_prefix(m, k, keys, leases, n, per);
-    se->locks = (lmc_lookup_locks){.keys = keys, .leases = leases, .n = full,
+    se->locks = (lmc_lookup_locks){.keys = keys, .n_keys_held = n, .leases = leases, .n = full,
                                    .first_chunk = k->start / m->chunk_size,
                                    .keys_per_chunk = per, .readers = k->num_kv_readers};
     return (int64_t)(full / per);
@@ -195,6 +197,8 @@ static void l2_lookup_free(l2_lookup *p)
     free(p->unit_sizes);
     free(p->event);
     free(p->rid);
+    if (p->keys)
+        lmc_keys_drop(p->keys, p->n_keys); /* compaction moves keys of the same names */
     free(p->keys);
     free(p->leases);
     free(p);
@@ -300,6 +304,8 @@ static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint6
     memcpy(p->rid, k->request_id, k->request_id_len);
     p->rid[k->request_id_len] = '\0';
     memcpy(p->keys, l->keys + l->n, rest * sizeof *p->keys);
+    lmc_keys_hold(p->keys, rest); /* the prefetch may outlive the lock record */
+    p->n_keys = rest;
     p->m = m;
     p->rid_len = k->request_id_len;
     p->job_id = id;

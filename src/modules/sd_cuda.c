@@ -49,6 +49,7 @@ static void complete(sd_mod *m, sd_completion *w)
         lmc_event_bus_publish(m->ctx->events, w->event, w->sid, w->meta);
     else
         json_decref(w->meta);
+    lmc_keys_drop(w->keys, w->n);
     free(w->keys);
     free(w->leases);
     free(w);
@@ -331,6 +332,7 @@ static sd_completion *completion(sd_mod *m, const sd_op *op, const lmc_object_ke
         return NULL;
     }
     memcpy(w->keys, keys, n * sizeof *keys);
+    lmc_keys_hold(w->keys, n); /* the completion outlives the request */
     memcpy(w->leases, leases, n * sizeof *leases);
     if (event && m->ctx->events)
         w->meta = lmc_transfer_meta(&op->key, op->c->instance_id, "cuda", chunks, bytes, w->sid,

@@ -52,7 +52,7 @@ typedef struct sd_cuda_ctx {
 typedef struct sd_ctx {
     int64_t instance_id;
     atomic_int refs;
-    const char *model;           /* interned; NULL until known (2-frame REGISTER) */
+    const char *model;           /* interned, one reference held; NULL until known (2-frame REGISTER) */
     uint32_t world_size;
     bool layout_held;            /* a layout registry reference is ours */
     lmc_layout layout;
@@ -90,6 +90,7 @@ typedef struct {
     bool key_decoded;
     size_t n;                  /* chunks */
     lmc_object_key *keys;      /* n * n_og, chunk-major */
+    size_t n_keys;             /* keys built, each holding its references */
     int64_t *ids;              /* every block id list, back to back */
     size_t offs[LMC_KV_MAX_KERNEL_GROUPS];   /* where list g starts in ids */
     uint8_t *arena;

@@ -296,6 +296,7 @@ static void ctx_destroy(sd_mod *m, sd_ctx *c)
     free(c->bases);
     free(c->maps);
     lmc_kv_plan_free(&c->plan);
+    lmc_intern_release(c->model);
     free(c);
 }
 

@@ -29,6 +29,8 @@ static int64_t now_ms(lmc_sessions *s)
 
 void lmc_lookup_locks_clear(lmc_lookup_locks *l)
 {
+    if (l->keys)
+        lmc_keys_drop(l->keys, l->n_keys_held);
     free(l->keys);
     free(l->leases);
     *l = (lmc_lookup_locks){0};

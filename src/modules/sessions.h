@@ -31,6 +31,7 @@
  * the load gives that key's lease back on arrival (docs/l2.md). */
 typedef struct {
     lmc_object_key *keys;
+    size_t n_keys_held;        /* keys[0..n_keys_held) hold string references */
     lmc_lease *leases;
     size_t n;
     size_t pending;

@@ -18,11 +18,14 @@ typedef struct {
     size_t n_chunks, per, n_keys;
     size_t row_bytes;          /* one token of one rank: hidden_dim * itemsize */
     lmc_object_key *keys;
+    size_t n_held;             /* keys holding their string references */
     lmc_lease *held;           /* lock_hits: READ leases of the hit run */
 } kv_plan;
 
 static void plan_free(kv_plan *p)
 {
+    if (p->keys)
+        lmc_keys_drop(p->keys, p->n_held);
     free(p->keys);
     free(p->held);
 }
@@ -71,6 +74,8 @@ static int plan(lmc_module_ctx *ctx, const lmc_kv_request *rq, bool store, kv_pl
                     : lmc_ipc_key_object_keys_find(&k, hashes, p->n_chunks, 1, ctx->interner,
                                                    p->keys);
     free(hashes);
+    if (rc == LMC_HASH_OK && krc == 0)
+        p->n_held = p->n_keys;
     if (krc > 0)
         p->n_keys = 0;
     if (krc < 0 && lmc_key_interner_full(ctx->interner)) {

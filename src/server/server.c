@@ -214,10 +214,12 @@ json_t *lmc_server_report_status(lmc_server *s)
         json_object_set_new(status, "storage_manager", sm);
     }
     json_object_set_new(status, "interner",
-                        json_pack("{s:I, s:I, s:I}", "strings",
+                        json_pack("{s:I, s:I, s:I, s:I}", "strings",
                                   (json_int_t)lmc_key_interner_count(s->ctx.interner), "max",
                                   (json_int_t)cfg->mp.max_interned_strings, "refused",
-                                  (json_int_t)lmc_key_interner_refused(s->ctx.interner)));
+                                  (json_int_t)lmc_key_interner_refused(s->ctx.interner),
+                                  "evicted",
+                                  (json_int_t)lmc_key_interner_evicted(s->ctx.interner)));
     json_object_set_new(status, "is_healthy", json_boolean(healthy));
     return status;
 }

@@ -138,13 +138,18 @@ static int decode_encoded_key(lmc_server *s, const json_t *o, lmc_object_key *k,
         return snprintf(why, whylen, "kv_rank and object_group_id must be u32 integers"), -1;
     k->kv_rank = (uint32_t)json_integer_value(rank_j);
     k->object_group_id = group_j ? (uint32_t)json_integer_value(group_j) : 0;
-    k->model_name = lmc_intern_find(s->ctx.interner, model, strlen(model));
-    k->cache_salt = lmc_intern_find(s->ctx.interner, salt, strlen(salt));
-    *l1 = k->model_name && k->cache_salt;
-    if (!k->model_name)
+    /* Names never interned name no L1 object; the L2 part then reads the
+     * body's own strings (the key is not `interned`, so holds nothing). */
+    const char *m_in = lmc_intern_find(s->ctx.interner, model, strlen(model));
+    const char *s_in = m_in ? lmc_intern_find(s->ctx.interner, salt, strlen(salt)) : NULL;
+    *l1 = m_in && s_in;
+    if (*l1) {
+        lmc_object_key_set_strings(k, m_in, s_in); /* dropped after the request */
+    } else {
+        lmc_intern_release(m_in);
         k->model_name = model;
-    if (!k->cache_salt)
         k->cache_salt = salt;
+    }
     return 0;
 }
 
@@ -175,6 +180,7 @@ static json_t *http_objects_remove(void *user, const json_t *body, unsigned *sta
         bool known;
         if (decode_encoded_key(s, json_array_get(keys_j, i), &keys[i], &known, why,
                                sizeof why) != 0) {
+            lmc_keys_drop(keys, i);
             free(keys);
             free(l1_keys);
             *status = 400;
@@ -189,6 +195,7 @@ static json_t *http_objects_remove(void *user, const json_t *body, unsigned *sta
         lmc_storage_manager_delete(s->ctx.storage, l1_keys, n_l1, force, &deleted, &skipped);
     if (l2)
         deleted += lmc_storage_manager_l2_delete(s->ctx.storage, a, keys, n);
+    lmc_keys_drop(keys, n); /* l1_keys borrowed these */
     free(keys);
     free(l1_keys);
     return json_pack("{s:I, s:I, s:b}", "deleted", (json_int_t)deleted, "skipped",

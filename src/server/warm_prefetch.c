@@ -17,6 +17,7 @@ typedef struct job {
     bool done;
     size_t found, total;
     lmc_object_key *keys;      /* the keys sent to L2 (their locks are released at done) */
+    size_t n_keys;             /* of keys, each holding its string references */
     lmc_lease *leases;         /* the READ leases L2 took for them */
     size_t n_l2, per;
     struct lmc_warm_prefetch *owner;
@@ -43,6 +44,15 @@ lmc_warm_prefetch *lmc_warm_prefetch_new(lmc_module_ctx *ctx)
     return w;
 }
 
+static void free_job(job *j)
+{
+    if (j->keys)
+        lmc_keys_drop(j->keys, j->n_keys);
+    free(j->keys);
+    free(j->leases);
+    free(j);
+}
+
 void lmc_warm_prefetch_free(lmc_warm_prefetch *w)
 {
     if (!w)
@@ -53,9 +63,7 @@ void lmc_warm_prefetch_free(lmc_warm_prefetch *w)
     pthread_mutex_unlock(&w->lock);
     for (job *j = w->jobs, *next; j; j = next) {
         next = j->next;
-        free(j->keys);
-        free(j->leases);
-        free(j);
+        free_job(j);
     }
     pthread_mutex_destroy(&w->lock);
     pthread_cond_destroy(&w->idle);
@@ -204,6 +212,8 @@ static bool start_l2(lmc_warm_prefetch *w, job *j, lmc_object_key *keys, size_t 
     if (!j->keys || !j->leases)
         return false;   /* the job's owner frees both */
     memcpy(j->keys, keys + l1_keys, rest * sizeof *j->keys);
+    lmc_keys_hold(j->keys, rest); /* the job outlives the request */
+    j->n_keys = rest;
     lmc_storage_l2_request req = {
         .keys = j->keys, .leases = j->leases, .n = rest, .keys_per_unit = (uint32_t)j->per,
         .object_size = l->object_size, .readers = 1, .retain = true,
@@ -245,6 +255,8 @@ json_t *lmc_warm_prefetch_submit(lmc_warm_prefetch *w, const json_t *body, unsig
     lmc_object_key *keys = expand(w, &r, &layout, n_chunks, &n);
     job *j = keys ? new_job(w) : NULL;
     if (!j) {
+        if (keys)
+            lmc_keys_drop(keys, n);
         free(keys);
         fail(status, 500, err, errlen, "out of memory");
         goto out;
@@ -263,6 +275,7 @@ json_t *lmc_warm_prefetch_submit(lmc_warm_prefetch *w, const json_t *body, unsig
         j->done = true;
         add_job(w, j, false);
     }
+    lmc_keys_drop(keys, n);
     free(keys);
     *status = 202;
     reply = json_pack("{s:s, s:I, s:s}", "request_id", j->id, "chunks", (json_int_t)n_chunks,
@@ -295,11 +308,8 @@ json_t *lmc_warm_prefetch_query(lmc_warm_prefetch *w, const char *request_id, un
         break;
     }
     pthread_mutex_unlock(&w->lock);
-    if (gone) {
-        free(gone->keys);
-        free(gone->leases);
-        free(gone);
-    }
+    if (gone)
+        free_job(gone);
     if (!reply)
         fail(status, 404, err, errlen, "unknown prefetch request id");
     return reply;

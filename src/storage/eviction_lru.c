@@ -17,7 +17,8 @@
  *     hash length) is shared by the many chunks of a prompt, so it is kept
  *     once per distinct combination (a "scope", reference counted) and a
  *     node holds its index.  A scope keeps the exact pointers of the keys
- *     that created it, so a victim comes out as the key that went in;
+ *     that created it, so a victim comes out as the key that went in, and
+ *     holds one reference on its interned names while it lives;
  *   - the index is chained through the nodes (one 32-bit head per bucket).
  * Lookups compare whole keys with lmc_object_key_equal, as any key table
  * does, so keys match exactly as they did with one. */
@@ -52,6 +53,7 @@ typedef struct lru_scope {
     uint32_t refs;           /* nodes naming it; 0: on the free list */
     uint32_t next_free;
     uint8_t chunk_hash_len;
+    uint8_t interned;        /* the keys' names hold references (object_key.h) */
 } lru_scope;
 
 typedef struct lru_policy {
@@ -96,6 +98,7 @@ static void node_key(const lru_policy *lru, const lru_node *node, lmc_object_key
     out->object_group_id = s->object_group_id;
     out->model_name = s->model_name;
     out->cache_salt = s->cache_salt;
+    out->interned = s->interned;
 }
 
 /* ---- scopes --------------------------------------------------------------- */
@@ -194,7 +197,9 @@ static uint32_t add_scope(lru_policy *lru, const lmc_object_key *key)
         .refs = 0,
         .next_free = NIL,
         .chunk_hash_len = key->chunk_hash_len,
+        .interned = key->interned,
     };
+    lmc_keys_hold(key, 1); /* the scope outlives the event that made it */
     lru->scope_slots[scope_slot(lru, key)] = id;
     lru->live_scopes++;
     return id;
@@ -234,6 +239,9 @@ static void release_scope(lru_policy *lru, uint32_t id)
         }
     }
     lru->scope_slots[hole] = NIL;
+    lmc_object_key names = {.model_name = s->model_name, .cache_salt = s->cache_salt,
+                            .interned = s->interned};
+    lmc_keys_drop(&names, 1);
     s->next_free = lru->free_scope;
     lru->free_scope = id;
     lru->live_scopes--;
@@ -476,7 +484,8 @@ static size_t lru_select(lmc_eviction_policy *p, size_t max, lmc_evictable_fn ev
         node_key(lru, node_at(lru, i), &key);
         lmc_l1_evictability verdict = evictable(user, &key);
         if (verdict == LMC_L1_EVICTABLE) {
-            out[found++] = key;
+            out[found] = key;
+            lmc_keys_hold(&out[found++], 1); /* its node may go before the caller is done */
         } else if (verdict == LMC_L1_GONE) {
             forget(lru, link_to(lru, i));
         }
@@ -497,6 +506,13 @@ static size_t lru_tracked(lmc_eviction_policy *p)
 static void lru_destroy(lmc_eviction_policy *p)
 {
     lru_policy *lru = as_lru(p);
+    for (uint32_t i = 0; i < lru->num_scopes; i++) {
+        const lru_scope *sc = &lru->scopes[i];
+        lmc_object_key names = {.model_name = sc->model_name, .cache_salt = sc->cache_salt,
+                                .interned = sc->interned};
+        if (sc->refs > 0)
+            lmc_keys_drop(&names, 1);
+    }
     for (size_t i = 0; i < lru->num_slabs; i++)
         free(lru->slabs[i]);
     free(lru->slabs);

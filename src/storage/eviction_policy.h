@@ -28,7 +28,8 @@ typedef struct lmc_eviction_policy_ops {
     void (*on_keys_added)(lmc_eviction_policy *p, const lmc_object_key *keys, size_t n);
     void (*on_keys_accessed)(lmc_eviction_policy *p, const lmc_object_key *keys, size_t n);
     void (*on_keys_removed)(lmc_eviction_policy *p, const lmc_object_key *keys, size_t n);
-    /* Up to `max` victims into out[]; returns how many. */
+    /* Up to `max` victims into out[]; returns how many.  Each holds its
+     * string references (object_key.h): the caller drops them. */
     size_t (*select_victims)(lmc_eviction_policy *p, size_t max, lmc_evictable_fn evictable,
                              void *user, lmc_object_key *out);
     size_t (*num_tracked)(lmc_eviction_policy *p);

@@ -81,6 +81,7 @@ void l1_retire(lmc_l1_manager *m, const lmc_object_key *key, char *tag, const l1
     if (m->num_retired == 0 || rec->lock.expiry_ms < m->retired_due_ms)
         m->retired_due_ms = rec->lock.expiry_ms;
     m->retired[m->num_retired++] = (l1_retired){*key, tag, *rec};
+    lmc_keys_hold(key, 1); /* the entry naming it may go first */
     m->retired_bytes += l1_rec_size(m, rec);
 }
 
@@ -91,6 +92,7 @@ void l1_free_retired(lmc_l1_manager *m, size_t i, uint32_t lapsed)
     l1_free_buffer(m, &r->rec);
     m->retired_bytes -= l1_rec_size(m, &r->rec);
     free(r->tag);
+    lmc_keys_drop(&r->key, 1);
     *r = m->retired[--m->num_retired];
 }
 

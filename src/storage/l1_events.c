@@ -56,6 +56,9 @@ void l1_event_commit(lmc_l1_manager *m, l1_event *ev)
         free(ev);
         return;
     }
+    /* The event outlives the call: its copies hold the names until
+     * delivered (the caller's keys hold them until here). */
+    lmc_keys_hold(ev->keys, ev->n);
     if (m->queue_tail)
         m->queue_tail->next = ev;
     else
@@ -80,6 +83,7 @@ static void deliver(l1_event *batch, const l1_listener *listeners, size_t num)
         l1_event *next = batch->next;
         for (size_t i = 0; i < num; i++)
             listeners[i].fn(listeners[i].user, batch->kind, batch->keys, batch->n);
+        lmc_keys_drop(batch->keys, batch->n);
         free(batch);
         batch = next;
     }

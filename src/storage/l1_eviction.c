@@ -101,12 +101,12 @@ static size_t evict_victims(lmc_l1_eviction *e, size_t target)
     lmc_object_key *victims = malloc(target * sizeof(*victims));
     lmc_l1_result *results = malloc(target * sizeof(*results));
     lmc_l1_object_age *ages = e->opts.on_evicted ? malloc(target * sizeof(*ages)) : NULL;
-    size_t evicted = 0;
+    size_t evicted = 0, n = 0;
     if (!victims || !results || (e->opts.on_evicted && !ages)) {
         LMC_WARN("L1 eviction: out of memory for %zu victims", target);
         goto out;
     }
-    size_t n = e->policy->ops->select_victims(e->policy, target, ask_l1, e->l1, victims);
+    n = e->policy->ops->select_victims(e->policy, target, ask_l1, e->l1, victims);
     if (n == 0 || lmc_l1_manager_delete_aged(e->l1, victims, n, false, ages, results) != 0)
         goto out;
     for (size_t i = 0; i < n; i++)
@@ -114,6 +114,8 @@ static size_t evict_victims(lmc_l1_eviction *e, size_t target)
     if (ages)
         report_evicted(e, victims, ages, results, n);
 out:
+    if (victims)
+        lmc_keys_drop(victims, n);
     free(victims);
     free(results);
     free(ages);

@@ -33,6 +33,7 @@ static l1_entry *find_or_create_entry(lmc_l1_manager *m, const lmc_object_key *k
         free(e);
         return NULL;
     }
+    lmc_keys_hold(&e->key, 1);
     return e;
 }
 
@@ -43,6 +44,7 @@ static bool drop_entry_if_empty(lmc_l1_manager *m, l1_entry *e)
     if (e->object.resident || e->staging)
         return false;
     lmc_key_table_remove(&m->entries, &e->key);
+    lmc_keys_drop(&e->key, 1);
     free(e);
     return true;
 }
@@ -249,14 +251,18 @@ void lmc_l1_manager_free(lmc_l1_manager *m)
             free(s->tag);
             free(s);
         }
+        lmc_keys_drop(&e->key, 1);
         free(e);
     }
     lmc_key_table_destroy(&m->entries);
-    for (size_t i = 0; i < m->num_retired; i++)
+    for (size_t i = 0; i < m->num_retired; i++) {
+        lmc_keys_drop(&m->retired[i].key, 1);
         free(m->retired[i].tag);
+    }
     free(m->retired);
     for (l1_event *ev = m->queue_head, *next; ev; ev = next) {
         next = ev->next;
+        lmc_keys_drop(ev->keys, ev->n);
         free(ev);
     }
     lmc_l1_alloc_destroy(m->alloc);
@@ -740,10 +746,8 @@ int lmc_l1_manager_delete_aged(lmc_l1_manager *m, const lmc_object_key *keys, si
 }
 
 /* Returns true if the key should be reported as deleted. */
-static bool clear_one(lmc_l1_manager *m, l1_entry *e, bool force, int64_t now,
-                      lmc_object_key *key_out)
+static bool clear_one(lmc_l1_manager *m, l1_entry *e, bool force, int64_t now)
 {
-    *key_out = e->key;
     bool freed_resident = false;
     reclaim_staging(m, e, now, force);
     if (e->object.resident && (force || !lmc_ttl_lock_held(&e->object.lock, now))) {
@@ -787,14 +791,24 @@ long lmc_l1_manager_clear(lmc_l1_manager *m, bool force)
     long deleted = 0;
     l1_begin_deferred_frees(m, m->num_objects + m->num_staging);
     for (size_t i = 0; i < k; i++) {
-        lmc_object_key key;
-        if (clear_one(m, all[i], force, now, &key)) {
+        /* The entry, and its references, may go: the event's copy keeps
+         * the names alive, with one of its own until the commit takes the
+         * event's (docs/storage.md, "Interned strings"). */
+        lmc_object_key key = all[i]->key;
+        lmc_keys_hold(&key, 1);
+        bool gone = clear_one(m, all[i], force, now);
+        if (gone) {
             l1_event_add(m, ev, &key);
             deleted++;
         }
+        if (!gone || !ev)
+            lmc_keys_drop(&key, 1);
     }
     l1_end_deferred_frees(m);
+    size_t copies = ev ? ev->n : 0;
     l1_event_commit(m, ev);
+    if (copies) /* queued, not yet delivered: the mutex is still held */
+        lmc_keys_drop(ev->keys, copies);
     l1_unlock_and_dispatch(m);
     free(all);
     return deleted;

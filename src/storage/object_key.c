@@ -10,6 +10,8 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -17,21 +19,34 @@
 
 /* ---- Interning ---------------------------------------------------------- */
 
+/* One interned string: its reference count and table hash sit just before
+ * the characters, so a key's `const char *` finds them without a lookup
+ * (docs/storage.md, "Interned strings"). */
+typedef struct interned_str {
+    _Atomic uint64_t refs;
+    lmc_key_interner *owner;
+    uint64_t hash;
+    size_t len;
+    char chars[];
+} interned_str;
+
+static interned_str *str_header(const char *s)
+{
+    return (interned_str *)(void *)((char *)(uintptr_t)s - offsetof(interned_str, chars));
+}
+
 /* Open-addressing hash set of owned strings.  Each string is a separate
  * allocation, so growing the slot array never moves a returned pointer. */
-typedef struct {
-    char *str; /* NULL = empty slot */
-    size_t len;
-    uint64_t hash;
-} intern_slot;
-
 struct lmc_key_interner {
     pthread_mutex_t mu;
-    intern_slot *slots;
-    size_t cap; /* power of two */
+    interned_str **slots; /* NULL = empty slot */
+    size_t cap;           /* power of two */
     size_t count;
-    size_t max_strings; /* 0: no bound */
-    uint64_t refused;
+    size_t max_strings; /* 0: no bound, never evicts */
+    uint64_t refused, evicted;
+    /* Strings whose count fell to zero since the last sweep: a full
+     * interner sweeps only when one may be there to evict. */
+    _Atomic uint64_t released;
 };
 
 #define INTERN_INITIAL_CAP 64
@@ -72,34 +87,42 @@ void lmc_key_interner_free(lmc_key_interner *in)
     if (!in)
         return;
     for (size_t i = 0; i < in->cap; i++)
-        free(in->slots[i].str);
+        free(in->slots[i]);
     free(in->slots);
     pthread_mutex_destroy(&in->mu);
     free(in);
 }
 
 /* Slot holding (s, len), or the empty slot where it would go. */
-static intern_slot *find_slot(intern_slot *slots, size_t cap, const char *s, size_t len,
-                              uint64_t hash)
+static interned_str **find_slot(interned_str **slots, size_t cap, const char *s, size_t len,
+                                uint64_t hash)
 {
     size_t i = (size_t)hash & (cap - 1);
     for (;; i = (i + 1) & (cap - 1)) {
-        intern_slot *sl = &slots[i];
-        if (!sl->str || (sl->hash == hash && sl->len == len && memcmp(sl->str, s, len) == 0))
-            return sl;
+        interned_str *is = slots[i];
+        if (!is || (is->hash == hash && is->len == len && memcmp(is->chars, s, len) == 0))
+            return &slots[i];
     }
 }
 
-static bool grow(lmc_key_interner *in)
+/* Moves every string for which `keep` holds into a fresh array of `cap`
+ * slots and frees the others.  The old array goes only on success. */
+static bool rehash(lmc_key_interner *in, size_t cap, bool evict_unreferenced)
 {
-    size_t cap = in->cap * 2;
-    intern_slot *slots = calloc(cap, sizeof *slots);
+    interned_str **slots = calloc(cap, sizeof *slots);
     if (!slots)
         return false;
     for (size_t i = 0; i < in->cap; i++) {
-        const intern_slot *old = &in->slots[i];
-        if (old->str)
-            *find_slot(slots, cap, old->str, old->len, old->hash) = *old;
+        interned_str *is = in->slots[i];
+        if (!is)
+            continue;
+        if (evict_unreferenced && atomic_load_explicit(&is->refs, memory_order_acquire) == 0) {
+            free(is);
+            in->count--;
+            in->evicted++;
+            continue;
+        }
+        *find_slot(slots, cap, is->chars, is->len, is->hash) = is;
     }
     free(in->slots);
     in->slots = slots;
@@ -107,42 +130,54 @@ static bool grow(lmc_key_interner *in)
     return true;
 }
 
-/* A full bounded interner refuses the string; logged at each power of
- * two refusals, so a flood of new names cannot flood the log. */
+/* A full interner first evicts the strings nothing references (no key
+ * anywhere names them: docs/storage.md, "Interned strings"), then refuses
+ * when that freed nothing; refusals are logged at each power of two of
+ * their count, so a flood of new names cannot flood the log. */
 static bool refuse_locked(lmc_key_interner *in)
 {
     if (!in->max_strings || in->count < in->max_strings)
         return false;
+    if (atomic_exchange_explicit(&in->released, 0, memory_order_acq_rel) > 0)
+        rehash(in, in->cap, true);
+    if (in->count < in->max_strings)
+        return false;
     uint64_t n = ++in->refused;
     if ((n & (n - 1)) == 0)
-        LMC_WARN("interned strings: %zu held, the maximum; %llu new model names or cache salts "
-                 "refused so far (--max-interned-strings)",
+        LMC_WARN("interned strings: %zu held and all in use, the maximum; %llu new model names "
+                 "or cache salts refused so far (--max-interned-strings)",
                  in->count, (unsigned long long)in->refused);
     return true;
 }
 
-/* Caller holds in->mu. */
+/* Caller holds in->mu.  The string comes with one reference. */
 static const char *intern_locked(lmc_key_interner *in, const char *s, size_t len, uint64_t hash)
 {
-    intern_slot *sl = find_slot(in->slots, in->cap, s, len, hash);
-    if (sl->str)
-        return sl->str;
+    interned_str **sl = find_slot(in->slots, in->cap, s, len, hash);
+    if (*sl) {
+        atomic_fetch_add_explicit(&(*sl)->refs, 1, memory_order_relaxed);
+        return (*sl)->chars;
+    }
     if (refuse_locked(in))
         return NULL;
     /* Keep the load factor <= 1/2 so probe runs stay short. */
     if (2 * (in->count + 1) > in->cap) {
-        if (!grow(in))
+        if (!rehash(in, in->cap * 2, false))
             return NULL;
-        sl = find_slot(in->slots, in->cap, s, len, hash);
     }
-    char *copy = malloc(len + 1);
-    if (!copy)
+    sl = find_slot(in->slots, in->cap, s, len, hash); /* a sweep or growth moved it */
+    interned_str *is = malloc(sizeof *is + len + 1);
+    if (!is)
         return NULL;
-    memcpy(copy, s, len);
-    copy[len] = '\0';
-    *sl = (intern_slot){.str = copy, .len = len, .hash = hash};
+    atomic_init(&is->refs, 1);
+    is->owner = in;
+    is->hash = hash;
+    is->len = len;
+    memcpy(is->chars, s, len);
+    is->chars[len] = '\0';
+    *sl = is;
     in->count++;
-    return copy;
+    return is->chars;
 }
 
 const char *lmc_intern(lmc_key_interner *in, const char *s, size_t len)
@@ -158,9 +193,80 @@ const char *lmc_intern_find(lmc_key_interner *in, const char *s, size_t len)
 {
     const uint64_t hash = fnv1a(s, len);
     pthread_mutex_lock(&in->mu);
-    const char *r = find_slot(in->slots, in->cap, s, len, hash)->str;
+    interned_str *is = *find_slot(in->slots, in->cap, s, len, hash);
+    if (is)
+        atomic_fetch_add_explicit(&is->refs, 1, memory_order_relaxed);
     pthread_mutex_unlock(&in->mu);
-    return r;
+    return is ? is->chars : NULL;
+}
+
+/* The sweep reads a count under the interner's lock; a reference is only
+ * ever taken from another one (a key copied from a key that holds its
+ * own) or under that lock, so a count seen at zero stays zero. */
+static void str_add(const char *s, uint64_t n)
+{
+    atomic_fetch_add_explicit(&str_header(s)->refs, n, memory_order_relaxed);
+}
+
+static void str_sub(const char *s, uint64_t n)
+{
+    interned_str *is = str_header(s);
+    /* Read before the count falls: at zero a sweep may free `is` at once. */
+    lmc_key_interner *owner = is->owner;
+    if (atomic_fetch_sub_explicit(&is->refs, n, memory_order_acq_rel) == n)
+        atomic_fetch_add_explicit(&owner->released, 1, memory_order_relaxed);
+}
+
+void lmc_intern_release(const char *s)
+{
+    if (s)
+        str_sub(s, 1);
+}
+
+/* Adds or subtracts one reference per counted key, summing runs of keys
+ * that share a string so a batch of one request's keys costs two atomic
+ * operations, not two per key. */
+static void keys_adjust(const lmc_object_key *keys, size_t n, void (*op)(const char *, uint64_t))
+{
+    const char *model = NULL, *salt = NULL;
+    uint64_t model_run = 0, salt_run = 0;
+    for (size_t i = 0; i < n; i++) {
+        const lmc_object_key *k = &keys[i];
+        if (!k->interned)
+            continue;
+        if (k->model_name != model) {
+            if (model_run)
+                op(model, model_run);
+            model = k->model_name, model_run = 0;
+        }
+        if (k->cache_salt != salt) {
+            if (salt_run)
+                op(salt, salt_run);
+            salt = k->cache_salt, salt_run = 0;
+        }
+        model_run++, salt_run++;
+    }
+    if (model_run)
+        op(model, model_run);
+    if (salt_run)
+        op(salt, salt_run);
+}
+
+void lmc_keys_hold(const lmc_object_key *keys, size_t n)
+{
+    keys_adjust(keys, n, str_add);
+}
+
+void lmc_keys_drop(const lmc_object_key *keys, size_t n)
+{
+    keys_adjust(keys, n, str_sub);
+}
+
+void lmc_object_key_set_strings(lmc_object_key *k, const char *model, const char *salt)
+{
+    k->model_name = model;
+    k->cache_salt = salt;
+    k->interned = 1;
 }
 
 size_t lmc_key_interner_count(lmc_key_interner *in)
@@ -183,6 +289,14 @@ uint64_t lmc_key_interner_refused(lmc_key_interner *in)
 {
     pthread_mutex_lock(&in->mu);
     uint64_t n = in->refused;
+    pthread_mutex_unlock(&in->mu);
+    return n;
+}
+
+uint64_t lmc_key_interner_evicted(lmc_key_interner *in)
+{
+    pthread_mutex_lock(&in->mu);
+    uint64_t n = in->evicted;
     pthread_mutex_unlock(&in->mu);
     return n;
 }
@@ -373,16 +487,21 @@ static int build_key(lmc_key_interner *in, span model, const key_fields *kf, lmc
     if (!lmc_model_name_valid(model.p, model.len))
         return -1;
     const char *m = lmc_intern(in, model.p, model.len);
-    const char *salt = lmc_intern(in, kf->salt.p, kf->salt.len);
-    if (!m || !salt)
+    const char *salt = m ? lmc_intern(in, kf->salt.p, kf->salt.len) : NULL;
+    if (!m || !salt) {
+        lmc_intern_release(m);
         return -1;
+    }
     memset(out, 0, sizeof *out);
     memcpy(out->chunk_hash, kf->hash, kf->hash_len);
     out->chunk_hash_len = kf->hash_len;
     out->kv_rank = kf->kv_rank;
     out->object_group_id = kf->group;
-    out->model_name = m;
-    out->cache_salt = salt;
+    lmc_object_key_set_strings(out, m, salt); /* the key takes both references */
+    /* Names of an interner without a bound live as long as it does, so
+     * its keys count nothing: a copy may outlive such an interner (an L2
+     * adapter's) and must not touch it then. */
+    out->interned = in->max_strings != 0;
     return 0;
 }
 

@@ -4,9 +4,11 @@
  *   (chunk_hash, model_name, kv_rank, object_group_id, cache_salt)
  *
  * Keys are small fixed-size values so they can live inside hash tables.
- * The two strings are borrowed: they point at interned strings (see
- * lmc_key_interner) that stay valid for the interner's lifetime, so copying a
- * key is a plain struct copy. */
+ * The two strings point at interned strings (see lmc_key_interner).  A key
+ * built from an interner (`interned` set) counts as one reference on each of
+ * its strings wherever it is kept: a copy that outlives the key it was
+ * copied from takes its own with lmc_keys_hold() and gives it back with
+ * lmc_keys_drop(); a copy that lives no longer than its source borrows. */
 #ifndef LMC_STORAGE_OBJECT_KEY_H
 #define LMC_STORAGE_OBJECT_KEY_H
 
@@ -24,6 +26,7 @@
 typedef struct lmc_object_key {
     uint8_t chunk_hash[LMC_CHUNK_HASH_MAX];
     uint8_t chunk_hash_len;       /* 32 for blake3/sha256_cbor */
+    uint8_t interned;             /* strings from an interner: references count */
     uint32_t kv_rank;             /* packed, see lmc_kv_rank_pack() */
     uint32_t object_group_id;
     const char *model_name;       /* interned, never NULL */
@@ -68,33 +71,53 @@ static inline uint64_t lmc_object_key_hash(const lmc_object_key *k)
 }
 
 /* ---- Interning (thread-safe) -------------------------------------------
- * Strings are never freed before the interner: every copy of a key anywhere
- * (L1 entries, eviction scopes, the L2 queues, telemetry) may compare its
- * pointers.  What bounds the memory instead (docs/storage.md, "Interned
- * strings"): names are at most LMC_MODEL_NAME_MAX / LMC_CACHE_SALT_MAX
- * bytes, paths that only ask about a name use lmc_intern_find(), which
- * never inserts, and a bounded interner refuses new strings past its
- * maximum count. */
+ * Model names and cache salts come from clients, so what the server keeps
+ * of them is bounded (docs/storage.md, "Interned strings"): names are at
+ * most LMC_MODEL_NAME_MAX / LMC_CACHE_SALT_MAX bytes, paths that only ask
+ * about a name use lmc_intern_find(), which never inserts, and a bounded
+ * interner holds at most its maximum count: when full it evicts the
+ * strings no key references any more, and refuses a new string only when
+ * every string it holds is in use.  References: lmc_intern() and
+ * lmc_intern_find() return a string with one reference for the caller
+ * (give it back with lmc_intern_release(), or hand it to a key with
+ * lmc_object_key_set_strings()); every key kept anywhere holds one
+ * reference per string.  An interner without a bound never evicts, so its
+ * users may ignore references. */
 typedef struct lmc_key_interner lmc_key_interner;
 
 /* An interner without a bound on its count (what it holds is bounded by
  * its owner, e.g. the objects an L2 adapter stores). */
 lmc_key_interner *lmc_key_interner_new(void);
-/* One that refuses a new string once it holds `max_strings` (0: none). */
+/* One that holds at most `max_strings` (0: no bound), evicting unreferenced
+ * strings to make room. */
 lmc_key_interner *lmc_key_interner_new_bounded(size_t max_strings);
 void lmc_key_interner_free(lmc_key_interner *in);
-/* Returns a pointer, stable until the interner is freed, to a copy of `s`
- * (length `len`, need not be NUL-terminated).  NULL on allocation failure
- * or when a bounded interner is full and `s` is new. */
+/* A copy of `s` (length `len`, need not be NUL-terminated) with one
+ * reference for the caller, stable while referenced (and, in an interner
+ * without a bound, until the interner is freed).  NULL on allocation
+ * failure or when a bounded interner is full of strings in use and `s` is
+ * new. */
 const char *lmc_intern(lmc_key_interner *in, const char *s, size_t len);
-/* The interned copy of `s`, or NULL when it was never interned (so no key
- * built through this interner names it).  Never inserts. */
+/* The interned copy of `s` with one reference for the caller, or NULL when
+ * it is not interned (so no key built through this interner names it).
+ * Never inserts. */
 const char *lmc_intern_find(lmc_key_interner *in, const char *s, size_t len);
-/* Strings held, and new strings refused because the interner was full. */
+/* Gives back one reference that lmc_intern*() returned.  NULL is ignored. */
+void lmc_intern_release(const char *s);
+/* Sets both strings of `k` and marks it interned; the key takes over one
+ * reference on each (what lmc_intern*() returned, or lmc_keys_hold()). */
+void lmc_object_key_set_strings(lmc_object_key *k, const char *model, const char *salt);
+/* One reference more / less on each string of every interned key of
+ * keys[0..n); keys without `interned` are skipped. */
+void lmc_keys_hold(const lmc_object_key *keys, size_t n);
+void lmc_keys_drop(const lmc_object_key *keys, size_t n);
+/* Strings held, new strings refused because every held one was in use,
+ * and unreferenced strings evicted to make room. */
 size_t lmc_key_interner_count(lmc_key_interner *in);
 uint64_t lmc_key_interner_refused(lmc_key_interner *in);
-/* True when a bounded interner holds its maximum (a new string is refused:
- * what tells that refusal from a lack of memory). */
+uint64_t lmc_key_interner_evicted(lmc_key_interner *in);
+/* True when a bounded interner holds its maximum (a new string may be
+ * refused: what tells that refusal from a lack of memory). */
 bool lmc_key_interner_full(lmc_key_interner *in);
 
 /* ---- Validation --------------------------------------------------------- */

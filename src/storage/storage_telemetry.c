@@ -48,12 +48,21 @@ lmc_storage_telemetry *lmc_storage_telemetry_new(lmc_l1_manager *l1, lmc_clock_m
     return t;
 }
 
+/* A remembered key holds its names (docs/storage.md, "Interned strings"). */
+static void forget_eviction(evicted_key *e)
+{
+    if (!e)
+        return;
+    lmc_keys_drop(&e->key, 1);
+    free(e);
+}
+
 void lmc_storage_telemetry_free(lmc_storage_telemetry *t)
 {
     if (!t)
         return;
     for (size_t i = 0; i < t->evicted.capacity; i++)
-        free(lmc_key_table_slot_item(&t->evicted, i));
+        forget_eviction(lmc_key_table_slot_item(&t->evicted, i));
     lmc_key_table_destroy(&t->evicted);
     json_decref(t->pending_gaps);
     pthread_mutex_destroy(&t->mutex);
@@ -116,6 +125,8 @@ static void remember_eviction(lmc_storage_telemetry *t, const lmc_object_key *ke
     *e = (evicted_key){*key, now};
     if (lmc_key_table_insert(&t->evicted, e) != 0)
         free(e);
+    else
+        lmc_keys_hold(&e->key, 1);
 }
 
 void lmc_storage_telemetry_on_evicted(void *user, const lmc_object_key *keys,
@@ -164,7 +175,7 @@ static void note_rewrites(lmc_storage_telemetry *t, const lmc_object_key *keys, 
                 continue;
             int64_t gap = now - e->evicted_ms;
             add_gap(t, (double)(gap < EVICT_REUSE_CAP_MS ? gap : EVICT_REUSE_CAP_MS) / 1000.0);
-            free(e);
+            forget_eviction(e);
         }
     }
     pthread_mutex_unlock(&t->mutex);
@@ -185,7 +196,7 @@ static void expire_evictions(lmc_storage_telemetry *t, int64_t now)
     for (size_t i = 0; i < n; i++) {
         lmc_key_table_remove(&t->evicted, &old[i]->key);
         add_gap(t, EVICT_REUSE_CAP_MS / 1000.0);
-        free(old[i]);
+        forget_eviction(old[i]);
     }
     free(old);
 }

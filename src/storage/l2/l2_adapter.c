@@ -18,7 +18,8 @@ typedef struct task {
     uint64_t id;
     lmc_l2_op op;
     size_t n;
-    lmc_object_key *keys;
+    lmc_object_key *keys;     /* copies holding their names once keys_held */
+    bool keys_held;
     uint64_t *sizes;          /* NULL for a lookup without sizes */
     uint8_t **bufs;           /* store/load */
     uint8_t *bitmap;          /* lookup/load result */
@@ -54,6 +55,8 @@ static void task_free(task *t)
 {
     if (!t)
         return;
+    if (t->keys_held)
+        lmc_keys_drop(t->keys, t->n);
     free(t->keys);
     free(t->sizes);
     free(t->bufs);
@@ -352,6 +355,8 @@ static task *make_task(lmc_l2_adapter *a, lmc_l2_op op, const lmc_object_key *ke
         return NULL;
     }
     memcpy(t->keys, keys, n * sizeof *keys);
+    lmc_keys_hold(t->keys, n); /* a task may outlive its submitter's keys */
+    t->keys_held = true;
     if (sizes)
         memcpy(t->sizes, sizes, n * sizeof *sizes);
     for (size_t i = 0; offsets && i < n; i++)

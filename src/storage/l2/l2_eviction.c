@@ -308,6 +308,7 @@ static void track_recovered(void *user, const lmc_object_key *keys, const uint64
                                        strlen(keys[i].model_name));
         own[m].cache_salt = lmc_intern(t->interner, keys[i].cache_salt,
                                        strlen(keys[i].cache_salt));
+        own[m].interned = 0; /* the eviction's own names: they count nothing */
         own_sizes[m] = sizes[i];
         m += own[m].model_name && own[m].cache_salt;
     }

@@ -92,6 +92,7 @@ static fs_item *index_add_locked(fs *f, const lmc_object_key *k, uint64_t size)
     it->key = *k;
     it->key.model_name = lmc_intern(f->interner, k->model_name, strlen(k->model_name));
     it->key.cache_salt = lmc_intern(f->interner, k->cache_salt, strlen(k->cache_salt));
+    it->key.interned = 0; /* the adapter's own names: they count nothing */
     it->size = size;
     if (!it->key.model_name || !it->key.cache_salt || lmc_key_table_insert(&f->table, it)) {
         free(it);

@@ -29,6 +29,7 @@ static int own_key(mock *m, const lmc_object_key *k, lmc_object_key *out)
     *out = *k;
     out->model_name = lmc_intern(m->interner, k->model_name, strlen(k->model_name));
     out->cache_salt = lmc_intern(m->interner, k->cache_salt, strlen(k->cache_salt));
+    out->interned = 0; /* the backend's own names: they count nothing */
     return out->model_name && out->cache_salt ? 0 : -1;
 }
 

@@ -42,7 +42,8 @@ typedef enum { PH_QUEUED, PH_LOOKUP, PH_LOAD, PH_ZOMBIE } phase;
 
 typedef struct preq {
     lmc_storage_l2_request r; /* r.keys points at keys */
-    lmc_object_key *keys;
+    lmc_object_key *keys;     /* copies holding their names once keys_held */
+    bool keys_held;
     uint64_t *sizes;
     lmc_lease *leases;        /* WRITE leases of the plan's staging buffers */
     uint8_t *loaded;
@@ -83,6 +84,8 @@ static void preq_free(preq *q, size_t na)
         free(p->idx);
     }
     free(q->parts);
+    if (q->keys_held)
+        lmc_keys_drop(q->keys, q->r.n);
     free(q->keys);
     free(q->sizes);
     free(q->leases);
@@ -108,6 +111,8 @@ static preq *preq_new(const lmc_storage_l2_request *r, size_t na, double timeout
         goto fail;
     q->r = *r;
     memcpy(q->keys, r->keys, r->n * sizeof *q->keys);
+    lmc_keys_hold(q->keys, r->n); /* the request may outlive the caller's keys */
+    q->keys_held = true;
     q->r.keys = q->keys;
     for (size_t i = 0; i < r->n; i++)
         q->sizes[i] = r->unit_sizes ? r->unit_sizes[i % r->keys_per_unit] : r->object_size;

@@ -82,6 +82,7 @@ static void on_written(void *user, const lmc_object_key *keys, size_t n)
     bool fits = c->qn + n <= c->qcap;
     if (fits) {
         memcpy(c->q + c->qn, keys, n * sizeof *keys);
+        lmc_keys_hold(c->q + c->qn, n); /* queued past the event that named them */
         c->qn += n;
     }
     pthread_mutex_unlock(&c->mu);
@@ -93,6 +94,7 @@ static void on_written(void *user, const lmc_object_key *keys, size_t n)
 
 static void free_batch(batch *b)
 {
+    lmc_keys_drop(b->keys, b->n);
     free(b->keys);
     free(b->leases);
     free(b);
@@ -143,6 +145,7 @@ static batch *lock_batch(lmc_l2_store_ctl *c, const lmc_object_key *keys, size_t
         leases[b->n] = leases[i];
         k[b->n++] = keys[i];
     }
+    lmc_keys_hold(k, b->n); /* the batch outlives the queue's copies */
     atomic_fetch_add(&c->not_resident, n - b->n);
     if (b->n < n)
         lmc_storage_manager_report_read_failure(c->sm, "l2_store", "not_found", &keys[0],
@@ -195,6 +198,7 @@ static void drain_queue(lmc_l2_store_ctl *c)
     pthread_mutex_unlock(&c->mu);
     for (size_t i = 0; i < n; i += BATCH_KEYS)
         submit_batch(c, q + i, n - i < BATCH_KEYS ? n - i : BATCH_KEYS);
+    lmc_keys_drop(q, n);
     free(q);
 }
 
@@ -293,6 +297,8 @@ void lmc_l2_store_ctl_free(lmc_l2_store_ctl *c)
         }
     }
     free(c->fl);
+    if (c->q)
+        lmc_keys_drop(c->q, c->qn);
     free(c->q);
     if (c->efd >= 0)
         close(c->efd);

@@ -356,6 +356,104 @@ static void test_intern_find_only_and_bound(void **state)
     lmc_key_interner_free(in);
 }
 
+/* issue 17: a full bounded interner evicts the strings nothing references
+ * (no caller's reference, no key holding one) and refuses only when every
+ * string it holds is in use. */
+static void test_full_interner_evicts_unreferenced(void **state)
+{
+    (void)state;
+    lmc_key_interner *in = lmc_key_interner_new_bounded(3);
+    const char *m = lmc_intern(in, "model", 5);
+    const char *salt = lmc_intern(in, "keep", 4);
+    lmc_object_key k = {.chunk_hash_len = 1};
+    lmc_object_key_set_strings(&k, m, salt);   /* k takes both references */
+    lmc_object_key copies[4] = {k, k, k, k};
+    lmc_keys_hold(copies, 4);                  /* four more keys name them */
+    lmc_keys_drop(&k, 1);                      /* the first key goes */
+    const char *gone = lmc_intern(in, "gone", 4);
+    assert_non_null(gone);
+    lmc_intern_release(gone);                  /* nothing names "gone" now */
+    assert_int_equal(lmc_key_interner_count(in), 3);
+    /* Full: the unreferenced "gone" makes room; the held two stay. */
+    const char *fresh = lmc_intern(in, "fresh", 5);
+    assert_non_null(fresh);
+    assert_int_equal(lmc_key_interner_evicted(in), 1);
+    assert_int_equal(lmc_key_interner_refused(in), 0);
+    assert_null(lmc_intern_find(in, "gone", 4));
+    const char *again = lmc_intern_find(in, "model", 5);
+    assert_ptr_equal(again, m);
+    lmc_intern_release(again);
+    assert_string_equal(copies[3].cache_salt, "keep");
+    /* Every string in use: a new one is refused, nothing is evicted. */
+    assert_null(lmc_intern(in, "new", 3));
+    assert_int_equal(lmc_key_interner_refused(in), 1);
+    assert_int_equal(lmc_key_interner_evicted(in), 1);
+    /* Keys that never came from an interner hold nothing. */
+    lmc_object_key plain = {.model_name = "literal", .cache_salt = ""};
+    lmc_keys_hold(&plain, 1);
+    lmc_keys_drop(&plain, 1);
+    /* The last copies go: both names become evictable, "fresh" too. */
+    lmc_keys_drop(copies, 4);
+    lmc_intern_release(fresh);
+    assert_non_null(lmc_intern(in, "new", 3));
+    assert_int_equal(lmc_key_interner_evicted(in), 4);
+    assert_int_equal(lmc_key_interner_count(in), 1);
+    assert_null(lmc_intern_find(in, "model", 5));
+    lmc_key_interner_free(in);
+}
+
+/* Threads intern, copy, hold and drop keys of a few hot names and many
+ * passing ones through a small interner: a held name never changes or
+ * disappears under its keys (ASan and TSan watch the frees). */
+#define EVICT_THREADS 4
+#define EVICT_ROUNDS 20000
+
+static void *evict_worker(void *arg)
+{
+    lmc_key_interner *in = arg;
+    char buf[32];
+    uint64_t seed = (uint64_t)(uintptr_t)&buf;
+    for (int r = 0; r < EVICT_ROUNDS; r++) {
+        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        bool hot = (seed >> 60) < 4;
+        int n = hot ? snprintf(buf, sizeof buf, "hot-%d", (int)((seed >> 40) % 4))
+                    : snprintf(buf, sizeof buf, "pass-%llu", (unsigned long long)(seed >> 20));
+        const char *s = lmc_intern(in, buf, (size_t)n);
+        if (!s)
+            continue;   /* every slot in use at that moment */
+        lmc_object_key k = {.chunk_hash_len = 1};
+        lmc_object_key_set_strings(&k, s, lmc_intern(in, "", 0));
+        if (!k.cache_salt) {
+            lmc_intern_release(s);
+            continue;
+        }
+        lmc_object_key copy = k;
+        lmc_keys_hold(&copy, 1);
+        lmc_keys_drop(&k, 1);
+        if (strcmp(copy.model_name, buf) != 0 || copy.cache_salt[0] != '\0')
+            return (void *)1;
+        lmc_keys_drop(&copy, 1);
+    }
+    return NULL;
+}
+
+static void test_eviction_under_threads(void **state)
+{
+    (void)state;
+    lmc_key_interner *in = lmc_key_interner_new_bounded(16);
+    pthread_t t[EVICT_THREADS];
+    for (int i = 0; i < EVICT_THREADS; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, evict_worker, in), 0);
+    for (int i = 0; i < EVICT_THREADS; i++) {
+        void *rc;
+        pthread_join(t[i], &rc);
+        assert_null(rc);
+    }
+    assert_true(lmc_key_interner_count(in) <= 16);
+    assert_true(lmc_key_interner_evicted(in) > 0);
+    lmc_key_interner_free(in);
+}
+
 #define N_THREADS 8
 #define N_STRINGS 3000
 
@@ -415,6 +513,8 @@ int main(void)
         cmocka_unit_test(test_sep_in_model_is_lossy),
         cmocka_unit_test(test_intern_identity),
         cmocka_unit_test(test_intern_find_only_and_bound),
+        cmocka_unit_test(test_full_interner_evicts_unreferenced),
+        cmocka_unit_test(test_eviction_under_threads),
         cmocka_unit_test(test_intern_concurrent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
