@@ -35,7 +35,7 @@ EXTRA = sys.argv[4:]
 res = {"before": {k: [] for k in pat}, "after": {k: [] for k in pat}}
 for i in range(N):
     for b in (("before", "after") if i % 2 == 0 else ("after", "before")):
-        out = subprocess.run([f"/tmp/ab/{b}", "--chunks", "128", "--iters", "500"],
+        out = subprocess.run([BIN[b], "--chunks", "128", "--iters", "500", *EXTRA],
                              capture_output=True, text=True).stdout
         row = []
         for k, p in pat.items():
