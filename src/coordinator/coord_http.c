@@ -20,9 +20,32 @@
 typedef struct {
     char *body;
     size_t len, cap;
+    size_t limit;
     unsigned refusal; /* 413 once the body crossed the limit */
     bool replied;
 } request_state;
+
+/* Routes that carry key or token lists get 16 MiB, the others 1 MiB
+ * (docs/coordinator.md, "Bounds"). */
+static enum MHD_Result queue_detail(struct MHD_Connection *conn, unsigned status,
+                                    const char *msg);
+
+static size_t body_limit(const char *url)
+{
+    static const char *const bulk[] = {"/events", "/directory/lookup", "/cache/pins",
+                                       "/cache/prefetches"};
+    for (size_t i = 0; i < sizeof bulk / sizeof *bulk; i++)
+        if (strcmp(url, bulk[i]) == 0)
+            return COORD_MAX_BODY;
+    return COORD_MAX_SMALL_BODY;
+}
+
+static enum MHD_Result queue_too_large(struct MHD_Connection *conn, size_t limit)
+{
+    char msg[64];
+    snprintf(msg, sizeof msg, "request body exceeds %zu bytes", limit);
+    return queue_detail(conn, 413, msg);
+}
 
 const char *coord_query(const coord_request *rq, const char *name)
 {
@@ -93,7 +116,7 @@ static enum MHD_Result queue_detail(struct MHD_Connection *conn, unsigned status
     return queue(conn, &r);
 }
 
-static bool too_large_declared(struct MHD_Connection *conn)
+static bool too_large_declared(struct MHD_Connection *conn, size_t limit)
 {
     const char *cl =
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -102,7 +125,7 @@ static bool too_large_declared(struct MHD_Connection *conn)
     errno = 0;
     char *end;
     unsigned long long n = strtoull(cl, &end, 10);
-    return errno == ERANGE || end == cl || n > COORD_MAX_BODY;
+    return errno == ERANGE || end == cl || n > limit;
 }
 
 static enum MHD_Result first_call(lmc_coord *co, struct MHD_Connection *conn, const char *url,
@@ -120,10 +143,11 @@ static enum MHD_Result first_call(lmc_coord *co, struct MHD_Connection *conn, co
         return queue_detail(conn, 401, "missing or wrong bearer token (Authorization: Bearer "
                                        "<token>)");
     }
-    if (too_large_declared(conn)) {
+    rs->limit = body_limit(url);
+    if (too_large_declared(conn, rs->limit)) {
         rs->replied = true;
         atomic_fetch_add(&co->ctr.bodies_too_large, 1);
-        return queue_detail(conn, 413, "request body exceeds 16777216 bytes");
+        return queue_too_large(conn, rs->limit);
     }
     return MHD_YES;
 }
@@ -135,13 +159,14 @@ static bool take(lmc_coord *co, request_state *rs, const char *data, size_t n)
 {
     if (rs->refusal || rs->replied) {
         rs->len += n;
-        return rs->len <= COORD_MAX_BODY;
+        return rs->len <= rs->limit;
     }
-    if (n > COORD_MAX_BODY - rs->len) {
+    if (n > rs->limit - rs->len) {
         free(rs->body);
         rs->body = NULL;
         rs->len = rs->cap = 0;
         rs->refusal = 413;
+        rs->len = n;
         atomic_fetch_add(&co->ctr.bodies_too_large, 1);
         return true;
     }
@@ -180,7 +205,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     rs->replied = true;
     if (rs->refusal)
-        return queue_detail(conn, 413, "request body exceeds 16777216 bytes");
+        return queue_too_large(conn, rs->limit);
     coord_request rq = {.method = method, .path = url, .body = rs->len ? rs->body : NULL,
                         .body_len = rs->len, .conn = conn};
     coord_reply reply = {.status = 500};

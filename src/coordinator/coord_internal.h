@@ -13,7 +13,8 @@
 #include "http/http_auth.h"
 
 #define COORD_MAX_MEMBERS 1024
-#define COORD_MAX_BODY ((size_t)16 << 20)   /* request bodies (docs/coordinator.md) */
+#define COORD_MAX_BODY ((size_t)16 << 20)   /* bodies of the bulk routes (docs/coordinator.md) */
+#define COORD_MAX_SMALL_BODY ((size_t)1 << 20) /* bodies of the other routes */
 #define COORD_MAX_TOKENS ((size_t)1 << 20)  /* token ids in one token-form request */
 #define COORD_MAX_DELETE_KEYS 10000         /* keys per DELETE /cache/objects */
 #define COORD_MAX_PAGE 10000                /* GET /directory/keys limit */
