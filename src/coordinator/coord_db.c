@@ -9,12 +9,8 @@
 #include "obs/log.h"
 
 static const char *const SQL[ST_COUNT] = {
-    [ST_PUT_L2] = "INSERT OR REPLACE INTO l2_keys(model,salt,hash,kv_rank,grp,size,backend,"
-                  "num_tokens,touch) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)",
-    [ST_DEL_L2] = "DELETE FROM l2_keys WHERE model=?1 AND salt=?2 AND hash=?3 AND kv_rank=?4 "
-                  "AND grp=?5",
-    [ST_TOUCH_L2] = "UPDATE l2_keys SET touch=?6 WHERE model=?1 AND salt=?2 AND hash=?3 AND "
-                    "kv_rank=?4 AND grp=?5",
+    [ST_PUT_LOG] = "INSERT INTO l2_log(data) VALUES(?1)",
+    [ST_CLEAR_LOG] = "DELETE FROM l2_log",
     [ST_PUT_PIN] = "INSERT OR REPLACE INTO pins(model,salt,hash,kv_rank,grp,count) "
                    "VALUES(?1,?2,?3,?4,?5,?6)",
     [ST_DEL_PIN] = "DELETE FROM pins WHERE model=?1 AND salt=?2 AND hash=?3 AND kv_rank=?4 "
@@ -39,9 +35,7 @@ static const char SCHEMA[] =
     "  last_seq INTEGER, gap INTEGER);"
     "CREATE TABLE IF NOT EXISTS pins(model TEXT, salt TEXT, hash BLOB, kv_rank INTEGER, "
     "  grp INTEGER, count INTEGER, PRIMARY KEY(model,salt,hash,kv_rank,grp)) WITHOUT ROWID;"
-    "CREATE TABLE IF NOT EXISTS l2_keys(model TEXT, salt TEXT, hash BLOB, kv_rank INTEGER, "
-    "  grp INTEGER, size INTEGER, backend TEXT, num_tokens INTEGER, touch INTEGER, "
-    "  PRIMARY KEY(hash,kv_rank,grp,model,salt)) WITHOUT ROWID;";
+    "CREATE TABLE IF NOT EXISTS l2_log(id INTEGER PRIMARY KEY, data BLOB NOT NULL);";
 
 int coord_db_open(const char *path, coord_db **out, char *err, size_t errlen)
 {
@@ -80,6 +74,7 @@ void coord_db_close(coord_db *d)
                      SQLITE_OK)
         LMC_WARN("coordinator: database checkpoint failed: %s", sqlite3_errmsg(d->db));
     sqlite3_close(d->db);
+    free(d->log);
     free(d);
 }
 
@@ -102,11 +97,17 @@ int coord_db_begin(coord_db *d)
 
 int coord_db_commit(coord_db *d)
 {
+    if (coord_db_log_flush(d) != 0) {
+        coord_db_rollback(d);
+        return -1;
+    }
     return step(d, d->st[ST_COMMIT]);
 }
 
 void coord_db_rollback(coord_db *d)
 {
+    d->log_len = 0;
+    d->log_failed = false;
     step(d, d->st[ST_ROLLBACK]);
 }
 
@@ -119,31 +120,6 @@ static sqlite3_stmt *bind_key(coord_db *d, int which, const coord_state *s, cons
     sqlite3_bind_int64(st, 4, e->kv_rank);
     sqlite3_bind_int64(st, 5, e->group);
     return st;
-}
-
-int coord_db_put_l2(coord_db *d, const coord_state *s, uint32_t idx)
-{
-    const coord_entry *e = &s->keys.e[idx];
-    if (!(e->flags & COORD_IN_L2))
-        return coord_db_del_l2(d, s, idx);
-    sqlite3_stmt *st = bind_key(d, ST_PUT_L2, s, e);
-    sqlite3_bind_int64(st, 6, (sqlite3_int64)e->l2_size);
-    sqlite3_bind_text(st, 7, coord_names_str(&s->backends, e->l2_backend), -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 8, e->num_tokens);
-    sqlite3_bind_int64(st, 9, (sqlite3_int64)e->touch);
-    return step(d, st);
-}
-
-int coord_db_del_l2(coord_db *d, const coord_state *s, uint32_t idx)
-{
-    return step(d, bind_key(d, ST_DEL_L2, s, &s->keys.e[idx]));
-}
-
-int coord_db_touch_l2(coord_db *d, const coord_state *s, uint32_t idx)
-{
-    sqlite3_stmt *st = bind_key(d, ST_TOUCH_L2, s, &s->keys.e[idx]);
-    sqlite3_bind_int64(st, 6, (sqlite3_int64)s->keys.e[idx].touch);
-    return step(d, st);
 }
 
 int coord_db_put_pin(coord_db *d, const coord_state *s, uint32_t idx)

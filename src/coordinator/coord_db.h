@@ -21,7 +21,8 @@ int coord_db_begin(coord_db *db);
 int coord_db_commit(coord_db *db);
 void coord_db_rollback(coord_db *db);
 
-/* The entry's L2 fact as it is now (in L2: upsert, else delete). */
+/* The entry's L2 fact as it is now (in L2: stored, else deleted); these
+ * three only add to the transaction's log row (coord_db_log.c). */
 int coord_db_put_l2(coord_db *db, const coord_state *s, uint32_t idx);
 int coord_db_del_l2(coord_db *db, const coord_state *s, uint32_t idx);
 int coord_db_touch_l2(coord_db *db, const coord_state *s, uint32_t idx);
@@ -33,5 +34,8 @@ int coord_db_del_cursor(coord_db *db, const char *instance);
 int coord_db_put_quota(coord_db *db, const char *salt, double limit_gb);
 /* has false: no default (salts without a quota are exempt). */
 int coord_db_put_default(coord_db *db, bool has, double limit_gb);
+/* Rewrites the L2 log as a snapshot of s when it has grown past twice the
+ * live keys (plus a slack), so that it stays proportional to them. */
+int coord_db_maybe_compact(coord_db *db, const coord_state *s);
 
 #endif

@@ -79,17 +79,6 @@ static uint32_t key_of_row(coord_state *s, sqlite3_stmt *st)
     return coord_keys_get(&s->keys, &k);
 }
 
-static int load_l2(coord_state *s, sqlite3_stmt *st)
-{
-    uint32_t idx = key_of_row(s, st);
-    uint32_t backend = coord_names_intern(&s->backends, text(st, 6));
-    if (idx == COORD_NONE || backend == COORD_NONE)
-        return -1;
-    s->keys.e[idx].num_tokens = (uint32_t)sqlite3_column_int64(st, 7);
-    return coord_usage_l2_insert_at(s, idx, (uint64_t)sqlite3_column_int64(st, 5), backend,
-                                    (uint64_t)sqlite3_column_int64(st, 8));
-}
-
 static int load_pin(coord_state *s, sqlite3_stmt *st)
 {
     uint32_t idx = key_of_row(s, st);
@@ -106,8 +95,7 @@ int coord_db_load(coord_db *d, coord_state *s, char *err, size_t errlen)
         each_row(d, s, "SELECT salt, limit_gb FROM quotas", load_quota, err, errlen) ||
         each_row(d, s, "SELECT instance, incarnation, last_seq, gap FROM cursors", load_cursor,
                  err, errlen) ||
-        each_row(d, s, "SELECT model,salt,hash,kv_rank,grp,size,backend,num_tokens,touch "
-                       "FROM l2_keys ORDER BY touch", load_l2, err, errlen) ||
+        coord_db_log_load(d, s, err, errlen) ||
         each_row(d, s, "SELECT model,salt,hash,kv_rank,grp,count FROM pins", load_pin, err,
                  errlen))
         return -1;

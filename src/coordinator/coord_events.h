@@ -34,6 +34,7 @@ typedef struct {
     coord_wire_key key;
     uint64_t size;
     uint32_t num_tokens;
+    bool has_size;
 } coord_event_entry;
 
 typedef struct {
@@ -45,17 +46,22 @@ typedef struct {
     uint64_t capacity_bytes, capacity_revision;
     size_t n;
     coord_event_entry *entries; /* into the request's pool */
+    size_t first;               /* index of entries[0] in the pool */
 } coord_event_batch;
 
 typedef struct {
     coord_event_batch *batches;
-    size_t n;
+    size_t n, cap;
     coord_event_entry *pool;
+    size_t pool_n, pool_cap;
+    char *arena; /* the strings keys point to */
 } coord_event_request;
 
-/* Checks every field of every batch (docs/coordinator.md lists the
- * invariants); 0, or -1 with "batches[i]...: why" and nothing kept. */
-int coord_events_parse(const json_t *body, coord_event_request *out, char *why, size_t whylen);
+/* Reads a POST /events body (JSON text) and checks every field of every
+ * batch (docs/coordinator.md lists the invariants); 0, or -1 with
+ * "batches[i]...: why" and nothing kept. */
+int coord_events_parse(const char *text, size_t len, coord_event_request *out, char *why,
+                       size_t whylen);
 void coord_events_request_free(coord_event_request *r);
 
 typedef struct {

@@ -36,15 +36,12 @@ static void blend_501(coord_reply *out)
 
 void coord_ep_events(lmc_coord *co, const coord_request *rq, coord_reply *out)
 {
-    json_t *body = coord_body_object(rq, out);
-    if (!body)
-        return;
+    if (!rq->body)
+        return coord_reply_detail(out, 422, "a JSON object body is required");
     coord_event_request r;
     char why[512];
-    if (coord_events_parse(body, &r, why, sizeof why) != 0) {
-        json_decref(body);
+    if (coord_events_parse(rq->body, rq->body_len, &r, why, sizeof why) != 0)
         return coord_reply_detail(out, 422, "%s", why);
-    }
     coord_ingest_result res;
     pthread_mutex_lock(&co->mu);
     bool txn = coord_db_begin(co->db) == 0;
@@ -53,9 +50,10 @@ void coord_ep_events(lmc_coord *co, const coord_request *rq, coord_reply *out)
         coord_db_rollback(co->db);
         LMC_ERROR("coordinator: the events of a request could not be saved");
     }
+    if (txn)
+        coord_db_maybe_compact(co->db, &co->st);
     pthread_mutex_unlock(&co->mu);
     coord_events_request_free(&r);
-    json_decref(body);
     if (rc != 0)
         return coord_reply_detail(out, 503, "%s", why);
     coord_reply_json(out, 200, json_pack("{s:I, s:I, s:I}", "applied", (json_int_t)res.applied,

@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 static uint64_t mix64(uint64_t h)
 {
@@ -105,14 +106,21 @@ const char *coord_names_str(const coord_names *t, uint32_t id)
 
 /* ---- keys ----------------------------------------------------------------- */
 
-static uint64_t key_hash(const uint8_t *hash, uint8_t len, uint32_t rank, uint32_t group,
-                         uint32_t model, uint32_t salt)
+/* Every byte of the hash counts, under a per-process seed: keys come from
+ * the network, and a table that hashed a prefix only could be driven into
+ * one long probe chain by keys that share it. */
+static uint64_t key_hash(uint64_t seed, const uint8_t *hash, uint8_t len, uint32_t rank,
+                         uint32_t group, uint32_t model, uint32_t salt)
 {
-    uint64_t h = 0;
-    memcpy(&h, hash, len < 8 ? len : 8);
+    uint64_t h = seed ^ len;
+    for (uint8_t i = 0; i < len; i += 8) {
+        uint64_t w = 0;
+        memcpy(&w, hash + i, len - i < 8 ? (size_t)(len - i) : 8);
+        h = mix64(h ^ w) + 0x9e3779b97f4a7c15ULL;
+    }
     h ^= ((uint64_t)rank << 32 | group) * 0x9e3779b97f4a7c15ULL;
     h ^= ((uint64_t)model << 32 | salt) * 0xbf58476d1ce4e5b9ULL;
-    return mix64(h ^ len);
+    return mix64(h);
 }
 
 static bool entry_is(const coord_entry *e, const coord_key *k)
@@ -123,8 +131,8 @@ static bool entry_is(const coord_entry *e, const coord_key *k)
 
 static uint32_t home_of(const coord_keys *t, const coord_entry *e)
 {
-    return (uint32_t)key_hash(e->hash, e->hash_len, e->kv_rank, e->group, e->model, e->salt) &
-           t->mask;
+    return (uint32_t)key_hash(t->seed, e->hash, e->hash_len, e->kv_rank, e->group, e->model,
+                              e->salt) & t->mask;
 }
 
 void coord_entry_key(const coord_entry *e, coord_key *out)
@@ -143,8 +151,8 @@ static uint32_t slot_of(const coord_keys *t, const coord_key *k, uint32_t *idx)
 {
     if (!t->index)
         return COORD_NONE;
-    uint32_t i = (uint32_t)key_hash(k->hash, k->hash_len, k->kv_rank, k->group, k->model, k->salt) &
-                 t->mask;
+    uint32_t i = (uint32_t)key_hash(t->seed, k->hash, k->hash_len, k->kv_rank, k->group, k->model,
+                                    k->salt) & t->mask;
     for (;; i = (i + 1) & t->mask) {
         uint32_t v = t->index[i];
         if (!v)
@@ -304,6 +312,8 @@ int coord_state_init(coord_state *s)
     coord_names_init(&s->backends, COORD_MAX_NAMES);
     coord_names_init(&s->instances, COORD_MAX_CURSORS);
     s->keys.free_head = COORD_NONE;
+    if (getrandom(&s->keys.seed, sizeof s->keys.seed, 0) != (ssize_t)sizeof s->keys.seed)
+        s->keys.seed = (uint64_t)(uintptr_t)s ^ 0x5bd1e995u;
     /* backend id 0 is "" so that an entry's zero value names no backend */
     return coord_names_intern(&s->backends, "") == 0 ? 0 : -1;
 }

@@ -76,6 +76,7 @@ typedef struct {
     uint32_t free_head;
     uint32_t *index; /* entry + 1, 0 = empty; linear probing */
     uint32_t mask;
+    uint64_t seed;   /* of the table hash, drawn at start */
 } coord_keys;
 
 /* Per salt: usage by tier and the L2 LRU (head = least recent). */

@@ -59,9 +59,11 @@ static coord_ingest_result post(json_t *b, ...)
         json_array_append_new(batches, x);
     va_end(ap);
     json_t *body = json_pack("{s:o}", "batches", batches);
+    char *text = json_dumps(body, JSON_COMPACT);
     coord_event_request r;
     char why[512];
-    assert_int_equal(coord_events_parse(body, &r, why, sizeof why), 0);
+    assert_int_equal(coord_events_parse(text, strlen(text), &r, why, sizeof why), 0);
+    free(text);
     coord_ingest_result res;
     assert_int_equal(coord_events_apply(&S, NULL, &r, &res, why, sizeof why), 0);
     coord_events_request_free(&r);
@@ -222,23 +224,21 @@ static void test_parse_rejects_bad_batches(void **state)
         "\"event_type\": \"store\", \"tier\": \"l2\", \"backend\": \"fs\", \"ts\": -1}]}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        json_t *body = json_loads(bad[i], 0, NULL);
         coord_event_request r;
         char why[512] = "";
-        assert_int_equal(coord_events_parse(body, &r, why, sizeof why), -1);
+        assert_int_equal(coord_events_parse(bad[i], strlen(bad[i]), &r, why, sizeof why), -1);
         assert_true(why[0]);
-        json_decref(body);
     }
     /* An access batch needs no backend; a config batch records capacity. */
-    json_t *ok = json_loads("{\"batches\": [{\"instance_id\": \"a\", \"incarnation\": 1, "
+    const char *ok = ("{\"batches\": [{\"instance_id\": \"a\", \"incarnation\": 1, "
                             "\"seq\": 1, \"event_type\": \"config\", \"tier\": \"l2\", "
                             "\"backend\": \"fs\", \"capacity_bytes\": 4096, "
                             "\"capacity_revision\": 2, \"shared\": true}, {\"instance_id\": "
                             "\"a\", \"incarnation\": 1, \"seq\": 2, \"event_type\": \"access\", "
-                            "\"tier\": \"l1\", \"entries\": []}]}", 0, NULL);
+                            "\"tier\": \"l1\", \"entries\": []}]}");
     coord_event_request r;
     char why[512];
-    assert_int_equal(coord_events_parse(ok, &r, why, sizeof why), 0);
+    assert_int_equal(coord_events_parse(ok, strlen(ok), &r, why, sizeof why), 0);
     coord_ingest_result res;
     assert_int_equal(coord_events_apply(&S, NULL, &r, &res, why, sizeof why), 0);
     assert_int_equal(res.applied, 2);
@@ -246,7 +246,56 @@ static void test_parse_rejects_bad_batches(void **state)
     assert_int_equal(c->n_caps, 1);
     assert_int_equal(c->caps[0].capacity_bytes, 4096);
     coord_events_request_free(&r);
-    json_decref(ok);
+}
+
+/* The text reader behind /events: JSON syntax and text rules as a
+ * conforming parser has them, the schema checked on top. */
+static void test_scanner_syntax(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "", "{", "{\"batches\": [}", "{\"batches\": [],}", "{\"batches\": []} x",
+        "{\"batches\": [1,]}", "{\"batches\" []}", "{'batches': []}",
+        "{\"batches\": [], \"x\": 01}", "{\"batches\": [], \"x\": 1.}",
+        "{\"batches\": [], \"x\": \"\\u0000\"}", "{\"batches\": [], \"x\": \"\\ud800\"}",
+        "{\"batches\": [], \"x\": \"\xff\"}", "{\"batches\": [], \"x\": \"\xc0\xaf\"}",
+        "{\"batches\": [], \"x\": 99999999999999999999}", "{\"batches\": [], \"x\": tru}",
+        "{\"batches\": [], \"x\": \"a\tb\"}", "[]", "{}", "{\"batches\": {}}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        coord_event_request r;
+        char why[512] = "";
+        assert_int_equal(coord_events_parse(bad[i], strlen(bad[i]), &r, why, sizeof why), -1);
+        assert_true(why[0]);
+    }
+    char deep[400];
+    size_t n = (size_t)snprintf(deep, sizeof deep, "{\"batches\": [], \"x\": ");
+    for (int i = 0; i < 100; i++)
+        deep[n++] = '[';
+    deep[n] = '\0';
+    coord_event_request r;
+    char why[512] = "";
+    assert_int_equal(coord_events_parse(deep, n, &r, why, sizeof why), -1);
+    assert_non_null(strstr(why, "nested too deep"));
+    /* Escapes, unknown fields and their values, a repeated key (the last
+     * wins) are all read. */
+    const char *good =
+        " {\"v\": {\"a\": [1, -2.5e3, true, null, \"\\u00e9\\ud83d\\ude00\"]},"
+        " \"batches\": [{\"instance_id\": \"\\u0061\\/\\\"\", \"incarnation\": 0,"
+        " \"seq\": 1, \"seq\": 2, \"event_type\": \"store\", \"tier\": \"l2\","
+        " \"backend\": \"caf\xc3\xa9\", \"entries\": [{\"key\": {\"chunk_hash_hex\": \"0a\","
+        " \"model_name\": \"m\", \"kv_rank\": 3, \"extra\": {}}, \"size_bytes\": 7}]}]} ";
+    assert_int_equal(coord_events_parse(good, strlen(good), &r, why, sizeof why), 0);
+    assert_int_equal(r.n, 1);
+    assert_string_equal(r.batches[0].instance_id, "a/\"");
+    assert_int_equal(r.batches[0].seq, 2);
+    assert_string_equal(r.batches[0].backend, "caf\xc3\xa9");
+    assert_int_equal(r.batches[0].n, 1);
+    assert_int_equal(r.batches[0].entries[0].key.kv_rank, 3);
+    assert_int_equal(r.batches[0].entries[0].key.hash[0], 10);
+    assert_string_equal(r.batches[0].entries[0].key.salt, "");
+    assert_int_equal(r.batches[0].entries[0].size, 7);
+    coord_events_request_free(&r);
 }
 
 /* The key table under churn: every live key is found, every removed one
@@ -290,6 +339,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_eviction_takes_lru_skipping_pins, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parse_rejects_bad_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_key_table_churn, setup, teardown),
+        cmocka_unit_test(test_scanner_syntax),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
