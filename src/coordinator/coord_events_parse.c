@@ -59,10 +59,8 @@ bool coord_wire_key_resolve(coord_state *s, const coord_wire_key *w, bool intern
     out->hash_len = w->hash_len;
     out->kv_rank = w->kv_rank;
     out->group = w->group;
-    out->model = intern ? coord_names_intern(&s->models, w->model)
-                        : coord_names_find(&s->models, w->model);
-    out->salt = intern ? coord_names_intern(&s->salts, w->salt)
-                       : coord_names_find(&s->salts, w->salt);
+    out->model = coord_names_lookup(&s->models, &s->model_memo, w->model, intern);
+    out->salt = coord_names_lookup(&s->salts, &s->salt_memo, w->salt, intern);
     return out->model != COORD_NONE && out->salt != COORD_NONE;
 }
 

@@ -154,6 +154,14 @@ const char *js_string(js_scanner *s)
         return fail(s, "a string expected"), NULL;
     char *out = s->arena + s->arena_used, *o = out;
     while (s->p < s->end && *s->p != '"') {
+        const char *run = s->p; /* plain ASCII, the common case, is copied in one go */
+        while (s->p < s->end && (unsigned char)*s->p >= 0x20 && (unsigned char)*s->p < 0x80 &&
+               *s->p != '"' && *s->p != '\\')
+            s->p++;
+        memcpy(o, run, (size_t)(s->p - run));
+        o += s->p - run;
+        if (s->p >= s->end || *s->p == '"')
+            break;
         unsigned char c = (unsigned char)*s->p;
         if (c < 0x20)
             return fail(s, "a control character in a string"), NULL;

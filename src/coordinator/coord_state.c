@@ -99,6 +99,19 @@ uint32_t coord_names_intern(coord_names *t, const char *s)
     return t->n++;
 }
 
+uint32_t coord_names_lookup(coord_names *t, coord_name_memo *m, const char *s, bool intern)
+{
+    if (m->text[0] && strcmp(m->text, s) == 0)
+        return m->id;
+    uint32_t id = intern ? coord_names_intern(t, s) : coord_names_find(t, s);
+    size_t n = strlen(s);
+    if (id != COORD_NONE && n && n < sizeof m->text) {
+        memcpy(m->text, s, n + 1);
+        m->id = id;
+    }
+    return id;
+}
+
 const char *coord_names_str(const coord_names *t, uint32_t id)
 {
     return id < t->n ? t->strs[id] : "";

@@ -29,6 +29,13 @@ typedef struct {
     uint32_t max;
 } coord_names;
 
+/* The last name a lookup resolved: a batch names the same model and salt
+ * over and over. */
+typedef struct {
+    char text[COORD_MODEL_MAX + 1];
+    uint32_t id;
+} coord_name_memo;
+
 void coord_names_init(coord_names *t, uint32_t max);
 void coord_names_free(coord_names *t);
 /* The id of s, adding it; COORD_NONE when full or out of memory. */
@@ -36,6 +43,8 @@ uint32_t coord_names_intern(coord_names *t, const char *s);
 /* The id of s, or COORD_NONE. */
 uint32_t coord_names_find(const coord_names *t, const char *s);
 const char *coord_names_str(const coord_names *t, uint32_t id);
+/* coord_names_find / _intern through a memo of the last answer. */
+uint32_t coord_names_lookup(coord_names *t, coord_name_memo *m, const char *s, bool intern);
 
 /* ---- keys and their facts ------------------------------------------------- */
 typedef struct {
@@ -110,6 +119,7 @@ typedef struct {
 
 typedef struct {
     coord_names models, salts, backends, instances;
+    coord_name_memo model_memo, salt_memo;
     coord_keys keys;
     coord_salt *salt;       /* indexed by salt id, salts.cap entries */
     uint32_t salt_cap;
