@@ -436,3 +436,84 @@ def test_eviction_deletes_lru_unpinned_keys_on_a_server(start_coordinator, tmp_p
         for w in ws:
             w.close()
         assert srv.stop() == 0, srv.output()
+
+
+def test_directory_views(start_coordinator):
+    c = start_coordinator()
+    post_events(c, batch("a", 1, 1, "store", [key(i) for i in range(5)], size=10),
+                batch("a", 1, 2, "store", [key(0), key(1)], size=7, tier="l1", backend="dram"),
+                batch("b", 1, 1, "store", [key(1)], size=7, tier="l1", backend="dram"))
+    st, r = c.call("POST", "/directory/lookup", {"keys": [key(1), key(9)]})
+    assert st == 200 and r["chunks"] == 2
+    tiers = sorted((p["tier"], p.get("instance_id", "")) for p in r["results"][0]["placements"])
+    assert tiers == [("l1", "a"), ("l1", "b"), ("l2", "")]
+    assert r["results"][1]["placements"] == []
+    st, r = c.call("GET", "/directory/keys?tier=l2&limit=2&offset=1")
+    assert st == 200 and r["total"] == 5 and len(r["keys"]) == 2
+    seen = []
+    for off in range(0, 5, 2):                                 # paging covers every key once
+        seen += [canon(k["key"]) for k in c.call("GET", f"/directory/keys?tier=l2&limit=2&offset={off}")[1]["keys"]]
+    assert sorted(seen) == sorted(canon(key(i)) for i in range(5))
+    assert c.call("GET", "/directory/keys?tier=l1&instance_id=b")[1]["total"] == 1
+    assert c.call("GET", "/directory/keys?tier=l1&instance_id=zz")[1]["total"] == 0
+    assert c.call("GET", "/directory/keys?backend=dram")[1]["total"] == 2
+    assert c.call("GET", "/directory/keys?limit=10001")[0] == 400
+    assert c.call("GET", "/directory/keys?tier=l3")[0] == 400
+    st, r = c.call("GET", "/directory/stats")
+    assert r["l2"] == {"placement_count": 5, "placement_size_bytes": 50}
+    assert r["l1"]["placement_count"] == 3 and r["l1"]["by_instance"] == {"a": 2, "b": 1}
+    # A new incarnation of b voids its L1 facts; a's stay.
+    post_events(c, batch("b", 2, 1, "access", [], tier="l1"))
+    assert c.call("GET", "/directory/stats")[1]["l1"]["by_instance"] == {"a": 2}
+    assert c.call("POST", "/directory/lookup", {"keys": [{"chunk_hash_hex": "zz"}]})[0] == 422
+    assert c.call("POST", "/directory/lookup", {"model_name": "m", "world_size": 0,
+                                                 "token_ids": []})[0] == 422
+
+
+def test_prefetch_proxy_and_resync(start_coordinator, tmp_path):
+    from test_l2_fs import start as start_fs, store_all, wait_stored
+    from test_lookup_engine_driven import CS, prompt
+
+    l2 = tmp_path / "l2"
+    l2.mkdir()
+    srv = start_fs(l2)
+    ws = []
+    try:
+        ws = store_all(srv, prompt(41))
+        wait_stored(srv, l2, 8)
+        c = start_coordinator(CHUNK_SIZE=str(CS), ENABLE_STARTUP_RESYNC="true",
+                              RESYNC_POLL_INTERVAL="0.1", RESYNC_PAGE_SIZE="3")
+        q = {"instance_id": "srv", "model_name": "m", "world_size": 2, "token_ids": prompt(41),
+             "cache_salt": ""}
+        assert c.call("POST", "/cache/prefetches", q)[0] == 404               # not registered
+        assert c.call("GET", "/cache/prefetches/srv/1")[0] == 404
+        assert c.call("POST", "/instances", {"instance_id": "srv", "ip": "127.0.0.1",
+                                             "http_port": srv.http_port})[0] == 200
+        # The resync pages (3 at a time) through the server's objects.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and c.call("GET", "/directory/stats")[1]["l2"][
+                "placement_count"] < 8:
+            time.sleep(0.1)
+        assert c.call("GET", "/directory/stats")[1]["l2"]["placement_count"] == 8
+        assert c.metric("lmcache_mp_coordinator_resync_keys_total") == 8
+        st, r = c.call("POST", "/cache/prefetches", q)
+        assert st == 202 and r["instance_id"] == "srv" and r["status"] == "submitted"
+        deadline = time.monotonic() + 10
+        while True:
+            st, p = c.call("GET", f"/cache/prefetches/srv/{r['request_id']}")
+            assert st == 200
+            if p["status"] == "completed" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert p["status"] == "completed" and p["found_keys"] == 8
+        assert c.call("GET", f"/cache/prefetches/srv/{r['request_id']}")[0] == 404  # relayed
+        assert c.call("POST", "/cache/prefetches", dict(q, world_size=0))[0] == 422
+        # A registered server that is gone: 502.
+        c.call("POST", "/instances", {"instance_id": "dead", "ip": "127.0.0.1",
+                                      "http_port": free_port()})
+        st, r = c.call("POST", "/cache/prefetches", dict(q, instance_id="dead"))
+        assert st == 502 and "could not be reached" in r["detail"]
+    finally:
+        for w in ws:
+            w.close()
+        assert srv.stop() == 0, srv.output()
