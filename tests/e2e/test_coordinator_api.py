@@ -348,6 +348,7 @@ def test_auth_token(start_coordinator):
 
 def test_config_refusals_and_cli(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(P)}
+    env[P + "DB_PATH"] = str(tmp_path / "refused.db")   # never used unless a refusal fails
     for name, value in (("ENABLE_BLEND_LOOKUP", "1"), ("OTLP_ENDPOINT", "http://x:4317"),
                         ("NO_SUCH_SETTING", "1")):
         r = subprocess.run([COORDINATOR], env=dict(env, **{P + name: value}),
