@@ -15,7 +15,7 @@ size_t coord_events_fence(coord_state *s, uint32_t inst)
 
 /* Every name a store could add is interned first, so that a full table is
  * refused before any batch changed anything. */
-static int intern_names(coord_state *s, const coord_event_request *r, char *why, size_t whylen)
+static int intern_names(coord_state *s, coord_event_request *r, char *why, size_t whylen)
 {
     for (size_t i = 0; i < r->n; i++) {
         const coord_event_batch *b = &r->batches[i];
@@ -23,11 +23,15 @@ static int intern_names(coord_state *s, const coord_event_request *r, char *why,
             coord_names_intern(&s->backends, b->backend) == COORD_NONE)
             return snprintf(why, whylen, "too many instances or backends (at most %d)",
                             COORD_MAX_CURSORS), -1;
-        for (size_t j = 0; b->type == COORD_EV_STORE && j < b->n; j++) {
+        for (size_t j = 0; j < b->n; j++) {
+            coord_event_entry *en = &b->entries[j];
             coord_key k;
-            if (!coord_wire_key_resolve(s, &b->entries[j].key, true, &k))
+            bool known = coord_wire_key_resolve(s, &en->key, b->type == COORD_EV_STORE, &k);
+            if (!known && b->type == COORD_EV_STORE)
                 return snprintf(why, whylen, "too many distinct models or salts (at most %d)",
                                 COORD_MAX_NAMES), -1;
+            en->model = k.model;
+            en->salt = k.salt;
         }
     }
     return 0;
@@ -52,10 +56,12 @@ static void record_capacity(coord_cursor *c, const coord_event_batch *b, uint32_
 static int apply_entry(coord_state *s, coord_db *db, const coord_event_batch *b,
                        const coord_event_entry *en, uint32_t inst, uint32_t backend)
 {
-    coord_key k;
     bool store = b->type == COORD_EV_STORE;
-    if (!coord_wire_key_resolve(s, &en->key, store, &k))
-        return 0; /* never stored: nothing to delete or touch */
+    if (en->model == COORD_NONE || en->salt == COORD_NONE)
+        return 0; /* a name never stored: nothing to delete or touch */
+    coord_key k = {.hash_len = en->key.hash_len, .kv_rank = en->key.kv_rank,
+                   .group = en->key.group, .model = en->model, .salt = en->salt};
+    memcpy(k.hash, en->key.hash, en->key.hash_len);
     uint32_t idx = store ? coord_keys_get(&s->keys, &k) : coord_keys_find(&s->keys, &k);
     if (idx == COORD_NONE)
         return store ? -1 : 0;
@@ -122,7 +128,7 @@ static bool admit(coord_state *s, coord_cursor *c, uint32_t inst, const coord_ev
     return true;
 }
 
-int coord_events_apply(coord_state *s, coord_db *db, const coord_event_request *r,
+int coord_events_apply(coord_state *s, coord_db *db, coord_event_request *r,
                        coord_ingest_result *res, char *why, size_t whylen)
 {
     memset(res, 0, sizeof *res);

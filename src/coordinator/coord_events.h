@@ -35,6 +35,7 @@ typedef struct {
     uint64_t size;
     uint32_t num_tokens;
     bool has_size;
+    uint32_t model, salt; /* name ids once resolved (coord_events_apply) */
 } coord_event_entry;
 
 typedef struct {
@@ -69,11 +70,12 @@ typedef struct {
 } coord_ingest_result;
 
 struct coord_db;
-/* Runs the gate and applies the admitted batches in order; writes go to
+/* Resolves the names of r (kept in its entries), runs the gate and applies
+ * the admitted batches in order; writes go to
  * db (NULL: memory only) inside the caller's transaction.  0; -1 with why
  * when a name table is full or memory ran out before anything changed
  * (the caller answers 503). */
-int coord_events_apply(coord_state *s, struct coord_db *db, const coord_event_request *r,
+int coord_events_apply(coord_state *s, struct coord_db *db, coord_event_request *r,
                        coord_ingest_result *res, char *why, size_t whylen);
 
 /* Forgets what inst's L1 held (fencing).  The number of placements voided. */

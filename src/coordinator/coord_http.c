@@ -116,7 +116,9 @@ static enum MHD_Result queue_detail(struct MHD_Connection *conn, unsigned status
     return queue(conn, &r);
 }
 
-static bool too_large_declared(struct MHD_Connection *conn, size_t limit)
+/* Whether the declared Content-Length is over the limit; a length within
+ * it sizes the buffer once. */
+static bool too_large_declared(struct MHD_Connection *conn, request_state *rs)
 {
     const char *cl =
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -125,7 +127,11 @@ static bool too_large_declared(struct MHD_Connection *conn, size_t limit)
     errno = 0;
     char *end;
     unsigned long long n = strtoull(cl, &end, 10);
-    return errno == ERANGE || end == cl || n > limit;
+    if (errno == ERANGE || end == cl || n > rs->limit)
+        return true;
+    if (n && (rs->body = malloc(n + 1)))
+        rs->cap = n + 1;
+    return false;
 }
 
 static enum MHD_Result first_call(lmc_coord *co, struct MHD_Connection *conn, const char *url,
@@ -144,7 +150,7 @@ static enum MHD_Result first_call(lmc_coord *co, struct MHD_Connection *conn, co
                                        "<token>)");
     }
     rs->limit = body_limit(url);
-    if (too_large_declared(conn, rs->limit)) {
+    if (too_large_declared(conn, rs)) {
         rs->replied = true;
         atomic_fetch_add(&co->ctr.bodies_too_large, 1);
         return queue_too_large(conn, rs->limit);

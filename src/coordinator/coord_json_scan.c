@@ -148,6 +148,16 @@ static bool escape(js_scanner *s, char **o)
     return true;
 }
 
+/* Bytes a string may hold as they are: printable ASCII but '"' and '\\'. */
+static const bool PLAIN[256] = {
+#define R8(x) x, x, x, x, x, x, x, x
+    R8(0), R8(0), R8(0), R8(0),                               /* 0x00-0x1f */
+    1, 1, 0, 1, 1, 1, 1, 1, R8(1), R8(1), R8(1),              /* 0x20-0x3f, '"' */
+    R8(1), R8(1), R8(1), 1, 1, 1, 1, 0, 1, 1, 1,              /* 0x40-0x5f, '\\' */
+    R8(1), R8(1), R8(1), R8(1),                               /* 0x60-0x7f */
+#undef R8
+};
+
 const char *js_string(js_scanner *s)
 {
     if (!js_take(s, '"'))
@@ -155,8 +165,7 @@ const char *js_string(js_scanner *s)
     char *out = s->arena + s->arena_used, *o = out;
     while (s->p < s->end && *s->p != '"') {
         const char *run = s->p; /* plain ASCII, the common case, is copied in one go */
-        while (s->p < s->end && (unsigned char)*s->p >= 0x20 && (unsigned char)*s->p < 0x80 &&
-               *s->p != '"' && *s->p != '\\')
+        while (s->p < s->end && PLAIN[(unsigned char)*s->p])
             s->p++;
         memcpy(o, run, (size_t)(s->p - run));
         o += s->p - run;
@@ -219,8 +228,17 @@ bool js_number(js_scanner *s, bool *is_int, int64_t *i, double *d)
         if (!digits(s))
             return fail(s, "bad number");
     }
-    char buf[64];
     size_t n = (size_t)(s->p - from);
+    if (*is_int && n <= 18) { /* fits int64 whatever the digits: no strtoll */
+        bool neg = *from == '-';
+        int64_t v = 0;
+        for (const char *q = from + neg; q < s->p; q++)
+            v = v * 10 + (*q - '0');
+        *i = neg ? -v : v;
+        *d = (double)*i;
+        return true;
+    }
+    char buf[64];
     if (n >= sizeof buf)
         return fail(s, "number too long");
     memcpy(buf, from, n);

@@ -142,12 +142,6 @@ static bool entry_is(const coord_entry *e, const coord_key *k)
            e->model == k->model && e->salt == k->salt && memcmp(e->hash, k->hash, k->hash_len) == 0;
 }
 
-static uint32_t home_of(const coord_keys *t, const coord_entry *e)
-{
-    return (uint32_t)key_hash(t->seed, e->hash, e->hash_len, e->kv_rank, e->group, e->model,
-                              e->salt) & t->mask;
-}
-
 void coord_entry_key(const coord_entry *e, coord_key *out)
 {
     memset(out, 0, sizeof *out);
@@ -159,72 +153,101 @@ void coord_entry_key(const coord_entry *e, coord_key *out)
     out->salt = e->salt;
 }
 
-/* The index slot holding idx's entry, or of key when idx is COORD_NONE. */
-static uint32_t slot_of(const coord_keys *t, const coord_key *k, uint32_t *idx)
+/* An index slot holds the key's 32-bit table hash above its entry + 1, so
+ * that probing compares entries only on a hash match and growing never
+ * reads an entry.  0 = empty. */
+static uint32_t hash_of(const coord_keys *t, const coord_key *k)
 {
-    if (!t->index)
-        return COORD_NONE;
-    uint32_t i = (uint32_t)key_hash(t->seed, k->hash, k->hash_len, k->kv_rank, k->group, k->model,
-                                    k->salt) & t->mask;
-    for (;; i = (i + 1) & t->mask) {
-        uint32_t v = t->index[i];
-        if (!v)
-            return COORD_NONE;
-        if (entry_is(&t->e[v - 1], k)) {
-            *idx = v - 1;
+    return (uint32_t)key_hash(t->seed, k->hash, k->hash_len, k->kv_rank, k->group, k->model,
+                              k->salt);
+}
+
+static uint64_t slot_value(uint32_t h, uint32_t idx)
+{
+    return (uint64_t)h << 32 | (idx + 1u);
+}
+
+static uint32_t slot_entry(uint64_t v)
+{
+    return (uint32_t)v - 1u;
+}
+
+static uint32_t slot_home(const coord_keys *t, uint64_t v)
+{
+    return (uint32_t)(v >> 32) & t->mask;
+}
+
+/* The slot of key k, with its entry in *idx; or the empty slot where it
+ * would go (*idx COORD_NONE).  The index must exist. */
+static uint32_t probe(const coord_keys *t, const coord_key *k, uint32_t h, uint32_t *idx)
+{
+    uint32_t i = h & t->mask;
+    for (; t->index[i]; i = (i + 1) & t->mask) {
+        uint64_t v = t->index[i];
+        if ((uint32_t)(v >> 32) == h && entry_is(&t->e[slot_entry(v)], k)) {
+            *idx = slot_entry(v);
             return i;
         }
     }
+    *idx = COORD_NONE;
+    return i;
 }
 
 uint32_t coord_keys_find(const coord_keys *t, const coord_key *k)
 {
     uint32_t idx = COORD_NONE;
-    slot_of(t, k, &idx);
+    if (t->index)
+        probe(t, k, hash_of(t, k), &idx);
     return idx;
 }
 
-static void index_place(coord_keys *t, uint32_t idx)
+/* Entries grow by half. */
+static bool keys_grow_entries(coord_keys *t)
 {
-    uint32_t i = home_of(t, &t->e[idx]);
-    while (t->index[i])
-        i = (i + 1) & t->mask;
-    t->index[i] = idx + 1;
+    if (t->free_head != COORD_NONE || t->n_slots < t->cap)
+        return true;
+    uint32_t cap = t->cap ? t->cap + t->cap / 2 : 1024;
+    coord_entry *e = realloc(t->e, (size_t)cap * sizeof *e);
+    if (!e)
+        return false;
+    t->e = e;
+    t->cap = cap;
+    return true;
 }
 
-/* The index stays at most half full; entries grow by half. */
-static bool keys_grow(coord_keys *t)
+/* The index stays at most half full; it doubles from the hashes it holds. */
+static bool keys_grow_index(coord_keys *t)
 {
-    if (t->free_head == COORD_NONE && t->n_slots == t->cap) {
-        uint32_t cap = t->cap ? t->cap + t->cap / 2 : 1024;
-        coord_entry *e = realloc(t->e, (size_t)cap * sizeof *e);
-        if (!e)
-            return false;
-        t->e = e;
-        t->cap = cap;
-    }
-    if ((uint64_t)(t->n_live + 1) * 2 <= (uint64_t)t->mask + 1 && t->index)
+    if (t->index && (uint64_t)(t->n_live + 1) * 2 <= (uint64_t)t->mask + 1)
         return true;
     uint32_t slots = t->index ? (t->mask + 1) * 2 : 2048;
-    uint32_t *index = calloc(slots, sizeof *index);
+    uint64_t *index = calloc(slots, sizeof *index);
     if (!index)
         return false;
-    free(t->index);
+    uint32_t old_slots = t->index ? t->mask + 1 : 0;
+    uint64_t *old = t->index;
     t->index = index;
     t->mask = slots - 1;
-    for (uint32_t i = 0; i < t->n_slots; i++)
-        if (t->e[i].hash_len)
-            index_place(t, i);
+    for (uint32_t i = 0; i < old_slots; i++) {
+        if (!old[i])
+            continue;
+        uint32_t j = slot_home(t, old[i]);
+        while (t->index[j])
+            j = (j + 1) & t->mask;
+        t->index[j] = old[i];
+    }
+    free(old);
     return true;
 }
 
 uint32_t coord_keys_get(coord_keys *t, const coord_key *k)
 {
-    uint32_t idx = coord_keys_find(t, k);
+    if (!keys_grow_index(t) || !keys_grow_entries(t))
+        return coord_keys_find(t, k);
+    uint32_t h = hash_of(t, k), idx;
+    uint32_t slot = probe(t, k, h, &idx);
     if (idx != COORD_NONE)
         return idx;
-    if (!keys_grow(t))
-        return COORD_NONE;
     if (t->free_head != COORD_NONE) {
         idx = t->free_head;
         t->free_head = t->e[idx].lru_next;
@@ -240,7 +263,7 @@ uint32_t coord_keys_get(coord_keys *t, const coord_key *k)
     e->model = k->model;
     e->salt = k->salt;
     e->lru_prev = e->lru_next = COORD_NONE;
-    index_place(t, idx);
+    t->index[slot] = slot_value(h, idx);
     t->n_live++;
     return idx;
 }
@@ -250,7 +273,7 @@ static void index_remove(coord_keys *t, uint32_t slot)
 {
     uint32_t hole = slot;
     for (uint32_t i = (slot + 1) & t->mask; t->index[i]; i = (i + 1) & t->mask) {
-        uint32_t home = home_of(t, &t->e[t->index[i] - 1]);
+        uint32_t home = slot_home(t, t->index[i]);
         bool movable = hole <= i ? (home <= hole || home > i) : (home <= hole && home > i);
         if (movable) {
             t->index[hole] = t->index[i];
@@ -267,8 +290,8 @@ void coord_keys_release(coord_keys *t, uint32_t idx)
         return;
     coord_key k;
     coord_entry_key(e, &k);
-    uint32_t found = COORD_NONE, slot = slot_of(t, &k, &found);
-    if (slot != COORD_NONE && found == idx)
+    uint32_t found = COORD_NONE, slot = t->index ? probe(t, &k, hash_of(t, &k), &found) : 0;
+    if (found == idx)
         index_remove(t, slot);
     free(e->l1);
     memset(e, 0, sizeof *e); /* hash_len 0 marks a free entry */
@@ -279,7 +302,7 @@ void coord_keys_release(coord_keys *t, uint32_t idx)
 
 size_t coord_keys_memory(const coord_keys *t)
 {
-    return (size_t)t->cap * sizeof *t->e + (t->index ? (size_t)(t->mask + 1) * 4 : 0);
+    return (size_t)t->cap * sizeof *t->e + (t->index ? (size_t)(t->mask + 1) * sizeof *t->index : 0);
 }
 
 /* ---- per-salt and per-instance records ------------------------------------ */

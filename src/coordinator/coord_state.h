@@ -83,7 +83,7 @@ typedef struct {
     coord_entry *e;
     uint32_t n_slots, cap, n_live;
     uint32_t free_head;
-    uint32_t *index; /* entry + 1, 0 = empty; linear probing */
+    uint64_t *index; /* hash << 32 | entry + 1, 0 = empty; linear probing */
     uint32_t mask;
     uint64_t seed;   /* of the table hash, drawn at start */
 } coord_keys;
