@@ -9,7 +9,7 @@ RUN_ARGS   ?= --l1-size-gb 1 --eviction-policy LRU
 
 # What building and running need...
 DEB_BUILD := build-essential cmake pkg-config libzmq3-dev libmsgpack-dev \
-	libjansson-dev libmicrohttpd-dev libssl-dev libcurl4-openssl-dev \
+	libjansson-dev libmicrohttpd-dev libssl-dev libcurl4-openssl-dev libsqlite3-dev \
 	librust-blake3-dev libcmocka-dev
 # ...and what the tests and benchmarks start or drive (real servers, a browser).
 DEB_TEST := python3 python3-zmq python3-msgpack python3-pytest \

@@ -1,0 +1,133 @@
+/* Start and stop of the coordinator (coordinator.h). */
+#include <curl/curl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "coordinator/coord_internal.h"
+#include "obs/log.h"
+
+double coord_now_mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+double coord_now_wall(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+bool coord_wait(lmc_coord *co, double seconds)
+{
+    if (co->stopping)
+        return true;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double whole = floor(seconds);
+    ts.tv_sec += (time_t)whole;
+    ts.tv_nsec += (long)((seconds - whole) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&co->wake, &co->mu, &ts);
+    return co->stopping;
+}
+
+int lmc_coord_port(const lmc_coord *co)
+{
+    return co->port;
+}
+
+static int open_state(lmc_coord *co, char *err, size_t errlen)
+{
+    char why[256];
+    if (lmc_token_hasher_new(co->cfg.hash_algorithm, co->cfg.chunk_size, getenv("PYTHONHASHSEED"),
+                             &co->hasher, why, sizeof why) != 0)
+        return snprintf(err, errlen, "LMCACHE_MP_COORDINATOR_HASH_ALGORITHM: %s", why), -1;
+    if (lmc_http_auth_init(&co->auth, co->cfg.auth_token) != 0)
+        return snprintf(err, errlen, "LMCACHE_MP_COORDINATOR_AUTH_TOKEN: SHA-256 unavailable"), -1;
+    co->members = calloc(COORD_MAX_MEMBERS, sizeof *co->members);
+    if (!co->members || coord_state_init(&co->st) != 0)
+        return snprintf(err, errlen, "out of memory"), -1;
+    if (coord_db_open(co->cfg.db_path, &co->db, err, errlen) != 0 ||
+        coord_db_load(co->db, &co->st, err, errlen) != 0)
+        return -1;
+    LMC_INFO("coordinator: loaded %llu L2 keys (%llu bytes), %u salts, %u instance cursors "
+             "from %s", (unsigned long long)co->st.l2_entries,
+             (unsigned long long)co->st.l2_bytes, co->st.salts.n, co->st.instances.n,
+             co->cfg.db_path);
+    return 0;
+}
+
+static int start_loop(lmc_coord *co, pthread_t *t, bool *running, void *(*fn)(void *),
+                      char *err, size_t errlen)
+{
+    if (pthread_create(t, NULL, fn, co) != 0)
+        return snprintf(err, errlen, "cannot start a thread"), -1;
+    *running = true;
+    return 0;
+}
+
+int lmc_coord_start(const lmc_coord_config *c, lmc_coord **out, char *err, size_t errlen)
+{
+    lmc_coord *co = calloc(1, sizeof *co);
+    if (!co)
+        return snprintf(err, errlen, "out of memory"), -1;
+    co->cfg = *c;
+    co->rng = (uint64_t)coord_now_wall() * 2654435761u ^ (uint64_t)(uintptr_t)co;
+    pthread_mutex_init(&co->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&co->wake, &ca);
+    pthread_condattr_destroy(&ca);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (open_state(co, err, errlen) != 0 || coord_http_start(co, err, errlen) != 0)
+        goto fail;
+    if ((c->health_check_interval_s > 0 &&
+         start_loop(co, &co->sweep_thread, &co->sweep_running, coord_sweep_loop, err, errlen)) ||
+        (c->eviction_check_interval_s > 0 &&
+         start_loop(co, &co->evict_thread, &co->evict_running, coord_evict_loop, err, errlen)) ||
+        (c->enable_startup_resync &&
+         start_loop(co, &co->resync_thread, &co->resync_running, coord_resync_loop, err, errlen)))
+        goto fail;
+    *out = co;
+    return 0;
+fail:
+    lmc_coord_stop(co);
+    return -1;
+}
+
+void lmc_coord_stop(lmc_coord *co)
+{
+    if (!co)
+        return;
+    coord_http_stop(co);
+    pthread_mutex_lock(&co->mu);
+    co->stopping = true;
+    pthread_cond_broadcast(&co->wake);
+    pthread_mutex_unlock(&co->mu);
+    if (co->sweep_running)
+        pthread_join(co->sweep_thread, NULL);
+    if (co->evict_running)
+        pthread_join(co->evict_thread, NULL);
+    if (co->resync_running)
+        pthread_join(co->resync_thread, NULL);
+    coord_db_close(co->db);
+    if (co->members)
+        coord_members_free(co);
+    coord_state_free(&co->st);
+    lmc_token_hasher_free(co->hasher);
+    lmc_http_auth_free(&co->auth);
+    pthread_cond_destroy(&co->wake);
+    pthread_mutex_destroy(&co->mu);
+    curl_global_cleanup();
+    free(co);
+}

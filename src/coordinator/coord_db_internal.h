@@ -1,0 +1,30 @@
+/* Shared by coord_db.c and coord_db_load.c only. */
+#ifndef LMC_COORDINATOR_COORD_DB_INTERNAL_H
+#define LMC_COORDINATOR_COORD_DB_INTERNAL_H
+
+#include <sqlite3.h>
+
+#include "coordinator/coord_db.h"
+
+enum {
+    ST_PUT_LOG, ST_CLEAR_LOG, ST_PUT_PIN, ST_DEL_PIN, ST_PUT_CURSOR, ST_DEL_CURSOR,
+    ST_PUT_QUOTA, ST_DEL_QUOTA, ST_PUT_META, ST_BEGIN, ST_COMMIT, ST_ROLLBACK, ST_COUNT
+};
+
+struct coord_db {
+    sqlite3 *db;
+    sqlite3_stmt *st[ST_COUNT];
+    /* L2 key facts are a log of packed records, one row per transaction
+     * (coord_db_log.c): one row insert instead of one per key. */
+    uint8_t *log;
+    size_t log_len, log_cap;
+    bool log_failed;       /* out of memory while building the row */
+    uint64_t log_records;  /* records in the table */
+};
+
+/* Writes the pending records as one row (inside the open transaction). */
+int coord_db_log_flush(coord_db *d);
+/* Replays the log into s. */
+int coord_db_log_load(coord_db *d, coord_state *s, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,160 @@
+/* The ingest gate and the application of admitted batches
+ * (docs/coordinator.md, "Cache events"). */
+#include <stdio.h>
+#include <string.h>
+
+#include "coordinator/coord_db.h"
+#include "coordinator/coord_events.h"
+#include "obs/log.h"
+
+size_t coord_events_fence(coord_state *s, uint32_t inst)
+{
+    s->ingest.fenced++;
+    return coord_usage_l1_void(s, inst);
+}
+
+/* Every name a store could add is interned first, so that a full table is
+ * refused before any batch changed anything. */
+static int intern_names(coord_state *s, coord_event_request *r, char *why, size_t whylen)
+{
+    for (size_t i = 0; i < r->n; i++) {
+        const coord_event_batch *b = &r->batches[i];
+        if (coord_names_intern(&s->instances, b->instance_id) == COORD_NONE ||
+            coord_names_intern(&s->backends, b->backend) == COORD_NONE)
+            return snprintf(why, whylen, "too many instances or backends (at most %d)",
+                            COORD_MAX_CURSORS), -1;
+        for (size_t j = 0; j < b->n; j++) {
+            coord_event_entry *en = &b->entries[j];
+            coord_key k;
+            bool known = coord_wire_key_resolve(s, &en->key, b->type == COORD_EV_STORE, &k);
+            if (!known && b->type == COORD_EV_STORE)
+                return snprintf(why, whylen, "too many distinct models or salts (at most %d)",
+                                COORD_MAX_NAMES), -1;
+            en->model = k.model;
+            en->salt = k.salt;
+        }
+    }
+    return 0;
+}
+
+static void record_capacity(coord_cursor *c, const coord_event_batch *b, uint32_t backend)
+{
+    coord_capacity *slot = NULL;
+    for (uint32_t i = 0; i < c->n_caps && !slot; i++)
+        if (c->caps[i].tier_l2 == b->l2 && c->caps[i].backend == backend &&
+            c->caps[i].shared == b->shared)
+            slot = &c->caps[i];
+    if (!slot && c->n_caps < COORD_MAX_CAPACITIES)
+        slot = &c->caps[c->n_caps++];
+    if (!slot || (slot->revision > b->capacity_revision))
+        return; /* a full table keeps what it has; an older revision never wins */
+    *slot = (coord_capacity){.tier_l2 = b->l2, .shared = b->shared, .backend = backend,
+                             .capacity_bytes = b->capacity_bytes,
+                             .revision = b->capacity_revision};
+}
+
+static int apply_entry(coord_state *s, coord_db *db, const coord_event_batch *b,
+                       const coord_event_entry *en, uint32_t inst, uint32_t backend)
+{
+    bool store = b->type == COORD_EV_STORE;
+    if (en->model == COORD_NONE || en->salt == COORD_NONE)
+        return 0; /* a name never stored: nothing to delete or touch */
+    coord_key k = {.hash_len = en->key.hash_len, .kv_rank = en->key.kv_rank,
+                   .group = en->key.group, .model = en->model, .salt = en->salt};
+    memcpy(k.hash, en->key.hash, en->key.hash_len);
+    uint32_t idx = store ? coord_keys_get(&s->keys, &k) : coord_keys_find(&s->keys, &k);
+    if (idx == COORD_NONE)
+        return store ? -1 : 0;
+    int rc = 0;
+    if (store && b->l2) {
+        rc = coord_usage_l2_store(s, idx, en->size, backend, b->shared);
+        if (en->num_tokens)
+            s->keys.e[idx].num_tokens = en->num_tokens;
+        if (rc == 0 && db)
+            rc = coord_db_put_l2(db, s, idx);
+    } else if (store) {
+        rc = coord_usage_l1_store(s, idx, inst, backend, en->size);
+        if (en->num_tokens)
+            s->keys.e[idx].num_tokens = en->num_tokens;
+    } else if (b->type == COORD_EV_ACCESS && b->l2) {
+        coord_usage_l2_touch(s, idx);
+        if (db && (s->keys.e[idx].flags & COORD_IN_L2))
+            rc = coord_db_touch_l2(db, s, idx);
+    } else if (b->type == COORD_EV_DELETE && b->l2) {
+        if (db && (s->keys.e[idx].flags & COORD_IN_L2))
+            rc = coord_db_del_l2(db, s, idx);
+        coord_usage_l2_delete(s, idx);
+    } else if (b->type == COORD_EV_DELETE) {
+        coord_usage_l1_delete(s, idx, inst);
+    }
+    if (store && rc != 0)
+        coord_keys_release(&s->keys, idx);
+    return rc;
+}
+
+/* The gate: false when the batch is stale or a duplicate. */
+static bool admit(coord_state *s, coord_cursor *c, uint32_t inst, const coord_event_batch *b,
+                  coord_ingest_result *res)
+{
+    if (c->used && b->incarnation < c->incarnation) {
+        res->stale++;
+        s->ingest.stale++;
+        return false;
+    }
+    if (c->used && b->incarnation > c->incarnation) {
+        size_t voided = coord_events_fence(s, inst);
+        LMC_INFO("coordinator: %s restarted (incarnation %lld -> %lld): %zu L1 placements "
+                 "voided", b->instance_id, (long long)c->incarnation, (long long)b->incarnation,
+                 voided);
+        c->used = false;
+        c->n_caps = 0;
+    }
+    if (!c->used) {
+        *c = (coord_cursor){.used = true, .incarnation = b->incarnation, .last_seq = 0};
+    } else if (b->seq <= c->last_seq) {
+        res->duplicates++;
+        s->ingest.duplicates++;
+        return false;
+    }
+    if (b->seq > c->last_seq + 1) {
+        if (!c->gap)
+            LMC_WARN("coordinator: %s skipped batches %lld..%lld (incarnation %lld): its slice "
+                     "needs replay", b->instance_id, (long long)c->last_seq + 1,
+                     (long long)b->seq - 1, (long long)b->incarnation);
+        c->gap = true;
+        s->ingest.gaps++;
+    }
+    c->last_seq = b->seq;
+    return true;
+}
+
+int coord_events_apply(coord_state *s, coord_db *db, coord_event_request *r,
+                       coord_ingest_result *res, char *why, size_t whylen)
+{
+    memset(res, 0, sizeof *res);
+    if (intern_names(s, r, why, whylen) != 0)
+        return -1;
+    for (size_t i = 0; i < r->n; i++) {
+        const coord_event_batch *b = &r->batches[i];
+        uint32_t inst = coord_names_find(&s->instances, b->instance_id);
+        uint32_t backend = coord_names_find(&s->backends, b->backend);
+        coord_cursor *c = coord_cursor_at(s, inst);
+        if (!c)
+            return snprintf(why, whylen, "out of memory"), -1;
+        if (!admit(s, c, inst, b, res))
+            continue;
+        res->applied++;
+        s->ingest.applied++;
+        if (b->type == COORD_EV_CONFIG)
+            record_capacity(c, b, backend);
+        for (size_t j = 0; j < b->n; j++) {
+            if (apply_entry(s, db, b, &b->entries[j], inst, backend) != 0)
+                LMC_WARN("coordinator: an entry of %s seq %lld could not be recorded (out of "
+                         "memory or a database error)", b->instance_id, (long long)b->seq);
+        }
+        s->ingest.entries_applied += b->n;
+        if (db && coord_db_put_cursor(db, b->instance_id, c) != 0)
+            LMC_WARN("coordinator: the cursor of %s could not be saved", b->instance_id);
+    }
+    return 0;
+}

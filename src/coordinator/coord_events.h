@@ -1,0 +1,84 @@
+/* The cache-event stream: parsing POST /events bodies, the per-instance
+ * gate, and applying admitted batches to the state (docs/coordinator.md,
+ * "Cache events"). */
+#ifndef LMC_COORDINATOR_COORD_EVENTS_H
+#define LMC_COORDINATOR_COORD_EVENTS_H
+
+#include <jansson.h>
+
+#include "coordinator/coord_state.h"
+
+#define COORD_MAX_BATCHES 4096          /* per request */
+#define COORD_MAX_ENTRIES 200000        /* per request, all batches together */
+#define COORD_MAX_TOKENS_PER_ENTRY 65536
+
+/* An EncodedObjectKey as received: strings point into the JSON. */
+typedef struct {
+    uint8_t hash[COORD_HASH_MAX];
+    uint8_t hash_len;
+    uint32_t kv_rank, group;
+    const char *model, *salt;
+} coord_wire_key;
+
+/* 0, or -1 with the reason in why. */
+int coord_wire_key_parse(const json_t *o, coord_wire_key *out, char *why, size_t whylen);
+/* The key with interned ids; `intern` adds unknown names.  False when a
+ * name is unknown (not interning) or the table is full. */
+bool coord_wire_key_resolve(coord_state *s, const coord_wire_key *w, bool intern, coord_key *out);
+/* EncodedObjectKey of an entry (new reference, NULL on out of memory). */
+json_t *coord_entry_json(const coord_state *s, const coord_entry *e);
+
+typedef enum { COORD_EV_STORE, COORD_EV_DELETE, COORD_EV_ACCESS, COORD_EV_CONFIG } coord_event_type;
+
+typedef struct {
+    coord_wire_key key;
+    uint64_t size;
+    uint32_t num_tokens;
+    bool has_size;
+    uint32_t model, salt; /* name ids once resolved (coord_events_apply) */
+} coord_event_entry;
+
+typedef struct {
+    const char *instance_id;
+    int64_t incarnation, seq;
+    coord_event_type type;
+    bool l2, shared;
+    const char *backend;
+    uint64_t capacity_bytes, capacity_revision;
+    size_t n;
+    coord_event_entry *entries; /* into the request's pool */
+    size_t first;               /* index of entries[0] in the pool */
+} coord_event_batch;
+
+typedef struct {
+    coord_event_batch *batches;
+    size_t n, cap;
+    coord_event_entry *pool;
+    size_t pool_n, pool_cap;
+    char *arena; /* the strings keys point to */
+} coord_event_request;
+
+/* Reads a POST /events body (JSON text) and checks every field of every
+ * batch (docs/coordinator.md lists the invariants); 0, or -1 with
+ * "batches[i]...: why" and nothing kept. */
+int coord_events_parse(const char *text, size_t len, coord_event_request *out, char *why,
+                       size_t whylen);
+void coord_events_request_free(coord_event_request *r);
+
+typedef struct {
+    uint64_t applied, duplicates, stale;
+} coord_ingest_result;
+
+struct coord_db;
+/* Resolves the names of r (kept in its entries), runs the gate and applies
+ * the admitted batches in order; writes go to
+ * db (NULL: memory only) inside the caller's transaction.  0; -1 with why
+ * when a name table is full or memory ran out before anything changed
+ * (the caller answers 503). */
+int coord_events_apply(coord_state *s, struct coord_db *db, coord_event_request *r,
+                       coord_ingest_result *res, char *why, size_t whylen);
+
+/* Forgets what inst's L1 held (fencing).  The number of placements voided. */
+size_t coord_events_fence(coord_state *s, uint32_t inst);
+
+#endif

@@ -1,0 +1,396 @@
+/* POST /events bodies, read straight from the text (coord_json_scan.h)
+ * and checked field by field (docs/coordinator.md, "Cache events"): the
+ * ingest path builds no JSON tree. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/coord_events.h"
+#include "coordinator/coord_json_scan.h"
+#include "storage/object_key.h"
+
+typedef struct {
+    js_kind kind;
+    const char *str;
+    bool is_int;
+    int64_t i;
+    double d;
+} scalar;
+
+/* The next value; objects and arrays are skipped (kind tells). */
+static bool value(js_scanner *s, scalar *v)
+{
+    memset(v, 0, sizeof *v);
+    v->kind = js_peek(s);
+    switch (v->kind) {
+    case JS_STRING: return (v->str = js_string(s)) != NULL;
+    case JS_NUMBER: return js_number(s, &v->is_int, &v->i, &v->d);
+    default: return js_skip(s);
+    }
+}
+
+static bool int_in(const scalar *v, int64_t lo, int64_t hi)
+{
+    return v->kind == JS_NUMBER && v->is_int && v->i >= lo && v->i <= hi;
+}
+
+#define WHY(...) (snprintf(why, whylen, __VA_ARGS__), -1)
+
+static int hex_nibble(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+static int hash_field(const scalar *v, coord_wire_key *k, char *why, size_t whylen)
+{
+    size_t hl = v->kind == JS_STRING ? strlen(v->str) : 0;
+    if (!hl || hl % 2 || hl > 2 * COORD_HASH_MAX)
+        return WHY("chunk_hash_hex must be lower-case hex of 1..32 bytes");
+    for (size_t i = 0; i < hl / 2; i++) {
+        int hi = hex_nibble(v->str[2 * i]), lo = hex_nibble(v->str[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return WHY("chunk_hash_hex must be lower-case hex");
+        k->hash[i] = (uint8_t)(hi << 4 | lo);
+    }
+    k->hash_len = (uint8_t)(hl / 2);
+    return 0;
+}
+
+static int key_field(js_scanner *s, const char *name, coord_wire_key *k, bool *rank_seen,
+                     char *why, size_t whylen)
+{
+    scalar v;
+    if (!value(s, &v))
+        return -1;
+    /* One strcmp per field: the first letter tells the candidates apart. */
+    if (name[0] == 'c' && !strcmp(name, "chunk_hash_hex"))
+        return hash_field(&v, k, why, whylen);
+    if (name[0] == 'm' && !strcmp(name, "model_name")) {
+        k->model = v.kind == JS_STRING ? v.str : NULL;
+        return 0;
+    }
+    if (name[0] == 'c' && !strcmp(name, "cache_salt")) {
+        k->salt = v.kind == JS_STRING ? v.str : NULL;
+        return 0;
+    }
+    bool rank = name[0] == 'k' && !strcmp(name, "kv_rank");
+    if (rank || (name[0] == 'o' && !strcmp(name, "object_group_id"))) {
+        if (!int_in(&v, 0, UINT32_MAX))
+            return WHY("kv_rank and object_group_id must be u32 integers");
+        *(rank ? &k->kv_rank : &k->group) = (uint32_t)v.i;
+        *rank_seen |= rank;
+    }
+    return 0;
+}
+
+static int parse_key(js_scanner *s, coord_wire_key *k, char *why, size_t whylen)
+{
+    memset(k, 0, sizeof *k);
+    k->salt = "";
+    if (js_peek(s) != JS_OBJECT)
+        return js_skip(s), WHY("must be an EncodedObjectKey object");
+    js_take(s, '{');
+    bool first = true, rank = false;
+    k->model = NULL;
+    for (const char *name; (name = js_member(s, &first));)
+        if (key_field(s, name, k, &rank, why, whylen) != 0)
+            return -1;
+    if (js_failed(s))
+        return -1;
+    if (!k->hash_len)
+        return WHY("chunk_hash_hex must be lower-case hex of 1..32 bytes");
+    if (!k->model || !lmc_model_name_valid(k->model, strlen(k->model)))
+        return WHY("model_name must be a str of 1..%d bytes without '@'", COORD_MODEL_MAX);
+    if (!k->salt || !lmc_cache_salt_valid(k->salt, strlen(k->salt)))
+        return WHY("cache_salt must be a str of at most %d bytes without '@', '/' or '\\'",
+                   COORD_SALT_MAX);
+    if (!rank)
+        return WHY("kv_rank and object_group_id must be u32 integers");
+    return 0;
+}
+
+static int token_ids(js_scanner *s, coord_event_entry *e, char *why, size_t whylen)
+{
+    if (js_peek(s) != JS_ARRAY)
+        return js_skip(s), WHY("token_ids must be a list of at most %d ints",
+                               COORD_MAX_TOKENS_PER_ENTRY);
+    js_take(s, '[');
+    bool first = true;
+    size_t n = 0;
+    while (js_element(s, &first)) {
+        scalar v;
+        if (!value(s, &v))
+            return -1;
+        if (!int_in(&v, 0, UINT32_MAX))
+            return WHY("token_ids[%zu] must be an int in 0..2^32-1", n);
+        if (++n > COORD_MAX_TOKENS_PER_ENTRY)
+            return WHY("token_ids must be a list of at most %d ints", COORD_MAX_TOKENS_PER_ENTRY);
+    }
+    e->num_tokens = (uint32_t)n;
+    return js_failed(s) ? -1 : 0;
+}
+
+static int entry_field(js_scanner *s, const char *name, coord_event_entry *e, char *why,
+                       size_t whylen)
+{
+    char kwhy[160];
+    if (name[0] == 'k' && !strcmp(name, "key")) {
+        if (parse_key(s, &e->key, kwhy, sizeof kwhy) != 0)
+            return js_failed(s) ? -1 : WHY("key: %s", kwhy);
+        return 0;
+    }
+    if (name[0] == 't' && !strcmp(name, "token_ids"))
+        return token_ids(s, e, why, whylen);
+    scalar v;
+    if (!value(s, &v))
+        return -1;
+    if (name[0] == 's' && !strcmp(name, "size_bytes")) {
+        if (!int_in(&v, 0, INT64_MAX))
+            return WHY("size_bytes must be a non-negative integer");
+        e->size = (uint64_t)v.i;
+        e->has_size = true;
+    } else if (name[0] == 't' && !strcmp(name, "token_offset") && !int_in(&v, -1, INT64_MAX)) {
+        return WHY("token_offset must be an int >= -1");
+    }
+    return 0;
+}
+
+static int parse_entry(js_scanner *s, coord_event_entry *e, char *why, size_t whylen)
+{
+    memset(e, 0, sizeof *e);
+    if (js_peek(s) != JS_OBJECT)
+        return js_skip(s), WHY("must be an object");
+    js_take(s, '{');
+    bool first = true, has_key = false;
+    for (const char *name; (name = js_member(s, &first));) {
+        has_key |= name[0] == 'k' && !strcmp(name, "key");
+        if (entry_field(s, name, e, why, whylen) != 0)
+            return -1;
+    }
+    if (js_failed(s))
+        return -1;
+    return has_key ? 0 : WHY("key: must be an EncodedObjectKey object");
+}
+
+/* ---- batches ------------------------------------------------------------------- */
+
+static coord_event_entry *pool_slot(coord_event_request *r)
+{
+    if (r->pool_n == r->pool_cap) {
+        size_t cap = r->pool_cap ? r->pool_cap * 2 : 1024;
+        coord_event_entry *grown = realloc(r->pool, cap * sizeof *grown);
+        if (!grown)
+            return NULL;
+        r->pool = grown;
+        r->pool_cap = cap;
+    }
+    return &r->pool[r->pool_n++];
+}
+
+static int entries(js_scanner *s, coord_event_request *r, coord_event_batch *b, char *why,
+                   size_t whylen)
+{
+    if (js_peek(s) != JS_ARRAY)
+        return js_skip(s), WHY("entries must be a list");
+    js_take(s, '[');
+    b->first = r->pool_n; /* a repeated "entries" replaces the earlier one */
+    b->n = 0;
+    bool first = true;
+    while (js_element(s, &first)) {
+        if (r->pool_n >= COORD_MAX_ENTRIES)
+            return WHY("more than %d entries in one request", COORD_MAX_ENTRIES);
+        coord_event_entry *e = pool_slot(r);
+        char ewhy[240] = "";
+        if (!e)
+            return WHY("out of memory");
+        if (parse_entry(s, e, ewhy, sizeof ewhy) != 0)
+            return js_failed(s) ? -1 : WHY("entries[%zu]: %s", b->n, ewhy);
+        b->n++;
+    }
+    return js_failed(s) ? -1 : 0;
+}
+
+typedef struct {
+    scalar inc, seq, type, tier, backend, shared, ts, cap, rev;
+    bool has_backend, has_shared, has_ts, has_cap, has_rev;
+} batch_fields;
+
+static int batch_field(js_scanner *s, const char *name, coord_event_request *r,
+                       coord_event_batch *b, batch_fields *f, char *why, size_t whylen)
+{
+    if (!strcmp(name, "entries"))
+        return entries(s, r, b, why, whylen);
+    scalar v;
+    if (!value(s, &v))
+        return -1;
+    if (!strcmp(name, "instance_id"))
+        b->instance_id = v.kind == JS_STRING ? v.str : "";
+    else if (!strcmp(name, "incarnation"))
+        f->inc = v;
+    else if (!strcmp(name, "seq"))
+        f->seq = v;
+    else if (!strcmp(name, "event_type"))
+        f->type = v;
+    else if (!strcmp(name, "tier"))
+        f->tier = v;
+    else if (!strcmp(name, "backend"))
+        f->backend = v, f->has_backend = true;
+    else if (!strcmp(name, "shared"))
+        f->shared = v, f->has_shared = true;
+    else if (!strcmp(name, "ts"))
+        f->ts = v, f->has_ts = true;
+    else if (!strcmp(name, "capacity_bytes"))
+        f->cap = v, f->has_cap = true;
+    else if (!strcmp(name, "capacity_revision"))
+        f->rev = v, f->has_rev = true;
+    return 0;
+}
+
+static int event_type(const scalar *v, coord_event_type *out)
+{
+    static const char *const names[] = {"store", "delete", "access", "config"};
+    for (int i = 0; v->kind == JS_STRING && i < 4; i++)
+        if (strcmp(v->str, names[i]) == 0)
+            return *out = (coord_event_type)i, 0;
+    return -1;
+}
+
+/* The invariants, once every field of the batch is known. */
+static int check_batch(coord_event_request *r, coord_event_batch *b, const batch_fields *f,
+                       char *why, size_t whylen)
+{
+    size_t idl = b->instance_id ? strlen(b->instance_id) : 0;
+    if (!idl || idl > COORD_INSTANCE_ID_MAX)
+        return WHY("instance_id must be a non-empty str of at most %d bytes",
+                   COORD_INSTANCE_ID_MAX);
+    if (!int_in(&f->inc, 0, INT64_MAX))
+        return WHY("incarnation must be a non-negative integer");
+    if (!int_in(&f->seq, 1, INT64_MAX))
+        return WHY("seq must be an integer >= 1");
+    if (event_type(&f->type, &b->type) != 0)
+        return WHY("event_type must be store, delete, access or config");
+    if (f->tier.kind != JS_STRING || (strcmp(f->tier.str, "l1") && strcmp(f->tier.str, "l2")))
+        return WHY("tier must be l1 or l2");
+    if ((f->has_backend && f->backend.kind != JS_STRING) ||
+        (!f->has_backend && b->type != COORD_EV_ACCESS) ||
+        (f->has_backend && strlen(f->backend.str) > COORD_BACKEND_MAX))
+        return WHY("backend must be a str of at most %d bytes (required except for access)",
+                   COORD_BACKEND_MAX);
+    if (f->has_shared && f->shared.kind != JS_TRUE && f->shared.kind != JS_FALSE)
+        return WHY("shared must be a bool");
+    if (f->has_ts && (f->ts.kind != JS_NUMBER || !isfinite(f->ts.d) || f->ts.d < 0))
+        return WHY("ts must be a finite number >= 0");
+    if ((f->has_cap && !int_in(&f->cap, 0, INT64_MAX)) ||
+        (f->has_rev && !int_in(&f->rev, 0, INT64_MAX)))
+        return WHY("capacity_bytes and capacity_revision must be non-negative integers");
+    if (b->type == COORD_EV_CONFIG && b->n)
+        return WHY("a config batch has no entries");
+    for (size_t i = 0; b->type == COORD_EV_STORE && i < b->n; i++)
+        if (!r->pool[b->first + i].has_size)
+            return WHY("entries[%zu]: size_bytes must be a non-negative integer (required for "
+                       "store)", i);
+    b->incarnation = f->inc.i;
+    b->seq = f->seq.i;
+    b->l2 = strcmp(f->tier.str, "l2") == 0;
+    b->backend = f->has_backend ? f->backend.str : "";
+    b->shared = f->shared.kind == JS_TRUE;
+    b->capacity_bytes = f->has_cap ? (uint64_t)f->cap.i : 0;
+    b->capacity_revision = f->has_rev ? (uint64_t)f->rev.i : 0;
+    return 0;
+}
+
+static int parse_batch(js_scanner *s, coord_event_request *r, coord_event_batch *b, char *why,
+                       size_t whylen)
+{
+    memset(b, 0, sizeof *b);
+    if (js_peek(s) != JS_OBJECT)
+        return js_skip(s), WHY("must be a CacheEventBatch object");
+    js_take(s, '{');
+    batch_fields f = {0};
+    bool first = true;
+    for (const char *name; (name = js_member(s, &first));)
+        if (batch_field(s, name, r, b, &f, why, whylen) != 0)
+            return -1;
+    return js_failed(s) ? -1 : check_batch(r, b, &f, why, whylen);
+}
+
+static int batches(js_scanner *s, coord_event_request *r, char *why, size_t whylen)
+{
+    if (js_peek(s) != JS_ARRAY)
+        return js_skip(s), WHY("body must be {\"batches\": [CacheEventBatch]}");
+    js_take(s, '[');
+    r->n = 0; /* a repeated "batches" replaces the earlier one */
+    bool first = true;
+    while (js_element(s, &first)) {
+        if (r->n == COORD_MAX_BATCHES)
+            return WHY("more than %d batches in one request", COORD_MAX_BATCHES);
+        if (r->n == r->cap) {
+            size_t cap = r->cap ? r->cap * 2 : 8;
+            coord_event_batch *grown = realloc(r->batches, cap * sizeof *grown);
+            if (!grown)
+                return WHY("out of memory");
+            r->batches = grown;
+            r->cap = cap;
+        }
+        char bwhy[320] = "";
+        if (parse_batch(s, r, &r->batches[r->n], bwhy, sizeof bwhy) != 0)
+            return js_failed(s) ? -1 : WHY("batches[%zu]: %s", r->n, bwhy);
+        r->n++;
+    }
+    return js_failed(s) ? -1 : 0;
+}
+
+static int parse_body(js_scanner *s, coord_event_request *r, char *why, size_t whylen)
+{
+    js_kind k = js_peek(s);
+    if (k != JS_OBJECT) {
+        if (k == JS_BAD || !js_skip(s) || !js_at_end(s))
+            return -1;
+        return WHY("body must be {\"batches\": [CacheEventBatch]}");
+    }
+    js_take(s, '{');
+    bool first = true, seen = false;
+    for (const char *name; (name = js_member(s, &first));) {
+        bool is_batches = !strcmp(name, "batches");
+        seen |= is_batches;
+        if (is_batches ? batches(s, r, why, whylen) != 0 : !js_skip(s))
+            return -1;
+    }
+    if (js_failed(s))
+        return -1;
+    if (!js_at_end(s))
+        return WHY("malformed JSON: data after the document");
+    return seen ? 0 : WHY("body must be {\"batches\": [CacheEventBatch]}");
+}
+
+int coord_events_parse(const char *text, size_t len, coord_event_request *out, char *why,
+                       size_t whylen)
+{
+    memset(out, 0, sizeof *out);
+    out->arena = malloc(len + 1);
+    if (!out->arena)
+        return WHY("out of memory");
+    js_scanner s;
+    js_init(&s, text ? text : "", len, out->arena, len + 1);
+    why[0] = '\0';
+    if (parse_body(&s, out, why, whylen) != 0) {
+        if (js_failed(&s))
+            snprintf(why, whylen, "%s", s.err);
+        else if (!why[0])
+            snprintf(why, whylen, "malformed JSON");
+        coord_events_request_free(out);
+        return -1;
+    }
+    for (size_t i = 0; i < out->n; i++)
+        out->batches[i].entries = out->pool + out->batches[i].first;
+    return 0;
+}
+
+void coord_events_request_free(coord_event_request *r)
+{
+    free(r->batches);
+    free(r->pool);
+    free(r->arena);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,331 @@
+/* JSON pull parser (coord_json_scan.h). */
+#include "coordinator/coord_json_scan.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DEPTH 64
+
+void js_init(js_scanner *s, const char *text, size_t len, char *arena, size_t arena_cap)
+{
+    memset(s, 0, sizeof *s);
+    s->p = s->start = text;
+    s->end = text + len;
+    s->arena = arena;
+    s->arena_cap = arena_cap;
+}
+
+static bool fail(js_scanner *s, const char *what)
+{
+    if (!s->err[0])
+        snprintf(s->err, sizeof s->err, "malformed JSON at byte %zu: %s",
+                 (size_t)(s->p - s->start), what);
+    s->p = s->end;
+    return false;
+}
+
+bool js_failed(const js_scanner *s)
+{
+    return s->err[0] != '\0';
+}
+
+static void blanks(js_scanner *s)
+{
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t'))
+        s->p++;
+}
+
+js_kind js_peek(js_scanner *s)
+{
+    blanks(s);
+    if (s->p >= s->end)
+        return JS_BAD;
+    switch (*s->p) {
+    case '"': return JS_STRING;
+    case '{': return JS_OBJECT;
+    case '[': return JS_ARRAY;
+    case 't': return JS_TRUE;
+    case 'f': return JS_FALSE;
+    case 'n': return JS_NULL;
+    default: return (*s->p == '-' || (*s->p >= '0' && *s->p <= '9')) ? JS_NUMBER : JS_BAD;
+    }
+}
+
+bool js_take(js_scanner *s, char c)
+{
+    blanks(s);
+    if (s->p < s->end && *s->p == c) {
+        s->p++;
+        return true;
+    }
+    return false;
+}
+
+static int hex4(const char *p)
+{
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0)
+            return -1;
+        v = v << 4 | d;
+    }
+    return v;
+}
+
+static void put_utf8(char **o, uint32_t cp)
+{
+    char *q = *o;
+    if (cp < 0x80) {
+        *q++ = (char)cp;
+    } else if (cp < 0x800) {
+        *q++ = (char)(0xc0 | cp >> 6);
+        *q++ = (char)(0x80 | (cp & 0x3f));
+    } else if (cp < 0x10000) {
+        *q++ = (char)(0xe0 | cp >> 12);
+        *q++ = (char)(0x80 | (cp >> 6 & 0x3f));
+        *q++ = (char)(0x80 | (cp & 0x3f));
+    } else {
+        *q++ = (char)(0xf0 | cp >> 18);
+        *q++ = (char)(0x80 | (cp >> 12 & 0x3f));
+        *q++ = (char)(0x80 | (cp >> 6 & 0x3f));
+        *q++ = (char)(0x80 | (cp & 0x3f));
+    }
+    *o = q;
+}
+
+/* Length of the UTF-8 sequence at p (< end), or 0 when invalid. */
+static size_t utf8_len(const unsigned char *p, const unsigned char *end)
+{
+    unsigned char c = p[0];
+    size_t n = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3
+             : (c & 0xf8) == 0xf0 ? 4 : 0;
+    if (!n || (size_t)(end - p) < n)
+        return 0;
+    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+    for (size_t i = 1; i < n; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;
+        cp = cp << 6 | (p[i] & 0x3f);
+    }
+    static const uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        return 0;
+    return n;
+}
+
+/* One escape after '\\' at s->p into *o. */
+static bool escape(js_scanner *s, char **o)
+{
+    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+    const char *hit = s->p < s->end ? strchr(from, *s->p) : NULL;
+    if (hit && *s->p) {
+        *(*o)++ = to[hit - from];
+        s->p++;
+        return true;
+    }
+    if (s->end - s->p < 5 || *s->p != 'u')
+        return fail(s, "bad escape");
+    int cp = hex4(s->p + 1);
+    s->p += 5;
+    if (cp < 0)
+        return fail(s, "bad \\u escape");
+    uint32_t code = (uint32_t)cp;
+    if (cp >= 0xd800 && cp <= 0xdbff) {
+        int lo = s->end - s->p >= 6 && s->p[0] == '\\' && s->p[1] == 'u' ? hex4(s->p + 2) : -1;
+        if (lo < 0xdc00 || lo > 0xdfff)
+            return fail(s, "lone surrogate");
+        code = 0x10000 + (((uint32_t)cp - 0xd800) << 10) + ((uint32_t)lo - 0xdc00);
+        s->p += 6;
+    } else if ((cp >= 0xdc00 && cp <= 0xdfff) || cp == 0) {
+        return fail(s, cp ? "lone surrogate" : "NUL in a string");
+    }
+    put_utf8(o, code);
+    return true;
+}
+
+/* Bytes a string may hold as they are: printable ASCII but '"' and '\\'. */
+static const bool PLAIN[256] = {
+#define R8(x) x, x, x, x, x, x, x, x
+    R8(0), R8(0), R8(0), R8(0),                               /* 0x00-0x1f */
+    1, 1, 0, 1, 1, 1, 1, 1, R8(1), R8(1), R8(1),              /* 0x20-0x3f, '"' */
+    R8(1), R8(1), R8(1), 1, 1, 1, 1, 0, 1, 1, 1,              /* 0x40-0x5f, '\\' */
+    R8(1), R8(1), R8(1), R8(1),                               /* 0x60-0x7f */
+#undef R8
+};
+
+const char *js_string(js_scanner *s)
+{
+    if (!js_take(s, '"'))
+        return fail(s, "a string expected"), NULL;
+    char *out = s->arena + s->arena_used, *o = out;
+    while (s->p < s->end && *s->p != '"') {
+        const char *run = s->p; /* plain ASCII, the common case, is copied in one go */
+        while (s->p < s->end && PLAIN[(unsigned char)*s->p])
+            s->p++;
+        memcpy(o, run, (size_t)(s->p - run));
+        o += s->p - run;
+        if (s->p >= s->end || *s->p == '"')
+            break;
+        unsigned char c = (unsigned char)*s->p;
+        if (c < 0x20)
+            return fail(s, "a control character in a string"), NULL;
+        if (c == '\\') {
+            s->p++;
+            if (!escape(s, &o))
+                return NULL;
+            continue;
+        }
+        size_t n = utf8_len((const unsigned char *)s->p, (const unsigned char *)s->end);
+        if (!n)
+            return fail(s, "invalid UTF-8"), NULL;
+        memcpy(o, s->p, n);
+        o += n;
+        s->p += n;
+    }
+    if (s->p >= s->end)
+        return fail(s, "unterminated string"), NULL;
+    s->p++;
+    *o++ = '\0';
+    s->arena_used = (size_t)(o - s->arena);
+    return out;
+}
+
+static bool digits(js_scanner *s)
+{
+    const char *from = s->p;
+    while (s->p < s->end && *s->p >= '0' && *s->p <= '9')
+        s->p++;
+    return s->p > from;
+}
+
+bool js_number(js_scanner *s, bool *is_int, int64_t *i, double *d)
+{
+    blanks(s);
+    const char *from = s->p;
+    if (s->p < s->end && *s->p == '-')
+        s->p++;
+    if (s->p < s->end && *s->p == '0')
+        s->p++;
+    else if (!digits(s))
+        return fail(s, "bad number");
+    *is_int = true;
+    if (s->p < s->end && *s->p == '.') {
+        s->p++;
+        *is_int = false;
+        if (!digits(s))
+            return fail(s, "bad number");
+    }
+    if (s->p < s->end && (*s->p == 'e' || *s->p == 'E')) {
+        s->p++;
+        *is_int = false;
+        if (s->p < s->end && (*s->p == '+' || *s->p == '-'))
+            s->p++;
+        if (!digits(s))
+            return fail(s, "bad number");
+    }
+    size_t n = (size_t)(s->p - from);
+    if (*is_int && n <= 18) { /* fits int64 whatever the digits: no strtoll */
+        bool neg = *from == '-';
+        int64_t v = 0;
+        for (const char *q = from + neg; q < s->p; q++)
+            v = v * 10 + (*q - '0');
+        *i = neg ? -v : v;
+        *d = (double)*i;
+        return true;
+    }
+    char buf[64];
+    if (n >= sizeof buf)
+        return fail(s, "number too long");
+    memcpy(buf, from, n);
+    buf[n] = '\0';
+    errno = 0;
+    if (*is_int) {
+        long long v = strtoll(buf, NULL, 10);
+        if (errno == ERANGE)
+            return fail(s, "integer out of range");
+        *i = v;
+        *d = (double)v;
+        return true;
+    }
+    *d = strtod(buf, NULL);
+    if (errno == ERANGE && (*d > 1 || *d < -1))
+        return fail(s, "real number overflow");
+    return true;
+}
+
+static bool word(js_scanner *s, const char *w)
+{
+    size_t n = strlen(w);
+    if ((size_t)(s->end - s->p) < n || memcmp(s->p, w, n) != 0)
+        return fail(s, "bad literal");
+    s->p += n;
+    return true;
+}
+
+static bool skip_depth(js_scanner *s, int depth)
+{
+    if (depth > MAX_DEPTH)
+        return fail(s, "nested too deep");
+    bool first = true, is_int;
+    int64_t i;
+    double d;
+    switch (js_peek(s)) {
+    case JS_STRING: return js_string(s) != NULL;
+    case JS_NUMBER: return js_number(s, &is_int, &i, &d);
+    case JS_TRUE: return word(s, "true");
+    case JS_FALSE: return word(s, "false");
+    case JS_NULL: return word(s, "null");
+    case JS_OBJECT:
+        s->p++;
+        while (js_member(s, &first))
+            if (!skip_depth(s, depth + 1))
+                return false;
+        return !js_failed(s);
+    case JS_ARRAY:
+        s->p++;
+        while (js_element(s, &first))
+            if (!skip_depth(s, depth + 1))
+                return false;
+        return !js_failed(s);
+    default: return fail(s, "a value expected");
+    }
+}
+
+bool js_skip(js_scanner *s)
+{
+    return skip_depth(s, 0);
+}
+
+const char *js_member(js_scanner *s, bool *first)
+{
+    if (js_take(s, '}'))
+        return NULL;
+    if (!*first && !js_take(s, ','))
+        return fail(s, "',' or '}' expected"), NULL;
+    *first = false;
+    const char *key = js_string(s);
+    if (key && !js_take(s, ':'))
+        return fail(s, "':' expected"), NULL;
+    return key;
+}
+
+bool js_element(js_scanner *s, bool *first)
+{
+    if (js_take(s, ']'))
+        return false;
+    if (!*first && !js_take(s, ','))
+        return fail(s, "',' or ']' expected");
+    *first = false;
+    return !js_failed(s);
+}
+
+bool js_at_end(js_scanner *s)
+{
+    blanks(s);
+    return s->p == s->end;
+}

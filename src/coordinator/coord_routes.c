@@ -1,0 +1,150 @@
+/* The route table of the coordinator (docs/coordinator.md, "HTTP API"),
+ * /events, /healthcheck and the CacheBlend routes answered 501. */
+#include <microhttpd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/coord_events.h"
+#include "coordinator/coord_internal.h"
+#include "obs/log.h"
+
+static bool is_get(const char *method)
+{
+    return strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+}
+
+/* Reads are open, as are /healthcheck and /metrics (both GET); every
+ * other method needs the token when one is configured. */
+bool coord_route_guarded(const char *method, const char *path)
+{
+    (void)path;
+    return !is_get(method);
+}
+
+static const char *after(const char *path, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    return strncmp(path, prefix, n) == 0 && path[n] ? path + n : NULL;
+}
+
+static void blend_501(coord_reply *out)
+{
+    coord_reply_detail(out, 501, "CacheBlend (the fleet fragment index) is not implemented in "
+                                 "this coordinator (docs/coordinator.md)");
+}
+
+void coord_ep_events(lmc_coord *co, const coord_request *rq, coord_reply *out)
+{
+    if (!rq->body)
+        return coord_reply_detail(out, 422, "a JSON object body is required");
+    coord_event_request r;
+    char why[512];
+    if (coord_events_parse(rq->body, rq->body_len, &r, why, sizeof why) != 0)
+        return coord_reply_detail(out, 422, "%s", why);
+    coord_ingest_result res;
+    pthread_mutex_lock(&co->mu);
+    bool txn = coord_db_begin(co->db) == 0;
+    int rc = coord_events_apply(&co->st, txn ? co->db : NULL, &r, &res, why, sizeof why);
+    if (txn && coord_db_commit(co->db) != 0) {
+        coord_db_rollback(co->db);
+        LMC_ERROR("coordinator: the events of a request could not be saved");
+    }
+    if (txn)
+        coord_db_maybe_compact(co->db, &co->st);
+    pthread_mutex_unlock(&co->mu);
+    coord_events_request_free(&r);
+    if (rc != 0)
+        return coord_reply_detail(out, 503, "%s", why);
+    coord_reply_json(out, 200, json_pack("{s:I, s:I, s:I}", "applied", (json_int_t)res.applied,
+                                         "duplicates", (json_int_t)res.duplicates, "stale",
+                                         (json_int_t)res.stale));
+}
+
+static void healthcheck(lmc_coord *co, coord_reply *out)
+{
+    pthread_mutex_lock(&co->mu);
+    size_t n = co->n_members;
+    pthread_mutex_unlock(&co->mu);
+    coord_reply_json(out, 200, json_pack("{s:s, s:I}", "status", "healthy", "instances",
+                                         (json_int_t)n));
+}
+
+/* Routes under /instances/. */
+static bool instance_routes(lmc_coord *co, const coord_request *rq, coord_reply *out,
+                            const char *rest)
+{
+    const char *hb = "/heartbeat";
+    size_t n = strlen(rest), hn = strlen(hb);
+    if (n > hn && strcmp(rest + n - hn, hb) == 0) {
+        char id[COORD_INSTANCE_ID_MAX + 1];
+        if (n - hn > COORD_INSTANCE_ID_MAX)
+            return coord_reply_json(out, 404, json_pack("{s:s}", "error", "unknown instance; "
+                                                        "re-register")), true;
+        memcpy(id, rest, n - hn);
+        id[n - hn] = '\0';
+        if (strcmp(rq->method, "PUT") != 0)
+            return false;
+        coord_ep_heartbeat(co, rq, out, id);
+        return true;
+    }
+    if (strcmp(rq->method, "DELETE") != 0)
+        return false;
+    coord_ep_deregister(co, rq, out, rest);
+    return true;
+}
+
+/* true when a route ran; false: the path is known but not the method. */
+static bool route(lmc_coord *co, const coord_request *rq, coord_reply *out, bool *known)
+{
+    const char *m = rq->method, *p = rq->path, *rest;
+    bool get = is_get(m), post = !strcmp(m, "POST"), put = !strcmp(m, "PUT");
+    bool del = !strcmp(m, "DELETE");
+    *known = true;
+    if (!strcmp(p, "/healthcheck"))
+        return get ? healthcheck(co, out), true : false;
+    if (!strcmp(p, "/metrics"))
+        return get ? coord_ep_metrics(co, rq, out), true : false;
+    if (!strcmp(p, "/instances")) {
+        if (post)
+            return coord_ep_register(co, rq, out), true;
+        return get ? coord_ep_instances(co, rq, out), true : false;
+    }
+    if ((rest = after(p, "/instances/")))
+        return instance_routes(co, rq, out, rest);
+    if (!strcmp(p, "/events"))
+        return post ? coord_ep_events(co, rq, out), true : false;
+    if (!strcmp(p, "/quota/config"))
+        return get || put ? coord_ep_quota_config(co, rq, out), true : false;
+    if (!strcmp(p, "/quota"))
+        return get ? coord_ep_quota_all(co, rq, out), true : false;
+    if ((rest = after(p, "/quota/")))
+        return get || put || del ? coord_ep_quota_salt(co, rq, out, rest), true : false;
+    if (!strcmp(p, "/cache/pins"))
+        return post || del ? coord_ep_pins(co, rq, out), true : false;
+    if (!strcmp(p, "/cache/prefetches"))
+        return post ? coord_ep_prefetch(co, rq, out), true : false;
+    if ((rest = after(p, "/cache/prefetches/")))
+        return get ? coord_ep_prefetch_status(co, rq, out, rest), true : false;
+    if (!strcmp(p, "/directory/lookup"))
+        return post ? coord_ep_dir_lookup(co, rq, out), true : false;
+    if (!strcmp(p, "/directory/keys"))
+        return get ? coord_ep_dir_keys(co, rq, out), true : false;
+    if (!strcmp(p, "/directory/stats"))
+        return get ? coord_ep_dir_stats(co, rq, out), true : false;
+    if (!strcmp(p, "/directory/blend-lookup") || after(p, "/blend/"))
+        return blend_501(out), true;
+    *known = false;
+    return false;
+}
+
+void coord_dispatch(lmc_coord *co, const coord_request *rq, coord_reply *out)
+{
+    bool known;
+    if (route(co, rq, out, &known))
+        return;
+    if (known)
+        coord_reply_detail(out, 405, "Method Not Allowed");
+    else
+        coord_reply_detail(out, 404, "Not Found");
+}

@@ -1,0 +1,188 @@
+/* The coordinator's state (docs/coordinator.md): names, per-key facts,
+ * per-salt usage and LRU, quotas, pins, event cursors.  Everything here is
+ * plain data guarded by the owner's one mutex (coord_state.mu); nothing in
+ * this header takes a lock itself. */
+#ifndef LMC_COORDINATOR_COORD_STATE_H
+#define LMC_COORDINATOR_COORD_STATE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define COORD_NONE UINT32_MAX
+#define COORD_HASH_MAX 32
+#define COORD_MODEL_MAX 256     /* bytes (docs/coordinator.md, "Bounds") */
+#define COORD_SALT_MAX 128
+#define COORD_INSTANCE_ID_MAX 256
+#define COORD_BACKEND_MAX 64
+#define COORD_MAX_NAMES 65536   /* distinct models, salts, backends each */
+#define COORD_MAX_CURSORS 4096  /* instances the event gate remembers */
+#define COORD_MAX_CAPACITIES 16 /* capacity declarations kept per instance */
+
+/* ---- names: strings <-> small ids ---------------------------------------- */
+typedef struct {
+    char **strs;
+    uint32_t n, cap;
+    uint32_t *index; /* open addressing: id + 1, 0 = empty */
+    uint32_t mask;
+    uint32_t max;
+} coord_names;
+
+/* The last name a lookup resolved: a batch names the same model and salt
+ * over and over. */
+typedef struct {
+    char text[COORD_MODEL_MAX + 1];
+    uint32_t id;
+} coord_name_memo;
+
+void coord_names_init(coord_names *t, uint32_t max);
+void coord_names_free(coord_names *t);
+/* The id of s, adding it; COORD_NONE when full or out of memory. */
+uint32_t coord_names_intern(coord_names *t, const char *s);
+/* The id of s, or COORD_NONE. */
+uint32_t coord_names_find(const coord_names *t, const char *s);
+const char *coord_names_str(const coord_names *t, uint32_t id);
+/* coord_names_find / _intern through a memo of the last answer. */
+uint32_t coord_names_lookup(coord_names *t, coord_name_memo *m, const char *s, bool intern);
+
+/* ---- keys and their facts ------------------------------------------------- */
+typedef struct {
+    uint8_t hash[COORD_HASH_MAX];
+    uint32_t kv_rank, group;
+    uint32_t model, salt; /* name ids */
+    uint8_t hash_len;
+} coord_key;
+
+typedef struct {
+    uint32_t instance; /* cursor id */
+    uint32_t backend;  /* name id */
+    uint64_t size;
+} coord_l1_place;
+
+enum { COORD_IN_L2 = 1, COORD_L2_SHARED = 2 };
+
+/* One key the coordinator knows of: placed in L2, in some instance's L1,
+ * or pinned.  Kept compact (docs/coordinator.md, "Memory"). */
+typedef struct {
+    uint8_t hash[COORD_HASH_MAX];
+    uint32_t kv_rank, group, model, salt;
+    uint64_t l2_size;
+    uint64_t touch;          /* last store/access order, for the LRU */
+    coord_l1_place *l1;      /* n_l1 placements, NULL when none */
+    uint32_t lru_prev, lru_next; /* within the salt's L2 LRU; free-list link */
+    uint32_t pins;
+    uint32_t num_tokens;
+    uint16_t l2_backend;
+    uint16_t n_l1;
+    uint8_t hash_len;
+    uint8_t flags;
+} coord_entry;
+
+typedef struct {
+    coord_entry *e;
+    uint32_t n_slots, cap, n_live;
+    uint32_t free_head;
+    uint64_t *index; /* hash << 32 | entry + 1, 0 = empty; linear probing */
+    uint32_t mask;
+    uint64_t seed;   /* of the table hash, drawn at start */
+} coord_keys;
+
+/* Per salt: usage by tier and the L2 LRU (head = least recent). */
+typedef struct {
+    uint64_t l2_bytes, l1_bytes;
+    uint64_t l2_count, l1_count;
+    uint32_t lru_head, lru_tail;
+    bool has_quota;
+    double quota_gb;
+} coord_salt;
+
+typedef struct {
+    uint32_t tier_l2 : 1, shared : 1;
+    uint32_t backend;
+    uint64_t capacity_bytes, revision;
+} coord_capacity;
+
+/* The event gate's memory of one instance's stream. */
+typedef struct {
+    bool used;
+    int64_t incarnation, last_seq;
+    bool gap;
+    uint32_t n_caps;
+    coord_capacity caps[COORD_MAX_CAPACITIES];
+} coord_cursor;
+
+typedef struct {
+    uint64_t applied, duplicates, stale, gaps, fenced;
+    uint64_t entries_applied;
+} coord_ingest_counters;
+
+typedef struct {
+    coord_names models, salts, backends, instances;
+    coord_name_memo model_memo, salt_memo;
+    coord_keys keys;
+    coord_salt *salt;       /* indexed by salt id, salts.cap entries */
+    uint32_t salt_cap;
+    coord_cursor *cursor;   /* indexed by instance name id */
+    uint32_t cursor_cap;
+    uint64_t clock;         /* last touch order handed out */
+    bool has_default_quota;
+    double default_quota_gb;
+    coord_ingest_counters ingest;
+    uint64_t l2_entries;    /* keys in L2 */
+    uint64_t l2_bytes, l1_entries, l1_bytes;
+} coord_state;
+
+int coord_state_init(coord_state *s);
+void coord_state_free(coord_state *s);
+
+/* Key table. */
+uint32_t coord_keys_find(const coord_keys *k, const coord_key *key);
+/* The entry of key, created empty when new; COORD_NONE on out of memory. */
+uint32_t coord_keys_get(coord_keys *k, const coord_key *key);
+/* Drops the entry if nothing refers to it any more (not in L2, no L1
+ * placement, no pin). */
+void coord_keys_release(coord_keys *k, uint32_t idx);
+void coord_entry_key(const coord_entry *e, coord_key *out);
+size_t coord_keys_memory(const coord_keys *k);
+
+/* Salt records (grown on demand); NULL on out of memory. */
+coord_salt *coord_salt_at(coord_state *s, uint32_t salt);
+/* Cursor records; NULL on out of memory. */
+coord_cursor *coord_cursor_at(coord_state *s, uint32_t inst);
+
+/* ---- usage and the L2 LRU (coord_usage.c) --------------------------------- */
+/* A store into L2: counted once however often it is stored (the size
+ * replaced), and made most recent. */
+int coord_usage_l2_store(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+                         bool shared);
+/* An access: most recent, when it is in L2. */
+void coord_usage_l2_touch(coord_state *s, uint32_t idx);
+/* A delete from L2: usage subtracted, out of the LRU.  May free idx. */
+void coord_usage_l2_delete(coord_state *s, uint32_t idx);
+/* Puts a key at the least-recent end (resync backfill, database load). */
+int coord_usage_l2_insert_at(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+                             uint64_t touch);
+int coord_usage_l1_store(coord_state *s, uint32_t idx, uint32_t inst, uint32_t backend,
+                         uint64_t size);
+/* May free idx. */
+void coord_usage_l1_delete(coord_state *s, uint32_t idx, uint32_t inst);
+/* Voids every L1 placement of inst (fencing); the number voided. */
+size_t coord_usage_l1_void(coord_state *s, uint32_t inst);
+
+/* ---- quotas (coord_quota.c) ----------------------------------------------- */
+#define COORD_GB 1073741824.0
+/* The limit eviction applies to a salt: its quota, else the default;
+ * false when the salt is exempt. */
+bool coord_quota_limit(const coord_state *s, uint32_t salt, double *limit_bytes);
+/* Whether the salt's L2 usage reached watermark x limit. */
+bool coord_quota_over(const coord_state *s, uint32_t salt, double watermark);
+
+/* ---- eviction choice (coord_evict.c) -------------------------------------- */
+/* Up to max entry indices of salt's least-recent L2 keys, pinned ones
+ * excluded: ceil(ratio x count), or all when the limit is 0.  Returns the
+ * number written. */
+size_t coord_evict_choose(const coord_state *s, uint32_t salt, double ratio, uint32_t *out,
+                          size_t max);
+
+#endif

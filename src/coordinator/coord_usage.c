@@ -1,0 +1,204 @@
+/* The usage view per (salt, tier) and each salt's L2 LRU, fed by the
+ * event stream (docs/coordinator.md, "Usage and eviction"). */
+#include <stdlib.h>
+
+#include "coordinator/coord_state.h"
+
+static void lru_unlink(coord_state *s, coord_salt *sa, uint32_t idx)
+{
+    coord_entry *e = &s->keys.e[idx];
+    if (e->lru_prev != COORD_NONE)
+        s->keys.e[e->lru_prev].lru_next = e->lru_next;
+    else
+        sa->lru_head = e->lru_next;
+    if (e->lru_next != COORD_NONE)
+        s->keys.e[e->lru_next].lru_prev = e->lru_prev;
+    else
+        sa->lru_tail = e->lru_prev;
+    e->lru_prev = e->lru_next = COORD_NONE;
+}
+
+static void lru_push_tail(coord_state *s, coord_salt *sa, uint32_t idx)
+{
+    coord_entry *e = &s->keys.e[idx];
+    e->lru_prev = sa->lru_tail;
+    e->lru_next = COORD_NONE;
+    if (sa->lru_tail != COORD_NONE)
+        s->keys.e[sa->lru_tail].lru_next = idx;
+    else
+        sa->lru_head = idx;
+    sa->lru_tail = idx;
+}
+
+/* Keeps the list ordered by touch: a backfilled or reloaded key goes
+ * before the first key touched later than it. */
+static void lru_insert_ordered(coord_state *s, coord_salt *sa, uint32_t idx)
+{
+    coord_entry *e = &s->keys.e[idx];
+    uint32_t after = sa->lru_tail;
+    while (after != COORD_NONE && s->keys.e[after].touch > e->touch)
+        after = s->keys.e[after].lru_prev;
+    e->lru_prev = after;
+    e->lru_next = after == COORD_NONE ? sa->lru_head : s->keys.e[after].lru_next;
+    if (e->lru_next != COORD_NONE)
+        s->keys.e[e->lru_next].lru_prev = idx;
+    else
+        sa->lru_tail = idx;
+    if (after != COORD_NONE)
+        s->keys.e[after].lru_next = idx;
+    else
+        sa->lru_head = idx;
+}
+
+static void add_l2(coord_state *s, coord_salt *sa, coord_entry *e, uint64_t size)
+{
+    e->flags |= COORD_IN_L2;
+    e->l2_size = size;
+    sa->l2_bytes += size;
+    sa->l2_count++;
+    s->l2_bytes += size;
+    s->l2_entries++;
+}
+
+int coord_usage_l2_store(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+                         bool shared)
+{
+    coord_entry *e = &s->keys.e[idx];
+    coord_salt *sa = coord_salt_at(s, e->salt);
+    if (!sa)
+        return -1;
+    e = &s->keys.e[idx];
+    if (e->flags & COORD_IN_L2) {
+        sa->l2_bytes = sa->l2_bytes - e->l2_size + size;
+        s->l2_bytes = s->l2_bytes - e->l2_size + size;
+        e->l2_size = size;
+        lru_unlink(s, sa, idx);
+    } else {
+        add_l2(s, sa, e, size);
+    }
+    e->l2_backend = (uint16_t)backend;
+    e->flags = (uint8_t)((e->flags & ~COORD_L2_SHARED) | (shared ? COORD_L2_SHARED : 0));
+    e->touch = ++s->clock;
+    lru_push_tail(s, sa, idx);
+    return 0;
+}
+
+void coord_usage_l2_touch(coord_state *s, uint32_t idx)
+{
+    coord_entry *e = &s->keys.e[idx];
+    if (!(e->flags & COORD_IN_L2))
+        return;
+    coord_salt *sa = &s->salt[e->salt];
+    e->touch = ++s->clock;
+    lru_unlink(s, sa, idx);
+    lru_push_tail(s, sa, idx);
+}
+
+void coord_usage_l2_delete(coord_state *s, uint32_t idx)
+{
+    coord_entry *e = &s->keys.e[idx];
+    if (e->flags & COORD_IN_L2) {
+        coord_salt *sa = &s->salt[e->salt];
+        lru_unlink(s, sa, idx);
+        sa->l2_bytes -= e->l2_size;
+        sa->l2_count--;
+        s->l2_bytes -= e->l2_size;
+        s->l2_entries--;
+        e->l2_size = 0;
+        e->flags &= (uint8_t)~(COORD_IN_L2 | COORD_L2_SHARED);
+    }
+    coord_keys_release(&s->keys, idx);
+}
+
+int coord_usage_l2_insert_at(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+                             uint64_t touch)
+{
+    coord_entry *e = &s->keys.e[idx];
+    if (e->flags & COORD_IN_L2)
+        return 0;
+    coord_salt *sa = coord_salt_at(s, e->salt);
+    if (!sa)
+        return -1;
+    e = &s->keys.e[idx];
+    add_l2(s, sa, e, size);
+    e->l2_backend = (uint16_t)backend;
+    e->touch = touch;
+    if (touch > s->clock)
+        s->clock = touch;
+    lru_insert_ordered(s, sa, idx);
+    return 0;
+}
+
+static coord_l1_place *find_place(coord_entry *e, uint32_t inst)
+{
+    for (uint16_t i = 0; i < e->n_l1; i++)
+        if (e->l1[i].instance == inst)
+            return &e->l1[i];
+    return NULL;
+}
+
+int coord_usage_l1_store(coord_state *s, uint32_t idx, uint32_t inst, uint32_t backend,
+                         uint64_t size)
+{
+    coord_entry *e = &s->keys.e[idx];
+    coord_salt *sa = coord_salt_at(s, e->salt);
+    if (!sa)
+        return -1;
+    e = &s->keys.e[idx];
+    coord_l1_place *p = find_place(e, inst);
+    if (!p) {
+        if (e->n_l1 == UINT16_MAX)
+            return -1;
+        coord_l1_place *grown = realloc(e->l1, (e->n_l1 + 1u) * sizeof *grown);
+        if (!grown)
+            return -1;
+        e->l1 = grown;
+        p = &e->l1[e->n_l1++];
+        *p = (coord_l1_place){.instance = inst};
+        sa->l1_count++;
+        s->l1_entries++;
+    }
+    sa->l1_bytes = sa->l1_bytes - p->size + size;
+    s->l1_bytes = s->l1_bytes - p->size + size;
+    p->size = size;
+    p->backend = backend;
+    return 0;
+}
+
+static void drop_place(coord_state *s, coord_entry *e, coord_l1_place *p)
+{
+    coord_salt *sa = &s->salt[e->salt];
+    sa->l1_bytes -= p->size;
+    sa->l1_count--;
+    s->l1_bytes -= p->size;
+    s->l1_entries--;
+    *p = e->l1[--e->n_l1];
+    if (!e->n_l1) {
+        free(e->l1);
+        e->l1 = NULL;
+    }
+}
+
+void coord_usage_l1_delete(coord_state *s, uint32_t idx, uint32_t inst)
+{
+    coord_entry *e = &s->keys.e[idx];
+    coord_l1_place *p = find_place(e, inst);
+    if (p)
+        drop_place(s, e, p);
+    coord_keys_release(&s->keys, idx);
+}
+
+size_t coord_usage_l1_void(coord_state *s, uint32_t inst)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < s->keys.n_slots; i++) {
+        coord_entry *e = &s->keys.e[i];
+        coord_l1_place *p = e->hash_len && e->n_l1 ? find_place(e, inst) : NULL;
+        if (p) {
+            drop_place(s, e, p);
+            coord_keys_release(&s->keys, i);
+            n++;
+        }
+    }
+    return n;
+}

@@ -1,0 +1,53 @@
+/* lmcached-coordinator: the fleet coordinator of a group of lmcached
+ * servers sharing an L2 (docs/coordinator.md).  Membership, the cache-event
+ * stream, the per-salt usage view, quotas and the fleet eviction loop, pins,
+ * the key directory, and cache-control proxies, over HTTP. */
+#ifndef LMC_COORDINATOR_COORDINATOR_H
+#define LMC_COORDINATOR_COORDINATOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Settings, from the environment only (docs/coordinator.md,
+ * "Configuration"). */
+typedef struct {
+    char host[256];
+    int port;
+    double instance_timeout_s;
+    double health_check_interval_s;   /* 0 disables the sweep */
+    double eviction_check_interval_s; /* 0 disables the eviction loop */
+    double eviction_ratio;
+    double trigger_watermark;
+    uint32_t chunk_size;
+    char hash_algorithm[32];
+    bool enable_startup_resync;
+    double resync_poll_interval_s;
+    double resync_max_wait_s;
+    uint32_t resync_page_size;
+    double timeout_keep_alive_s;
+    bool metrics_enabled;
+    char db_path[4096];
+    char auth_token[1024];        /* "" = no token */
+    char server_auth_token[1024]; /* sent to lmcached servers; "" = none */
+} lmc_coord_config;
+
+/* Fills `c` from the LMCACHE_MP_COORDINATOR_* variables of the process
+ * environment.  Invalid numbers or booleans are logged and replaced by the
+ * default; a setting this build refuses (and any unknown variable of the
+ * family) returns -1 with one line in err naming the variable. */
+int lmc_coord_config_from_env(lmc_coord_config *c, char *err, size_t errlen);
+void lmc_coord_config_defaults(lmc_coord_config *c);
+
+typedef struct lmc_coord lmc_coord;
+
+/* Opens the database at c->db_path, loads the persisted state, binds the
+ * HTTP port and starts the background loops.  -1 with err on failure. */
+int lmc_coord_start(const lmc_coord_config *c, lmc_coord **out, char *err, size_t errlen);
+/* The bound HTTP port. */
+int lmc_coord_port(const lmc_coord *co);
+/* Stops the HTTP server and the loops, checkpoints and closes the
+ * database, frees.  NULL is a no-op. */
+void lmc_coord_stop(lmc_coord *co);
+
+#endif

@@ -1,0 +1,161 @@
+/* SQLite round trip (docs/coordinator.md, "Persistence"): what is saved
+ * comes back the same after a reopen, the LRU order included. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "coordinator/coord_db_internal.h"
+#include "coordinator/coord_events.h"
+
+static char path[64];
+
+static void remove_db(void)
+{
+    char p[96];
+    unlink(path);
+    snprintf(p, sizeof p, "%s-wal", path);
+    unlink(p);
+    snprintf(p, sizeof p, "%s-shm", path);
+    unlink(p);
+}
+
+static uint32_t add_key(coord_state *s, int h, const char *salt, uint64_t size)
+{
+    coord_key k = {.hash_len = 32};
+    memset(k.hash, h, 32);
+    k.model = coord_names_intern(&s->models, "model/a");
+    k.salt = coord_names_intern(&s->salts, salt);
+    uint32_t idx = coord_keys_get(&s->keys, &k);
+    assert_int_equal(coord_usage_l2_store(s, idx, size, coord_names_intern(&s->backends, "fs"),
+                                          true), 0);
+    return idx;
+}
+
+static void test_round_trip(void **state)
+{
+    (void)state;
+    snprintf(path, sizeof path, "/tmp/coord-db-test-%d.db", (int)getpid());
+    remove_db();
+    coord_db *db;
+    char err[256];
+    coord_state s;
+    assert_int_equal(coord_state_init(&s), 0);
+    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coord_db_begin(db), 0);
+    for (int h = 1; h <= 5; h++)
+        assert_int_equal(coord_db_put_l2(db, &s, add_key(&s, h, "t1", 100u * h)), 0);
+    uint32_t k2 = add_key(&s, 2, "t1", 200); /* stored again: most recent now */
+    assert_int_equal(coord_db_put_l2(db, &s, k2), 0);
+    uint32_t k3 = add_key(&s, 3, "t1", 300);
+    assert_int_equal(coord_db_del_l2(db, &s, k3), 0);
+    coord_usage_l2_delete(&s, k3);
+    uint32_t k4 = add_key(&s, 4, "t1", 400);
+    assert_int_equal(coord_db_put_l2(db, &s, k4), 0);
+    s.keys.e[k4].pins = 2;
+    assert_int_equal(coord_db_put_pin(db, &s, k4), 0);
+    coord_cursor c = {.used = true, .incarnation = 77, .last_seq = 12, .gap = true};
+    assert_int_equal(coord_db_put_cursor(db, "inst-1", &c), 0);
+    assert_int_equal(coord_db_put_cursor(db, "inst-2", &c), 0);
+    assert_int_equal(coord_db_del_cursor(db, "inst-2"), 0);
+    assert_int_equal(coord_db_put_quota(db, "t1", 1.5), 0);
+    assert_int_equal(coord_db_put_quota(db, "t2", 2.0), 0);
+    assert_int_equal(coord_db_put_quota(db, "t2", -1), 0); /* removed */
+    assert_int_equal(coord_db_put_default(db, true, 0.25), 0);
+    assert_int_equal(coord_db_commit(db), 0);
+    coord_db_close(db);
+
+    coord_state r;
+    assert_int_equal(coord_state_init(&r), 0);
+    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coord_db_load(db, &r, err, sizeof err), 0);
+    uint32_t t1 = coord_names_find(&r.salts, "t1");
+    assert_int_not_equal(t1, COORD_NONE);
+    assert_int_equal(r.salt[t1].l2_count, 4);
+    assert_int_equal(r.salt[t1].l2_bytes, 100 + 200 + 400 + 500);
+    assert_true(r.salt[t1].has_quota && r.salt[t1].quota_gb == 1.5);
+    uint32_t t2 = coord_names_find(&r.salts, "t2");
+    assert_true(t2 == COORD_NONE || !r.salt[t2].has_quota);
+    assert_true(r.has_default_quota && r.default_quota_gb == 0.25);
+    /* LRU order: 1, 5, 2, 4 (4 touched last, by its second store). */
+    int want[] = {1, 5, 2, 4}, n = 0;
+    for (uint32_t i = r.salt[t1].lru_head; i != COORD_NONE; i = r.keys.e[i].lru_next, n++)
+        assert_int_equal(r.keys.e[i].hash[0], want[n]);
+    assert_int_equal(n, 4);
+    coord_key k;
+    coord_entry_key(&s.keys.e[k4], &k);
+    k.model = coord_names_find(&r.models, "model/a");
+    k.salt = t1;
+    uint32_t got = coord_keys_find(&r.keys, &k);
+    assert_int_not_equal(got, COORD_NONE);
+    assert_int_equal(r.keys.e[got].pins, 2);
+    assert_true(r.keys.e[got].flags & COORD_IN_L2);
+    uint32_t inst = coord_names_find(&r.instances, "inst-1");
+    assert_int_not_equal(inst, COORD_NONE);
+    assert_true(r.cursor[inst].used && r.cursor[inst].incarnation == 77 &&
+                r.cursor[inst].last_seq == 12 && r.cursor[inst].gap);
+    assert_int_equal(coord_names_find(&r.instances, "inst-2"), COORD_NONE);
+    coord_db_close(db);
+    coord_state_free(&r);
+    coord_state_free(&s);
+    remove_db();
+}
+
+/* The log is rewritten as a snapshot once it outgrows the live keys, and
+ * what comes back from the snapshot is what was there. */
+static void test_log_compaction(void **state)
+{
+    (void)state;
+    snprintf(path, sizeof path, "/tmp/coord-db-compact-%d.db", (int)getpid());
+    remove_db();
+    coord_db *db;
+    char err[256];
+    coord_state s;
+    assert_int_equal(coord_state_init(&s), 0);
+    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coord_db_begin(db), 0);
+    uint32_t idx[10];
+    for (int h = 0; h < 10; h++)
+        assert_int_equal(coord_db_put_l2(db, &s, idx[h] = add_key(&s, h + 1, "c", 10)), 0);
+    for (int i = 0; i < 120000; i++) { /* accesses: the log grows, the keys do not */
+        coord_usage_l2_touch(&s, idx[i % 7]);
+        assert_int_equal(coord_db_touch_l2(db, &s, idx[i % 7]), 0);
+    }
+    assert_int_equal(coord_db_commit(db), 0);
+    assert_true(db->log_records > 120000);
+    assert_int_equal(coord_db_maybe_compact(db, &s), 0);
+    assert_int_equal(db->log_records, 10);
+    assert_int_equal(coord_db_maybe_compact(db, &s), 0); /* nothing to do now */
+    assert_int_equal(db->log_records, 10);
+    coord_db_close(db);
+
+    coord_state r;
+    assert_int_equal(coord_state_init(&r), 0);
+    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coord_db_load(db, &r, err, sizeof err), 0);
+    uint32_t c = coord_names_find(&r.salts, "c");
+    assert_int_equal(r.salt[c].l2_count, 10);
+    assert_int_equal(r.salt[c].l2_bytes, 100);
+    /* LRU order survives: 8, 9, 10 never touched, then 1..7 by last touch. */
+    int want[] = {8, 9, 10, 7, 1, 2, 3, 4, 5, 6}, n = 0;
+    for (uint32_t i = r.salt[c].lru_head; i != COORD_NONE; i = r.keys.e[i].lru_next, n++)
+        assert_int_equal(r.keys.e[i].hash[0], want[n]);
+    assert_int_equal(n, 10);
+    coord_db_close(db);
+    coord_state_free(&r);
+    coord_state_free(&s);
+    remove_db();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_log_compaction),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
