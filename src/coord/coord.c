@@ -181,14 +181,17 @@ void lmc_coord_stop(lmc_coord *c)
         pthread_join(c->reporter, NULL);
     c->registrar_running = c->reporter_running = false;
     c->stopped = true;
+    /* Nothing reports any more.  A listener call already under way may
+     * still land in the buffer: `c` lives until lmc_coord_free, after the
+     * storage manager is closed. */
+    coord_detach_sources(c);
 }
 
 void lmc_coord_free(lmc_coord *c)
 {
     if (!c)
         return;
-    lmc_coord_stop(c);
-    coord_detach_sources(c);
+    lmc_coord_stop(c);   /* a no-op after the server's stop: never touches a closed storage */
     lmc_cev_batcher_free(c->events);
     free(c->l2_buf);
     if (c->auth_token) {

@@ -21,11 +21,13 @@ typedef struct lmc_coord lmc_coord;
  * be NULL (no events then).  NULL when cfg has no coordinator URL, or on
  * allocation failure (logged; the server runs without). */
 lmc_coord *lmc_coord_start(const lmc_config *cfg, int http_port, lmc_storage_manager *sm);
-/* Stops the threads: a last event flush, then DELETE of the registration,
- * each bounded by a short timeout.  The listeners stay registered (they
- * only fill the bounded buffer) until free.  NULL is a no-op. */
+/* Stops the threads (a last event flush, then DELETE of the
+ * registration, each bounded by a short timeout) and unsubscribes from the
+ * storage manager, which must still be open.  NULL is a no-op. */
 void lmc_coord_stop(lmc_coord *c);
-/* After the storage manager is closed (it may report until then). */
+/* After the storage manager is closed: a listener call that began before
+ * the stop may land until then.  Stops first if stop was not called (the
+ * storage manager must then still be open). */
 void lmc_coord_free(lmc_coord *c);
 
 /* The "coordinator" object of /status.  New reference. */

@@ -480,6 +480,10 @@ static void start_otlp(lmc_server *s)
 /* With the HTTP frontend only: the coordinator calls us back on it. */
 static void start_coordinator(lmc_server *s)
 {
+    const lmc_coordinator_config *cc = &s->cfg->coordinator;
+    if (!cc->url[0] && (cc->event_reporting || cc->l2_event_reporting))
+        LMC_WARN("--coordinator-event-reporting / --coordinator-l2-event-reporting: no "
+                 "--coordinator-url, so no events are reported (docs/fleet.md)");
     if (!s->http)
         return;
     s->coord = lmc_coord_start(s->cfg, lmc_http_server_port(s->http), s->ctx.storage);

@@ -169,6 +169,22 @@ def coord_status(srv):
     return body["coordinator"]
 
 
+def metric_values(srv):
+    """{family: value} of the unlabelled samples of /metrics."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and not line.startswith("#") and "{" not in parts[0]:
+            out[parts[0]] = float(parts[1])
+    return out
+
+
 def start(coord, *extra, **kw):
     return Server("--coordinator-url", coord.url, "--coordinator-heartbeat-interval",
                   str(INTERVAL), "--chunk-size", str(CS), *extra, **kw)
@@ -216,6 +232,11 @@ def test_registration_body_heartbeats_and_deregistration(coord):
         assert "s3cret" not in json.dumps(cfg)
         assert cfg["coordinator"]["coordinator_auth_token"] == "***"
         assert len(coord.of("register")) == 1
+        metrics = metric_values(srv)
+        assert metrics["lmcache_mp_coordinator_registered"] == 1
+        assert metrics["lmcache_mp_coordinator_registrations_total"] == 1
+        assert metrics["lmcache_mp_coordinator_heartbeats_total"] >= 5
+        assert metrics["lmcache_mp_coordinator_request_failures_total"] == 0
     finally:
         t0 = time.monotonic()
         stop_ok(srv)
@@ -448,6 +469,9 @@ def test_event_stream(coord):
         ev = coord_status(srv)
         assert ev["batches_sent"] == len(all_b) and ev["batches_dropped"] == 0
         assert ev["seq"] == seqs[-1]
+        metrics = metric_values(srv)
+        assert metrics["lmcache_mp_coordinator_event_batches_sent_total"] >= len(all_b)
+        assert metrics["lmcache_mp_coordinator_event_entries_dropped_total"] == 0
     finally:
         for w in ws:
             w.close()
