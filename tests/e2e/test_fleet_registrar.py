@@ -505,25 +505,27 @@ def test_failing_events_endpoint_makes_a_seq_gap(coord):
         for w in ws:
             w.store(toks2, 0, 2 * CS)
 
-        def accepted():
-            return [r for r in coord.of("events") if r["mode"] == "ok"]
+        def stores_after_recovery():
+            posts = coord.of("events")
+            last_failed = max(i for i, r in enumerate(posts) if r["mode"] != "ok")
+            return [e for r in posts[last_failed + 1:] for b in r["body"]["batches"]
+                    if b["event_type"] == "store" for e in b["entries"]]
 
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            stores = [e for r in accepted()[1:] for b in r["body"]["batches"]
-                      if b["event_type"] == "store" for e in b["entries"]]
-            if len(stores) >= 4:
-                break
+        while len(stores_after_recovery()) < 4 and time.monotonic() < deadline:
             time.sleep(0.1)
-        ok = accepted()
-        before = {b["seq"] for b in ok[0]["body"]["batches"]}
-        after = [b for r in ok[1:] for b in r["body"]["batches"]]
-        assert after, "no post accepted after the endpoint recovered"
+        posts = coord.of("events")
+        failed_at = [i for i, r in enumerate(posts) if r["mode"] != "ok"]
+        seqs_of = lambda rs: [b["seq"] for r in rs for b in r["body"]["batches"]]  # noqa: E731
+        before = seqs_of(posts[:failed_at[0]])
+        lost = seqs_of(posts[failed_at[0]:failed_at[-1] + 1])
+        after_posts = posts[failed_at[-1] + 1:]
+        after = [b for r in after_posts for b in r["body"]["batches"]]
+        assert before and after, "no post accepted before the failures or after them"
+        assert all(r["mode"] == "ok" for r in after_posts)
         # The lost posts' seqs are never reused: a gap the coordinator sees.
-        assert min(b["seq"] for b in after) > max(before) + 1
-        lost = {b["seq"] for r in coord.of("events") if r["mode"] != "ok"
-                for b in r["body"]["batches"]}
-        assert lost and not lost & {b["seq"] for b in after} and not lost & before
+        assert min(lost) == max(before) + 1
+        assert min(b["seq"] for b in after) == max(lost) + 1 > max(before) + 1
         # The capacity declaration was kept through the failures.
         assert any(b["event_type"] == "config" for b in after)
         assert srv.alive()
