@@ -90,6 +90,9 @@ typedef struct {
     double heartbeat_interval;       /* --coordinator-heartbeat-interval, 5.0 */
     bool l2_event_reporting;         /* --coordinator-l2-event-reporting, false */
     double l2_event_flush_interval;  /* --coordinator-l2-event-flush-interval, 1.0 */
+    bool event_reporting;            /* --coordinator-event-reporting, false */
+    double event_flush_interval;     /* --coordinator-event-flush-interval, 1.0 */
+    char *auth_token;                /* --coordinator-auth-token / ..._AUTH_TOKEN; NULL = none */
 } lmc_coordinator_config;
 
 /* --- Storage manager (docs/configuration.md, "Storage Manager (L1)" and

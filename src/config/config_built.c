@@ -2,8 +2,8 @@
  *
  * Parsing and validation follow upstream, so a configuration that upstream
  * accepts parses here too.  But a flag that parses and then does nothing
- * would let an operator believe a feature is on (a coordinator that never
- * hears of us, a trace file that is never written), so the server refuses
+ * would let an operator believe a feature is on (a trace file that is
+ * never written), so the server refuses
  * such a value at start, naming the flag.  The list shrinks as features
  * land; docs/configuration.md, "Flags refused by this version", keeps it. */
 #include <stdio.h>
@@ -21,7 +21,6 @@ static bool wants_blend(const lmc_config *c) { return strcmp(c->mp.engine_type, 
 static bool wants_segmented(const lmc_config *c) { return c->mp.enable_segmented_prefix; }
 static bool wants_scripts(const lmc_config *c) { return c->mp.script_allowed_imports.count > 0; }
 static bool wants_p2p(const lmc_config *c) { return c->p2p.advertise_url[0] != '\0'; }
-static bool wants_coordinator(const lmc_config *c) { return c->coordinator.url[0] != '\0'; }
 static bool wants_trace(const lmc_config *c) { return c->obs.trace_level || c->obs.trace_output; }
 static bool wants_extra_logging(const lmc_config *c) { return c->obs.enable_extra_logging; }
 
@@ -32,9 +31,6 @@ static const unbuilt_feature unbuilt[] = {
     {"--script-allowed-imports", wants_scripts,
      "lmcached serves no /run_script route (docs/http.md), so there is nothing to import into"},
     {"--p2p-advertise-url", wants_p2p, "P2P between servers is not built into this version"},
-    {"--coordinator-url", wants_coordinator,
-     "coordinator registration is not built into this version (the flag or "
-     "LMCACHE_COORDINATOR_URL)"},
     {"--trace-level", wants_trace,
      "replayable trace recording (--trace-level, --trace-output) is not built into this version"},
     {"--enable-extra-logging", wants_extra_logging,
@@ -49,6 +45,13 @@ int lmc_config_check_built(const lmc_config *cfg, char *err, size_t errlen)
             snprintf(err, errlen, "%s: %s", unbuilt[i].flag, unbuilt[i].missing);
             return -1;
         }
+    }
+    /* The registrar runs with the HTTP frontend (docs/fleet.md): without
+     * one the URL would be accepted and do nothing. */
+    if (cfg->coordinator.url[0] != '\0' && !cfg->http.enabled) {
+        snprintf(err, errlen, "--coordinator-url: the coordinator is only used with the HTTP "
+                              "frontend, which --no-http turns off");
+        return -1;
     }
     return 0;
 }

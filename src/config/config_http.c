@@ -88,5 +88,10 @@ int lmc_cfg_check_http(lmc_config *cfg, lmc_cfg_err *e)
     if (t && !token_ok(t))
         return lmc_cfg_fail(e, "--http-auth-token (or LMCACHE_HTTP_AUTH_TOKEN): must be at "
                                "most 4096 visible ASCII characters (no blanks)");
+    /* The coordinator's token goes out in the same header (docs/fleet.md). */
+    const char *ct = cfg->coordinator.auth_token;
+    if (ct && !token_ok(ct))
+        return lmc_cfg_fail(e, "--coordinator-auth-token (or LMCACHE_COORDINATOR_AUTH_TOKEN): "
+                               "must be 1 to 4096 visible ASCII characters (no blanks)");
     return 0;
 }

@@ -10,6 +10,7 @@
 #include "modules/module.h"
 #include "obs/log.h"
 #include "rpc/rpc.h"
+#include "coord/coord.h"
 #include "server/server_internal.h"
 #include "storage/l2/l2_service.h"
 #include "storage/storage_manager.h"
@@ -220,6 +221,8 @@ json_t *lmc_server_report_status(lmc_server *s)
                                   (json_int_t)lmc_key_interner_refused(s->ctx.interner),
                                   "evicted",
                                   (json_int_t)lmc_key_interner_evicted(s->ctx.interner)));
+    if (s->coord)
+        json_object_set_new(status, "coordinator", lmc_coord_status(s->coord));
     json_object_set_new(status, "is_healthy", json_boolean(healthy));
     return status;
 }
@@ -236,6 +239,7 @@ void lmc_server_free(lmc_server *s)
     lmc_rpc_server_free(s->rpc);
     if (s->ctx.storage)
         lmc_storage_manager_close(s->ctx.storage);
+    lmc_coord_free(s->coord); /* its listeners heard the storage until it closed */
     lmc_event_bus_free(s->ctx.events);
     lmc_server_free_metrics(s); /* after the bus: its subscriber points here */
     lmc_sessions_free(s->ctx.sessions);

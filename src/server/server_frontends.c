@@ -10,6 +10,7 @@
 #include "obs/log.h"
 #include "rpc/wire.h"
 #include "modules/kv_checksums.h"
+#include "coord/coord.h"
 #include "server/server_internal.h"
 #include "server/kv_http.h"
 #include "server/warm_prefetch.h"
@@ -483,10 +484,26 @@ static void start_otlp(lmc_server *s)
                  s->spans ? " (metrics and traces)" : "");
 }
 
+/* With the HTTP frontend only: the coordinator calls us back on it. */
+static void start_coordinator(lmc_server *s)
+{
+    const lmc_coordinator_config *cc = &s->cfg->coordinator;
+    if (!cc->url[0] && (cc->event_reporting || cc->l2_event_reporting))
+        LMC_WARN("--coordinator-event-reporting / --coordinator-l2-event-reporting: no "
+                 "--coordinator-url, so no events are reported (docs/fleet.md)");
+    if (!s->http)
+        return;
+    s->coord = lmc_coord_start(s->cfg, lmc_http_server_port(s->http), s->ctx.storage);
+    if (s->coord && !s->cfg->obs.disable_metrics &&
+        lmc_metrics_add_collector(s->metrics, lmc_coord_collect_metrics, s->coord) != 0)
+        LMC_WARN("coordinator metrics are not exported: cannot register the collector");
+}
+
 void lmc_server_frontends_ready(lmc_server *s)
 {
     attach_subscribers(s);
     start_otlp(s);
+    start_coordinator(s);
     s->warm = lmc_warm_prefetch_new(&s->ctx); /* NULL: /cache/prefetches answers 503 */
     atomic_store(&s->ready, true);
     s->plugins = lmc_plugins_start(s->cfg, environ);
@@ -494,6 +511,9 @@ void lmc_server_frontends_ready(lmc_server *s)
 
 void lmc_server_stop_frontends(lmc_server *s)
 {
+    /* First, while the HTTP frontend still answers: the last events, then
+     * the deregistration, each bounded by a short timeout. */
+    lmc_coord_stop(s->coord);
     lmc_plugins_stop(s->plugins);
     s->plugins = NULL;
     lmc_http_server_stop(s->http);

@@ -829,6 +829,17 @@ void lmc_l1_manager_touch(lmc_l1_manager *m, const lmc_object_key *keys, size_t 
     l1_unlock_and_dispatch(m);
 }
 
+void lmc_l1_manager_resident_sizes(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
+                                   uint64_t *sizes)
+{
+    pthread_mutex_lock(&m->mutex);
+    for (size_t i = 0; i < n; i++) {
+        const l1_entry *e = find_entry(m, &keys[i]);
+        sizes[i] = e && e->object.resident ? e->object.raw_size : 0;
+    }
+    pthread_mutex_unlock(&m->mutex);
+}
+
 lmc_l1_evictability lmc_l1_manager_is_evictable(lmc_l1_manager *m, const lmc_object_key *key)
 {
     pthread_mutex_lock(&m->mutex);

@@ -194,6 +194,10 @@ size_t lmc_l1_manager_take_reuse_gaps(lmc_l1_manager *m, double *gaps_s, size_t 
 /* Reports an access to listeners (LRU touch) and refreshes the objects'
  * last-touch time. */
 void lmc_l1_manager_touch(lmc_l1_manager *m, const lmc_object_key *keys, size_t n);
+/* sizes[i]: the raw size of keys[i]'s resident copy, 0 when not resident.
+ * Read-only; no event. */
+void lmc_l1_manager_resident_sizes(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
+                                   uint64_t *sizes);
 lmc_l1_evictability lmc_l1_manager_is_evictable(lmc_l1_manager *m, const lmc_object_key *key);
 
 /* Commits `bytes` more of the configured arena to the allocator (lazy

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,7 @@ struct lmc_storage_manager {
     void *l2;
     lmc_quotas *quotas;                   /* per-salt L2 limits (docs/l2.md) */
     lmc_storage_telemetry *telemetry;     /* events for the metrics */
+    _Atomic(const lmc_l2_placement_sink *) placement_sink;   /* docs/fleet.md */
 };
 
 /* ---- listeners --------------------------------------------------------- */
@@ -574,6 +576,28 @@ int lmc_storage_manager_delete(lmc_storage_manager *sm, const lmc_object_key *ke
 long lmc_storage_manager_clear(lmc_storage_manager *sm, bool force)
 {
     return lmc_l1_manager_clear(sm->l1, force);
+}
+
+void lmc_storage_manager_set_l2_placement_sink(lmc_storage_manager *sm,
+                                               const lmc_l2_placement_sink *sink)
+{
+    atomic_store(&sm->placement_sink, sink);
+}
+
+void lmc_storage_manager_report_l2_placement(lmc_storage_manager *sm, lmc_placement_kind kind,
+                                             const char *backend, bool shared,
+                                             const lmc_object_key *keys, const uint64_t *sizes,
+                                             size_t n)
+{
+    const lmc_l2_placement_sink *sink = atomic_load(&sm->placement_sink);
+    if (sink && n > 0)
+        sink->fn(sink->user, kind, backend, shared, keys, sizes, n);
+}
+
+void lmc_storage_manager_resident_sizes(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                        size_t n, uint64_t *sizes)
+{
+    lmc_l1_manager_resident_sizes(sm->l1, keys, n, sizes);
 }
 
 void lmc_storage_manager_touch(lmc_storage_manager *sm, const lmc_object_key *keys, size_t n)

@@ -101,6 +101,35 @@ int lmc_storage_manager_add_listener(lmc_storage_manager *sm, const lmc_storage_
  * produce events are in flight, e.g. at shutdown). */
 void lmc_storage_manager_remove_listener(lmc_storage_manager *sm, const lmc_storage_listener *l);
 
+/* ---- L2 placements (the coordinator's cache-event stream, docs/fleet.md)
+ * What each L2 adapter stored (with sizes), deleted (sizes NULL) and loaded
+ * back into L1 (an access; sizes NULL), named by the adapter's type and its
+ * "shared" flag.  Reported on adapter worker threads or the deleting
+ * thread, never with a lock held; the sink must be quick and must not
+ * block.  Without a sink a report costs one atomic load. */
+typedef enum lmc_placement_kind {
+    LMC_PLACEMENT_STORED,
+    LMC_PLACEMENT_DELETED,
+    LMC_PLACEMENT_ACCESSED,
+} lmc_placement_kind;
+typedef struct lmc_l2_placement_sink {
+    void (*fn)(void *user, lmc_placement_kind kind, const char *backend, bool shared,
+               const lmc_object_key *keys, const uint64_t *sizes, size_t n);
+    void *user;
+} lmc_l2_placement_sink;
+/* `sink` (NULL: none) must outlive the storage manager's L2 threads, or be
+ * unset before it goes away. */
+void lmc_storage_manager_set_l2_placement_sink(lmc_storage_manager *sm,
+                                               const lmc_l2_placement_sink *sink);
+void lmc_storage_manager_report_l2_placement(lmc_storage_manager *sm, lmc_placement_kind kind,
+                                             const char *backend, bool shared,
+                                             const lmc_object_key *keys, const uint64_t *sizes,
+                                             size_t n);
+/* sizes[i]: raw bytes of keys[i]'s resident L1 copy, 0 when not resident
+ * (takes the L1 lock once; for reporters, off the request path). */
+void lmc_storage_manager_resident_sizes(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                        size_t n, uint64_t *sizes);
+
 /* ---- events (metrics) --------------------------------------------------
  * Attaches the event bus the storage manager and its L2 tier publish on
  * (obs/events.h: L1_*, SM_*, L2_*); `sample_rate` is --metrics-sample-rate

@@ -190,6 +190,7 @@ def test_dashboard_renders_status():
         assert text(browser, "l1-capacity") == fmt_bytes(l1["capacity"])
         assert text(browser, "l1-used") == fmt_bytes(l1["used"])
         assert text(browser, "v-l2") == "none"  # no L2 adapters in this build
+        assert text(browser, "v-coord") == "off"  # no --coordinator-url
         assert text(browser, "v-l1-objects") == f"{l1['num_objects']:,}"
         sessions = status["modules"]["lookup"]["sessions"]
         assert text(browser, "v-sessions") == f"{sessions:,}"
@@ -231,4 +232,39 @@ def test_dashboard_renders_status():
         if browser:
             browser.close()
         rc = s.stop()
+    assert rc == 0, s.output()
+
+
+@needs_chromium
+def test_dashboard_shows_the_coordinator_registration():
+    from test_fleet_registrar import FakeCoordinator
+
+    coord = FakeCoordinator()
+    s = Server("--coordinator-url", coord.url, "--coordinator-heartbeat-interval", "0.3",
+               "--instance-id", "mp-dash")
+    browser = None
+    try:
+        coord.wait_for("heartbeat", 1)
+        browser = Browser()
+        for domain in ("Runtime", "Log", "Page"):
+            browser.call(f"{domain}.enable")
+        browser.call("Page.navigate", url=f"http://127.0.0.1:{s.http_port}/dashboard")
+        assert browser.wait_for("document.getElementById('v-coord')?.textContent === "
+                                "'Registered'"), browser.errors()
+        sub = text(browser, "s-coord")
+        assert sub.startswith(f"mp-dash · {coord.url} · last heartbeat "), sub
+        # The coordinator forgets us and refuses us: the page says so.
+        coord.behaviour.update(heartbeat="404", register="500")
+        assert browser.wait_for("document.getElementById('v-coord')?.textContent === "
+                                "'Not registered'", timeout=15), browser.errors()
+        assert browser.wait_for("document.getElementById('s-coord')?.textContent"
+                                ".includes('HTTP 500')", timeout=15), text(browser, "s-coord")
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        browser.screenshot(os.path.join(ARTIFACTS, "dashboard-coordinator.png"))
+        assert browser.errors() == []
+    finally:
+        if browser:
+            browser.close()
+        rc = s.stop()
+        coord.close()
     assert rc == 0, s.output()

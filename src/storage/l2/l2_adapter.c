@@ -49,6 +49,7 @@ struct lmc_l2_adapter {
     atomic_uint_fast64_t stores_ok, stores_failed, bytes_stored, lookups, lookup_keys,
         lookup_hits, loads, load_keys, load_ok, deleted;
     lmc_l2_observer obs;      /* all callbacks NULL unless L2 eviction tracks us */
+    lmc_l2_observer reporter; /* placement reports (lmc_l2_adapter_set_reporter) */
 };
 
 static void task_free(task *t)
@@ -123,6 +124,8 @@ static void finish_task(lmc_l2_adapter *a, task *t)
             atomic_fetch_add(&a->bytes_stored, (uint64_t)t->result);
         if (t->result >= 0 && a->obs.on_stored)
             a->obs.on_stored(a->obs.user, t->keys, t->sizes, t->n);
+        if (t->result >= 0 && a->reporter.on_stored)
+            a->reporter.on_stored(a->reporter.user, t->keys, t->sizes, t->n);
         return;
     case LMC_L2_OP_LOOKUP:
         atomic_fetch_add(&a->lookups, 1);
@@ -135,6 +138,8 @@ static void finish_task(lmc_l2_adapter *a, task *t)
         atomic_fetch_add(&a->load_ok, hits);
         if (a->obs.on_loaded)
             a->obs.on_loaded(a->obs.user, t->keys, t->bitmap, t->n);
+        if (a->reporter.on_loaded)
+            a->reporter.on_loaded(a->reporter.user, t->keys, t->bitmap, t->n);
         return;
     default:
         return;
@@ -464,12 +469,19 @@ size_t lmc_l2_adapter_delete(lmc_l2_adapter *a, const lmc_object_key *keys, size
     atomic_fetch_add(&a->deleted, d);
     if (d == n && n && a->obs.on_deleted) /* partial: the caller retries per key */
         a->obs.on_deleted(a->obs.user, keys, n);
+    if (d == n && n && a->reporter.on_deleted)
+        a->reporter.on_deleted(a->reporter.user, keys, n);
     return d;
 }
 
 void lmc_l2_adapter_set_observer(lmc_l2_adapter *a, const lmc_l2_observer *obs)
 {
     a->obs = *obs;
+}
+
+void lmc_l2_adapter_set_reporter(lmc_l2_adapter *a, const lmc_l2_observer *obs)
+{
+    a->reporter = *obs;
 }
 
 void lmc_l2_adapter_usage(lmc_l2_adapter *a, lmc_l2_usage *u)

@@ -194,6 +194,9 @@ typedef struct lmc_l2_observer {
     void (*on_deleted)(void *user, const lmc_object_key *keys, size_t n);
 } lmc_l2_observer;
 void lmc_l2_adapter_set_observer(lmc_l2_adapter *a, const lmc_l2_observer *obs);
+/* A second observer with the same contract, for the placement reports of
+ * the L2 service (storage_manager.h, "L2 placements"). */
+void lmc_l2_adapter_set_reporter(lmc_l2_adapter *a, const lmc_l2_observer *obs);
 
 /* The adapter's backend (tests, status). */
 lmc_l2_backend *lmc_l2_adapter_backend(lmc_l2_adapter *a);

@@ -16,10 +16,18 @@
 #include "storage/l2/l2_eviction.h"
 #include "storage/l2/l2_internal.h"
 
+/* Per adapter: what its placement reports name (storage_manager.h). */
+typedef struct adapter_reporter {
+    lmc_storage_manager *sm;
+    const char *backend;           /* the adapter's type name */
+    bool shared;
+} adapter_reporter;
+
 typedef struct l2_service {
     lmc_storage_manager *sm;
     lmc_l2_adapter **ad;
     bool *shared;                  /* per adapter: its JSON's "shared" (docs/l2.md) */
+    adapter_reporter *reporters;   /* per adapter */
     size_t na;
     lmc_l2_store_ctl *store;
     lmc_l2_prefetch_ctl *prefetch;
@@ -73,6 +81,7 @@ static void svc_close(void *impl)
     lmc_l2_eviction_free(s->eviction);
     free(s->ad);
     free(s->shared);
+    free(s->reporters);
     free(s);
 }
 
@@ -179,18 +188,59 @@ static int start_eviction(l2_service *s, const lmc_strlist *l)
     return rc;
 }
 
+static void report_stored(void *user, const lmc_object_key *keys, const uint64_t *sizes,
+                          size_t n)
+{
+    adapter_reporter *r = user;
+    lmc_storage_manager_report_l2_placement(r->sm, LMC_PLACEMENT_STORED, r->backend, r->shared,
+                                            keys, sizes, n);
+}
+
+/* A load that landed in L1 is the adapter's "access" of those keys. */
+static void report_loaded(void *user, const lmc_object_key *keys, const uint8_t *ok, size_t n)
+{
+    adapter_reporter *r = user;
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j < n && ok[j])
+            j++;
+        lmc_storage_manager_report_l2_placement(r->sm, LMC_PLACEMENT_ACCESSED, r->backend,
+                                                r->shared, keys + i, NULL, j - i);
+        i = j + 1;
+    }
+}
+
+static void report_deleted(void *user, const lmc_object_key *keys, size_t n)
+{
+    adapter_reporter *r = user;
+    lmc_storage_manager_report_l2_placement(r->sm, LMC_PLACEMENT_DELETED, r->backend, r->shared,
+                                            keys, NULL, n);
+}
+
+static void attach_reporters(l2_service *s)
+{
+    for (size_t a = 0; a < s->na; a++) {
+        s->reporters[a] = (adapter_reporter){s->sm, lmc_l2_adapter_type(s->ad[a]), s->shared[a]};
+        lmc_l2_observer obs = {.user = &s->reporters[a], .on_stored = report_stored,
+                               .on_loaded = report_loaded, .on_deleted = report_deleted};
+        lmc_l2_adapter_set_reporter(s->ad[a], &obs);
+    }
+}
+
 static int build(l2_service *s, const lmc_config *cfg, char *err, size_t errlen)
 {
     const lmc_strlist *l = &cfg->storage.l2_adapter_json;
     uint8_t *base = lmc_storage_manager_l1_arena(s->sm)->base;
     s->ad = calloc(l->count, sizeof *s->ad);
     s->shared = calloc(l->count, sizeof *s->shared);
-    if (!s->ad || !s->shared)
+    s->reporters = calloc(l->count ? l->count : 1, sizeof *s->reporters);
+    if (!s->ad || !s->shared || !s->reporters)
         return snprintf(err, errlen, "out of memory"), -1;
     for (; s->na < l->count; s->na++)
         if (!(s->ad[s->na] = adapter_from_text(l->items[s->na], s->na, base, &s->shared[s->na],
                                                err, errlen)))
             return -1;
+    attach_reporters(s);
     const lmc_storage_config *sc = &cfg->storage;
     lmc_l2_prefetch_options po = {
         .retain = sc->l2_prefetch_policy && strcmp(sc->l2_prefetch_policy, "retain") == 0,

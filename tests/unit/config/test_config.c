@@ -223,7 +223,9 @@ static const char *const all_args[] = {
     "--p2p-rdma-handshake-timeout-ms", "500", "--http-host", "127.0.0.1", "--http-port",
     "8081", "--no-http", "--http-auth-token", "tok", "--http-max-buffered-mb", "64", "--coordinator-url", "http://c:9000", "--coordinator-advertise-ip", "10.0.0.1",
     "--coordinator-heartbeat-interval", "2.5", "--coordinator-l2-event-reporting",
-    "--coordinator-l2-event-flush-interval", "0.5", "--l1-size-gb", "2.5",
+    "--coordinator-l2-event-flush-interval", "0.5", "--coordinator-event-reporting",
+    "--coordinator-event-flush-interval", "0.25", "--coordinator-auth-token", "ctok",
+    "--l1-size-gb", "2.5",
     "--no-l1-use-lazy", "--l1-init-size-gb", "4", "--l1-align-bytes", "8192",
     "--no-gds-l1-use-direct-io", "--gds-l1-backend", "cufile", "--l1-write-ttl-seconds",
     "60", "--l1-read-ttl-seconds", "30", "--eviction-policy", "ARC",
@@ -291,6 +293,9 @@ static void assert_all_net(const lmc_config *c)
     assert_true(c->coordinator.heartbeat_interval == 2.5);
     assert_true(c->coordinator.l2_event_reporting);
     assert_true(c->coordinator.l2_event_flush_interval == 0.5);
+    assert_true(c->coordinator.event_reporting);
+    assert_true(c->coordinator.event_flush_interval == 0.25);
+    assert_string_equal(c->coordinator.auth_token, "ctok");
 }
 
 static void assert_all_storage(const lmc_storage_config *s)
@@ -602,9 +607,15 @@ static void test_env_fallbacks(void **state)
                    "LMCACHE_COORDINATOR_HEARTBEAT_INTERVAL=2.5",
                    "LMCACHE_COORDINATOR_L2_EVENT_REPORTING=Yes",
                    "LMCACHE_COORDINATOR_L2_EVENT_FLUSH_INTERVAL=0.25",
+                   "LMCACHE_COORDINATOR_EVENT_REPORTING=true",
+                   "LMCACHE_COORDINATOR_EVENT_FLUSH_INTERVAL=0.75",
+                   "LMCACHE_COORDINATOR_AUTH_TOKEN=env-token",
                    "LMCACHE_LOG_LEVEL=debug", NULL};
     lmc_config c;
     ENV_OK(&c, env, "--port", "5555");
+    assert_true(c.coordinator.event_reporting);
+    assert_true(c.coordinator.event_flush_interval == 0.75);
+    assert_string_equal(c.coordinator.auth_token, "env-token");
     assert_string_equal(c.coordinator.url, "http://coord:8000");
     assert_string_equal(c.coordinator.advertise_ip, "10.1.2.3");
     assert_true(c.coordinator.heartbeat_interval == 2.5);

@@ -541,9 +541,15 @@ static void test_unbuilt_features_refused(void **state)
     expect_unbuilt(NULL, ARGS("--enable-segmented-prefix"), "--enable-segmented-prefix");
     expect_unbuilt(NULL, ARGS("--script-allowed-imports", "math"), "--script-allowed-imports");
     expect_unbuilt(NULL, ARGS("--script-allowed-imports"), NULL);
-    expect_unbuilt(NULL, ARGS("--coordinator-url", "http://c:8000"), "--coordinator-url");
+    /* Coordinator registration is built (docs/fleet.md); it needs the HTTP
+     * frontend, so with --no-http the URL is refused. */
+    expect_unbuilt(NULL, ARGS("--coordinator-url", "http://c:8000"), NULL);
     char *env[] = {"LMCACHE_COORDINATOR_URL=http://c:8000", NULL};
-    expect_unbuilt(env, NULL, "--coordinator-url");
+    expect_unbuilt(env, NULL, NULL);
+    expect_unbuilt(NULL, ARGS("--coordinator-url", "http://c:8000", "--no-http"),
+                   "--coordinator-url");
+    expect_unbuilt(env, ARGS("--no-http"), "--coordinator-url");
+    expect_unbuilt(NULL, ARGS("--no-http"), NULL);
     expect_unbuilt(NULL, ARGS("--p2p-advertise-url", "10.0.0.1:9000", "--coordinator-url", "http://c"),
                    "--p2p-advertise-url");
     expect_unbuilt(NULL, ARGS("--trace-level", "storage"), "--trace-level");
@@ -584,6 +590,12 @@ static void test_http_auth_token(void **state)
                       "--http-auth-token", "two words");
     expect_secret_err(run(NULL, true, ARGS("--http-auth-token", "tab\there")),
                       "visible ASCII", "tab\there");
+    /* The coordinator's token goes out in the same header (docs/fleet.md). */
+    OK("--coordinator-auth-token", "c-tok_1");
+    expect_secret_err(run(NULL, true, ARGS("--coordinator-auth-token", "")),
+                      "--coordinator-auth-token (or LMCACHE_COORDINATOR_AUTH_TOKEN)", NULL);
+    expect_secret_err(run(NULL, true, ARGS("--coordinator-auth-token", "x\r\nHost: y")),
+                      "--coordinator-auth-token", "Host: y");
     char big[4098];
     memset(big, 'x', 4097);
     big[4097] = '\0';

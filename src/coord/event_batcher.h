@@ -1,0 +1,102 @@
+/* The cache-event batcher of the coordinator stream (docs/fleet.md,
+ * "Cache-event stream"), without any network: producers add placement
+ * facts into a bounded ring, one sender takes them as the body of the next
+ * `POST {url}/events` and settles it as delivered or lost.
+ *
+ * Thread-safety: add, declare, redeclare and stats from any thread; take
+ * and settle from one sender thread, alternately (take, settle, take ...). */
+#ifndef LMC_COORD_EVENT_BATCHER_H
+#define LMC_COORD_EVENT_BATCHER_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "storage/object_key.h"
+
+typedef enum lmc_cev_type { LMC_CEV_STORE, LMC_CEV_DELETE, LMC_CEV_ACCESS } lmc_cev_type;
+typedef enum lmc_cev_tier { LMC_CEV_L1, LMC_CEV_L2 } lmc_cev_tier;
+
+/* A size the sender resolves at take time (an L1 store: the listener that
+ * sees it runs on the request path and has no size at hand). */
+#define LMC_CEV_SIZE_UNKNOWN UINT64_MAX
+
+/* One storage compartment of a capacity declaration. */
+#define LMC_CEV_BACKEND_MAX 64
+typedef struct lmc_cev_compartment {
+    lmc_cev_tier tier;
+    char backend[LMC_CEV_BACKEND_MAX];
+    bool shared;
+    uint64_t capacity_bytes;   /* 0 = unlimited */
+} lmc_cev_compartment;
+
+typedef struct lmc_cev_stats {
+    uint64_t seq;                /* last seq handed out (0: none yet) */
+    uint64_t batches_sent;       /* in posts the coordinator accepted */
+    uint64_t batches_dropped;    /* placement batches of failed posts (seq gaps) */
+    uint64_t entries_sent;
+    uint64_t entries_dropped;    /* of failed posts, plus entries_overflowed */
+    uint64_t entries_overflowed; /* oldest entries pushed out of a full ring */
+    uint64_t posts_ok, posts_failed;
+    size_t queued;
+    uint64_t capacity_revision;  /* of the latest declaration (0: none) */
+    bool capacity_pending;       /* that declaration is not delivered yet */
+} lmc_cev_stats;
+
+/* sizes[i] for keys[i]; called by take() without the batcher's lock. */
+typedef void (*lmc_cev_size_fn)(void *user, const lmc_object_key *keys, size_t n,
+                                uint64_t *sizes);
+
+/* What one take() put into its post, for settle(). */
+typedef struct lmc_cev_take {
+    size_t placement_batches, placement_entries, config_batches;
+    uint64_t revision;           /* of the declaration included; 0: none */
+    uint64_t generation;         /* of its pending state (a redeclare bumps it) */
+} lmc_cev_take;
+
+typedef struct lmc_cev_batcher lmc_cev_batcher;
+
+/* `capacity`: entries the ring holds (> 0).  `instance_id` is copied;
+ * `incarnation` is the server's start time (Unix seconds).  NULL on
+ * allocation failure. */
+lmc_cev_batcher *lmc_cev_batcher_new(const char *instance_id, int64_t incarnation,
+                                     size_t capacity);
+void lmc_cev_batcher_free(lmc_cev_batcher *b);
+
+/* Appends n entries of one kind.  `backend` must outlive the batcher (a
+ * literal or an adapter's type name); sizes NULL gives every key
+ * `size` (0 for delete and access; LMC_CEV_SIZE_UNKNOWN: resolve at take).
+ * A full ring drops its oldest entries (counted), never blocks. */
+void lmc_cev_batcher_add(lmc_cev_batcher *b, lmc_cev_type type, lmc_cev_tier tier,
+                         const char *backend, bool shared, const lmc_object_key *keys,
+                         const uint64_t *sizes, uint64_t size, size_t n);
+
+/* A new capacity declaration (one config batch per compartment, all with
+ * one new capacity_revision) replaces any undelivered one.  0, or -1 on
+ * allocation failure (the previous declaration stays). */
+int lmc_cev_batcher_declare(lmc_cev_batcher *b, const lmc_cev_compartment *c, size_t n);
+/* Marks the latest declaration undelivered again (the coordinator keeps it
+ * in memory only: after a (re-)registration it is sent again). */
+void lmc_cev_batcher_redeclare(lmc_cev_batcher *b);
+
+/* The next post body {"batches":[...]}: the pending declaration's config
+ * batches first, then the queued entries, consecutive entries of the same
+ * (type, tier, backend, shared) coalesced into one batch; every batch gets
+ * the next seq.  `resolve` (may be NULL) fills LMC_CEV_SIZE_UNKNOWN sizes.
+ * NULL when there is nothing to send (or on allocation failure: the
+ * entries are then counted as dropped).  `now` is the batches' ts. */
+json_t *lmc_cev_batcher_take(lmc_cev_batcher *b, double now, lmc_cev_size_fn resolve,
+                             void *user, lmc_cev_take *taken);
+/* The post's fate: delivered marks its declaration delivered (unless a
+ * newer one replaced it); lost drops its placement batches (a seq gap the
+ * coordinator sees) and keeps the declaration for the next take. */
+void lmc_cev_batcher_settle(lmc_cev_batcher *b, const lmc_cev_take *taken, bool delivered);
+
+lmc_cev_stats lmc_cev_batcher_stats(lmc_cev_batcher *b);
+
+/* EncodedObjectKey (docs/http.md, DELETE /cache/objects).  New reference. */
+json_t *lmc_cev_encode_key(const lmc_object_key *k);
+const char *lmc_cev_type_name(lmc_cev_type type);
+
+#endif
