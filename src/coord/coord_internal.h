@@ -24,7 +24,8 @@
 
 /* The older L2 usage stream's buffer (docs/fleet.md, "L2 usage stream"). */
 typedef struct l2_usage_event {
-    lmc_object_key key;            /* holds its names' references */
+    lmc_object_key key;            /* kept by lmc_cev_key_keep */
+    char *names;                   /* its own copy of the names, or NULL */
     uint64_t bytes;
     bool is_store;                 /* else a lookup */
 } l2_usage_event;
@@ -33,7 +34,7 @@ typedef struct l2_usage_event {
 static inline void coord_drop_l2_events(const l2_usage_event *ev, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        lmc_keys_drop(&ev[i].key, 1);
+        lmc_cev_key_release(&ev[i].key, ev[i].names);
 }
 
 /* A rate-limited warning: the first failure, then one a minute. */

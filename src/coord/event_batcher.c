@@ -6,7 +6,8 @@
 #include <string.h>
 
 typedef struct cev_entry {
-    lmc_object_key key;          /* holds its names' references (docs/storage.md) */
+    lmc_object_key key;          /* kept by lmc_cev_key_keep */
+    char *names;                 /* its own copy of the names, or NULL */
     uint64_t size;
     const char *backend;
     uint8_t type, tier;
@@ -63,10 +64,36 @@ fail:
     return NULL;
 }
 
+bool lmc_cev_key_keep(const lmc_object_key *src, lmc_object_key *dst, char **names)
+{
+    *dst = *src;
+    *names = NULL;
+    if (src->interned) {
+        lmc_keys_hold(dst, 1);
+        return true;
+    }
+    size_t ml = strlen(src->model_name), sl = strlen(src->cache_salt);
+    if (!(*names = malloc(ml + sl + 2)))
+        return false;
+    memcpy(*names, src->model_name, ml + 1);
+    memcpy(*names + ml + 1, src->cache_salt, sl + 1);
+    dst->model_name = *names;
+    dst->cache_salt = *names + ml + 1;
+    return true;
+}
+
+void lmc_cev_key_release(const lmc_object_key *k, char *names)
+{
+    if (names)
+        free(names);
+    else
+        lmc_keys_drop(k, 1);
+}
+
 static void drop_entries(const cev_entry *e, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        lmc_keys_drop(&e[i].key, 1);
+        lmc_cev_key_release(&e[i].key, e[i].names);
 }
 
 void lmc_cev_batcher_free(lmc_cev_batcher *b)
@@ -74,7 +101,7 @@ void lmc_cev_batcher_free(lmc_cev_batcher *b)
     if (!b)
         return;
     for (size_t i = 0; i < b->count; i++)
-        lmc_keys_drop(&b->ring[(b->head + i) % b->cap].key, 1);
+        drop_entries(&b->ring[(b->head + i) % b->cap], 1);
     pthread_mutex_destroy(&b->mu);
     free(b->instance_id);
     free(b->ring);
@@ -86,18 +113,21 @@ void lmc_cev_batcher_add(lmc_cev_batcher *b, lmc_cev_type type, lmc_cev_tier tie
                          const char *backend, bool shared, const lmc_object_key *keys,
                          const uint64_t *sizes, uint64_t size, size_t n)
 {
-    lmc_keys_hold(keys, n); /* the ring outlives the listener's call */
     pthread_mutex_lock(&b->mu);
     for (size_t i = 0; i < n; i++) {
         if (b->count == b->cap) {   /* drop the oldest: the stream must never stall */
-            lmc_keys_drop(&b->ring[b->head].key, 1);
+            drop_entries(&b->ring[b->head], 1);
             b->head = (b->head + 1) % b->cap;
             b->count--;
             b->st.entries_overflowed++;
             b->st.entries_dropped++;
         }
-        cev_entry *e = &b->ring[(b->head + b->count++) % b->cap];
-        e->key = keys[i];
+        cev_entry *e = &b->ring[(b->head + b->count) % b->cap];
+        if (!lmc_cev_key_keep(&keys[i], &e->key, &e->names)) {   /* the ring outlives the call */
+            b->st.entries_dropped++;
+            continue;
+        }
+        b->count++;
         e->size = sizes ? sizes[i] : size;
         e->backend = backend ? backend : "";
         e->type = (uint8_t)type;
@@ -225,7 +255,7 @@ static cev_entry *detach_entries(lmc_cev_batcher *b, size_t *n)
     if (!out) {
         b->st.entries_dropped += b->count;
         for (size_t i = 0; i < b->count; i++)
-            lmc_keys_drop(&b->ring[(b->head + i) % b->cap].key, 1);
+            drop_entries(&b->ring[(b->head + i) % b->cap], 1);
     } else {
         for (size_t i = 0; i < b->count; i++)
             out[i] = b->ring[(b->head + i) % b->cap];

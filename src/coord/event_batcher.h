@@ -95,6 +95,15 @@ void lmc_cev_batcher_settle(lmc_cev_batcher *b, const lmc_cev_take *taken, bool 
 
 lmc_cev_stats lmc_cev_batcher_stats(lmc_cev_batcher *b);
 
+/* A copy of `src` that may be kept past the call that handed it over: an
+ * interned key holds its names' references (docs/storage.md, "Interned
+ * strings"); a key naming strings the server never interned (those of a
+ * DELETE /cache/objects body) gets its own copy of both in *names.  false
+ * when memory ran out (nothing to release then). */
+bool lmc_cev_key_keep(const lmc_object_key *src, lmc_object_key *dst, char **names);
+/* Undoes lmc_cev_key_keep. */
+void lmc_cev_key_release(const lmc_object_key *k, char *names);
+
 /* EncodedObjectKey (docs/http.md, DELETE /cache/objects).  New reference. */
 json_t *lmc_cev_encode_key(const lmc_object_key *k);
 const char *lmc_cev_type_name(lmc_cev_type type);

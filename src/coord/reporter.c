@@ -41,9 +41,14 @@ static void l2_usage_add(lmc_coord *c, bool is_store, const lmc_object_key *keys
             c->l2_events_dropped += n - i;
             break;
         }
-        c->l2_buf[c->l2_n] = (l2_usage_event){keys[i], is_store && sizes ? sizes[i] : 0,
-                                              is_store};
-        lmc_keys_hold(&c->l2_buf[c->l2_n++].key, 1); /* kept past the adapter's call */
+        l2_usage_event *e = &c->l2_buf[c->l2_n];
+        if (!lmc_cev_key_keep(&keys[i], &e->key, &e->names)) {   /* kept past the call */
+            c->l2_events_dropped++;
+            continue;
+        }
+        e->bytes = is_store && sizes ? sizes[i] : 0;
+        e->is_store = is_store;
+        c->l2_n++;
     }
     pthread_mutex_unlock(&c->l2_mu);
 }

@@ -20,8 +20,8 @@ P = "LMCACHE_MP_COORDINATOR_"
 
 
 class Coordinator:
-    def __init__(self, db_path, **env):
-        self.port = free_port()
+    def __init__(self, db_path, port=None, **env):
+        self.port = port or free_port()
         self.db_path = str(db_path)
         e = {k: v for k, v in os.environ.items() if not k.startswith(P)}
         e.update({P + "HOST": "127.0.0.1", P + "PORT": str(self.port),

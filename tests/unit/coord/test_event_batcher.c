@@ -104,6 +104,44 @@ static void test_coalesces_consecutive_runs(void **state)
     lmc_cev_batcher_free(b);
 }
 
+/* Queued entries outlive the listener's call: a key naming a caller's
+ * buffer (a DELETE /cache/objects body) is copied, an interned one holds
+ * its names so the interner cannot evict them before the post. */
+static void test_queued_keys_keep_their_names(void **state)
+{
+    (void)state;
+    lmc_cev_batcher *b = lmc_cev_batcher_new("i", 1, 8);
+    char model[8] = "mm", salt[8] = "ss";
+    lmc_object_key body_key = key_n(1);
+    body_key.model_name = model;
+    body_key.cache_salt = salt;
+    lmc_cev_batcher_add(b, LMC_CEV_DELETE, LMC_CEV_L2, "fs", true, &body_key, NULL, 0, 1);
+    strcpy(model, "XX");   /* the request's body is gone */
+    strcpy(salt, "YY");
+    lmc_key_interner *in = lmc_key_interner_new_bounded(2);
+    lmc_object_key held = key_n(2);
+    lmc_object_key_set_strings(&held, lmc_intern(in, "im", 2), lmc_intern(in, "is", 2));
+    lmc_cev_batcher_add(b, LMC_CEV_DELETE, LMC_CEV_L2, "fs", true, &held, NULL, 0, 1);
+    lmc_keys_drop(&held, 1);                   /* the caller's copy goes */
+    assert_null(lmc_intern(in, "new", 3));     /* both names still in use: the queue's */
+    lmc_cev_take t;
+    json_t *body = lmc_cev_batcher_take(b, 1.0, NULL, NULL, &t);
+    json_t *entries = json_object_get(json_array_get(batches(body), 0), "entries");
+    assert_int_equal(json_array_size(entries), 2);
+    json_t *k0 = json_object_get(json_array_get(entries, 0), "key");
+    json_t *k1 = json_object_get(json_array_get(entries, 1), "key");
+    assert_string_equal(str_of(k0, "model_name"), "mm");
+    assert_string_equal(str_of(k0, "cache_salt"), "ss");
+    assert_string_equal(str_of(k1, "model_name"), "im");
+    assert_string_equal(str_of(k1, "cache_salt"), "is");
+    json_decref(body);
+    const char *fresh = lmc_intern(in, "new", 3);   /* taken: the names are free to go */
+    assert_non_null(fresh);
+    lmc_intern_release(fresh);
+    lmc_key_interner_free(in);
+    lmc_cev_batcher_free(b);
+}
+
 static void test_encoded_key(void **state)
 {
     (void)state;
@@ -295,6 +333,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_coalesces_consecutive_runs),
         cmocka_unit_test(test_encoded_key),
+        cmocka_unit_test(test_queued_keys_keep_their_names),
         cmocka_unit_test(test_config_batches_first_and_after_redeclare),
         cmocka_unit_test(test_failed_post_leaves_a_gap_and_keeps_the_declaration),
         cmocka_unit_test(test_full_ring_drops_the_oldest),
