@@ -8,13 +8,12 @@
 
 #define MAX_DEPTH 64
 
-void js_init(js_scanner *s, const char *text, size_t len, char *arena, size_t arena_cap)
+void js_init(js_scanner *s, char *text, size_t len)
 {
     memset(s, 0, sizeof *s);
-    s->p = s->start = text;
+    s->p = text;
+    s->start = text;
     s->end = text + len;
-    s->arena = arena;
-    s->arena_cap = arena_cap;
 }
 
 static bool fail(js_scanner *s, const char *what)
@@ -22,45 +21,13 @@ static bool fail(js_scanner *s, const char *what)
     if (!s->err[0])
         snprintf(s->err, sizeof s->err, "malformed JSON at byte %zu: %s",
                  (size_t)(s->p - s->start), what);
-    s->p = s->end;
+    s->p = (char *)s->end;
     return false;
 }
 
 bool js_failed(const js_scanner *s)
 {
     return s->err[0] != '\0';
-}
-
-static void blanks(js_scanner *s)
-{
-    while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t'))
-        s->p++;
-}
-
-js_kind js_peek(js_scanner *s)
-{
-    blanks(s);
-    if (s->p >= s->end)
-        return JS_BAD;
-    switch (*s->p) {
-    case '"': return JS_STRING;
-    case '{': return JS_OBJECT;
-    case '[': return JS_ARRAY;
-    case 't': return JS_TRUE;
-    case 'f': return JS_FALSE;
-    case 'n': return JS_NULL;
-    default: return (*s->p == '-' || (*s->p >= '0' && *s->p <= '9')) ? JS_NUMBER : JS_BAD;
-    }
-}
-
-bool js_take(js_scanner *s, char c)
-{
-    blanks(s);
-    if (s->p < s->end && *s->p == c) {
-        s->p++;
-        return true;
-    }
-    return false;
 }
 
 static int hex4(const char *p)
@@ -158,20 +125,47 @@ static const bool PLAIN[256] = {
 #undef R8
 };
 
+/* Where the run of plain bytes from p ends.  Eight bytes at a time: a
+ * word is plain unless one of its bytes is '"', '\\', below 0x20 or above
+ * 0x7f, and the lowest flagged byte is the first such one (the borrow of
+ * the subtractions only runs upwards from a true hit). */
+static const char *plain_run(const char *p, const char *end)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    while (end - p >= 8) {
+        uint64_t w, q, b;
+        memcpy(&w, p, 8);
+        q = w ^ (ones * '"');
+        b = w ^ (ones * '\\');
+        uint64_t hit = (w | ((w - ones * 0x20) & ~w) | ((q - ones) & ~q) | ((b - ones) & ~b)) &
+                       highs;
+        if (hit)
+            return p + (__builtin_ctzll(hit) >> 3);
+        p += 8;
+    }
+#endif
+    while (p < end && PLAIN[(unsigned char)*p])
+        p++;
+    return p;
+}
+
 const char *js_string(js_scanner *s)
 {
     if (!js_take(s, '"'))
         return fail(s, "a string expected"), NULL;
-    char *out = s->arena + s->arena_used, *o = out;
-    while (s->p < s->end && *s->p != '"') {
-        const char *run = s->p; /* plain ASCII, the common case, is copied in one go */
-        while (s->p < s->end && PLAIN[(unsigned char)*s->p])
-            s->p++;
-        memcpy(o, run, (size_t)(s->p - run));
+    char *out = s->p, *o = out; /* o never passes s->p: unescaping only shrinks */
+    for (;;) {
+        char *run = s->p;
+        s->p = (char *)plain_run(run, s->end);
+        if (o != run)
+            memmove(o, run, (size_t)(s->p - run));
         o += s->p - run;
-        if (s->p >= s->end || *s->p == '"')
-            break;
+        if (s->p >= s->end)
+            return fail(s, "unterminated string"), NULL;
         unsigned char c = (unsigned char)*s->p;
+        if (c == '"')
+            break;
         if (c < 0x20)
             return fail(s, "a control character in a string"), NULL;
         if (c == '\\') {
@@ -183,15 +177,13 @@ const char *js_string(js_scanner *s)
         size_t n = utf8_len((const unsigned char *)s->p, (const unsigned char *)s->end);
         if (!n)
             return fail(s, "invalid UTF-8"), NULL;
-        memcpy(o, s->p, n);
+        memmove(o, s->p, n);
         o += n;
         s->p += n;
     }
-    if (s->p >= s->end)
-        return fail(s, "unterminated string"), NULL;
-    s->p++;
-    *o++ = '\0';
-    s->arena_used = (size_t)(o - s->arena);
+    s->p++;     /* the closing quote, now behind us, */
+    *o = '\0';  /* is where the NUL may go */
+    s->str_len = (size_t)(o - out);
     return out;
 }
 
@@ -205,7 +197,7 @@ static bool digits(js_scanner *s)
 
 bool js_number(js_scanner *s, bool *is_int, int64_t *i, double *d)
 {
-    blanks(s);
+    js_blanks(s);
     const char *from = s->p;
     if (s->p < s->end && *s->p == '-')
         s->p++;
@@ -326,6 +318,6 @@ bool js_element(js_scanner *s, bool *first)
 
 bool js_at_end(js_scanner *s)
 {
-    blanks(s);
+    js_blanks(s);
     return s->p == s->end;
 }
