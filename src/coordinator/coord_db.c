@@ -106,8 +106,7 @@ int coord_db_commit(coord_db *d)
 
 void coord_db_rollback(coord_db *d)
 {
-    d->log_len = 0;
-    d->log_failed = false;
+    coord_db_log_discard(d);
     step(d, d->st[ST_ROLLBACK]);
 }
 

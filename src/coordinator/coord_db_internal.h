@@ -20,8 +20,15 @@ struct coord_db {
     size_t log_len, log_cap;
     bool log_failed;       /* out of memory while building the row */
     uint64_t log_records;  /* records in the table */
+    /* The row's name dictionary: which model, salt and backend ids the
+     * row has defined so far, and the touch its last record carried
+     * (records store the difference). */
+    uint64_t row_names[3][COORD_MAX_NAMES / 64];
+    uint64_t row_touch;
 };
 
+/* Drops the pending records (a rollback). */
+void coord_db_log_discard(coord_db *d);
 /* Writes the pending records as one row (inside the open transaction). */
 int coord_db_log_flush(coord_db *d);
 /* Replays the log into s. */
