@@ -372,7 +372,21 @@ static int replay_one(reader *r, coord_state *s)
     if (!store && !touch)
         return coord_keys_release(&s->keys, idx), 1;
     s->keys.e[idx].num_tokens = f.tokens;
-    return coord_usage_l2_insert_at(s, idx, f.size, f.backend, f.touch) == 0 ? 1 : -1;
+    return coord_usage_l2_append(s, idx, f.size, f.backend, f.touch) == 0 ? 1 : -1;
+}
+
+/* The first live row of the log: rows below it were replaced by a
+ * snapshot (coord_db_maybe_compact). */
+static int64_t log_start(coord_db *d)
+{
+    sqlite3_stmt *st = NULL;
+    int64_t start = 0;
+    if (sqlite3_prepare_v2(d->db, "SELECT value FROM meta WHERE name='l2_log_start'", -1, &st,
+                           NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW)
+        start = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return start;
 }
 
 int coord_db_log_load(coord_db *d, coord_state *s, char *err, size_t errlen)
@@ -382,7 +396,12 @@ int coord_db_log_load(coord_db *d, coord_state *s, char *err, size_t errlen)
     if (!r.names)
         return snprintf(err, errlen, "database: out of memory"), -1;
     memset(r.names->stamp, 0, sizeof r.names->stamp);
-    int rc = sqlite3_prepare_v2(d->db, "SELECT data FROM l2_log ORDER BY id", -1, &st, NULL);
+    d->log_start = log_start(d);
+    d->dead_rows = d->log_start > 0;
+    int rc = sqlite3_prepare_v2(d->db, "SELECT data FROM l2_log WHERE id >= ?1 ORDER BY id", -1,
+                                &st, NULL);
+    if (rc == SQLITE_OK)
+        sqlite3_bind_int64(st, 1, d->log_start);
     while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         r.p = sqlite3_column_blob(st, 0);
         r.end = r.p + sqlite3_column_bytes(st, 0);
@@ -404,41 +423,118 @@ int coord_db_log_load(coord_db *d, coord_state *s, char *err, size_t errlen)
     free(r.names);
     if (rc != SQLITE_DONE)
         return snprintf(err, errlen, "database: %s", sqlite3_errmsg(d->db)), -1;
+    if (coord_usage_l2_sort(s) != 0)
+        return snprintf(err, errlen, "database: out of memory ordering the L2 keys"), -1;
     return 0;
+}
+
+/* ---- compaction ------------------------------------------------------------------ */
+
+/* The snapshot is written a slice of key slots at a time, one slice after
+ * each /events commit, so that the lock is never held for a walk of every
+ * key.  Rows written meanwhile land after the old log and among the
+ * slices; replayed in id order, everything from the old log's end on
+ * rebuilds the state: a slice records each key as it was then, and every
+ * later change has its own later row.  Once the walk is done, one small
+ * transaction moves the log's start past the old rows (kept in meta as
+ * l2_log_start), and they are deleted a few at a time afterwards: dead
+ * rows are never replayed, so a crash anywhere leaves a whole log. */
+#define SLICE_SLOTS 65536u
+
+static int delete_dead_rows(coord_db *d)
+{
+    sqlite3_stmt *st = d->st[ST_DEL_DEAD_LOG];
+    sqlite3_bind_int64(st, 1, d->log_start);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE) {
+        LMC_WARN("coordinator: database: %s", sqlite3_errmsg(d->db));
+        return -1;
+    }
+    d->dead_rows = sqlite3_changes(d->db) > 0;
+    return 0;
+}
+
+static int start_compaction(coord_db *d, const coord_state *s)
+{
+    sqlite3_stmt *st = d->st[ST_MAX_LOG_ID];
+    int rc = sqlite3_step(st);
+    d->compact_upto = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+    sqlite3_reset(st);
+    if (rc != SQLITE_ROW) {
+        LMC_WARN("coordinator: database: %s", sqlite3_errmsg(d->db));
+        return -1;
+    }
+    d->compacting = true;
+    d->compact_slot = 0;
+    d->compact_end = s->keys.n_slots;
+    d->compact_old_records = d->log_records;
+    return 0;
+}
+
+/* The next slice's records into the open transaction. */
+static int write_slice(coord_db *d, const coord_state *s)
+{
+    uint32_t end = d->compact_end - d->compact_slot > SLICE_SLOTS
+                       ? d->compact_slot + SLICE_SLOTS : d->compact_end;
+    size_t in_row = 0;
+    for (uint32_t i = d->compact_slot; i < end; i++) {
+        if (!(s->keys.e[i].flags & COORD_IN_L2))
+            continue;
+        if (coord_db_put_l2(d, s, i) != 0)
+            return -1;
+        if (++in_row == SNAPSHOT_ROW_RECORDS) {
+            if (coord_db_log_flush(d) != 0)
+                return -1;
+            in_row = 0;
+        }
+    }
+    d->compact_slot = end;
+    return 0;
+}
+
+static int set_log_start(coord_db *d, int64_t start)
+{
+    sqlite3_stmt *st = d->st[ST_PUT_META];
+    sqlite3_bind_text(st, 1, "l2_log_start", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, start);
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return rc == SQLITE_DONE ? 0 : -1;
 }
 
 int coord_db_maybe_compact(coord_db *d, const coord_state *s)
 {
-    if (d->log_records <= 2 * s->l2_entries + SLACK_RECORDS)
+    if (!d->compacting && d->dead_rows)
+        return coord_db_begin(d) == 0 && delete_dead_rows(d) == 0 ? coord_db_commit(d)
+                                                                   : (coord_db_rollback(d), -1);
+    if (!d->compacting && d->log_records <= 2 * s->l2_entries + SLACK_RECORDS)
         return 0;
+    if (!d->compacting && start_compaction(d, s) != 0)
+        return -1;
     uint64_t before = d->log_records;
+    uint32_t from = d->compact_slot;
     if (coord_db_begin(d) != 0)
         return -1;
-    if (sqlite3_step(d->st[ST_CLEAR_LOG]) != SQLITE_DONE) {
-        sqlite3_reset(d->st[ST_CLEAR_LOG]);
-        coord_db_rollback(d);
-        return -1;
-    }
-    sqlite3_reset(d->st[ST_CLEAR_LOG]);
-    d->log_records = 0;
-    size_t in_row = 0;
-    int rc = 0;
-    for (uint32_t i = 0; i < s->keys.n_slots && rc == 0; i++) {
-        if (!(s->keys.e[i].flags & COORD_IN_L2))
-            continue;
-        rc = coord_db_put_l2(d, s, i);
-        if (rc == 0 && ++in_row == SNAPSHOT_ROW_RECORDS) {
-            rc = coord_db_log_flush(d);
-            in_row = 0;
-        }
-    }
+    bool done = false;
+    int rc = write_slice(d, s);
+    if (rc == 0 && (done = d->compact_slot >= d->compact_end))
+        rc = set_log_start(d, d->compact_upto + 1);
     if (rc != 0 || coord_db_commit(d) != 0) {
         if (rc != 0)
             coord_db_rollback(d);
-        d->log_records = before;
+        d->log_records = before; /* the slice is retried after the next commit */
+        d->compact_slot = from;
         return -1;
     }
-    LMC_INFO("coordinator: L2 log compacted from %llu to %llu records",
-             (unsigned long long)before, (unsigned long long)d->log_records);
+    if (!done)
+        return 0;
+    d->compacting = false;
+    d->log_records -= d->compact_old_records;
+    d->log_start = d->compact_upto + 1;
+    d->dead_rows = true;
+    LMC_INFO("coordinator: L2 log compacted: %llu records replaced, %llu live",
+             (unsigned long long)d->compact_old_records, (unsigned long long)d->log_records);
     return 0;
 }

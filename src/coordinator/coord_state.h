@@ -178,6 +178,13 @@ void coord_usage_l2_delete(coord_state *s, uint32_t idx);
 /* Puts a key at the least-recent end (resync backfill, database load). */
 int coord_usage_l2_insert_at(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
                              uint64_t touch);
+/* The same at the most recent end whatever the touch (a log replay, which
+ * meets keys in no particular order); coord_usage_l2_sort then orders
+ * every salt's LRU by touch once, instead of a walk per key.  0, or -1 out
+ * of memory (the lists are then as they were). */
+int coord_usage_l2_append(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+                          uint64_t touch);
+int coord_usage_l2_sort(coord_state *s);
 int coord_usage_l1_store(coord_state *s, uint32_t idx, uint32_t inst, uint32_t backend,
                          uint64_t size);
 /* May free idx. */

@@ -246,12 +246,104 @@ static void test_log_formats(void **state)
     remove_db();
 }
 
+static uint32_t add_numbered(coord_state *s, uint32_t n, const char *salt)
+{
+    coord_key k = {.hash_len = 32};
+    memcpy(k.hash, &n, sizeof n);
+    k.model = coord_names_intern(&s->models, "model/a");
+    k.salt = coord_names_intern(&s->salts, salt);
+    uint32_t idx = coord_keys_get(&s->keys, &k);
+    assert_int_equal(coord_usage_l2_store(s, idx, n + 1, 0, false), 0);
+    return idx;
+}
+
+/* What a second connection loads from the file equals s: the salt's
+ * count and bytes, and its LRU list key by key. */
+static void assert_reloads_as(const coord_state *s, const char *salt)
+{
+    coord_db *db;
+    char err[256];
+    coord_state r;
+    assert_int_equal(coord_state_init(&r), 0);
+    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coord_db_load(db, &r, err, sizeof err), 0);
+    uint32_t a = coord_names_find(&s->salts, salt), b = coord_names_find(&r.salts, salt);
+    assert_int_equal(r.salt[b].l2_count, s->salt[a].l2_count);
+    assert_int_equal(r.salt[b].l2_bytes, s->salt[a].l2_bytes);
+    uint32_t i = s->salt[a].lru_head, j = r.salt[b].lru_head;
+    for (; i != COORD_NONE && j != COORD_NONE; i = s->keys.e[i].lru_next, j = r.keys.e[j].lru_next)
+        assert_memory_equal(s->keys.e[i].hash, r.keys.e[j].hash, 32);
+    assert_true(i == COORD_NONE && j == COORD_NONE);
+    sqlite3_close(db->db); /* no checkpoint from this second connection */
+    db->db = NULL;
+    coord_db_close(db);
+    coord_state_free(&r);
+}
+
+/* A compaction of more keys than one slice: changes made between its
+ * slices (a delete ahead of the walk, a store, a touch behind it) are
+ * kept, and the file loads the same before the switch, after it and once
+ * the dead rows are gone. */
+static void test_compaction_in_slices(void **state)
+{
+    (void)state;
+    enum { N = 70000 };
+    snprintf(path, sizeof path, "/tmp/coord-db-slices-%d.db", (int)getpid());
+    remove_db();
+    coord_db *db;
+    char err[256];
+    coord_state s;
+    assert_int_equal(coord_state_init(&s), 0);
+    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coord_db_begin(db), 0);
+    uint32_t idx[N];
+    for (uint32_t n = 0; n < N; n++)
+        assert_int_equal(coord_db_put_l2(db, &s, idx[n] = add_numbered(&s, n, "z")), 0);
+    for (uint32_t i = 0; i < 2 * N + 100000; i++) {
+        coord_usage_l2_touch(&s, idx[i % 50]);
+        assert_int_equal(coord_db_touch_l2(db, &s, idx[i % 50]), 0);
+    }
+    assert_int_equal(coord_db_commit(db), 0);
+
+    assert_int_equal(coord_db_maybe_compact(db, &s), 0);
+    assert_true(db->compacting);
+    assert_reloads_as(&s, "z");
+    assert_int_equal(coord_db_begin(db), 0);
+    assert_int_equal(coord_db_del_l2(db, &s, idx[N - 10]), 0);
+    coord_usage_l2_delete(&s, idx[N - 10]);
+    assert_int_equal(coord_db_put_l2(db, &s, add_numbered(&s, N + 1, "z")), 0);
+    coord_usage_l2_touch(&s, idx[7]);
+    assert_int_equal(coord_db_touch_l2(db, &s, idx[7]), 0);
+    assert_int_equal(coord_db_commit(db), 0);
+    assert_reloads_as(&s, "z");
+
+    assert_int_equal(coord_db_maybe_compact(db, &s), 0);
+    assert_false(db->compacting);
+    assert_true(db->log_records < (uint64_t)N + 10);
+    assert_reloads_as(&s, "z");
+    for (int i = 0; i < 1000 && db->dead_rows; i++)
+        assert_int_equal(coord_db_maybe_compact(db, &s), 0);
+    assert_false(db->dead_rows);
+    sqlite3_stmt *st;
+    assert_int_equal(sqlite3_prepare_v2(db->db, "SELECT count(*) FROM l2_log WHERE id < ?1", -1,
+                                        &st, NULL), SQLITE_OK);
+    sqlite3_bind_int64(st, 1, db->log_start);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int64(st, 0), 0);
+    sqlite3_finalize(st);
+    assert_reloads_as(&s, "z");
+    coord_db_close(db);
+    coord_state_free(&s);
+    remove_db();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_log_compaction),
         cmocka_unit_test(test_log_formats),
+        cmocka_unit_test(test_compaction_in_slices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
