@@ -391,6 +391,12 @@ int main(int argc, char **argv)
     printf("  coordinator       %8.1f requests/s  (%.0f entries/s)  failures %llu  cpu %3.0f %%\n",
            coord_rate, coord_rate * entries, cfail, 100 * ccpu / seconds);
     printf("  ratio             %8.2f  (goal >= 0.5)\n", coord_rate / echo_rate);
+    /* The same ratio from CPU time per request: what each would do with
+     * the whole core, steadier when other work shares the machine. */
+    double echo_us = n_echo ? 1e6 * ecpu / (double)n_echo : 0;
+    double coord_us = n_coord ? 1e6 * ccpu / (double)n_coord : 0;
+    printf("  cpu per request   echo %.0f us, coordinator %.0f us: ratio %.2f\n", echo_us, coord_us,
+           coord_us > 0 ? echo_us / coord_us : 0.0);
     printf("  memory            RSS %ld -> %ld KiB over ~%llu new keys: %.1f B/key (goal <= 200)\n",
            rss0, rss1, keys, keys ? (double)(rss1 - rss0) * 1024 / (double)keys : 0.0);
     kill(e, SIGTERM);
