@@ -10,7 +10,9 @@
 
 static const char *const SQL[ST_COUNT] = {
     [ST_PUT_LOG] = "INSERT INTO l2_log(data) VALUES(?1)",
-    [ST_CLEAR_LOG] = "DELETE FROM l2_log",
+    [ST_DEL_DEAD_LOG] = "DELETE FROM l2_log WHERE id IN (SELECT id FROM l2_log WHERE id < ?1 "
+                        "ORDER BY id LIMIT 64)",
+    [ST_MAX_LOG_ID] = "SELECT coalesce(max(id), 0) FROM l2_log",
     [ST_PUT_PIN] = "INSERT OR REPLACE INTO pins(model,salt,hash,kv_rank,grp,count) "
                    "VALUES(?1,?2,?3,?4,?5,?6)",
     [ST_DEL_PIN] = "DELETE FROM pins WHERE model=?1 AND salt=?2 AND hash=?3 AND kv_rank=?4 "
@@ -106,8 +108,7 @@ int coord_db_commit(coord_db *d)
 
 void coord_db_rollback(coord_db *d)
 {
-    d->log_len = 0;
-    d->log_failed = false;
+    coord_db_log_discard(d);
     step(d, d->st[ST_ROLLBACK]);
 }
 

@@ -13,8 +13,16 @@ size_t coord_events_fence(coord_state *s, uint32_t inst)
     return coord_usage_l1_void(s, inst);
 }
 
+static void entry_key(const coord_event_entry *en, coord_key *k)
+{
+    *k = (coord_key){.hash_len = en->key.hash_len, .kv_rank = en->key.kv_rank,
+                     .group = en->key.group, .model = en->model, .salt = en->salt};
+    memcpy(k->hash, en->key.hash, en->key.hash_len);
+}
+
 /* Every name a store could add is interned first, so that a full table is
- * refused before any batch changed anything. */
+ * refused before any batch changed anything; the keys' table hashes are
+ * taken on the way, for the prefetching of the second pass. */
 static int intern_names(coord_state *s, coord_event_request *r, char *why, size_t whylen)
 {
     for (size_t i = 0; i < r->n; i++) {
@@ -32,6 +40,8 @@ static int intern_names(coord_state *s, coord_event_request *r, char *why, size_
                                 COORD_MAX_NAMES), -1;
             en->model = k.model;
             en->salt = k.salt;
+            if (known)
+                en->table_hash = coord_keys_hash(&s->keys, &k);
         }
     }
     return 0;
@@ -59,10 +69,10 @@ static int apply_entry(coord_state *s, coord_db *db, const coord_event_batch *b,
     bool store = b->type == COORD_EV_STORE;
     if (en->model == COORD_NONE || en->salt == COORD_NONE)
         return 0; /* a name never stored: nothing to delete or touch */
-    coord_key k = {.hash_len = en->key.hash_len, .kv_rank = en->key.kv_rank,
-                   .group = en->key.group, .model = en->model, .salt = en->salt};
-    memcpy(k.hash, en->key.hash, en->key.hash_len);
-    uint32_t idx = store ? coord_keys_get(&s->keys, &k) : coord_keys_find(&s->keys, &k);
+    coord_key k;
+    entry_key(en, &k);
+    uint32_t idx = store ? coord_keys_get_hashed(&s->keys, &k, en->table_hash)
+                         : coord_keys_find_hashed(&s->keys, &k, en->table_hash);
     if (idx == COORD_NONE)
         return store ? -1 : 0;
     int rc = 0;
@@ -90,6 +100,32 @@ static int apply_entry(coord_state *s, coord_db *db, const coord_event_batch *b,
     if (store && rc != 0)
         coord_keys_release(&s->keys, idx);
     return rc;
+}
+
+/* Entry j + FAR's index slot is fetched, and entry j + NEAR's slot, by
+ * then in cache, read to fetch the entry it names: some ten misses in
+ * flight instead of one (the index and entries are far larger than the
+ * cache at millions of keys). */
+#define PREFETCH_FAR 16
+#define PREFETCH_NEAR 8
+
+static bool resolved(const coord_event_entry *en)
+{
+    return en->model != COORD_NONE && en->salt != COORD_NONE;
+}
+
+static void prefetch_ahead(const coord_state *s, const coord_event_batch *b, size_t j)
+{
+    for (size_t i = 0; j == 0 && i < PREFETCH_FAR && i < b->n; i++)
+        if (resolved(&b->entries[i]))
+            coord_keys_prefetch_slot(&s->keys, b->entries[i].table_hash);
+    const coord_event_entry *far = j + PREFETCH_FAR < b->n ? &b->entries[j + PREFETCH_FAR] : NULL;
+    const coord_event_entry *near =
+        j + PREFETCH_NEAR < b->n ? &b->entries[j + PREFETCH_NEAR] : NULL;
+    if (far && resolved(far))
+        coord_keys_prefetch_slot(&s->keys, far->table_hash);
+    if (near && resolved(near))
+        coord_keys_prefetch_entry(&s->keys, near->table_hash);
 }
 
 /* The gate: false when the batch is stale or a duplicate. */
@@ -148,6 +184,7 @@ int coord_events_apply(coord_state *s, coord_db *db, coord_event_request *r,
         if (b->type == COORD_EV_CONFIG)
             record_capacity(c, b, backend);
         for (size_t j = 0; j < b->n; j++) {
+            prefetch_ahead(s, b, j);
             if (apply_entry(s, db, b, &b->entries[j], inst, backend) != 0)
                 LMC_WARN("coordinator: an entry of %s seq %lld could not be recorded (out of "
                          "memory or a database error)", b->instance_id, (long long)b->seq);

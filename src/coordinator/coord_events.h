@@ -18,6 +18,7 @@ typedef struct {
     uint8_t hash_len;
     uint32_t kv_rank, group;
     const char *model, *salt;
+    uint16_t model_len, salt_len; /* set by the /events scanner only */
 } coord_wire_key;
 
 /* 0, or -1 with the reason in why. */
@@ -36,6 +37,7 @@ typedef struct {
     uint32_t num_tokens;
     bool has_size;
     uint32_t model, salt; /* name ids once resolved (coord_events_apply) */
+    uint32_t table_hash;  /* coord_keys_hash of the resolved key */
 } coord_event_entry;
 
 typedef struct {
@@ -55,7 +57,7 @@ typedef struct {
     size_t n, cap;
     coord_event_entry *pool;
     size_t pool_n, pool_cap;
-    char *arena; /* the strings keys point to */
+    char *arena; /* coord_events_parse's copy of the text (what keys point to), or NULL */
 } coord_event_request;
 
 /* Reads a POST /events body (JSON text) and checks every field of every
@@ -63,6 +65,11 @@ typedef struct {
  * "batches[i]...: why" and nothing kept. */
 int coord_events_parse(const char *text, size_t len, coord_event_request *out, char *why,
                        size_t whylen);
+/* The same on a writable text, which is consumed: strings are unescaped in
+ * it and the request points into it, so it must outlive out.  Saves the
+ * copy of a body the caller owns. */
+int coord_events_parse_in_place(char *text, size_t len, coord_event_request *out, char *why,
+                                size_t whylen);
 void coord_events_request_free(coord_event_request *r);
 
 typedef struct {

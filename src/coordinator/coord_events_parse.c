@@ -59,8 +59,10 @@ bool coord_wire_key_resolve(coord_state *s, const coord_wire_key *w, bool intern
     out->hash_len = w->hash_len;
     out->kv_rank = w->kv_rank;
     out->group = w->group;
-    out->model = coord_names_lookup(&s->models, &s->model_memo, w->model, intern);
-    out->salt = coord_names_lookup(&s->salts, &s->salt_memo, w->salt, intern);
+    size_t ml = w->model_len ? w->model_len : strlen(w->model);
+    size_t sl = w->salt_len ? w->salt_len : strlen(w->salt);
+    out->model = coord_names_lookup(&s->models, &s->model_memo, w->model, ml, intern);
+    out->salt = coord_names_lookup(&s->salts, &s->salt_memo, w->salt, sl, intern);
     return out->model != COORD_NONE && out->salt != COORD_NONE;
 }
 

@@ -13,6 +13,7 @@
 typedef struct {
     js_kind kind;
     const char *str;
+    size_t len; /* of str */
     bool is_int;
     int64_t i;
     double d;
@@ -24,7 +25,7 @@ static bool value(js_scanner *s, scalar *v)
     memset(v, 0, sizeof *v);
     v->kind = js_peek(s);
     switch (v->kind) {
-    case JS_STRING: return (v->str = js_string(s)) != NULL;
+    case JS_STRING: return (v->str = js_string(s)) != NULL && (v->len = s->str_len, true);
     case JS_NUMBER: return js_number(s, &v->is_int, &v->i, &v->d);
     default: return js_skip(s);
     }
@@ -37,45 +38,60 @@ static bool int_in(const scalar *v, int64_t lo, int64_t hi)
 
 #define WHY(...) (snprintf(why, whylen, __VA_ARGS__), -1)
 
-static int hex_nibble(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
+/* Member names are compared by length first, then bytes: a name holding
+ * an escaped NUL can never match. */
+#define NAME_IS(lit) (len == sizeof lit - 1 && memcmp(name, lit, sizeof lit - 1) == 0)
+
+/* Lower-case hex digits to their value; 16 for anything else. */
+static const uint8_t NIBBLE[256] = {
+#define X16 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16
+    X16, X16, X16,
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 16, 16, 16, 16, 16,            /* 0x30 */
+    X16,                                                            /* 0x40 */
+    X16,                                                            /* 0x50 */
+    16, 10, 11, 12, 13, 14, 15, 16, 16, 16, 16, 16, 16, 16, 16, 16, /* 0x60 */
+    X16, X16, X16, X16, X16, X16, X16, X16, X16,         /* 0x70-0xff */
+#undef X16
+};
 
 static int hash_field(const scalar *v, coord_wire_key *k, char *why, size_t whylen)
 {
-    size_t hl = v->kind == JS_STRING ? strlen(v->str) : 0;
+    size_t hl = v->kind == JS_STRING ? v->len : 0;
     if (!hl || hl % 2 || hl > 2 * COORD_HASH_MAX)
         return WHY("chunk_hash_hex must be lower-case hex of 1..32 bytes");
+    const uint8_t *h = (const uint8_t *)v->str;
+    unsigned bad = 0; /* one test after the loop instead of one per digit */
     for (size_t i = 0; i < hl / 2; i++) {
-        int hi = hex_nibble(v->str[2 * i]), lo = hex_nibble(v->str[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return WHY("chunk_hash_hex must be lower-case hex");
+        unsigned hi = NIBBLE[h[2 * i]], lo = NIBBLE[h[2 * i + 1]];
+        bad |= hi | lo;
         k->hash[i] = (uint8_t)(hi << 4 | lo);
     }
+    if (bad & 16)
+        return WHY("chunk_hash_hex must be lower-case hex");
     k->hash_len = (uint8_t)(hl / 2);
     return 0;
 }
 
-static int key_field(js_scanner *s, const char *name, coord_wire_key *k, bool *rank_seen,
-                     char *why, size_t whylen)
+static int key_field(js_scanner *s, const char *name, size_t len, coord_wire_key *k,
+                     bool *rank_seen, char *why, size_t whylen)
 {
     scalar v;
     if (!value(s, &v))
         return -1;
-    /* One strcmp per field: the first letter tells the candidates apart. */
-    if (name[0] == 'c' && !strcmp(name, "chunk_hash_hex"))
+    if (NAME_IS("chunk_hash_hex"))
         return hash_field(&v, k, why, whylen);
-    if (name[0] == 'm' && !strcmp(name, "model_name")) {
+    if (NAME_IS("model_name")) {
         k->model = v.kind == JS_STRING ? v.str : NULL;
+        k->model_len = (uint16_t)(v.len > UINT16_MAX ? UINT16_MAX : v.len);
         return 0;
     }
-    if (name[0] == 'c' && !strcmp(name, "cache_salt")) {
+    if (NAME_IS("cache_salt")) {
         k->salt = v.kind == JS_STRING ? v.str : NULL;
+        k->salt_len = (uint16_t)(v.len > UINT16_MAX ? UINT16_MAX : v.len);
         return 0;
     }
-    bool rank = name[0] == 'k' && !strcmp(name, "kv_rank");
-    if (rank || (name[0] == 'o' && !strcmp(name, "object_group_id"))) {
+    bool rank = NAME_IS("kv_rank");
+    if (rank || NAME_IS("object_group_id")) {
         if (!int_in(&v, 0, UINT32_MAX))
             return WHY("kv_rank and object_group_id must be u32 integers");
         *(rank ? &k->kv_rank : &k->group) = (uint32_t)v.i;
@@ -94,15 +110,15 @@ static int parse_key(js_scanner *s, coord_wire_key *k, char *why, size_t whylen)
     bool first = true, rank = false;
     k->model = NULL;
     for (const char *name; (name = js_member(s, &first));)
-        if (key_field(s, name, k, &rank, why, whylen) != 0)
+        if (key_field(s, name, s->str_len, k, &rank, why, whylen) != 0)
             return -1;
     if (js_failed(s))
         return -1;
     if (!k->hash_len)
         return WHY("chunk_hash_hex must be lower-case hex of 1..32 bytes");
-    if (!k->model || !lmc_model_name_valid(k->model, strlen(k->model)))
+    if (!k->model || !lmc_model_name_valid(k->model, k->model_len))
         return WHY("model_name must be a str of 1..%d bytes without '@'", COORD_MODEL_MAX);
-    if (!k->salt || !lmc_cache_salt_valid(k->salt, strlen(k->salt)))
+    if (!k->salt || !lmc_cache_salt_valid(k->salt, k->salt_len))
         return WHY("cache_salt must be a str of at most %d bytes without '@', '/' or '\\'",
                    COORD_SALT_MAX);
     if (!rank)
@@ -131,26 +147,26 @@ static int token_ids(js_scanner *s, coord_event_entry *e, char *why, size_t whyl
     return js_failed(s) ? -1 : 0;
 }
 
-static int entry_field(js_scanner *s, const char *name, coord_event_entry *e, char *why,
-                       size_t whylen)
+static int entry_field(js_scanner *s, const char *name, size_t len, coord_event_entry *e,
+                       char *why, size_t whylen)
 {
     char kwhy[160];
-    if (name[0] == 'k' && !strcmp(name, "key")) {
+    if (NAME_IS("key")) {
         if (parse_key(s, &e->key, kwhy, sizeof kwhy) != 0)
             return js_failed(s) ? -1 : WHY("key: %s", kwhy);
         return 0;
     }
-    if (name[0] == 't' && !strcmp(name, "token_ids"))
+    if (NAME_IS("token_ids"))
         return token_ids(s, e, why, whylen);
     scalar v;
     if (!value(s, &v))
         return -1;
-    if (name[0] == 's' && !strcmp(name, "size_bytes")) {
+    if (NAME_IS("size_bytes")) {
         if (!int_in(&v, 0, INT64_MAX))
             return WHY("size_bytes must be a non-negative integer");
         e->size = (uint64_t)v.i;
         e->has_size = true;
-    } else if (name[0] == 't' && !strcmp(name, "token_offset") && !int_in(&v, -1, INT64_MAX)) {
+    } else if (NAME_IS("token_offset") && !int_in(&v, -1, INT64_MAX)) {
         return WHY("token_offset must be an int >= -1");
     }
     return 0;
@@ -164,8 +180,9 @@ static int parse_entry(js_scanner *s, coord_event_entry *e, char *why, size_t wh
     js_take(s, '{');
     bool first = true, has_key = false;
     for (const char *name; (name = js_member(s, &first));) {
-        has_key |= name[0] == 'k' && !strcmp(name, "key");
-        if (entry_field(s, name, e, why, whylen) != 0)
+        size_t len = s->str_len;
+        has_key |= NAME_IS("key");
+        if (entry_field(s, name, len, e, why, whylen) != 0)
             return -1;
     }
     if (js_failed(s))
@@ -219,7 +236,8 @@ typedef struct {
 static int batch_field(js_scanner *s, const char *name, coord_event_request *r,
                        coord_event_batch *b, batch_fields *f, char *why, size_t whylen)
 {
-    if (!strcmp(name, "entries"))
+    size_t len = s->str_len;
+    if (NAME_IS("entries"))
         return entries(s, r, b, why, whylen);
     scalar v;
     if (!value(s, &v))
@@ -364,15 +382,12 @@ static int parse_body(js_scanner *s, coord_event_request *r, char *why, size_t w
     return seen ? 0 : WHY("body must be {\"batches\": [CacheEventBatch]}");
 }
 
-int coord_events_parse(const char *text, size_t len, coord_event_request *out, char *why,
-                       size_t whylen)
+int coord_events_parse_in_place(char *text, size_t len, coord_event_request *out, char *why,
+                                size_t whylen)
 {
     memset(out, 0, sizeof *out);
-    out->arena = malloc(len + 1);
-    if (!out->arena)
-        return WHY("out of memory");
     js_scanner s;
-    js_init(&s, text ? text : "", len, out->arena, len + 1);
+    js_init(&s, text, len);
     why[0] = '\0';
     if (parse_body(&s, out, why, whylen) != 0) {
         if (js_failed(&s))
@@ -384,6 +399,25 @@ int coord_events_parse(const char *text, size_t len, coord_event_request *out, c
     }
     for (size_t i = 0; i < out->n; i++)
         out->batches[i].entries = out->pool + out->batches[i].first;
+    return 0;
+}
+
+int coord_events_parse(const char *text, size_t len, coord_event_request *out, char *why,
+                       size_t whylen)
+{
+    char *copy = malloc(len + 1);
+    if (!copy) {
+        memset(out, 0, sizeof *out);
+        return WHY("out of memory");
+    }
+    if (len)
+        memcpy(copy, text, len);
+    copy[len] = '\0';
+    if (coord_events_parse_in_place(copy, len, out, why, whylen) != 0) {
+        free(copy);
+        return -1;
+    }
+    out->arena = copy;
     return 0;
 }
 

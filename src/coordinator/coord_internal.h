@@ -65,7 +65,10 @@ bool coord_wait(lmc_coord *co, double seconds);
 /* ---- HTTP ------------------------------------------------------------------ */
 typedef struct {
     const char *method, *path;
-    const char *body;  /* NUL-terminated, NULL when empty */
+    /* NUL-terminated, NULL when empty; the HTTP layer's buffer for this
+     * request, which a handler may consume (the /events scanner unescapes
+     * strings in place). */
+    char *body;
     size_t body_len;
     struct MHD_Connection *conn;
 } coord_request;

@@ -8,59 +8,26 @@
 
 #define MAX_DEPTH 64
 
-void js_init(js_scanner *s, const char *text, size_t len, char *arena, size_t arena_cap)
+void js_init(js_scanner *s, char *text, size_t len)
 {
     memset(s, 0, sizeof *s);
-    s->p = s->start = text;
+    s->p = text;
+    s->start = text;
     s->end = text + len;
-    s->arena = arena;
-    s->arena_cap = arena_cap;
 }
 
-static bool fail(js_scanner *s, const char *what)
+bool js_fail(js_scanner *s, const char *what)
 {
     if (!s->err[0])
         snprintf(s->err, sizeof s->err, "malformed JSON at byte %zu: %s",
                  (size_t)(s->p - s->start), what);
-    s->p = s->end;
+    s->p = (char *)s->end;
     return false;
 }
 
 bool js_failed(const js_scanner *s)
 {
     return s->err[0] != '\0';
-}
-
-static void blanks(js_scanner *s)
-{
-    while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t'))
-        s->p++;
-}
-
-js_kind js_peek(js_scanner *s)
-{
-    blanks(s);
-    if (s->p >= s->end)
-        return JS_BAD;
-    switch (*s->p) {
-    case '"': return JS_STRING;
-    case '{': return JS_OBJECT;
-    case '[': return JS_ARRAY;
-    case 't': return JS_TRUE;
-    case 'f': return JS_FALSE;
-    case 'n': return JS_NULL;
-    default: return (*s->p == '-' || (*s->p >= '0' && *s->p <= '9')) ? JS_NUMBER : JS_BAD;
-    }
-}
-
-bool js_take(js_scanner *s, char c)
-{
-    blanks(s);
-    if (s->p < s->end && *s->p == c) {
-        s->p++;
-        return true;
-    }
-    return false;
 }
 
 static int hex4(const char *p)
@@ -129,51 +96,43 @@ static bool escape(js_scanner *s, char **o)
         return true;
     }
     if (s->end - s->p < 5 || *s->p != 'u')
-        return fail(s, "bad escape");
+        return js_fail(s, "bad escape");
     int cp = hex4(s->p + 1);
     s->p += 5;
     if (cp < 0)
-        return fail(s, "bad \\u escape");
+        return js_fail(s, "bad \\u escape");
     uint32_t code = (uint32_t)cp;
     if (cp >= 0xd800 && cp <= 0xdbff) {
         int lo = s->end - s->p >= 6 && s->p[0] == '\\' && s->p[1] == 'u' ? hex4(s->p + 2) : -1;
         if (lo < 0xdc00 || lo > 0xdfff)
-            return fail(s, "lone surrogate");
+            return js_fail(s, "lone surrogate");
         code = 0x10000 + (((uint32_t)cp - 0xd800) << 10) + ((uint32_t)lo - 0xdc00);
         s->p += 6;
     } else if ((cp >= 0xdc00 && cp <= 0xdfff) || cp == 0) {
-        return fail(s, cp ? "lone surrogate" : "NUL in a string");
+        return js_fail(s, cp ? "lone surrogate" : "NUL in a string");
     }
     put_utf8(o, code);
     return true;
 }
 
-/* Bytes a string may hold as they are: printable ASCII but '"' and '\\'. */
-static const bool PLAIN[256] = {
-#define R8(x) x, x, x, x, x, x, x, x
-    R8(0), R8(0), R8(0), R8(0),                               /* 0x00-0x1f */
-    1, 1, 0, 1, 1, 1, 1, 1, R8(1), R8(1), R8(1),              /* 0x20-0x3f, '"' */
-    R8(1), R8(1), R8(1), 1, 1, 1, 1, 0, 1, 1, 1,              /* 0x40-0x5f, '\\' */
-    R8(1), R8(1), R8(1), R8(1),                               /* 0x60-0x7f */
-#undef R8
-};
-
-const char *js_string(js_scanner *s)
+const char *js_string_any(js_scanner *s)
 {
     if (!js_take(s, '"'))
-        return fail(s, "a string expected"), NULL;
-    char *out = s->arena + s->arena_used, *o = out;
-    while (s->p < s->end && *s->p != '"') {
-        const char *run = s->p; /* plain ASCII, the common case, is copied in one go */
-        while (s->p < s->end && PLAIN[(unsigned char)*s->p])
-            s->p++;
-        memcpy(o, run, (size_t)(s->p - run));
+        return js_fail(s, "a string expected"), NULL;
+    char *out = s->p, *o = out; /* o never passes s->p: unescaping only shrinks */
+    for (;;) {
+        char *run = s->p;
+        s->p = (char *)js_plain_run(run, s->end);
+        if (o != run)
+            memmove(o, run, (size_t)(s->p - run));
         o += s->p - run;
-        if (s->p >= s->end || *s->p == '"')
-            break;
+        if (s->p >= s->end)
+            return js_fail(s, "unterminated string"), NULL;
         unsigned char c = (unsigned char)*s->p;
+        if (c == '"')
+            break;
         if (c < 0x20)
-            return fail(s, "a control character in a string"), NULL;
+            return js_fail(s, "a control character in a string"), NULL;
         if (c == '\\') {
             s->p++;
             if (!escape(s, &o))
@@ -182,16 +141,14 @@ const char *js_string(js_scanner *s)
         }
         size_t n = utf8_len((const unsigned char *)s->p, (const unsigned char *)s->end);
         if (!n)
-            return fail(s, "invalid UTF-8"), NULL;
-        memcpy(o, s->p, n);
+            return js_fail(s, "invalid UTF-8"), NULL;
+        memmove(o, s->p, n);
         o += n;
         s->p += n;
     }
-    if (s->p >= s->end)
-        return fail(s, "unterminated string"), NULL;
-    s->p++;
-    *o++ = '\0';
-    s->arena_used = (size_t)(o - s->arena);
+    s->p++;     /* the closing quote, now behind us, */
+    *o = '\0';  /* is where the NUL may go */
+    s->str_len = (size_t)(o - out);
     return out;
 }
 
@@ -203,22 +160,22 @@ static bool digits(js_scanner *s)
     return s->p > from;
 }
 
-bool js_number(js_scanner *s, bool *is_int, int64_t *i, double *d)
+bool js_number_any(js_scanner *s, bool *is_int, int64_t *i, double *d)
 {
-    blanks(s);
+    js_blanks(s);
     const char *from = s->p;
     if (s->p < s->end && *s->p == '-')
         s->p++;
     if (s->p < s->end && *s->p == '0')
         s->p++;
     else if (!digits(s))
-        return fail(s, "bad number");
+        return js_fail(s, "bad number");
     *is_int = true;
     if (s->p < s->end && *s->p == '.') {
         s->p++;
         *is_int = false;
         if (!digits(s))
-            return fail(s, "bad number");
+            return js_fail(s, "bad number");
     }
     if (s->p < s->end && (*s->p == 'e' || *s->p == 'E')) {
         s->p++;
@@ -226,7 +183,7 @@ bool js_number(js_scanner *s, bool *is_int, int64_t *i, double *d)
         if (s->p < s->end && (*s->p == '+' || *s->p == '-'))
             s->p++;
         if (!digits(s))
-            return fail(s, "bad number");
+            return js_fail(s, "bad number");
     }
     size_t n = (size_t)(s->p - from);
     if (*is_int && n <= 18) { /* fits int64 whatever the digits: no strtoll */
@@ -240,21 +197,21 @@ bool js_number(js_scanner *s, bool *is_int, int64_t *i, double *d)
     }
     char buf[64];
     if (n >= sizeof buf)
-        return fail(s, "number too long");
+        return js_fail(s, "number too long");
     memcpy(buf, from, n);
     buf[n] = '\0';
     errno = 0;
     if (*is_int) {
         long long v = strtoll(buf, NULL, 10);
         if (errno == ERANGE)
-            return fail(s, "integer out of range");
+            return js_fail(s, "integer out of range");
         *i = v;
         *d = (double)v;
         return true;
     }
     *d = strtod(buf, NULL);
     if (errno == ERANGE && (*d > 1 || *d < -1))
-        return fail(s, "real number overflow");
+        return js_fail(s, "real number overflow");
     return true;
 }
 
@@ -262,7 +219,7 @@ static bool word(js_scanner *s, const char *w)
 {
     size_t n = strlen(w);
     if ((size_t)(s->end - s->p) < n || memcmp(s->p, w, n) != 0)
-        return fail(s, "bad literal");
+        return js_fail(s, "bad literal");
     s->p += n;
     return true;
 }
@@ -270,7 +227,7 @@ static bool word(js_scanner *s, const char *w)
 static bool skip_depth(js_scanner *s, int depth)
 {
     if (depth > MAX_DEPTH)
-        return fail(s, "nested too deep");
+        return js_fail(s, "nested too deep");
     bool first = true, is_int;
     int64_t i;
     double d;
@@ -292,7 +249,7 @@ static bool skip_depth(js_scanner *s, int depth)
             if (!skip_depth(s, depth + 1))
                 return false;
         return !js_failed(s);
-    default: return fail(s, "a value expected");
+    default: return js_fail(s, "a value expected");
     }
 }
 
@@ -301,31 +258,8 @@ bool js_skip(js_scanner *s)
     return skip_depth(s, 0);
 }
 
-const char *js_member(js_scanner *s, bool *first)
-{
-    if (js_take(s, '}'))
-        return NULL;
-    if (!*first && !js_take(s, ','))
-        return fail(s, "',' or '}' expected"), NULL;
-    *first = false;
-    const char *key = js_string(s);
-    if (key && !js_take(s, ':'))
-        return fail(s, "':' expected"), NULL;
-    return key;
-}
-
-bool js_element(js_scanner *s, bool *first)
-{
-    if (js_take(s, ']'))
-        return false;
-    if (!*first && !js_take(s, ','))
-        return fail(s, "',' or ']' expected");
-    *first = false;
-    return !js_failed(s);
-}
-
 bool js_at_end(js_scanner *s)
 {
-    blanks(s);
+    js_blanks(s);
     return s->p == s->end;
 }

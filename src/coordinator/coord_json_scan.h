@@ -1,44 +1,176 @@
 /* A small pull parser over JSON text, for the one body the coordinator
  * must take fast (POST /events, docs/coordinator.md "Cache events"):
- * no document tree, strings unescaped into one arena the size of the
- * text.  Strict RFC 8259: UTF-8 checked, no NUL in strings, integers must
- * fit int64, nesting of skipped values at most 64 deep. */
+ * no document tree, strings unescaped in place (an unescaped string is
+ * never longer than its JSON form, and its closing quote is where its NUL
+ * goes), so the text must be writable and is consumed.  Strict RFC 8259:
+ * UTF-8 checked, no NUL in strings, integers must fit int64, nesting of
+ * skipped values at most 64 deep. */
 #ifndef LMC_COORDINATOR_COORD_JSON_SCAN_H
 #define LMC_COORDINATOR_COORD_JSON_SCAN_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef enum { JS_STRING, JS_NUMBER, JS_OBJECT, JS_ARRAY, JS_TRUE, JS_FALSE, JS_NULL, JS_BAD } js_kind;
 
 typedef struct {
-    const char *p, *start, *end;
-    char *arena;      /* strings land here, NUL-terminated */
-    size_t arena_used, arena_cap;
+    char *p;
+    const char *start, *end;
+    size_t str_len;   /* bytes of the last string js_string returned */
     char err[160];    /* the first syntax error */
 } js_scanner;
 
-/* arena: at least len + 1 bytes, owned by the caller. */
-void js_init(js_scanner *s, const char *text, size_t len, char *arena, size_t arena_cap);
+/* text: len bytes, writable, owned by the caller; strings are unescaped
+ * into it. */
+void js_init(js_scanner *s, char *text, size_t len);
+
+static inline void js_blanks(js_scanner *s)
+{
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t'))
+        s->p++;
+}
+
 /* The kind of the next value (blanks skipped); nothing consumed. */
-js_kind js_peek(js_scanner *s);
+static inline js_kind js_peek(js_scanner *s)
+{
+    js_blanks(s);
+    if (s->p >= s->end)
+        return JS_BAD;
+    switch (*s->p) {
+    case '"': return JS_STRING;
+    case '{': return JS_OBJECT;
+    case '[': return JS_ARRAY;
+    case 't': return JS_TRUE;
+    case 'f': return JS_FALSE;
+    case 'n': return JS_NULL;
+    default: return (*s->p == '-' || (*s->p >= '0' && *s->p <= '9')) ? JS_NUMBER : JS_BAD;
+    }
+}
+
 /* Consumes c (after blanks); false when the next character is not c. */
-bool js_take(js_scanner *s, char c);
-/* A string value, unescaped; NULL (err set) when malformed. */
-const char *js_string(js_scanner *s);
+static inline bool js_take(js_scanner *s, char c)
+{
+    js_blanks(s);
+    if (s->p < s->end && *s->p == c) {
+        s->p++;
+        return true;
+    }
+    return false;
+}
+
+/* Records the first error (err) and ends the scan; false. */
+bool js_fail(js_scanner *s, const char *what);
+/* The general cases of js_string and js_number below (escapes, UTF-8,
+ * fractions, long integers). */
+const char *js_string_any(js_scanner *s);
+bool js_number_any(js_scanner *s, bool *is_int, int64_t *i, double *d);
+
+/* Where the run of bytes from p that a string may hold as they are
+ * (printable ASCII but '"' and '\\') ends.  Eight bytes at a time: the
+ * lowest flagged byte of a word is the first such one (the borrow of the
+ * subtractions only runs upwards from a true hit). */
+static inline const char *js_plain_run(const char *p, const char *end)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    while (end - p >= 8) {
+        uint64_t w, q, b;
+        memcpy(&w, p, 8);
+        q = w ^ (ones * '"');
+        b = w ^ (ones * '\\');
+        uint64_t hit = (w | ((w - ones * 0x20) & ~w) | ((q - ones) & ~q) | ((b - ones) & ~b)) &
+                       highs;
+        if (hit)
+            return p + (__builtin_ctzll(hit) >> 3);
+        p += 8;
+    }
+#endif
+    while (p < end && (unsigned char)*p >= 0x20 && (unsigned char)*p < 0x80 && *p != '"' &&
+           *p != '\\')
+        p++;
+    return p;
+}
+
+/* A string value, unescaped, NUL-terminated, its length in s->str_len;
+ * NULL (err set) when malformed.  A plain string is taken here, inline,
+ * its closing quote overwritten by the NUL. */
+static inline const char *js_string(js_scanner *s)
+{
+    js_blanks(s);
+    if (s->p < s->end && *s->p == '"') {
+        char *from = s->p + 1, *stop = (char *)js_plain_run(from, s->end);
+        if (stop < s->end && *stop == '"') {
+            *stop = '\0';
+            s->str_len = (size_t)(stop - from);
+            s->p = stop + 1;
+            return from;
+        }
+    }
+    return js_string_any(s);
+}
+
+static inline bool js_is_digit(const char *p, const char *end)
+{
+    return p < end && *p >= '0' && *p <= '9';
+}
+
 /* A number: *is_int when it has no fraction or exponent (and then *i
  * holds it); *d always.  False (err set) when malformed or an integer
- * out of int64. */
-bool js_number(js_scanner *s, bool *is_int, int64_t *i, double *d);
+ * out of int64.  Integers of up to 18 digits are read here, inline. */
+static inline bool js_number(js_scanner *s, bool *is_int, int64_t *i, double *d)
+{
+    js_blanks(s);
+    const char *end = s->end, *q = s->p;
+    bool neg = q < end && *q == '-';
+    q += neg;
+    if (js_is_digit(q, end) && (*q != '0' || !js_is_digit(q + 1, end))) {
+        int64_t v = 0;
+        const char *first = q;
+        while (js_is_digit(q, end) && q - first < 18)
+            v = v * 10 + (*q++ - '0');
+        if (!js_is_digit(q, end) && !(q < end && (*q == '.' || *q == 'e' || *q == 'E'))) {
+            s->p = (char *)q;
+            *is_int = true;
+            *i = neg ? -v : v;
+            *d = (double)*i;
+            return true;
+        }
+    }
+    return js_number_any(s, is_int, i, d);
+}
+
 /* Skips any value. */
 bool js_skip(js_scanner *s);
 /* Object iteration: call after '{' was taken.  Returns the next member's
- * key with ':' consumed, or NULL at '}' (consumed) or on error (err set). */
-const char *js_member(js_scanner *s, bool *first);
+ * key (its length in s->str_len) with ':' consumed, or NULL at '}'
+ * (consumed) or on error (err set). */
+static inline const char *js_member(js_scanner *s, bool *first)
+{
+    if (js_take(s, '}'))
+        return NULL;
+    if (!*first && !js_take(s, ','))
+        return js_fail(s, "',' or '}' expected"), NULL;
+    *first = false;
+    const char *key = js_string(s);
+    if (key && !js_take(s, ':'))
+        return js_fail(s, "':' expected"), NULL;
+    return key;
+}
+
 /* Array iteration: after '[' was taken: true while an element follows
  * (',' consumed), false at ']' (consumed) or on error (err set). */
-bool js_element(js_scanner *s, bool *first);
+static inline bool js_element(js_scanner *s, bool *first)
+{
+    if (js_take(s, ']'))
+        return false;
+    if (!*first && !js_take(s, ','))
+        return js_fail(s, "',' or ']' expected");
+    *first = false;
+    return s->err[0] == '\0';
+}
+
 /* True once the whole text was consumed (trailing blanks allowed). */
 bool js_at_end(js_scanner *s);
 bool js_failed(const js_scanner *s);

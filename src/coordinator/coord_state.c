@@ -99,15 +99,22 @@ uint32_t coord_names_intern(coord_names *t, const char *s)
     return t->n++;
 }
 
-uint32_t coord_names_lookup(coord_names *t, coord_name_memo *m, const char *s, bool intern)
+static unsigned memo_way(const char *s, size_t len)
 {
-    if (m->text[0] && strcmp(m->text, s) == 0)
-        return m->id;
+    unsigned outer = len ? (uint8_t)s[0] + 3u * (uint8_t)s[len - 1] : 0;
+    return (unsigned)(len * 7 + outer) % COORD_NAME_MEMO_WAYS;
+}
+
+uint32_t coord_names_lookup(coord_names *t, coord_name_memo *m, const char *s, size_t len,
+                            bool intern)
+{
+    unsigned w = memo_way(s, len);
+    if (m->len1[w] == len + 1 && memcmp(t->strs[m->id[w]], s, len) == 0)
+        return m->id[w];
     uint32_t id = intern ? coord_names_intern(t, s) : coord_names_find(t, s);
-    size_t n = strlen(s);
-    if (id != COORD_NONE && n && n < sizeof m->text) {
-        memcpy(m->text, s, n + 1);
-        m->id = id;
+    if (id != COORD_NONE && len < UINT32_MAX) {
+        m->id[w] = id;
+        m->len1[w] = (uint32_t)len + 1;
     }
     return id;
 }
@@ -193,12 +200,37 @@ static uint32_t probe(const coord_keys *t, const coord_key *k, uint32_t h, uint3
     return i;
 }
 
-uint32_t coord_keys_find(const coord_keys *t, const coord_key *k)
+uint32_t coord_keys_hash(const coord_keys *t, const coord_key *k)
+{
+    return hash_of(t, k);
+}
+
+uint32_t coord_keys_find_hashed(const coord_keys *t, const coord_key *k, uint32_t h)
 {
     uint32_t idx = COORD_NONE;
     if (t->index)
-        probe(t, k, hash_of(t, k), &idx);
+        probe(t, k, h, &idx);
     return idx;
+}
+
+uint32_t coord_keys_find(const coord_keys *t, const coord_key *k)
+{
+    return coord_keys_find_hashed(t, k, hash_of(t, k));
+}
+
+void coord_keys_prefetch_slot(const coord_keys *t, uint32_t h)
+{
+    if (t->index)
+        __builtin_prefetch(&t->index[h & t->mask]);
+}
+
+void coord_keys_prefetch_entry(const coord_keys *t, uint32_t h)
+{
+    if (!t->index)
+        return;
+    uint64_t v = t->index[h & t->mask];
+    if (v && (uint32_t)(v >> 32) == h)
+        __builtin_prefetch(&t->e[slot_entry(v)]);
 }
 
 /* Entries grow by half. */
@@ -242,9 +274,14 @@ static bool keys_grow_index(coord_keys *t)
 
 uint32_t coord_keys_get(coord_keys *t, const coord_key *k)
 {
+    return coord_keys_get_hashed(t, k, hash_of(t, k));
+}
+
+uint32_t coord_keys_get_hashed(coord_keys *t, const coord_key *k, uint32_t h)
+{
     if (!keys_grow_index(t) || !keys_grow_entries(t))
-        return coord_keys_find(t, k);
-    uint32_t h = hash_of(t, k), idx;
+        return coord_keys_find_hashed(t, k, h);
+    uint32_t idx;
     uint32_t slot = probe(t, k, h, &idx);
     if (idx != COORD_NONE)
         return idx;

@@ -29,11 +29,13 @@ typedef struct {
     uint32_t max;
 } coord_names;
 
-/* The last name a lookup resolved: a batch names the same model and salt
- * over and over. */
+/* Names lookups resolved lately: a batch names the same model and a few
+ * salts over and over.  Direct-mapped on the length and the outer bytes;
+ * names are never removed, so an id once cached stays right. */
+#define COORD_NAME_MEMO_WAYS 8
 typedef struct {
-    char text[COORD_MODEL_MAX + 1];
-    uint32_t id;
+    uint32_t id[COORD_NAME_MEMO_WAYS];
+    uint32_t len1[COORD_NAME_MEMO_WAYS]; /* the name's length + 1; 0 = empty */
 } coord_name_memo;
 
 void coord_names_init(coord_names *t, uint32_t max);
@@ -43,8 +45,10 @@ uint32_t coord_names_intern(coord_names *t, const char *s);
 /* The id of s, or COORD_NONE. */
 uint32_t coord_names_find(const coord_names *t, const char *s);
 const char *coord_names_str(const coord_names *t, uint32_t id);
-/* coord_names_find / _intern through a memo of the last answer. */
-uint32_t coord_names_lookup(coord_names *t, coord_name_memo *m, const char *s, bool intern);
+/* coord_names_find / _intern through the memo; s has len bytes (and its
+ * NUL). */
+uint32_t coord_names_lookup(coord_names *t, coord_name_memo *m, const char *s, size_t len,
+                            bool intern);
 
 /* ---- keys and their facts ------------------------------------------------- */
 typedef struct {
@@ -140,6 +144,17 @@ void coord_state_free(coord_state *s);
 uint32_t coord_keys_find(const coord_keys *k, const coord_key *key);
 /* The entry of key, created empty when new; COORD_NONE on out of memory. */
 uint32_t coord_keys_get(coord_keys *k, const coord_key *key);
+/* The same with the key's table hash (coord_keys_hash) known: a batch
+ * hashes its keys ahead and prefetches their slots, so that the cache
+ * misses of many keys overlap instead of coming one after the other. */
+uint32_t coord_keys_hash(const coord_keys *k, const coord_key *key);
+uint32_t coord_keys_find_hashed(const coord_keys *k, const coord_key *key, uint32_t h);
+uint32_t coord_keys_get_hashed(coord_keys *k, const coord_key *key, uint32_t h);
+/* Prefetch hints: the index slot where hash h starts probing; the entry
+ * that slot names when its hash is h (the slot read, so prefetch it
+ * first). */
+void coord_keys_prefetch_slot(const coord_keys *k, uint32_t h);
+void coord_keys_prefetch_entry(const coord_keys *k, uint32_t h);
 /* Drops the entry if nothing refers to it any more (not in L2, no L1
  * placement, no pin). */
 void coord_keys_release(coord_keys *k, uint32_t idx);
@@ -163,6 +178,13 @@ void coord_usage_l2_delete(coord_state *s, uint32_t idx);
 /* Puts a key at the least-recent end (resync backfill, database load). */
 int coord_usage_l2_insert_at(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
                              uint64_t touch);
+/* The same at the most recent end whatever the touch (a log replay, which
+ * meets keys in no particular order); coord_usage_l2_sort then orders
+ * every salt's LRU by touch once, instead of a walk per key.  0, or -1 out
+ * of memory (the lists are then as they were). */
+int coord_usage_l2_append(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+                          uint64_t touch);
+int coord_usage_l2_sort(coord_state *s);
 int coord_usage_l1_store(coord_state *s, uint32_t idx, uint32_t inst, uint32_t backend,
                          uint64_t size);
 /* May free idx. */

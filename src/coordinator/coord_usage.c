@@ -110,8 +110,8 @@ void coord_usage_l2_delete(coord_state *s, uint32_t idx)
     coord_keys_release(&s->keys, idx);
 }
 
-int coord_usage_l2_insert_at(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
-                             uint64_t touch)
+static int l2_place(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+                    uint64_t touch, bool ordered)
 {
     coord_entry *e = &s->keys.e[idx];
     if (e->flags & COORD_IN_L2)
@@ -125,7 +125,55 @@ int coord_usage_l2_insert_at(coord_state *s, uint32_t idx, uint64_t size, uint32
     e->touch = touch;
     if (touch > s->clock)
         s->clock = touch;
-    lru_insert_ordered(s, sa, idx);
+    if (ordered)
+        lru_insert_ordered(s, sa, idx);
+    else
+        lru_push_tail(s, sa, idx);
+    return 0;
+}
+
+int coord_usage_l2_insert_at(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+                             uint64_t touch)
+{
+    return l2_place(s, idx, size, backend, touch, true);
+}
+
+int coord_usage_l2_append(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+                          uint64_t touch)
+{
+    return l2_place(s, idx, size, backend, touch, false);
+}
+
+static int by_touch(const void *a, const void *b, void *arg)
+{
+    const coord_entry *e = arg;
+    uint32_t i = *(const uint32_t *)a, j = *(const uint32_t *)b;
+    uint64_t x = e[i].touch, y = e[j].touch;
+    return x != y ? (x > y) - (x < y) : (i > j) - (i < j); /* ties: a fixed order */
+}
+
+int coord_usage_l2_sort(coord_state *s)
+{
+    uint32_t *order = NULL;
+    size_t cap = 0;
+    for (uint32_t salt = 0; salt < s->salt_cap; salt++) {
+        coord_salt *sa = &s->salt[salt];
+        if (sa->l2_count > cap) {
+            uint32_t *grown = realloc(order, sa->l2_count * sizeof *order);
+            if (!grown)
+                return free(order), -1;
+            order = grown;
+            cap = sa->l2_count;
+        }
+        size_t n = 0;
+        for (uint32_t i = sa->lru_head; i != COORD_NONE && n < cap; i = s->keys.e[i].lru_next)
+            order[n++] = i;
+        qsort_r(order, n, sizeof *order, by_touch, s->keys.e);
+        sa->lru_head = sa->lru_tail = COORD_NONE;
+        for (size_t i = 0; i < n; i++)
+            lru_push_tail(s, sa, order[i]);
+    }
+    free(order);
     return 0;
 }
 

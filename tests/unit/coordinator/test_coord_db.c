@@ -151,11 +151,199 @@ static void test_log_compaction(void **state)
     remove_db();
 }
 
+static void put_row(coord_db *db, const uint8_t *row, size_t n)
+{
+    sqlite3_stmt *st;
+    assert_int_equal(sqlite3_prepare_v2(db->db, "INSERT INTO l2_log(data) VALUES(?1)", -1, &st,
+                                        NULL), SQLITE_OK);
+    sqlite3_bind_blob(st, 1, row, (int)n, SQLITE_STATIC);
+    assert_int_equal(sqlite3_step(st), SQLITE_DONE);
+    sqlite3_finalize(st);
+}
+
+/* A record of the first log format: names spelled out, fixed integers. */
+static size_t v1_record(uint8_t *p, uint8_t op, int h, const char *salt, uint64_t size,
+                        uint64_t touch)
+{
+    size_t n = 0;
+    uint32_t rank = 0, group = 0;
+    uint16_t ml = 7, sl = (uint16_t)strlen(salt), bl = 2;
+    p[n++] = op;
+    p[n++] = 32;
+    memset(p + n, h, 32), n += 32;
+    memcpy(p + n, &rank, 4), n += 4;
+    memcpy(p + n, &group, 4), n += 4;
+    memcpy(p + n, &ml, 2), memcpy(p + n + 2, "model/a", ml), n += 2 + ml;
+    memcpy(p + n, &sl, 2), memcpy(p + n + 2, salt, sl), n += 2 + sl;
+    if (op == 1) {
+        uint32_t tokens = 3;
+        memcpy(p + n, &size, 8), n += 8;
+        memcpy(p + n, &touch, 8), n += 8;
+        memcpy(p + n, &tokens, 4), n += 4;
+        memcpy(p + n, &bl, 2), memcpy(p + n + 2, "fs", bl), n += 2 + bl;
+    }
+    return n;
+}
+
+/* Rows of the compact format over several transactions (names defined
+ * again in each row, integers past one varint byte) replay beside rows of
+ * the first format; a compact record naming an id its row never defined
+ * is refused. */
+static void test_log_formats(void **state)
+{
+    (void)state;
+    snprintf(path, sizeof path, "/tmp/coord-db-formats-%d.db", (int)getpid());
+    remove_db();
+    coord_db *db;
+    char err[256];
+    coord_state s;
+    assert_int_equal(coord_state_init(&s), 0);
+    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coord_db_begin(db), 0);
+    uint32_t a = add_key(&s, 1, "x", 5000000000ull);
+    s.keys.e[a].num_tokens = 70000;
+    assert_int_equal(coord_db_put_l2(db, &s, a), 0);
+    assert_int_equal(coord_db_commit(db), 0);
+    assert_int_equal(coord_db_begin(db), 0);
+    uint32_t b = add_key(&s, 2, "y", 9);
+    assert_int_equal(coord_db_put_l2(db, &s, b), 0);
+    coord_usage_l2_touch(&s, a);
+    assert_int_equal(coord_db_touch_l2(db, &s, a), 0);
+    assert_int_equal(coord_db_commit(db), 0);
+    uint8_t row[512];
+    size_t n = v1_record(row, 1, 3, "x", 7, 1000);
+    n += v1_record(row + n, 2, 2, "y", 0, 0); /* deletes b */
+    put_row(db, row, n);
+    coord_db_close(db);
+
+    coord_state r;
+    assert_int_equal(coord_state_init(&r), 0);
+    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coord_db_load(db, &r, err, sizeof err), 0);
+    uint32_t x = coord_names_find(&r.salts, "x"), y = coord_names_find(&r.salts, "y");
+    assert_int_equal(r.salt[x].l2_count, 2);
+    assert_int_equal(r.salt[x].l2_bytes, 5000000007ull);
+    assert_int_equal(r.salt[y].l2_count, 0);
+    uint32_t first = r.salt[x].lru_head, second = r.keys.e[first].lru_next;
+    assert_int_equal(r.keys.e[first].hash[0], 1);
+    assert_int_equal(r.keys.e[first].num_tokens, 70000);
+    assert_int_equal(r.keys.e[first].touch, s.keys.e[a].touch);
+    assert_int_equal(r.keys.e[second].hash[0], 3);
+    assert_int_equal(r.keys.e[second].num_tokens, 3);
+    assert_string_equal(coord_names_str(&r.backends, r.keys.e[second].l2_backend), "fs");
+    coord_state_free(&r);
+
+    static const uint8_t undefined_model[] = {5, 1, 0xab, 0, 0, 0, 0, 1, 0, 0, 0};
+    put_row(db, undefined_model, sizeof undefined_model);
+    coord_db_close(db);
+    assert_int_equal(coord_state_init(&r), 0);
+    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coord_db_load(db, &r, err, sizeof err), -1);
+    assert_non_null(strstr(err, "malformed"));
+    coord_db_close(db);
+    coord_state_free(&r);
+    coord_state_free(&s);
+    remove_db();
+}
+
+static uint32_t add_numbered(coord_state *s, uint32_t n, const char *salt)
+{
+    coord_key k = {.hash_len = 32};
+    memcpy(k.hash, &n, sizeof n);
+    k.model = coord_names_intern(&s->models, "model/a");
+    k.salt = coord_names_intern(&s->salts, salt);
+    uint32_t idx = coord_keys_get(&s->keys, &k);
+    assert_int_equal(coord_usage_l2_store(s, idx, n + 1, 0, false), 0);
+    return idx;
+}
+
+/* What a second connection loads from the file equals s: the salt's
+ * count and bytes, and its LRU list key by key. */
+static void assert_reloads_as(const coord_state *s, const char *salt)
+{
+    coord_db *db;
+    char err[256];
+    coord_state r;
+    assert_int_equal(coord_state_init(&r), 0);
+    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coord_db_load(db, &r, err, sizeof err), 0);
+    uint32_t a = coord_names_find(&s->salts, salt), b = coord_names_find(&r.salts, salt);
+    assert_int_equal(r.salt[b].l2_count, s->salt[a].l2_count);
+    assert_int_equal(r.salt[b].l2_bytes, s->salt[a].l2_bytes);
+    uint32_t i = s->salt[a].lru_head, j = r.salt[b].lru_head;
+    for (; i != COORD_NONE && j != COORD_NONE; i = s->keys.e[i].lru_next, j = r.keys.e[j].lru_next)
+        assert_memory_equal(s->keys.e[i].hash, r.keys.e[j].hash, 32);
+    assert_true(i == COORD_NONE && j == COORD_NONE);
+    sqlite3_close(db->db); /* no checkpoint from this second connection */
+    db->db = NULL;
+    coord_db_close(db);
+    coord_state_free(&r);
+}
+
+/* A compaction of more keys than one slice: changes made between its
+ * slices (a delete ahead of the walk, a store, a touch behind it) are
+ * kept, and the file loads the same before the switch, after it and once
+ * the dead rows are gone. */
+static void test_compaction_in_slices(void **state)
+{
+    (void)state;
+    enum { N = 70000 };
+    snprintf(path, sizeof path, "/tmp/coord-db-slices-%d.db", (int)getpid());
+    remove_db();
+    coord_db *db;
+    char err[256];
+    coord_state s;
+    assert_int_equal(coord_state_init(&s), 0);
+    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coord_db_begin(db), 0);
+    uint32_t idx[N];
+    for (uint32_t n = 0; n < N; n++)
+        assert_int_equal(coord_db_put_l2(db, &s, idx[n] = add_numbered(&s, n, "z")), 0);
+    for (uint32_t i = 0; i < 2 * N + 100000; i++) {
+        coord_usage_l2_touch(&s, idx[i % 50]);
+        assert_int_equal(coord_db_touch_l2(db, &s, idx[i % 50]), 0);
+    }
+    assert_int_equal(coord_db_commit(db), 0);
+
+    assert_int_equal(coord_db_maybe_compact(db, &s), 0);
+    assert_true(db->compacting);
+    assert_reloads_as(&s, "z");
+    assert_int_equal(coord_db_begin(db), 0);
+    assert_int_equal(coord_db_del_l2(db, &s, idx[N - 10]), 0);
+    coord_usage_l2_delete(&s, idx[N - 10]);
+    assert_int_equal(coord_db_put_l2(db, &s, add_numbered(&s, N + 1, "z")), 0);
+    coord_usage_l2_touch(&s, idx[7]);
+    assert_int_equal(coord_db_touch_l2(db, &s, idx[7]), 0);
+    assert_int_equal(coord_db_commit(db), 0);
+    assert_reloads_as(&s, "z");
+
+    assert_int_equal(coord_db_maybe_compact(db, &s), 0);
+    assert_false(db->compacting);
+    assert_true(db->log_records < (uint64_t)N + 10);
+    assert_reloads_as(&s, "z");
+    for (int i = 0; i < 1000 && db->dead_rows; i++)
+        assert_int_equal(coord_db_maybe_compact(db, &s), 0);
+    assert_false(db->dead_rows);
+    sqlite3_stmt *st;
+    assert_int_equal(sqlite3_prepare_v2(db->db, "SELECT count(*) FROM l2_log WHERE id < ?1", -1,
+                                        &st, NULL), SQLITE_OK);
+    sqlite3_bind_int64(st, 1, db->log_start);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int64(st, 0), 0);
+    sqlite3_finalize(st);
+    assert_reloads_as(&s, "z");
+    coord_db_close(db);
+    coord_state_free(&s);
+    remove_db();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_log_compaction),
+        cmocka_unit_test(test_log_formats),
+        cmocka_unit_test(test_compaction_in_slices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
