@@ -31,11 +31,14 @@ static void lru_push_tail(coord_state *s, coord_salt *sa, uint32_t idx)
 }
 
 /* Keeps the list ordered by touch: a backfilled or reloaded key goes
- * before the first key touched later than it. */
+ * before the first key touched later than it.  A key never touched (the
+ * startup resync's backfill) is as old as it gets: it goes first at once,
+ * not after a walk past every key the stream reported, which made a
+ * backfill of n keys cost n times the list. */
 static void lru_insert_ordered(coord_state *s, coord_salt *sa, uint32_t idx)
 {
     coord_entry *e = &s->keys.e[idx];
-    uint32_t after = sa->lru_tail;
+    uint32_t after = e->touch == 0 ? COORD_NONE : sa->lru_tail;
     while (after != COORD_NONE && s->keys.e[after].touch > e->touch)
         after = s->keys.e[after].lru_prev;
     e->lru_prev = after;
