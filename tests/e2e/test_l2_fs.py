@@ -245,9 +245,30 @@ def test_corrupt_and_truncated_files_are_misses(tmp_path):
         assert lookup_wait(sched, toks, "c") == 3
         for w in ws:
             assert w.retrieve(toks, 0, 48, "c") == [chunk_bytes(w.rank, toks, c) for c in range(3)]
-        assert status(srv)["l2_adapters"][0]["corrupt_files_detected"] >= 1
+        ad = status(srv)["l2_adapters"][0]
+        assert ad["corrupt_files_detected"] == 1
+        # The files were in the page cache: read and hashed piece by piece
+        # on the loading thread (docs/l2.md, "Checksums").
+        assert ad["cached_loads"] == 8     # every key of the prompt loads at once
         wait_metric(srv, 'lmcache_mp_l2_prefetch_failure_total{reason="not_found",'
                          'model_name="m"}', 1)
+        # The same from the disk: the pool hashes beside the reads.
+        f2 = file_of(tmp_path, 1, toks, 2)
+        with open(f2, "r+b") as fh:
+            fh.seek(200)
+            fh.write(b"\x01\x02")
+        for name in data_files(tmp_path):
+            fd = os.open(os.path.join(tmp_path, name), os.O_RDONLY)
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        assert sched.call(CLEAR, True) is not None
+        assert lookup_wait(sched, toks, "d") == 2
+        for w in ws:
+            assert w.retrieve(toks, 0, 32, "d") == [chunk_bytes(w.rank, toks, c) for c in range(2)]
+        ad = status(srv)["l2_adapters"][0]
+        assert ad["corrupt_files_detected"] == 3   # f3 again, and f2
+        assert ad["cached_loads"] == 8     # none of these: the disk, through the pool
         # Truncated: a miss from the lookup on.
         f1 = file_of(tmp_path, 1, toks, 1)
         with open(f1, "r+b") as fh:

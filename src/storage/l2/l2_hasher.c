@@ -2,9 +2,29 @@
  * guards the queue and every job's state; hashing runs outside it. */
 #include "storage/l2/l2_hasher.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "blake3.h"
+
+_Static_assert(sizeof(blake3_hasher) <= sizeof(((lmc_l2_inline_hash *)0)->state),
+               "lmc_l2_inline_hash holds a blake3_hasher");
+_Static_assert(_Alignof(blake3_hasher) <= _Alignof(lmc_l2_inline_hash), "blake3_hasher alignment");
+
+void lmc_l2_inline_init(lmc_l2_inline_hash *ih)
+{
+    blake3_hasher_init((blake3_hasher *)(void *)ih->state);
+}
+
+void lmc_l2_inline_update(lmc_l2_inline_hash *ih, const uint8_t *p, size_t n)
+{
+    blake3_hasher_update((blake3_hasher *)(void *)ih->state, p, n);
+}
+
+void lmc_l2_inline_final(lmc_l2_inline_hash *ih, uint8_t digest[LMC_L2_DIGEST_LEN])
+{
+    blake3_hasher_finalize((blake3_hasher *)(void *)ih->state, digest, LMC_L2_DIGEST_LEN);
+}
 
 struct lmc_l2_hasher {
     pthread_mutex_t mu;

@@ -32,6 +32,18 @@ typedef struct lmc_l2_hash_job {
     uint8_t digest[LMC_L2_DIGEST_LEN];
 } lmc_l2_hash_job;
 
+/* Hashing on the caller's own thread, for bytes it has at hand: what a
+ * load read from the page cache is hashed piece by piece right after each
+ * read, while the piece is still in the CPU's cache, with no hand-off to
+ * the pool (docs/l2.md, "Checksums"). */
+typedef struct lmc_l2_inline_hash {
+    _Alignas(max_align_t) uint8_t state[1920];   /* a blake3_hasher (l2_hasher.c checks) */
+} lmc_l2_inline_hash;
+
+void lmc_l2_inline_init(lmc_l2_inline_hash *ih);
+void lmc_l2_inline_update(lmc_l2_inline_hash *ih, const uint8_t *p, size_t n);
+void lmc_l2_inline_final(lmc_l2_inline_hash *ih, uint8_t digest[LMC_L2_DIGEST_LEN]);
+
 /* NULL when out of memory or no thread could start. */
 lmc_l2_hasher *lmc_l2_hasher_new(size_t threads);
 /* Joins the threads; no job may be pending. */
