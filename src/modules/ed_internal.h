@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "modules/ed_groups.h"
 #include "modules/ipc_key.h"
 #include "modules/layout_registry.h"
 #include "modules/module.h"
@@ -18,6 +19,7 @@ typedef struct ed_pending {
     lmc_object_key *keys;     /* owned, each holding its string references */
     lmc_lease *leases;        /* WRITE leases (writes) or COPY leases (reads), owned */
     size_t n;
+    uint64_t bytes;           /* of the n objects, for the COMMIT's event */
     struct ed_pending *next;
 } ed_pending;
 
@@ -26,6 +28,7 @@ typedef struct {
     const char *model;        /* interned, one reference held */
     uint32_t world_size;
     lmc_layout layout;
+    lmc_ed_groups *groups;    /* one reference; NULL for a single-group layout */
     char tag[40];             /* writer tag "ed:<instance_id>" */
     ed_pending *writes, *reads;
 } ed_ctx;
@@ -47,8 +50,9 @@ typedef struct {
 typedef struct {
     int64_t instance_id;
     lmc_ipc_key key;
-    lmc_object_key *keys;     /* n, chunk order */
-    size_t n;
+    lmc_object_key *keys;     /* n_keys, chunk-major: keys[c * groups + g] */
+    size_t n;                 /* chunks */
+    size_t n_keys;            /* n x the layout's object groups */
     size_t n_held;            /* keys filled, each holding its string references */
     uint64_t digest;
     bool registered;
@@ -56,10 +60,40 @@ typedef struct {
      * interned, or one a full interner refused to a PREPARE_STORE). */
     bool unknown_names;
     lmc_layout layout;        /* copy (valid when registered) */
+    lmc_ed_groups *groups;    /* a reference, when the context has several groups */
     char tag[40];
 } ed_op;
 
 void lmc_ed_op_free(ed_op *op);
+
+/* engine_driven.c, shared with engine_driven_groups.c */
+ed_ctx *lmc_ed_find_ctx_locked(engine_mod *m, int64_t id);
+/* Records `keys` (owned from here on success, with the string references
+ * they hold) and a copy of their leases under (instance, op key); false if
+ * the instance's context is gone (or memory ran out): the caller still
+ * holds the leases then. */
+bool lmc_ed_add_pending(engine_mod *m, const ed_op *op, lmc_object_key *keys,
+                        const lmc_lease *leases, size_t n, uint64_t bytes, bool write);
+/* Records a PREPARE_STORE's `ok` reservations as pending writes
+ * (`reserved`, owned from here either way).  Returns ok, or 0 when the
+ * instance went away meanwhile: then they are given back, never published. */
+size_t lmc_ed_keep_reserved(engine_mod *m, const ed_op *op, lmc_object_key *reserved,
+                            lmc_lease *granted, size_t ok, uint64_t bytes);
+/* STORE_* / RETRIEVE_* of the op (obs/events.h). */
+void lmc_ed_publish_transfer(engine_mod *m, const char *type, const ed_op *op, size_t chunks,
+                             uint64_t bytes);
+/* Slot = {"offset", "length", "shape", "dtype"} (docs/protocol.md). */
+void lmc_ed_pack_slot(msgpack_packer *pk, uint64_t offset, uint64_t length, uint32_t ndim,
+                      const uint64_t *shape, const char *dtype);
+/* {"success", "data": b"", "context": <packed next by the caller>} */
+void lmc_ed_pack_retrieve_head(msgpack_packer *pk, bool success);
+
+/* engine_driven_groups.c: the PREPAREs of a multi-group context (op->groups
+ * set), which reply on `call`. */
+void lmc_ed_pack_groups_context(msgpack_packer *pk, const lmc_ed_groups *g, size_t n,
+                                const lmc_lease *leases, const bool *in);
+void lmc_ed_prepare_store_groups(engine_mod *m, lmc_rpc_call *call, ed_op *op);
+void lmc_ed_prepare_retrieve_groups(engine_mod *m, lmc_rpc_call *call, ed_op *op);
 void lmc_ed_ctx_destroy(engine_mod *m, ed_ctx *c);
 lmc_handler_result lmc_ed_register(void *state, lmc_rpc_call *call);
 lmc_handler_result lmc_ed_unregister(void *state, lmc_rpc_call *call);

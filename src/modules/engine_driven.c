@@ -33,7 +33,7 @@
 
 /* ---- contexts and pending entries (lock held) -------------------------- */
 
-static ed_ctx *find_ctx_locked(engine_mod *m, int64_t id)
+ed_ctx *lmc_ed_find_ctx_locked(engine_mod *m, int64_t id)
 {
     for (size_t i = 0; i < m->n_ctxs; i++) {
         if (m->ctxs[i]->instance_id == id)
@@ -85,6 +85,7 @@ void lmc_ed_ctx_destroy(engine_mod *m, ed_ctx *c)
     }
     c->writes = c->reads = NULL;
     lmc_layout_registry_release(m->ctx->layouts, c->model, c->world_size);
+    lmc_ed_groups_unref(c->groups);
     lmc_intern_release(c->model);
     free(c);
 }
@@ -126,16 +127,19 @@ static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, bool store, cha
     }
     lmc_liveness_touch(m->ctx->liveness, op->instance_id, lmc_monotonic_ms(NULL), false);
     pthread_mutex_lock(&m->lock);
-    ed_ctx *c = find_ctx_locked(m, op->instance_id);
+    ed_ctx *c = lmc_ed_find_ctx_locked(m, op->instance_id);
     if (c) {
         op->layout = c->layout;
+        op->groups = lmc_ed_groups_ref(c->groups);
         memcpy(op->tag, c->tag, sizeof op->tag);
     }
     pthread_mutex_unlock(&m->lock);
     op->registered = c != NULL;
     op->n = lmc_ipc_key_num_chunks(&op->key, m->cs);
+    uint32_t groups = op->groups ? op->groups->n_groups : 1;
+    op->n_keys = op->n * groups;
     uint8_t *hashes = malloc(op->n * LMC_TOKEN_HASH_LEN + 1);
-    op->keys = malloc((op->n ? op->n : 1) * sizeof *op->keys);
+    op->keys = malloc((op->n_keys ? op->n_keys : 1) * sizeof *op->keys);
     int rc = hashes && op->keys
                  ? lmc_sessions_hash_range(m->ctx->sessions, op->key.request_id,
                                            op->key.request_id_len, op->key.tokens,
@@ -144,12 +148,13 @@ static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, bool store, cha
     if (rc == LMC_HASH_OK) {
         lmc_key_interner *in = m->ctx->interner;
         int krc = store && op->registered
-                      ? lmc_ipc_key_object_keys(&op->key, hashes, op->n, 1, in, op->keys)
-                      : lmc_ipc_key_object_keys_find(&op->key, hashes, op->n, 1, in, op->keys);
+                      ? lmc_ipc_key_object_keys(&op->key, hashes, op->n, groups, in, op->keys)
+                      : lmc_ipc_key_object_keys_find(&op->key, hashes, op->n, groups, in,
+                                                     op->keys);
         if (krc < 0 && !lmc_key_interner_full(in))
             rc = LMC_HASH_ENOMEM;
         op->unknown_names = krc != 0;
-        op->n_held = krc == 0 ? op->n : 0;
+        op->n_held = krc == 0 ? op->n_keys : 0;
     }
     if (rc == LMC_HASH_OK) {
         uint64_t d = fnv(1469598103934665603ULL, hashes, op->n * LMC_TOKEN_HASH_LEN);
@@ -176,6 +181,8 @@ static const char *resolve_error(int rc)
 void lmc_ed_op_free(ed_op *op)
 {
     lmc_ipc_key_free(&op->key);
+    lmc_ed_groups_unref(op->groups);
+    op->groups = NULL;
     if (op->keys)
         lmc_keys_drop(op->keys, op->n_held);
     free(op->keys);
@@ -187,8 +194,8 @@ void lmc_ed_op_free(ed_op *op)
  * they hold) and a copy of their leases
  * under (instance, op key); false if the instance's context is gone (or
  * memory ran out): the caller still holds the leases then. */
-static bool add_pending(engine_mod *m, const ed_op *op, lmc_object_key *keys,
-                        const lmc_lease *leases, size_t n, bool write)
+bool lmc_ed_add_pending(engine_mod *m, const ed_op *op, lmc_object_key *keys,
+                        const lmc_lease *leases, size_t n, uint64_t bytes, bool write)
 {
     ed_pending *p = malloc(sizeof *p);
     lmc_lease *held = malloc((n ? n : 1) * sizeof *held);
@@ -198,9 +205,10 @@ static bool add_pending(engine_mod *m, const ed_op *op, lmc_object_key *keys,
         return false;
     }
     memcpy(held, leases, n * sizeof *held);
-    *p = (ed_pending){.digest = op->digest, .keys = keys, .leases = held, .n = n};
+    *p = (ed_pending){.digest = op->digest, .keys = keys, .leases = held, .n = n,
+                      .bytes = bytes};
     pthread_mutex_lock(&m->lock);
-    ed_ctx *c = find_ctx_locked(m, op->instance_id);
+    ed_ctx *c = lmc_ed_find_ctx_locked(m, op->instance_id);
     if (c) {
         ed_pending **list = write ? &c->writes : &c->reads;
         p->next = *list;
@@ -217,7 +225,7 @@ static bool add_pending(engine_mod *m, const ed_op *op, lmc_object_key *keys,
 static ed_pending *take_pending(engine_mod *m, const ed_op *op, bool write)
 {
     pthread_mutex_lock(&m->lock);
-    ed_ctx *c = find_ctx_locked(m, op->instance_id);
+    ed_ctx *c = lmc_ed_find_ctx_locked(m, op->instance_id);
     ed_pending *p = c ? pop_pending(write ? &c->writes : &c->reads, op->digest) : NULL;
     pthread_mutex_unlock(&m->lock);
     return p;
@@ -225,19 +233,37 @@ static ed_pending *take_pending(engine_mod *m, const ed_op *op, bool write)
 
 /* ---- replies ------------------------------------------------------------ */
 
-static void pack_slot(msgpack_packer *pk, uint64_t offset, const lmc_layout *l)
+/* Slot = {"offset", "length", "shape", "dtype"} (docs/protocol.md). */
+void lmc_ed_pack_slot(msgpack_packer *pk, uint64_t offset, uint64_t length, uint32_t ndim,
+                      const uint64_t *shape, const char *dtype)
 {
     msgpack_pack_map(pk, 4);
     lmc_mp_pack_cstr(pk, "offset");
     msgpack_pack_uint64(pk, offset);
     lmc_mp_pack_cstr(pk, "length");
-    msgpack_pack_uint64(pk, l->object_size);
+    msgpack_pack_uint64(pk, length);
     lmc_mp_pack_cstr(pk, "shape");
-    msgpack_pack_array(pk, l->ndim);
-    for (uint32_t i = 0; i < l->ndim; i++)
-        msgpack_pack_uint64(pk, l->shape[i]);
+    msgpack_pack_array(pk, ndim);
+    for (uint32_t i = 0; i < ndim; i++)
+        msgpack_pack_uint64(pk, shape[i]);
     lmc_mp_pack_cstr(pk, "dtype");
-    lmc_mp_pack_cstr(pk, l->dtype);
+    lmc_mp_pack_cstr(pk, dtype);
+}
+
+static void pack_object_slot(msgpack_packer *pk, uint64_t offset, const lmc_layout *l)
+{
+    lmc_ed_pack_slot(pk, offset, l->object_size, l->ndim, l->shape, l->dtype);
+}
+
+/* {"success", "data": b"", "context": <packed next by the caller>} */
+void lmc_ed_pack_retrieve_head(msgpack_packer *pk, bool success)
+{
+    msgpack_pack_map(pk, 3);
+    lmc_mp_pack_cstr(pk, "success");
+    success ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+    lmc_mp_pack_cstr(pk, "data");
+    msgpack_pack_bin(pk, 0);
+    lmc_mp_pack_cstr(pk, "context");
 }
 
 /* {"context": {"slots": [...], "chunk_indices": [...]}} */
@@ -250,7 +276,7 @@ static void pack_store_reply(msgpack_packer *pk, const lmc_lease *leases, const 
     lmc_mp_pack_cstr(pk, "slots");
     msgpack_pack_array(pk, n);
     for (size_t i = 0; i < n; i++)
-        pack_slot(pk, leases[idx[i]].offset, l);
+        pack_object_slot(pk, leases[idx[i]].offset, l);
     lmc_mp_pack_cstr(pk, "chunk_indices");
     msgpack_pack_array(pk, n);
     for (size_t i = 0; i < n; i++)
@@ -260,12 +286,7 @@ static void pack_store_reply(msgpack_packer *pk, const lmc_lease *leases, const 
 static void pack_retrieve_reply(msgpack_packer *pk, const lmc_lease *leases, size_t n,
                                 const lmc_layout *l)
 {
-    msgpack_pack_map(pk, 3);
-    lmc_mp_pack_cstr(pk, "success");
-    leases ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
-    lmc_mp_pack_cstr(pk, "data");
-    msgpack_pack_bin(pk, 0);
-    lmc_mp_pack_cstr(pk, "context");
+    lmc_ed_pack_retrieve_head(pk, leases != NULL);
     if (!leases) {
         msgpack_pack_map(pk, 0);
         return;
@@ -274,7 +295,7 @@ static void pack_retrieve_reply(msgpack_packer *pk, const lmc_lease *leases, siz
     lmc_mp_pack_cstr(pk, "slots");
     msgpack_pack_array(pk, n);
     for (size_t i = 0; i < n; i++)
-        pack_slot(pk, leases[i].offset, l);
+        pack_object_slot(pk, leases[i].offset, l);
 }
 
 /* ---- transfer ops ------------------------------------------------------- */
@@ -283,11 +304,29 @@ static void pack_retrieve_reply(msgpack_packer *pk, const lmc_lease *leases, siz
  * COMMIT closes it; the worker copies in between, so START -> END is the
  * engine's copy time.  Keyed by (request id, worker) like upstream's
  * (session, device). */
-static void publish_transfer(engine_mod *m, const char *type, const ed_op *op, size_t chunks,
+void lmc_ed_publish_transfer(engine_mod *m, const char *type, const ed_op *op, size_t chunks,
                              uint64_t bytes)
 {
     lmc_publish_transfer(m->ctx->events, type, &op->key, op->instance_id, "cpu", chunks,
                          bytes);
+}
+
+/* Records a PREPARE_STORE's `ok` reservations as the op's pending writes
+ * (`reserved`, owned from here either way).  Returns ok, or 0 when the
+ * instance was unregistered or reaped meanwhile: then they are given back,
+ * never published. */
+size_t lmc_ed_keep_reserved(engine_mod *m, const ed_op *op, lmc_object_key *reserved,
+                            lmc_lease *granted, size_t ok, uint64_t bytes)
+{
+    lmc_keys_hold(reserved, ok); /* the pending entry outlives this request */
+    if (ok && !lmc_ed_add_pending(m, op, reserved, granted, ok, bytes, true)) {
+        lmc_storage_manager_give_back(m->ctx->storage, reserved, granted, ok);
+        lmc_keys_drop(reserved, ok);
+        ok = 0;
+    }
+    if (ok == 0)
+        free(reserved);
+    return ok;
 }
 
 /* PREPARE_STORE(key, instance_id) -> {"context": {"slots", "chunk_indices"}} */
@@ -299,6 +338,11 @@ static lmc_handler_result prepare_store(void *state, lmc_rpc_call *call)
     int rrc = resolve(m, call, &op, true, err, sizeof err);
     if (rrc != 0)
         return lmc_rpc_call_fail(call, resolve_error(rrc), "PREPARE_STORE: %s", err);
+    if (op.groups) {
+        lmc_ed_prepare_store_groups(m, call, &op);
+        lmc_ed_op_free(&op);
+        return LMC_HANDLER_REPLY;
+    }
     /* Names a full interner refused: nothing of them can be stored (it
      * logged why), so there is nothing to write. */
     size_t n = op.registered && !op.unknown_names ? op.n : 0, ok = 0, oom = 0;
@@ -322,15 +366,7 @@ static lmc_handler_result prepare_store(void *state, lmc_rpc_call *call)
             reserved[ok++] = op.keys[i];
         }
     }
-    lmc_keys_hold(reserved, ok); /* the pending entry outlives this request */
-    if (ok && !add_pending(m, &op, reserved, granted, ok, true)) {
-        /* Unregistered or reaped meanwhile: never publish. */
-        lmc_storage_manager_give_back(m->ctx->storage, reserved, granted, ok);
-        lmc_keys_drop(reserved, ok);
-        ok = 0;
-    }
-    if (ok == 0)
-        free(reserved);
+    ok = lmc_ed_keep_reserved(m, &op, reserved, granted, ok, ok * op.layout.object_size);
     if (oom)
         LMC_WARN("PREPARE_STORE: L1 full, %zu of %zu chunks not stored", oom, op.n);
     if (!op.registered)
@@ -338,7 +374,7 @@ static lmc_handler_result prepare_store(void *state, lmc_rpc_call *call)
     pack_store_reply(lmc_rpc_call_reply(call), leases, idx, ok, &op.layout);
     atomic_fetch_add(&m->chunks_reserved, ok);
     if (ok)
-        publish_transfer(m, LMC_EVENT_STORE_START, &op, ok, 0);
+        lmc_ed_publish_transfer(m, LMC_EVENT_STORE_START, &op, ok, 0);
     free(leases);
     free(granted);
     free(res);
@@ -385,8 +421,8 @@ static lmc_handler_result commit_store(void *state, lmc_rpc_call *call)
     size_t published = p ? publish_pending(m, p) : 0;
     if (p) {
         atomic_fetch_add(&m->chunks_committed, published);
-        publish_transfer(m, LMC_EVENT_STORE_END, &op, published,
-                         published * op.layout.object_size);
+        lmc_ed_publish_transfer(m, LMC_EVENT_STORE_END, &op, published,
+                         published == p->n ? p->bytes : p->bytes / p->n * published);
     }
     /* True only when every chunk prepared is now stored: a write a forced
      * clear voided (or whose lock lapsed) is not, and the engine is told. */
@@ -407,6 +443,11 @@ static lmc_handler_result prepare_retrieve(void *state, lmc_rpc_call *call)
     int rrc = resolve(m, call, &op, false, err, sizeof err);
     if (rrc != 0)
         return lmc_rpc_call_fail(call, resolve_error(rrc), "PREPARE_RETRIEVE: %s", err);
+    if (op.groups) {
+        lmc_ed_prepare_retrieve_groups(m, call, &op);
+        lmc_ed_op_free(&op);
+        return LMC_HANDLER_REPLY;
+    }
     /* Each COPY lease carries the share the LOOKUP took for this reader;
      * all or none, since the engine loads every chunk or none. */
     lmc_lease *leases = calloc(op.n + 1, sizeof *leases);
@@ -425,7 +466,7 @@ static lmc_handler_result prepare_retrieve(void *state, lmc_rpc_call *call)
                                                 &op.keys[0], op.n - readable);
     }
     if (ok) {
-        ok = add_pending(m, &op, op.keys, leases, op.n, false);
+        ok = lmc_ed_add_pending(m, &op, op.keys, leases, op.n, op.n * op.layout.object_size, false);
         if (ok)
             op.keys = NULL, op.n_held = 0;   /* now owned by the pending entry */
         else   /* no COMMIT_RETRIEVE will come for these: this reader is done */
@@ -434,7 +475,7 @@ static lmc_handler_result prepare_retrieve(void *state, lmc_rpc_call *call)
     pack_retrieve_reply(lmc_rpc_call_reply(call), ok ? leases : NULL, op.n, &op.layout);
     atomic_fetch_add(ok ? &m->retrieves_ok : &m->retrieves_failed, 1);
     if (ok)
-        publish_transfer(m, LMC_EVENT_RETRIEVE_START, &op, op.n, 0);
+        lmc_ed_publish_transfer(m, LMC_EVENT_RETRIEVE_START, &op, op.n, 0);
     free(leases);
     free(res);
     lmc_ed_op_free(&op);
@@ -453,7 +494,7 @@ static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
     ed_pending *p = take_pending(m, &op, false);
     if (p) {
         lmc_storage_manager_give_back(m->ctx->storage, p->keys, p->leases, p->n);
-        publish_transfer(m, LMC_EVENT_RETRIEVE_END, &op, p->n, p->n * op.layout.object_size);
+        lmc_ed_publish_transfer(m, LMC_EVENT_RETRIEVE_END, &op, p->n, p->bytes);
         free_pending(p);
     }
     msgpack_pack_true(lmc_rpc_call_reply(call));
@@ -465,8 +506,25 @@ static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
  * documented failure, with nothing reserved, published or released. */
 static lmc_handler_result busy_prepare_store(void *state, lmc_rpc_call *call)
 {
-    (void)state;
-    pack_store_reply(lmc_rpc_call_reply(call), NULL, NULL, 0, NULL);   /* nothing to write */
+    engine_mod *m = state;
+    const msgpack_object *id_o = lmc_rpc_call_arg(call, 1);
+    int64_t id;
+    lmc_ed_groups *g = NULL;
+    if (id_o && id_o->type != MSGPACK_OBJECT_BOOLEAN && lmc_mp_get_int(id_o, &id)) {
+        pthread_mutex_lock(&m->lock);
+        ed_ctx *c = lmc_ed_find_ctx_locked(m, id);
+        g = c ? lmc_ed_groups_ref(c->groups) : NULL;
+        pthread_mutex_unlock(&m->lock);
+    }
+    msgpack_packer *pk = lmc_rpc_call_reply(call);
+    if (g) { /* nothing to write, in the form a multi-group worker reads */
+        msgpack_pack_map(pk, 1);
+        lmc_mp_pack_cstr(pk, "context");
+        lmc_ed_pack_groups_context(pk, g, 0, NULL, NULL);
+        lmc_ed_groups_unref(g);
+    } else {
+        pack_store_reply(pk, NULL, NULL, 0, NULL);   /* nothing to write */
+    }
     return LMC_HANDLER_REPLY;
 }
 

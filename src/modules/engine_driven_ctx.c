@@ -55,8 +55,9 @@ static int decode_required(const msgpack_object *o, reg_payload *p)
     return 0;
 }
 
-/* Single-group, non-quantized layouts only; anything else is refused with
- * a reason the newest clients surface. */
+/* Single-group layouts, and multi-group ones described by object-group
+ * fields (ed_groups.h); quantized and the other layouts are refused with a
+ * reason the newest clients surface. */
 static const char *unsupported(const msgpack_object *o, const reg_payload *p, uint32_t cs)
 {
     const msgpack_object *q = lmc_mp_map_get(o, "enable_l1_kvweave_quant");
@@ -76,9 +77,12 @@ static const char *unsupported(const msgpack_object *o, const reg_payload *p, ui
         return "enable_l1_kvweave_quant is not supported";
     if (!empty_or_nil(o, "group_layout_descs"))
         return "group_layout_descs (multi-dtype groups) are not supported";
-    if ((gl && gl->type == MSGPACK_OBJECT_ARRAY && gl->via.array.size > 1) ||
-        (gi && gi->type == MSGPACK_OBJECT_ARRAY && gi->via.array.size > 1))
-        return "multi-group (hybrid) models are not supported";
+    if (gl && gl->type == MSGPACK_OBJECT_ARRAY && gl->via.array.size > 1)
+        return "group_layouts (multi-group layouts of older clients) are not supported";
+    if (gi && gi->type == MSGPACK_OBJECT_ARRAY && gi->via.array.size > 1 &&
+        !lmc_ed_groups_present(o))
+        return "several engine_group_infos need the object-group fields "
+               "(object_group_layout_shapes, transfer_metadata_wire)";
     if (get_int_field(o, "num_physical_slots", &slots) && slots != (int64_t)cs)
         return "num_physical_slots different from the chunk size is not supported";
     return NULL;
@@ -113,10 +117,32 @@ static int add_ctx_locked(engine_mod *m, ed_ctx *c)
     return 0;
 }
 
-/* Creates the context of a new instance; returns an error text or NULL. */
-static const char *create_ctx(engine_mod *m, const reg_payload *p)
+static void free_ctx(ed_ctx *c)
 {
-    char err[128];
+    lmc_ed_groups_unref(c->groups);
+    lmc_intern_release(c->model);
+    free(c);
+}
+
+/* The context's layout: the flat fields', or the object groups' of a
+ * multi-group payload.  0, or -1 with the reason in err. */
+static int build_layout(engine_mod *m, ed_ctx *c, const msgpack_object *o,
+                        const reg_payload *p, char *err, size_t errlen)
+{
+    if (lmc_ed_groups_present(o)) {
+        c->groups = lmc_ed_groups_decode(o, m->cs, &c->layout, err, errlen);
+        return c->groups ? 0 : -1;
+    }
+    if (lmc_layout_build(&c->layout, m->cs, (uint32_t)p->num_layers, (uint32_t)p->hidden_dim,
+                         p->dtype, p->dtype_len, p->use_mla, err, errlen) != 0)
+        return snprintf(err, errlen, "unsupported dtype_str"), -1;
+    return 0;
+}
+
+/* Creates the context of a new instance; returns NULL, or why not in err. */
+static const char *create_ctx(engine_mod *m, const msgpack_object *o, const reg_payload *p,
+                              char *err, size_t errlen)
+{
     ed_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return "out of memory";
@@ -124,21 +150,18 @@ static const char *create_ctx(engine_mod *m, const reg_payload *p)
     c->world_size = (uint32_t)p->world_size;
     c->model = lmc_intern(m->ctx->interner, p->model, p->model_len);
     snprintf(c->tag, sizeof c->tag, "ed:%lld", (long long)p->instance_id);
-    if (!c->model || lmc_layout_build(&c->layout, m->cs, (uint32_t)p->num_layers,
-                                      (uint32_t)p->hidden_dim, p->dtype, p->dtype_len, p->use_mla,
-                                      err, sizeof err) != 0) {
-        const char *why = c->model ? "unsupported dtype_str"
-                          : lmc_key_interner_full(m->ctx->interner)
-                              ? "too many distinct model names and cache salts "
-                                "(--max-interned-strings)"
-                              : "out of memory";
-        lmc_intern_release(c->model);
-        free(c);
-        return why;
+    if (!c->model) {
+        free_ctx(c);
+        return lmc_key_interner_full(m->ctx->interner)
+                   ? "too many distinct model names and cache salts (--max-interned-strings)"
+                   : "out of memory";
+    }
+    if (build_layout(m, c, o, p, err, errlen) != 0) {
+        free_ctx(c);
+        return err;
     }
     if (lmc_layout_registry_acquire(m->ctx->layouts, c->model, c->world_size, &c->layout) != 0) {
-        lmc_intern_release(c->model);
-        free(c);
+        free_ctx(c);
         return "layout conflicts with another registration of this model and world size";
     }
     pthread_mutex_lock(&m->lock);
@@ -147,8 +170,7 @@ static const char *create_ctx(engine_mod *m, const reg_payload *p)
     pthread_mutex_unlock(&m->lock);
     if (rc != 0) {
         lmc_layout_registry_release(m->ctx->layouts, c->model, c->world_size);
-        lmc_intern_release(c->model);
-        free(c);
+        free_ctx(c);
         return "out of memory";
     }
     return NULL;
@@ -160,6 +182,7 @@ lmc_handler_result lmc_ed_register(void *state, lmc_rpc_call *call)
     engine_mod *m = state;
     const msgpack_object *o = lmc_rpc_call_arg(call, 0);
     reg_payload p = {0};
+    char err[256];
     if (decode_required(o, &p) != 0)
         return lmc_rpc_call_fail(call, "ValidationError",
                                  "REGISTER_ENGINE_DRIVEN_CONTEXT: malformed payload");
@@ -170,15 +193,16 @@ lmc_handler_result lmc_ed_register(void *state, lmc_rpc_call *call)
     pthread_mutex_unlock(&m->lock);
     const char *error = known ? NULL : unsupported(o, &p, m->cs);
     if (!known && !error)
-        error = create_ctx(m, &p);
+        error = create_ctx(m, o, &p, err, sizeof err);
     if (error)
         LMC_WARN("engine-driven registration of instance %lld refused: %s",
                  (long long)p.instance_id, error);
     else
         lmc_liveness_touch(m->ctx->liveness, p.instance_id, lmc_monotonic_ms(NULL), false);
     if (!known && !error)
-        LMC_INFO("engine-driven instance %lld registered (%.*s, world size %lld)",
-                 (long long)p.instance_id, (int)p.model_len, p.model, (long long)p.world_size);
+        LMC_INFO("engine-driven instance %lld registered (%.*s, world size %lld%s)",
+                 (long long)p.instance_id, (int)p.model_len, p.model, (long long)p.world_size,
+                 lmc_ed_groups_present(o) ? ", object groups" : "");
     pack_register_reply(m, lmc_rpc_call_reply(call), error);
     return LMC_HANDLER_REPLY;
 }

@@ -83,6 +83,31 @@ int lmc_layout_build(lmc_layout *out, uint32_t cs, uint32_t num_layers, uint32_t
     return 0;
 }
 
+int lmc_layout_for_groups(lmc_layout *out, uint32_t cs, bool plain, uint32_t kv_size,
+                          uint32_t nl, uint32_t slots, uint32_t row, const char *dtype,
+                          uint32_t n_groups, const uint64_t *sizes, const int32_t *sw, char *err,
+                          size_t errlen)
+{
+    if (n_groups == 0 || n_groups > LMC_LAYOUT_MAX_GROUPS)
+        return snprintf(err, errlen, "%u object groups (1..%d)", n_groups,
+                        LMC_LAYOUT_MAX_GROUPS), -1;
+    if (!plain || lmc_layout_build(out, cs, nl, row, dtype, strlen(dtype), kv_size == 1, err,
+                                   errlen) != 0) {
+        if (strlen(dtype) >= LMC_LAYOUT_DTYPE_MAX)
+            return snprintf(err, errlen, "unsupported dtype"), -1;
+        *out = (lmc_layout){.object_size = sizes[0], .ndim = 4,
+                            .shape = {kv_size, nl, slots, row}, .num_layers = nl,
+                            .hidden_dim = row, .use_mla = kv_size == 1};
+        memcpy(out->dtype, dtype, strlen(dtype) + 1);
+    }
+    out->num_groups = n_groups;
+    for (uint32_t i = 0; i < n_groups; i++) {
+        out->group_sizes[i] = sizes[i];
+        out->chunks_in_sw[i] = sw[i];
+    }
+    return 0;
+}
+
 static entry *find_locked(lmc_layout_registry *r, const char *model, size_t len, uint32_t ws)
 {
     for (size_t i = 0; i < r->count; i++) {

@@ -46,6 +46,19 @@ int lmc_layout_build(lmc_layout *out, uint32_t chunk_size, uint32_t num_layers,
                      uint32_t hidden_dim, const char *dtype, size_t dtype_len, bool use_mla,
                      char *err, size_t errlen);
 
+/* The layout of a chunk of several object groups, or of one group that
+ * the single-group form does not describe (`plain` false): group 0's first
+ * entry [kv_size, num_layers, slots, row] stands for the shape, and every
+ * group has its size and window.  Both transfer paths build their layouts
+ * here, so that their registrations of one model agree and share objects
+ * (docs/protocol.md, "Engine-driven multi-group layouts").  `plain`: the
+ * single-group form of lmc_layout_build (one group, one entry, slots ==
+ * chunk size).  0, or -1 with a reason. */
+int lmc_layout_for_groups(lmc_layout *out, uint32_t chunk_size, bool plain, uint32_t kv_size,
+                          uint32_t num_layers, uint32_t slots, uint32_t row, const char *dtype,
+                          uint32_t n_groups, const uint64_t *group_sizes,
+                          const int32_t *chunks_in_sw, char *err, size_t errlen);
+
 /* Adds a reference to (model, world_size) -> layout.  A second registration
  * must describe the same layout: -1 (conflict) otherwise.  0 on success. */
 int lmc_layout_registry_acquire(lmc_layout_registry *r, const char *model, uint32_t world_size,

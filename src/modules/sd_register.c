@@ -326,24 +326,16 @@ static int plan_layout(sd_mod *m, const lmc_kv_plan *p, lmc_layout *out, char *e
                        size_t errlen)
 {
     const lmc_kv_kernel_group *g = &p->kg[p->og[0].members[0]];
-    uint32_t row = g->geo.nh * g->geo.hs;
     bool plain = p->n_og == 1 && p->og[0].n_members == 1 && g->slots == m->cs;
-    if (!plain || lmc_layout_build(out, m->cs, g->geo.nl, row, p->dtype, strlen(p->dtype),
-                                   g->geo.kv_size == 1, err, errlen) != 0) {
-        *out = (lmc_layout){.object_size = p->og[0].object_size, .ndim = 4,
-                            .shape = {g->geo.kv_size, g->geo.nl, g->slots, row},
-                            .num_layers = g->geo.nl, .hidden_dim = row,
-                            .use_mla = g->geo.kv_size == 1};
-        snprintf(out->dtype, sizeof out->dtype, "%s", p->dtype);
+    uint64_t sizes[LMC_LAYOUT_MAX_GROUPS];
+    int32_t sw[LMC_LAYOUT_MAX_GROUPS];
+    for (uint32_t i = 0; i < p->n_og && i < LMC_LAYOUT_MAX_GROUPS; i++) {
+        sizes[i] = p->og[i].object_size;
+        sw[i] = p->og[i].chunks_in_sw;
     }
-    if (p->n_og > LMC_LAYOUT_MAX_GROUPS)
-        return snprintf(err, errlen, "more than %d object groups", LMC_LAYOUT_MAX_GROUPS), -1;
-    out->num_groups = p->n_og;
-    for (uint32_t i = 0; i < p->n_og; i++) {
-        out->group_sizes[i] = p->og[i].object_size;
-        out->chunks_in_sw[i] = p->og[i].chunks_in_sw;
-    }
-    return 0;
+    return lmc_layout_for_groups(out, m->cs, plain, g->geo.kv_size, g->geo.nl, g->slots,
+                                 g->geo.nh * g->geo.hs, p->dtype, p->n_og, sizes, sw, err,
+                                 errlen);
 }
 
 static int acquire_layout(sd_mod *m, sd_ctx *c, char *err, size_t errlen)
