@@ -130,6 +130,30 @@ def registration(instance_id, world_size=2, model="m"):
             "group_layout_descs": None, "enable_l1_kvweave_quant": False}
 
 
+def group_registration(instance_id):
+    # A hybrid model (docs/protocol.md, "Engine-driven multi-group layouts"):
+    # a full-attention group and a one-chunk sliding window of half a chunk.
+    def kg(i, layers, slots):
+        return {"kernel_group_id": i, "engine_group_id": i, "layer_indices": layers,
+                "blocks_per_chunk": 1, "blocks_per_window": 1,
+                "slots_per_chunk_in_window": slots, "kv_size": 2, "num_layers": len(layers),
+                "hidden_dim_size": 8, "slots_per_block": slots, "tokens_per_block": slots,
+                "dtype_str": "float16", "engine_kv_format_int": 1}
+    p = registration(instance_id, world_size=1, model="hy")
+    p.update(engine_group_infos=[{"engine_group_id": 0, "layer_indices": [0, 1]},
+                                 {"engine_group_id": 1, "layer_indices": [2]}],
+             object_group_layout_shapes=[[[2, 2, CHUNK, 8]], [[2, 1, CHUNK // 2, 8]]],
+             object_group_layout_dtype_strs=[["float16"], ["float16"]],
+             num_chunks_in_sw=[-1, 1],
+             transfer_metadata_wire={
+                 "num_chunks_in_sw": [-1, 1], "tokens_per_chunk": CHUNK,
+                 "kernel_groups": [kg(0, [0, 1], CHUNK), kg(1, [2], CHUNK // 2)],
+                 "object_groups": [
+                     {"object_group_id": 0, "kernel_group_ids": [0], "sw_size_chunks": -1},
+                     {"object_group_id": 1, "kernel_group_ids": [1], "sw_size_chunks": 1}]})
+    return p
+
+
 def rpc_flows():
     toks = list(range(100, 100 + 4 * CHUNK))
     sched = key(toks, 0, 4 * CHUNK, "q")
@@ -148,6 +172,17 @@ def rpc_flows():
             message(1, REG, registration(8)), message(2, REG, registration(9)),
             message(3, PSTORE, w0, 8), message(4, PSTORE, w1, 9),
             message(5, UNREG, 8), message(6, CSTORE, w1, 9, b""), message(7, PING, 9)],
+        "multi_group_store_retrieve": [
+            message(1, REG, group_registration(11)),
+            message(2, PSTORE, key(toks, 0, 4 * CHUNK, "g", worker_id=0, world_size=1,
+                                   model="hy"), 11),
+            message(3, CSTORE, key(toks, 0, 4 * CHUNK, "g", worker_id=0, world_size=1,
+                                   model="hy"), 11, b""),
+            message(4, LOOKUP, key(toks, 0, 4 * CHUNK, "g", world_size=1, model="hy"), 1),
+            message(5, PRETR, key(toks, 0, 4 * CHUNK, "g", worker_id=0, world_size=1,
+                                  model="hy"), 11),
+            message(6, CRETR, key(toks, 0, 4 * CHUNK, "g", worker_id=0, world_size=1,
+                                  model="hy"), 11)],
         "commit_without_prepare": [
             message(1, CSTORE, w0, 7, b""), message(2, CRETR, w0, 7),
             message(3, CSTORE, w0, 7, b"pickled")],
