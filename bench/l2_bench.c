@@ -25,8 +25,10 @@
  * With --adapter JSON (any --l2-adapter object, e.g. resp or s3) the rows
  * are "store" and "load" of one prompt, each right after its baseline: a
  * shell command (--store-baseline, --load-baseline) that moves the same
- * bytes, timed from start to exit.  bench/l2_net_bench.sh starts Redis and
- * s3rver and pairs them with redis-benchmark and curl (issue 18). */
+ * bytes, timed from start to exit.  --prepare CMD runs, untimed, before
+ * each of the two stores, so that both find the server in the same state
+ * (Redis: no retained free memory to reuse).  bench/l2_net_bench.sh starts
+ * Redis and s3rver and pairs them with redis-benchmark and curl (issue 18). */
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -44,6 +46,7 @@
 typedef struct {
     const char *dir;
     const char *adapter, *store_base, *load_base;   /* --adapter mode */
+    const char *prepare;                            /* untimed, before each store */
     size_t chunks, workers;
     uint64_t chunk;
     int reps;
@@ -278,7 +281,11 @@ static void one_round(bench *b, int np)
 static void net_round(bench *b)
 {
     double bytes = (double)b->chunks * (double)b->chunk;
+    if (b->prepare)
+        run_cmd(b->prepare);
     double tb = run_cmd(b->store_base);
+    if (b->prepare)
+        run_cmd(b->prepare);
     double t = store_prompts(b, 1);
     row("store", "baseline", bytes, t, tb);
     tb = run_cmd(b->load_base);
@@ -351,10 +358,12 @@ int main(int argc, char **argv)
             b.store_base = v, i++;
         else if (!strcmp(argv[i], "--load-baseline"))
             b.load_base = v, i++;
+        else if (!strcmp(argv[i], "--prepare"))
+            b.prepare = v, i++;
         else
             die("usage: l2_bench [--dir DIR] [--chunks N] [--chunk-mb M] [--reps R] "
                 "[--workers W] [--odirect] [--adapter JSON --store-baseline CMD "
-                "--load-baseline CMD]");
+                "--load-baseline CMD [--prepare CMD]]");
     }
     if (!b.chunks || !b.chunk || b.reps < 1 ||
         (b.adapter && (!b.store_base || !b.load_base)))

@@ -9,8 +9,15 @@
 # the binaries in turn, once against Redis and once against s3rver.  Each
 # run stores and loads one 32k-token prompt (128 chunks of 2 MiB) right
 # after its baseline moves the same bytes to the same server:
-#   resp: redis-benchmark SET / GET, 2 MiB values, 128 requests over 128
-#         distinct keys (-r) on 8 connections = the adapter's 8 workers;
+#   resp: redis-benchmark SET / GET, 2 MiB values, 128 requests on 8
+#         connections = the adapter's 8 workers.  The SETs write 128 new
+#         keys (-r 10^9, in database 1), as lmcached's store does; before
+#         each store, untimed, database 1 and lmcached's keys are deleted
+#         and Redis's allocator gives its free memory back (MEMORY PURGE),
+#         so both stores make Redis allocate fresh memory: SETs over
+#         existing keys would reuse the memory the old values free, which
+#         lmcached's new keys never can.  The GETs read 128 keys the script
+#         stored first (-r 128, database 0);
 #   s3:   curl --parallel PUT / GET of 128 objects of 2 MiB, 4 at a time =
 #         the adapter's 4 workers, SigV4-signed by curl (objects of the
 #         same size as lmcached's, named curl-<i>).
@@ -53,7 +60,11 @@ until redis-cli -p "$rport" ping >/dev/null 2>&1; do sleep 0.1; done
 for i in $(seq 0 $((chunks - 1))); do
     redis-cli -p "$rport" -x SET "key:$(printf %012d "$i")" <"$work/chunk" >/dev/null
 done
-rb="redis-benchmark -h 127.0.0.1 -p $rport -c 8 -n $chunks -d $size -r $chunks -q"
+rb="redis-benchmark -h 127.0.0.1 -p $rport -c 8 -n $chunks -d $size -q"
+rb_set="$rb -t set --dbnum 1 -r 1000000000"
+rb_get="$rb -t get -r $chunks"
+rcli="redis-cli -p $rport"
+prepare="$rcli -n 1 flushdb >/dev/null && $rcli --scan --pattern 'bench@*' | xargs -r -n 64 $rcli del >/dev/null && $rcli memory purge >/dev/null"
 resp_json="{\"type\":\"resp\",\"host\":\"127.0.0.1\",\"port\":$rport,\"num_workers\":8}"
 
 # s3rver, with the bucket and curl's objects.
@@ -83,8 +94,8 @@ s3_json+="\"aws_access_key_id\":\"S3RVER\",\"aws_secret_access_key\":\"S3RVER\",
 for r in $(seq 1 "$reps"); do
     for b in "${benches[@]}"; do
         echo "== round $r: $b, resp"
-        "$b" --chunks "$chunks" --reps 1 --adapter "$resp_json" \
-            --store-baseline "$rb -t set >/dev/null" --load-baseline "$rb -t get >/dev/null" |
+        "$b" --chunks "$chunks" --reps 1 --adapter "$resp_json" --prepare "$prepare" \
+            --store-baseline "$rb_set >/dev/null" --load-baseline "$rb_get >/dev/null" |
             grep -v '^l2_bench:\|^\['
         # lmcached's keys ("bench@..."): gone, so Redis holds one prompt at a time.
         redis-cli -p "$rport" --scan --pattern 'bench@*' |
