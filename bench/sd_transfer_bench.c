@@ -494,6 +494,26 @@ static double pool_copy(const worker *w, uint8_t *pool, size_t pool_size, size_t
     return best;
 }
 
+/* Minor page faults of process `pid` so far (/proc/<pid>/stat field 10). */
+static unsigned long long minor_faults(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');   /* the command name may hold spaces */
+    unsigned long long v = 0;
+    for (int field = 2; p && *p; p++)
+        if (*p == ' ' && ++field == 10) {
+            v = strtoull(p + 1, NULL, 10);
+            break;
+        }
+    return v;
+}
+
 #define ROUNDS 3
 
 static int cmp_double(const void *a, const void *b);
@@ -501,7 +521,8 @@ static int cmp_double(const void *a, const void *b);
 /* The copy baseline is the best of its repetitions, so the server's side
  * is too: the best of ROUNDS measured rounds (each after a CLEAR), with
  * the median beside it. */
-static int bandwidth(worker *ws, size_t n_workers, size_t chunks, const copy_pair *cp, bool hnd)
+static int bandwidth(worker *ws, size_t n_workers, size_t chunks, const copy_pair *cp, bool hnd,
+                     pid_t server)
 {
     uint64_t *toks = malloc(chunks * CS * sizeof *toks);
     size_t pool_size = 0;
@@ -515,10 +536,12 @@ static int bandwidth(worker *ws, size_t n_workers, size_t chunks, const copy_pai
            rt[0]);
     rc = rc || clear(&ws[0]) != 0;
     double before = best_copy(cp), pool_before = pool_copy(&ws[0], pool, pool_size, chunks);
+    unsigned long long faults = minor_faults(server);
     for (int r = 0; r < ROUNDS && rc == 0; r++)
         rc = clear(&ws[0]) != 0 ||
              store_retrieve(ws, n_workers, per, 100 * (r + 1) + hnd * 2 + n_workers, toks,
                             &st[r], &rt[r]) != 0;
+    faults = minor_faults(server) - faults;
     rc = rc || clear(&ws[0]) != 0;
     double base = (before + best_copy(cp)) / 2;
     double pool_base = (pool_before + pool_copy(&ws[0], pool, pool_size, chunks)) / 2;
@@ -530,6 +553,8 @@ static int bandwidth(worker *ws, size_t n_workers, size_t chunks, const copy_pai
                "%.2f GB/s copy\n", hnd ? "HND" : "NHD", n_workers, per * n_workers, ROUNDS,
                st[ROUNDS - 1], st[ROUNDS - 1] / base, st[ROUNDS / 2] / base, rt[ROUNDS - 1],
                rt[ROUNDS - 1] / base, rt[ROUNDS / 2] / base, base);
+        printf("    the server's minor page faults in the measured rounds: %llu (%.1f per "
+               "chunk)\n", faults, (double)faults / (ROUNDS * 2.0 * per * n_workers));
         if (pool_base > 0)
             printf("    the same bytes from the engine's segments into the L1 pool: %.2f GB/s "
                    "(%.2fx the copy); STORE %.2fx, RETRIEVE %.2fx of it (best)\n", pool_base,
@@ -636,7 +661,7 @@ static int phase(size_t chunks, size_t n_workers, bool hnd, const copy_pair *cp,
         rc |= !ws[i].c || register_worker(&ws[i], hnd) != 0;
     }
     if (rc == 0)
-        rc = bandwidth(ws, n_workers, chunks / n_workers * n_workers, cp, hnd);
+        rc = bandwidth(ws, n_workers, chunks / n_workers * n_workers, cp, hnd, pid);
     if (rc == 0 && iters) {
         worker small = {.c = ws[0].c, .instance = 900, .world = 1, .model = "small",
                         .nb = 64, .layers = SMALL_LAYERS, .hs = SMALL_HS};

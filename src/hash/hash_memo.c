@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "hash/token_hash.h"
 
@@ -21,7 +22,8 @@ struct lmc_hash_memo {
     uint32_t chunk_size;
     size_t slot_bytes;
     size_t num_sets;         /* power of two */
-    uint8_t *slots;          /* num_sets * WAYS slots */
+    uint8_t *slots;          /* num_sets * WAYS slots, slots_len bytes mapped */
+    size_t slots_len;
     uint8_t *next_victim;    /* per set, round robin */
     uint64_t hits, misses;
     size_t entries;
@@ -44,7 +46,15 @@ lmc_hash_memo *lmc_hash_memo_new(uint32_t chunk_size, size_t budget_bytes)
     m->num_sets = sets;
     /* Before anything can fail: lmc_hash_memo_free() destroys it. */
     pthread_mutex_init(&m->mutex, NULL);
-    m->slots = calloc(sets * WAYS, slot_bytes);
+    /* Faulted in now, written: the slots are read before they are first
+     * written, so lazily mapped zero pages would each take a copy-on-write
+     * fault later, whose TLB flush interrupts every other CPU the server
+     * runs on (a few % of a transfer's copy time until the memo is full,
+     * BENCHMARKS.md "Server-driven transfers"). */
+    m->slots_len = sets * WAYS * slot_bytes;
+    void *slots = mmap(NULL, m->slots_len, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    m->slots = slots == MAP_FAILED ? NULL : slots;
     m->next_victim = calloc(sets, 1);
     if (!m->slots || !m->next_victim) {
         lmc_hash_memo_free(m);
@@ -58,7 +68,8 @@ void lmc_hash_memo_free(lmc_hash_memo *m)
     if (!m)
         return;
     pthread_mutex_destroy(&m->mutex);
-    free(m->slots);
+    if (m->slots)
+        munmap(m->slots, m->slots_len);
     free(m->next_victim);
     free(m);
 }
