@@ -7,13 +7,15 @@ ones the server-driven path stores for the same model.  Also: every
 refusal of an inconsistent registration, with the server still serving."""
 import copy
 import hashlib
+import json
 import mmap
 import os
+import time
 
 import msgpack
 import pytest
 
-from test_server_driven import ZEROS, Engine, info, key, prompt, unpack
+from test_server_driven import ZEROS, Engine, info, key, prompt, status, unpack
 from paged_kv import PagedKV
 
 ED_REG, ED_UNREG, PSTORE, CSTORE, PRETR, CRETR = 14, 15, 16, 17, 18, 19
@@ -280,6 +282,36 @@ def test_objects_cross_with_the_server_driven_path(start_server):
     assert b"".join(swa.rows([dst[2][i] for i in (10, 11)], 32)) == fill(("x", 1, 2, 0), 1024 * 2)
     w.close()
     e.close()
+
+
+def test_objects_of_every_group_come_back_from_l2(start_server, tmp_path):
+    """Written behind to the fs adapter at their own sizes, dropped from L1
+    by a CLEAR, found again by LOOKUP and handed to PREPARE_RETRIEVE."""
+    spec = json.dumps({"type": "fs", "base_path": str(tmp_path)})
+    s = start_server("--chunk-size", str(CS), "--l2-adapter", spec)
+    w = GroupWorker(s, registration(71, HYBRID_KGS, HYBRID_OGS))
+    toks = prompt(8, n_chunks=2, cs=CS)
+    w.store(toks, 0, 2 * CS, lambda g, c, e, n: fill(("l2", g, c, e), n))
+    sizes = [sum(entry_bytes(HYBRID_KGS[m]) for m in o["kernel_group_ids"]) for o in HYBRID_OGS]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        files = [f for f in os.listdir(tmp_path) if f.endswith(".data")]
+        if len(files) >= 6 and status(s)["storage_manager"]["store_controller"][
+                "batches_in_flight"] == 0:
+            break
+        time.sleep(0.05)
+    got_sizes = sorted(os.path.getsize(os.path.join(tmp_path, f)) for f in files)
+    assert got_sizes == sorted(sizes * 2)
+    d = s.dealer()
+    assert d.call(20, False) is not None                         # CLEAR: L1 is empty
+    assert d.call(LOOKUP, key(toks, 0, 2 * CS, "r", worker_id=None, model="hy"), 1) is not None
+    assert unpack(d.call(10, "r", 10.0, timeout_ms=15000)) == 2  # WAIT: from L2
+    d.close()
+    got = w.retrieve(toks, 0, 2 * CS, "r")
+    assert sorted(got) == [(0, 0), (0, 1), (1, 1), (2, 0), (2, 1)]
+    for (g, c), entries in got.items():
+        assert entries == [fill(("l2", g, c, e), len(b)) for e, b in enumerate(entries)]
+    w.close()
 
 
 def mutate(fn):
