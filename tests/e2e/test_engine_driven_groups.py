@@ -42,13 +42,13 @@ def shape(k, drop_plane=False):
     return s[1:] if drop_plane and k["kv_size"] == 1 else s
 
 
-def registration(instance, kgs, ogs, model="hy", infos=None, drop_plane=True):
+def registration(instance, kgs, ogs, model="hy", infos=None, drop_plane=True, world_size=1):
     """The newest client's payload: flat fields of kernel group 0, then the
     object-group fields (upstream's worker, "Step 3")."""
     kgs, ogs = copy.deepcopy(kgs), copy.deepcopy(ogs)
     sw = [o["sw_size_chunks"] for o in ogs]
     k0 = kgs[0]
-    return {"instance_id": instance, "model_name": model, "world_size": 1,
+    return {"instance_id": instance, "model_name": model, "world_size": world_size,
             "block_size": k0["slots_per_block"], "num_layers": k0["num_layers"],
             "hidden_dim_size": k0["hidden_dim_size"], "dtype_str": k0["dtype_str"],
             "use_mla": k0["kv_size"] == 1,
@@ -88,8 +88,9 @@ def fill(tag, n):
 class GroupWorker:
     """A multi-group engine-driven worker: maps the pool, fills slots."""
 
-    def __init__(self, srv, payload):
+    def __init__(self, srv, payload, rank=0):
         self.d, self.id, self.model = srv.dealer(), payload["instance_id"], payload["model_name"]
+        self.rank, self.world = rank, payload["world_size"]
         self.kgs = payload["transfer_metadata_wire"]["kernel_groups"]
         self.ogs = payload["transfer_metadata_wire"]["object_groups"]
         self.shapes = payload["object_group_layout_shapes"]
@@ -100,7 +101,8 @@ class GroupWorker:
         os.close(fd)
 
     def key(self, tokens, start, end, rid):
-        return key(tokens, start, end, rid, model=self.model)
+        return key(tokens, start, end, rid, worker_id=self.rank, world_size=self.world,
+                   model=self.model)
 
     def check_context(self, ctx):
         assert [g["object_group_id"] for g in ctx["object_groups"]] == list(range(len(self.ogs)))
@@ -154,10 +156,12 @@ class GroupWorker:
         self.d.close()
 
 
-def lookup(srv, tokens, rid, model="hy"):
+def lookup(srv, tokens, rid, model="hy", world_size=1, readers=1):
     d = srv.dealer()
     end = len(tokens) // CS * CS
-    assert d.call(LOOKUP, key(tokens, 0, end, rid, worker_id=None, model=model), 1) is not None
+    k = key(tokens, 0, end, rid, worker_id=None, world_size=world_size, model=model)
+    k["num_kv_readers"] = readers
+    assert d.call(LOOKUP, k, 1) is not None
     hits = unpack(d.call(QUERY, rid))
     d.close()
     return hits
@@ -190,6 +194,24 @@ def test_hybrid_model_stores_looks_up_and_retrieves(srv):
     got = w.retrieve(longer, 0, 5 * CS, "r2")
     assert (1, 4) in got and (1, 3) not in got and len(got) == 11
     w.close()
+
+
+def test_two_tensor_parallel_ranks(srv):
+    """Each rank stores and retrieves its own objects of every group; the
+    scheduler's LOOKUP hits only where both ranks stored."""
+    ws = [GroupWorker(srv, registration(80 + r, HYBRID_KGS, HYBRID_OGS, model="tp",
+                                        world_size=2), rank=r) for r in range(2)]
+    toks = prompt(9, n_chunks=3, cs=CS)
+    ws[0].store(toks, 0, 3 * CS, lambda g, c, e, n: fill(("r0", g, c, e), n))
+    assert lookup(srv, toks, "half", model="tp", world_size=2) == 0   # rank 1 has nothing
+    ws[1].store(toks, 0, 2 * CS, lambda g, c, e, n: fill(("r1", g, c, e), n))
+    assert lookup(srv, toks, "r", model="tp", world_size=2) == 2
+    for r, w in enumerate(ws):
+        got = w.retrieve(toks, 0, 2 * CS, "r")
+        assert sorted(got) == [(0, 0), (0, 1), (1, 1), (2, 0), (2, 1)]
+        for (g, c), entries in got.items():
+            assert entries == [fill(("r%d" % r, g, c, e), len(b)) for e, b in enumerate(entries)]
+        w.close()
 
 
 def test_retrieve_without_the_lookup_locks_fails_whole(srv):
