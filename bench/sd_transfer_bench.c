@@ -19,6 +19,7 @@
  *   sd_transfer_bench [--chunks N] [--iters M]      (defaults 256, 2000) */
 #include <fcntl.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -128,25 +129,33 @@ static size_t wrapper_pickle(uint8_t *out, const char *name, uint64_t nbytes,
     return (size_t)(p - out);
 }
 
+/* A STORE / RETRIEVE reply [handle, success] with success true. */
+static bool reply_ok(const lmc_client_reply *r)
+{
+    msgpack_zone z;
+    msgpack_object o;
+    size_t off = 0;
+    msgpack_zone_init(&z, 256);
+    bool ok = r->has_response &&
+              msgpack_unpack((const char *)r->data, r->len, &off, &z, &o) ==
+                  MSGPACK_UNPACK_SUCCESS &&
+              o.type == MSGPACK_OBJECT_ARRAY && o.via.array.size == 2 &&
+              o.via.array.ptr[1].type == MSGPACK_OBJECT_BOOLEAN && o.via.array.ptr[1].via.boolean;
+    msgpack_zone_destroy(&z);
+    return ok;
+}
+
 static int call(lmc_client *c, int op, msgpack_sbuffer *args, size_t n, bool *ok)
 {
     lmc_client_reply r;
-    if (lmc_client_call(c, op, args, n, 60000, &r) != LMC_CLIENT_OK)
-        return -1;
-    if (ok) {   /* [handle, success] */
-        msgpack_zone z;
-        msgpack_object o;
-        size_t off = 0;
-        msgpack_zone_init(&z, 256);
-        *ok = r.has_response &&
-              msgpack_unpack((const char *)r.data, r.len, &off, &z, &o) == MSGPACK_UNPACK_SUCCESS &&
-              o.type == MSGPACK_OBJECT_ARRAY && o.via.array.size == 2 &&
-              o.via.array.ptr[1].type == MSGPACK_OBJECT_BOOLEAN && o.via.array.ptr[1].via.boolean;
-        msgpack_zone_destroy(&z);
-    }
-    lmc_client_reply_free(&r);
+    lmc_client_status st = lmc_client_call(c, op, args, n, 60000, &r);
     for (size_t i = 0; i < n; i++)
         msgpack_sbuffer_destroy(&args[i]);
+    if (st != LMC_CLIENT_OK)
+        return -1;
+    if (ok)
+        *ok = reply_ok(&r);
+    lmc_client_reply_free(&r);
     return 0;
 }
 
@@ -205,9 +214,10 @@ static int register_worker(worker *w, bool hnd)
     return call(w->c, LMC_OP_REGISTER_KV_CACHE, a, 7, NULL);
 }
 
-/* STORE or RETRIEVE of chunks [c0, c0+n) of toks, blocks from `first`. */
-static int transfer(worker *w, const uint64_t *toks, size_t c0, size_t n, size_t first,
-                    const char *rid, bool store)
+/* Sends the STORE or RETRIEVE of chunks [c0, c0+n) of toks, blocks from
+ * `first`; its uid, 0 when it could not be sent. */
+static uint64_t transfer_send(worker *w, const uint64_t *toks, size_t c0, size_t n, size_t first,
+                              const char *rid, bool store)
 {
     msgpack_sbuffer a[5];
     msgpack_packer pk;
@@ -220,9 +230,29 @@ static int transfer(worker *w, const uint64_t *toks, size_t c0, size_t n, size_t
     static const char zeros[64];
     sb_packer(&a[3], &pk), msgpack_pack_bin(&pk, 64), msgpack_pack_bin_body(&pk, zeros, 64);
     sb_packer(&a[4], &pk), msgpack_pack_int(&pk, 0);
-    bool ok = false;
-    int rc = call(w->c, store ? LMC_OP_STORE : LMC_OP_RETRIEVE, a, store ? 4 : 5, &ok);
-    return rc == 0 && ok ? 0 : -1;
+    size_t nargs = store ? 4 : 5;
+    uint64_t uid = lmc_client_send(w->c, store ? LMC_OP_STORE : LMC_OP_RETRIEVE, a, nargs);
+    for (size_t i = 0; i < 5; i++)
+        msgpack_sbuffer_destroy(&a[i]);
+    return uid;
+}
+
+/* The next STORE / RETRIEVE reply: 0 when it says success. */
+static int transfer_wait(worker *w)
+{
+    lmc_client_reply r;
+    uint64_t uid;
+    if (lmc_client_receive(w->c, 60000, &uid, &r) != LMC_CLIENT_OK)
+        return -1;
+    bool ok = reply_ok(&r);
+    lmc_client_reply_free(&r);
+    return ok ? 0 : -1;
+}
+
+static int transfer(worker *w, const uint64_t *toks, size_t c0, size_t n, size_t first,
+                    const char *rid, bool store)
+{
+    return transfer_send(w, toks, c0, n, first, rid, store) ? transfer_wait(w) : -1;
 }
 
 static int lookup(worker *w, const uint64_t *toks, size_t chunks, const char *rid)
@@ -322,6 +352,7 @@ typedef struct {
     const uint64_t *toks;
     size_t c0, chunks;
     bool store;
+    size_t depth;            /* requests in flight: 1, or more when pipelined */
     const char *rid;
     int rc;
 } job;
@@ -332,12 +363,20 @@ static void *run_job(void *arg)
     j->rc = 0;
     /* One request a prompt of BATCH chunks, as an engine stores a 4k-token
      * prompt; from blocks 1.., retrieved into the blocks after them. */
+    size_t in_flight = 0, depth = j->depth ? j->depth : 1;
     for (size_t c = 0; c < j->chunks && j->rc == 0; c += BATCH) {
         char rid[96];
         snprintf(rid, sizeof rid, "%s-%zu", j->rid, c / BATCH);
         size_t first = 1 + (j->store ? 0 : j->chunks * CS / BS) + c * CS / BS;
-        j->rc = transfer(j->w, j->toks + c * CS, 0, BATCH, first, rid, j->store);
+        if (in_flight == depth)
+            j->rc |= transfer_wait(j->w), in_flight--;
+        if (transfer_send(j->w, j->toks + c * CS, 0, BATCH, first, rid, j->store))
+            in_flight++;
+        else
+            j->rc = -1;
     }
+    while (in_flight--)
+        j->rc |= transfer_wait(j->w);
     return NULL;
 }
 
@@ -376,8 +415,8 @@ static int verify(const worker *w, size_t per)
 
 /* STORE then RETRIEVE of every worker's `per` chunks of prompt `seed`;
  * GB/s of each. */
-static int store_retrieve(worker *ws, size_t n_workers, size_t per, uint64_t seed,
-                          uint64_t *toks, double *st, double *rt)
+static int store_retrieve(worker *ws, size_t n_workers, size_t per, size_t depth,
+                          uint64_t seed, uint64_t *toks, double *st, double *rt)
 {
     char rid[32];
     snprintf(rid, sizeof rid, "bw%llu", (unsigned long long)seed);
@@ -385,7 +424,7 @@ static int store_retrieve(worker *ws, size_t n_workers, size_t per, uint64_t see
     job jobs[2];
     for (size_t i = 0; i < n_workers; i++)
         jobs[i] = (job){.w = &ws[i], .toks = toks, .c0 = 0, .chunks = per, .store = true,
-                        .rid = rid};
+                        .depth = depth, .rid = rid};
     *st = timed(jobs, n_workers);
     int rc = *st < 0;
     for (size_t c = 0; c < per && rc == 0; c += BATCH) {
@@ -514,13 +553,69 @@ static unsigned long long minor_faults(pid_t pid)
     return v;
 }
 
+/* The server's HTTP port (start_server) and one of its server-driven
+ * counters from /metrics (docs/metrics.md), read with curl; -1 if absent. */
+static int http_port(void)
+{
+    return 40001 + getpid() % 20000;
+}
+
+typedef struct {
+    double store_s, retrieve_s, stored, retrieved;
+} sd_counters;
+
+static sd_counters server_counters(void)
+{
+    sd_counters c = {-1, -1, -1, -1};
+    char cmd[128], line[512];
+    snprintf(cmd, sizeof cmd, "curl -s --max-time 5 http://127.0.0.1:%d/metrics", http_port());
+    FILE *f = popen(cmd, "r");
+    static const struct { const char *name; size_t off; } want[] = {
+        {"lmcache_mp_server_driven_store_seconds_total ", offsetof(sd_counters, store_s)},
+        {"lmcache_mp_server_driven_retrieve_seconds_total ", offsetof(sd_counters, retrieve_s)},
+        {"lmcache_mp_server_driven_stored_bytes_total ", offsetof(sd_counters, stored)},
+        {"lmcache_mp_server_driven_retrieved_bytes_total ", offsetof(sd_counters, retrieved)},
+    };
+    while (f && fgets(line, sizeof line, f))
+        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+            if (strncmp(line, want[i].name, strlen(want[i].name)) == 0)
+                *(double *)((char *)&c + want[i].off) = strtod(line + strlen(want[i].name), NULL);
+    if (f)
+        pclose(f);
+    return c;
+}
+
 #define ROUNDS 3
 
 static int cmp_double(const void *a, const void *b);
 
+/* ROUNDS measured rounds (each after a CLEAR) with `depth` requests in
+ * flight per worker; sorted GB/s in st[] and rt[]. */
+static int rounds(worker *ws, size_t n_workers, size_t per, size_t depth, uint64_t seed,
+                  uint64_t *toks, double *st, double *rt)
+{
+    int rc = 0;
+    for (int r = 0; r < ROUNDS && rc == 0; r++)
+        rc = clear(&ws[0]) != 0 ||
+             store_retrieve(ws, n_workers, per, depth, seed + 100 * (r + 1), toks, &st[r],
+                            &rt[r]) != 0;
+    qsort(st, ROUNDS, sizeof *st, cmp_double);
+    qsort(rt, ROUNDS, sizeof *rt, cmp_double);
+    return rc;
+}
+
+static void print_rounds(const char *what, const double *st, const double *rt, double base)
+{
+    printf("  %s, best (median) of %d rounds: STORE %.2f GB/s (%.2fx, median %.2fx), RETRIEVE "
+           "%.2f GB/s (%.2fx, median %.2fx) beside a %.2f GB/s copy\n", what, ROUNDS,
+           st[ROUNDS - 1], st[ROUNDS - 1] / base, st[ROUNDS / 2] / base, rt[ROUNDS - 1],
+           rt[ROUNDS - 1] / base, rt[ROUNDS / 2] / base, base);
+}
+
 /* The copy baseline is the best of its repetitions, so the server's side
  * is too: the best of ROUNDS measured rounds (each after a CLEAR), with
- * the median beside it. */
+ * the median beside it; one request at a time per worker, then (one
+ * worker) two in flight, as an engine whose STOREs overlap sends them. */
 static int bandwidth(worker *ws, size_t n_workers, size_t chunks, const copy_pair *cp, bool hnd,
                      pid_t server)
 {
@@ -530,35 +625,48 @@ static int bandwidth(worker *ws, size_t n_workers, size_t chunks, const copy_pai
     if (!toks)
         return -1;
     size_t per = chunks / n_workers;
-    double st[ROUNDS], rt[ROUNDS];
-    int rc = store_retrieve(ws, n_workers, per, 77, toks, &st[0], &rt[0]) != 0;
+    double st[ROUNDS], rt[ROUNDS], pst[ROUNDS], prt[ROUNDS];
+    char what[96];
+    int rc = store_retrieve(ws, n_workers, per, 1, 77, toks, &st[0], &rt[0]) != 0;
     printf("  (warm-up round on a fresh server: STORE %.2f GB/s, RETRIEVE %.2f GB/s)\n", st[0],
            rt[0]);
     rc = rc || clear(&ws[0]) != 0;
     double before = best_copy(cp), pool_before = pool_copy(&ws[0], pool, pool_size, chunks);
     unsigned long long faults = minor_faults(server);
-    for (int r = 0; r < ROUNDS && rc == 0; r++)
-        rc = clear(&ws[0]) != 0 ||
-             store_retrieve(ws, n_workers, per, 100 * (r + 1) + hnd * 2 + n_workers, toks,
-                            &st[r], &rt[r]) != 0;
+    sd_counters c0 = server_counters();
+    uint64_t seed = hnd * 2 + n_workers;
+    rc = rc || rounds(ws, n_workers, per, 1, seed, toks, st, rt) != 0;
     faults = minor_faults(server) - faults;
+    sd_counters c1 = server_counters();
     rc = rc || clear(&ws[0]) != 0;
-    double base = (before + best_copy(cp)) / 2;
+    double mid = best_copy(cp), base = (before + mid) / 2;
     double pool_base = (pool_before + pool_copy(&ws[0], pool, pool_size, chunks)) / 2;
+    bool piped = n_workers == 1 && rc == 0;
+    if (piped)
+        rc = rounds(ws, n_workers, per, 2, seed + 1000, toks, pst, prt) != 0;
+    double piped_base = piped ? (mid + best_copy(cp)) / 2 : 0;
     if (rc == 0) {
-        qsort(st, ROUNDS, sizeof *st, cmp_double);
-        qsort(rt, ROUNDS, sizeof *rt, cmp_double);
-        printf("  %s, %zu worker(s), %zu chunks, best (median) of %d rounds: STORE %.2f GB/s "
-               "(%.2fx, median %.2fx), RETRIEVE %.2f GB/s (%.2fx, median %.2fx) beside a "
-               "%.2f GB/s copy\n", hnd ? "HND" : "NHD", n_workers, per * n_workers, ROUNDS,
-               st[ROUNDS - 1], st[ROUNDS - 1] / base, st[ROUNDS / 2] / base, rt[ROUNDS - 1],
-               rt[ROUNDS - 1] / base, rt[ROUNDS / 2] / base, base);
+        snprintf(what, sizeof what, "%s, %zu worker(s), %zu chunks", hnd ? "HND" : "NHD",
+                 n_workers, per * n_workers);
+        print_rounds(what, st, rt, base);
         printf("    the server's minor page faults in the measured rounds: %llu (%.1f per "
                "chunk)\n", faults, (double)faults / (ROUNDS * 2.0 * per * n_workers));
+        if (c0.store_s >= 0 && c1.store_s > c0.store_s && c1.retrieve_s > c0.retrieve_s)
+            printf("    inside the server (handler time, all rounds, /metrics): STORE %.2f GB/s "
+                   "(%.2fx), RETRIEVE %.2f GB/s (%.2fx)\n",
+                   (c1.stored - c0.stored) / (c1.store_s - c0.store_s) / 1e9,
+                   (c1.stored - c0.stored) / (c1.store_s - c0.store_s) / 1e9 / base,
+                   (c1.retrieved - c0.retrieved) / (c1.retrieve_s - c0.retrieve_s) / 1e9,
+                   (c1.retrieved - c0.retrieved) / (c1.retrieve_s - c0.retrieve_s) / 1e9 / base);
         if (pool_base > 0)
             printf("    the same bytes from the engine's segments into the L1 pool: %.2f GB/s "
                    "(%.2fx the copy); STORE %.2fx, RETRIEVE %.2fx of it (best)\n", pool_base,
                    pool_base / base, st[ROUNDS - 1] / pool_base, rt[ROUNDS - 1] / pool_base);
+        if (piped) {
+            snprintf(what, sizeof what, "%s, 1 worker(s), two requests in flight",
+                     hnd ? "HND" : "NHD");
+            print_rounds(what, pst, prt, piped_base);
+        }
     }
     if (pool)
         munmap(pool, pool_size);

@@ -110,9 +110,18 @@ __attribute__((target("avx2"))) static void transpose32(char *d, const char *s, 
                                                         size_t a, size_t b, bool stream,
                                                         bool walk_src)
 {
-    for (size_t x = 0; x < a * b; x++) {
-        size_t i = walk_src ? x / b : x % a, j = walk_src ? x % b : x / a;
-        move32(d + (j * a + i) * row, s + (i * b + j) * row, row, stream);
+    if (walk_src) {   /* src [a][b] in order; dst column i, stride a rows */
+        for (size_t i = 0; i < a; i++) {
+            char *w = d + i * row;
+            for (size_t j = 0; j < b; j++, s += row, w += a * row)
+                move32(w, s, row, stream);
+        }
+    } else {          /* dst [b][a] in order; src column j, stride b rows */
+        for (size_t j = 0; j < b; j++) {
+            const char *r = s + j * row;
+            for (size_t i = 0; i < a; i++, d += row, r += b * row)
+                move32(d, r, row, stream);
+        }
     }
 }
 
