@@ -181,12 +181,13 @@ static void test_names(void **state)
 
 /* Transposes [a][b][row] into [b][a][row] at every destination
  * misalignment up to 32 (the 32-byte kernel streams only when aligned, and
- * row sizes that are not a multiple of 32 take the memcpy path), for both
- * methods and both walking orders; the guard bytes around dst stay. */
+ * row sizes that are not a multiple of 32 take the memcpy path; 96 and 160
+ * end in half a line), for both methods and both walking orders; the guard
+ * bytes around dst stay. */
 static void test_transpose(void **state)
 {
     (void)state;
-    static const size_t rows[] = {32, 64, 256, 48, 2};
+    static const size_t rows[] = {32, 64, 96, 160, 256, 48, 2};
     static const size_t dims[][2] = {{2, 16}, {16, 2}, {1, 5}, {3, 1}, {7, 3}};
     for (int method = 0; method < 4; method++) {
         for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
