@@ -122,13 +122,17 @@ static int make_group(const lmc_shared_tensor *tensors, const draft *d,
     memcpy(g->tensors, d->layers, g->n_tensors * sizeof *g->tensors);
     const lmc_engine_group_info *i = d->info;
     g->engine_group_id = i ? i->engine_group_id : 0;
-    g->tokens_per_block = i && i->tokens_per_block > 0 ? (uint32_t)i->tokens_per_block : 0;
-    g->sw_size_tokens = i && i->sw_size_tokens > 0 ? i->sw_size_tokens : -1;
-    g->has_null_block = i ? i->has_null_block : true;
-    g->null_block_id = i ? i->null_block_id : 0;
     if (i && i->tokens_per_block > UINT32_MAX)
         return refuse(err, errlen, "tokens_per_block %lld is out of range",
                       (long long)i->tokens_per_block);
+    g->physical_per_engine = i && i->physical_per_engine > 1 ? (uint32_t)i->physical_per_engine
+                                                               : 1;
+    g->tokens_per_block = i && i->tokens_per_block > 0
+                              ? (uint32_t)(i->tokens_per_block / g->physical_per_engine)
+                              : 0;
+    g->sw_size_tokens = i && i->sw_size_tokens > 0 ? i->sw_size_tokens : -1;
+    g->has_null_block = i ? i->has_null_block : true;
+    g->null_block_id = i ? i->null_block_id : 0;
     return shape_group(g, o->chunk_size, err, errlen);
 }
 

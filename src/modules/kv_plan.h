@@ -27,6 +27,9 @@ typedef struct lmc_engine_group_info {
     uint32_t n_layers;
     int64_t tokens_per_block;     /* 0: the tensor's slots per block */
     int64_t sw_size_tokens;       /* -1: full attention */
+    int64_t physical_per_engine;  /* physical_blocks_per_engine_block: the client
+                                   * sends this many consecutive physical ids
+                                   * for each engine (manager) block */
     bool has_null_block;          /* false: null_block_id was None */
     int64_t null_block_id;        /* 0 unless the info names another */
 } lmc_engine_group_info;
@@ -55,13 +58,17 @@ typedef struct lmc_kv_kernel_group {
                                    * layer ascending, or the one cross-layer tensor */
     uint32_t n_tensors;
     int64_t engine_group_id;
-    uint32_t tokens_per_block;    /* logical tokens per block id */
+    uint32_t tokens_per_block;    /* logical tokens per block id on the wire
+                                   * (per physical id when an engine block
+                                   * spans several) */
+    uint32_t physical_per_engine; /* physical ids per engine block, >= 1 */
     int64_t sw_size_tokens;       /* -1 full attention */
     uint32_t blocks_per_chunk;    /* block ids per chunk on the wire */
     uint32_t keep_blocks;         /* the last ones a chunk stores (sub-chunk window) */
     uint32_t slots;               /* stored slots per chunk: keep_blocks * bs */
     bool has_null_block;
-    int64_t null_block_id;
+    int64_t null_block_id;        /* an engine block id: physical ids
+                                   * id / physical_per_engine (rounded down) */
     uint32_t object_group;
     uint64_t entry_offset;        /* bytes into its object group's object */
     uint64_t entry_bytes;         /* kv_size * nl * slots * nh * hs * element_size */

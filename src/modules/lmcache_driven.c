@@ -225,6 +225,14 @@ static int client_event(lmc_rpc_call *call, const uint8_t **h, size_t *len, char
 
 /* ---- STORE -------------------------------------------------------------- */
 
+/* The engine block a physical id was expanded from (Python's floor
+ * division, as the client's expansion of a negative sentinel). */
+static int64_t engine_block_of(int64_t id, uint32_t per_engine)
+{
+    int64_t q = id / per_engine;
+    return q * per_engine > id ? q - 1 : q;
+}
+
 /* Chunk `c` of object group og holds only null blocks: nothing to store. */
 static bool null_chunk(const sd_op *op, const lmc_kv_object_group *og, size_t c)
 {
@@ -233,7 +241,8 @@ static bool null_chunk(const sd_op *op, const lmc_kv_object_group *og, size_t c)
         const lmc_kv_kernel_group *g = &op->c->plan.kg[gi];
         const int64_t *ids = op->ids + op->offs[gi] + c * g->blocks_per_chunk;
         for (uint32_t j = 0; j < g->blocks_per_chunk; j++)
-            if (!g->has_null_block || ids[j] != g->null_block_id)
+            if (!g->has_null_block ||
+                engine_block_of(ids[j], g->physical_per_engine) != g->null_block_id)
                 return false;
     }
     return true;

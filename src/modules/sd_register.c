@@ -127,19 +127,24 @@ static bool int_field(const msgpack_object *map, const char *name, int64_t def, 
 static int decode_info(const msgpack_object *o, lmc_engine_group_info *info, uint32_t *pool,
                        size_t *used, char *err, size_t errlen)
 {
-    int64_t pbpe;
+    int64_t *pbpe = &info->physical_per_engine;
     if (o->type != MSGPACK_OBJECT_MAP || !lmc_mp_map_get(o, "engine_group_id") ||
         !int_field(o, "engine_group_id", 0, &info->engine_group_id) ||
         !int_field(o, "tokens_per_block", 0, &info->tokens_per_block) ||
         !int_field(o, "sw_size_tokens", -1, &info->sw_size_tokens) ||
-        !int_field(o, "physical_blocks_per_engine_block", 1, &pbpe))
+        !int_field(o, "physical_blocks_per_engine_block", 1, pbpe))
         return snprintf(err, errlen, "an engine group info is not a map of ints with an "
                                      "engine_group_id"), -1;
-    if (pbpe != 1)
-        return snprintf(err, errlen, "physical_blocks_per_engine_block %lld is not supported",
-                        (long long)pbpe), -1;
     if (info->tokens_per_block < 0)
         return snprintf(err, errlen, "tokens_per_block must not be negative"), -1;
+    /* The client expands engine block b into physical ids b*p .. b*p+p-1
+     * (docs/protocol.md, "Engine groups"); p must split the engine block's
+     * tokens evenly, and a group that reports none has nothing to split. */
+    if (*pbpe < 1 || (*pbpe > 1 && (info->tokens_per_block == 0 ||
+                                    info->tokens_per_block % *pbpe != 0)))
+        return snprintf(err, errlen, "physical_blocks_per_engine_block %lld must be 1, or "
+                                     "divide a tokens_per_block above 0 (got %lld)",
+                        (long long)*pbpe, (long long)info->tokens_per_block), -1;
     const msgpack_object *nb = lmc_mp_map_get(o, "null_block_id");
     info->has_null_block = !nb || !lmc_mp_is_nil(nb);
     if (nb && info->has_null_block && !int_field(o, "null_block_id", 0, &info->null_block_id))

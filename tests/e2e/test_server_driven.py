@@ -110,9 +110,9 @@ class Engine:
             g.close()
 
 
-def lookup(srv, tokens, rid, model="m"):
+def lookup(srv, tokens, rid, model="m", cs=CS):
     d = srv.dealer()
-    end = len(tokens) // CS * CS
+    end = len(tokens) // cs * cs
     assert d.call(LOOKUP, key(tokens, 0, end, rid, worker_id=None, model=model), 1) is not None
     hits = unpack(d.call(QUERY, rid))
     d.close()
@@ -290,9 +290,15 @@ def test_chunks_cross_between_the_two_transfer_paths(srv, fmt):
 
 # ---- engine groups -------------------------------------------------------
 
-def info(gid, layers, tpb, sw=-1):
+def info(gid, layers, tpb, sw=-1, p=1):
     return {"engine_group_id": gid, "layer_indices": layers, "tokens_per_block": tpb,
-            "sw_size_tokens": sw, "physical_blocks_per_engine_block": 1}
+            "sw_size_tokens": sw, "physical_blocks_per_engine_block": p}
+
+
+def physical(ids, p):
+    """Engine block ids as upstream's client sends them: each split into its
+    p consecutive physical kernel blocks."""
+    return [b * p + o for b in ids for o in range(p)]
 
 
 @pytest.mark.parametrize("separate", [True, False])
@@ -331,6 +337,50 @@ def test_three_engine_groups_block_sizes_and_a_window(start_server, separate):
     assert "3 kernel group(s), %d object group(s)" % (2 if separate else 1) in s.output()
     assert layouts is not None
     e.close()
+
+
+def test_engine_blocks_split_into_physical_blocks(start_server):
+    """physical_blocks_per_engine_block: a 16-token engine block held in two
+    8-slot kernel blocks arrives as twice the ids; the chunks stored are the
+    very objects a one-to-one registration of 16-slot blocks reads back, and
+    a window group's null engine block (0: physical 0 and 1) stores nothing."""
+    cs = 64
+    s = start_server("--chunk-size", str(cs), "--cpu-kv-layout", "hint")
+    split = PagedKV("p0", "fa_nhd", nl=2, nb=40, bs=8, nh=2, hs=8)
+    e = Engine(s, 41, [split], infos=[info(0, [0, 1], 16, p=2)])
+    toks = prompt(21, n_chunks=2, cs=cs)
+    src = physical(range(1, 9), 2)                     # 4 engine blocks a chunk
+    assert e.store(toks, 0, 2 * cs, [src]) == [ZEROS, True]
+    assert lookup(s, toks, "r", cs=cs) == 2
+    dst = physical(range(9, 17), 2)
+    assert e.retrieve(toks, 0, 2 * cs, [dst], "r") == [ZEROS, True]
+    stored = split.rows(src, 2 * cs)
+    assert split.rows(dst, 2 * cs) == stored
+    e.close()
+    # The objects are [2, 2, 64, 16] whatever the blocks were: a one-to-one
+    # registration of 16-slot blocks reads them.
+    plain = PagedKV("p1", "fa_nhd", nl=2, nb=16, bs=16, nh=2, hs=8)
+    f = Engine(s, 42, [plain])
+    assert lookup(s, toks, "q", cs=cs) == 2
+    assert f.retrieve(toks, 0, 2 * cs, [list(range(1, 9))], "q") == [ZEROS, True]
+    assert plain.rows(list(range(1, 9)), 2 * cs) == stored
+    f.close()
+    # A window group whose first chunk is the null engine block.
+    full = PagedKV("p2", "fa_nhd", nl=2, nb=40, bs=8, nh=2, hs=8)
+    swa = PagedKV("p3", "fa_nhd", nl=1, nb=40, bs=8, nh=2, hs=4)
+    g = Engine(s, 43, [full, swa], model="w",
+               infos=[info(0, [0, 1], 16, p=2), info(1, [2], 16, sw=32, p=2)])
+    before = status(s)["storage_manager"]["l1_manager"]["num_objects"]
+    swa_src = physical([0] * 4 + [5, 6, 7, 8], 2)
+    assert g.store(toks, 0, 2 * cs, [src, swa_src]) == [ZEROS, True]
+    # two full-attention objects and the window's second chunk only
+    assert status(s)["storage_manager"]["l1_manager"]["num_objects"] == before + 3
+    assert lookup(s, toks, "w", model="w", cs=cs) == 2
+    swa_dst = physical(range(9, 17), 2)
+    assert g.retrieve(toks, 0, 2 * cs, [dst, swa_dst], "w") == [ZEROS, True]
+    assert full.rows(dst, 2 * cs) == full.rows(src, 2 * cs)
+    assert swa.rows(swa_dst[12:], 32) == swa.rows(swa_src[12:], 32)   # its last 32 tokens
+    g.close()
 
 
 def test_a_window_group_needs_only_its_last_chunks(start_server):
@@ -600,6 +650,12 @@ def test_registrations_refused_with_the_reason(srv):
     assert wait_for_log(srv, "tokens_per_block 24 must be a multiple")
     assert register_raw(srv, d, 82, g.handles(), infos=[info(0, [1, 0], 16)]) is None
     assert wait_for_log(srv, "out of range, repeated or out of order")
+    for i, (tpb, p) in enumerate([(16, 3), (16, 0), (0, 2)]):
+        assert register_raw(srv, d, 84 + i, g.handles(), infos=[info(0, [0, 1], tpb, p=p)]) \
+            is None
+        assert wait_for_log(srv, "REGISTER_KV_CACHE %d: physical_blocks_per_engine_block %d "
+                                 "must be 1, or divide a tokens_per_block above 0 (got %d)"
+                            % (84 + i, p, tpb)), srv.output()
     big = ext(w.dumps(w.cpu_shm(g.tensors[0].name, [2, 64, 16, 2, 8])))
     assert register_raw(srv, d, 83, [big]) is None
     assert wait_for_log(srv, "cannot open segment") or wait_for_log(srv, "reaches past")
