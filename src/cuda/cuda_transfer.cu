@@ -520,6 +520,16 @@ static int cu_sync(lmc_cuda_stream *s, char *err, size_t errlen)
     return 0;
 }
 
+static int cu_read(int device, uint64_t src, void *host, uint64_t bytes, char *err,
+                   size_t errlen)
+{
+    int rc = check(cudaSetDevice(device), "cudaSetDevice", err, errlen);
+    if (rc == 0)
+        rc = check(cudaMemcpy(host, (const void *)(uintptr_t)src, bytes, cudaMemcpyDeviceToHost),
+                   "cudaMemcpy", err, errlen);
+    return rc;
+}
+
 static const lmc_cuda_ops g_ops = {
     LMC_CUDA_ABI_VERSION,
     cu_init,
@@ -535,6 +545,7 @@ static const lmc_cuda_ops g_ops = {
     cu_record_event,
     cu_then,
     cu_sync,
+    cu_read,
 };
 
 LMC_CUDA_EXPORT const lmc_cuda_ops *lmc_cuda_transfer_ops(void)

@@ -18,7 +18,7 @@
 
 #include "modules/kv_plan.h"
 
-#define LMC_CUDA_ABI_VERSION 1
+#define LMC_CUDA_ABI_VERSION 2
 #define LMC_CUDA_LIB_NAME "liblmcached_cuda.so"
 #define LMC_CUDA_ENTRY "lmc_cuda_transfer_ops"   /* const lmc_cuda_ops *(void) */
 #define LMC_CUDA_EVENT_HANDLE_BYTES 64
@@ -81,6 +81,10 @@ typedef struct lmc_cuda_ops {
     int (*then)(lmc_cuda_stream *s, void (*fn)(void *arg), void *arg, char *err, size_t errlen);
     /* Blocks until the stream is idle. */
     int (*sync)(lmc_cuda_stream *s, char *err, size_t errlen);
+    /* Copies `bytes` of device memory at `src` into pageable host memory
+     * and returns when they are there: /cache/checksums reads blocks with
+     * it, on its own thread and outside any context's stream. */
+    int (*read)(int device, uint64_t src, void *host, uint64_t bytes, char *err, size_t errlen);
 } lmc_cuda_ops;
 
 #endif

@@ -64,25 +64,61 @@ static void digest_elems(EVP_MD_CTX *md, const uint8_t *p, uint64_t n, uint32_t 
     }
 }
 
+/* Where digest_layer gets a block's bytes: straight from the mapped
+ * segment, or for CUDA tensors copied from the device into `scratch`
+ * first (one contiguous piece at a time: a block, or its K or V half). */
+typedef struct {
+    const sd_mod *m;
+    const sd_ctx *c;
+    uint8_t *scratch;            /* CUDA only: the largest piece */
+    char *err;
+    size_t errlen;
+} block_reader;
+
+static const uint8_t *read_piece(const block_reader *r, uint32_t kg, uint32_t pos,
+                                 uint64_t byte_offset, uint64_t bytes)
+{
+    if (!r->c->cuda)
+        return r->c->bases[kg][pos] + byte_offset;
+    const lmc_cuda_ops *ops = r->m->cuda.ops;
+    return ops->read(r->c->cu.device, r->c->cu.tensors[kg][pos] + byte_offset, r->scratch, bytes,
+                     r->err, r->errlen) == 0
+               ? r->scratch
+               : NULL;
+}
+
+/* Digests one piece of `elems` elements at element `offset` of tensor pos. */
+static int digest_piece(EVP_MD_CTX *md, const block_reader *r, uint32_t kg, uint32_t pos,
+                        uint64_t offset, uint64_t elems, bool bf16)
+{
+    uint32_t es = r->c->plan.kg[kg].geo.element_size;
+    const uint8_t *p = read_piece(r, kg, pos, offset * es, elems * es);
+    if (!p)
+        return -1;
+    digest_elems(md, p, elems, es, bf16);
+    return 0;
+}
+
 /* One layer's bytes of blocks ids[from, to), as the gathered tensor lays
  * them out row-major. */
-static void digest_layer(EVP_MD_CTX *md, const lmc_kv_kernel_group *g, const uint8_t *base,
-                         const int64_t *ids, size_t from, size_t to, bool bf16)
+static int digest_layer(EVP_MD_CTX *md, const block_reader *r, uint32_t kg, uint32_t pos,
+                        const int64_t *ids, size_t from, size_t to, bool bf16)
 {
-    const lmc_kv_geometry *k = &g->geo;
+    const lmc_kv_geometry *k = &r->c->plan.kg[kg].geo;
     uint64_t block = (uint64_t)k->bs * k->nh * k->hs;
+    int rc = 0;
     if (block_axis(k->format) == 1) {   /* [2, NB, ...]: K blocks, then V blocks */
         for (uint32_t kv = 0; kv < 2; kv++)
-            for (size_t i = from; i < to; i++)
-                digest_elems(md, base + lmc_kv_paged_offset(k, kv, 0, (uint64_t)ids[i], 0, 0, 0) *
-                                            k->element_size,
-                             block, k->element_size, bf16);
-        return;
+            for (size_t i = from; rc == 0 && i < to; i++)
+                rc = digest_piece(md, r, kg, pos,
+                                  lmc_kv_paged_offset(k, kv, 0, (uint64_t)ids[i], 0, 0, 0), block,
+                                  bf16);
+        return rc;
     }
-    for (size_t i = from; i < to; i++)   /* a blocks-first block holds K and V */
-        digest_elems(md, base + lmc_kv_paged_offset(k, 0, 0, (uint64_t)ids[i], 0, 0, 0) *
-                                    k->element_size,
-                     block * k->kv_size, k->element_size, bf16);
+    for (size_t i = from; rc == 0 && i < to; i++)   /* a blocks-first block holds K and V */
+        rc = digest_piece(md, r, kg, pos, lmc_kv_paged_offset(k, 0, 0, (uint64_t)ids[i], 0, 0, 0),
+                          block * k->kv_size, bf16);
+    return rc;
 }
 
 static bool hex_digest(EVP_MD_CTX *md, char out[33])
@@ -109,9 +145,10 @@ static const lmc_kv_kernel_group *group_of(const sd_ctx *c, uint32_t t, uint32_t
 
 /* Digests of chunk range [from, to) of the blocks: one for all layers, or
  * one per layer into `per_layer` (an array of arrays). */
-static int digest_chunk(const sd_ctx *c, const cks_request *r, size_t from, size_t to,
+static int digest_chunk(const block_reader *br, const cks_request *r, size_t from, size_t to,
                         json_t *flat, json_t *per_layer)
 {
+    const sd_ctx *c = br->c;
     EVP_MD_CTX *md = EVP_MD_CTX_new();
     int rc = md && EVP_DigestInit_ex(md, EVP_md5(), NULL) == 1 ? 0 : -1;
     char hex[33];
@@ -119,7 +156,10 @@ static int digest_chunk(const sd_ctx *c, const cks_request *r, size_t from, size
         uint32_t pos = 0, kg = 0;   /* checksums() checked every layer has a group */
         const lmc_kv_kernel_group *g = group_of(c, l, &pos, &kg);
         bool bf16 = strcmp(c->plan.dtype, "bfloat16") == 0 && g->geo.element_size == 2;
-        digest_layer(md, g, c->bases[kg][pos], r->ids, from, to, bf16);
+        if (digest_layer(md, br, kg, pos, r->ids, from, to, bf16) != 0) {
+            rc = -2;
+            break;
+        }
         if (r->layerwise) {
             rc = hex_digest(md, hex) && EVP_DigestInit_ex(md, EVP_md5(), NULL) == 1 &&
                          json_array_append_new(json_array_get(per_layer, l),
@@ -155,11 +195,10 @@ static json_t *id_ranges(const int64_t *ids, size_t n)
     return out;
 }
 
-static json_t *checksums(const sd_ctx *c, const cks_request *r, unsigned *status, char *err,
-                         size_t errlen)
+static json_t *checksums(const sd_mod *m, const sd_ctx *c, const cks_request *r,
+                         unsigned *status, char *err, size_t errlen)
 {
-    if (c->cuda)   /* its tensors are device memory, out of this thread's reach */
-        return fail(status, 501, err, errlen, "checksums of CUDA tensors are not supported yet");
+    uint64_t piece = 0;   /* the largest contiguous piece digest_layer reads */
     for (uint32_t l = 0; l < c->n_tensors; l++) {
         uint32_t pos, kg;
         const lmc_kv_kernel_group *g = group_of(c, l, &pos, &kg);
@@ -170,7 +209,13 @@ static json_t *checksums(const sd_ctx *c, const cks_request *r, unsigned *status
         for (size_t i = 0; i < r->n; i++)
             if (r->ids[i] < 0 || (uint64_t)r->ids[i] >= g->geo.nb)
                 return fail(status, 400, err, errlen, "a block id is outside the KV cache");
+        const lmc_kv_geometry *k = &g->geo;
+        uint64_t bytes = (uint64_t)k->bs * k->nh * k->hs * k->kv_size * k->element_size;
+        piece = bytes > piece ? bytes : piece;
     }
+    block_reader br = {.m = m, .c = c, .err = err, .errlen = errlen};
+    if (c->cuda && !(br.scratch = malloc(piece)))
+        return fail(status, 500, err, errlen, "out of memory");
     size_t chunks = (r->n + r->per_chunk - 1) / r->per_chunk;
     json_t *flat = json_array(), *layers = json_array(), *by_name = json_object();
     for (uint32_t l = 0; l < c->n_tensors; l++)
@@ -178,8 +223,9 @@ static json_t *checksums(const sd_ctx *c, const cks_request *r, unsigned *status
     int rc = flat && layers && by_name ? 0 : -1;
     for (size_t ch = 0; rc == 0 && ch < chunks; ch++) {
         size_t to = (ch + 1) * r->per_chunk;
-        rc = digest_chunk(c, r, ch * r->per_chunk, to < r->n ? to : r->n, flat, layers);
+        rc = digest_chunk(&br, r, ch * r->per_chunk, to < r->n ? to : r->n, flat, layers);
     }
+    free(br.scratch);
     for (uint32_t l = 0; rc == 0 && r->layerwise && l < c->n_tensors; l++) {
         char name[24];
         snprintf(name, sizeof name, "layer_%u", l);
@@ -194,6 +240,8 @@ static json_t *checksums(const sd_ctx *c, const cks_request *r, unsigned *status
     json_decref(flat);
     json_decref(layers);
     json_decref(by_name);
+    if (rc == -2)   /* the device copy failed: err says why */
+        return *status = 500, NULL;
     return out ? out : fail(status, 500, err, errlen, "out of memory");
 }
 
@@ -238,7 +286,7 @@ json_t *lmc_kv_checksums(void *module_state, const json_t *body, unsigned *statu
             *status = 404;
             snprintf(err, errlen, "instance_id %lld is not registered", (long long)r.instance);
         } else {
-            out = checksums(c, &r, status, err, errlen);
+            out = checksums(m, c, &r, status, err, errlen);
             lmc_sd_put(m, c);
         }
     }

@@ -313,6 +313,14 @@ static int emul_then(lmc_cuda_stream *s, void (*fn)(void *), void *arg, char *er
     return 0;
 }
 
+static int emul_read(int device, uint64_t src, void *host, uint64_t bytes, char *err,
+                     size_t errlen)
+{
+    (void)device, (void)err, (void)errlen;
+    memcpy(host, (const void *)(uintptr_t)src, bytes);
+    return 0;
+}
+
 static const lmc_cuda_ops emul_ops = {
     .abi_version = LMC_CUDA_ABI_VERSION,
     .init = emul_init,
@@ -328,6 +336,7 @@ static const lmc_cuda_ops emul_ops = {
     .record_event = emul_record_event,
     .then = emul_then,
     .sync = emul_sync,
+    .read = emul_read,
 };
 
 const lmc_cuda_ops *lmc_cuda_transfer_ops(void);

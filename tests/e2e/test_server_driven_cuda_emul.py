@@ -6,10 +6,10 @@ every reply here really does come back before its copies end.  What runs
 is lmcached's own code: registration of CudaIPCWrapper handles, copies
 enqueued per object, recorded events, and L1 publish and release from the
 stream's callbacks on the completion thread."""
+import hashlib
 import json
 import os
 import time
-import urllib.error
 import urllib.request
 
 import msgpack
@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, Server
 from paged_kv import PagedKV
 from test_server_driven import (CS, LOOKUP, NOOP, QUERY, REG, RETRIEVE, STORE, UNREG,
-                                chunk_rows, key, prompt, unpack)
+                                chunk_rows, http_post, key, prompt, unpack)
 import wrappers as w
 
 EMUL = os.environ.get("LMCACHED_CUDA_EMUL", os.path.join(ROOT, "build", "libcuda_emul.so"))
@@ -68,6 +68,24 @@ def lookup(d, toks, rid, n):
     return unpack(d.call(QUERY, rid))
 
 
+def blocks_md5(g, blocks, layers):
+    """The digest /cache/checksums gives: per layer, each block's bytes as
+    the segment holds them (K blocks then V blocks where the tensor starts
+    with the K/V axis), straight from memory."""
+    h = hashlib.md5()
+    for l in layers:
+        t = g.tensors[l]
+        rest = [0] * (len(t.shape) - 1)
+        if g.order[0] == "kv":
+            pieces = [(t.offset([kv, b] + rest[1:]), t.stride[1]) for kv in range(2)
+                      for b in blocks]
+        else:
+            pieces = [(t.offset([b] + rest), t.stride[0]) for b in blocks]
+        for off, elems in pieces:
+            h.update(t.mm[off:off + elems * t.item])
+    return h.hexdigest()
+
+
 def register(d, instance, g, hint="NHD"):
     frames = d.call(REG, instance, cuda_handles(g), "m", 1, "vllm", {"kv_layout": hint}, [])
     return frames is not None and len(frames) == 2
@@ -96,14 +114,21 @@ def test_store_and_retrieve_through_the_stream(srv, fmt, hint):
         leases = status(srv)["storage_manager"]["l1_manager"]["leases"]
         return leases["copy"]["outstanding"] == 0 and leases["write"]["outstanding"] == 0
     assert until(settled), status(srv)["storage_manager"]["l1_manager"]["leases"]
-    req = urllib.request.Request(f"http://127.0.0.1:{srv.http_port}/cache/checksums",
-                                 data=json.dumps({"block_ids": [1], "chunk_size": 1,
-                                                  "instance_id": 81}).encode(), method="POST")
-    try:
-        urllib.request.urlopen(req, timeout=5)
-        raise AssertionError("checksums of a CUDA context answered 200")
-    except urllib.error.HTTPError as e:
-        assert e.code == 501 and "CUDA" in json.loads(e.read())["detail"]
+    # Checksums read the blocks back from the device: the source blocks and
+    # the retrieve's copies digest alike, per chunk and per layer.
+    st, a = http_post(srv, "/cache/checksums",
+                      {"block_ids": [1, 2, 3, 4, 5, 6], "chunk_size": 2, "instance_id": 81})
+    assert st == 200, a
+    assert a["chunk_checksums"] == [blocks_md5(g, [1 + 2 * c, 2 + 2 * c], [0, 1])
+                                    for c in range(3)]
+    st, b = http_post(srv, "/cache/checksums",
+                      {"block_ids": dst, "chunk_size": 2, "instance_id": 81, "layerwise": True})
+    assert st == 200, b
+    assert b["chunk_checksums"] == {
+        f"layer_{l}": [blocks_md5(g, [1 + 2 * c, 2 + 2 * c], [l]) for c in range(3)]
+        for l in range(2)}
+    assert http_post(srv, "/cache/checksums", {"block_ids": [16], "chunk_size": 1,
+                                               "instance_id": 81})[0] == 400
     assert len(d.call(UNREG, 81)) == 2
     d.close()
     g.close()

@@ -47,6 +47,8 @@ import contextlib
 import ctypes
 import ctypes.util
 import faulthandler
+import hashlib
+import json
 import mmap
 import os
 import socket
@@ -54,6 +56,8 @@ import subprocess
 import sys
 import time
 import traceback
+import urllib.error
+import urllib.request
 
 import msgpack
 
@@ -441,6 +445,35 @@ def check(cond, what):
         raise AssertionError(what)
 
 
+def http_post_json(srv, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{srv.http_port}{path}",
+                                 data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def torch_checksums(torch, c, ids, per_chunk):
+    """Upstream's /cache/checksums digest: per chunk of ids, MD5 over every
+    layer's blocks gathered along the block axis, bf16 widened to fp32, in
+    row-major order."""
+    out = []
+    for i in range(0, len(ids), per_chunk):
+        h = hashlib.md5()
+        sel = torch.tensor(ids[i:i + per_chunk], device=c.layers[0].device)
+        for t in c.layers:
+            g = t.index_select(0 if c.fmt == "mla" else 1, sel)
+            if g.dtype == torch.bfloat16:
+                g = g.float()
+            g = g.contiguous().cpu()
+            h.update(ctypes.string_at(g.data_ptr(), g.numel() * g.element_size()))
+        out.append(h.hexdigest())
+    return out
+
+
 def run_case(torch, srv, fmt, instance, uuid, cs):
     c = Case(torch, fmt)
     model = f"gpu-{fmt}"
@@ -493,6 +526,14 @@ def run_case(torch, srv, fmt, instance, uuid, cs):
                   f"{fmt}: block {dst[i // c.nl]} layer {i % c.nl} differs from what "
                   f"block {src[i // c.nl]} held")
         d.call(END, rid)
+
+        # /cache/checksums reads the blocks back from the device: upstream's
+        # digest, computed here with torch from the same blocks.
+        st, body = http_post_json(srv, "/cache/checksums", {
+            "block_ids": dst, "chunk_size": bpc, "instance_id": instance})
+        check(st == 200, f"{fmt}: /cache/checksums answered {st}: {body}")
+        check(body["chunk_checksums"] == torch_checksums(torch, c, dst, bpc),
+              f"{fmt}: /cache/checksums differ from torch's digests of the blocks")
 
         # RETRIEVE two chunks skipping their first block (vLLM's prefix cache).
         hits, rid = lookup(srv, toks, 2 * cs, f"k-{fmt}", model, 2)
@@ -558,7 +599,8 @@ class Geo(ctypes.Structure):
 class KernelGroup(ctypes.Structure):
     _fields_ = [("geo", Geo), ("tensors", ctypes.POINTER(ctypes.c_uint32)),
                 ("n_tensors", ctypes.c_uint32), ("engine_group_id", ctypes.c_int64),
-                ("tokens_per_block", ctypes.c_uint32), ("sw_size_tokens", ctypes.c_int64),
+                ("tokens_per_block", ctypes.c_uint32), ("physical_per_engine", ctypes.c_uint32),
+                ("sw_size_tokens", ctypes.c_int64),
                 ("blocks_per_chunk", ctypes.c_uint32), ("keep_blocks", ctypes.c_uint32),
                 ("slots", ctypes.c_uint32), ("has_null_block", ctypes.c_bool),
                 ("null_block_id", ctypes.c_int64), ("object_group", ctypes.c_uint32),
@@ -594,6 +636,7 @@ class CudaOps(ctypes.Structure):
         ("record_event", ctypes.CFUNCTYPE(_i, _vp, _vp, _cp, _sz)),
         ("then", ctypes.CFUNCTYPE(_i, _vp, HOSTFN, _vp, _cp, _sz)),
         ("sync", ctypes.CFUNCTYPE(_i, _vp, _cp, _sz)),
+        ("read", ctypes.CFUNCTYPE(_i, _i, ctypes.c_uint64, _vp, ctypes.c_uint64, _cp, _sz)),
     ]
 
 
@@ -602,7 +645,7 @@ def load_plugin(path):
     entry = lib.lmc_cuda_transfer_ops
     entry.restype, entry.argtypes = ctypes.POINTER(CudaOps), []
     ops = entry().contents
-    check(ops.abi_version == 1, f"plugin ABI {ops.abi_version}, want 1")
+    check(ops.abi_version == 2, f"plugin ABI {ops.abi_version}, want 2")
     return lib, ops
 
 
@@ -699,7 +742,24 @@ class PGroup:
         kg.entry_offset = entry_offset
         kg.entry_bytes = self.kv * self.nl * kg.slots * self.nh * self.hs * self.es
         kg.sw_size_tokens = -1
+        kg.physical_per_engine = 1
         return kg
+
+
+def plugin_read(torch, ops):
+    """read(): device bytes at an offset into pageable host memory, the
+    /cache/checksums path."""
+    err = Err()
+    g = torch.Generator(device=DEV)
+    g.manual_seed(99)
+    dev = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8, device=DEV, generator=g)
+    host = bytearray(4099)
+    buf = (ctypes.c_char * len(host)).from_buffer(host)
+    rc = ops.read(0, dev.data_ptr() + 12345, ctypes.addressof(buf), len(host), err.buf, 512)
+    check(rc == 0, f"read: {err}")
+    want = dev[12345:12345 + len(host)].cpu()
+    check(bytes(host) == bytes(want.tolist()), "read: the bytes differ from the device's")
+    print("  plugin: read of 4099 device bytes at an odd offset: ok", flush=True)
 
 
 def plugin_case(torch, ops, name, groups, blocks, dst, skips):
@@ -821,6 +881,7 @@ def plugin_main(torch, args, uuid):
         if len(groups) == 1:
             plugin_case(torch, ops, name + " skip 3", groups, [B], [D], [3])
 
+    plugin_read(torch, ops)
     if DEV == "cpu":
         return
     # refusals: nothing enqueued, an error line, no abort
