@@ -381,6 +381,16 @@ def test_engine_blocks_split_into_physical_blocks(start_server):
     assert full.rows(dst, 2 * cs) == full.rows(src, 2 * cs)
     assert swa.rows(swa_dst[12:], 32) == swa.rows(swa_src[12:], 32)   # its last 32 tokens
     g.close()
+    # A negative null block: engine block -1 arrives as physical -2 and -1,
+    # both of which round down to -1.
+    neg = PagedKV("p4", "fa_nhd", nl=2, nb=40, bs=8, nh=2, hs=8)
+    n_info = dict(info(0, [0, 1], 16, p=2), null_block_id=-1)
+    h = Engine(s, 44, [neg], model="n", infos=[n_info])
+    before = status(s)["storage_manager"]["l1_manager"]["num_objects"]
+    assert h.store(toks, 0, 2 * cs, [src[:8] + physical([-1] * 4, 2)]) == [ZEROS, True]
+    assert status(s)["storage_manager"]["l1_manager"]["num_objects"] == before + 1
+    assert lookup(s, toks, "n", model="n", cs=cs) == 1
+    h.close()
 
 
 def test_a_window_group_needs_only_its_last_chunks(start_server):
