@@ -6,6 +6,7 @@ sliding-window group only its last chunks), and the objects are the very
 ones the server-driven path stores for the same model.  Also: every
 refusal of an inconsistent registration, with the server still serving."""
 import copy
+import functools
 import hashlib
 import json
 import mmap
@@ -16,6 +17,7 @@ import msgpack
 import pytest
 
 from test_server_driven import ZEROS, Engine, info, key, prompt, status, unpack
+from test_server_driven import lookup as sd_lookup
 from paged_kv import PagedKV
 
 ED_REG, ED_UNREG, PSTORE, CSTORE, PRETR, CRETR = 14, 15, 16, 17, 18, 19
@@ -156,15 +158,8 @@ class GroupWorker:
         self.d.close()
 
 
-def lookup(srv, tokens, rid, model="hy", world_size=1, readers=1):
-    d = srv.dealer()
-    end = len(tokens) // CS * CS
-    k = key(tokens, 0, end, rid, worker_id=None, world_size=world_size, model=model)
-    k["num_kv_readers"] = readers
-    assert d.call(LOOKUP, k, 1) is not None
-    hits = unpack(d.call(QUERY, rid))
-    d.close()
-    return hits
+# LOOKUP at this module's chunk size, its hybrid model by default.
+lookup = functools.partial(sd_lookup, model="hy", cs=CS)
 
 
 @pytest.fixture

@@ -110,10 +110,13 @@ class Engine:
             g.close()
 
 
-def lookup(srv, tokens, rid, model="m", cs=CS):
+def lookup(srv, tokens, rid, model="m", cs=CS, world_size=1, readers=1):
+    """LOOKUP of every whole chunk of tokens, then the hit count."""
     d = srv.dealer()
     end = len(tokens) // cs * cs
-    assert d.call(LOOKUP, key(tokens, 0, end, rid, worker_id=None, model=model), 1) is not None
+    k = key(tokens, 0, end, rid, worker_id=None, world_size=world_size, model=model)
+    k["num_kv_readers"] = readers
+    assert d.call(LOOKUP, k, 1) is not None
     hits = unpack(d.call(QUERY, rid))
     d.close()
     return hits
