@@ -6,7 +6,7 @@
  * flows (register, LOOKUP, PREPARE/COMMIT, queries) so mutations reach deep
  * into the handlers.
  *
- * Input: records [n_frames: 1 byte, 0..7][per frame: len: 2 bytes LE, bytes].
+ * Input: records [n_frames: 1 byte, 0..9][per frame: len: 2 bytes LE, bytes].
  * After each input a NOOP must still be answered within 5 s: a crash
  * aborts the process (ASan), a hang of the socket thread is a finding too. */
 #include <stdint.h>
@@ -20,7 +20,7 @@
 #include "embedded_server.h"
 
 #define MAX_MESSAGES 16
-#define MAX_FRAMES 7
+#define MAX_FRAMES 9   /* uid, op and REGISTER_KV_CACHE's seven arguments */
 #define SYNC_UID "\xcd\xfe\xed"   /* msgpack uint16 0xfeed: never a seed's uid */
 
 static fuzz_server *server;

@@ -109,6 +109,7 @@ def l2_specs():
 
 # fuzz_rpc: records [n_frames][len16 LE, bytes]...; frames are uid, op, payload.
 REG, UNREG, PSTORE, CSTORE, PRETR, CRETR = 14, 15, 16, 17, 18, 19
+SD_REG, SD_UNREG, SD_STORE = 1, 2, 6
 LOOKUP, QUERY, WAIT, HITS, FREE, END, CLEAR, GET_CS, PING, REPORT = 8, 9, 10, 11, 12, 13, 20, 21, 22, 23
 
 
@@ -154,6 +155,18 @@ def group_registration(instance_id):
     return p
 
 
+def sd_registration(instance_id, infos):
+    """REGISTER_KV_CACHE of two CPU shared-memory layers (segments that do
+    not exist: the plan is built, then mapping fails) with engine group
+    infos (docs/protocol.md, "Kernel groups and object groups")."""
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "pickles"))
+    import wrappers as w
+    handles = [msgpack.ExtType(1, w.dumps(w.cpu_shm(f"/lmcache_fuzz_missing_{i}",
+                                                      [2, 8, 8, 2, 8])))
+               for i in range(2)]
+    return [instance_id, handles, "sd", 1, "vllm", {"kv_layout": "NHD"}, infos]
+
+
 def rpc_flows():
     toks = list(range(100, 100 + 4 * CHUNK))
     sched = key(toks, 0, 4 * CHUNK, "q")
@@ -183,6 +196,16 @@ def rpc_flows():
                                   model="hy"), 11),
             message(6, CRETR, key(toks, 0, 4 * CHUNK, "g", worker_id=0, world_size=1,
                                   model="hy"), 11)],
+        "server_driven_split_blocks": [
+            message(1, SD_REG, *sd_registration(21, [
+                {"engine_group_id": 0, "layer_indices": [0, 1], "tokens_per_block": 16,
+                 "sw_size_tokens": -1, "physical_blocks_per_engine_block": 2,
+                 "null_block_id": -1}])),
+            message(2, SD_REG, *sd_registration(22, [
+                {"engine_group_id": 0, "layer_indices": [0, 1], "tokens_per_block": 16,
+                 "physical_blocks_per_engine_block": 3}])),
+            message(3, SD_STORE, w0, 21, [[2, 3, 4, 5]], b""),
+            message(4, SD_UNREG, 21)],
         "commit_without_prepare": [
             message(1, CSTORE, w0, 7, b""), message(2, CRETR, w0, 7),
             message(3, CSTORE, w0, 7, b"pickled")],
