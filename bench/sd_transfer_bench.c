@@ -553,6 +553,29 @@ static unsigned long long minor_faults(pid_t pid)
     return v;
 }
 
+/* The machine's CPU time so far, and the part of it a hypervisor gave
+ * other guests ("steal", /proc/stat): on a shared VM it is the noise
+ * behind a slow sitting, printed so that a reader can tell. */
+typedef struct {
+    unsigned long long steal, total;
+} cpu_ticks;
+
+static cpu_ticks machine_ticks(void)
+{
+    cpu_ticks t = {0, 0};
+    FILE *f = fopen("/proc/stat", "r");
+    unsigned long long v[8] = {0};
+    if (f && fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                    &v[3], &v[4], &v[5], &v[6], &v[7]) == 8) {
+        for (int i = 0; i < 8; i++)
+            t.total += v[i];
+        t.steal = v[7];
+    }
+    if (f)
+        fclose(f);
+    return t;
+}
+
 /* The server's HTTP port (start_server) and one of its server-driven
  * counters from /metrics (docs/metrics.md), read with curl; -1 if absent. */
 static int http_port(void)
@@ -633,10 +656,12 @@ static int bandwidth(worker *ws, size_t n_workers, size_t chunks, const copy_pai
     rc = rc || clear(&ws[0]) != 0;
     double before = best_copy(cp), pool_before = pool_copy(&ws[0], pool, pool_size, chunks);
     unsigned long long faults = minor_faults(server);
+    cpu_ticks t0 = machine_ticks();
     sd_counters c0 = server_counters();
     uint64_t seed = hnd * 2 + n_workers;
     rc = rc || rounds(ws, n_workers, per, 1, seed, toks, st, rt) != 0;
     faults = minor_faults(server) - faults;
+    cpu_ticks t1 = machine_ticks();
     sd_counters c1 = server_counters();
     rc = rc || clear(&ws[0]) != 0;
     double mid = best_copy(cp), base = (before + mid) / 2;
@@ -651,6 +676,10 @@ static int bandwidth(worker *ws, size_t n_workers, size_t chunks, const copy_pai
         print_rounds(what, st, rt, base);
         printf("    the server's minor page faults in the measured rounds: %llu (%.1f per "
                "chunk)\n", faults, (double)faults / (ROUNDS * 2.0 * per * n_workers));
+        if (t1.total > t0.total)
+            printf("    steal time in the measured rounds: %.1f %% of the machine's CPU time "
+                   "(the hypervisor running other guests)\n",
+                   100.0 * (double)(t1.steal - t0.steal) / (double)(t1.total - t0.total));
         if (c0.store_s >= 0 && c1.store_s > c0.store_s && c1.retrieve_s > c0.retrieve_s)
             printf("    inside the server (handler time, all rounds, /metrics): STORE %.2f GB/s "
                    "(%.2fx), RETRIEVE %.2f GB/s (%.2fx)\n",
