@@ -134,6 +134,22 @@ def test_store_and_retrieve_through_the_stream(srv, fmt, hint):
     g.close()
 
 
+def test_checksums_read_long_runs_in_pieces(srv):
+    """64 adjoining 32 KiB blocks per plane: more than one device read
+    holds (1 MiB), so the run is read in pieces, and digested alike."""
+    g = PagedKV("cuck", "fa_nhd", nl=1, nb=80, bs=16, nh=8, hs=128)
+    d = srv.dealer()
+    assert register(d, 85, g)
+    ids = list(range(3, 67))
+    st, a = http_post(srv, "/cache/checksums",
+                      {"block_ids": ids, "chunk_size": 64, "instance_id": 85})
+    assert st == 200, a
+    assert a["chunk_checksums"] == [blocks_md5(g, ids, [0])]
+    assert len(d.call(UNREG, 85)) == 2
+    d.close()
+    g.close()
+
+
 def test_failures_reply_with_a_recorded_event(srv):
     g = PagedKV("cufail", "fa_nhd", nl=2, nb=16, bs=16, nh=2, hs=8)
     d = srv.dealer()
