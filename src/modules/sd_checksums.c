@@ -210,7 +210,7 @@ static json_t *id_ranges(const int64_t *ids, size_t n)
 static json_t *checksums(const sd_mod *m, const sd_ctx *c, const cks_request *r,
                          unsigned *status, char *err, size_t errlen)
 {
-    uint64_t piece = 0;   /* the largest contiguous piece digest_layer reads */
+    uint64_t piece = 0;   /* the largest one-block piece digest_layer reads */
     for (uint32_t l = 0; l < c->n_tensors; l++) {
         uint32_t pos, kg;
         const lmc_kv_kernel_group *g = group_of(c, l, &pos, &kg);
