@@ -666,7 +666,7 @@ static int bandwidth(worker *ws, size_t n_workers, size_t chunks, const copy_pai
     rc = rc || clear(&ws[0]) != 0;
     double mid = best_copy(cp), base = (before + mid) / 2;
     double pool_base = (pool_before + pool_copy(&ws[0], pool, pool_size, chunks)) / 2;
-    bool piped = n_workers == 1 && rc == 0;
+    bool piped = rc == 0;
     if (piped)
         rc = rounds(ws, n_workers, per, 2, seed + 1000, toks, pst, prt) != 0;
     double piped_base = piped ? (mid + best_copy(cp)) / 2 : 0;
@@ -692,8 +692,8 @@ static int bandwidth(worker *ws, size_t n_workers, size_t chunks, const copy_pai
                    "(%.2fx the copy); STORE %.2fx, RETRIEVE %.2fx of it (best)\n", pool_base,
                    pool_base / base, st[ROUNDS - 1] / pool_base, rt[ROUNDS - 1] / pool_base);
         if (piped) {
-            snprintf(what, sizeof what, "%s, 1 worker(s), two requests in flight",
-                     hnd ? "HND" : "NHD");
+            snprintf(what, sizeof what, "%s, %zu worker(s), two requests in flight each",
+                     hnd ? "HND" : "NHD", n_workers);
             print_rounds(what, pst, prt, piped_base);
         }
     }
