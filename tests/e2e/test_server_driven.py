@@ -53,13 +53,17 @@ def prompt(seed, n_chunks=3, cs=CS):
     return [(seed * 7919 + i * 31) % 50000 for i in range(n_chunks * cs)]
 
 
-def wait_for_log(srv, text, timeout=5.0):
+def until(pred, timeout=5.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if text in srv.output():
+        if pred():
             return True
-        time.sleep(0.05)
-    return False
+        time.sleep(0.01)
+    return pred()
+
+
+def wait_for_log(srv, text, timeout=5.0):
+    return until(lambda: text in srv.output(), timeout)
 
 
 def status(srv):
@@ -637,6 +641,86 @@ def test_unregister_and_reap_release_everything(start_server, monkeypatch):
     assert lookup(s, toks, "r") == 0          # no worker left: no layout, no hits
     assert status(s)["storage_manager"]["l1_manager"]["num_objects"] == 1   # but it stays
     e.close(unregister=False)
+
+
+def plane_block(g, t, kv, b):
+    """Block b of plane kv of fa_nhd tensor t ([2, NB, BS, NH, HS]), whole."""
+    n = g.bs * g.nh * g.hs * g.item
+    off = g.tensors[t].offset([kv, b, 0, 0, 0])
+    return g.tensors[t].mm[off:off + n]
+
+
+@pytest.mark.parametrize("how", ["unregister", "reap"])
+def test_a_worker_gone_mid_store_still_lands_its_store(start_server, monkeypatch, how):
+    """The worker is unregistered, or reaped, while its STORE of 128 MiB is
+    copying: the request holds its own reference to the registration, so
+    its copy finishes and its chunks are published whole; the segments are
+    unmapped when it returns.  Each attempt knows whether the drop landed
+    mid-request (the UNREGISTER reply, or the reap in the log, while the
+    STORE reply is still outstanding); one of them must have.  A keeper of
+    the same layout stays registered, so LOOKUP can see what landed."""
+    cs, n = 256, 64                                   # 64 chunks of 2 MiB
+    # Reap mode: a worker that pinged is reaped 50 ms after its last sign
+    # of life (a STORE is one); the keeper, which never pings, after 100 s.
+    monkeypatch.setenv("LMCACHED_TEST_REAP_SCALE", "600" if how == "reap" else "1")
+    s = start_server("--chunk-size", str(cs), "--cpu-kv-layout", "hint", "--l1-size-gb", "1",
+                     "--worker-reap-timeout-seconds", "30",
+                     "--worker-registration-grace-seconds", "60000")
+    geometry = dict(nl=8, bs=16, nh=2, hs=128)
+    keeper = Engine(s, 99, [PagedKV("keep", "fa_nhd", nb=2, **geometry)])
+    g = PagedKV("mid", "fa_nhd", nb=1 + 2 * n * 16, **geometry)
+    src = list(range(1, 1 + n * 16))
+    d, other = s.dealer(), s.dealer()
+    mid, published = False, []
+    for attempt in range(4):
+        instance = 70 + attempt
+        assert d.call(REG, instance, g.handles(), "m", 1, "vllm", {"kv_layout": "NHD"}, [],
+                      timeout_ms=5000) is not None, s.output()
+        if how == "reap":
+            assert unpack(d.call(PING, instance)) is True
+        toks = prompt(40 + attempt, n_chunks=n, cs=cs)
+        d.send(STORE, key(toks, 0, n * cs, "s"), instance, [src], ZEROS)
+        drop = (f"reaped server-driven instance {instance}" if how == "reap"
+                else f"server-driven instance {instance} unregistered")
+        if how == "unregister":    # once the STORE holds its L1 reservations
+            until(lambda: d.sock.poll(0) or status(s)["storage_manager"]["l1_manager"]
+                  ["leases"]["write"]["outstanding"] > 0)
+            assert len(other.call(UNREG, instance)) == 2
+        deadline = time.monotonic() + 30
+        while not d.sock.poll(1) and time.monotonic() < deadline:
+            if drop in s.output():
+                mid = mid or not d.sock.poll(0)
+                break
+        reply = d.recv(timeout_ms=30000)
+        assert reply is not None, s.output()
+        ok = unpack(reply)[1]
+        assert wait_for_log(s, drop), s.output()
+        assert until(lambda: f"lmcache_kv_{os.getpid()}_mid_" not in
+                     open(f"/proc/{s.proc.pid}/maps").read())
+        leases = status(s)["storage_manager"]["l1_manager"]["leases"]
+        assert leases["write"]["outstanding"] == 0 and leases["copy"]["outstanding"] == 0
+        assert lookup(s, toks, f"p{attempt}", cs=cs) == (n if ok else 0)   # all or nothing
+        if ok:
+            published.append(toks)
+        if mid and ok:
+            break
+    assert mid and published, s.output()
+    # The bytes are whole: a new registration of the same segments reads
+    # the last published prompt back into other blocks.
+    e = Engine(s, 90, [g])
+    toks = published[-1]
+    dst = list(range(1 + n * 16, 1 + 2 * n * 16))
+    assert lookup(s, toks, "back", cs=cs) == n
+    assert e.retrieve(toks, 0, n * cs, [dst], "back") == [ZEROS, True]
+    for t in range(g.nl):
+        for kv in range(2):
+            for a, b in zip(src, dst):
+                assert plane_block(g, t, kv, a) == plane_block(g, t, kv, b), (t, kv, a)
+    assert other.call(NOOP)[2] == msgpack.packb("OK")
+    d.close()
+    other.close()
+    e.close()
+    keeper.close()
 
 
 # ---- refusals ------------------------------------------------------------

@@ -7,10 +7,8 @@ is lmcached's own code: registration of CudaIPCWrapper handles, copies
 enqueued per object, recorded events, and L1 publish and release from the
 stream's callbacks on the completion thread."""
 import hashlib
-import json
 import os
 import time
-import urllib.request
 
 import msgpack
 import pytest
@@ -18,7 +16,8 @@ import pytest
 from conftest import ROOT, Server
 from paged_kv import PagedKV
 from test_server_driven import (CS, LOOKUP, NOOP, QUERY, REG, RETRIEVE, STORE, UNREG,
-                                chunk_rows, http_post, key, prompt, unpack)
+                                chunk_rows, http_post, key, prompt, status, unpack,
+                                until)
 import wrappers as w
 
 EMUL = os.environ.get("LMCACHED_CUDA_EMUL", os.path.join(ROOT, "build", "libcuda_emul.so"))
@@ -47,20 +46,6 @@ def srv(monkeypatch):
     s = Server("--chunk-size", str(CS))
     yield s
     assert s.stop() == 0, s.output()
-
-
-def status(srv):
-    with urllib.request.urlopen(f"http://127.0.0.1:{srv.http_port}/status", timeout=5) as r:
-        return json.load(r)
-
-
-def until(pred, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return pred()
 
 
 def lookup(d, toks, rid, n):
