@@ -7,6 +7,7 @@ is lmcached's own code: registration of CudaIPCWrapper handles, copies
 enqueued per object, recorded events, and L1 publish and release from the
 stream's callbacks on the completion thread."""
 import hashlib
+import mmap
 import os
 import time
 
@@ -117,6 +118,115 @@ def test_store_and_retrieve_through_the_stream(srv, fmt, hint):
     assert len(d.call(UNREG, 81)) == 2
     d.close()
     g.close()
+
+
+class Carved:
+    """A tensor's window into the one segment: what PagedKV reads through."""
+
+    def __init__(self, mm, start):
+        self.mm, self.start = mm, start
+
+    def __getitem__(self, sl):
+        return self.mm[self.start + sl.start:self.start + sl.stop]
+
+    def close(self):
+        pass                                   # the segment is closed once, at the end
+
+
+class OneAllocation:
+    """g's tensors moved into one segment, as blocks of one cudaMalloc
+    segment: storage i starts at starts[i] (512-byte aligned, with a gap
+    after each), its tensor views[i] elements into it.  The gaps hold 0xA5."""
+
+    def __init__(self, g, views):
+        self.g, self.views, nbytes = g, views, g.tensors[0].nbytes
+        self.name = f"/lmcache_kv_{os.getpid()}_{g.tensors[0].name.split('_')[-2]}_all"
+        self.starts, at = [], 4096
+        for v in views:
+            self.starts.append(at)
+            at += (v * g.item + nbytes + 1023) // 512 * 512
+        fd = os.open("/dev/shm" + self.name, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o600)
+        os.ftruncate(fd, at)
+        self.big = mmap.mmap(fd, at)
+        os.close(fd)
+        self.big[:] = bytes([0xA5]) * at
+        data = [s + v * g.item for s, v in zip(self.starts, views)]
+        for t, d in zip(g.tensors, data):
+            self.big[d:d + nbytes] = t.mm[:]
+            t.mm.close()
+            t.mm = Carved(self.big, d)
+        self.gaps = list(zip([0] + [d + nbytes for d in data], data + [at]))
+        assert self.gaps_untouched()
+
+    def handle(self):
+        return self.name.encode().ljust(64, b"\0")
+
+    def gaps_untouched(self):
+        return all(self.big[a:b] == bytes([0xA5]) * (b - a) for a, b in self.gaps)
+
+    def close(self):
+        self.g.close()
+        self.big.close()
+        os.unlink("/dev/shm" + self.name)
+
+
+def round_trip_carved(srv, d, instance, one, handles, hints, engine="vllm"):
+    """REGISTER, STORE blocks 1-6, RETRIEVE into others: the rows agree,
+    and nothing outside the tensors changed.  The source and the
+    destination blocks."""
+    g = one.g
+    frames = d.call(REG, instance, handles, "m", 1, engine, hints, [])
+    assert frames is not None and len(frames) == 2, srv.output()
+    toks = prompt(instance)
+    src, dst = [1, 2, 3, 4, 5, 6], [13, 8, 9, 10, 11, 12]
+    assert unpack(d.call(STORE, key(toks, 0, 3 * CS, "s"), instance, [src], b""))[1]
+    assert until(lambda: lookup(d, toks, f"r{time.monotonic()}", 3) == 3)
+    assert lookup(d, toks, "r", 3) == 3
+    assert unpack(d.call(RETRIEVE, key(toks, 0, 3 * CS, "r"), instance, [dst], b"", 0))[1]
+    assert until(lambda: all(chunk_rows(g, dst, c) == chunk_rows(g, src, c) for c in range(3)))
+    assert one.gaps_untouched()
+    return src, dst
+
+
+def test_layers_carved_out_of_one_allocation(srv):
+    """As vLLM's caching allocator hands them out: every layer a block of
+    one cudaMalloc segment (one memory handle, the storage's offset in the
+    segment in the handle), one layer a view starting 40 elements into its
+    storage.  Each layer's blocks land where its own offsets say."""
+    g = PagedKV("cucarve", "fa_nhd", nl=3, nb=16, bs=16, nh=2, hs=8)
+    one = OneAllocation(g, [0, 40, 0])
+    handles = [msgpack.ExtType(1, w.dumps(w.cuda_ipc(
+        t.shape, t.stride, dtype=t.dtype, storage_bytes=v * g.item + t.nbytes,
+        offset_bytes=start, storage_offset=v, mem_handle=one.handle(), version=None,
+        event_sync=False, uuid="emul-0")))
+        for t, start, v in zip(g.tensors, one.starts, one.views)]
+    d = srv.dealer()
+    src, dst = round_trip_carved(srv, d, 86, one, handles, {"kv_layout": "NHD"})
+    st, a = http_post(srv, "/cache/checksums", {"block_ids": dst, "chunk_size": 2,
+                                                "instance_id": 86, "layerwise": True})
+    assert st == 200, a
+    assert a["chunk_checksums"] == {
+        f"layer_{l}": [blocks_md5(g, src[2 * c:2 * c + 2], [l]) for c in range(3)]
+        for l in range(3)}
+    assert len(d.call(UNREG, 86)) == 2
+    d.close()
+    one.close()
+
+
+def test_trtllm_pool_at_an_allocation_offset(srv):
+    """TRT-LLM's RawCudaIPCWrapper: the pool [NB, NL, 2, NH, BS, HS] starts
+    `_alloc_offset` bytes into the allocation its handle names."""
+    g = PagedKV("cutrt", "trt6", nl=3, nb=16, bs=16, nh=2, hs=8)
+    one = OneAllocation(g, [0])
+    t = g.tensors[0]
+    handles = [msgpack.ExtType(1, w.dumps(w.raw_cuda_ipc(
+        t.shape, t.stride, dtype=t.dtype, alloc_offset=one.starts[0],
+        mem_handle=one.handle(), uuid="emul-0")))]
+    d = srv.dealer()
+    round_trip_carved(srv, d, 87, one, handles, {"kv_layout": "HND"}, engine="trtllm")
+    assert len(d.call(UNREG, 87)) == 2
+    d.close()
+    one.close()
 
 
 def test_checksums_read_long_runs_in_pieces(srv):

@@ -77,13 +77,15 @@ def cuda_ipc(shape, stride, dtype="bfloat16", storage_bytes=None, offset_bytes=0
 
 
 def raw_cuda_ipc(shape, stride, dtype="float16", alloc_offset=4096,
-                 uuid="8a3c0b7e-1f2d-4c5b-9e6a-0123456789ab", module=CUDA_MODULE):
+                 uuid="8a3c0b7e-1f2d-4c5b-9e6a-0123456789ab", module=CUDA_MODULE,
+                 mem_handle=None):
     nbytes = 1
     for s in shape:
         nbytes *= s
     nbytes *= 2 if dtype in ("float16", "bfloat16") else 1
     return _new(module, "RawCudaIPCWrapper", [
-        ("_ipc_handle_reserved", bytes(range(64))), ("_alloc_offset", alloc_offset),
+        ("_ipc_handle_reserved", mem_handle if mem_handle is not None else bytes(range(64))),
+        ("_alloc_offset", alloc_offset),
         ("_nbytes", nbytes), ("handle", None), ("dtype", DTYPES[dtype]),
         ("shape", tuple(shape)), ("stride", tuple(stride)), ("storage_offset", 0),
         ("_opens", 0), ("device_uuid", uuid)])
