@@ -11,10 +11,11 @@ RUN_ARGS   ?= --l1-size-gb 1 --eviction-policy LRU
 DEB_BUILD := build-essential cmake pkg-config libzmq3-dev libmsgpack-dev \
 	libjansson-dev libmicrohttpd-dev libssl-dev libcurl4-openssl-dev libsqlite3-dev \
 	librust-blake3-dev libcmocka-dev
-# ...and what the tests and benchmarks start or drive (real servers, a browser).
+# ...and what the tests and benchmarks start or drive (real servers, a browser;
+# CPU torch for the GPU check's own plumbing, tests/gpu/README.md).
 DEB_TEST := python3 python3-zmq python3-msgpack python3-pytest \
-	python3-prometheus-client python3-websocket b3sum chromium redis-server \
-	redis-tools wrk
+	python3-prometheus-client python3-websocket python3-torch b3sum chromium \
+	redis-server redis-tools wrk
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

@@ -41,7 +41,10 @@ the GPU code, and its bench numbers mean nothing.
 --zmq-selftest runs without torch or a GPU: it checks the plugin's ctypes
 plumbing (its init then fails with CUDA's reason), the ctypes ZMQ client
 against the server (NOOP, LOOKUP, QUERY) and that a CUDA registration on a
-machine without a GPU is refused with a reason."""
+machine without a GPU is refused with a reason.
+
+--skip-without-gpu (ctest's gpu.cuda_ipc): where torch is missing or sees
+no CUDA device, say why and exit 77, which ctest reports as skipped."""
 import argparse
 import contextlib
 import ctypes
@@ -1325,6 +1328,20 @@ def bench_main(eng, z, args):
     print(f"bench: {time.monotonic() - t_start:.1f} s", flush=True)
 
 
+SKIPPED = 77                   # ctest's SKIP_RETURN_CODE for gpu.cuda_ipc
+
+
+def no_gpu_reason():
+    """Why the GPU phases cannot run here, or None when they can."""
+    try:
+        torch = real_torch()
+    except ImportError as e:
+        return f"no torch ({e})"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA device"
+    return None
+
+
 def gpu_main(args, z):
     torch = real_torch()
     check(torch.cuda.is_available(), "torch sees no CUDA device")
@@ -1455,8 +1472,15 @@ def main():
     ap.add_argument("--emul", metavar="LIB",
                     help="no GPU: the plugin phase on the CPU against a stand-in library "
                          "(libcuda_emul.so), to check this script")
+    ap.add_argument("--skip-without-gpu", action="store_true",
+                    help="exit 77 (skipped) with the reason where torch sees no CUDA device")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
+    if args.skip_without_gpu and not (args.emul or args.zmq_selftest):
+        why = no_gpu_reason()
+        if why:
+            print(f"SKIP: {why}: the CUDA IPC check needs a GPU (tests/gpu/README.md)")
+            return SKIPPED
     if args.bench:
         args.phases = ["bench"]
     elif args.no_bench:
