@@ -252,7 +252,7 @@ def test_corrupt_and_truncated_files_are_misses(tmp_path):
         assert ad["cached_loads"] == 8     # every key of the prompt loads at once
         wait_metric(srv, 'lmcache_mp_l2_prefetch_failure_total{reason="not_found",'
                          'model_name="m"}', 1)
-        # The same from the disk: the pool hashes beside the reads.
+        # The same from the disk.
         f2 = file_of(tmp_path, 1, toks, 2)
         with open(f2, "r+b") as fh:
             fh.seek(200)
@@ -266,11 +266,13 @@ def test_corrupt_and_truncated_files_are_misses(tmp_path):
         assert lookup_wait(sched, toks, "d") == 2
         for w in ws:
             assert w.retrieve(toks, 0, 32, "d") == [chunk_bytes(w.rank, toks, c) for c in range(2)]
+        # Dropped from the cache; how many are cached again by the time they
+        # load varies (a RWF_NOWAIT read that finds nothing starts
+        # readahead; seen: 0 to 8 of 8), so the pooled path is pinned down
+        # with O_DIRECT in tests/unit/storage_l2/test_l2_adapters.c instead.
+        # Caught either way:
         ad = status(srv)["l2_adapters"][0]
         assert ad["corrupt_files_detected"] == 3   # f3 again, and f2
-        # Dropped from the cache, these go to the disk through the pool (all
-        # of them here; a slow sanitizer build has seen a few cached again).
-        assert ad["cached_loads"] < 8 + 8
         # Truncated: a miss from the lookup on.
         f1 = file_of(tmp_path, 1, toks, 1)
         with open(f1, "r+b") as fh:

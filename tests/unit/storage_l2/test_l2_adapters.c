@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
@@ -441,8 +442,10 @@ static void test_fs_without_xattrs(void **state)
     lmc_l2_adapter_close(a);
 }
 
-/* Several checksum pieces (512 KiB each, l2_fs.c) and an odd tail. */
+/* Several checksum pieces (512 KiB each, l2_fs.c) and an odd tail; with
+ * O_DIRECT, an aligned tail. */
 #define BIG (3u * (512u << 10) + 1000u)
+#define BIG_DIRECT (3u * (512u << 10) + 4096u)
 
 static void big_task(lmc_l2_adapter *a, lmc_l2_op op, fx *f, const uint64_t *offs,
                      const uint64_t *sizes, uint8_t *ok)
@@ -455,29 +458,31 @@ static void big_task(lmc_l2_adapter *a, lmc_l2_op op, fx *f, const uint64_t *off
     if (op == LMC_L2_OP_STORE) {
         while (!lmc_l2_adapter_pop_completed_store(a, &got, &result))
             wait_fd(lmc_l2_adapter_event_fd(a, op));
-        assert_int_equal(result, (int64_t)N * BIG);
+        assert_int_equal(result, (int64_t)(N * sizes[0]));
     } else {
         while (!lmc_l2_adapter_query_load(a, id, ok))
             wait_fd(lmc_l2_adapter_event_fd(a, op));
     }
 }
 
-/* Issue 18: a byte flipped in the middle of a multi-piece object is a miss
- * while the loads of the other chunks run beside it on every worker (the
- * checksum is verified while each is read), and the others load intact. */
-static void test_fs_mid_object_corruption_parallel(void **state)
+/* A byte flipped in the middle of object 2 of N objects of `size` bytes is
+ * a miss while the loads of the others run beside it on every worker, and
+ * the others load intact.  With `direct` every file is read with O_DIRECT,
+ * so none comes from the page cache: the pool hashes beside the reads. */
+static void mid_object_corruption(fx *f, uint64_t size, bool direct)
 {
-    fx *f = *state;
     char err[256];
-    uint8_t *arena = malloc(2 * N * (size_t)BIG), ok[N];
+    uint8_t *arena = aligned_alloc(4096, 2 * N * (size_t)size), ok[N];
     uint64_t src[N], dst[N], sizes[N];
+    assert_non_null(arena);
     for (size_t i = 0; i < N; i++) {
-        src[i] = i * BIG, dst[i] = (N + i) * BIG, sizes[i] = BIG;
-        for (size_t b = 0; b < BIG; b++)
+        src[i] = i * size, dst[i] = (N + i) * size, sizes[i] = size;
+        for (size_t b = 0; b < size; b++)
             arena[src[i] + b] = (uint8_t)(b * 13 + i + b / 4096);
     }
-    memset(arena + N * BIG, 0, N * (size_t)BIG);
-    lmc_l2_fs_options o = {.base_path = f->dir, .verify_checksum = true, .hash_threads = 2};
+    memset(arena + N * size, 0, N * (size_t)size);
+    lmc_l2_fs_options o = {.base_path = f->dir, .verify_checksum = true, .hash_threads = 2,
+                           .use_odirect = direct};
     gate *g;
     lmc_l2_backend *fs = lmc_l2_fs_new(&o, err, sizeof err);
     assert_non_null(fs);
@@ -485,17 +490,62 @@ static void test_fs_mid_object_corruption_parallel(void **state)
     big_task(a, LMC_L2_OP_STORE, f, src, sizes, NULL);
     assert_int_equal(getxattr(path_of(f, 2, ""), XATTR, err, sizeof err), 64);
     FILE *fp = fopen(path_of(f, 2, ""), "r+b");
-    fseek(fp, BIG / 2, SEEK_SET);   /* in the second piece */
-    fputc(0x5A ^ arena[src[2] + BIG / 2], fp);
+    fseek(fp, (long)size / 2, SEEK_SET);   /* in the second piece */
+    fputc(0x5A ^ arena[src[2] + size / 2], fp);
     fclose(fp);
     big_task(a, LMC_L2_OP_LOAD, f, dst, sizes, ok);
     assert_memory_equal(ok, ((uint8_t[]){1, 1, 0, 1}), N);
     for (size_t i = 0; i < N; i++)
-        assert_true(i == 2 || memcmp(arena + src[i], arena + dst[i], BIG) == 0);
+        assert_true(i == 2 || memcmp(arena + src[i], arena + dst[i], size) == 0);
     assert_int_equal(fs_counter(a, "corrupt_files_detected"), 1);
+    if (direct)
+        assert_int_equal(fs_counter(a, "cached_loads"), 0);
     assert_int_equal(gate_max_inside(g), N);
     lmc_l2_adapter_close(a);
     free(arena);
+}
+
+/* Issue 18: a byte flipped in the middle of a multi-piece object is a miss
+ * (the checksum is verified while each is read). */
+static void test_fs_mid_object_corruption_parallel(void **state)
+{
+    mid_object_corruption(*state, BIG, false);
+}
+
+/* Whether dir's filesystem takes O_DIRECT (tmpfs does not); dir is made. */
+static bool direct_io_works(const char *dir)
+{
+    char p[1100];
+    snprintf(p, sizeof p, "%s/direct-probe", dir);
+    mkdir(dir, 0755);
+    int fd = open(p, O_CREAT | O_WRONLY | O_DIRECT, 0600);
+    if (fd >= 0) {
+        close(fd);
+        unlink(p);
+    }
+    return fd >= 0;
+}
+
+/* The same read from the disk, deterministically: a page-cache read
+ * cannot stand in for it here.  The scratch directory moves to /var/tmp or
+ * the working directory (ctest's: the build tree) where /tmp is a tmpfs. */
+static void test_fs_mid_object_corruption_direct(void **state)
+{
+    fx *f = *state;
+    const char *where[] = {"/var/tmp", "."};
+    bool works = direct_io_works(f->dir);
+    for (size_t i = 0; !works && i < sizeof where / sizeof where[0]; i++) {
+        scratch_dir_remove(f->dir);
+        snprintf(f->dir, sizeof f->dir, "%s/lmc-l2-direct-%ld", where[i], (long)getpid());
+        works = direct_io_works(f->dir);
+    }
+    if (!works) {
+        const char *ci = getenv("CI");
+        if (ci && strcmp(ci, "true") == 0)
+            fail_msg("no scratch directory takes O_DIRECT, and CI=true requires this test");
+        skip();
+    }
+    mid_object_corruption(f, BIG_DIRECT, true);
 }
 
 static void test_fault_inject(void **state)
@@ -635,6 +685,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fs_sidecar_still_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fs_without_xattrs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fs_mid_object_corruption_parallel, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_fs_mid_object_corruption_direct, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_fault_inject, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fault_inject_seeded, setup, teardown),
