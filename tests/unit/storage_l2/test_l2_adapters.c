@@ -472,7 +472,8 @@ static void big_task(lmc_l2_adapter *a, lmc_l2_op op, fx *f, const uint64_t *off
 static void mid_object_corruption(fx *f, uint64_t size, bool direct)
 {
     char err[256];
-    uint8_t *arena = aligned_alloc(4096, 2 * N * (size_t)size), ok[N];
+    size_t bytes = (2 * N * (size_t)size + 4095) / 4096 * 4096;   /* C17 7.22.3.1 */
+    uint8_t *arena = aligned_alloc(4096, bytes), ok[N];
     uint64_t src[N], dst[N], sizes[N];
     assert_non_null(arena);
     for (size_t i = 0; i < N; i++) {
