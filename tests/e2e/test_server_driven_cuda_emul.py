@@ -72,6 +72,12 @@ def blocks_md5(g, blocks, layers):
     return h.hexdigest()
 
 
+def copies_settled(srv):
+    """Every copy's lease is back: the stream has passed them all."""
+    leases = status(srv)["storage_manager"]["l1_manager"]["leases"]
+    return leases["copy"]["outstanding"] == 0 and leases["write"]["outstanding"] == 0
+
+
 def register(d, instance, g, hint="NHD"):
     frames = d.call(REG, instance, cuda_handles(g), "m", 1, "vllm", {"kv_layout": hint}, [])
     return frames is not None and len(frames) == 2
@@ -96,10 +102,8 @@ def test_store_and_retrieve_through_the_stream(srv, fmt, hint):
     assert until(lambda: all(chunk_rows(g, dst, c) == chunk_rows(g, list(range(1, 7)), c)
                              for c in range(3)))
     # The read shares go back after the copies: the books settle.
-    def settled():
-        leases = status(srv)["storage_manager"]["l1_manager"]["leases"]
-        return leases["copy"]["outstanding"] == 0 and leases["write"]["outstanding"] == 0
-    assert until(settled), status(srv)["storage_manager"]["l1_manager"]["leases"]
+    assert until(lambda: copies_settled(srv)), \
+        status(srv)["storage_manager"]["l1_manager"]["leases"]
     # Checksums read the blocks back from the device: the source blocks and
     # the retrieve's copies digest alike, per chunk and per layer.
     st, a = http_post(srv, "/cache/checksums",
@@ -183,7 +187,8 @@ def round_trip_carved(srv, d, instance, one, handles, hints, engine="vllm"):
     assert until(lambda: lookup(d, toks, f"r{time.monotonic()}", 3) == 3)
     assert lookup(d, toks, "r", 3) == 3
     assert unpack(d.call(RETRIEVE, key(toks, 0, 3 * CS, "r"), instance, [dst], b"", 0))[1]
-    assert until(lambda: all(chunk_rows(g, dst, c) == chunk_rows(g, src, c) for c in range(3)))
+    assert until(lambda: copies_settled(srv))
+    assert all(chunk_rows(g, dst, c) == chunk_rows(g, src, c) for c in range(3))
     assert one.gaps_untouched()
     return src, dst
 
