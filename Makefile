@@ -12,10 +12,12 @@ DEB_BUILD := build-essential cmake pkg-config libzmq3-dev libmsgpack-dev \
 	libjansson-dev libmicrohttpd-dev libssl-dev libcurl4-openssl-dev libsqlite3-dev \
 	librust-blake3-dev libcmocka-dev
 # ...and what the tests and benchmarks start or drive (real servers, a browser;
-# CPU torch for the GPU check's own plumbing, tests/gpu/README.md).
-DEB_TEST := python3 python3-zmq python3-msgpack python3-pytest \
-	python3-prometheus-client python3-websocket python3-torch b3sum chromium \
-	redis-server redis-tools wrk
+# CPU torch for the GPU check's own plumbing, tests/gpu/README.md, and for
+# upstream's clients, tests/upstream/README.md; python3-venv for the
+# environment of the tests' PyPI packages, below).
+DEB_TEST := python3 python3-zmq python3-msgpack python3-pytest python3-attr \
+	python3-prometheus-client python3-websocket python3-torch python3-numba \
+	python3-venv b3sum chromium redis-server redis-tools wrk
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -39,25 +41,22 @@ endef
 deps:
 	$(call install_missing,$(DEB_BUILD))
 
-# The local S3 server the tests start (tests/s3server/README.md): s3rver,
-# pinned with its lockfile in tests/s3server/, installed with npm into the
-# git-ignored build-tools/s3rver/.  Debian 12 has no S3 server package but
-# has npm; npm comes from Debian only when the machine has no npm at all.
-S3RVER_DIR := build-tools/s3rver
+# The tests' PyPI packages (tests/requirements.txt: moto_server, the S3 server
+# of the L2 tests, and upstream LMCache, the partner of tests/upstream/), pinned
+# with their hashes, in the git-ignored virtual environment build-tools/venv.
+# Debian's site packages stay visible there (torch, numba, zmq, pytest).  It is
+# rebuilt only when the requirements change, and silent otherwise.
+TEST_VENV := build-tools/venv
 
 deps-test: deps
 	$(call install_missing,$(DEB_TEST))
-	@command -v npm >/dev/null 2>&1 || { \
-	  echo "Installing Debian packages: nodejs npm"; \
-	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nodejs npm >/dev/null; }
-	@if [ ! -x $(S3RVER_DIR)/node_modules/.bin/s3rver ] || \
-	    ! cmp -s tests/s3server/package-lock.json $(S3RVER_DIR)/package-lock.json; then \
-	  echo "Installing s3rver (tests/s3server) into $(S3RVER_DIR)"; \
-	  rm -rf $(S3RVER_DIR) && mkdir -p $(S3RVER_DIR) && \
-	  cp tests/s3server/package.json tests/s3server/package-lock.json $(S3RVER_DIR)/ && \
-	  npm ci --prefix $(S3RVER_DIR) --ignore-scripts --no-audit --no-fund --loglevel=error \
-	    >/dev/null; \
+	@if ! cmp -s tests/requirements.txt $(TEST_VENV)/requirements.txt; then \
+	  echo "Installing the tests' PyPI packages (tests/requirements.txt) into $(TEST_VENV)"; \
+	  rm -rf $(TEST_VENV) && \
+	  /usr/bin/python3 -m venv --system-site-packages $(TEST_VENV) && \
+	  $(TEST_VENV)/bin/pip install -q --disable-pip-version-check --no-deps \
+	    --require-hashes --only-binary :all: -r tests/requirements.txt && \
+	  cp tests/requirements.txt $(TEST_VENV)/requirements.txt; \
 	fi
 
 $(BUILD_DIR)/CMakeCache.txt: | deps

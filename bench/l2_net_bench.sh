@@ -3,10 +3,10 @@
 #
 #   bench/l2_net_bench.sh [REPS] [L2_BENCH ...]
 #
-# Starts redis-server and s3rver (build-tools/s3rver, `make deps-test`) on
+# Starts redis-server and moto_server (build-tools/venv, `make deps-test`) on
 # free ports, then runs each l2_bench binary given (default build/l2_bench;
 # give a build of another commit too to compare) REPS times (default 3),
-# the binaries in turn, once against Redis and once against s3rver.  Each
+# the binaries in turn, once against Redis and once against moto_server.  Each
 # run stores and loads one 32k-token prompt (128 chunks of 2 MiB) right
 # after its baseline moves the same bytes to the same server:
 #   resp: redis-benchmark SET / GET, 2 MiB values, 128 requests on 8
@@ -21,7 +21,7 @@
 #   s3:   curl --parallel PUT / GET of 128 objects of 2 MiB, 4 at a time =
 #         the adapter's 4 workers, SigV4-signed by curl (objects of the
 #         same size as lmcached's, named curl-<i>).
-# Ratio = lmcached speed / baseline speed.  Both talk to s3rver directly
+# Ratio = lmcached speed / baseline speed.  Both talk to moto_server directly
 # (no signature-checking proxy, tests/s3server/README.md).
 set -euo pipefail
 
@@ -67,16 +67,13 @@ rcli="redis-cli -p $rport"
 prepare="$rcli -n 1 flushdb >/dev/null && $rcli --scan --pattern 'bench@*' | xargs -r -n 64 $rcli del >/dev/null && $rcli memory purge >/dev/null"
 resp_json="{\"type\":\"resp\",\"host\":\"127.0.0.1\",\"port\":$rport,\"num_workers\":8}"
 
-# s3rver, with the bucket and curl's objects.
+# moto_server (S3 in memory), with the bucket and curl's objects.
 sport=$(free_port)
-mkdir "$work/s3"
-NODE_OPTIONS=--openssl-legacy-provider "$root/build-tools/s3rver/node_modules/.bin/s3rver" \
-    -d "$work/s3" -a 127.0.0.1 -p "$sport" --silent >/dev/null 2>&1 &
+"$root/build-tools/venv/bin/moto_server" -H 127.0.0.1 -p "$sport" >/dev/null 2>&1 &
 s3_pid=$!
 url="http://127.0.0.1:$sport/lmcache"
-# s3rver wants x-amz-content-sha256; lmcached sends UNSIGNED-PAYLOAD and no
-# "Expect: 100-continue" either.
-sig=(--aws-sigv4 aws:amz:us-east-1:s3 -u S3RVER:S3RVER -H "x-amz-content-sha256: UNSIGNED-PAYLOAD"
+# lmcached sends UNSIGNED-PAYLOAD and no "Expect: 100-continue"; curl the same.
+sig=(--aws-sigv4 aws:amz:us-east-1:s3 -u bench:bench -H "x-amz-content-sha256: UNSIGNED-PAYLOAD"
     -H "Expect:")
 until curl -s -o /dev/null "http://127.0.0.1:$sport/"; do sleep 0.2; done
 curl -sf -o /dev/null "${sig[@]}" -X PUT "$url"
@@ -86,10 +83,10 @@ done >"$work/put.cfg"
 for i in $(seq 0 $((chunks - 1))); do
     printf 'url = "%s/curl-%d"\noutput = "/dev/null"\n' "$url" "$i"
 done >"$work/get.cfg"
-curl_cmd="curl -sf --no-progress-meter -Z --parallel-max 4 --aws-sigv4 aws:amz:us-east-1:s3 -u S3RVER:S3RVER"
+curl_cmd="curl -sf --no-progress-meter -Z --parallel-max 4 --aws-sigv4 aws:amz:us-east-1:s3 -u bench:bench"
 curl_cmd+=" -H 'x-amz-content-sha256: UNSIGNED-PAYLOAD' -H 'Expect:'"
 s3_json="{\"type\":\"s3\",\"s3_endpoint\":\"lmcache.127.0.0.1:$sport\",\"disable_tls\":true,"
-s3_json+="\"aws_access_key_id\":\"S3RVER\",\"aws_secret_access_key\":\"S3RVER\",\"num_workers\":4}"
+s3_json+="\"aws_access_key_id\":\"bench\",\"aws_secret_access_key\":\"bench\",\"num_workers\":4}"
 
 for r in $(seq 1 "$reps"); do
     for b in "${benches[@]}"; do

@@ -4,10 +4,10 @@ of lmcached over the same store, a Redis outage that degrades to L1-only and
 recovers without restarting lmcached, and (issue 17) usage accounting and L2
 eviction against the real stores.
 
-The S3 endpoint is s3rver as `make deps-test` installs it
-(build-tools/s3rver/, tests/s3server/README.md), else moto_server, behind
-a proxy that verifies SigV4 signatures.  A missing server fails the test
-under CI=true and skips it elsewhere."""
+The S3 endpoint is moto_server as `make deps-test` installs it
+(build-tools/venv/, tests/s3server/README.md), behind a proxy that
+verifies SigV4 signatures.  A missing server fails the test under CI=true
+and skips it elsewhere."""
 import datetime
 import hashlib
 import hmac
@@ -30,8 +30,8 @@ from conftest import ROOT, Server, free_port
 from test_l2_fs import close_all, lookup_wait, status, store_all
 from test_lookup_engine_driven import CLEAR, CS, OBJ, Worker, chunk_bytes, prompt
 
-S3RVER = os.environ.get("LMC_S3RVER",
-                        os.path.join(ROOT, "build-tools", "s3rver", "node_modules", ".bin", "s3rver"))
+MOTO_SERVER = os.environ.get("LMC_MOTO_SERVER",
+                             os.path.join(ROOT, "build-tools", "venv", "bin", "moto_server"))
 BUCKET = "lmcache"
 
 
@@ -81,28 +81,19 @@ def redis_port():
 
 
 class S3Server:
-    """s3rver (its own data directory, its default credentials) or
-    moto_server on a free port, behind tests/s3server/sigv4_proxy.py, which
-    verifies every request's SigV4 signature (neither server does)."""
+    """moto_server on a free port (S3 in memory), behind
+    tests/s3server/sigv4_proxy.py, which verifies every request's SigV4
+    signature (moto does not)."""
 
     def __init__(self):
         upstream = free_port()
-        self.dir = None
-        if os.access(S3RVER, os.X_OK):
-            self.dir = tempfile.mkdtemp(prefix="lmc-s3rver-")
-            args = [S3RVER, "-d", self.dir, "-a", "127.0.0.1", "-p", str(upstream), "--silent"]
-            self.access = self.secret = "S3RVER"
-        elif shutil.which("moto_server"):
-            args = ["moto_server", "-H", "127.0.0.1", "-p", str(upstream)]
-            self.access = self.secret = "test"
-        else:
-            missing("an S3 server (s3rver or moto_server)")
-        # s3rver's continuation tokens use DES, which OpenSSL 3 keeps in its
-        # legacy provider (tests/s3server/README.md).
-        env = dict(os.environ, NODE_OPTIONS="--openssl-legacy-provider")
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     env=env)
-        wait_port(upstream, self.proc, timeout=60)  # node starts slowly on a busy machine
+        if not os.access(MOTO_SERVER, os.X_OK):
+            missing(f"an S3 server ({MOTO_SERVER})")
+        # moto takes any credentials; the proxy holds lmcached to these.
+        self.access, self.secret = "lmc-test-key", "lmc-test-secret"
+        self.proc = subprocess.Popen([MOTO_SERVER, "-H", "127.0.0.1", "-p", str(upstream)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(upstream, self.proc, timeout=60)
         self.port = free_port()
         self.proxy = subprocess.Popen(
             [sys.executable, os.path.join(ROOT, "tests", "s3server", "sigv4_proxy.py"),
@@ -157,8 +148,6 @@ class S3Server:
         for p in (self.proxy, self.proc):
             p.terminate()
             p.wait()
-        if self.dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -1,8 +1,7 @@
 """A front for the tests' S3 server that verifies AWS Signature Version 4.
 
-s3rver 3.7.1 checks that the Authorization header is well formed and names
-a known access key, but never recomputes a V4 signature (and moto_server
-does not check one by default).  The tests put this proxy in front of it:
+moto_server accepts any access key and never recomputes a V4 signature.
+The tests put this proxy in front of it:
 every request is verified the way S3 verifies it (canonical request from
 the received method, path, query, signed headers and x-amz-content-sha256;
 string to sign over the credential scope; HMAC chain from the secret) and

@@ -1,9 +1,9 @@
 /* The s3 backend: SigV4 against AWS's published examples, and real round
  * trips and usage accounting (issue 17) against a local S3 endpoint
- * started here: s3rver as `make deps-test` installs it
- * (build-tools/s3rver/), else moto_server, behind a proxy that verifies
- * SigV4 signatures (tests/s3server/sigv4_proxy.py).  With neither server,
- * these tests fail under CI=true and are skipped elsewhere.  Issue 18: the
+ * started here: moto_server as `make deps-test` installs it
+ * (build-tools/venv/), behind a proxy that verifies SigV4 signatures
+ * (tests/s3server/sigv4_proxy.py).  Without it, these tests fail under
+ * CI=true and are skipped elsewhere.  Issue 18: the
  * parts of one adapter task run in parallel. */
 #include <setjmp.h>
 #include <signal.h>
@@ -76,7 +76,7 @@ static void test_uri_encoding(void **state)
 
 typedef struct {
     pid_t pid, proxy;
-    char endpoint[64], dir[64];    /* endpoint: the SigV4-checking proxy's */
+    char endpoint[64];             /* the SigV4-checking proxy's */
     const char *access, *secret;   /* credentials the server accepts */
 } s3_server;
 
@@ -91,15 +91,16 @@ static bool repo_file(const char *rel, char *out, size_t cap)
     return access(out, R_OK) == 0;
 }
 
-static bool s3rver_path(char *out, size_t cap)
+/* moto_server as `make deps-test` installs it (build-tools/venv/), or
+ * what LMC_MOTO_SERVER names. */
+static bool moto_server_path(char *out, size_t cap)
 {
-    const char *env = getenv("LMC_S3RVER");
+    const char *env = getenv("LMC_MOTO_SERVER");
     if (env && *env) {
         snprintf(out, cap, "%s", env);
         return access(out, X_OK) == 0;
     }
-    return repo_file("build-tools/s3rver/node_modules/.bin/s3rver", out, cap) &&
-           access(out, X_OK) == 0;
+    return repo_file("build-tools/venv/bin/moto_server", out, cap) && access(out, X_OK) == 0;
 }
 
 static bool wait_http(int port, pid_t pid)
@@ -128,9 +129,6 @@ static pid_t spawn(const char *const *argv)
     if (pid == 0) {
         freopen("/dev/null", "w", stdout);
         freopen("/dev/null", "w", stderr);
-        /* s3rver's continuation tokens use DES, which OpenSSL 3 keeps in its
-         * legacy provider (tests/s3server/README.md). */
-        setenv("NODE_OPTIONS", "--openssl-legacy-provider", 1);
         execvp(argv[0], (char *const *)argv);
         _exit(127);
     }
@@ -138,7 +136,7 @@ static pid_t spawn(const char *const *argv)
 }
 
 /* tests/s3server/sigv4_proxy.py in front of the server on `upstream`:
- * neither s3rver nor moto_server verifies SigV4 signatures. */
+ * moto_server does not verify SigV4 signatures. */
 static void start_proxy(s3_server *s, int upstream)
 {
     char proxy[1024], port[16], up[16];
@@ -152,28 +150,20 @@ static void start_proxy(s3_server *s, int upstream)
     assert_true(s->proxy > 0 && wait_http(p, s->proxy));
 }
 
-/* Starts s3rver (own data directory, default credentials S3RVER/S3RVER),
- * else moto_server, behind the proxy; false when neither is installed. */
+/* Starts moto_server (S3 in memory; it takes any credentials, the proxy
+ * holds lmcached to these) behind the proxy; false when it is not
+ * installed. */
 static bool start_s3(s3_server *s)
 {
-    char s3rver[1024], port[16];
+    char moto[1024], port[16];
     int p = pick_ports(1, false);
     snprintf(port, sizeof port, "%d", p);
-    s->dir[0] = '\0';
-    if (s3rver_path(s3rver, sizeof s3rver)) {
-        snprintf(s->dir, sizeof s->dir, "/tmp/lmc-s3rver-XXXXXX");
-        assert_non_null(mkdtemp(s->dir));
-        const char *argv[] = {s3rver, "-d", s->dir, "-a", "127.0.0.1", "-p", port, "--silent",
-                              NULL};
-        s->access = s->secret = "S3RVER";
-        s->pid = spawn(argv);
-    } else if (system("command -v moto_server >/dev/null") == 0) {
-        const char *argv[] = {"moto_server", "-H", "127.0.0.1", "-p", port, NULL};
-        s->access = s->secret = "test";
-        s->pid = spawn(argv);
-    } else {
+    if (!moto_server_path(moto, sizeof moto))
         return false;
-    }
+    const char *argv[] = {moto, "-H", "127.0.0.1", "-p", port, NULL};
+    s->access = "lmc-test-key";
+    s->secret = "lmc-test-secret";
+    s->pid = spawn(argv);
     assert_true(s->pid > 0 && wait_http(p, s->pid));
     start_proxy(s, p);
     return true;
@@ -198,12 +188,6 @@ static int server_teardown(void **state)
             waitpid(pids[i], NULL, 0);
         }
     }
-    if (s->dir[0]) {
-        char cmd[128];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", s->dir);
-        if (system(cmd) != 0)
-            fprintf(stderr, "could not remove %s\n", s->dir);
-    }
     free(s);
     return 0;
 }
@@ -214,7 +198,7 @@ static int server_teardown(void **state)
         if (!start_s3(s)) {                                                                 \
             const char *ci = getenv("CI");                                                  \
             if (ci && strcmp(ci, "true") == 0)                                              \
-                fail_msg("no S3 server: run `make deps-test` (installs s3rver)");           \
+                fail_msg("no S3 server: run `make deps-test` (installs moto_server)");      \
             skip();                                                                         \
         }                                                                                   \
     } while (0)
