@@ -1,7 +1,8 @@
 /* Fuzz target: the whitelisting pickle reader and the tensor-wrapper
- * decoder of REGISTER_KV_CACHE (src/rpc/pickle.c, src/modules/shared_tensor.c)
- * on arbitrary bytes.  Whatever it accepts must be a wrapper this server
- * can use: a known dtype, 1..8 dimensions, a tensor inside its memory. */
+ * decoder of REGISTER_KV_CACHE, pickles and msgpack descriptors alike
+ * (src/rpc/pickle.c, src/modules/shared_tensor.c), on arbitrary bytes.
+ * Whatever it accepts must be a wrapper this server can use: a known
+ * dtype, 1..8 dimensions, a tensor inside its memory. */
 #include "check.h"
 #include <stddef.h>
 #include <stdint.h>

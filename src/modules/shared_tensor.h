@@ -1,8 +1,10 @@
 /* The tensor handles of REGISTER_KV_CACHE (docs/protocol.md, "Shared
- * tensor handles"): each is a msgpack ext type 1 whose data is a pickled
- * wrapper object, read here with the whitelisting pickle reader
- * (rpc/pickle.h) into a plain description.  Nothing is opened or mapped
- * here; the transfer module does that with what this returns. */
+ * tensor handles"): each is a msgpack ext type 1 whose data is either a
+ * pickled wrapper object, read with the whitelisting pickle reader
+ * (rpc/pickle.h), or the msgpack descriptor that lmcache 0.5.6 and later
+ * send instead; both become the same plain description.  Nothing is
+ * opened or mapped here; the transfer module does that with what this
+ * returns. */
 #ifndef LMC_MODULES_SHARED_TENSOR_H
 #define LMC_MODULES_SHARED_TENSOR_H
 
@@ -43,11 +45,12 @@ typedef struct lmc_shared_tensor {
     char shm_name[LMC_SHM_NAME_MAX + 1];
 } lmc_shared_tensor;
 
-/* Decodes one pickled wrapper.  0; -1 refused, with the reason in `err`
- * (a class, global or field this server does not accept, a malformed or
- * hostile pickle); -2 out of memory. */
-int lmc_shared_tensor_decode(const uint8_t *pickle, size_t len, lmc_shared_tensor *out,
-                             char *err, size_t errlen);
+/* Decodes one handle, a pickle or a descriptor (told apart by the first
+ * byte).  0; -1 refused, with the reason in `err` (a class, type, global
+ * or field this server does not accept, a malformed or hostile input);
+ * -2 out of memory. */
+int lmc_shared_tensor_decode(const uint8_t *data, size_t len, lmc_shared_tensor *out, char *err,
+                             size_t errlen);
 
 /* Bytes per element of a torch dtype name, 0 when unsupported. */
 uint32_t lmc_torch_dtype_itemsize(const char *name, size_t len);

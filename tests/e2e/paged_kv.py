@@ -12,6 +12,7 @@ import sys
 import msgpack
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "pickles"))
+import descriptors  # noqa: E402
 import wrappers as w  # noqa: E402
 
 ITEM = {"float16": 2, "bfloat16": 2, "float32": 4, "uint8": 1}
@@ -60,6 +61,11 @@ class Tensor:
         return w.cpu_shm(self.name, self.shape, stride=self.stride, dtype=self.dtype,
                          nbytes=self.nbytes)
 
+    def descriptor(self):
+        """The handle as lmcache 0.5.6 and later send it (msgpack)."""
+        return descriptors.cpu_shm(self.name, self.shape, dtype=self.dtype, itemsize=self.item,
+                                   stride=self.stride, nbytes=self.nbytes)
+
     def offset(self, idx):
         return sum(i * s for i, s in zip(idx, self.stride)) * self.item
 
@@ -106,8 +112,9 @@ class PagedKV:
         """Elements per (slot, head) row as the object stores it."""
         return 2 * self.hs if self.fmt.startswith("fused") else self.hs
 
-    def handles(self):
-        return [msgpack.ExtType(1, w.dumps(t.wrapper())) for t in self.tensors]
+    def handles(self, descriptor=False):
+        return [msgpack.ExtType(1, t.descriptor() if descriptor else w.dumps(t.wrapper()))
+                for t in self.tensors]
 
     def row(self, kv, l, b, s, h):
         """The bytes of one head's row."""

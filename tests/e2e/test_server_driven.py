@@ -84,10 +84,10 @@ class Engine:
     """One worker: its paged KV groups, registered with the server."""
 
     def __init__(self, srv, instance, groups, hints=None, infos=None, model="m",
-                 engine="vllm", expect_registered=True):
+                 engine="vllm", expect_registered=True, descriptors=False):
         self.srv, self.id, self.groups, self.model = srv, instance, groups, model
         self.d = srv.dealer()
-        handles = [h for g in groups for h in g.handles()]
+        handles = [h for g in groups for h in g.handles(descriptor=descriptors)]
         frames = self.d.call(REG, instance, handles, model, 1, engine,
                              hints if hints is not None else {"kv_layout": "NHD"},
                              infos or [], timeout_ms=3000 if expect_registered else 500)
@@ -179,6 +179,35 @@ FORMAT_HINTS = [("fa_nhd", "NHD"), ("fa_hnd", "HND"), ("fi_nhd", "NHD"), ("fi_hn
 def test_every_vllm_format_round_trips(hint_srv, fmt, hint):
     g = PagedKV(fmt, fmt, nl=3, nb=16, bs=16, nh=2, hs=8, pad=24 if fmt == "mla" else 0)
     round_trip(hint_srv, g, Engine(hint_srv, 11, [g], hints={"kv_layout": hint}))
+
+
+@pytest.mark.parametrize("fmt,hint", [("fa_nhd", "NHD"), ("fused_hnd", "LBHNC"), ("mla", "NHD")])
+def test_descriptor_handles_round_trip(hint_srv, fmt, hint):
+    """lmcache 0.5.6 and later send msgpack descriptors, not pickles
+    (docs/protocol.md, "Descriptors"): the same registrations, the same
+    round trips."""
+    g = PagedKV(fmt + "_d", fmt, nl=3, nb=16, bs=16, nh=2, hs=8, pad=24 if fmt == "mla" else 0)
+    e = Engine(hint_srv, 45, [g], hints={"kv_layout": hint}, descriptors=True)
+    round_trip(hint_srv, g, e)
+    g.close()
+
+
+def test_block_ids_past_the_chunks_are_ignored(hint_srv):
+    """vLLM's adapter sends the blocks of the request's partial last chunk
+    along; upstream ignores them, and so does lmcached."""
+    g = PagedKV("extra", "fa_nhd", nl=2, nb=16, bs=16, nh=2, hs=8)
+    e = Engine(hint_srv, 46, [g])
+    toks = prompt(12)
+    src, dst = list(range(1, 8)), list(range(8, 15))
+    assert e.store(toks, 0, 3 * CS, [src]) == [ZEROS, True]
+    assert lookup(hint_srv, toks, "r") == 3
+    extra = g.block_bytes(14)
+    assert e.retrieve(toks, 0, 3 * CS, [dst], "r", skip=0) == [ZEROS, True]
+    for c in range(3):
+        assert chunk_rows(g, dst, c) == chunk_rows(g, src, c)
+    assert g.block_bytes(14) == extra
+    assert e.store(toks, 0, 3 * CS, [src[:5]]) == [ZEROS, False]   # still too few
+    e.close()
 
 
 @pytest.mark.parametrize("fmt,engine,hints", [
@@ -779,6 +808,24 @@ def test_hostile_handles_are_refused_and_never_run(srv, name, reason):
     assert wait_for_log(srv, "REGISTER_KV_CACHE 5: kv_cache[1]: "), srv.output()
     assert reason in srv.output(), srv.output()
     assert not os.path.exists(gen_vectors.PWNED)
+    assert d.call(NOOP)[2] == msgpack.packb("OK")
+    d.close()
+
+
+@pytest.mark.parametrize("name,reason", [
+    ("desc_version_2", "descriptor version 2 is not 1"),
+    ("desc_vmm", "a cuda_vmm descriptor"),
+    ("desc_unknown_type", "descriptor type 'musa' is not supported"),
+    ("desc_past_its_segment", "the tensor reaches past the 511 bytes"),
+    ("desc_huge_shape", "shape and stride overflow"),
+    ("desc_deep", "the descriptor is not one well-formed msgpack map"),
+])
+def test_hostile_descriptors_are_refused_with_the_reason(srv, name, reason):
+    d = srv.dealer()
+    good = ext(gen_vectors.vectors()[0]["desc_cpu_shm"])
+    bad = ext(gen_vectors.vectors()[1][name])
+    assert register_raw(srv, d, 6, [good, bad]) is None
+    assert wait_for_log(srv, "REGISTER_KV_CACHE 6: kv_cache[1]: " + reason), srv.output()
     assert d.call(NOOP)[2] == msgpack.packb("OK")
     d.close()
 

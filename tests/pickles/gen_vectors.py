@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes tests/unit/modules/pickle_vectors.h: tensor-wrapper pickles made by
 Python's own pickle from the stand-ins in wrappers.py (byte-identical to
-what an engine sends), and hostile ones, as C arrays for
+what an engine sends), the msgpack descriptors of lmcache 0.5.6 and later
+(descriptors.py), and hostile ones of both, as C arrays for
 tests/unit/modules/test_shared_tensor.c.  --check only compares (the ctest
 pickle_vectors_current runs it, so the header cannot drift from this
 script).  Deterministic."""
@@ -11,6 +12,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import descriptors as d  # noqa: E402
 import wrappers as w  # noqa: E402
 
 OUT = os.path.join(HERE, "..", "unit", "modules", "pickle_vectors.h")
@@ -77,7 +79,55 @@ def vectors():
         "frame_past_end": cpu[:3] + (10**6).to_bytes(8, "little") + cpu[11:],
         "protocol_0": pickle.dumps({"a": 1}, protocol=0),
     }
+    good.update(descriptor_vectors())
+    bad.update(bad_descriptor_vectors())
     return good, bad
+
+
+def descriptor_vectors():
+    return {
+        "desc_cpu_shm": d.cpu_shm("/lmcache_kv_4242_0", [2, 4, 16, 2, 8]),
+        # A view 40 elements into a segment of its storage's size.
+        "desc_cpu_shm_view": d.cpu_shm("/lmcache_kv_4242_1", [2, 4, 16, 2, 8],
+                                       storage_offset=40, nbytes=2 * 4 * 16 * 2 * 8 * 2 + 80),
+        "desc_cuda": d.cuda(BF16_SHAPE, BF16_STRIDE, 2**31),
+        "desc_cuda_raw": d.cuda_raw([64, 2, 16, 8, 64], [16384, 8192, 512, 64, 1],
+                                    64 * 2 * 16 * 8 * 64 * 2, 4096),
+    }
+
+
+def bad_descriptor_vectors():
+    meta = {"dtype": "float16", "shape": [2, 16, 8], "stride": [128, 8, 1],
+            "storage_offset": 0, "device_uuid": "cpu"}
+    shm = {"shm_name": "/lmcache_kv_1_1", "nbytes": 512}
+
+    def enc(**fields):
+        return d.msgpack.packb(fields, use_bin_type=True)
+
+    return {
+        "desc_version_2": enc(type="cpu_shm", version=2, metadata=meta, **shm),
+        "desc_vmm": enc(type="cuda_vmm", version=1, metadata=meta, export_id=b"x" * 16,
+                        kind="posix_fd", fabric_blob=None, alloc_size=512, alloc_offset=0,
+                        nbytes=512),
+        "desc_unknown_type": enc(type="musa", version=1, metadata=meta, handle=1),
+        "desc_no_metadata": enc(type="cpu_shm", version=1, **shm),
+        "desc_complex_dtype": enc(type="cpu_shm", version=1,
+                                  metadata=dict(meta, dtype="complex64"), **shm),
+        "desc_past_its_segment": enc(type="cpu_shm", version=1, metadata=meta,
+                                     shm_name="/lmcache_kv_1_1", nbytes=511),
+        "desc_negative_offset": enc(type="cpu_shm", version=1,
+                                    metadata=dict(meta, storage_offset=-1), **shm),
+        "desc_shape_is_a_string": enc(type="cpu_shm", version=1,
+                                      metadata=dict(meta, shape="2,16,8"), **shm),
+        "desc_raw_short_handle": enc(type="cuda_raw", version=1, metadata=meta,
+                                     ipc_handle=b"h" * 63, alloc_offset=0, nbytes=512),
+        "desc_cuda_empty_storage": enc(type="cuda", version=1, metadata=meta,
+                                       handle=[0, None, 0, 0, None, 0, None, False]),
+        "desc_huge_shape": enc(type="cpu_shm", version=1,
+                               metadata=dict(meta, shape=[2**62, 2**62, 8]), **shm),
+        "desc_truncated": d.cpu_shm("/lmcache_kv_1_1", [2, 16, 8])[:-3],
+        "desc_deep": enc(type="cpu_shm", version=1, metadata={"dtype": [[[[[1]]]]]}, **shm),
+    }
 
 
 def render(good, bad):

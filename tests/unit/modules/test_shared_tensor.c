@@ -1,7 +1,8 @@
 /* Tensor handles of REGISTER_KV_CACHE (docs/protocol.md, "Shared tensor
  * handles"): wrappers pickled by Python's own pickle from stand-ins of
- * upstream's classes (tests/pickles/gen_vectors.py) decode field for field;
- * hostile and unsupported pickles are refused with a reason, never run. */
+ * upstream's classes, and the msgpack descriptors of lmcache 0.5.6 and
+ * later (tests/pickles/gen_vectors.py), decode field for field; hostile
+ * and unsupported ones are refused with a reason, never run. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -127,6 +128,62 @@ static void test_refusals(void **state)
     REFUSED(bad_protocol_0, "is not allowed");
 }
 
+/* The msgpack descriptors carry the same facts as the pickles, and decode
+ * to the same descriptions. */
+static void test_descriptors(void **state)
+{
+    (void)state;
+    lmc_shared_tensor t, p;
+    char err[256] = "";
+    assert_int_equal(DECODE(good_desc_cpu_shm, &t), 0);
+    assert_int_equal(DECODE(good_cpu_shm, &p), 0);
+    assert_int_equal(t.wrapper, LMC_WRAPPER_CPU_SHM);
+    assert_string_equal(t.shm_name, "/lmcache_kv_4242_0");
+    assert_string_equal(t.dtype, "float16");
+    assert_int_equal(t.itemsize, 2);
+    assert_int_equal(t.storage_bytes, 2 * 4 * 16 * 2 * 8 * 2);
+    static const int64_t shape[] = {2, 4, 16, 2, 8};
+    static const int64_t stride[] = {1024, 256, 16, 8, 1};
+    expect_dims(&t, shape, stride, 5);
+    assert_string_equal(t.device_uuid, "cpu");
+    assert_memory_equal(&t, &p, sizeof t);   /* both memset, so padding compares too */
+
+    assert_int_equal(DECODE(good_desc_cpu_shm_view, &t), 0);
+    assert_int_equal(t.storage_offset, 40);
+    assert_int_equal(t.storage_bytes, 2 * 4 * 16 * 2 * 8 * 2 + 80);
+
+    assert_int_equal(DECODE(good_desc_cuda, &t), 0);
+    assert_int_equal(DECODE(good_cuda_ipc_v2, &p), 0);
+    assert_int_equal(t.wrapper, LMC_WRAPPER_CUDA_IPC);
+    assert_int_equal(t.storage_bytes, 2147483648u);
+    assert_string_equal(t.ref_counter_file, "/torch_4242_1234567890_0");
+    assert_memory_equal(&t, &p, sizeof t);
+
+    assert_int_equal(DECODE(good_desc_cuda_raw, &t), 0);
+    assert_int_equal(DECODE(good_raw_cuda_ipc, &p), 0);
+    assert_int_equal(t.wrapper, LMC_WRAPPER_RAW_CUDA_IPC);
+    assert_int_equal(t.base_offset_bytes, 4096);
+    assert_memory_equal(&t, &p, sizeof t);
+}
+
+static void test_descriptor_refusals(void **state)
+{
+    (void)state;
+    REFUSED(bad_desc_version_2, "descriptor version 2 is not 1");
+    REFUSED(bad_desc_vmm, "cuda_vmm descriptor");
+    REFUSED(bad_desc_unknown_type, "descriptor type 'musa' is not supported");
+    REFUSED(bad_desc_no_metadata, "field 'metadata' is missing");
+    REFUSED(bad_desc_complex_dtype, "dtype 'complex64' is not supported");
+    REFUSED(bad_desc_past_its_segment, "reaches past the 511 bytes");
+    REFUSED(bad_desc_negative_offset, "field 'storage_offset' is below 0");
+    REFUSED(bad_desc_shape_is_a_string, "field 'shape' is of the wrong type");
+    REFUSED(bad_desc_raw_short_handle, "'ipc_handle' is 63 bytes, not 64");
+    REFUSED(bad_desc_cuda_empty_storage, "empty storage");
+    REFUSED(bad_desc_huge_shape, "overflow");
+    REFUSED(bad_desc_truncated, "not one well-formed msgpack map");
+    REFUSED(bad_desc_deep, "not one well-formed msgpack map");
+}
+
 /* Reader-level rules on hand-made pickles. */
 static bool allow_nothing(const uint8_t *m, size_t ml, const uint8_t *n, size_t nl, bool *inst)
 {
@@ -223,6 +280,8 @@ int main(void)
         cmocka_unit_test(test_cuda_ipc_forms),
         cmocka_unit_test(test_raw_cuda_ipc_and_cpu_shm),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_descriptors),
+        cmocka_unit_test(test_descriptor_refusals),
         cmocka_unit_test(test_reader_opcodes),
         cmocka_unit_test(test_reader_refusals),
     };
