@@ -62,7 +62,9 @@ static bool take_list(const msgpack_object *o, int64_t *ids, size_t *used)
 }
 
 /* block_ids: one list per kernel group (a flat list: the one group's),
- * each covering the op's chunks with a whole number of chunks' ids. */
+ * each covering at least the op's chunks.  Ids past them (the blocks of a
+ * request's partial last chunk, which vLLM's adapter sends along) are
+ * ignored, as upstream does (docs/protocol.md, "Server-driven transfer"). */
 static int decode_block_ids(const sd_ctx *c, const msgpack_object *o, sd_op *op, char *err,
                             size_t errlen)
 {
@@ -91,11 +93,10 @@ static int decode_block_ids(const sd_ctx *c, const msgpack_object *o, sd_op *op,
         op->offs[g] = used;
         if (!take_list(l, op->ids, &used))
             return snprintf(err, errlen, "block_ids[%u] must hold ints", g), -1;
-        if (l->via.array.size < op->n * kg->blocks_per_chunk ||
-            l->via.array.size % kg->blocks_per_chunk)
-            return snprintf(err, errlen, "block_ids[%u] has %u ids; %zu chunks need %zu, in "
-                                         "whole chunks of %u", g, l->via.array.size, op->n,
-                            op->n * kg->blocks_per_chunk, kg->blocks_per_chunk), -1;
+        if (l->via.array.size < op->n * kg->blocks_per_chunk)
+            return snprintf(err, errlen, "block_ids[%u] has %u ids; %zu chunks of %u blocks "
+                                         "need %zu", g, l->via.array.size, op->n,
+                            kg->blocks_per_chunk, op->n * kg->blocks_per_chunk), -1;
     }
     return 0;
 }
