@@ -1,12 +1,13 @@
 """The data-only tensor descriptors that lmcache 0.5.6 and later send in
 REGISTER_KV_CACHE instead of pickles (docs/protocol.md, "Shared tensor
 handles"), built with Debian's msgpack from the facts of their encoding:
-one msgpack map per handle, its keys in this order, the tag first:
+one msgpack map per handle, its keys in this order, the tag first and the
+keyword-only fields of the common base last:
 
     type      "cuda" | "cuda_raw" | "cuda_vmm" | "cpu_shm"
+    ...       the fields of the type
     version   1
     metadata  {dtype, shape, stride, storage_offset, device_uuid}
-    ...       the fields of the type
 
 tests/upstream/test_upstream_partner.py checks these bytes against what
 upstream's own encoder writes for the same tensor."""
@@ -27,7 +28,7 @@ def _contiguous(shape):
 
 
 def encode(tag, metadata, **fields):
-    return msgpack.packb({"type": tag, "version": 1, "metadata": metadata, **fields},
+    return msgpack.packb({"type": tag, **fields, "version": 1, "metadata": metadata},
                          use_bin_type=True)
 
 

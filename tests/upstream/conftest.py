@@ -1,0 +1,77 @@
+"""Fixtures of the upstream-partner suite: the real lmcached, and upstream
+LMCache's own client code from the pinned PyPI package
+(tests/upstream/README.md).  Runs on build-tools/venv's python."""
+import importlib.util
+import os
+import signal
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+# The e2e suite's server launcher and its CI rule (a skip is a failure
+# under CI=true), shared rather than repeated.
+_spec = importlib.util.spec_from_file_location("e2e_conftest",
+                                               os.path.join(ROOT, "tests", "e2e", "conftest.py"))
+e2e = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(e2e)
+pytest_runtest_makereport = e2e.pytest_runtest_makereport
+Server = e2e.Server
+free_port = e2e.free_port
+
+PINNED = "0.5.6"
+
+
+def _import_upstream():
+    """Upstream's package, or a failure that says why (a skip outside CI)."""
+    try:
+        import compat
+        compat.prepare()
+        import lmcache
+    except (ImportError, RuntimeError, OSError) as e:
+        why = f"upstream lmcache is not importable ({e}); `make deps-test` installs it"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    assert lmcache.__version__ == PINNED, \
+        f"lmcache {lmcache.__version__} is installed, tests/requirements.txt pins {PINNED}"
+    return lmcache
+
+
+@pytest.fixture(scope="session")
+def upstream():
+    return _import_upstream()
+
+
+def stop_cleanly(srv):
+    """A server a test did not mean to kill must still be serving, answer
+    NOOP, and exit 0 on SIGTERM: a crash never passes."""
+    assert srv.alive(), f"lmcached died during the test:\n{srv.output()[-4000:]}"
+    d = srv.dealer()
+    try:
+        reply = d.call(24, timeout_ms=5000)
+    finally:
+        d.close()
+    assert reply is not None and reply[2] == b"\xa2OK", "lmcached stopped answering NOOP"
+    rc = srv.stop(signal.SIGTERM)
+    assert rc == 0, f"lmcached exited {rc}:\n{srv.output()[-4000:]}"
+
+
+@pytest.fixture
+def lmcached(upstream):
+    """lmcached with the hash log on, so tests can read the chunk hashes
+    it computed."""
+    started = []
+
+    def start(*args, **kw):
+        s = Server(*args, **kw)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        if not getattr(s, "killed_on_purpose", False):
+            stop_cleanly(s)
+        else:
+            s.stop()
