@@ -16,8 +16,8 @@ DEB_BUILD := build-essential cmake pkg-config libzmq3-dev libmsgpack-dev \
 # upstream's clients, tests/upstream/README.md; python3-venv for the
 # environment of the tests' PyPI packages, below).
 DEB_TEST := python3 python3-zmq python3-msgpack python3-pytest python3-attr \
-	python3-prometheus-client python3-websocket python3-torch python3-numba \
-	python3-venv b3sum chromium redis-server redis-tools wrk
+	python3-prometheus-client python3-websocket python3-torch python3-venv \
+	b3sum chromium redis-server redis-tools wrk
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -44,7 +44,7 @@ deps:
 # The tests' PyPI packages (tests/requirements.txt: moto_server, the S3 server
 # of the L2 tests, and upstream LMCache, the partner of tests/upstream/), pinned
 # with their hashes, in the git-ignored virtual environment build-tools/venv.
-# Debian's site packages stay visible there (torch, numba, zmq, pytest).  It is
+# Debian's site packages stay visible there (torch, numpy, zmq, pytest).  It is
 # rebuilt only when the requirements change, and silent otherwise.
 TEST_VENV := build-tools/venv
 
