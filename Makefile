@@ -21,8 +21,8 @@ DEB_TEST := python3 python3-zmq python3-msgpack python3-pytest python3-attr \
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps deps-test configure build run test unit e2e bench asan tsan sanitize alloc-fault \
-	fuzz soak clean
+.PHONY: all deps deps-test configure build run test unit e2e bench bench-upstream asan tsan \
+	sanitize alloc-fault fuzz soak clean
 
 all: build
 
@@ -92,6 +92,23 @@ bench: build deps-test
 	./$(BUILD_DIR)/l2_bench --dir $(BUILD_DIR)/l2_bench.dir --odirect
 	./$(BUILD_DIR)/l2_lookup_bench --dir $(BUILD_DIR)/l2_lookup_bench.dir
 	./bench/l2_net_bench.sh 3 $(BUILD_DIR)/l2_bench
+
+# lmcached beside upstream LMCache's own server, one workload, one run
+# (bench/upstream_bench.py, BENCHMARKS.md).  Upstream's server needs PyPI's
+# CUDA torch: its environment, build-tools/upstream-venv, is about 3 GiB to
+# download and is made only here, only when bench/upstream-requirements.txt
+# changed.
+UPSTREAM_VENV := build-tools/upstream-venv
+
+bench-upstream: build deps-test
+	@if ! cmp -s bench/upstream-requirements.txt $(UPSTREAM_VENV)/requirements.txt; then \
+	  echo "Installing upstream LMCache 0.5.6 and its dependencies into $(UPSTREAM_VENV)"; \
+	  rm -rf $(UPSTREAM_VENV) && /usr/bin/python3 -m venv $(UPSTREAM_VENV) && \
+	  $(UPSTREAM_VENV)/bin/pip install -q --disable-pip-version-check --no-deps \
+	    -r bench/upstream-requirements.txt && \
+	  cp bench/upstream-requirements.txt $(UPSTREAM_VENV)/requirements.txt; \
+	fi
+	$(UPSTREAM_VENV)/bin/python bench/upstream_bench.py --build $(BUILD_DIR)
 
 # Sanitizer builds: ASan+UBSan and TSan, each in its own build tree.
 asan: deps-test
