@@ -8,6 +8,8 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "base/utf8.h"
+
 static atomic_int log_threshold = LMC_LOG_INFO;
 
 void lmc_log_set_level(lmc_log_level level)
@@ -56,13 +58,59 @@ const char *lmc_log_level_name(lmc_log_level level)
     return "INFO";
 }
 
+/* Copies src into dst (cap bytes, NUL-terminated), printable ASCII and
+ * valid UTF-8 as they are, every other byte as \xNN. */
+static void escape(char *dst, size_t cap, const char *src)
+{
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *s = (const unsigned char *)src;
+    size_t n = strlen(src), o = 0;
+    for (size_t i = 0; i < n && o + 5 < cap;) {
+        size_t len = lmc_utf8_sequence(s + i, n - i);
+        if (len > 1) {
+            if (o + len + 1 > cap)
+                break;
+            memcpy(dst + o, s + i, len);
+            o += len, i += len;
+        } else if (s[i] >= 0x20 && s[i] < 0x7f) {
+            dst[o++] = (char)s[i++];
+        } else {
+            dst[o++] = '\\', dst[o++] = 'x', dst[o++] = hex[s[i] >> 4];
+            dst[o++] = hex[s[i++] & 15];
+        }
+    }
+    dst[o] = '\0';
+}
+
+bool lmc_log_limit_pass(lmc_log_limit *l, unsigned long long *suppressed_before)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    long long start = atomic_load_explicit(&l->window_ms, memory_order_relaxed);
+    *suppressed_before = 0;
+    if (start == 0 || now - start >= LMC_LOG_LIMIT_WINDOW_MS) {
+        /* One thread opens the new window; the others count into it. */
+        if (atomic_compare_exchange_strong(&l->window_ms, &start, now)) {
+            atomic_store(&l->in_window, 0);
+            *suppressed_before = atomic_exchange(&l->suppressed, 0);
+        }
+    }
+    if (atomic_fetch_add(&l->in_window, 1) < LMC_LOG_LIMIT_BURST)
+        return true;
+    atomic_fetch_add(&l->suppressed, 1);
+    *suppressed_before = 0;
+    return false;
+}
+
 void lmc_log_write(lmc_log_level level, const char *file, int line, const char *fmt, ...)
 {
-    char message[2048];
+    char raw[2048], message[2048];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(message, sizeof message, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    escape(message, sizeof message, raw);
 
     struct timeval tv;
     gettimeofday(&tv, NULL);

@@ -1,4 +1,7 @@
 /* Logging: one line per record with wall time, level, source location.
+ * Every record is written with its control bytes and any byte that is not
+ * part of valid UTF-8 escaped as \xNN, so that a string a client chose (a
+ * model name, a request id) can never forge a line or a terminal sequence.
  *
  * The level threshold is the single piece of process-wide state outside the
  * server context: it is set once at start-up, before any thread exists, and
@@ -38,5 +41,37 @@ void lmc_log_write(lmc_log_level level, const char *file, int line,
 #define LMC_INFO(...)  LMC_LOG(LMC_LOG_INFO, __VA_ARGS__)
 #define LMC_WARN(...)  LMC_LOG(LMC_LOG_WARNING, __VA_ARGS__)
 #define LMC_ERROR(...) LMC_LOG(LMC_LOG_ERROR, __VA_ARGS__)
+
+/* Rate limit of one call site (docs/observability.md, "Logging"): at most
+ * LMC_LOG_LIMIT_BURST lines per LMC_LOG_LIMIT_WINDOW_MS; the first line of
+ * the next window says how many were suppressed.  For warnings a client
+ * can cause at will (a bad request per message), so that no client can
+ * fill the disk.  The state is one static per call site: like the level
+ * threshold, process-wide by nature, and only touched atomically. */
+#define LMC_LOG_LIMIT_BURST 20u
+#define LMC_LOG_LIMIT_WINDOW_MS 10000
+typedef struct lmc_log_limit {
+    _Atomic long long window_ms;         /* start of the current window; 0: none yet */
+    _Atomic unsigned in_window;
+    _Atomic unsigned long long suppressed;
+} lmc_log_limit;
+
+/* Whether a line at this site may be written now; *suppressed_before is
+ * the number dropped since the last written one (to be reported first). */
+bool lmc_log_limit_pass(lmc_log_limit *l, unsigned long long *suppressed_before);
+
+#define LMC_WARN_LIMITED(...)                                                           \
+    do {                                                                                \
+        static lmc_log_limit lmc_limit_;                                                \
+        unsigned long long lmc_dropped_;                                                \
+        if (lmc_log_enabled(LMC_LOG_WARNING) &&                                         \
+            lmc_log_limit_pass(&lmc_limit_, &lmc_dropped_)) {                           \
+            if (lmc_dropped_)                                                           \
+                lmc_log_write(LMC_LOG_WARNING, __FILE__, __LINE__,                      \
+                              "%llu more lines like the next were suppressed",          \
+                              lmc_dropped_);                                            \
+            lmc_log_write(LMC_LOG_WARNING, __FILE__, __LINE__, __VA_ARGS__);            \
+        }                                                                               \
+    } while (0)
 
 #endif
