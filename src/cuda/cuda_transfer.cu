@@ -17,6 +17,7 @@
  *   caller's arrays may go as soon as the call returns.
  *
  * Every CUDA error comes back as -1 with cudaGetErrorString in err. */
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <ctype.h>
@@ -190,15 +191,50 @@ typedef struct mapping {
     int device;
     uint8_t handle[64];
     uint64_t base;
+    uint64_t size;   /* the allocation's size, as the driver knows it */
     uint64_t refs;
 } mapping;
+
+/* cuMemGetAddressRange, found through the runtime so that this library
+ * needs no link against libcuda (the driver provides it at run time). */
+typedef CUresult (*address_range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr ptr);
+static pthread_once_t g_range_once = PTHREAD_ONCE_INIT;
+static address_range_fn g_range;
+
+static void find_address_range(void)
+{
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                         &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+        g_range = (address_range_fn)fn;
+    (void)cudaGetLastError();
+}
+
+/* The real extent of the allocation an IPC handle opened at p: a client
+ * may claim any storage size, the driver knows the true one. */
+static int allocation_size(void *p, uint64_t *size, char *err, size_t errlen)
+{
+    pthread_once(&g_range_once, find_address_range);
+    if (!g_range)
+        return fail(err, errlen, "the CUDA driver does not provide cuMemGetAddressRange");
+    CUdeviceptr base = 0;
+    size_t bytes = 0;
+    CUresult r = g_range(&base, &bytes, (CUdeviceptr)(uintptr_t)p);
+    if (r != CUDA_SUCCESS)
+        return fail(err, errlen, "cuMemGetAddressRange failed (CUresult %d)", (int)r);
+    uint64_t into = (uint64_t)(uintptr_t)p - (uint64_t)base;
+    *size = bytes > into ? bytes - into : 0;
+    return 0;
+}
 
 static pthread_mutex_t g_maps_lock = PTHREAD_MUTEX_INITIALIZER;
 static mapping *g_maps;
 static size_t g_n_maps, g_cap_maps;
 
-static int cu_open_mem(int device, const uint8_t handle[64], uint64_t *base, char *err,
-                       size_t errlen)
+static int cu_open_mem(int device, const uint8_t handle[64], uint64_t *base, uint64_t *size,
+                       char *err, size_t errlen)
 {
     int rc = 0;
     pthread_mutex_lock(&g_maps_lock);
@@ -206,6 +242,7 @@ static int cu_open_mem(int device, const uint8_t handle[64], uint64_t *base, cha
         if (g_maps[i].device == device && memcmp(g_maps[i].handle, handle, 64) == 0) {
             g_maps[i].refs++;
             *base = g_maps[i].base;
+            *size = g_maps[i].size;
             pthread_mutex_unlock(&g_maps_lock);
             return 0;
         }
@@ -227,13 +264,20 @@ static int cu_open_mem(int device, const uint8_t handle[64], uint64_t *base, cha
     if (rc == 0)
         rc = check(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
                    "cudaIpcOpenMemHandle", err, errlen);
+    uint64_t bytes = 0;
+    if (rc == 0 && (rc = allocation_size(p, &bytes, err, errlen)) != 0) {
+        (void)cudaIpcCloseMemHandle(p);
+        (void)cudaGetLastError();
+    }
     if (rc == 0) {
         mapping *m = &g_maps[g_n_maps++];
         m->device = device;
         memcpy(m->handle, handle, 64);
         m->base = (uint64_t)(uintptr_t)p;
+        m->size = bytes;
         m->refs = 1;
         *base = m->base;
+        *size = m->size;
     }
     pthread_mutex_unlock(&g_maps_lock);
     return rc;

@@ -18,7 +18,7 @@
 
 #include "modules/kv_plan.h"
 
-#define LMC_CUDA_ABI_VERSION 2
+#define LMC_CUDA_ABI_VERSION 3
 #define LMC_CUDA_LIB_NAME "liblmcached_cuda.so"
 #define LMC_CUDA_ENTRY "lmc_cuda_transfer_ops"   /* const lmc_cuda_ops *(void) */
 #define LMC_CUDA_EVENT_HANDLE_BYTES 64
@@ -47,10 +47,12 @@ typedef struct lmc_cuda_ops {
      * 8-4-4-4-12 hex, an optional "GPU-" prefix accepted). */
     int (*device_by_uuid)(const char *uuid, int *device, char *err, size_t errlen);
     /* Opens (or references again) the cudaIpcMemHandle_t of an allocation
-     * on `device`; *base is its device address.  close_mem drops one
+     * on `device`; *base is its device address and *size its size as the
+     * driver reports it (cuMemGetAddressRange), whatever the client
+     * claimed: no tensor may reach past base + size.  close_mem drops one
      * reference; the last one closes the mapping. */
-    int (*open_mem)(int device, const uint8_t handle[64], uint64_t *base, char *err,
-                    size_t errlen);
+    int (*open_mem)(int device, const uint8_t handle[64], uint64_t *base, uint64_t *size,
+                    char *err, size_t errlen);
     void (*close_mem)(int device, uint64_t base);
     /* Page-locks host memory for DMA (the L1 arena, once per process). */
     int (*pin)(void *host, uint64_t bytes, char *err, size_t errlen);

@@ -93,15 +93,3 @@ void lmc_kv_scatter_chunk(const lmc_kv_chunk_copy *c)
 {
     copy_chunk(c, false);
 }
-
-uint64_t lmc_kv_tensor_span(const lmc_kv_kernel_group *kg)
-{
-    const lmc_kv_geometry *g = &kg->geo;
-    bool cross = lmc_kv_format_cross_layer(g->format);
-    uint32_t layer = cross ? g->nl - 1 : 0;
-    uint32_t kv = lmc_kv_format_kv_lists(g->format) ? 0 : g->kv_size - 1;
-    uint64_t last = lmc_kv_paged_offset(g, kv, layer, g->nb - 1, g->bs - 1, g->nh - 1,
-                                        g->hs - 1);
-    /* Every format's last element is the one at the highest indices. */
-    return (last + 1) * g->element_size;
-}

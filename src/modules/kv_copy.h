@@ -27,8 +27,4 @@ void lmc_kv_gather_chunk(const lmc_kv_chunk_copy *c);
 /* Object entry -> paged blocks (RETRIEVE). */
 void lmc_kv_scatter_chunk(const lmc_kv_chunk_copy *c);
 
-/* Bytes of tensor `t` that the group's formulas can reach: the mapped
- * tensor must hold at least this many from its element 0. */
-uint64_t lmc_kv_tensor_span(const lmc_kv_kernel_group *g);
-
 #endif

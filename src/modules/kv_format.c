@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/checked.h"
+
 const char *lmc_kv_format_name(lmc_kv_format f)
 {
     static const char *const names[] = {
@@ -27,16 +29,52 @@ static int refuse(char *err, size_t errlen, const char *fmt, ...)
 }
 
 /* Shapes arrive in physical (stride-descending) order; the tensor must be
- * dense, except that dims 1.. of an MLA cache may sit in wider rows. */
+ * dense, except that dims 1.. of an MLA cache may sit in wider rows.  A
+ * shape whose element count does not fit in 64 bits is not dense. */
 static bool dense(const lmc_shared_tensor *t, bool padded_dim0)
 {
-    int64_t want = 1;
+    uint64_t want = 1;
     for (uint32_t d = t->ndim; d-- > 0;) {
-        if ((d == 0 && padded_dim0) ? t->stride[0] < want : t->stride[d] != want)
+        if (t->stride[d] < 0 || t->shape[d] < 0)
             return false;
-        want *= t->shape[d];
+        uint64_t stride = (uint64_t)t->stride[d];
+        if ((d == 0 && padded_dim0) ? stride < want : stride != want)
+            return false;
+        if (!lmc_mul_u64(want, (uint64_t)t->shape[d], &want))
+            return false;
     }
     return true;
+}
+
+bool lmc_kv_span_bytes(const lmc_kv_geometry *g, uint64_t *out)
+{
+    uint64_t row, block, elems;
+    if (!lmc_mul_u64(g->nh, g->hs, &row) || !lmc_mul_u64(row, g->bs, &block) || g->nb == 0)
+        return false;
+    if (g->format == LMC_KV_NL_X_NB_BS_HS) {   /* rows may be padded: (nb-1) strides + a block */
+        if (g->block_stride < block ||
+            !lmc_muladd_u64(g->nb - 1, g->block_stride, block, &elems))
+            return false;
+    } else {
+        uint64_t planes[] = {lmc_kv_format_kv_lists(g->format) ? 1 : g->kv_size,
+                             lmc_kv_format_cross_layer(g->format) ? g->nl : 1, g->nb, block};
+        if (!lmc_product_u64(planes, 4, &elems))
+            return false;
+    }
+    return lmc_mul_u64(elems, g->element_size, out) && *out <= INT64_MAX;
+}
+
+/* The geometry's last byte must be addressable: what the detectors return
+ * always has a span. */
+static int spanned(const lmc_kv_geometry *g, char *err, size_t errlen)
+{
+    uint64_t span;
+    if (!lmc_kv_span_bytes(g, &span))
+        return refuse(err, errlen, "a %s tensor of %llu blocks x %u slots x %u heads x %u "
+                                   "elements of %u bytes is too large to address",
+                      lmc_kv_format_name(g->format), (unsigned long long)g->nb, g->bs, g->nh,
+                      g->hs, g->element_size);
+    return 0;
 }
 
 static bool same_tensor_kind(const lmc_shared_tensor *a, const lmc_shared_tensor *b)
@@ -113,7 +151,7 @@ int lmc_kv_detect_vllm(const lmc_shared_tensor *tensors, size_t n, bool hnd, boo
     if ((uint64_t)out->hs * out->element_size % 2)
         return refuse(err, errlen, "a head of %u x %u bytes is not an even number of bytes",
                       out->hs, out->element_size);
-    return 0;
+    return spanned(out, err, errlen);
 }
 
 /* Shared tail of the SGLang and TRT-LLM detectors: every tensor alike,
@@ -133,11 +171,11 @@ static int finish(const lmc_shared_tensor *t, size_t n, lmc_kv_geometry *g, bool
         return refuse(err, errlen, "%s tensors must be dense", lmc_kv_format_name(g->format));
     g->element_size = t->itemsize;
     if (g->block_stride == 0)
-        g->block_stride = (uint64_t)g->bs * g->nh * g->hs;
+        g->block_stride = (uint64_t)g->bs * g->nh * g->hs;   /* < 2^64: dense() counted it */
     if ((uint64_t)g->hs * g->element_size % 2)
         return refuse(err, errlen, "a head of %u x %u bytes is not an even number of bytes",
                       g->hs, g->element_size);
-    return 0;
+    return spanned(g, err, errlen);
 }
 
 int lmc_kv_detect_sglang(const lmc_shared_tensor *t, size_t n, const lmc_kv_hints *h,
@@ -182,11 +220,15 @@ int lmc_kv_detect_trtllm(const lmc_shared_tensor *t, size_t n, const lmc_kv_hint
         if (h->num_kv_heads <= 0 || h->tokens_per_block <= 0 || h->head_dim <= 0)
             return refuse(err, errlen, "a 4-dimensional TRT-LLM pool needs the num_kv_heads, "
                                        "tokens_per_block and head_dim hints");
+        uint64_t hinted[] = {(uint64_t)h->num_kv_heads, (uint64_t)h->tokens_per_block,
+                             (uint64_t)h->head_dim}, row;
         if (h->num_kv_heads > UINT32_MAX || h->tokens_per_block > UINT32_MAX ||
-            h->head_dim > UINT32_MAX ||
-            s[3] != h->num_kv_heads * h->tokens_per_block * h->head_dim)
+            h->head_dim > UINT32_MAX || !lmc_product_u64(hinted, 3, &row) ||
+            row != (uint64_t)s[3])
             return refuse(err, errlen, "TRT-LLM pool rows of %lld elements are not num_kv_heads "
-                                       "x tokens_per_block x head_dim", (long long)s[3]);
+                                       "x tokens_per_block x head_dim (%lld x %lld x %lld)",
+                          (long long)s[3], (long long)h->num_kv_heads,
+                          (long long)h->tokens_per_block, (long long)h->head_dim);
         *out = geometry(LMC_KV_NB_NL_TWO_NH_BS_HS, 2, (size_t)s[1], s[0], h->tokens_per_block,
                         h->num_kv_heads, h->head_dim);
     } else if (t->ndim == 6) {

@@ -59,6 +59,12 @@ typedef struct lmc_kv_geometry {
 
 const char *lmc_kv_format_name(lmc_kv_format f);
 
+/* Bytes from a tensor's element 0 that the offset formulas below can reach
+ * (one past the element at the highest indices), computed with checked
+ * arithmetic: false when that does not fit in 63 bits.  The detectors
+ * refuse such a geometry, so every offset of one they return fits. */
+bool lmc_kv_span_bytes(const lmc_kv_geometry *g, uint64_t *out);
+
 /* Detects the format of a vLLM registration: `n` tensors, one per layer
  * (or one cross-layer tensor), all of one shape, dtype and wrapper; `hnd`
  * the layout hint, forced on a server without a GPU (vLLM's CPU attention

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
+
 static int refuse(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static int refuse(char *err, size_t errlen, const char *fmt, ...)
@@ -102,9 +104,13 @@ static int shape_group(lmc_kv_kernel_group *g, uint32_t cs, char *err, size_t er
         window = (uint64_t)sw;
     }
     g->keep_blocks = lmc_kv_blocks_for_tokens(g, window);
-    g->slots = g->keep_blocks * bs;
-    g->entry_bytes = (uint64_t)g->geo.kv_size * g->geo.nl * g->slots * g->geo.nh * g->geo.hs *
-                     g->geo.element_size;
+    g->slots = g->keep_blocks * bs;   /* <= the chunk size: tpb >= bs, window <= cs */
+    uint64_t entry[] = {g->geo.kv_size, g->geo.nl, g->slots, g->geo.nh, g->geo.hs,
+                        g->geo.element_size};
+    if (!lmc_product_u64(entry, 6, &g->entry_bytes) || g->entry_bytes > INT64_MAX ||
+        !lmc_kv_span_bytes(&g->geo, &g->span_bytes))
+        return refuse(err, errlen, "kernel group of layer %u: a chunk of it is too large to "
+                                   "address", g->tensors[0]);
     return 0;
 }
 
@@ -222,7 +228,9 @@ static int object_groups(lmc_kv_plan *p, const lmc_kv_plan_options *o, char *err
         lmc_kv_object_group *dst = &p->og[og];
         p->kg[k].object_group = og;
         p->kg[k].entry_offset = dst->object_size;
-        dst->object_size += p->kg[k].entry_bytes;
+        if (!lmc_add_u64(dst->object_size, p->kg[k].entry_bytes, &dst->object_size) ||
+            dst->object_size > INT64_MAX)
+            return refuse(err, errlen, "object group %u is too large to address", og);
         dst->members[dst->n_members++] = k;
     }
     return 0;

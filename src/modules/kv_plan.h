@@ -73,6 +73,8 @@ typedef struct lmc_kv_kernel_group {
     uint32_t object_group;
     uint64_t entry_offset;        /* bytes into its object group's object */
     uint64_t entry_bytes;         /* kv_size * nl * slots * nh * hs * element_size */
+    uint64_t span_bytes;          /* lmc_kv_span_bytes(&geo): how much of each of its
+                                   * tensors, from element 0, the copies can reach */
 } lmc_kv_kernel_group;
 
 typedef struct lmc_kv_object_group {

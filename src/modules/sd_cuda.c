@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/checked.h"
 #include "modules/kv_copy.h"
 #include "modules/sd_internal.h"
 #include "obs/events.h"
@@ -216,18 +217,29 @@ static void pin_arena(sd_mod *m)
 
 /* ---- registration ------------------------------------------------------- */
 
+/* The tensor's bytes must lie inside the storage its handle claims and,
+ * since a client can claim anything, inside the allocation the driver
+ * actually opened (docs/security.md). */
 static int map_tensor(const lmc_cuda_ops *ops, sd_cuda_ctx *cu, const lmc_shared_tensor *t,
                       uint64_t span, uint64_t *addr, char *err, size_t errlen)
 {
-    uint64_t base;
-    if (ops->open_mem(cu->device, t->mem_handle, &base, err, errlen) != 0)
+    uint64_t base, alloc;
+    if (ops->open_mem(cu->device, t->mem_handle, &base, &alloc, err, errlen) != 0)
         return -1;
     cu->opened[cu->n_opened++] = base;
-    uint64_t off = (uint64_t)t->storage_offset * t->itemsize;
-    if (t->storage_offset < 0 || off > t->storage_bytes || span > t->storage_bytes - off)
+    uint64_t off, start, end;
+    if (!lmc_u64_of_i64(t->storage_offset, &off) || !lmc_mul_u64(off, t->itemsize, &off) ||
+        off > t->storage_bytes || span > t->storage_bytes - off)
         return snprintf(err, errlen, "a tensor reaches past its %llu-byte storage",
                         (unsigned long long)t->storage_bytes), -1;
-    *addr = base + t->base_offset_bytes + off;
+    if (!lmc_add_u64(t->base_offset_bytes, off, &start) || !lmc_add_u64(start, span, &end) ||
+        end > alloc)
+        return snprintf(err, errlen, "a tensor reaches past the %llu bytes of its allocation "
+                                     "(the driver's size; the handle claims a %llu-byte "
+                                     "storage at offset %llu)", (unsigned long long)alloc,
+                        (unsigned long long)t->storage_bytes,
+                        (unsigned long long)t->base_offset_bytes), -1;
+    *addr = base + start;
     return 0;
 }
 
@@ -261,7 +273,7 @@ int lmc_sd_cuda_register(sd_mod *m, sd_ctx *c, const lmc_shared_tensor *t, size_
         if (!(cu->tensors[k] = calloc(g->n_tensors, sizeof *cu->tensors[k])))
             return snprintf(err, errlen, "out of memory"), -2;
         for (uint32_t i = 0; i < g->n_tensors; i++)
-            if (map_tensor(ops, cu, &t[g->tensors[i]], lmc_kv_tensor_span(g),
+            if (map_tensor(ops, cu, &t[g->tensors[i]], g->span_bytes,
                            &cu->tensors[k][i], err, errlen) != 0)
                 return -1;
     }

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/checked.h"
 #include "modules/fault_guard.h"
 #include "modules/kv_copy.h"
 #include "modules/sd_internal.h"
@@ -270,14 +271,14 @@ static int map_tensors(sd_mod *m, sd_ctx *c, const reg_request *r, char *err, si
         const lmc_kv_kernel_group *g = &c->plan.kg[k];
         if (!(c->bases[k] = calloc(g->n_tensors, sizeof *c->bases[k])))
             return snprintf(err, errlen, "out of memory"), -2;
-        uint64_t span = lmc_kv_tensor_span(g);
         for (uint32_t i = 0; i < g->n_tensors; i++) {
             const lmc_shared_tensor *t = &r->tensors[g->tensors[i]];
             sd_mapping *mp = map_segment(m, c, t, err, errlen);
             if (!mp)
                 return -1;
-            uint64_t off = (uint64_t)t->storage_offset * t->itemsize;
-            if (t->storage_offset < 0 || off > mp->len || span > mp->len - off)
+            uint64_t off;
+            if (!lmc_u64_of_i64(t->storage_offset, &off) || !lmc_mul_u64(off, t->itemsize, &off) ||
+                off > mp->len || g->span_bytes > mp->len - off)
                 return snprintf(err, errlen, "kv_cache[%u] reaches past its %zu-byte segment",
                                 g->tensors[i], mp->len), -1;
             c->bases[k][i] = mp->addr + off;

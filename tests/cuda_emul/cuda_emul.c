@@ -81,8 +81,10 @@ static int emul_device_by_uuid(const char *uuid, int *device, char *err, size_t 
     return 0;
 }
 
-static int emul_open_mem(int device, const uint8_t handle[64], uint64_t *base, char *err,
-                         size_t errlen)
+/* The "allocation" is the segment the handle names; its size, what
+ * cuMemGetAddressRange reports on a GPU, is the segment's. */
+static int emul_open_mem(int device, const uint8_t handle[64], uint64_t *base, uint64_t *size,
+                         char *err, size_t errlen)
 {
     (void)device;
     char name[65];
@@ -114,6 +116,7 @@ static int emul_open_mem(int device, const uint8_t handle[64], uint64_t *base, c
     if (!m)
         return fail(err, errlen, "cannot open the memory handle");
     *base = (uint64_t)(uintptr_t)m->addr;
+    *size = m->len;
     return 0;
 }
 

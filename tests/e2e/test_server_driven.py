@@ -19,7 +19,7 @@ import msgpack
 import pytest
 
 from conftest import Server
-from paged_kv import PagedKV
+from paged_kv import PagedKV, Tensor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "pickles"))
 import gen_vectors  # noqa: E402
@@ -828,6 +828,37 @@ def test_hostile_descriptors_are_refused_with_the_reason(srv, name, reason):
     assert wait_for_log(srv, "REGISTER_KV_CACHE 6: kv_cache[1]: " + reason), srv.output()
     assert d.call(NOOP)[2] == msgpack.packb("OK")
     d.close()
+
+
+@pytest.mark.parametrize("engine,shape,hints,reason", [
+    # TRT-LLM hints whose product wraps to the row length (issue 29): the
+    # segment is real and as large as the shape says.
+    ("trtllm", [2, 1, 2, 291840], {"num_kv_heads": 1711252907, "tokens_per_block": 256,
+                                   "head_dim": 2147512668},
+     "pool rows of 291840 elements are not num_kv_heads x tokens_per_block x head_dim"),
+    # A vLLM tensor of 2^63 elements claimed in a small segment.
+    ("vllm", [2, 2, 1, 2 ** 31, 2 ** 30], {"kv_layout": "NHD"},
+     "the tensor reaches past the"),
+])
+def test_sizes_that_overflow_are_refused_at_registration(srv, engine, shape, hints, reason):
+    """The claimed geometry is refused before anything is mapped or copied;
+    a STORE for the instance then finds nothing registered."""
+    real = shape if engine == "trtllm" else [2, 1, 2, 8]
+    t = Tensor("/lmc_e2e_overflow", real, "float16")
+    stride, acc = [], 1
+    for n in reversed(shape):
+        stride.insert(0, acc)
+        acc *= n
+    handle = w.cpu_shm(t.name, shape, stride=stride, nbytes=t.nbytes)
+    d = srv.dealer()
+    assert register_raw(srv, d, 8, [ext(w.dumps(handle))], hints=hints, engine=engine) is None
+    assert wait_for_log(srv, "REGISTER_KV_CACHE 8: "), srv.output()
+    assert reason in srv.output(), srv.output()
+    toks = prompt(30)
+    assert unpack(d.call(STORE, key(toks, 0, CS, "s"), 8, [[1]], ZEROS)) == [b"", False]
+    assert d.call(NOOP)[2] == msgpack.packb("OK")
+    d.close()
+    t.close()
 
 
 def test_malformed_registrations_keep_the_server_serving(srv):

@@ -275,6 +275,32 @@ def test_failures_reply_with_a_recorded_event(srv):
     g.close()
 
 
+@pytest.mark.parametrize("how", ["storage", "offset"])
+def test_a_claim_larger_than_the_allocation_is_refused(srv, how):
+    """A client can claim any storage size in its handle; the server asks
+    the driver (here the stand-in: the segment's size) how large the
+    opened allocation really is, and refuses a tensor past it, instead of
+    letting the copies reach other engines' device memory."""
+    g = PagedKV("cuclaim", "fa_nhd", nl=1, nb=16, bs=16, nh=2, hs=8)
+    t = g.tensors[0]
+    name = t.name.encode().ljust(64, b"\0")
+    if how == "storage":   # twice the blocks, in a storage claimed twice as large
+        shape, nbytes, offset = [2, 32, 16, 2, 8], 2 * t.nbytes, 0
+        stride = [32 * 16 * 2 * 8] + t.stride[1:]
+    else:                  # the real shape, placed at an offset past the allocation's end
+        shape, stride, nbytes, offset = t.shape, t.stride, t.nbytes, t.nbytes // 2
+    wr = w.cuda_ipc(shape, stride, dtype=t.dtype, storage_bytes=nbytes, offset_bytes=offset,
+                    mem_handle=name, version=None, event_sync=False, uuid="emul-0")
+    d = srv.dealer()
+    frames = d.call(REG, 88, [msgpack.ExtType(1, w.dumps(wr))], "m", 1, "vllm",
+                    {"kv_layout": "NHD"}, [], timeout_ms=1000)
+    assert frames is None
+    assert until(lambda: f"reaches past the {t.nbytes} bytes of its allocation" in srv.output())
+    assert d.call(NOOP)[2] == msgpack.packb("OK")
+    d.close()
+    g.close()
+
+
 def test_unregister_with_copies_in_flight(srv):
     """The stream is drained before its mappings go: the STOREs still land
     and the server keeps serving."""

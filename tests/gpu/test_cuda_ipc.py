@@ -607,7 +607,8 @@ class KernelGroup(ctypes.Structure):
                 ("blocks_per_chunk", ctypes.c_uint32), ("keep_blocks", ctypes.c_uint32),
                 ("slots", ctypes.c_uint32), ("has_null_block", ctypes.c_bool),
                 ("null_block_id", ctypes.c_int64), ("object_group", ctypes.c_uint32),
-                ("entry_offset", ctypes.c_uint64), ("entry_bytes", ctypes.c_uint64)]
+                ("entry_offset", ctypes.c_uint64), ("entry_bytes", ctypes.c_uint64),
+                ("span_bytes", ctypes.c_uint64)]
 
 
 class CudaObject(ctypes.Structure):
@@ -625,7 +626,8 @@ class CudaOps(ctypes.Structure):
         ("abi_version", _i),
         ("init", ctypes.CFUNCTYPE(_i, ctypes.POINTER(_i), _cp, _sz)),
         ("device_by_uuid", ctypes.CFUNCTYPE(_i, _cp, ctypes.POINTER(_i), _cp, _sz)),
-        ("open_mem", ctypes.CFUNCTYPE(_i, _i, _vp, ctypes.POINTER(ctypes.c_uint64), _cp, _sz)),
+        ("open_mem", ctypes.CFUNCTYPE(_i, _i, _vp, ctypes.POINTER(ctypes.c_uint64),
+                                      ctypes.POINTER(ctypes.c_uint64), _cp, _sz)),
         ("close_mem", ctypes.CFUNCTYPE(None, _i, ctypes.c_uint64)),
         ("pin", ctypes.CFUNCTYPE(_i, _vp, ctypes.c_uint64, _cp, _sz)),
         ("unpin", ctypes.CFUNCTYPE(None, _vp)),
@@ -648,7 +650,7 @@ def load_plugin(path):
     entry = lib.lmc_cuda_transfer_ops
     entry.restype, entry.argtypes = ctypes.POINTER(CudaOps), []
     ops = entry().contents
-    check(ops.abi_version == 2, f"plugin ABI {ops.abi_version}, want 2")
+    check(ops.abi_version == 3, f"plugin ABI {ops.abi_version}, want 3")
     return lib, ops
 
 

@@ -51,6 +51,7 @@ static lmc_kv_kernel_group group_of(const gcase *c)
     g.slots = c->keep * c->bs;
     g.entry_offset = c->entry_offset;
     g.entry_bytes = (uint64_t)c->kv_size * c->nl * g.slots * c->nh * c->hs * c->es;
+    assert_true(lmc_kv_span_bytes(&g.geo, &g.span_bytes));
     return g;
 }
 
@@ -79,7 +80,7 @@ static paged *paged_new(const lmc_kv_kernel_group *g, uint32_t misalign, uint32_
     assert_non_null(p);
     p->n = g->n_tensors;
     assert_true(p->n <= 64);
-    p->span = lmc_kv_tensor_span(g);
+    p->span = g->span_bytes;
     for (int k = 0; k < 2; k++)
         for (uint32_t t = 0; t < p->n; t++) {
             p->raw[k][t] = aligned_alloc(64, (p->span + misalign + 63) / 64 * 64 + 64);

@@ -20,11 +20,11 @@ static lmc_shared_tensor dense_tensor(const int64_t *shape, uint32_t ndim, int64
 {
     lmc_shared_tensor t = {.wrapper = LMC_WRAPPER_CPU_SHM, .itemsize = 2, .ndim = ndim};
     strcpy(t.dtype, "float16");
-    int64_t acc = 1;
+    uint64_t acc = 1;   /* unsigned: the overflow tests wrap it on purpose */
     for (uint32_t d = ndim; d-- > 0;) {
         t.shape[d] = shape[d];
-        t.stride[d] = acc;
-        acc *= shape[d];
+        t.stride[d] = (int64_t)acc;
+        acc *= (uint64_t)shape[d];
         if (d == 1 && row_pad)
             acc += row_pad;   /* dim 0 steps over padded rows */
     }
@@ -76,6 +76,12 @@ static void check_case(const case_t *c, int64_t row_pad)
     if (rc != 0)
         fail_msg("%s: %s", lmc_kv_format_name(c->format), err);
     assert_string_equal(lmc_kv_format_name(g.format), lmc_kv_format_name(c->format));
+    /* The span is one past the element at the highest indices. */
+    uint64_t span;
+    assert_true(lmc_kv_span_bytes(&g, &span));
+    uint32_t last_kv = lmc_kv_format_kv_lists(g.format) ? 0 : g.kv_size - 1;
+    assert_int_equal(span, (lmc_kv_paged_offset(&g, last_kv, NL - 1, NB - 1, BS - 1, g.nh - 1,
+                                                g.hs - 1) + 1) * g.element_size);
     assert_int_equal(g.nl, NL);
     assert_int_equal(g.nb, NB);
     assert_int_equal(g.bs, BS);
@@ -154,6 +160,91 @@ static void test_detection_rules(void **state)
     assert_non_null(strstr(err, "even number of bytes"));
 }
 
+static void expect_refused(int rc, const char *err, const char *reason)
+{
+    if (rc != -1 || !strstr(err, reason))
+        fail_msg("rc %d, err '%s'; wanted -1 and '%s'", rc, err, reason);
+}
+
+/* Sizes a client claims that do not fit 64 bits are refused, never
+ * wrapped into a size the segment check would then pass (issue 29). */
+static void test_sizes_that_overflow_are_refused(void **state)
+{
+    (void)state;
+    lmc_kv_geometry g;
+    char err[256] = "";
+    /* TRT-LLM: hints whose product wraps to the row length. */
+    lmc_shared_tensor t = dense_tensor((int64_t[]){2, 1, 2, 291840}, 4, 0);
+    lmc_kv_hints h = {.tokens_per_block = 256, .num_kv_heads = 1711252907,
+                      .head_dim = 2147512668};
+    expect_refused(lmc_kv_detect_trtllm(&t, 1, &h, &g, err, sizeof err), err,
+                   "are not num_kv_heads x tokens_per_block x head_dim");
+    /* vLLM: dimensions whose product wraps, with the strides a client
+     * would send to make the wrapped product look dense. */
+    const int64_t big = 2147483648;   /* 2^31 */
+    t = dense_tensor((int64_t[]){2, 4, 4, big, big}, 5, 0);
+    t.stride[2] = 0, t.stride[1] = 0, t.stride[0] = 0;   /* 4 * 2^62 wraps to 0 */
+    expect_refused(lmc_kv_detect_vllm(&t, 1, false, false, &g, err, sizeof err), err,
+                   "must be dense");
+    /* Dense in 64 bits, but too large to address in bytes. */
+    t = dense_tensor((int64_t[]){2, 2, 1, big, big / 2}, 5, 0);   /* 2^63 elements */
+    expect_refused(lmc_kv_detect_vllm(&t, 1, false, false, &g, err, sizeof err), err,
+                   "too large to address");
+    /* A negative stride is never dense. */
+    t = dense_tensor((int64_t[]){2, NB, BS, NH, HS}, 5, 0);
+    t.stride[4] = -1;
+    expect_refused(lmc_kv_detect_vllm(&t, 1, false, false, &g, err, sizeof err), err,
+                   "must be dense");
+}
+
+static void test_sglang_and_trtllm_refusals(void **state)
+{
+    (void)state;
+    lmc_kv_geometry g;
+    char err[256] = "";
+    lmc_kv_hints kv = {.tokens_per_block = BS, .kv_list_layout = LMC_KV_LIST_K_V};
+    lmc_shared_tensor two[2] = {dense_tensor((int64_t[]){NB * BS, NH, HS}, 3, 0),
+                                dense_tensor((int64_t[]){NB * BS, NH, HS}, 3, 0)};
+    lmc_shared_tensor t = dense_tensor((int64_t[]){NB, BS, NH, HS}, 4, 0);
+    expect_refused(lmc_kv_detect_sglang(&t, 1, &kv, &g, err, sizeof err), err,
+                   "SGLang tensors are [pages, heads, head size]; got 4 dimensions");
+    lmc_kv_hints none = {.kv_list_layout = LMC_KV_LIST_K_V};
+    expect_refused(lmc_kv_detect_sglang(two, 2, &none, &g, err, sizeof err), err,
+                   "need the tokens_per_block hint");
+    lmc_kv_hints odd = {.tokens_per_block = 3, .kv_list_layout = LMC_KV_LIST_K_V};
+    expect_refused(lmc_kv_detect_sglang(two, 2, &odd, &g, err, sizeof err), err,
+                   "page buffer of 20 slots is not a whole number of 3-token blocks");
+    expect_refused(lmc_kv_detect_sglang(two, 1, &kv, &g, err, sizeof err), err,
+                   "need as many V tensors as K tensors");
+    lmc_kv_hints unset = {.tokens_per_block = BS};
+    lmc_kv_hints unified = {.tokens_per_block = BS, .kv_list_layout = LMC_KV_LIST_UNIFIED};
+    expect_refused(lmc_kv_detect_sglang(two, 2, &unified, &g, err, sizeof err), err,
+                   "\"unified\" is not supported yet");
+    assert_int_equal(lmc_kv_detect_sglang(two, 2, &unset, &g, err, sizeof err), 0);  /* NH>1 */
+    lmc_kv_hints mla_list = {.tokens_per_block = BS, .kv_list_layout = LMC_KV_LIST_NONE};
+    lmc_shared_tensor heads = dense_tensor((int64_t[]){NB * BS, 1, HS}, 3, 0);
+    assert_int_equal(lmc_kv_detect_sglang(&heads, 1, &mla_list, &g, err, sizeof err), 0);
+    assert_int_equal(g.format, LMC_KV_NL_X_NB_BS_HS);
+
+    lmc_kv_hints trt = {.tokens_per_block = BS, .num_kv_heads = NH, .head_dim = HS};
+    lmc_shared_tensor pool = dense_tensor((int64_t[]){NB, NL, 2, NH * BS * HS}, 4, 0);
+    lmc_shared_tensor pools[2] = {pool, pool};
+    expect_refused(lmc_kv_detect_trtllm(pools, 2, &trt, &g, err, sizeof err), err,
+                   "registers one KV pool tensor, not 2");
+    lmc_kv_hints no_heads = {.tokens_per_block = BS, .head_dim = HS};
+    expect_refused(lmc_kv_detect_trtllm(&pool, 1, &no_heads, &g, err, sizeof err), err,
+                   "needs the num_kv_heads, tokens_per_block and head_dim hints");
+    lmc_kv_hints wrong = {.tokens_per_block = BS, .num_kv_heads = NH + 1, .head_dim = HS};
+    expect_refused(lmc_kv_detect_trtllm(&pool, 1, &wrong, &g, err, sizeof err), err,
+                   "pool rows of 96 elements are not num_kv_heads");
+    t = dense_tensor((int64_t[]){NB, NL, 3, NH * BS * HS}, 4, 0);
+    expect_refused(lmc_kv_detect_trtllm(&t, 1, &trt, &g, err, sizeof err), err,
+                   "third dimension must be 2");
+    t = dense_tensor((int64_t[]){NB, NL, 2 * NH * BS * HS}, 3, 0);
+    expect_refused(lmc_kv_detect_trtllm(&t, 1, &trt, &g, err, sizeof err), err,
+                   "got 3 dimensions");
+}
+
 /* The chunk object of one group: [kv_size, nl, slots, nh*hs], which for a
  * single group at full chunk is the engine-driven path's [2, L, chunk, H]. */
 static void test_object_offsets(void **state)
@@ -178,6 +269,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_formats_and_offsets),
         cmocka_unit_test(test_detection_rules),
+        cmocka_unit_test(test_sizes_that_overflow_are_refused),
+        cmocka_unit_test(test_sglang_and_trtllm_refusals),
         cmocka_unit_test(test_object_offsets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
