@@ -128,13 +128,24 @@ static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, bool store, cha
     lmc_liveness_touch(m->ctx->liveness, op->instance_id, lmc_monotonic_ms(NULL), false);
     pthread_mutex_lock(&m->lock);
     ed_ctx *c = lmc_ed_find_ctx_locked(m, op->instance_id);
-    if (c) {
+    /* A key of another model than the context's would reserve and read
+     * objects at the wrong layout's size (issue 29): such an op is
+     * answered as for an instance that is not registered. */
+    bool other_model = c && (c->world_size != op->key.world_size ||
+                             strlen(c->model) != op->key.model_len ||
+                             memcmp(c->model, op->key.model_name, op->key.model_len) != 0);
+    if (c && !other_model) {
         op->layout = c->layout;
         op->groups = lmc_ed_groups_ref(c->groups);
         memcpy(op->tag, c->tag, sizeof op->tag);
     }
+    uint32_t ctx_ws = c ? c->world_size : 0;
     pthread_mutex_unlock(&m->lock);
-    op->registered = c != NULL;
+    if (other_model)
+        LMC_WARN_LIMITED("engine-driven instance %lld: a key names another model or world "
+                         "size (%u) than the instance registered (world size %u); answered as "
+                         "unregistered", (long long)op->instance_id, op->key.world_size, ctx_ws);
+    op->registered = c != NULL && !other_model;
     op->n = lmc_ipc_key_num_chunks(&op->key, m->cs);
     uint32_t groups = op->groups ? op->groups->n_groups : 1;
     op->n_keys = op->n * groups;
@@ -368,9 +379,10 @@ static lmc_handler_result prepare_store(void *state, lmc_rpc_call *call)
     }
     ok = lmc_ed_keep_reserved(m, &op, reserved, granted, ok, ok * op.layout.object_size);
     if (oom)
-        LMC_WARN("PREPARE_STORE: L1 full, %zu of %zu chunks not stored", oom, op.n);
+        LMC_WARN_LIMITED("PREPARE_STORE: L1 full, %zu of %zu chunks not stored", oom, op.n);
     if (!op.registered)
-        LMC_WARN("PREPARE_STORE: instance %lld is not registered", (long long)op.instance_id);
+        LMC_WARN_LIMITED("PREPARE_STORE: instance %lld is not registered",
+                         (long long)op.instance_id);
     pack_store_reply(lmc_rpc_call_reply(call), leases, idx, ok, &op.layout);
     atomic_fetch_add(&m->chunks_reserved, ok);
     if (ok)
@@ -453,8 +465,9 @@ static lmc_handler_result prepare_retrieve(void *state, lmc_rpc_call *call)
     lmc_lease *leases = calloc(op.n + 1, sizeof *leases);
     lmc_l1_result *res = calloc(op.n + 1, sizeof *res);
     bool asked = op.registered && !op.unknown_names && leases && res && op.n > 0;
+    lmc_object_sizes want = {&op.layout.object_size, 1, 1};
     size_t granted = asked ? lmc_storage_manager_lease_copy(m->ctx->storage, op.keys, op.n,
-                                                            LMC_COPY_CARRIES_SHARE, true,
+                                                            LMC_COPY_CARRIES_SHARE, true, &want,
                                                             leases, res)
                            : 0;
     bool ok = op.n > 0 && granted == op.n;

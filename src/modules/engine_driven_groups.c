@@ -112,7 +112,7 @@ void lmc_ed_prepare_store_groups(engine_mod *m, lmc_rpc_call *call, ed_op *op)
     }
     ok = lmc_ed_keep_reserved(m, op, reserved, granted, ok, bytes);
     if (oom)
-        LMC_WARN("PREPARE_STORE: L1 full, %zu of %zu objects not stored", oom, op->n_keys);
+        LMC_WARN_LIMITED("PREPARE_STORE: L1 full, %zu of %zu objects not stored", oom, op->n_keys);
     msgpack_packer *pk = lmc_rpc_call_reply(call);
     msgpack_pack_map(pk, 1);
     lmc_mp_pack_cstr(pk, "context");
@@ -138,19 +138,22 @@ void lmc_ed_prepare_retrieve_groups(engine_mod *m, lmc_rpc_call *call, ed_op *op
     size_t nk = op->n_keys, t = 0;
     uint64_t bytes = 0;
     bool *in = calloc(nk + 1, sizeof *in);
+    uint64_t *sizes = malloc((nk + 1) * sizeof *sizes);
     lmc_object_key *keys = malloc((nk + 1) * sizeof *keys);
     lmc_lease *leases = calloc(nk + 1, sizeof *leases), *by_key = calloc(nk + 1, sizeof *by_key);
     bool ok = op->registered && !op->unknown_names && op->n > 0 && in && keys && leases &&
-              by_key;
+              by_key && sizes;
     for (size_t i = 0; ok && i < nk; i++) {
         in[i] = i / G >= lmc_ed_groups_window_start(op->groups, (uint32_t)(i % G), op->n);
         if (in[i]) {
+            sizes[t] = op->layout.group_sizes[i % G];
             keys[t++] = op->keys[i];
             bytes += op->layout.group_sizes[i % G];
         }
     }
+    lmc_object_sizes want = {sizes, (uint32_t)(t ? t : 1), 1};
     if (ok && lmc_storage_manager_lease_copy(m->ctx->storage, keys, t, LMC_COPY_CARRIES_SHARE,
-                                             true, leases, NULL) != t) {
+                                             true, &want, leases, NULL) != t) {
         lmc_storage_manager_report_read_failure(m->ctx->storage, "l1_retrieve", "not_found",
                                                 &keys[0], t);
         ok = false;
@@ -178,6 +181,7 @@ void lmc_ed_prepare_retrieve_groups(engine_mod *m, lmc_rpc_call *call, ed_op *op
     if (ok)
         lmc_ed_publish_transfer(m, LMC_EVENT_RETRIEVE_START, op, t, 0);
     free(in);
+    free(sizes);
     free(keys);
     free(leases);
     free(by_key);

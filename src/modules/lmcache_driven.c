@@ -149,9 +149,11 @@ static int op_begin(sd_mod *m, lmc_rpc_call *call, sd_op *op, bool store, char *
     op->key_decoded = true;
     if (!op->key.has_worker)
         return snprintf(err, errlen, "worker_id must not be None"), -1;
-    if (!op->c->model)
-        lmc_sd_adopt_model(m, op->c, op->key.model_name, op->key.model_len,
-                           op->key.world_size);
+    if (!lmc_sd_bind_model(m, op->c, op->key.model_name, op->key.model_len,
+                           op->key.world_size))
+        return snprintf(err, errlen, "the key names another model or world size (%u) than "
+                                     "instance %lld registered (world size %u)",
+                        op->key.world_size, (long long)id, op->c->world_size), -1;
     op->n = lmc_ipc_key_num_chunks(&op->key, m->cs);
     uint32_t n_og = op->c->plan.n_og;
     uint8_t *hashes = malloc(op->n * LMC_TOKEN_HASH_LEN + 1);
@@ -387,8 +389,8 @@ static int store_on_cpu(sd_mod *m, const sd_op *op, sd_store_plan *s)
     uint64_t bytes = 0;
     if (!guarded_gather(m, op, s, &bytes)) {
         abandon_store(m, s);
-        LMC_WARN("STORE: instance %lld's memory went away under the copy (a segment shrank); "
-                 "nothing stored", (long long)op->c->instance_id);
+        LMC_WARN_LIMITED("STORE: instance %lld's memory went away under the copy (a segment "
+                         "shrank); nothing stored", (long long)op->c->instance_id);
         return -1;
     }
     size_t reserved = 0;
@@ -437,7 +439,8 @@ static lmc_handler_result store(void *state, lmc_rpc_call *call)
                              op.c->instance_id, op.c->cuda ? "cuda" : "cpu", op.n, 0);
         size_t bound = reserve_store(m, &op, &s);
         if (bound < op.n)
-            LMC_WARN("STORE: L1 full, chunks %zu..%zu of %zu not stored", bound, op.n - 1, op.n);
+            LMC_WARN_LIMITED("STORE: L1 full, chunks %zu..%zu of %zu not stored", bound,
+                             op.n - 1, op.n);
         if (op.c->cuda) {
             rc = store_on_cuda(m, call, &op, &s, client, client_len);
             replied = true;
@@ -445,7 +448,7 @@ static lmc_handler_result store(void *state, lmc_rpc_call *call)
             rc = store_on_cpu(m, &op, &s);
         }
     } else {
-        LMC_WARN("STORE: %s", err);
+        LMC_WARN_LIMITED("STORE: %s", err);
     }
     if (!replied)
         reply_plain(m, call, &op, rc == 0);
@@ -506,21 +509,22 @@ static bool retrieve_group(sd_mod *m, const sd_op *op, uint32_t og, uint64_t ski
     for (size_t c = first; c < op->n; c++) {
         for (uint32_t k = 0; k < p->og[og].n_members; k++)
             if (!lmc_sd_ids_in_range(op, p->og[og].members[k], c)) {
-                LMC_WARN("RETRIEVE: chunk %zu names a block outside its tensor", c);
+                LMC_WARN_LIMITED("RETRIEVE: chunk %zu names a block outside its tensor", c);
                 return false;
             }
         keys[c - first] = op->keys[c * p->n_og + og];
     }
+    lmc_object_sizes want = {&p->og[og].object_size, 1, 1};
     size_t got = lmc_storage_manager_lease_copy(m->ctx->storage, keys, n,
-                                                LMC_COPY_CARRIES_SHARE, true, leases, NULL);
+                                                LMC_COPY_CARRIES_SHARE, true, &want, leases, NULL);
     if (got != n)
         return false;
     bool copied = guarded_scatter(m, op, og, first, skip, leases);
     if (copied)
         *bytes += n * p->og[og].object_size;
     else
-        LMC_WARN("RETRIEVE: instance %lld's memory went away under the copy (a segment "
-                 "shrank)", (long long)op->c->instance_id);
+        LMC_WARN_LIMITED("RETRIEVE: instance %lld's memory went away under the copy (a segment "
+                         "shrank)", (long long)op->c->instance_id);
     lmc_storage_manager_give_back(m->ctx->storage, keys, leases, n);
     return copied;
 }
@@ -595,7 +599,7 @@ static lmc_handler_result retrieve(void *state, lmc_rpc_call *call)
         atomic_fetch_add(&m->chunks_retrieved, ok ? op.n : 0);
         atomic_fetch_add(&m->bytes_retrieved, bytes);
     } else {
-        LMC_WARN("RETRIEVE: %s", err);
+        LMC_WARN_LIMITED("RETRIEVE: %s", err);
     }
     reply_plain(m, call, &op, ok);
     atomic_fetch_add(ok ? &m->retrieves_ok : &m->retrieves_failed, 1);

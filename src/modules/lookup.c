@@ -85,13 +85,22 @@ static void release_unfreed(lookup_mod *m, lmc_lookup_locks *l)
     lmc_lookup_locks_clear(l);
 }
 
+/* The sizes the layout's objects have, for keys laid out chunk -> object
+ * group -> rank: an object of another size (another layout's, under the
+ * same key) is no hit (docs/storage.md, "Objects of another size"). */
+static lmc_object_sizes layout_sizes(const lmc_layout *l, uint32_t per)
+{
+    return (lmc_object_sizes){l->group_sizes, l->num_groups, per / l->num_groups};
+}
+
 /* The leading run of chunks with every key present, read-locked; a partly
  * present chunk is no hit.  Returns the keys locked (a multiple of per). */
-static size_t lock_prefix(lookup_mod *m, const lmc_ipc_key *k, lmc_object_key *keys,
-                          lmc_lease *leases, size_t n, uint32_t per)
+static size_t lock_prefix(lookup_mod *m, const lmc_ipc_key *k, const lmc_layout *l,
+                          lmc_object_key *keys, lmc_lease *leases, size_t n, uint32_t per)
 {
+    lmc_object_sizes want = layout_sizes(l, per);
     size_t locked = lmc_storage_manager_lease_read(m->ctx->storage, keys, n, k->num_kv_readers,
-                                                   true, leases, NULL);
+                                                   true, &want, leases, NULL);
     size_t full = locked / per * per;
     lmc_storage_manager_give_back(m->ctx->storage, keys + full, leases + full, locked - full);
     return full;
@@ -126,8 +135,9 @@ static size_t lock_windowed(lookup_mod *m, const lmc_ipc_key *k, const lmc_layou
     if (!res)
         return 0;
     uint32_t ranks = per / l->num_groups;
+    lmc_object_sizes want = layout_sizes(l, per);
     lmc_storage_manager_lease_read(m->ctx->storage, keys, n_chunks * per, k->num_kv_readers,
-                                   false, leases, res);
+                                   false, &want, leases, res);
     size_t hits = n_chunks;
     for (; hits > 0; hits--) {
         bool ok = true;
@@ -157,8 +167,8 @@ static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
         return 0;
     int rc = lmc_session_hashes(se, k->tokens, k->n_tokens, k->start, k->end, &hashes);
     if (rc != LMC_HASH_OK) {
-        LMC_WARN("LOOKUP %.*s: hashing failed: %s", (int)k->request_id_len, k->request_id,
-                 lmc_hash_strerror(rc));
+        LMC_WARN_LIMITED("LOOKUP %.*s: hashing failed: %s", (int)k->request_id_len, k->request_id,
+                         lmc_hash_strerror(rc));
         return 0;
     }
     *hashes_out = hashes;
@@ -185,7 +195,7 @@ static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
         return 0;
     }
     size_t full = windowed(layout) ? lock_windowed(m, k, layout, keys, leases, n_chunks, per)
-                                   : lock_prefix(m, k, keys, leases, n, per);
+                                   : lock_prefix(m, k, layout, keys, leases, n, per);
     se->locks = (lmc_lookup_locks){.keys = keys, .n_keys_held = n, .leases = leases, .n = full,
                                    .first_chunk = k->start / m->chunk_size,
                                    .keys_per_chunk = per, .readers = k->num_kv_readers};

@@ -361,8 +361,8 @@ static void after_stream(sd_mod *m, const sd_op *op, sd_completion *w)
     const lmc_cuda_ops *ops = m->cuda.ops;
     if (ops->then(op->c->cu.stream, on_stream_done, w, err, sizeof err) == 0)
         return;
-    LMC_WARN("CUDA instance %lld: %s; waiting for its stream", (long long)op->c->instance_id,
-             err);
+    LMC_WARN_LIMITED("CUDA instance %lld: %s; waiting for its stream",
+                     (long long)op->c->instance_id, err);
     ops->sync(op->c->cu.stream, err, sizeof err);
     w->publish = false;
     complete(m, w);
@@ -407,7 +407,7 @@ bool lmc_sd_cuda_store(sd_mod *m, const sd_op *op, sd_store_plan *s, const uint8
     done->publish = rc == 0;
     after_stream(m, op, done);
     if (rc != 0)
-        LMC_WARN("STORE on CUDA instance %lld: %s", (long long)op->c->instance_id, err);
+        LMC_WARN_LIMITED("STORE on CUDA instance %lld: %s", (long long)op->c->instance_id, err);
     return rc == 0;
 }
 
@@ -428,8 +428,9 @@ static int retrieve_group(sd_mod *m, const sd_op *op, uint32_t og, uint64_t skip
                 rc = (snprintf(err, errlen, "chunk %zu names a block outside its tensor", c), -1);
         keys[c - first] = op->keys[c * p->n_og + og];
     }
+    lmc_object_sizes want = {&p->og[og].object_size, 1, 1};
     if (rc == 0 && lmc_storage_manager_lease_copy(m->ctx->storage, keys, n,
-                                                  LMC_COPY_CARRIES_SHARE, true, leases,
+                                                  LMC_COPY_CARRIES_SHARE, true, &want, leases,
                                                   NULL) != n)
         rc = (snprintf(err, errlen, "chunks not locked by a LOOKUP"), -1);
     uint32_t skips[LMC_KV_MAX_KERNEL_GROUPS];
@@ -469,6 +470,6 @@ bool lmc_sd_cuda_retrieve(sd_mod *m, const sd_op *op, uint64_t skip, const uint8
     if (ops->record_event(op->c->cu.stream, handle, err, sizeof err) != 0)
         rc = -1;
     if (rc != 0)
-        LMC_WARN("RETRIEVE on CUDA instance %lld: %s", (long long)op->c->instance_id, err);
+        LMC_WARN_LIMITED("RETRIEVE on CUDA instance %lld: %s", (long long)op->c->instance_id, err);
     return rc == 0;
 }

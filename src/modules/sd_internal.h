@@ -178,8 +178,11 @@ bool lmc_sd_cuda_failure_event(sd_mod *m, const sd_op *op,
 sd_ctx *lmc_sd_get(sd_mod *m, int64_t id);
 void lmc_sd_put(sd_mod *m, sd_ctx *c);
 /* Registers the layout under the key's (model, world size) the first time
- * an op names them, for contexts registered without a model name. */
-void lmc_sd_adopt_model(sd_mod *m, sd_ctx *c, const char *model, size_t len, uint32_t ws);
+ * an op names them, for contexts registered without a model name; then
+ * whether the key names the context's own model and world size.  A key of
+ * another model would read and write objects of another layout (issue 29),
+ * so a STORE or RETRIEVE that names one is refused. */
+bool lmc_sd_bind_model(sd_mod *m, sd_ctx *c, const char *model, size_t len, uint32_t ws);
 
 lmc_handler_result lmc_sd_register(void *state, lmc_rpc_call *call);
 lmc_handler_result lmc_sd_unregister(void *state, lmc_rpc_call *call);

@@ -353,7 +353,7 @@ static int acquire_layout(sd_mod *m, sd_ctx *c, char *err, size_t errlen)
     return 0;
 }
 
-void lmc_sd_adopt_model(sd_mod *m, sd_ctx *c, const char *model, size_t len, uint32_t ws)
+bool lmc_sd_bind_model(sd_mod *m, sd_ctx *c, const char *model, size_t len, uint32_t ws)
 {
     pthread_mutex_lock(&m->lock);
     if (!c->model) {
@@ -361,9 +361,12 @@ void lmc_sd_adopt_model(sd_mod *m, sd_ctx *c, const char *model, size_t len, uin
         c->model = lmc_intern(m->ctx->interner, model, len);
         c->world_size = ws;
         if (c->model && acquire_layout(m, c, err, sizeof err) != 0)
-            LMC_WARN("server-driven instance %lld: %s", (long long)c->instance_id, err);
+            LMC_WARN_LIMITED("server-driven instance %lld: %s", (long long)c->instance_id, err);
     }
+    bool same = c->model && c->world_size == ws && strlen(c->model) == len &&
+                memcmp(c->model, model, len) == 0;
     pthread_mutex_unlock(&m->lock);
+    return same;
 }
 
 static int build_ctx(sd_mod *m, const reg_request *r, sd_ctx **out, char *err, size_t errlen)
@@ -556,7 +559,7 @@ lmc_handler_result lmc_sd_unregister(void *state, lmc_rpc_call *call)
         atomic_fetch_add(&m->unregisters, 1);
         LMC_INFO("server-driven instance %lld unregistered", (long long)id);
     } else {
-        LMC_WARN("UNREGISTER_KV_CACHE: instance %lld is not registered", (long long)id);
+        LMC_WARN_LIMITED("UNREGISTER_KV_CACHE: instance %lld is not registered", (long long)id);
     }
     return LMC_HANDLER_VOID;
 }

@@ -118,14 +118,15 @@ static void copy_chunk(const kv_plan *p, uint8_t *whole, size_t total_tokens, ui
     }
 }
 
-/* Leading chunks whose every rank is resident, under READ leases (1 share)
- * in p->held; 0 when memory ran out. */
+/* Leading chunks whose every rank is resident at this layout's object
+ * size, under READ leases (1 share) in p->held; 0 when memory ran out. */
 static size_t lock_hits(lmc_module_ctx *ctx, kv_plan *p)
 {
     if (!p->n_keys || !(p->held = malloc(p->n_keys * sizeof *p->held)))
         return 0;
-    size_t locked =
-        lmc_storage_manager_lease_read(ctx->storage, p->keys, p->n_keys, 1, true, p->held, NULL);
+    lmc_object_sizes want = {&p->layout.object_size, 1, 1};
+    size_t locked = lmc_storage_manager_lease_read(ctx->storage, p->keys, p->n_keys, 1, true,
+                                                   &want, p->held, NULL);
     size_t full = locked / p->per * p->per;
     lmc_storage_manager_give_back(ctx->storage, p->keys + full, p->held + full, locked - full);
     return full / p->per;
@@ -220,9 +221,10 @@ int lmc_kv_http_retrieve(lmc_module_ctx *ctx, const lmc_kv_request *rq, uint8_t 
     size_t tokens = hits * p.cs;
     *len = 2ull * p.layout.num_layers * tokens * p.row_bytes * p.ws;
     *data = *len ? malloc(*len) : NULL;
+    lmc_object_sizes want = {&p.layout.object_size, 1, 1};
     bool ok = copies && (!*len || *data) &&
               lmc_storage_manager_lease_copy(ctx->storage, p.keys, n, LMC_COPY_TAKES_SHARE, true,
-                                             copies, NULL) == n;
+                                             &want, copies, NULL) == n;
     uint8_t *base = lmc_storage_manager_l1_arena(ctx->storage)->base;
     for (size_t i = 0; ok && i < n; i++)
         copy_chunk(&p, *data, tokens, base + copies[i].offset, i / p.per,

@@ -266,7 +266,7 @@ json_t *lmc_warm_prefetch_submit(lmc_warm_prefetch *w, const json_t *body, unsig
     /* The leading run already in L1 counts as found; only the rest loads. */
     lmc_lease *leases = malloc(n * sizeof *leases);
     size_t locked = leases ? lmc_storage_manager_lease_read(w->ctx->storage, keys, n, 1, true,
-                                                            leases, NULL)
+                                                            NULL, leases, NULL)
                            : 0;
     lmc_storage_manager_give_back(w->ctx->storage, keys, leases, locked);
     free(leases);

@@ -13,7 +13,7 @@ const char *lmc_l1_result_name(lmc_l1_result r)
 {
     static const char *const names[] = {
         "SUCCESS", "KEY_NOT_EXIST", "KEY_NOT_READABLE", "KEY_NOT_WRITABLE",
-        "KEY_IN_WRONG_STATE", "KEY_IS_LOCKED", "OUT_OF_MEMORY",
+        "KEY_IN_WRONG_STATE", "KEY_IS_LOCKED", "OUT_OF_MEMORY", "KEY_WRONG_SIZE",
     };
     return (unsigned)r < sizeof(names) / sizeof(names[0]) ? names[r] : "UNKNOWN";
 }
@@ -236,6 +236,7 @@ static json_t *lease_status(const lmc_lease_counts *c)
         rc |= set_u64(st, "returned_twice", c->returned_twice);
         rc |= set_u64(st, "returned_stale", c->returned_stale);
         rc |= set_u64(st, "returned_expired", c->returned_expired);
+        rc |= set_u64(st, "size_mismatches", c->size_mismatches);
     }
     if (rc != 0) {
         json_decref(st);

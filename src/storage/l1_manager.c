@@ -485,9 +485,28 @@ static size_t fail_all(lmc_lease *leases, lmc_l1_result *results, size_t n)
     return 0;
 }
 
+/* The resident object of key i, if it is of the size its reader expects;
+ * otherwise NULL with the result that says why. */
+static l1_entry *readable(lmc_l1_manager *m, const lmc_object_key *key, size_t i,
+                          const lmc_object_sizes *want, lmc_l1_result *result)
+{
+    l1_entry *e = find_entry(m, key);
+    if (!e || !e->object.resident) {
+        *result = LMC_L1_KEY_NOT_EXIST;
+        return NULL;
+    }
+    if (want && e->object.raw_size != lmc_object_size_of(want, i)) {
+        m->leases.size_mismatches++;
+        *result = LMC_L1_KEY_WRONG_SIZE;
+        return NULL;
+    }
+    *result = LMC_L1_SUCCESS;
+    return e;
+}
+
 size_t lmc_l1_manager_lease_read(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
-                                 uint32_t readers, bool prefix, lmc_lease *leases,
-                                 lmc_l1_result *results)
+                                 uint32_t readers, bool prefix, const lmc_object_sizes *want,
+                                 lmc_lease *leases, lmc_l1_result *results)
 {
     readers = clamp_readers(readers);
     pthread_mutex_lock(&m->mutex);
@@ -500,10 +519,10 @@ size_t lmc_l1_manager_lease_read(lmc_l1_manager *m, const lmc_object_key *keys, 
     size_t granted = 0;
     bool missed = false;
     for (size_t i = 0; i < n; i++) {
-        l1_entry *e = missed ? NULL : find_entry(m, &keys[i]);
         leases[i] = (lmc_lease){0};
-        if (!e || !e->object.resident) {
-            results[i] = LMC_L1_KEY_NOT_EXIST;
+        results[i] = LMC_L1_KEY_NOT_EXIST;
+        l1_entry *e = missed ? NULL : readable(m, &keys[i], i, want, &results[i]);
+        if (!e) {
             missed = prefix;
             continue;
         }
@@ -519,19 +538,22 @@ size_t lmc_l1_manager_lease_read(lmc_l1_manager *m, const lmc_object_key *keys, 
     return granted;
 }
 
-static lmc_l1_result classify_for_copy(lmc_l1_manager *m, const lmc_object_key *key,
-                                       lmc_copy_share share, int64_t now)
+static lmc_l1_result classify_for_copy(lmc_l1_manager *m, const lmc_object_key *key, size_t i,
+                                       lmc_copy_share share, const lmc_object_sizes *want,
+                                       int64_t now)
 {
-    l1_entry *e = find_entry(m, key);
-    if (!e || !e->object.resident)
-        return LMC_L1_KEY_NOT_EXIST;
+    lmc_l1_result r;
+    l1_entry *e = readable(m, key, i, want, &r);
+    if (!e)
+        return r;
     if (share == LMC_COPY_CARRIES_SHARE && !lmc_ttl_lock_held(&e->object.lock, now))
         return LMC_L1_KEY_NOT_READABLE;
     return LMC_L1_SUCCESS;
 }
 
 size_t lmc_l1_manager_lease_copy(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
-                                 lmc_copy_share share, bool all_or_none, lmc_lease *leases,
+                                 lmc_copy_share share, bool all_or_none,
+                                 const lmc_object_sizes *want, lmc_lease *leases,
                                  lmc_l1_result *results)
 {
     bool takes = share == LMC_COPY_TAKES_SHARE;
@@ -545,7 +567,7 @@ size_t lmc_l1_manager_lease_copy(lmc_l1_manager *m, const lmc_object_key *keys, 
     size_t ok = 0;
     for (size_t i = 0; i < n; i++) {
         leases[i] = (lmc_lease){0};
-        results[i] = classify_for_copy(m, &keys[i], share, now);
+        results[i] = classify_for_copy(m, &keys[i], i, share, want, now);
         ok += results[i] == LMC_L1_SUCCESS;
     }
     if (all_or_none && ok < n)
@@ -711,8 +733,20 @@ int lmc_l1_manager_delete(lmc_l1_manager *m, const lmc_object_key *keys, size_t 
     return lmc_l1_manager_delete_aged(m, keys, n, force, NULL, results);
 }
 
-int lmc_l1_manager_delete_aged(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
-                               bool force, lmc_l1_object_age *ages, lmc_l1_result *results)
+/* Whether delete_where leaves key alone: with keep_size, everything but a
+ * resident object of another size with no reservation on its key. */
+static bool spared(lmc_l1_manager *m, const lmc_object_key *key, uint64_t keep_size)
+{
+    if (!keep_size)
+        return false;
+    l1_entry *e = find_entry(m, key);
+    return !e || !e->object.resident || e->staging || e->object.raw_size == keep_size;
+}
+
+/* Deletes keys[0..n); keep_size != 0 deletes only resident objects of
+ * another size (the others' results are NOT_EXIST). */
+static int delete_where(lmc_l1_manager *m, const lmc_object_key *keys, size_t n, bool force,
+                        lmc_l1_object_age *ages, uint64_t keep_size, lmc_l1_result *results)
 {
     pthread_mutex_lock(&m->mutex);
     l1_event *ev = l1_event_begin(m, LMC_L1_EVENT_DELETED, n);
@@ -723,7 +757,7 @@ int lmc_l1_manager_delete_aged(lmc_l1_manager *m, const lmc_object_key *keys, si
     int64_t now = l1_now(m);
     size_t retire = 0;
     for (size_t i = 0; i < n; i++) {
-        l1_entry *e = find_entry(m, &keys[i]);
+        l1_entry *e = spared(m, &keys[i], keep_size) ? NULL : find_entry(m, &keys[i]);
         retire += e ? retirements(e, force, now) : 0;
     }
     if (l1_reserve_retired(m, retire) != 0) {
@@ -735,7 +769,9 @@ int lmc_l1_manager_delete_aged(lmc_l1_manager *m, const lmc_object_key *keys, si
     for (size_t i = 0; i < n; i++) {
         if (ages)
             ages[i] = (lmc_l1_object_age){false, 0, 0};
-        results[i] = delete_one(m, &keys[i], force, now, ages ? &ages[i] : NULL);
+        results[i] = spared(m, &keys[i], keep_size)
+                         ? LMC_L1_KEY_NOT_EXIST
+                         : delete_one(m, &keys[i], force, now, ages ? &ages[i] : NULL);
         if (results[i] == LMC_L1_SUCCESS)
             l1_event_add(m, ev, &keys[i]);
     }
@@ -743,6 +779,18 @@ int lmc_l1_manager_delete_aged(lmc_l1_manager *m, const lmc_object_key *keys, si
     l1_event_commit(m, ev);
     l1_unlock_and_dispatch(m);
     return 0;
+}
+
+int lmc_l1_manager_delete_aged(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
+                               bool force, lmc_l1_object_age *ages, lmc_l1_result *results)
+{
+    return delete_where(m, keys, n, force, ages, 0, results);
+}
+
+int lmc_l1_manager_delete_other_size(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
+                                     uint64_t object_size, lmc_l1_result *results)
+{
+    return object_size ? delete_where(m, keys, n, false, NULL, object_size, results) : -1;
 }
 
 /* Returns true if the key should be reported as deleted. */

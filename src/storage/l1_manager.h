@@ -138,18 +138,21 @@ int lmc_l1_manager_publish_writes(lmc_l1_manager *m, const lmc_object_key *keys,
                                   lmc_l1_result *results);
 /* READ leases of `readers` (clamped to [1,128]) shares on resident keys
  * (staging-only keys are NOT_EXIST).  prefix: stop at the first key that is
- * not resident; keys after it are untouched.  Returns how many were
+ * not resident; keys after it are untouched.  want (NULL: any size): an
+ * object of another size is WRONG_SIZE, a miss.  Returns how many were
  * granted. */
 size_t lmc_l1_manager_lease_read(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
-                                 uint32_t readers, bool prefix, lmc_lease *leases,
-                                 lmc_l1_result *results);
+                                 uint32_t readers, bool prefix, const lmc_object_sizes *want,
+                                 lmc_lease *leases, lmc_l1_result *results);
 /* COPY leases on resident keys (see lmc_copy_share for the share each
  * carries): NOT_READABLE when CARRIES_SHARE finds no live read lock,
- * NOT_EXIST when not resident.  all_or_none: unless every key can be
- * copied, none is (the results still say which failed).  Returns how many
- * were granted. */
+ * NOT_EXIST when not resident, WRONG_SIZE when want (NULL: any size)
+ * expects another size.  all_or_none: unless every key can be copied, none
+ * is (the results still say which failed).  Returns how many were
+ * granted. */
 size_t lmc_l1_manager_lease_copy(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
-                                 lmc_copy_share share, bool all_or_none, lmc_lease *leases,
+                                 lmc_copy_share share, bool all_or_none,
+                                 const lmc_object_sizes *want, lmc_lease *leases,
                                  lmc_l1_result *results);
 /* Gives any leases back: WRITE unpublished (the buffer is freed), READ and
  * COPY (the copy unpinned, its shares released on that copy only).  Marks
@@ -179,6 +182,11 @@ typedef struct lmc_l1_object_age {
 } lmc_l1_object_age;
 int lmc_l1_manager_delete_aged(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
                                bool force, lmc_l1_object_age *ages, lmc_l1_result *results);
+/* Non-force delete() of only those keys whose resident object is not of
+ * `object_size` (> 0) bytes and has no reservation; the others are
+ * NOT_EXIST and untouched. */
+int lmc_l1_manager_delete_other_size(lmc_l1_manager *m, const lmc_object_key *keys, size_t n,
+                                     uint64_t object_size, lmc_l1_result *results);
 
 /* Lifecycle sampling: `fn` decides once per object, when it becomes
  * resident, whether its lifecycle is observed (called with the manager's

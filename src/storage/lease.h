@@ -26,6 +26,7 @@ typedef enum lmc_l1_result {
     LMC_L1_KEY_IN_WRONG_STATE,
     LMC_L1_KEY_IS_LOCKED,
     LMC_L1_OUT_OF_MEMORY,
+    LMC_L1_KEY_WRONG_SIZE,   /* resident, but not of the size its reader's layout expects */
 } lmc_l1_result;
 
 const char *lmc_l1_result_name(lmc_l1_result r);
@@ -85,6 +86,25 @@ typedef struct lmc_lease_counts {
     uint64_t returned_stale;      /* its buffer was gone (forced clear or delete,
                                    * lapsed, taken over): nothing to do */
     uint64_t returned_expired;    /* found, but its lock had lapsed */
+    uint64_t size_mismatches;     /* READ or COPY refused: the object is not of the
+                                   * size the reader expects (a miss, never a copy) */
 } lmc_lease_counts;
+
+/* The size a reader's layout expects each key's object to have
+ * (docs/storage.md, "Objects of another size"): key i's is
+ * sizes[(i / stride) % count], which fits keys laid out chunk -> object
+ * group -> rank (stride = ranks, count = object groups), or one size for
+ * all (count = stride = 1).  A reader that copies bytes at its layout's
+ * size must pass one: an object of another size is then refused, never
+ * read past its end. */
+typedef struct lmc_object_sizes {
+    const uint64_t *sizes;
+    uint32_t count, stride;
+} lmc_object_sizes;
+
+static inline uint64_t lmc_object_size_of(const lmc_object_sizes *w, size_t i)
+{
+    return w->sizes[(i / w->stride) % w->count];
+}
 
 #endif

@@ -491,12 +491,14 @@ int lmc_storage_manager_publish_writes(lmc_storage_manager *sm, const lmc_object
 
 size_t lmc_storage_manager_lease_read(lmc_storage_manager *sm, const lmc_object_key *keys,
                                       size_t n, uint32_t readers, bool prefix,
-                                      lmc_lease *leases, lmc_l1_result *results)
+                                      const lmc_object_sizes *want, lmc_lease *leases,
+                                      lmc_l1_result *results)
 {
     lmc_l1_result *r = results_or_scratch(results, n);
     if (!r)
         return 0;
-    size_t granted = lmc_l1_manager_lease_read(sm->l1, keys, n, readers, prefix, leases, r);
+    size_t granted = lmc_l1_manager_lease_read(sm->l1, keys, n, readers, prefix, want, leases,
+                                               r);
     if (prefix)   /* a lookup: its hits and misses are the L1 hit-rate metrics */
         lmc_storage_telemetry_read_outcome(sm->telemetry, keys, n, granted);
     release_results(r, results);
@@ -505,12 +507,14 @@ size_t lmc_storage_manager_lease_read(lmc_storage_manager *sm, const lmc_object_
 
 size_t lmc_storage_manager_lease_copy(lmc_storage_manager *sm, const lmc_object_key *keys,
                                       size_t n, lmc_copy_share share, bool all_or_none,
-                                      lmc_lease *leases, lmc_l1_result *results)
+                                      const lmc_object_sizes *want, lmc_lease *leases,
+                                      lmc_l1_result *results)
 {
     lmc_l1_result *r = results_or_scratch(results, n);
     if (!r)
         return 0;
-    size_t granted = lmc_l1_manager_lease_copy(sm->l1, keys, n, share, all_or_none, leases, r);
+    size_t granted = lmc_l1_manager_lease_copy(sm->l1, keys, n, share, all_or_none, want,
+                                               leases, r);
     release_results(r, results);
     return granted;
 }
@@ -571,6 +575,20 @@ int lmc_storage_manager_delete(lmc_storage_manager *sm, const lmc_object_key *ke
     if (skipped_locked)
         *skipped_locked = locked;
     return rc;
+}
+
+size_t lmc_storage_manager_delete_other_size(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                             size_t n, uint64_t object_size)
+{
+    lmc_l1_result *r = results_or_scratch(NULL, n);
+    if (!r)
+        return 0;
+    size_t done = 0;
+    if (lmc_l1_manager_delete_other_size(sm->l1, keys, n, object_size, r) == 0)
+        for (size_t i = 0; i < n; i++)
+            done += r[i] == LMC_L1_SUCCESS;
+    free(r);
+    return done;
 }
 
 long lmc_storage_manager_clear(lmc_storage_manager *sm, bool force)

@@ -177,18 +177,30 @@ int lmc_storage_manager_publish_writes(lmc_storage_manager *sm, const lmc_object
                                        lmc_l1_result *results);
 /* READ leases of `readers` (clamped to [1,128]) shares each.  prefix: the
  * leading run of resident keys (a lookup; keys from the first miss on are
- * untouched and counted as misses); otherwise every key on its own.
- * Returns how many were granted. */
+ * untouched and counted as misses); otherwise every key on its own.  want:
+ * the sizes the reader's layout expects (NULL: any); an object of another
+ * size is a miss (WRONG_SIZE, counted).  Returns how many were granted. */
 size_t lmc_storage_manager_lease_read(lmc_storage_manager *sm, const lmc_object_key *keys,
                                       size_t n, uint32_t readers, bool prefix,
-                                      lmc_lease *leases, lmc_l1_result *results);
+                                      const lmc_object_sizes *want, lmc_lease *leases,
+                                      lmc_l1_result *results);
 /* COPY leases: leases[i] names the range to copy out of; a forced delete
  * or clear keeps that buffer for the copy until the lease goes back (or its
  * lock lapses).  all_or_none: unless every key can be copied none is.
- * Returns how many were granted. */
+ * want: as for READ; every reader that copies at its layout's size passes
+ * it.  Returns how many were granted. */
 size_t lmc_storage_manager_lease_copy(lmc_storage_manager *sm, const lmc_object_key *keys,
                                       size_t n, lmc_copy_share share, bool all_or_none,
+                                      const lmc_object_sizes *want,
                                       lmc_lease *leases, lmc_l1_result *results);
+/* Deletes (non-force) the resident objects of keys[0..n) that are not of
+ * `object_size` bytes, as a writer of that size does before its WRITE
+ * leases: a model redeployed with another shape replaces the objects of
+ * its earlier layout instead of being locked out of those keys until they
+ * are evicted (docs/storage.md, "Objects of another size").  Returns how
+ * many were deleted. */
+size_t lmc_storage_manager_delete_other_size(lmc_storage_manager *sm, const lmc_object_key *keys,
+                                             size_t n, uint64_t object_size);
 /* Gives back every held lease of leases[0..n) and marks it RETURNED (others
  * are skipped; a second give-back is counted, harmless). */
 void lmc_storage_manager_give_back(lmc_storage_manager *sm, const lmc_object_key *keys,

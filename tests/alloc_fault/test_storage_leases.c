@@ -69,7 +69,7 @@ static size_t resident(run_state *r, const lmc_object_key *keys, size_t n)
 {
     lmc_lease probe[N];
     lmc_fault_pause();
-    size_t hits = lmc_storage_manager_lease_read(r->sm, keys, n, 1, true, probe, NULL);
+    size_t hits = lmc_storage_manager_lease_read(r->sm, keys, n, 1, true, NULL, probe, NULL);
     lmc_storage_manager_give_back(r->sm, keys, probe, hits);
     lmc_fault_resume();
     return hits;
@@ -145,12 +145,12 @@ static int store_lookup_retrieve(void *arg)
     if (!all(r.res, N))
         return BROKEN(&r, "publish of live WRITE leases said %s",
                                    lmc_l1_result_name(r.res[0]));
-    size_t hits = lmc_storage_manager_lease_read(r.sm, r.keys, N, 2, true, r.reads, r.res);
+    size_t hits = lmc_storage_manager_lease_read(r.sm, r.keys, N, 2, true, NULL, r.reads, r.res);
     if (hits != N)
         return r.res[hits] == LMC_L1_OUT_OF_MEMORY
                    ? unwind(&r)
                    : BROKEN(&r, "lookup hit %zu of %d stored keys", hits, N);
-    size_t got = lmc_storage_manager_lease_copy(r.sm, r.keys, N, LMC_COPY_CARRIES_SHARE, true,
+    size_t got = lmc_storage_manager_lease_copy(r.sm, r.keys, N, LMC_COPY_CARRIES_SHARE, true, NULL,
                                                 r.copies, r.res);
     if (got != N)
         return r.res[0] == LMC_L1_OUT_OF_MEMORY
@@ -161,7 +161,8 @@ static int store_lookup_retrieve(void *arg)
             base[r.copies[i].offset] != (uint8_t)i)
             return BROKEN(&r, "COPY lease %d names the wrong bytes", i);
     lmc_storage_manager_give_back(r.sm, r.keys, r.copies, N);
-    got = lmc_storage_manager_lease_copy(r.sm, r.keys, N, LMC_COPY_TAKES_SHARE, false, r.copies,
+    got = lmc_storage_manager_lease_copy(r.sm, r.keys, N, LMC_COPY_TAKES_SHARE, false, NULL,
+                                         r.copies,
                                          r.res);
     if (got != N)
         return unwind(&r);

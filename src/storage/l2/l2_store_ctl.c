@@ -136,7 +136,7 @@ static batch *lock_batch(lmc_l2_store_ctl *c, const lmc_object_key *keys, size_t
         free(leases);
         return NULL;
     }
-    lmc_storage_manager_lease_copy(c->sm, keys, n, LMC_COPY_TAKES_SHARE, false, leases, res);
+    lmc_storage_manager_lease_copy(c->sm, keys, n, LMC_COPY_TAKES_SHARE, false, NULL, leases, res);
     for (size_t i = 0; i < n; i++) {
         if (res[i] != LMC_L1_SUCCESS)
             continue;

@@ -236,7 +236,7 @@ static void test_locked_and_staging_never_evicted(void **state)
     lmc_object_key k[2] = {make_key(5), make_key(3)};
     lmc_lease locks[2], staging[2];
     lmc_l1_result res[2];
-    assert_int_equal(lmc_l1_manager_lease_read(e->l1, k, 2, 1, false, locks, res), 2);
+    assert_int_equal(lmc_l1_manager_lease_read(e->l1, k, 2, 1, false, NULL, locks, res), 2);
     lmc_object_key staged[2] = {make_key(20), make_key(21)};
     assert_int_equal(
         lmc_l1_manager_lease_write(e->l1, staged, NULL, 2, PAGE, "s", staging, res), 0);

@@ -119,7 +119,7 @@ static lmc_l1_result read1(lmc_l1_manager *m, uint64_t id, uint32_t readers, lmc
     lmc_l1_result r;
     lmc_lease tmp;
     lmc_lease *l = lease ? lease : &tmp;
-    size_t granted = lmc_l1_manager_lease_read(m, &k, 1, readers, false, l, &r);
+    size_t granted = lmc_l1_manager_lease_read(m, &k, 1, readers, false, NULL, l, &r);
     assert_int_equal(granted, r == LMC_L1_SUCCESS);
     assert_int_equal(l->kind, r == LMC_L1_SUCCESS ? LMC_LEASE_READ : LMC_LEASE_NONE);
     return r;
@@ -132,7 +132,7 @@ static lmc_l1_result copy1(lmc_l1_manager *m, uint64_t id, lmc_copy_share share,
     lmc_l1_result r;
     lmc_lease tmp;
     lmc_lease *l = lease ? lease : &tmp;
-    size_t granted = lmc_l1_manager_lease_copy(m, &k, 1, share, false, l, &r);
+    size_t granted = lmc_l1_manager_lease_copy(m, &k, 1, share, false, NULL, l, &r);
     assert_int_equal(granted, r == LMC_L1_SUCCESS);
     assert_int_equal(l->kind, r == LMC_L1_SUCCESS ? LMC_LEASE_COPY : LMC_LEASE_NONE);
     /* A probe that was refused must not leave a lease behind to leak. */
@@ -397,7 +397,7 @@ static void test_finish_write_and_reserve_read(void **state)
     assert_int_not_equal(w.copy, 0);
     assert_int_equal(w.copy, written);
     lmc_l1_result r;
-    assert_int_equal(lmc_l1_manager_lease_read(f->m, &k, 1, 1, true, &probe, &r), 1);
+    assert_int_equal(lmc_l1_manager_lease_read(f->m, &k, 1, 1, true, NULL, &probe, &r), 1);
     assert_int_equal(probe.copy, w.copy);
     back1(f->m, 5, &probe);                                    /* that probe's share */
     assert_int_equal(evictable1(f->m, 5), LMC_L1_NOT_EVICTABLE);
@@ -430,7 +430,7 @@ static void test_finish_write_and_reserve_read(void **state)
     assert_int_equal(write1(f->m, 7, "a", false, &a), LMC_L1_SUCCESS);
     assert_int_equal(write1(f->m, 7, "b", false, &b), LMC_L1_SUCCESS);
     assert_int_equal(publish1(f->m, 7, &a, 0), LMC_L1_SUCCESS);
-    assert_int_equal(lmc_l1_manager_lease_read(f->m, &k, 1, 1, true, &resident, &r), 1);
+    assert_int_equal(lmc_l1_manager_lease_read(f->m, &k, 1, 1, true, NULL, &resident, &r), 1);
     assert_int_equal(publish1(f->m, 7, &b, 1), LMC_L1_SUCCESS);
     assert_int_equal(b.kind, LMC_LEASE_READ);
     assert_int_equal(b.copy, resident.copy);   /* b's copy was dropped; a's is the one locked */
@@ -515,7 +515,7 @@ static void test_reserve_read_prefix(void **state)
     lmc_object_key keys[4] = {make_key(1), make_key(2), make_key(3), make_key(4)};
     lmc_lease l[4];
     lmc_l1_result res[4];
-    assert_int_equal(lmc_l1_manager_lease_read(f->m, keys, 4, 2, true, l, res), 2);
+    assert_int_equal(lmc_l1_manager_lease_read(f->m, keys, 4, 2, true, NULL, l, res), 2);
     assert_int_equal(res[2], LMC_L1_KEY_NOT_EXIST);
     assert_int_equal(l[2].kind, LMC_LEASE_NONE);
     assert_int_equal(l[3].kind, LMC_LEASE_NONE);
@@ -523,13 +523,13 @@ static void test_reserve_read_prefix(void **state)
     assert_int_equal(evictable1(f->m, 1), LMC_L1_NOT_EVICTABLE);
     assert_int_equal(evictable1(f->m, 2), LMC_L1_NOT_EVICTABLE);
     assert_int_equal(readable1(f->m, 4), LMC_L1_KEY_NOT_READABLE);   /* after the miss */
-    assert_int_equal(lmc_l1_manager_lease_read(f->m, keys + 2, 2, 1, true, l + 2, res), 0);
+    assert_int_equal(lmc_l1_manager_lease_read(f->m, keys + 2, 2, 1, true, NULL, l + 2, res), 0);
     assert_int_equal(l[3].kind, LMC_LEASE_NONE);
     lmc_l1_manager_give_back(f->m, keys, l, 4);   /* NONE leases are skipped */
     assert_int_equal(stats(f->m).num_locked, 0);
     assert_int_equal(ledger(f->m).returned_twice, 0);
     /* Without prefix every key stands on its own. */
-    assert_int_equal(lmc_l1_manager_lease_read(f->m, keys, 4, 1, false, l, res), 3);
+    assert_int_equal(lmc_l1_manager_lease_read(f->m, keys, 4, 1, false, NULL, l, res), 3);
     assert_int_equal(res[2], LMC_L1_KEY_NOT_EXIST);
     assert_int_equal(res[3], LMC_L1_SUCCESS);
     assert_int_equal(stats(f->m).num_locked, 3);
@@ -795,14 +795,14 @@ static void test_finish_read_copies_spares_a_newer_copy(void **state)
     lmc_lease old_l, new_l, none;
     lmc_l1_result r;
     put_resident(f->m, 4);
-    assert_int_equal(lmc_l1_manager_lease_read(f->m, &k, 1, 2, true, &old_l, &r), 1);
+    assert_int_equal(lmc_l1_manager_lease_read(f->m, &k, 1, 2, true, NULL, &old_l, &r), 1);
     assert_int_not_equal(old_l.copy, 0);
     assert_int_equal(lmc_l1_manager_clear(f->m, true), 1);
     put_resident(f->m, 4);
-    assert_int_equal(lmc_l1_manager_lease_read(f->m, &k, 1, 1, true, &new_l, &r), 1);
+    assert_int_equal(lmc_l1_manager_lease_read(f->m, &k, 1, 1, true, NULL, &new_l, &r), 1);
     assert_int_not_equal(new_l.copy, old_l.copy);
     assert_int_equal(new_l.offset, old_l.offset);   /* why an offset cannot tell them */
-    assert_int_equal(lmc_l1_manager_lease_read(f->m, &missing, 1, 1, true, &none, &r), 0);
+    assert_int_equal(lmc_l1_manager_lease_read(f->m, &missing, 1, 1, true, NULL, &none, &r), 0);
     assert_int_equal(none.kind, LMC_LEASE_NONE);
     /* The first lookup's two shares went with the old copy: nothing to give. */
     back1(f->m, 4, &old_l);
@@ -1219,7 +1219,7 @@ static void test_lease_copy_all_or_none(void **state)
     assert_int_equal(read1(f->m, 1, 1, &lookup), LMC_L1_SUCCESS);   /* only 1 is locked */
     /* Carrying: 2 has no share to carry, 3 is missing: none is granted. */
     assert_int_equal(
-        lmc_l1_manager_lease_copy(f->m, keys, 3, LMC_COPY_CARRIES_SHARE, true, l, res), 0);
+        lmc_l1_manager_lease_copy(f->m, keys, 3, LMC_COPY_CARRIES_SHARE, true, NULL, l, res), 0);
     assert_int_equal(res[0], LMC_L1_SUCCESS);   /* could have been copied */
     assert_int_equal(res[1], LMC_L1_KEY_NOT_READABLE);
     assert_int_equal(res[2], LMC_L1_KEY_NOT_EXIST);
@@ -1227,7 +1227,7 @@ static void test_lease_copy_all_or_none(void **state)
         assert_int_equal(l[i].kind, LMC_LEASE_NONE);
     /* Taking: 3 is still missing, so 1 and 2 take no share either. */
     assert_int_equal(
-        lmc_l1_manager_lease_copy(f->m, keys, 3, LMC_COPY_TAKES_SHARE, true, l, res), 0);
+        lmc_l1_manager_lease_copy(f->m, keys, 3, LMC_COPY_TAKES_SHARE, true, NULL, l, res), 0);
     assert_int_equal(res[0], LMC_L1_SUCCESS);
     assert_int_equal(res[1], LMC_L1_SUCCESS);
     assert_int_equal(res[2], LMC_L1_KEY_NOT_EXIST);
@@ -1240,7 +1240,7 @@ static void test_lease_copy_all_or_none(void **state)
     put_resident(f->m, 2);
     /* All there: all granted. */
     assert_int_equal(
-        lmc_l1_manager_lease_copy(f->m, keys, 2, LMC_COPY_TAKES_SHARE, true, l, res), 2);
+        lmc_l1_manager_lease_copy(f->m, keys, 2, LMC_COPY_TAKES_SHARE, true, NULL, l, res), 2);
     assert_int_equal(l[0].kind, LMC_LEASE_COPY);
     assert_int_equal(l[1].kind, LMC_LEASE_COPY);
     assert_int_equal(evictable1(f->m, 2), LMC_L1_NOT_EVICTABLE);
@@ -1248,7 +1248,7 @@ static void test_lease_copy_all_or_none(void **state)
     assert_int_equal(evictable1(f->m, 2), LMC_L1_EVICTABLE);
     /* Without all_or_none each key stands on its own. */
     assert_int_equal(
-        lmc_l1_manager_lease_copy(f->m, keys, 3, LMC_COPY_CARRIES_SHARE, false, l, res), 1);
+        lmc_l1_manager_lease_copy(f->m, keys, 3, LMC_COPY_CARRIES_SHARE, false, NULL, l, res), 1);
     assert_int_equal(l[0].kind, LMC_LEASE_COPY);
     assert_int_equal(l[1].kind, LMC_LEASE_NONE);
     assert_int_equal(l[2].kind, LMC_LEASE_NONE);
@@ -1410,7 +1410,8 @@ static void record_event(void *user, lmc_l1_event_kind kind, const lmc_object_ke
     if (rec->lock_on_write_finished && kind == LMC_L1_EVENT_WRITE_FINISHED) {
         lmc_l1_result res[8];
         assert_true(n <= 8);
-        assert_int_equal(lmc_l1_manager_lease_read(rec->m, keys, n, 1, false, rec->locked, res),
+        assert_int_equal(lmc_l1_manager_lease_read(rec->m, keys, n, 1, false, NULL,
+                                                   rec->locked, res),
                          n);
         for (size_t i = 0; i < n; i++)
             assert_int_equal(res[i], LMC_L1_SUCCESS);
@@ -1436,7 +1437,7 @@ static void test_listener_events(void **state)
     lmc_l1_result res[2];
     assert_int_equal(lmc_l1_manager_lease_write(f->m, keys, NULL, 2, PAGE, "w", l, res), 0);
     assert_int_equal(lmc_l1_manager_publish_writes(f->m, keys, l, 2, 0, res), 0);
-    assert_int_equal(lmc_l1_manager_lease_read(f->m, keys, 2, 1, false, l, res), 2);
+    assert_int_equal(lmc_l1_manager_lease_read(f->m, keys, 2, 1, false, NULL, l, res), 2);
     lmc_l1_manager_give_back(f->m, keys, l, 2);
     lmc_l1_manager_touch(f->m, keys + 1, 1);
     assert_int_equal(lmc_l1_manager_delete(f->m, keys, 2, false, res), 0);
@@ -1526,7 +1527,7 @@ static void *worker_main(void *arg)
         case 2:
             lmc_l1_manager_give_back(w->m, w->rk, w->r, 4);
             random_keys(w, w->rk);
-            lmc_l1_manager_lease_read(w->m, w->rk, 4, 1, flag, w->r, res);
+            lmc_l1_manager_lease_read(w->m, w->rk, 4, 1, flag, NULL, w->r, res);
             break;
         case 3:
             lmc_l1_manager_give_back(w->m, w->rk, w->r, 4);
@@ -1543,7 +1544,7 @@ static void *worker_main(void *arg)
             random_keys(w, w->ck);
             lmc_l1_manager_lease_copy(w->m, w->ck, 4,
                                       flag ? LMC_COPY_TAKES_SHARE : LMC_COPY_CARRIES_SHARE,
-                                      rand_r(&w->seed) % 2, w->c, res);
+                                      rand_r(&w->seed) % 2, NULL, w->c, res);
             break;
         default:
             lmc_l1_manager_give_back(w->m, w->ck, w->c, 4);

@@ -113,12 +113,13 @@ static void test_lock_prefix_locks_only_leading_hits(void **state)
     lmc_lease locks[4], copies[4];
     lmc_l1_result res[4];
     /* A lookup for two readers: two shares on each leading hit. */
-    assert_int_equal(lmc_storage_manager_lease_read(sm, lookup, 4, 2, true, locks, NULL), 2);
+    assert_int_equal(lmc_storage_manager_lease_read(sm, lookup, 4, 2, true, NULL, locks, NULL), 2);
     assert_int_equal(locks[0].shares, 2);
     assert_int_equal(locks[2].kind, LMC_LEASE_NONE);
     assert_int_equal(locks[3].kind, LMC_LEASE_NONE);
     /* The first reader's retrieve carries one share of each. */
-    assert_int_equal(lmc_storage_manager_lease_copy(sm, lookup, 4, LMC_COPY_CARRIES_SHARE, false,
+    assert_int_equal(lmc_storage_manager_lease_copy(sm, lookup, 4, LMC_COPY_CARRIES_SHARE,
+                                                    false, NULL,
                                                     copies, res), 2);
     assert_int_equal(res[0], LMC_L1_SUCCESS);
     assert_int_equal(res[1], LMC_L1_SUCCESS);
@@ -137,13 +138,16 @@ static void test_lock_prefix_locks_only_leading_hits(void **state)
     assert_int_equal(skipped, 2);                          /* keys 0 and 1 */
     /* two readers: two releases */
     lmc_storage_manager_give_back(sm, lookup, copies, 4);
-    assert_int_equal(lmc_storage_manager_lease_copy(sm, lookup, 2, LMC_COPY_CARRIES_SHARE, false,
+    assert_int_equal(lmc_storage_manager_lease_copy(sm, lookup, 2, LMC_COPY_CARRIES_SHARE,
+                                                    false, NULL,
                                                     copies, res), 2);
     lmc_storage_manager_give_back(sm, lookup, copies, 2);
-    assert_int_equal(lmc_storage_manager_lease_copy(sm, lookup, 2, LMC_COPY_CARRIES_SHARE, false,
+    assert_int_equal(lmc_storage_manager_lease_copy(sm, lookup, 2, LMC_COPY_CARRIES_SHARE,
+                                                    false, NULL,
                                                     copies, res), 0);
     assert_int_equal(res[0], LMC_L1_KEY_NOT_READABLE);
-    assert_int_equal(lmc_storage_manager_lease_read(sm, lookup + 2, 2, 1, true, locks + 2, NULL),
+    assert_int_equal(lmc_storage_manager_lease_read(sm, lookup + 2, 2, 1, true, NULL,
+                                                    locks + 2, NULL),
                      0);
     assert_int_equal(lmc_storage_manager_delete(sm, lookup, 4, false, &deleted, &skipped), 0);
     assert_int_equal(deleted, 2);
@@ -153,6 +157,49 @@ static void test_lock_prefix_locks_only_leading_hits(void **state)
     assert_int_equal(c.granted[LMC_LEASE_COPY], 4);
     assert_int_equal(c.returned[LMC_LEASE_COPY], 4);
     assert_int_equal(c.granted[LMC_LEASE_READ], 2);
+    assert_books_balance(sm);
+    lmc_storage_manager_close(sm);
+}
+
+/* A reader that states its objects' size never gets an object of another
+ * size: a lookup's hit run stops there, a copy is refused, and each
+ * refusal is counted (issue 29: an object is read only at its own size). */
+static void test_objects_are_read_only_at_their_size(void **state)
+{
+    (void)state;
+    lmc_storage_options o = small_options();
+    snprintf(o.shm_name, sizeof(o.shm_name), "%s", "");
+    o.shm_auto = false;
+    lmc_storage_manager *sm = create(&o);
+    lmc_object_key keys[3] = {make_key(0), make_key(1), make_key(2)};
+    store_keys(sm, keys, 3);   /* OBJ bytes each */
+    lmc_lease locks[3], copies[3];
+    lmc_l1_result res[3];
+    uint64_t right = OBJ, twice = 2 * OBJ;
+    lmc_object_sizes want_right = {&right, 1, 1}, want_twice = {&twice, 1, 1};
+    assert_int_equal(lmc_storage_manager_lease_read(sm, keys, 3, 1, true, &want_twice, locks,
+                                                    res), 0);
+    assert_int_equal(res[0], LMC_L1_KEY_WRONG_SIZE);
+    assert_int_equal(locks[0].kind, LMC_LEASE_NONE);
+    /* Sizes per object group: keys laid out group-major within a chunk. */
+    uint64_t per_group[2] = {OBJ, twice};
+    lmc_object_sizes groups = {per_group, 2, 1};
+    assert_int_equal(lmc_storage_manager_lease_read(sm, keys, 3, 1, true, &groups, locks, res), 1);
+    assert_int_equal(res[1], LMC_L1_KEY_WRONG_SIZE);
+    lmc_storage_manager_give_back(sm, keys, locks, 1);
+    assert_int_equal(lmc_storage_manager_lease_read(sm, keys, 3, 1, true, &want_right, locks,
+                                                    res), 3);
+    assert_int_equal(lmc_storage_manager_lease_copy(sm, keys, 3, LMC_COPY_CARRIES_SHARE, true,
+                                                    &want_twice, copies, res), 0);
+    assert_int_equal(res[2], LMC_L1_KEY_WRONG_SIZE);
+    assert_int_equal(copies[2].kind, LMC_LEASE_NONE);
+    assert_int_equal(lmc_storage_manager_lease_copy(sm, keys, 3, LMC_COPY_CARRIES_SHARE, true,
+                                                    &want_right, copies, res), 3);
+    lmc_storage_manager_give_back(sm, keys, copies, 3);
+    lmc_storage_manager_give_back(sm, keys, locks, 3);
+    lmc_lease_counts c;
+    lmc_storage_manager_lease_counts(sm, &c);
+    assert_int_equal(c.size_mismatches, 1 + 1 + 3);
     assert_books_balance(sm);
     lmc_storage_manager_close(sm);
 }
@@ -171,11 +218,12 @@ static void test_finish_write_and_reserve_read_and_clear(void **state)
     assert_int_equal(res[1], LMC_L1_SUCCESS);
     assert_int_equal(w[1].kind, LMC_LEASE_READ);
     assert_int_equal(w[2].kind, LMC_LEASE_WRITE);   /* not published */
-    assert_int_equal(lmc_storage_manager_lease_copy(sm, keys, 2, LMC_COPY_CARRIES_SHARE, false,
+    assert_int_equal(lmc_storage_manager_lease_copy(sm, keys, 2, LMC_COPY_CARRIES_SHARE,
+                                                    false, NULL,
                                                     copies, res), 2);
     /* temporary: the last read frees it (its copy done, with the share) */
     lmc_storage_manager_give_back(sm, keys, copies, 1);
-    assert_int_equal(lmc_storage_manager_lease_read(sm, keys, 1, 1, true, &probe, NULL), 0);
+    assert_int_equal(lmc_storage_manager_lease_read(sm, keys, 1, 1, true, NULL, &probe, NULL), 0);
     assert_int_equal(lmc_storage_manager_clear(sm, false), 0);   /* key 2 locked, 3 staging */
     assert_int_equal(lmc_storage_manager_clear(sm, true), 2);
     /* Forced, the keys are gone, but the copy out of key 2 (leased above)
@@ -184,7 +232,8 @@ static void test_finish_write_and_reserve_read_and_clear(void **state)
     uint64_t used, total;
     lmc_storage_manager_usage(sm, &used, &total);
     assert_int_equal(used, 2 * OBJ);
-    assert_int_equal(lmc_storage_manager_lease_copy(sm, &keys[1], 1, LMC_COPY_CARRIES_SHARE, false,
+    assert_int_equal(lmc_storage_manager_lease_copy(sm, &keys[1], 1, LMC_COPY_CARRIES_SHARE,
+                                                    false, NULL,
                                                     &probe, res), 0);
     lmc_storage_manager_give_back(sm, &keys[1], &copies[1], 1);   /* that copy is done */
     assert_int_equal(lmc_storage_manager_publish_writes(sm, &keys[2], &w[2], 1, 0, res), 0);
@@ -208,7 +257,8 @@ static void on_written(void *user, const lmc_object_key *keys, size_t n)
     /* calling back into the storage manager must not deadlock */
     lmc_lease *locks = calloc(n, sizeof(*locks));
     assert_non_null(locks);
-    c->locked_from_listener += lmc_storage_manager_lease_read(c->sm, keys, n, 1, true, locks, NULL);
+    c->locked_from_listener += lmc_storage_manager_lease_read(c->sm, keys, n, 1, true, NULL,
+                                                              locks, NULL);
     lmc_storage_manager_give_back(c->sm, keys, locks, n);
     for (size_t i = 0; i < n; i++)
         assert_int_equal(locks[i].kind, LMC_LEASE_RETURNED);
@@ -264,10 +314,12 @@ static void test_status_and_eviction(void **state)
         keys[i] = make_key((uint64_t)i);
     store_keys(sm, keys, 10);
     lmc_lease lock, copy;
-    assert_int_equal(lmc_storage_manager_lease_read(sm, keys + 9, 1, 1, true, &lock, NULL), 1);
+    assert_int_equal(lmc_storage_manager_lease_read(sm, keys + 9, 1, 1, true, NULL,
+                                                    &lock, NULL), 1);
     assert_int_equal(lmc_storage_manager_run_eviction_once(sm), 5);   /* 9 is locked */
     lmc_l1_result res;
-    assert_int_equal(lmc_storage_manager_lease_copy(sm, keys + 9, 1, LMC_COPY_CARRIES_SHARE, false,
+    assert_int_equal(lmc_storage_manager_lease_copy(sm, keys + 9, 1, LMC_COPY_CARRIES_SHARE,
+                                                    false, NULL,
                                                     &copy, &res), 1);
     json_t *st = lmc_storage_manager_report_status(sm);
     assert_non_null(st);
@@ -500,6 +552,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_shm_pool),
         cmocka_unit_test(test_lock_prefix_locks_only_leading_hits),
+        cmocka_unit_test(test_objects_are_read_only_at_their_size),
         cmocka_unit_test(test_finish_write_and_reserve_read_and_clear),
         cmocka_unit_test(test_listeners),
         cmocka_unit_test(test_status_and_eviction),

@@ -122,7 +122,7 @@ static void test_write_read_and_sm_counts(void **state)
     store(sm, keys, 3, NULL);
     /* keys 0..2 resident, 3 missing: the prefix lock takes 3 of 4 */
     lmc_lease locks[4];
-    assert_int_equal(lmc_storage_manager_lease_read(sm, keys, 4, 1, true, locks, NULL), 3);
+    assert_int_equal(lmc_storage_manager_lease_read(sm, keys, 4, 1, true, NULL, locks, NULL), 3);
     lmc_storage_manager_give_back(sm, keys, locks, 2);
     assert_int_equal(lmc_event_bus_drain(bus, 5), 0);
 
@@ -182,7 +182,7 @@ static void test_lifecycle_times(void **state)
     store(sm, &k, 1, NULL);
     e.now_ms = 4000;
     lmc_lease lock;
-    assert_int_equal(lmc_storage_manager_lease_read(sm, &k, 1, 1, true, &lock, NULL), 1);
+    assert_int_equal(lmc_storage_manager_lease_read(sm, &k, 1, 1, true, NULL, &lock, NULL), 1);
     lmc_storage_manager_give_back(sm, &k, &lock, 1);
     e.now_ms = 6000;
     lmc_storage_manager_touch(sm, &k, 1);
@@ -239,7 +239,7 @@ static void test_evict_reuse_cap_and_no_sampling(void **state)
     sm = create(&e, 8, 0.0, bus);
     store(sm, &k, 1, NULL);
     lmc_lease lock;
-    assert_int_equal(lmc_storage_manager_lease_read(sm, &k, 1, 1, true, &lock, NULL), 1);
+    assert_int_equal(lmc_storage_manager_lease_read(sm, &k, 1, 1, true, NULL, &lock, NULL), 1);
     lmc_storage_manager_give_back(sm, &k, &lock, 1);
     assert_int_equal(lmc_storage_manager_run_eviction_once(sm), 1);
     assert_int_equal(lmc_event_bus_drain(bus, 5), 0);

@@ -177,7 +177,7 @@ static void test_write_behind_then_prefetch(void **state)
     lmc_l1_result res[N];
     /* The engine's retrieve: each copy carries the share the prefetch took. */
     assert_int_equal(lmc_storage_manager_lease_copy(f->sm, f->keys, 4, LMC_COPY_CARRIES_SHARE,
-                                                    true, copies, res), 4);
+                                                    true, NULL, copies, res), 4);
     uint8_t *base = lmc_storage_manager_l1_arena(f->sm)->base;
     for (size_t i = 0; i < 4; i++) {
         assert_int_equal(copies[i].copy, f->leases[i].copy);
@@ -187,7 +187,8 @@ static void test_write_behind_then_prefetch(void **state)
     }
     /* Temporary: the last read frees them; L1 is empty again. */
     lmc_storage_manager_give_back(f->sm, f->keys, copies, 4);
-    assert_int_equal(lmc_storage_manager_lease_read(f->sm, f->keys, N, 1, true, probe, NULL), 0);
+    assert_int_equal(lmc_storage_manager_lease_read(f->sm, f->keys, N, 1, true, NULL,
+                                                    probe, NULL), 0);
     uint64_t used, total;
     lmc_storage_manager_usage(f->sm, &used, &total);
     assert_int_equal(used, 0);
@@ -242,7 +243,8 @@ static void test_skip_l1_policy(void **state)
     write_keys(g, N);
     wait_for(g, "store_controller", "l1_deleted", N);
     lmc_lease probe[N];
-    assert_int_equal(lmc_storage_manager_lease_read(g->sm, g->keys, N, 1, true, probe, NULL), 0);
+    assert_int_equal(lmc_storage_manager_lease_read(g->sm, g->keys, N, 1, true, NULL,
+                                                    probe, NULL), 0);
     assert_int_equal(prefetch(g), N / PER);
     lmc_storage_manager_give_back(g->sm, g->keys, g->leases, N);
     for (size_t i = 0; i < N; i++)
