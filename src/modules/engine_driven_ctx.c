@@ -66,8 +66,7 @@ static const char *unsupported(const msgpack_object *o, const reg_payload *p, ui
     const msgpack_object *gl = lmc_mp_map_get(o, "group_layouts");
     const msgpack_object *gi = lmc_mp_map_get(o, "engine_group_infos");
     if (!lmc_model_name_valid(p->model, p->model_len))
-        return "model_name must be non-empty, at most " LMC_MODEL_NAME_MAX_TEXT
-               " bytes, and must not contain '@'";
+        return LMC_MODEL_NAME_RULE;
     if (p->world_size < 1 || p->world_size > 255)
         return "world_size must be in 1..255";
     if (p->num_layers < 1 || p->num_layers > (1 << 20) || p->hidden_dim < 1 ||
@@ -195,10 +194,10 @@ lmc_handler_result lmc_ed_register(void *state, lmc_rpc_call *call)
     if (!known && !error)
         error = create_ctx(m, o, &p, err, sizeof err);
     if (error)
-        LMC_WARN("engine-driven registration of instance %lld refused: %s",
-                 (long long)p.instance_id, error);
+        LMC_WARN_LIMITED("engine-driven registration of instance %lld refused: %s",
+                         (long long)p.instance_id, error);
     else
-        lmc_liveness_touch(m->ctx->liveness, p.instance_id, lmc_monotonic_ms(NULL), false);
+        lmc_liveness_register(m->ctx->liveness, p.instance_id, lmc_monotonic_ms(NULL));
     if (!known && !error)
         LMC_INFO("engine-driven instance %lld registered (%.*s, world size %lld%s)",
                  (long long)p.instance_id, (int)p.model_len, p.model, (long long)p.world_size,
@@ -235,7 +234,8 @@ lmc_handler_result lmc_ed_unregister(void *state, lmc_rpc_call *call)
     if (!o || o->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(o, &id))
         return lmc_rpc_call_fail(call, "ValidationError", "instance_id must be an int");
     if (!drop_instance(m, id))
-        LMC_WARN("unregister: engine-driven instance %lld is not registered", (long long)id);
+        LMC_WARN_LIMITED("unregister: engine-driven instance %lld is not registered",
+                         (long long)id);
     return LMC_HANDLER_VOID;
 }
 

@@ -7,10 +7,8 @@
 #include "rpc/wire.h"
 
 #define FAIL(...) (snprintf(err, errlen, __VA_ARGS__), -1)
-#define MODEL_RULE "model_name must be a non-empty str of at most " LMC_MODEL_NAME_MAX_TEXT \
-                   " bytes without '@'"
-#define SALT_RULE "cache_salt must be a str of at most " LMC_CACHE_SALT_MAX_TEXT \
-                  " bytes without '@/\\'"
+#define MODEL_RULE LMC_MODEL_NAME_RULE
+#define SALT_RULE LMC_CACHE_SALT_RULE
 
 /* ---- one-pass decoding from the raw frame ------------------------------- */
 

@@ -203,8 +203,7 @@ static int decode_request(sd_mod *m, lmc_rpc_call *call, reg_request *r, char *e
     if (nargs >= 4) {
         if (!lmc_mp_get_str(lmc_rpc_call_arg(call, 2), &r->model, &r->model_len) ||
             !lmc_model_name_valid(r->model, r->model_len))
-            return snprintf(err, errlen, "model_name must be a non-empty string of at most %d "
-                                         "bytes without '@'", LMC_MODEL_NAME_MAX), -1;
+            return snprintf(err, errlen, "%s", LMC_MODEL_NAME_RULE), -1;
         const msgpack_object *ws = lmc_rpc_call_arg(call, 3);
         if (!ws || ws->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(ws, &r->world_size) ||
             r->world_size < 1 || r->world_size > 255)
@@ -521,7 +520,7 @@ lmc_handler_result lmc_sd_register(void *state, lmc_rpc_call *call)
                                  "REGISTER_KV_CACHE %lld: %s", (long long)r.instance, err);
     }
     atomic_fetch_add(&m->registrations, 1);
-    lmc_liveness_touch(m->ctx->liveness, r.instance, lmc_monotonic_ms(NULL), false);
+    lmc_liveness_register(m->ctx->liveness, r.instance, lmc_monotonic_ms(NULL));
     log_registered(c);
     return LMC_HANDLER_VOID;
 }

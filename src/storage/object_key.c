@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "base/utf8.h"
 #include "obs/log.h"
 
 /* ---- Interning ---------------------------------------------------------- */
@@ -306,12 +307,12 @@ uint64_t lmc_key_interner_evicted(lmc_key_interner *in)
 bool lmc_model_name_valid(const char *s, size_t len)
 {
     return len > 0 && len <= LMC_MODEL_NAME_MAX && !memchr(s, '@', len) &&
-           !memchr(s, '\0', len);
+           !memchr(s, '\0', len) && lmc_utf8_valid(s, len);
 }
 
 bool lmc_cache_salt_valid(const char *s, size_t len)
 {
-    if (len > LMC_CACHE_SALT_MAX)
+    if (len > LMC_CACHE_SALT_MAX || !lmc_utf8_valid(s, len))
         return false;
     for (size_t i = 0; i < len; i++) {
         char ch = s[i];

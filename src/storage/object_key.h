@@ -121,10 +121,19 @@ uint64_t lmc_key_interner_evicted(lmc_key_interner *in);
 bool lmc_key_interner_full(lmc_key_interner *in);
 
 /* ---- Validation --------------------------------------------------------- */
-/* Model names: 1..LMC_MODEL_NAME_MAX bytes, no '@' (or NUL). */
+/* Model names: 1..LMC_MODEL_NAME_MAX bytes of valid UTF-8, no '@' (or NUL):
+ * a name that is not UTF-8 would fail every JSON it is written into (the
+ * coordinator's events of every tenant, issue 29), so it never gets in. */
 bool lmc_model_name_valid(const char *s, size_t len);
-/* Salts: at most LMC_CACHE_SALT_MAX bytes, none of '@' '/' '\\' NUL. "" is valid. */
+#define LMC_MODEL_NAME_RULE                                                               \
+    "model_name must be a non-empty str of at most " LMC_MODEL_NAME_MAX_TEXT " bytes of " \
+    "valid UTF-8 without '@'"
+/* Salts: at most LMC_CACHE_SALT_MAX bytes of valid UTF-8, none of '@' '/'
+ * '\\' NUL. "" is valid. */
 bool lmc_cache_salt_valid(const char *s, size_t len);
+#define LMC_CACHE_SALT_RULE                                                              \
+    "cache_salt must be a str of at most " LMC_CACHE_SALT_MAX_TEXT " bytes of valid UTF-8 " \
+    "without '@/\\'"
 
 /* ---- Text forms (docs/hashing.md, "4. Object keys") -------------------- */
 /* Canonical string key:

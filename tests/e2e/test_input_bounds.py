@@ -16,7 +16,7 @@ import pytest
 
 
 CS = 16
-LOOKUP, WAIT, END, REG, CLEAR, NOOP = 8, 10, 13, 14, 20, 24
+LOOKUP, WAIT, END, REG, CLEAR, PING_OP, NOOP = 8, 10, 13, 14, 20, 22, 24
 MODEL_NAME_MAX, SALT_MAX, REQUEST_ID_MAX = 256, 128, 1024
 KEY_MAX_TOKENS = 1 << 24
 MAX_MESSAGE_BYTES = 128 << 20
@@ -263,4 +263,33 @@ def test_error_frames_are_valid_utf8(start_server, op_frame):
     assert err["error_type"] == "ValueError"
     assert "no handler registered for request type" in err["message"]
     assert d.call(NOOP)[2] == b"\xa2OK"
+    d.close()
+
+
+def test_pings_of_fresh_ids_do_not_grow_memory(start_server):
+    """Issue 29: PING(id) of any int64 id used to add a liveness entry for
+    ever (and every STORE and RETRIEVE scanned them all).  Now the table
+    holds registered workers plus the 1024 ids that pinged last."""
+    server = start_server()
+    d = server.dealer()
+    for i in range(2000):       # warm up: the allocator's first arenas
+        d.send(PING_OP, -i - 1)
+    for _ in range(2000):
+        assert d.recv() is not None
+    before = vm_rss_kib(server)
+    sent = 0
+    while sent < 300_000:       # pipelined, 1000 in flight
+        batch = min(1000, 300_000 - sent)
+        for i in range(batch):
+            d.send(PING_OP, 10_000_000 + sent + i)
+        for _ in range(batch):
+            frames = d.recv()
+            assert frames is not None and msgpack.unpackb(frames[2]) is True
+        sent += batch
+    st, body = http_call(server.http_port, "GET", "/status")
+    assert st == 200
+    assert json.loads(body)["modules"]["management"]["tracked_instances"] == 1024
+    if not SANITIZED:
+        assert vm_rss_kib(server) - before < 4096, (before, vm_rss_kib(server))
+    assert d.call(NOOP)[2] == msgpack.packb("OK")
     d.close()

@@ -44,9 +44,10 @@ static void test_reap_limits(void **st)
     (void)st;
     world w = {.now = 0, .ids = {1, 2, 3}, .n = 3};
     lmc_liveness *lv = lmc_liveness_new();
-    lmc_liveness_touch(lv, 1, 0, false);      /* registered, never pinged */
-    lmc_liveness_touch(lv, 2, 0, false);
+    lmc_liveness_register(lv, 1, 0);          /* registered, never pinged */
+    lmc_liveness_register(lv, 2, 0);
     lmc_liveness_touch(lv, 2, 0, true);       /* ping-proven */
+    lmc_liveness_register(lv, 3, 0);
     lmc_liveness_touch(lv, 3, 0, true);
     lmc_reaper_options o = {.timeout_ms = 30000, .grace_ms = 60000, .liveness = lv,
                             .list = list, .reap = reap, .user = &w, .clock = clk,
