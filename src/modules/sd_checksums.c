@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "modules/fault_guard.h"
 #include "modules/kv_checksums.h"
 #include "modules/sd_internal.h"
 
@@ -64,26 +65,46 @@ static void digest_elems(EVP_MD_CTX *md, const uint8_t *p, uint64_t n, uint32_t 
     }
 }
 
-/* Where digest_layer gets a block's bytes: straight from the mapped
- * segment, or for CUDA tensors copied from the device into `scratch`
- * first, a run of adjoining blocks at a time (one cudaMemcpy per block
- * would make a long id list take minutes). */
+/* Where digest_layer gets a block's bytes: copied into `scratch` first, a
+ * run of adjoining blocks at a time (one cudaMemcpy per block would make a
+ * long id list take minutes): from the device for CUDA tensors, from the
+ * mapped segment under the SIGBUS guard otherwise, since an engine may
+ * shrink its segment under the read as under a STORE. */
 typedef struct {
     const sd_mod *m;
     const sd_ctx *c;
-    uint8_t *scratch;            /* CUDA only */
+    uint8_t *scratch;
     uint64_t scratch_bytes;      /* a run read at once fits in it */
     char *err;
     size_t errlen;
 } block_reader;
 
-#define CUDA_READ_BYTES (1u << 20)   /* ~0.1 ms a read over PCIe */
+#define READ_BYTES (1u << 20)   /* ~0.1 ms a read over PCIe */
+
+/* memcpy from an engine's segment; false when its pages went away. */
+static bool guarded_copy(uint8_t *dst, const uint8_t *src, uint64_t bytes)
+{
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1) != 0) {
+        lmc_fault_guard_leave();
+        return false;
+    }
+    lmc_fault_guard_enter(&jb);
+    memcpy(dst, src, bytes);
+    lmc_fault_guard_leave();
+    return true;
+}
 
 static const uint8_t *read_piece(const block_reader *r, uint32_t kg, uint32_t pos,
                                  uint64_t byte_offset, uint64_t bytes)
 {
-    if (!r->c->cuda)
-        return r->c->bases[kg][pos] + byte_offset;
+    if (!r->c->cuda) {
+        if (guarded_copy(r->scratch, r->c->bases[kg][pos] + byte_offset, bytes))
+            return r->scratch;
+        snprintf(r->err, r->errlen, "instance %lld's memory went away under the read (a "
+                                    "segment shrank)", (long long)r->c->instance_id);
+        return NULL;
+    }
     const lmc_cuda_ops *ops = r->m->cuda.ops;
     return ops->read(r->c->cu.device, r->c->cu.tensors[kg][pos] + byte_offset, r->scratch, bytes,
                      r->err, r->errlen) == 0
@@ -225,12 +246,9 @@ static json_t *checksums(const sd_mod *m, const sd_ctx *c, const cks_request *r,
         uint64_t bytes = (uint64_t)k->bs * k->nh * k->hs * k->kv_size * k->element_size;
         piece = bytes > piece ? bytes : piece;
     }
-    /* The mapped segments need no copy: any run is one piece. */
     block_reader br = {.m = m, .c = c, .err = err, .errlen = errlen,
-                       .scratch_bytes = c->cuda ? (piece > CUDA_READ_BYTES ? piece
-                                                                           : CUDA_READ_BYTES)
-                                                : UINT64_MAX};
-    if (c->cuda && !(br.scratch = malloc(br.scratch_bytes)))
+                       .scratch_bytes = piece > READ_BYTES ? piece : READ_BYTES};
+    if (!(br.scratch = malloc(br.scratch_bytes)))
         return fail(status, 500, err, errlen, "out of memory");
     size_t chunks = (r->n + r->per_chunk - 1) / r->per_chunk;
     json_t *flat = json_array(), *layers = json_array(), *by_name = json_object();
@@ -256,7 +274,7 @@ static json_t *checksums(const sd_mod *m, const sd_ctx *c, const cks_request *r,
     json_decref(flat);
     json_decref(layers);
     json_decref(by_name);
-    if (rc == -2)   /* the device copy failed: err says why */
+    if (rc == -2)   /* the read failed: err says why */
         return *status = 500, NULL;
     return out ? out : fail(status, 500, err, errlen, "out of memory");
 }

@@ -639,6 +639,10 @@ def test_an_engine_that_shrinks_its_segment_gets_false(hint_srv):
     assert e.store(other, 0, CS, [[3, 4]]) == [ZEROS, False]
     assert e.retrieve(toks, 0, CS, [[5, 6]], "r") == [ZEROS, False]
     assert "memory went away under the copy" in hint_srv.output()
+    # /cache/checksums reads the same segments, under the same guard.
+    st, body = http_post(hint_srv, "/cache/checksums", {"block_ids": [1, 2], "chunk_size": 2,
+                                                        "instance_id": 62})
+    assert st == 500 and "memory went away under the read" in body["detail"], (st, body)
     assert lookup(hint_srv, other, "r2") == 0
     leases = status(hint_srv)["storage_manager"]["l1_manager"]["leases"]
     assert leases["write"]["outstanding"] == 0 and leases["copy"]["outstanding"] == 0
