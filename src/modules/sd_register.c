@@ -223,6 +223,11 @@ static int decode_request(sd_mod *m, lmc_rpc_call *call, reg_request *r, char *e
 
 /* ---- mappings ----------------------------------------------------------- */
 
+/* Cache servers name their L1 pools so (upstream and lmcached alike):
+ * copying to or from one would read or overwrite another server's
+ * tenants (docs/security.md). */
+#define L1_POOL_PREFIX "lmcache_l1_pool_"
+
 /* Maps (or finds) the segment of CPU tensor t; NULL with the reason. */
 static sd_mapping *map_segment(sd_mod *m, sd_ctx *c, const lmc_shared_tensor *t, char *err,
                                size_t errlen)
@@ -232,8 +237,10 @@ static sd_mapping *map_segment(sd_mod *m, sd_ctx *c, const lmc_shared_tensor *t,
             return &c->maps[i];
     const lmc_l1_arena_desc *a = lmc_storage_manager_l1_arena(m->ctx->storage);
     if (t->shm_name[0] != '/' || strchr(t->shm_name + 1, '/') || t->storage_bytes == 0 ||
-        (a && a->shm_name[0] && strcmp(t->shm_name + 1, a->shm_name) == 0))
-        return snprintf(err, errlen, "shm_name '%s' does not name an engine's segment",
+        (a && a->shm_name[0] && strcmp(t->shm_name + 1, a->shm_name) == 0) ||
+        strncmp(t->shm_name + 1, L1_POOL_PREFIX, strlen(L1_POOL_PREFIX)) == 0)
+        return snprintf(err, errlen, "shm_name '%s' does not name an engine's segment (it is "
+                                     "this server's L1 pool or named as a cache server's)",
                         t->shm_name), NULL;
     int fd = shm_open(t->shm_name, O_RDWR, 0);
     struct stat st;
