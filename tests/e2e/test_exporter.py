@@ -7,7 +7,7 @@ import socket
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Server, free_port
+from conftest import Server, finish, free_port
 
 
 def get(port, path):
@@ -32,7 +32,7 @@ def exporter_server():
     s = Server("--no-http", "--prometheus-port", str(prom))
     s.prom_port = prom
     yield s
-    assert s.stop() == 0, s.output()
+    finish(s)
 
 
 def test_metrics_on_prometheus_port(exporter_server):

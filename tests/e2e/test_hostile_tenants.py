@@ -15,7 +15,7 @@ import urllib.request
 import msgpack
 import pytest
 
-from conftest import Server
+from conftest import Server, finish
 from paged_kv import PagedKV
 from test_server_driven import (CS, FREE, LOOKUP, NOOP, QUERY, STORE, ZEROS, EdWorker, Engine,
                                 chunk_rows, key, lookup, prompt, unpack, wait_for_log)
@@ -25,11 +25,7 @@ from test_server_driven import (CS, FREE, LOOKUP, NOOP, QUERY, STORE, ZEROS, EdW
 def srv():
     s = Server("--chunk-size", str(CS), "--cpu-kv-layout", "hint")
     yield s
-    assert s.alive(), s.output()
-    d = s.dealer()
-    assert d.call(NOOP)[2] == msgpack.packb("OK")
-    d.close()
-    assert s.stop() == 0, s.output()
+    finish(s)
 
 
 def size_mismatches(srv):

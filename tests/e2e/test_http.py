@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import LMCACHED, Server, free_port
+from conftest import LMCACHED, Server, finish, free_port
 
 
 
@@ -58,9 +58,7 @@ def hs():
         s.stop()
         pytest.fail("lmcached does not answer HTTP: " + s.output())
     yield s
-    assert s.alive(), s.output()
-    rc = s.stop()
-    assert rc == 0, s.output()
+    finish(s)
 
 
 # ---- success shapes ------------------------------------------------------
@@ -308,8 +306,11 @@ def test_http_port_in_use_fails_cleanly(hs, start_server):
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError) as e:
             start_server("--http-host", "127.0.0.1", "--http-port", str(port))
+    # lmcached itself refused: exit 1 with the reason, not a crash.
+    assert "lmcached exited 1" in str(e.value), str(e.value)
+    assert f"cannot listen on http://127.0.0.1:{port}: Address already in use" in str(e.value)
 
 
 def test_quota_api(hs):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import BASE_ARGS, LMCACHED, ROOT, Server, free_port
+from conftest import BASE_ARGS, LMCACHED, ROOT, Server, finish, free_port
 from test_http import answers_http, request
 
 TOKEN = "e2e-Token_0123456789abcdef.~+/="
@@ -145,12 +145,6 @@ def start(*args, env=None):
         s.stop()
         pytest.fail("lmcached does not answer HTTP: " + s.output())
     return s
-
-
-def finish(s):
-    assert s.alive(), s.output()
-    rc = s.stop()
-    assert rc == 0, s.output()
 
 
 @pytest.fixture(scope="module")

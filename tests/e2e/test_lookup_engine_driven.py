@@ -12,7 +12,7 @@ import urllib.request
 import msgpack
 import pytest
 
-from conftest import Server
+from conftest import Server, finish
 
 CS = 16
 LAYERS, HIDDEN = 2, 8
@@ -107,8 +107,7 @@ def prompt(seed, n_chunks=4):
 def srv():
     s = Server("--chunk-size", str(CS))
     yield s
-    rc = s.stop()
-    assert rc == 0, s.output()
+    finish(s)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import urllib.request
 import msgpack
 import pytest
 
-from conftest import Server
+from conftest import Server, finish
 from paged_kv import PagedKV, Tensor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "pickles"))
@@ -136,14 +136,14 @@ def chunk_rows(g, blocks, chunk, cs=CS):
 def srv():
     s = Server("--chunk-size", str(CS))
     yield s
-    assert s.stop() == 0, s.output()
+    finish(s)
 
 
 @pytest.fixture
 def hint_srv():
     s = Server("--chunk-size", str(CS), "--cpu-kv-layout", "hint")
     yield s
-    assert s.stop() == 0, s.output()
+    finish(s)
 
 
 # ---- round trips ---------------------------------------------------------

@@ -14,7 +14,7 @@ import time
 import msgpack
 import pytest
 
-from conftest import ROOT, Server
+from conftest import ROOT, Server, finish
 from paged_kv import PagedKV
 from test_server_driven import (CS, LOOKUP, NOOP, QUERY, REG, RETRIEVE, STORE, UNREG,
                                 chunk_rows, http_post, key, prompt, status, unpack,
@@ -46,7 +46,7 @@ def srv(monkeypatch):
     monkeypatch.setenv("LMCACHED_CUDA_LIB", EMUL)
     s = Server("--chunk-size", str(CS))
     yield s
-    assert s.stop() == 0, s.output()
+    finish(s)
 
 
 def lookup(d, toks, rid, n):

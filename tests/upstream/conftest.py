@@ -3,7 +3,6 @@ LMCache's own client code from the pinned PyPI package
 (tests/upstream/README.md).  Runs on build-tools/venv's python."""
 import importlib.util
 import os
-import signal
 
 import pytest
 
@@ -44,20 +43,6 @@ def upstream():
     return _import_upstream()
 
 
-def stop_cleanly(srv):
-    """A server a test did not mean to kill must still be serving, answer
-    NOOP, and exit 0 on SIGTERM: a crash never passes."""
-    assert srv.alive(), f"lmcached died during the test:\n{srv.output()[-4000:]}"
-    d = srv.dealer()
-    try:
-        reply = d.call(24, timeout_ms=5000)
-    finally:
-        d.close()
-    assert reply is not None and reply[2] == b"\xa2OK", "lmcached stopped answering NOOP"
-    rc = srv.stop(signal.SIGTERM)
-    assert rc == 0, f"lmcached exited {rc}:\n{srv.output()[-4000:]}"
-
-
 @pytest.fixture
 def lmcached(upstream):
     """lmcached with the hash log on, so tests can read the chunk hashes
@@ -71,7 +56,4 @@ def lmcached(upstream):
 
     yield start
     for s in started:
-        if not getattr(s, "killed_on_purpose", False):
-            stop_cleanly(s)
-        else:
-            s.stop()
+        e2e.finish(s)   # still serving and a clean exit, unless the test stopped it

@@ -314,7 +314,6 @@ def test_vllm_worker_reregisters_after_a_server_restart(lmcached, up):
                                                start=0, end=CS), w.create_recorded_event())
     wait_finished(w, store="a")
 
-    srv.killed_on_purpose = True
     srv.stop(signal.SIGKILL)
     assert until(lambda: not w.is_healthy, timeout=15), "the heartbeat never noticed"
     srv2 = lmcached("--cpu-kv-layout", "hint", port=port)
