@@ -86,6 +86,16 @@ bool lmc_ed_groups_present(const msgpack_object *p)
            !is_empty(lmc_mp_map_get(p, "transfer_metadata_wire"));
 }
 
+/* An int field of kernel group idx in lo..hi, or the refusal naming it. */
+static int kg_int(const msgpack_object *o, uint32_t idx, int f, int64_t lo, int64_t hi,
+                  int64_t *out, why *w)
+{
+    if (int_in(field(o, kg_names, (size_t)f), lo, hi, out))
+        return 0;
+    return refuse(w, "kernel group %u: %s must be an int in %lld..%lld", idx, kg_names[f],
+                  (long long)lo, (long long)hi);
+}
+
 static int decode_kg(const msgpack_object *o, uint32_t idx, uint32_t cs, wire_kg *kg, why *w)
 {
     int64_t id, bpc, bpw, spb, tpb, format;
@@ -94,20 +104,21 @@ static int decode_kg(const msgpack_object *o, uint32_t idx, uint32_t cs, wire_kg
     if (!int_in(field(o, kg_names, KG_ID), 0, LMC_KV_MAX_KERNEL_GROUPS, &id) || id != idx)
         return refuse(w, "kernel_groups[%u].kernel_group_id must be %u", idx, idx);
     kg->layers = array_of(field(o, kg_names, KG_LAYERS), LMC_KV_MAX_LAYERS);
+    if (!kg->layers)
+        return refuse(w, "kernel group %u: layer_indices must be a list of at most %d", idx,
+                      LMC_KV_MAX_LAYERS);
+    if (kg_int(o, idx, KG_ENGINE_GROUP, 0, INT32_MAX, &kg->engine_group, w) ||
+        kg_int(o, idx, KG_KV, 1, 2, &kg->kv, w) ||
+        kg_int(o, idx, KG_NL, 1, LMC_KV_MAX_LAYERS, &kg->nl, w) ||
+        kg_int(o, idx, KG_SLOTS, 1, cs, &kg->slots, w) ||
+        kg_int(o, idx, KG_HIDDEN, 1, 1 << 24, &kg->hidden, w) ||
+        kg_int(o, idx, KG_BPC, 1, cs, &bpc, w) || kg_int(o, idx, KG_BPW, 1, bpc, &bpw, w) ||
+        kg_int(o, idx, KG_SPB, 1, cs, &spb, w) || kg_int(o, idx, KG_TPB, spb, cs, &tpb, w) ||
+        kg_int(o, idx, KG_FORMAT, 0, MAX_FORMAT, &format, w))
+        return -1;
     const msgpack_object *dt = field(o, kg_names, KG_DTYPE);
-    if (!int_in(field(o, kg_names, KG_ENGINE_GROUP), 0, INT32_MAX, &kg->engine_group) ||
-        !kg->layers || !int_in(field(o, kg_names, KG_KV), 1, 2, &kg->kv) ||
-        !int_in(field(o, kg_names, KG_NL), 1, LMC_KV_MAX_LAYERS, &kg->nl) ||
-        !int_in(field(o, kg_names, KG_SLOTS), 1, cs, &kg->slots) ||
-        !int_in(field(o, kg_names, KG_HIDDEN), 1, 1 << 24, &kg->hidden) ||
-        !int_in(field(o, kg_names, KG_BPC), 1, cs, &bpc) ||
-        !int_in(field(o, kg_names, KG_BPW), 1, bpc, &bpw) ||
-        !int_in(field(o, kg_names, KG_SPB), 1, cs, &spb) ||
-        !int_in(field(o, kg_names, KG_TPB), spb, cs, &tpb) ||
-        !int_in(field(o, kg_names, KG_FORMAT), 0, MAX_FORMAT, &format) || !dt ||
-        !lmc_mp_get_str(dt, &kg->dtype, &kg->dtype_len))
-        return refuse(w, "kernel group %u: a field is missing, of the wrong type or out of "
-                         "range", idx);
+    if (!dt || !lmc_mp_get_str(dt, &kg->dtype, &kg->dtype_len))
+        return refuse(w, "kernel group %u: dtype_str must be a str", idx);
     if (tpb % spb != 0)
         return refuse(w, "kernel group %u: tokens_per_block %lld is not a multiple of "
                          "slots_per_block %lld", idx, (long long)tpb, (long long)spb);

@@ -377,11 +377,54 @@ REFUSALS = {
 }
 
 
+# What each refusal must say (issue 29: a refusal for another reason, or a
+# crash answered by chance, must not pass).
+REASONS = {
+    "no wire": "a multi-group registration needs transfer_metadata_wire",
+    "tokens_per_chunk": "transfer_metadata_wire.tokens_per_chunk must equal the server's "
+                        f"chunk size {CS}",
+    "kernel ids": "kernel_groups[1].kernel_group_id must be 1",
+    "object ids": "object_groups[1].object_group_id must be 1",
+    "unknown member": "object group 1 names kernel group outside 0..3",
+    "member twice": "kernel group 0 belongs to more than one object group",
+    "orphan kernel group": "every kernel group must belong to an object group",
+    "sw mismatch": "object group 1: sw_size_chunks does not match num_chunks_in_sw",
+    "sw zero": "object group 1: sw_size_chunks must be -1 or positive",
+    "top-level sw": "object group 1: num_chunks_in_sw differs from the transfer metadata's",
+    "shape": "object group 0 entry 1: the shape does not match the transfer metadata",
+    "3-d shape of two planes": "object group 0 entry 0: the shape must be [kv_size, "
+                               "num_layers, slots, hidden_dim_size]",
+    "dtype": "object group 2 entry 0: the dtype does not match the transfer metadata",
+    "unsupported dtype": "kernel group 0: unsupported dtype_str 'complex64'",
+    "shapes per group": "object_group_layout_shapes and object_group_layout_dtype_strs must "
+                        "have one entry per object group (3)",
+    "entries per group": "object group 0: one shape and one dtype per kernel group (2)",
+    "kv_size 3": "kernel group 1: kv_size must be an int in 1..2",
+    "format 17": "kernel group 1: engine_kv_format_int must be an int in 0..16",
+    "slots over the chunk": f"kernel group 1: slots_per_chunk_in_window must be an int in "
+                            f"1..{CS}",
+    "tokens_per_block": "kernel group 1: tokens_per_block 24 is not a multiple of "
+                        "slots_per_block 16",
+    "string for an int": "kernel group 1: num_layers must be an int in 1..4096",
+    "infos layers": "engine group 0: engine_group_infos and the kernel groups list different "
+                    "layers",
+    "infos order": "engine_group_infos and the kernel groups order engine groups differently",
+    "nine object groups": "transfer_metadata_wire needs 1..32 kernel groups and 1..8 object "
+                          "groups",
+    "wire not a struct": "a multi-group registration needs transfer_metadata_wire",
+}
+
+
+def test_every_refusal_has_its_reason():
+    assert sorted(REASONS) == sorted(REFUSALS)
+
+
 @pytest.mark.parametrize("case", sorted(REFUSALS))
 def test_inconsistent_registrations_are_refused_with_the_reason(srv, case):
     d = srv.dealer()
     r = unpack(d.call(ED_REG, mutate(REFUSALS[case])))
-    assert r["shm_name"] == "" and r["pool_size"] == 0 and r["error"], (case, r)
+    assert r["shm_name"] == "" and r["pool_size"] == 0, (case, r)
+    assert r.get("error") == REASONS[case], (case, r)
     assert unpack(d.call(NOOP)) == "OK"
     # nothing was registered: the same instance registers cleanly afterwards
     good = unpack(d.call(ED_REG, registration(60, HYBRID_KGS, HYBRID_OGS, model="bad")))
