@@ -27,6 +27,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from conftest import ROOT, Server, free_port
+from redis_server import RedisExited, redis_pid, start_redis, start_redis_fresh
 from test_l2_fs import close_all, lookup_wait, status, store_all
 from test_lookup_engine_driven import CLEAR, CS, OBJ, Worker, chunk_bytes, prompt
 
@@ -56,14 +57,6 @@ def wait_port(port, proc, timeout=30):
     raise RuntimeError(f"port {port} never opened")
 
 
-def start_redis(port):
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_port(port, proc)
-    return proc
-
-
 def stop(proc):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -73,8 +66,7 @@ def stop(proc):
 def redis_port():
     if not shutil.which("redis-server"):
         missing("redis-server")
-    port = free_port()
-    proc = start_redis(port)
+    port, proc = start_redis_fresh()
     yield port
     if proc.poll() is None:
         stop(proc)
@@ -212,11 +204,27 @@ def test_s3_round_trip_and_restart(s3_server):
     round_trip(s3_server.spec(), "s")
 
 
+def test_a_taken_port_is_not_taken_for_a_ready_redis():
+    """The Redis helper's own promise (issue 29): a redis-server that cannot
+    bind, because another Redis holds its port, fails the start as soon as
+    it exits; the Redis that answers there is never taken for it."""
+    if not shutil.which("redis-server"):
+        missing("redis-server")
+    port, other = start_redis_fresh()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RedisExited):
+            start_redis(port)
+        assert time.monotonic() - t0 < 10              # at its exit, not the deadline
+        assert redis_pid(port) == other.pid            # the other one is untouched
+    finally:
+        stop(other)
+
+
 def test_redis_outage_degrades_then_recovers():
     if not shutil.which("redis-server"):
         missing("redis-server")
-    port = free_port()
-    redis = start_redis(port)
+    port, redis = start_redis_fresh()
     srv = start({"type": "resp", "host": "127.0.0.1", "port": port, "num_workers": 2,
                  "timeout_ms": 500})
     try:
@@ -252,8 +260,7 @@ class RedisStore:
     def __init__(self):
         if not shutil.which("redis-server") or not shutil.which("redis-cli"):
             missing("redis-server / redis-cli")
-        self.port = free_port()
-        self.proc = start_redis(self.port)
+        self.port, self.proc = start_redis_fresh()
 
     def spec(self, **extra):
         return {"type": "resp", "host": "127.0.0.1", "port": self.port, "num_workers": 2,
