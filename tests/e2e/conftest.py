@@ -199,3 +199,21 @@ def run_lmcached(*args, timeout=20):
 
 def run_cli(*args, timeout=30):
     return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+# /dev/shm segments the tests create (paged_kv.py registers each one): the
+# ones a test leaves are unlinked after it, so a test that fails before its
+# close() does not leave them in /dev/shm (270 MB for the largest), and a
+# test that passed but left any fails, so leaking ones do not go unseen.
+@pytest.fixture(autouse=True)
+def _dev_shm_segments_unlinked(request):
+    failed_before = request.session.testsfailed
+    yield
+    import sys  # here, to keep this block apart from the rest of the file
+    paged_kv = sys.modules.get("paged_kv")     # not imported: nothing created
+    left = paged_kv.unlink_leftovers() if paged_kv else []
+    # The call's report is counted before the teardown: a failed test is
+    # not blamed twice for what its failure left.
+    if left and request.session.testsfailed == failed_before:
+        pytest.fail(f"the test left {len(left)} /dev/shm segment(s) it created: "
+                    f"{', '.join(left)}")

@@ -5,6 +5,7 @@ CpuShmTensorWrapper pickles that REGISTER_KV_CACHE carries, and the byte
 rows of one (K/V, layer, block, slot, head) for comparing what STORE read
 and RETRIEVE wrote.  No torch: shapes, strides and offsets are computed
 here from each format's own dimension order."""
+import atexit
 import mmap
 import os
 import sys
@@ -30,6 +31,45 @@ FORMATS = {
     "cross": ("b", "l", "kv", "s", "h", "e"),    # [NB, NL, 2, BS, NH, HS]
     "trt6": ("b", "l", "kv", "h", "s", "e"),     # TRT-LLM [NB, NL, 2, NH, BS, HS]
 }
+# Every segment this process created and has not unlinked.  A test that
+# failed before close() used to leave its segments in /dev/shm (270 MB for
+# test_a_worker_gone_mid_store_still_lands_its_store); conftest.py unlinks
+# what is left after each test and fails a test that passed but left any,
+# and atexit catches users without that fixture.
+_created = set()
+
+
+def create_segment(name, nbytes):
+    """A new POSIX shared-memory segment /dev/shm<name> of nbytes, mapped;
+    unlinked by unlink_segment(), or by unlink_leftovers() at the latest."""
+    fd = os.open("/dev/shm" + name, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o600)
+    _created.add(name)
+    try:
+        os.ftruncate(fd, nbytes)
+        return mmap.mmap(fd, nbytes)
+    finally:
+        os.close(fd)
+
+
+def unlink_segment(name):
+    _created.discard(name)
+    try:
+        os.unlink("/dev/shm" + name)
+    except FileNotFoundError:
+        pass
+
+
+def unlink_leftovers():
+    """Unlinks every segment this process created and did not unlink yet;
+    returns the names of those that were still there."""
+    left = sorted(n for n in _created if os.path.exists("/dev/shm" + n))
+    for name in list(_created):
+        unlink_segment(name)
+    return left
+
+
+atexit.register(unlink_leftovers)
+
 # Formats whose registered tensors fold dimensions: SGLang's K tensors then
 # V tensors [NB*BS, NH, HS], its MLA [NB*BS, 1, HS], TRT-LLM's pool
 # [NB, NL, 2, NH*BS*HS].
@@ -50,11 +90,7 @@ class Tensor:
             stride[0] += pad
         self.stride = stride
         self.nbytes = stride[0] * shape[0] * self.item
-        path = "/dev/shm" + name
-        fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o600)
-        os.ftruncate(fd, self.nbytes)
-        self.mm = mmap.mmap(fd, self.nbytes)
-        os.close(fd)
+        self.mm = create_segment(name, self.nbytes)
         self.mm[:] = os.urandom(self.nbytes)
 
     def wrapper(self):
@@ -72,10 +108,7 @@ class Tensor:
     def close(self, unlink=True):
         self.mm.close()
         if unlink:
-            try:
-                os.unlink("/dev/shm" + self.name)
-            except FileNotFoundError:
-                pass
+            unlink_segment(self.name)
 
 
 class PagedKV:

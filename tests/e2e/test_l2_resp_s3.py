@@ -1,8 +1,8 @@
 """L2 over Redis (resp) and an S3 endpoint, end to end through the
 engine-driven path: write-behind, hits from L2 after L1 eviction, a restart
-of lmcached over the same store, a Redis outage that degrades to L1-only and
-recovers without restarting lmcached, and (issue 17) usage accounting and L2
-eviction against the real stores.
+of lmcached over the same store, a Redis outage and an S3 outage that
+degrade to L1-only and recover without restarting lmcached, and (issue 17)
+usage accounting and L2 eviction against the real stores.
 
 The S3 endpoint is moto_server as `make deps-test` installs it
 (build-tools/venv/, tests/s3server/README.md), behind a proxy that
@@ -27,6 +27,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from conftest import ROOT, Server, free_port
+from redis_server import RedisExited, redis_pid, start_redis, start_redis_fresh
 from test_l2_fs import close_all, lookup_wait, status, store_all
 from test_lookup_engine_driven import CLEAR, CS, OBJ, Worker, chunk_bytes, prompt
 
@@ -56,14 +57,6 @@ def wait_port(port, proc, timeout=30):
     raise RuntimeError(f"port {port} never opened")
 
 
-def start_redis(port):
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_port(port, proc)
-    return proc
-
-
 def stop(proc):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -73,8 +66,7 @@ def stop(proc):
 def redis_port():
     if not shutil.which("redis-server"):
         missing("redis-server")
-    port = free_port()
-    proc = start_redis(port)
+    port, proc = start_redis_fresh()
     yield port
     if proc.poll() is None:
         stop(proc)
@@ -94,12 +86,23 @@ class S3Server:
         self.proc = subprocess.Popen([MOTO_SERVER, "-H", "127.0.0.1", "-p", str(upstream)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_port(upstream, self.proc, timeout=60)
-        self.port = free_port()
+        self.upstream, self.port = upstream, free_port()
+        self.start_endpoint()
+
+    def start_endpoint(self):
+        """The proxy, the endpoint lmcached talks to, on self.port."""
         self.proxy = subprocess.Popen(
             [sys.executable, os.path.join(ROOT, "tests", "s3server", "sigv4_proxy.py"),
-             str(self.port), str(upstream), self.access, self.secret],
+             str(self.port), str(self.upstream), self.access, self.secret],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_port(self.port, self.proxy)
+
+    def stop_endpoint(self):
+        """An outage: the endpoint's process is gone and its port refuses
+        connections.  moto behind it keeps the bucket and its objects, as
+        S3 does through an outage (restarting moto would lose them)."""
+        self.proxy.kill()
+        self.proxy.wait()
 
     def spec(self, **extra):
         return {"type": "s3", "s3_endpoint": f"{BUCKET}.127.0.0.1:{self.port}",
@@ -212,11 +215,27 @@ def test_s3_round_trip_and_restart(s3_server):
     round_trip(s3_server.spec(), "s")
 
 
+def test_a_taken_port_is_not_taken_for_a_ready_redis():
+    """The Redis helper's own promise (issue 29): a redis-server that cannot
+    bind, because another Redis holds its port, fails the start as soon as
+    it exits; the Redis that answers there is never taken for it."""
+    if not shutil.which("redis-server"):
+        missing("redis-server")
+    port, other = start_redis_fresh()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RedisExited):
+            start_redis(port)
+        assert time.monotonic() - t0 < 10              # at its exit, not the deadline
+        assert redis_pid(port) == other.pid            # the other one is untouched
+    finally:
+        stop(other)
+
+
 def test_redis_outage_degrades_then_recovers():
     if not shutil.which("redis-server"):
         missing("redis-server")
-    port = free_port()
-    redis = start_redis(port)
+    port, redis = start_redis_fresh()
     srv = start({"type": "resp", "host": "127.0.0.1", "port": port, "num_workers": 2,
                  "timeout_ms": 500})
     try:
@@ -246,14 +265,75 @@ def test_redis_outage_degrades_then_recovers():
             stop(redis)
 
 
+def healthcheck(srv):
+    url = f"http://127.0.0.1:{srv.http_port}/healthcheck"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.status, json.loads(r.read())
+
+
+def test_s3_outage_degrades_then_recovers(s3_server):
+    """docs/l2.md, "s3": the endpoint goes away mid-run and comes back on
+    the same port.  Meanwhile stores fail and are counted, lookups (and so
+    loads) of what only S3 holds are misses, L1 still serves, and lmcached
+    stays up and healthy; once the endpoint is back the same lmcached
+    stores to it and loads from it again, the objects stored before the
+    outage included."""
+    srv = start(s3_server.spec(num_workers=2))
+    try:
+        ws = [Worker(srv, 4001, 0), Worker(srv, 4002, 1)]
+        sched = srv.dealer()
+        before, during, after = prompt(204), prompt(205), prompt(206)
+        for w in ws:
+            w.store(before, 0, len(before))
+        st = wait_l2(srv, 8)                          # in S3 before the outage
+        ad = st["l2_adapters"][0]
+        assert ad["counters"]["stores_failed"] == 0 and ad["http_errors"] == 0, ad
+        ok_before = ad["counters"]["stores_ok"]
+        assert ok_before >= 1, ad
+
+        s3_server.stop_endpoint()                     # S3 goes away mid-run
+        for w in ws:
+            w.store(during, 0, len(during))
+        assert lookup_wait(sched, during, "s1") == 4  # still served from L1
+        st = wait_l2(srv, 16)                         # all 16 keys tried
+        ad = st["l2_adapters"][0]
+        assert st["store_controller"]["stores_failed"] >= 1, st["store_controller"]
+        assert ad["counters"]["stores_failed"] >= 1, ad
+        assert ad["counters"]["stores_ok"] == ok_before, ad
+        assert ad["put_errors"] >= 1 and ad["http_errors"] >= 1, ad
+        assert sched.call(CLEAR, False) is not None   # `before` is now only in S3
+        assert lookup_wait(sched, before, "s2") == 0  # unreachable: a miss, no error
+        ad2 = status(srv)["l2_adapters"][0]
+        assert ad2["http_errors"] > ad["http_errors"], ad2   # the lookup's HEADs
+        assert srv.alive()
+        # docs/l2.md: an L2 outage does not make the server or the adapter
+        # unhealthy; the counters above are where it shows.
+        assert healthcheck(srv) == (200, {"status": "healthy"})
+        assert ad2["is_healthy"] is True
+
+        s3_server.start_endpoint()                    # back, same port, same objects
+        for w in ws:
+            w.store(after, 0, len(after))
+        st = wait_l2(srv, 24)
+        assert st["l2_adapters"][0]["counters"]["stores_ok"] > ok_before, st["l2_adapters"][0]
+        assert sched.call(CLEAR, False) is not None
+        for toks, rid in ((before, "s3"), (after, "s4")):
+            assert lookup_wait(sched, toks, rid) == 4  # loaded from S3 again
+            for w in ws:
+                got = w.retrieve(toks, 0, 4 * CS, rid)
+                assert got == [chunk_bytes(w.rank, toks, c) for c in range(4)]
+        close_all(ws, sched)
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
 # ---- usage accounting and L2 eviction against the real stores (issue 17) ----
 
 class RedisStore:
     def __init__(self):
         if not shutil.which("redis-server") or not shutil.which("redis-cli"):
             missing("redis-server / redis-cli")
-        self.port = free_port()
-        self.proc = start_redis(self.port)
+        self.port, self.proc = start_redis_fresh()
 
     def spec(self, **extra):
         return {"type": "resp", "host": "127.0.0.1", "port": self.port, "num_workers": 2,

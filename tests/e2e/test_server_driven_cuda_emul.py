@@ -7,7 +7,6 @@ is lmcached's own code: registration of CudaIPCWrapper handles, copies
 enqueued per object, recorded events, and L1 publish and release from the
 stream's callbacks on the completion thread."""
 import hashlib
-import mmap
 import os
 import time
 
@@ -15,7 +14,7 @@ import msgpack
 import pytest
 
 from conftest import ROOT, Server, finish
-from paged_kv import PagedKV
+from paged_kv import PagedKV, create_segment, unlink_segment
 from test_server_driven import (CS, LOOKUP, NOOP, QUERY, REG, RETRIEVE, STORE, UNREG,
                                 chunk_rows, http_post, key, prompt, status, unpack,
                                 until)
@@ -149,10 +148,7 @@ class OneAllocation:
         for v in views:
             self.starts.append(at)
             at += (v * g.item + nbytes + 1023) // 512 * 512
-        fd = os.open("/dev/shm" + self.name, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o600)
-        os.ftruncate(fd, at)
-        self.big = mmap.mmap(fd, at)
-        os.close(fd)
+        self.big = create_segment(self.name, at)
         self.big[:] = bytes([0xA5]) * at
         data = [s + v * g.item for s, v in zip(self.starts, views)]
         for t, d in zip(g.tensors, data):
@@ -171,7 +167,7 @@ class OneAllocation:
     def close(self):
         self.g.close()
         self.big.close()
-        os.unlink("/dev/shm" + self.name)
+        unlink_segment(self.name)
 
 
 def round_trip_carved(srv, d, instance, one, handles, hints, engine="vllm"):

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 
 from conftest import LMCACHED, Dealer, Server, free_port  # noqa: E402,F401
+# Ready only once the Redis on the port is this one (tests/e2e/redis_server.py).
+from redis_server import start_redis, start_redis_fresh  # noqa: E402,F401
 from test_lookup_engine_driven import (CLEAR, CRETR, CS, CSTORE, END, LOOKUP, NOOP,  # noqa: E402,F401
                                        OBJ, PING, PRETR, PSTORE, QUERY, REG, WAIT, Worker,
                                        chunk_bytes, key, payload, prompt, unpack)
@@ -182,29 +183,8 @@ def ci():
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def wait_port(port, proc, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"port {port} never opened")
-
-
 def have_redis():
     return shutil.which("redis-server") is not None
-
-
-def start_redis(port):
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_port(port, proc)
-    return proc
 
 
 def kill(proc):

@@ -33,9 +33,9 @@ import msgpack
 import zmq
 
 from rel_common import (CLEAR, CS, END, LOOKUP, NOOP, PING, ROOT, WAIT, BooksWatch, Broken,
-                        Server, Worker, alive, check, chunk_bytes, ci, fd_count, free_port,
+                        Server, Worker, alive, check, chunk_bytes, ci, fd_count,
                         git_commit, have_redis, http, key, kill, l1, metrics, prompt, round_trip,
-                        rss_kib, start_redis, status, unpack)
+                        rss_kib, start_redis, start_redis_fresh, status, unpack)
 
 
 class NotRun(Exception):
@@ -694,8 +694,7 @@ def sc_redis_killed(quick):
         raise NotRun("redis-server is missing (make deps-test installs it)")
     per_batch = 4 if quick else 25
     outage_s = 1 if quick else 10
-    port = free_port()
-    redis = start_redis(port)
+    port, redis = start_redis_fresh()
     srv = Server("--chunk-size", str(CS), "--l2-adapter",
                  json.dumps({"type": "resp", "host": "127.0.0.1", "port": port,
                              "num_workers": 2, "timeout_ms": 500}))

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <zmq.h>
 #include <cmocka.h>
 
@@ -16,7 +19,46 @@
 #include "rpc/rpc.h"
 #include "rpc/wire.h"
 
-#define URL "tcp://127.0.0.1:45871"
+/* Where the current test's server listens.  A fixed port collided when two
+ * runs of this test overlapped (ctest -j over two build trees, two
+ * checkouts): the second could not bind, or its clients reached the first
+ * run's server.  server_new() takes a port the kernel picks instead. */
+static char g_url[64];
+
+/* A port no socket is bound to now (the kernel's pick for port 0). */
+static int free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(s, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (s >= 0)
+        close(s);
+    return port;
+}
+
+/* lmc_rpc_server_new on a free port, with g_url naming it.  The port is only
+ * known to have been free a moment ago, so one that another process bound
+ * in between is replaced by a fresh pick; once our bind succeeded, no other
+ * server can be listening there. */
+static int server_new(lmc_rpc_options *o, lmc_rpc_server **out)
+{
+    char err[256] = "no free port";
+    for (int attempt = 0; attempt < 20; attempt++) {
+        int port = free_port();
+        if (port <= 0)
+            continue;
+        snprintf(g_url, sizeof g_url, "tcp://127.0.0.1:%d", port);
+        o->bind_url = g_url;
+        if (lmc_rpc_server_new(o, out, err, sizeof err) == 0)
+            return 0;
+    }
+    fprintf(stderr, "%s\n", err);
+    return -1;
+}
 
 typedef struct {
     lmc_rpc_server *server;
@@ -170,12 +212,9 @@ static int start(void **state, bool error_frames)
     fixture *f = calloc(1, sizeof *f);
     pthread_mutex_init(&f->lock, NULL);
     sem_init(&f->reply_seen, 0, 0);
-    lmc_rpc_options o = {URL, 3, 4, error_frames, 0};
-    char err[256];
-    if (lmc_rpc_server_new(&o, &f->server, err, sizeof err) != 0) {
-        fprintf(stderr, "%s\n", err);
+    lmc_rpc_options o = {NULL, 3, 4, error_frames, 0};
+    if (server_new(&o, &f->server) != 0)
         return -1;
-    }
     lmc_rpc_handler_spec specs[] = {
         {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, h_noop, false, NULL, NULL, false},
         {LMC_OP_CLEAR, NULL, LMC_POOL_NORMAL, h_void, false, NULL, NULL, false},
@@ -222,7 +261,7 @@ static void *dealer(void *zctx)
     void *s = zmq_socket(zctx, ZMQ_DEALER);
     int linger = 0;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
-    assert_int_equal(zmq_connect(s, URL), 0);
+    assert_int_equal(zmq_connect(s, g_url), 0);
     return s;
 }
 
@@ -364,7 +403,7 @@ static void pack_sum_args(msgpack_sbuffer args[3])
 static void test_client_call_and_args(void **state)
 {
     (void)state;
-    lmc_client *c = lmc_client_connect(URL);
+    lmc_client *c = lmc_client_connect(g_url);
     msgpack_sbuffer args[3];
     pack_sum_args(args);
     lmc_client_reply r;
@@ -393,7 +432,7 @@ static void test_client_call_and_args(void **state)
 static void test_client_pipelined_send_receive(void **state)
 {
     (void)state;
-    lmc_client *c = lmc_client_connect(URL);
+    lmc_client *c = lmc_client_connect(g_url);
     msgpack_sbuffer args[3];
     pack_sum_args(args);
     uint64_t sent[3];
@@ -497,7 +536,7 @@ static bool ran_pooled(lmc_client *c, int op, const msgpack_sbuffer *args, size_
 static void test_quick_handlers_run_inline_only_when_idle(void **state)
 {
     fixture *f = *state;
-    lmc_client *c = lmc_client_connect(URL);
+    lmc_client *c = lmc_client_connect(g_url);
     uint64_t inlined = lmc_rpc_server_stats(f->server).inlined;
     assert_false(ran_pooled(c, LMC_OP_PING, NULL, 0));              /* NORMAL, idle */
     assert_false(ran_pooled(c, LMC_OP_PREPARE_RETRIEVE, NULL, 0));  /* AFFINITY, idle */
@@ -561,7 +600,7 @@ static int64_t call_int(lmc_client *c, int op)
 static void test_then_runs_after_the_reply_on_the_socket_thread(void **state)
 {
     fixture *f = *state;
-    lmc_client *c = lmc_client_connect(URL);
+    lmc_client *c = lmc_client_connect(g_url);
     assert_int_equal(call_int(c, LMC_OP_QUERY_PREFETCH_LOOKUP_HITS), 7);
     assert_int_equal(atomic_load(&f->then_state), 0); /* still waiting for us */
     sem_post(&f->reply_seen);
@@ -634,9 +673,8 @@ static void test_full_queue_is_answered_at_once(void **state)
     busy_fixture f;
     sem_init(&f.entered, 0, 0);
     sem_init(&f.gate, 0, 0);
-    lmc_rpc_options o = {URL, 1, 1, true, 1};
-    char err[256];
-    assert_int_equal(lmc_rpc_server_new(&o, &f.server, err, sizeof err), 0);
+    lmc_rpc_options o = {NULL, 1, 1, true, 1};
+    assert_int_equal(server_new(&o, &f.server), 0);
     lmc_rpc_handler_spec specs[] = {
         {LMC_OP_NOOP, NULL, LMC_POOL_SYNC, h_noop, false, NULL, NULL, false},
         {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_NORMAL, h_gated, false, NULL, busy_false, false},
@@ -703,9 +741,8 @@ static void test_releasing_ops_get_headroom(void **state)
     busy_fixture f;
     sem_init(&f.entered, 0, 0);
     sem_init(&f.gate, 0, 0);
-    lmc_rpc_options o = {URL, 1, 1, true, 1};
-    char err[256];
-    assert_int_equal(lmc_rpc_server_new(&o, &f.server, err, sizeof err), 0);
+    lmc_rpc_options o = {NULL, 1, 1, true, 1};
+    assert_int_equal(server_new(&o, &f.server), 0);
     lmc_rpc_handler_spec specs[] = {
         {LMC_OP_COMMIT_STORE, NULL, LMC_POOL_NORMAL, h_gated, false, NULL, busy_false, false},
         {LMC_OP_FREE_LOOKUP_LOCKS, NULL, LMC_POOL_NORMAL, h_void, false, NULL, NULL,

@@ -11,6 +11,8 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -30,6 +32,7 @@ typedef struct {
     uint8_t *arena;          /* [0, N*OBJ) source, [N*OBJ, 2*N*OBJ) destination */
     uint64_t src[N], dst[N], sizes[N];
     char dir[64];
+    char other_fs[64];       /* a directory on another filesystem, when used */
 } fx;
 
 static void make_key(fx *f, size_t i, const char *model)
@@ -66,6 +69,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fx *f = *state;
+    if (f->other_fs[0])
+        scratch_dir_remove(f->other_fs);
     scratch_dir_remove(f->dir);
     free(f->arena);
     lmc_key_interner_free(f->in);
@@ -442,6 +447,136 @@ static void test_fs_without_xattrs(void **state)
     lmc_l2_adapter_close(a);
 }
 
+/* ---- writes and renames that fail (issue 29) ----------------------------- */
+
+static json_int_t adapter_counter(lmc_l2_adapter *a, const char *name)
+{
+    json_t *st = lmc_l2_adapter_status(a);
+    json_int_t v = json_integer_value(json_object_get(json_object_get(st, "counters"), name));
+    json_decref(st);
+    return v;
+}
+
+/* Entries of `dir` whose names end in `suffix` ("" counts all). */
+static int count_entries(const char *dir, const char *suffix)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *e;
+    int n = 0;
+    size_t sl = strlen(suffix);
+    while ((e = readdir(d)) != NULL) {
+        size_t l = strlen(e->d_name);
+        if (e->d_name[0] != '.' && l >= sl && strcmp(e->d_name + l - sl, suffix) == 0)
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* docs/l2.md, "fs": a store writes a temp file and renames it onto the
+ * final name.  After keys 0..2 were stored with the store of keys 1 and 2
+ * failing: the task failed and was counted, the failed keys left no file
+ * at all (no half-written temp file, no data file, no sidecar), usage
+ * counts key 0 only, and key 0 still loads. */
+static void assert_failed_store_left_nothing(lmc_l2_adapter *a, fx *f, int64_t result,
+                                             const char *tmp_dir)
+{
+    assert_int_equal(result, -1);
+    assert_int_equal(adapter_counter(a, "stores_ok"), 1);
+    assert_int_equal(adapter_counter(a, "stores_failed"), 1);
+    assert_int_equal(fs_counter(a, "io_errors"), 2);
+    for (size_t i = 1; i < 3; i++) {
+        assert_false(exists(path_of(f, i, "")));
+        assert_false(exists(path_of(f, i, ".b3")));
+    }
+    assert_int_equal(count_entries(tmp_dir, ".tmp"), 0);
+    assert_int_equal(count_entries(f->dir, ".data"), 1);
+    lmc_l2_usage u;
+    lmc_l2_adapter_usage(a, &u);
+    assert_int_equal(u.used_bytes, OBJ);
+    assert_int_equal(u.num_keys, 1);
+    uint8_t found[N], ok[N];
+    lookup(a, f, f->sizes, found);
+    assert_memory_equal(found, ((uint8_t[]){1, 0, 0, 0}), N);
+    lmc_l2_adapter_unlock(a, f->keys, N);
+    load(a, f, ok);
+    assert_memory_equal(ok, ((uint8_t[]){1, 0, 0, 0}), N);
+    assert_true(same(f, 0));
+}
+
+/* ...and once the cause is gone the same adapter stores them. */
+static void assert_stores_again(lmc_l2_adapter *a, fx *f)
+{
+    assert_int_equal(store(a, f, 3), 3 * OBJ);
+    assert_int_equal(adapter_counter(a, "stores_ok"), 2);
+    uint8_t ok[N];
+    load(a, f, ok);
+    assert_memory_equal(ok, ((uint8_t[]){1, 1, 1, 0}), N);
+    assert_true(same(f, 0) && same(f, 1) && same(f, 2));
+}
+
+/* A write that fails half way (EFBIG: the file size limit, which binds
+ * root too, as a full disk would with ENOSPC). */
+static void test_fs_write_failure_leaves_nothing(void **state)
+{
+    fx *f = *state;
+    lmc_l2_adapter *a = open_fs(f, true);
+    assert_int_equal(store(a, f, 1), OBJ);
+    struct rlimit was, small;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &was), 0);
+    small = was;
+    small.rlim_cur = OBJ / 2;     /* the first half of each object lands */
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);  /* EFBIG, not death */
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &small), 0);
+    int64_t r = store(a, f, 3);   /* key 0 exists: skipped; 1 and 2 fail */
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &was), 0);
+    signal(SIGXFSZ, old_handler);
+    assert_failed_store_left_nothing(a, f, r, f->dir);
+    assert_stores_again(a, f);
+    lmc_l2_adapter_close(a);
+}
+
+/* A rename that fails after the whole temp file was written: the temp
+ * directory (relative_tmp_dir, here a link) is on another filesystem,
+ * so rename() answers EXDEV, whoever runs the test. */
+static void test_fs_rename_failure_leaves_nothing(void **state)
+{
+    fx *f = *state;
+    char link[128];
+    struct stat here, there;
+    snprintf(f->other_fs, sizeof f->other_fs, "/dev/shm/lmc-l2-test-tmp-%ld", (long)getpid());
+    snprintf(link, sizeof link, "%s/xdev", f->dir);
+    assert_int_equal(mkdir(f->dir, 0755), 0);
+    assert_int_equal(mkdir(f->other_fs, 0755), 0);
+    assert_int_equal(symlink(f->other_fs, link), 0);
+    assert_int_equal(stat(f->dir, &here), 0);
+    assert_int_equal(stat(f->other_fs, &there), 0);
+    if (here.st_dev == there.st_dev)
+        fail_msg("%s and %s are on one filesystem: the rename cannot fail", f->dir,
+                 f->other_fs);
+    char err[256];
+    lmc_l2_fs_options o = {.base_path = f->dir, .relative_tmp_dir = "xdev",
+                           .recover_on_start = true, .verify_checksum = true};
+    lmc_l2_backend *be = lmc_l2_fs_new(&o, err, sizeof err);
+    assert_non_null(be);
+    lmc_l2_adapter *a = lmc_l2_adapter_new(be, f->arena, 3);
+    /* Key 0 goes in while the temp directory is on the same filesystem. */
+    assert_int_equal(unlink(link), 0);
+    assert_int_equal(mkdir(link, 0755), 0);
+    assert_int_equal(store(a, f, 1), OBJ);
+    assert_int_equal(rmdir(link), 0);
+    assert_int_equal(symlink(f->other_fs, link), 0);
+    int64_t r = store(a, f, 3);
+    assert_failed_store_left_nothing(a, f, r, f->other_fs);
+    assert_int_equal(unlink(link), 0);
+    assert_int_equal(mkdir(link, 0755), 0);
+    assert_stores_again(a, f);
+    lmc_l2_adapter_close(a);
+    assert_int_equal(count_entries(link, ""), 0);
+    assert_int_equal(rmdir(link), 0);
+}
+
 /* Several checksum pieces (512 KiB each, l2_fs.c) and an odd tail; with
  * O_DIRECT, an aligned tail. */
 #define BIG (3u * (512u << 10) + 1000u)
@@ -685,6 +820,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fs_checksum_in_xattr, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fs_sidecar_still_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fs_without_xattrs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fs_write_failure_leaves_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fs_rename_failure_leaves_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fs_mid_object_corruption_parallel, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_fs_mid_object_corruption_direct, setup,

@@ -42,6 +42,41 @@ static void track(pid_t pid, bool add)
     }
 }
 
+/* The process id of the Redis answering on `port` (INFO's process_id),
+ * after AUTH when `password` is set; 0 when none answers. */
+static long redis_pid_on(int port, const char *password)
+{
+    resp_conn c;
+    resp_conn_init(&c);
+    if (resp_conn_open(&c, "127.0.0.1", port, 500) != 0)
+        return 0;
+    char line[RESP_LINE_MAX], body[8192];
+    int64_t len = 0;
+    long pid = 0;
+    bool ok = true;
+    if (password) {
+        resp_arg auth[] = {{"AUTH", 4}, {password, strlen(password)}};
+        ok = resp_send_command(&c, auth, 2) == 0 && resp_read_line(&c, line, sizeof line) == 0;
+    }
+    resp_arg info[] = {{"INFO", 4}, {"server", 6}};
+    if (ok && resp_send_command(&c, info, 2) == 0 &&
+        resp_read_line(&c, line, sizeof line) == 0 && line[0] == '$' &&
+        resp_parse_int(line, &len) && len > 0 && (size_t)len < sizeof body &&
+        resp_read_bulk_body(&c, body, (size_t)len) == 0) {
+        body[len] = '\0';
+        const char *at = strstr(body, "\nprocess_id:");
+        if (at)
+            pid = strtol(at + strlen("\nprocess_id:"), NULL, 10);
+    }
+    resp_conn_close(&c);
+    return pid;
+}
+
+/* Starts redis-server on `port` and waits until it answers as itself: the
+ * Redis answering there reports the child's pid.  A redis-server that
+ * cannot bind (the port was taken since it was picked) exits, and is
+ * reported at once as -1; answering PING alone would have taken whatever
+ * else listens on the port (another test's Redis) for this one. */
 static pid_t start_redis(int port, const char *extra1, const char *extra2, const char *dir)
 {
     char p[16];
@@ -56,25 +91,20 @@ static pid_t start_redis(int port, const char *extra1, const char *extra2, const
                extra1 ? extra2 : "warning", (char *)NULL);
         _exit(127);
     }
-    /* Ready when it answers PING. */
-    for (int i = 0; i < 200; i++) {
-        resp_conn c;
-        resp_conn_init(&c);
-        if (resp_conn_open(&c, "127.0.0.1", port, 500) == 0) {
-            resp_arg ping = {"PING", 4};
-            char line[64];
-            int ok = resp_send_command(&c, &ping, 1) == 0 &&
-                     resp_read_line(&c, line, sizeof line) == 0;
-            resp_conn_close(&c);
-            if (ok) {
-                track(pid, true);
-                return pid;
-            }
+    const char *password = extra1 && strcmp(extra1, "--requirepass") == 0 ? extra2 : NULL;
+    for (int i = 0; pid > 0 && i < 400; i++) {
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            return -1;                          /* exited: it never served */
+        if (redis_pid_on(port, password) == (long)pid) {
+            track(pid, true);
+            return pid;
         }
         usleep(25000);
     }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
     return -1;
 }
 
@@ -170,6 +200,24 @@ static void test_key_slot(void **state)
     assert_int_equal(lmc_resp_key_slot("{user1000}.following", 20),
                      lmc_resp_key_slot("{user1000}.followers", 20));
     assert_int_equal(lmc_resp_key_slot("a{}b", 4), lmc_resp_key_slot("a{}b", 4));
+}
+
+/* start_redis's own promise (issue 29): a redis-server that cannot bind,
+ * because another Redis holds its port, is reported as failed as soon as
+ * it exits, and never taken for the Redis that answers there. */
+static void test_a_taken_port_is_not_taken_for_a_ready_redis(void **state)
+{
+    (void)state;
+    int port;
+    pid_t other = start_redis_fresh(&port, NULL, NULL);
+    assert_true(other > 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(start_redis(port, NULL, NULL, "/tmp"), -1);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_true(t1.tv_sec - t0.tv_sec < 5);            /* at its exit, not a deadline */
+    assert_int_equal(redis_pid_on(port, NULL), other);  /* the other one is untouched */
+    stop_redis(other);
 }
 
 static void test_single_node_round_trip_and_restart(void **state)
@@ -385,21 +433,32 @@ static void test_auth(void **state)
 static void test_cluster_routing(void **state)
 {
     (void)state;
-    int port = pick_ports(3, true);
     char dir[] = "/tmp/lmc-redis-cluster-XXXXXX";
     assert_non_null(mkdtemp(dir));
     pid_t pids[3];
+    int port = -1;
+    /* Three nodes on ports picked now; all three on fresh ports when one of
+     * them was taken between the pick and its node's bind (each attempt in
+     * fresh directories: a node keeps its cluster state in its own). */
+    for (int attempt = 0; attempt < 5 && port < 0; attempt++) {
+        port = pick_ports(3, true);
+        for (int i = 0; i < 3 && port > 0; i++) {
+            char sub[600];
+            snprintf(sub, sizeof sub, "%s/a%d-n%d", dir, attempt, i);
+            assert_int_equal(mkdir(sub, 0700), 0);
+            pids[i] = start_redis(port + i, "--cluster-enabled", "yes", sub);
+            if (pids[i] <= 0) {
+                while (i-- > 0)
+                    stop_redis(pids[i]);
+                port = -1;
+            }
+        }
+    }
+    assert_true(port > 0);
     char cmd[512];
     int n = snprintf(cmd, sizeof cmd, "redis-cli --cluster create");
-    for (int i = 0; i < 3; i++) {
-        char sub[600], conf[64];
-        snprintf(sub, sizeof sub, "%s/n%d", dir, i);
-        snprintf(conf, sizeof conf, "--cluster-config-file nodes-%d.conf", i);
-        assert_int_equal(mkdir(sub, 0700), 0);
-        pids[i] = start_redis(port + i, "--cluster-enabled", "yes", sub);
-        assert_true(pids[i] > 0);
+    for (int i = 0; i < 3; i++)
         n += snprintf(cmd + n, sizeof cmd - (size_t)n, " 127.0.0.1:%d", port + i);
-    }
     snprintf(cmd + n, sizeof cmd - (size_t)n, " --cluster-replicas 0 --cluster-yes >/dev/null 2>&1");
     /* Seeded with one node before the cluster has slots: the layout can only
      * be learned from MOVED replies. */
@@ -655,6 +714,8 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_slot),
+        cmocka_unit_test_teardown(test_a_taken_port_is_not_taken_for_a_ready_redis,
+                                  stop_leftovers),
         cmocka_unit_test_teardown(test_single_node_round_trip_and_restart, stop_leftovers),
         cmocka_unit_test_teardown(test_usage_follows_overwrites_and_deletes, stop_leftovers),
         cmocka_unit_test_teardown(test_capacity_is_enforced, stop_leftovers),
