@@ -16,6 +16,7 @@ _spec = importlib.util.spec_from_file_location("e2e_conftest",
 e2e = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(e2e)
 pytest_runtest_makereport = e2e.pytest_runtest_makereport
+start_server = e2e.start_server
 Server = e2e.Server
 free_port = e2e.free_port
 
@@ -44,16 +45,8 @@ def upstream():
 
 
 @pytest.fixture
-def lmcached(upstream):
-    """lmcached with the hash log on, so tests can read the chunk hashes
-    it computed."""
-    started = []
-
-    def start(*args, **kw):
-        s = Server(*args, **kw)
-        started.append(s)
-        return s
-
-    yield start
-    for s in started:
-        e2e.finish(s)   # still serving and a clean exit, unless the test stopped it
+def lmcached(upstream, start_server):
+    """Starts lmcached servers (the e2e suite's start_server: each must
+    still serve and exit cleanly at teardown, unless the test stopped it),
+    once upstream's package is importable."""
+    return start_server
