@@ -253,6 +253,37 @@ def test_bad_events_change_nothing(start_coordinator):
     assert c.call("GET", "/directory/keys")[1]["total"] == 2
 
 
+def test_missing_or_mistyped_batch_fields_are_refused_by_name(start_coordinator):
+    """Issue 29: one unauthenticated POST /events without event_type or tier
+    crashed the coordinator.  Every required field is checked before use:
+    each case is a 422 naming the field, and the coordinator keeps serving."""
+    c = start_coordinator()
+    good = batch("a", 1, 1, "store", [key(1)])
+    without = lambda field: {k: v for k, v in good.items() if k != field}
+    cases = [
+        (without("event_type"), "event_type is required"),
+        (without("tier"), "tier is required"),
+        (without("instance_id"), "instance_id is required"),
+        (without("entries"), "entries is required"),
+        (dict(good, event_type=1), "event_type must be a str"),
+        (dict(good, event_type=None), "event_type must be a str"),
+        (dict(good, event_type={"store": 1}), "event_type must be a str"),
+        (dict(good, tier=2), "tier must be a str"),
+        (dict(good, backend=""), "backend is required for store batches"),
+        (dict(without("backend"), event_type="delete"), "backend is required for delete"),
+    ]
+    for body, reason in cases:
+        st, r = c.call("POST", "/events", {"batches": [body]})
+        assert st == 422 and reason in r["detail"], (body, st, r)
+        assert c.call("GET", "/healthcheck")[0] == 200, c.output()
+    assert c.proc.poll() is None, c.output()
+    # Nothing was applied: seq 1 is still new.
+    assert post_events(c, good)[1] == {"applied": 1, "duplicates": 0, "stale": 0}
+    # An access batch may still go without a backend (the protocol's one exception).
+    access = dict(without("backend"), seq=2, event_type="access")
+    assert post_events(c, access)[1] == {"applied": 1, "duplicates": 0, "stale": 0}
+
+
 def raw_status(port, data):
     """Sends raw bytes; the status code of the reply (0 if none) and the reply."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
