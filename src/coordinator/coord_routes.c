@@ -44,14 +44,7 @@ void coord_ep_events(lmc_coord *co, const coord_request *rq, coord_reply *out)
         return coord_reply_detail(out, 422, "%s", why);
     coord_ingest_result res;
     pthread_mutex_lock(&co->mu);
-    bool txn = coord_db_begin(co->db) == 0;
-    int rc = coord_events_apply(&co->st, txn ? co->db : NULL, &r, &res, why, sizeof why);
-    if (txn && coord_db_commit(co->db) != 0) {
-        coord_db_rollback(co->db);
-        LMC_ERROR("coordinator: the events of a request could not be saved");
-    }
-    if (txn)
-        coord_db_maybe_compact(co->db, &co->st);
+    int rc = coord_events_ingest(&co->st, co->db, &r, &res, why, sizeof why);
     pthread_mutex_unlock(&co->mu);
     coord_events_request_free(&r);
     if (rc != 0)

@@ -57,6 +57,9 @@ int main(int argc, char **argv)
     sigaddset(&stop, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* A file-size limit (ulimit -f) reached by a database write must be a
+     * failed write, answered 503 and retried by the sender, not a kill. */
+    signal(SIGXFSZ, SIG_IGN);
     lmc_coord_config cfg;
     char err[512];
     lmc_coord *co = NULL;

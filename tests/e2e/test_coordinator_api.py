@@ -5,8 +5,10 @@ lmcached with an fs L2."""
 import http.client
 import json
 import os
+import resource
 import signal
 import socket
+import sqlite3
 import subprocess
 import time
 
@@ -351,6 +353,50 @@ def test_restart_keeps_quotas_pins_cursors_and_usage(start_coordinator):
     assert post_events(c2, batch("a", 3, 2, "store", [key(5, "t")]))[1]["applied"] == 1
     assert c2.call("DELETE", "/cache/pins", pin)[1]["affected"] == 4
     assert c2.call("GET", "/directory/stats")[1]["pinned_keys"] == 0
+
+
+def test_events_not_saved_are_answered_503_and_applied_once_when_sent_again(start_coordinator):
+    """Issue 29: events the database did not take were acknowledged 200.
+    Now a request whose transaction cannot begin or commit is a 503 with the
+    gate as before it; the same batches sent again are applied once, and
+    what the failed request did in memory (a delete here) reaches the
+    database too."""
+    c = start_coordinator()
+    assert post_events(c, batch("a", 1, 1, "store", [key(1, "t")]))[0] == 200
+    again = [batch("a", 1, 2, "store", [key(2, "t")], size=300),
+             batch("a", 1, 3, "delete", [key(1, "t")], size=0)]
+    # Another process holds the database's write lock (an operator's sqlite3).
+    con = sqlite3.connect(c.db_path, timeout=0, isolation_level=None)
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        st, r = post_events(c, *again)
+    finally:
+        con.execute("ROLLBACK")
+        con.close()
+    assert st == 503 and "send the batches again later" in r["detail"], (st, r)
+    # A file-size limit: every write of the database fails, at the commit.
+    soft, hard = resource.prlimit(c.proc.pid, resource.RLIMIT_FSIZE)
+    resource.prlimit(c.proc.pid, resource.RLIMIT_FSIZE, (0, hard))
+    try:
+        st, r = post_events(c, *again)
+        health = c.call("GET", "/healthcheck")[0]
+    finally:
+        resource.prlimit(c.proc.pid, resource.RLIMIT_FSIZE, (soft, hard))
+    assert st == 503 and "could not be saved" in r["detail"], (st, r)
+    assert health == 200 and c.proc.poll() is None, c.output()
+    assert c.metric("lmcache_mp_coordinator_events_applied_total") == 1
+    # Sent again once the database takes writes: applied once, then duplicates.
+    assert post_events(c, *again)[1] == {"applied": 2, "duplicates": 0, "stale": 0}
+    assert post_events(c, *again)[1] == {"applied": 0, "duplicates": 2, "stale": 0}
+    assert c.metric("lmcache_mp_coordinator_events_applied_total") == 3
+    assert c.metric("lmcache_mp_coordinator_events_gaps_total") == 0
+    assert c.call("GET", "/quota/t")[1]["usage_gb"] * 2**30 == pytest.approx(300)
+    assert c.stop() == 0, c.output()
+    c2 = start_coordinator()
+    assert c2.call("GET", "/quota/t")[1]["usage_gb"] * 2**30 == pytest.approx(300)
+    assert c2.call("GET", "/directory/keys")[1]["total"] == 1
+    assert post_events(c2, batch("a", 1, 4, "access", [key(2, "t")]))[1]["applied"] == 1
+    assert c2.metric("lmcache_mp_coordinator_events_gaps_total") == 0
 
 
 # ---- auth ---------------------------------------------------------------------------
