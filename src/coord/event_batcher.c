@@ -244,8 +244,12 @@ static int add_config_batches(const lmc_cev_batcher *b, const lmc_cev_compartmen
     return 0;
 }
 
+/* One batch per run of the same group; an entry that cannot be encoded
+ * (jansson refuses a name that is not UTF-8) is left out and counted in
+ * *unencodable, so that one tenant's bad name never costs the others
+ * their events.  Its batch stays, empty if need be: its seq is spent. */
 static int add_placement_batches(const lmc_cev_batcher *b, const cev_entry *e, size_t n,
-                                 uint64_t *seq, double now, json_t *out)
+                                 uint64_t *seq, double now, json_t *out, size_t *unencodable)
 {
     json_t *entries = NULL;
     for (size_t i = 0; i < n; i++) {
@@ -256,7 +260,10 @@ static int add_placement_batches(const lmc_cev_batcher *b, const cev_entry *e, s
                 return -1;
             entries = json_object_get(batch, "entries");
         }
-        if (json_array_append_new(entries, encode_entry(&e[i])) != 0)
+        json_t *entry = encode_entry(&e[i]);
+        if (!entry)
+            ++*unencodable;
+        else if (json_array_append_new(entries, entry) != 0)
             return -1;
     }
     return 0;
@@ -348,19 +355,22 @@ static json_t *take_fresh(lmc_cev_batcher *b, double now, lmc_cev_size_fn resolv
     pthread_mutex_unlock(&b->mu);
 
     json_t *body = NULL;
+    size_t unencodable = 0;
     if (n + decl_n > 0) {
         resolve_sizes(e, n, resolve, user);
         json_t *list = json_array();
         body = list ? json_pack("{s:o}", "batches", list) : NULL;
         if (!body || add_config_batches(b, decl, decl_n, revision, &seq, now, list) != 0 ||
-            add_placement_batches(b, e, n, &seq, now, list) != 0) {
+            add_placement_batches(b, e, n, &seq, now, list, &unencodable) != 0) {
             json_decref(body);
             body = NULL;
         }
-        *taken = (lmc_cev_take){groups, n, decl_n, decl_n ? revision : 0,
+        *taken = (lmc_cev_take){groups, n - unencodable, decl_n, decl_n ? revision : 0,
                                 generation, false};
     }
     pthread_mutex_lock(&b->mu);
+    b->st.entries_unencodable += unencodable;
+    b->st.entries_dropped += unencodable;
     b->in_flight = json_incref(body);
     b->in_flight_since = now;
     pthread_mutex_unlock(&b->mu);

@@ -42,8 +42,9 @@ typedef struct lmc_cev_stats {
     uint64_t batches_sent;       /* in posts the coordinator accepted */
     uint64_t batches_dropped;    /* placement batches of dropped posts (seq gaps) */
     uint64_t entries_sent;
-    uint64_t entries_dropped;    /* of dropped posts, plus entries_overflowed */
+    uint64_t entries_dropped;    /* of dropped posts, plus overflowed and unencodable */
     uint64_t entries_overflowed; /* oldest entries pushed out of a full ring */
+    uint64_t entries_unencodable; /* entries JSON could not carry (a name not UTF-8) */
     uint64_t posts_ok, posts_failed;
     uint64_t posts_retried;      /* failed posts handed out again */
     bool retry_pending;          /* a failed post is held for the next take */
@@ -108,7 +109,9 @@ void lmc_cev_batcher_redeclare(lmc_cev_batcher *b);
  * it is dropped); else the pending declaration's config batches first,
  * then the queued entries, consecutive entries of the same (type, tier,
  * backend, shared) coalesced into one batch; every batch gets the next
- * seq.  `resolve` (may be NULL) fills LMC_CEV_SIZE_UNKNOWN sizes.
+ * seq.  An entry JSON cannot carry (a model name or salt that is not
+ * UTF-8) is left out of its batch and counted in entries_unencodable; the
+ * others go.  `resolve` (may be NULL) fills LMC_CEV_SIZE_UNKNOWN sizes.
  * NULL when there is nothing to send (or on allocation failure: the
  * entries are then counted as dropped).  `now` is the batches' ts. */
 json_t *lmc_cev_batcher_take(lmc_cev_batcher *b, double now, lmc_cev_size_fn resolve,

@@ -184,12 +184,27 @@ static lmc_cev_outcome outcome_of(long status)
     return LMC_CEV_RETRY;
 }
 
+/* Entries the last take could not encode, logged once a minute at most. */
+static void warn_unencodable(lmc_coord *c, uint64_t before)
+{
+    uint64_t now = lmc_cev_batcher_stats(c->events).entries_unencodable;
+    if (now == before)
+        return;
+    if (coord_warn_due(&c->unencodable_warn))
+        LMC_WARN("coordinator %s: %llu cache event(s) could not be encoded as JSON (a model "
+                 "name or cache salt that is not UTF-8?) and were dropped; the other events "
+                 "are sent (%llu so far)", c->shown_url, (unsigned long long)(now - before),
+                 (unsigned long long)now);
+}
+
 /* One post, settled; true when it was a held post that went through, so
  * that what queued meanwhile can follow at once. */
 static bool post_events_once(lmc_coord *c)
 {
     lmc_cev_take taken;
+    uint64_t unencodable = lmc_cev_batcher_stats(c->events).entries_unencodable;
     json_t *body = lmc_cev_batcher_take(c->events, coord_wall_now(), resolve_l1_sizes, c, &taken);
+    warn_unencodable(c, unencodable);
     if (!body)
         return false;
     lmc_cev_outcome outcome = outcome_of(post_json(

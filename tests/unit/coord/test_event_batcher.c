@@ -419,6 +419,41 @@ static void test_held_post_dropped_after_the_retry_window(void **state)
     lmc_cev_batcher_free(b);
 }
 
+/* Issue 29: an entry jansson cannot encode (a model name that is not
+ * UTF-8) is left out of its batch, counted, and the other tenants' events
+ * still go in the same post. */
+static void test_unencodable_entry_costs_only_itself(void **state)
+{
+    (void)state;
+    lmc_cev_batcher *b = lmc_cev_batcher_new("mp-1", 5, 64);
+    lmc_object_key k[5];
+    keys_from(k, 1, 5);
+    k[1].model_name = "bad\xff\xfe";   /* tenant b's model, not UTF-8 */
+    k[3].cache_salt = "\xc3";           /* a cut sequence */
+    k[4].model_name = "bad\xff\xfe";
+    lmc_cev_batcher_add(b, LMC_CEV_STORE, LMC_CEV_L2, "fs", true, k, NULL, 7, 3);
+    lmc_cev_batcher_add(b, LMC_CEV_DELETE, LMC_CEV_L2, "fs", true, k + 3, NULL, 0, 2);
+    lmc_cev_take t;
+    json_t *body = lmc_cev_batcher_take(b, 1, NULL, NULL, &t);
+    assert_non_null(body);
+    json_t *list = batches(body);
+    assert_int_equal(json_array_size(list), 2);   /* the delete batch stays: its seq is spent */
+    json_t *stored = json_object_get(json_array_get(list, 0), "entries");
+    assert_int_equal(json_array_size(stored), 2);
+    assert_int_equal(first_byte(json_array_get(stored, 0)), 1);
+    assert_int_equal(first_byte(json_array_get(stored, 1)), 3);
+    assert_int_equal(json_array_size(json_object_get(json_array_get(list, 1), "entries")), 0);
+    assert_int_equal(t.placement_entries, 2);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_DELIVERED);
+    json_decref(body);
+    lmc_cev_stats st = lmc_cev_batcher_stats(b);
+    assert_int_equal(st.entries_unencodable, 3);
+    assert_int_equal(st.entries_dropped, 3);
+    assert_int_equal(st.entries_sent, 2);
+    assert_int_equal(st.batches_sent, 2);
+    lmc_cev_batcher_free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -431,6 +466,7 @@ int main(void)
         cmocka_unit_test(test_unknown_sizes_resolved_at_take),
         cmocka_unit_test(test_failed_post_is_sent_again_unchanged),
         cmocka_unit_test(test_held_post_dropped_after_the_retry_window),
+        cmocka_unit_test(test_unencodable_entry_costs_only_itself),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
