@@ -56,9 +56,11 @@ static int open_state(lmc_coord *co, char *err, size_t errlen)
     co->members = calloc(COORD_MAX_MEMBERS, sizeof *co->members);
     if (!co->members || coord_state_init(&co->st) != 0)
         return snprintf(err, errlen, "out of memory"), -1;
-    if (coord_db_open(co->cfg.db_path, &co->db, err, errlen) != 0 ||
-        coord_db_load(co->db, &co->st, err, errlen) != 0)
+    if (coord_db_open(co->cfg.db_path, &co->db, err, errlen) != 0)
         return -1;
+    if (coord_db_load(co->db, &co->st, why, sizeof why) != 0)
+        return snprintf(err, errlen, "LMCACHE_MP_COORDINATOR_DB_PATH %s: %s", co->cfg.db_path,
+                        why), -1;
     LMC_INFO("coordinator: loaded %llu L2 keys (%llu bytes), %u salts, %u instance cursors "
              "from %s", (unsigned long long)co->st.l2_entries,
              (unsigned long long)co->st.l2_bytes, co->st.salts.n, co->st.instances.n,

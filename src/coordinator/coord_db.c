@@ -54,7 +54,8 @@ int coord_db_open(const char *path, coord_db **out, char *err, size_t errlen)
     }
     for (int i = 0; i < ST_COUNT; i++) {
         if (sqlite3_prepare_v2(d->db, SQL[i], -1, &d->st[i], NULL) != SQLITE_OK) {
-            snprintf(err, errlen, "database %s: %s", path, sqlite3_errmsg(d->db));
+            snprintf(err, errlen, "LMCACHE_MP_COORDINATOR_DB_PATH %s: %s", path,
+                     sqlite3_errmsg(d->db));
             goto fail;
         }
     }

@@ -33,9 +33,9 @@ typedef struct {
 } lmc_coord_config;
 
 /* Fills `c` from the LMCACHE_MP_COORDINATOR_* variables of the process
- * environment.  Invalid numbers or booleans are logged and replaced by the
- * default; a setting this build refuses (and any unknown variable of the
- * family) returns -1 with one line in err naming the variable. */
+ * environment.  A value that does not parse, is out of its range or too
+ * long, a setting this build refuses, and any unknown variable of the
+ * family return -1 with one line in err naming the variable. */
 int lmc_coord_config_from_env(lmc_coord_config *c, char *err, size_t errlen);
 void lmc_coord_config_defaults(lmc_coord_config *c);
 

@@ -426,11 +426,20 @@ def test_auth_token(start_coordinator):
 def test_config_refusals_and_cli(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(P)}
     env[P + "DB_PATH"] = str(tmp_path / "refused.db")   # never used unless a refusal fails
+    # Issue 29: a value that does not parse, is out of range or too long,
+    # a bad hash algorithm and a database that cannot be opened are each
+    # refused at start (exit 1), naming the variable, where a bad number
+    # was logged and replaced by the default before.
     for name, value in (("ENABLE_BLEND_LOOKUP", "1"), ("OTLP_ENDPOINT", "http://x:4317"),
-                        ("NO_SUCH_SETTING", "1")):
+                        ("NO_SUCH_SETTING", "1"), ("PORT", "70000"), ("PORT", "http"),
+                        ("EVICTION_RATIO", "2"), ("TRIGGER_WATERMARK", "0"),
+                        ("METRICS_ENABLED", "maybe"), ("HASH_ALGORITHM", "md5"),
+                        ("HOST", "h" * 300), ("AUTH_TOKEN", "t" * 2000),
+                        ("DB_PATH", str(tmp_path / "no-such-dir" / "x.db"))):
         r = subprocess.run([COORDINATOR], env=dict(env, **{P + name: value}),
                            capture_output=True, text=True, timeout=10)
-        assert r.returncode == 1 and P + name in r.stderr, r.stderr
+        assert r.returncode == 1 and P + name in r.stderr, (name, value[:40], r.stderr)
+        assert len(r.stderr.splitlines()) == 1, r.stderr
     r = subprocess.run([COORDINATOR, "--version"], capture_output=True, text=True, timeout=10)
     assert r.returncode == 0 and r.stdout.startswith("lmcached-coordinator ")
     r = subprocess.run([COORDINATOR, "--help"], capture_output=True, text=True, timeout=10)
