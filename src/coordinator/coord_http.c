@@ -3,7 +3,9 @@
  * the bearer token; replies. */
 #include <errno.h>
 #include <microhttpd.h>
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -264,6 +266,34 @@ static int resolve(const char *host, int port, struct sockaddr_storage *out, cha
     return 0;
 }
 
+/* 127.0.0.0/8, ::1 and ::ffff:127.0.0.0/104: only this machine can call. */
+static bool is_loopback(const struct sockaddr_storage *ss)
+{
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
+        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (ss->ss_family != AF_INET6)
+        return false;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+}
+
+/* Every write route is open without a token: said once, at start, where
+ * others can reach the port (docs/coordinator.md, "Authentication"). */
+static void warn_if_open(const lmc_coord *co, const struct sockaddr_storage *ss)
+{
+    if (co->cfg.auth_token[0] || is_loopback(ss))
+        return;
+    LMC_WARN("coordinator: listening on %s, not a loopback address, without "
+             "LMCACHE_MP_COORDINATOR_AUTH_TOKEN: anyone who can reach port %d can register and "
+             "remove servers, post cache events that rewrite the key directory and L2 usage, "
+             "set quotas that make the coordinator delete L2 objects through the servers, pin "
+             "keys, and have it send prefetch requests to the servers. Set "
+             "LMCACHE_MP_COORDINATOR_AUTH_TOKEN (docs/coordinator.md, \"Authentication\")",
+             co->cfg.host, co->port);
+}
+
 int coord_http_start(lmc_coord *co, char *err, size_t errlen)
 {
     unsigned timeout = (unsigned)(co->cfg.timeout_keep_alive_s + 0.999);
@@ -284,6 +314,7 @@ int coord_http_start(lmc_coord *co, char *err, size_t errlen)
                                      "local)", co->cfg.host, co->cfg.port), -1;
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(co->mhd, MHD_DAEMON_INFO_BIND_PORT);
     co->port = info ? info->port : co->cfg.port;
+    warn_if_open(co, &ss);
     return 0;
 }
 

@@ -448,6 +448,25 @@ def test_config_refusals_and_cli(tmp_path):
                           timeout=10).returncode == 2
 
 
+OPEN_WARNING = "without LMCACHE_MP_COORDINATOR_AUTH_TOKEN: anyone who can reach port"
+
+
+def test_warning_when_reachable_without_a_token(start_coordinator):
+    """Issue 29: bound beyond loopback without a token, every write route is
+    open to the network; the start-up log says so, and what it allows."""
+    c = start_coordinator(HOST="0.0.0.0")
+    line = next((l for l in c.output().splitlines() if OPEN_WARNING in l), None)
+    assert line and "WARN" in line and f"port {c.port}" in line, c.output()
+    for allowed in ("register and remove servers", "delete L2 objects", "pin keys"):
+        assert allowed in line, line
+    # The warning is written before the port answers, so its absence is
+    # final once a coordinator answers.
+    quiet = [start_coordinator(db="loop.db"),                           # 127.0.0.1
+             start_coordinator(db="token.db", HOST="0.0.0.0", AUTH_TOKEN="s3cret")]
+    for q in quiet:
+        assert OPEN_WARNING not in q.output(), q.output()
+
+
 def test_metrics_disabled(start_coordinator):
     c = start_coordinator(METRICS_ENABLED="false")
     assert c.call("GET", "/metrics")[0] == 404
