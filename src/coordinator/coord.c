@@ -65,6 +65,12 @@ static int open_state(lmc_coord *co, char *err, size_t errlen)
              "from %s", (unsigned long long)co->st.l2_entries,
              (unsigned long long)co->st.l2_bytes, co->st.salts.n, co->st.instances.n,
              co->cfg.db_path);
+    /* Set after the load: what the database holds is kept whatever the bound. */
+    co->st.keys.max_live = co->cfg.max_keys;
+    if (co->st.keys.n_live >= co->cfg.max_keys)
+        LMC_WARN("coordinator: the database holds %u keys, LMCACHE_MP_COORDINATOR_MAX_KEYS is "
+                 "%u: no new key is recorded until deletes make room", co->st.keys.n_live,
+                 co->cfg.max_keys);
     return 0;
 }
 

@@ -72,10 +72,11 @@ static int apply_entry(coord_state *s, coord_db *db, const coord_event_batch *b,
         return 0; /* a name never stored: nothing to delete or touch */
     coord_key k;
     entry_key(en, &k);
+    uint64_t refused = s->keys.refused;
     uint32_t idx = store ? coord_keys_get_hashed(&s->keys, &k, en->table_hash)
                          : coord_keys_find_hashed(&s->keys, &k, en->table_hash);
-    if (idx == COORD_NONE)
-        return store ? -1 : 0;
+    if (idx == COORD_NONE) /* a new key past the directory's bound: counted, not an error */
+        return store && s->keys.refused == refused ? -1 : 0;
     int rc = 0;
     if (store && b->l2) {
         rc = coord_usage_l2_store(s, idx, en->size, backend, b->shared);

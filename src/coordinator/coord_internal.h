@@ -54,8 +54,12 @@ struct lmc_coord {
     bool sweep_running, evict_running, resync_running;
     coord_counters ctr;
     uint64_t rng;
+    double keys_full_warned; /* mu: monotonic time of the last "directory full" warning */
 };
 
+/* Logs that new keys were refused for the directory's bound, at most once
+ * a minute (mu held). */
+void coord_warn_keys_full(lmc_coord *co);
 /* Monotonic and wall clocks in seconds. */
 double coord_now_mono(void);
 double coord_now_wall(void);

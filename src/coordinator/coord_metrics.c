@@ -89,6 +89,10 @@ static void state_metrics(text *t, const lmc_coord *co)
     put(t, "lmcache_mp_coordinator_instances %zu\n", co->n_members);
     family(t, "coordinator_keys_tracked", "gauge", "keys the coordinator holds facts about");
     put(t, "lmcache_mp_coordinator_keys_tracked %u\n", s->keys.n_live);
+    family(t, "coordinator_keys_max", "gauge", "the key directory's bound (MAX_KEYS)");
+    put(t, "lmcache_mp_coordinator_keys_max %u\n", s->keys.max_live);
+    counter(t, "coordinator_keys_refused_total", "new keys not recorded: the directory was full",
+            s->keys.refused);
     counter(t, "coordinator_events_applied_total", "event batches applied", s->ingest.applied);
     counter(t, "coordinator_events_duplicates_total", "event batches dropped as duplicates",
             s->ingest.duplicates);

@@ -28,6 +28,18 @@ static const char *after(const char *path, const char *prefix)
     return strncmp(path, prefix, n) == 0 && path[n] ? path + n : NULL;
 }
 
+void coord_warn_keys_full(lmc_coord *co)
+{
+    double now = coord_now_mono();
+    if (co->keys_full_warned && now - co->keys_full_warned < 60)
+        return;
+    co->keys_full_warned = now;
+    LMC_WARN("coordinator: the key directory is full (%u keys, LMCACHE_MP_COORDINATOR_MAX_KEYS): "
+             "new keys are not recorded until deletes make room; %llu refused so far "
+             "(lmcache_mp_coordinator_keys_refused_total)", co->st.keys.n_live,
+             (unsigned long long)co->st.keys.refused);
+}
+
 static void blend_501(coord_reply *out)
 {
     coord_reply_detail(out, 501, "CacheBlend (the fleet fragment index) is not implemented in "
@@ -44,7 +56,10 @@ void coord_ep_events(lmc_coord *co, const coord_request *rq, coord_reply *out)
         return coord_reply_detail(out, 422, "%s", why);
     coord_ingest_result res;
     pthread_mutex_lock(&co->mu);
+    uint64_t refused = co->st.keys.refused;
     int rc = coord_events_ingest(&co->st, co->db, &r, &res, why, sizeof why);
+    if (co->st.keys.refused != refused)
+        coord_warn_keys_full(co);
     pthread_mutex_unlock(&co->mu);
     coord_events_request_free(&r);
     if (rc != 0)

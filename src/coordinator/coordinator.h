@@ -9,6 +9,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The key directory's bound by default: about 1.3 GiB of key records and
+ * index (docs/coordinator.md, "Memory"), some 80 TB of L2 at 8 MB an
+ * object.  At most 10^9: the key index addresses 2^31 slots. */
+#define LMC_COORD_DEFAULT_MAX_KEYS 10000000L
+#define LMC_COORD_MAX_MAX_KEYS 1000000000L
+
 /* Settings, from the environment only (docs/coordinator.md,
  * "Configuration"). */
 typedef struct {
@@ -27,6 +33,7 @@ typedef struct {
     uint32_t resync_page_size;
     double timeout_keep_alive_s;
     bool metrics_enabled;
+    uint32_t max_keys;            /* the key directory's bound */
     char db_path[4096];
     char auth_token[1024];        /* "" = no token */
     char server_auth_token[1024]; /* sent to lmcached servers; "" = none */

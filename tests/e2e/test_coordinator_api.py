@@ -286,6 +286,35 @@ def test_missing_or_mistyped_batch_fields_are_refused_by_name(start_coordinator)
     assert post_events(c, access)[1] == {"applied": 1, "duplicates": 0, "stale": 0}
 
 
+def test_key_directory_bound(start_coordinator):
+    """Issue 29: the key directory grew with every new key.  Past MAX_KEYS
+    new keys are not recorded (counted, warned once); the request is still
+    applied; the keys the eviction loop works on are all kept."""
+    c = start_coordinator(MAX_KEYS="3")
+    st, r = post_events(c, batch("a", 1, 1, "store", [key(i, "t") for i in range(5)]))
+    assert (st, r) == (200, {"applied": 1, "duplicates": 0, "stale": 0})
+    assert c.metric("lmcache_mp_coordinator_keys_tracked") == 3
+    assert c.metric("lmcache_mp_coordinator_keys_max") == 3
+    assert c.metric("lmcache_mp_coordinator_keys_refused_total") == 2
+    assert c.call("GET", "/quota/t")[1]["usage_gb"] * 2**30 == pytest.approx(300)
+    post_events(c, batch("a", 1, 2, "store", [key(7, "t")]))
+    assert c.metric("lmcache_mp_coordinator_keys_refused_total") == 3
+    assert c.output().count("the key directory is full") == 1, c.output()   # once a minute
+    post_events(c, batch("a", 1, 3, "delete", [key(0, "t")], size=0))     # room for one
+    post_events(c, batch("a", 1, 4, "store", [key(8, "t")]))
+    assert c.call("GET", "/directory/keys")[1]["total"] == 3
+    pin = {"model_name": "m", "world_size": 1, "token_ids": list(range(256)), "cache_salt": "t"}
+    st, r = c.call("POST", "/cache/pins", pin)
+    assert st == 503 and "MAX_KEYS" in r["detail"], (st, r)
+    assert c.stop() == 0
+    # A smaller bound later: what the database holds is loaded all the same.
+    c2 = start_coordinator(MAX_KEYS="2")
+    assert c2.call("GET", "/directory/keys")[1]["total"] == 3
+    assert "no new key is recorded until deletes make room" in c2.output()
+    post_events(c2, batch("a", 1, 5, "store", [key(9, "t")]))
+    assert c2.metric("lmcache_mp_coordinator_keys_refused_total") == 1
+
+
 def raw_status(port, data):
     """Sends raw bytes; the status code of the reply (0 if none) and the reply."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:

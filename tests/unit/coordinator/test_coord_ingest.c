@@ -373,6 +373,38 @@ static void test_key_table_churn(void **state)
     assert_true(sizeof(coord_entry) <= 96);
 }
 
+/* Issue 29: the key directory is bounded.  Past max_live new keys are not
+ * recorded (counted in keys.refused); known keys keep changing, the
+ * request is still applied, and a delete makes room again. */
+static void test_key_directory_bound(void **state)
+{
+    (void)state;
+    S.keys.max_live = 3;
+    coord_ingest_result res = post(batch("a", 1, 1, "store", "l2", 1, 5, 100, "t"), NULL);
+    assert_int_equal(res.applied, 1);
+    assert_int_equal(S.keys.n_live, 3);
+    assert_int_equal(S.keys.refused, 2);
+    uint32_t t = salt_id("t");
+    assert_int_equal(S.salt[t].l2_count, 3);
+    assert_int_equal(S.salt[t].l2_bytes, 300);
+    /* Known keys still change: stored again (the size replaced), in L1. */
+    post(batch("a", 1, 2, "store", "l2", 1, 1, 250, "t"), NULL);
+    post(batch("a", 1, 3, "store", "l1", 2, 1, 10, "t"), NULL);
+    assert_int_equal(S.salt[t].l2_bytes, 450);
+    assert_int_equal(S.l1_entries, 1);
+    assert_int_equal(S.keys.refused, 2);
+    /* A new key in L1 is refused too; a delete makes room for one. */
+    post(batch("a", 1, 4, "store", "l1", 9, 1, 10, "t"), NULL);
+    assert_int_equal(S.keys.refused, 3);
+    post(batch("a", 1, 5, "delete", "l2", 3, 1, 0, "t"), NULL);
+    assert_int_equal(S.keys.n_live, 2);
+    post(batch("a", 1, 6, "store", "l2", 4, 2, 100, "t"), NULL);
+    assert_int_equal(S.keys.n_live, 3);
+    assert_int_equal(S.keys.refused, 4);
+    assert_int_equal(S.salt[t].l2_count, 3);
+    assert_int_equal(S.ingest.applied, 6);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -383,6 +415,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_eviction_takes_lru_skipping_pins, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parse_rejects_bad_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_key_table_churn, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_key_directory_bound, setup, teardown),
         cmocka_unit_test(test_scanner_syntax),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
