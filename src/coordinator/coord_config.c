@@ -38,6 +38,7 @@ void lmc_coord_config_defaults(lmc_coord_config *c)
     c->timeout_keep_alive_s = 10;
     c->metrics_enabled = true;
     c->max_keys = LMC_COORD_DEFAULT_MAX_KEYS;
+    c->max_buffered_mb = LMC_COORD_DEFAULT_MAX_BUFFERED_MB;
     snprintf(c->db_path, sizeof c->db_path, "./lmcached-coordinator.db");
 }
 
@@ -124,6 +125,7 @@ static const char *const KNOWN[] = {
     "ENABLE_STARTUP_RESYNC", "RESYNC_POLL_INTERVAL", "RESYNC_MAX_WAIT", "RESYNC_PAGE_SIZE",
     "TIMEOUT_KEEP_ALIVE", "METRICS_ENABLED", "OTLP_ENDPOINT", "ENABLE_BLEND_LOOKUP",
     "DB_PATH", "AUTH_TOKEN", "SERVER_AUTH_TOKEN", "MAX_KEYS",
+    "MAX_BUFFERED_MB",
 };
 
 /* What this build does not do is refused by name; so is any variable of
@@ -173,12 +175,14 @@ static int strings(lmc_coord_config *c, char *err, size_t errlen)
 static int integers(lmc_coord_config *c, char *err, size_t errlen)
 {
     long port = c->port, chunk = c->chunk_size, page = c->resync_page_size;
-    long max_keys = c->max_keys;
+    long max_keys = c->max_keys, buffered = c->max_buffered_mb;
     if (integer(PREFIX "PORT", &port, 0, 65535, err, errlen) ||
         integer(PREFIX "CHUNK_SIZE", &chunk, 1, 1 << 20, err, errlen) ||
         integer(PREFIX "RESYNC_PAGE_SIZE", &page, 1, 5000, err, errlen) ||
-        integer(PREFIX "MAX_KEYS", &max_keys, 1, LMC_COORD_MAX_MAX_KEYS, err, errlen))
+        integer(PREFIX "MAX_KEYS", &max_keys, 1, LMC_COORD_MAX_MAX_KEYS, err, errlen) ||
+        integer(PREFIX "MAX_BUFFERED_MB", &buffered, 1, 1L << 20, err, errlen))
         return -1;
+    c->max_buffered_mb = (uint32_t)buffered;
     c->port = (int)port;
     c->max_keys = (uint32_t)max_keys;
     c->chunk_size = (uint32_t)chunk;

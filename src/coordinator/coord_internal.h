@@ -34,7 +34,7 @@ typedef struct {
 typedef struct {
     atomic_ullong sweeps, instances_expired, eviction_passes, eviction_keys_requested,
         eviction_requests, eviction_request_failures, resync_keys, resync_pages,
-        requests_rejected, auth_rejected, bodies_too_large;
+        requests_rejected, auth_rejected, bodies_too_large, bodies_over_budget;
 } coord_counters;
 
 struct lmc_coord {
@@ -50,6 +50,8 @@ struct lmc_coord {
     lmc_http_auth auth;
     struct MHD_Daemon *mhd;
     int port;
+    atomic_size_t buffered;  /* bytes of request bodies held now, all connections */
+    size_t buffer_budget;    /* MAX_BUFFERED_MB in bytes */
     pthread_t sweep_thread, evict_thread, resync_thread;
     bool sweep_running, evict_running, resync_running;
     coord_counters ctr;

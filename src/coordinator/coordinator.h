@@ -14,6 +14,9 @@
  * object.  At most 10^9: the key index addresses 2^31 slots. */
 #define LMC_COORD_DEFAULT_MAX_KEYS 10000000L
 #define LMC_COORD_MAX_MAX_KEYS 1000000000L
+/* Request bodies held at once by default, MiB: sixteen bodies of the
+ * largest kind (16 MiB), where 512 connections could otherwise hold 8 GiB. */
+#define LMC_COORD_DEFAULT_MAX_BUFFERED_MB 256L
 
 /* Settings, from the environment only (docs/coordinator.md,
  * "Configuration"). */
@@ -34,6 +37,7 @@ typedef struct {
     double timeout_keep_alive_s;
     bool metrics_enabled;
     uint32_t max_keys;            /* the key directory's bound */
+    uint32_t max_buffered_mb;     /* request bodies buffered at once, all connections */
     char db_path[4096];
     char auth_token[1024];        /* "" = no token */
     char server_auth_token[1024]; /* sent to lmcached servers; "" = none */

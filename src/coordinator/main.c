@@ -33,6 +33,7 @@ static const char USAGE[] =
     "  LMCACHE_MP_COORDINATOR_AUTH_TOKEN              bearer token for writes (none)\n"
     "  LMCACHE_MP_COORDINATOR_SERVER_AUTH_TOKEN       token sent to the servers (none)\n"
     "  LMCACHE_MP_COORDINATOR_MAX_KEYS                keys the directory holds (10000000)\n"
+    "  LMCACHE_MP_COORDINATOR_MAX_BUFFERED_MB         request bodies held at once, MiB (256)\n"
     "  LMCACHE_LOG_LEVEL                              DEBUG, INFO, WARNING, ERROR (INFO)\n";
 
 int main(int argc, char **argv)

@@ -357,6 +357,48 @@ def test_body_limits(start_coordinator):
     assert c.call("POST", "/directory/blend-lookup", {})[0] == 501
 
 
+def test_buffered_body_budget(start_coordinator):
+    """Issue 29: 512 connections could buffer 16 MiB each.  All bodies held
+    at once share MAX_BUFFERED_MB: a body that would not fit now is a 503
+    (a declared one from its headers, a chunked one once it outgrows the
+    room), one larger than the whole budget a 413; the coordinator keeps
+    serving and the room comes back when a body is done with."""
+    c = start_coordinator(MAX_BUFFERED_MB="1")
+    post = b"POST /events HTTP/1.1\r\nHost: x\r\n"
+    st, reply = raw_status(c.port, post + b"Content-Length: %d\r\n\r\n" % (2 << 20))
+    assert st == 413 and b"LMCACHE_MP_COORDINATOR_MAX_BUFFERED_MB" in reply, reply
+    # One connection holds 700 kB of the budget while its body comes in.
+    body = json.dumps({"batches": [batch("a", 1, 1, "store", [key(1)])]}).encode()
+    body = body.ljust(700_000)
+    holder = socket.create_connection(("127.0.0.1", c.port), timeout=10)
+    try:
+        holder.sendall(post + b"Content-Length: %d\r\n\r\n" % len(body) + body[:1000])
+        deadline = time.monotonic() + 5
+        while c.metric("lmcache_mp_coordinator_http_buffered_bytes") < len(body):
+            assert time.monotonic() < deadline, "the first body was never reserved"
+            time.sleep(0.02)
+        st, reply = raw_status(c.port, post + b"Content-Length: 400000\r\n\r\n")
+        assert st == 503 and b"send it again later" in reply, reply
+        chunk = b" " * 65536
+        chunked = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(8))
+        st, reply = raw_status(c.port, post + b"Transfer-Encoding: chunked\r\n\r\n" + chunked +
+                               b"0\r\n\r\n")
+        assert st == 503, reply
+        assert c.call("GET", "/healthcheck")[0] == 200
+        holder.sendall(body[1000:])
+        reply = b""
+        while not reply.rstrip().endswith(b"}"):
+            reply += holder.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 200") and b'"applied":1' in reply, reply
+    finally:
+        holder.close()
+    assert c.metric("lmcache_mp_coordinator_http_buffered_bytes") == 0
+    assert c.metric("lmcache_mp_coordinator_http_busy_total") == 2
+    assert c.metric("lmcache_mp_coordinator_http_too_large_total") == 1
+    # The 503'd request sent again fits now.
+    assert post_events(c, batch("a", 1, 2, "store", [key(2)]))[0] == 200
+
+
 # ---- persistence ------------------------------------------------------------------
 
 def test_restart_keeps_quotas_pins_cursors_and_usage(start_coordinator):
