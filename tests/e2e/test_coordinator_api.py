@@ -25,6 +25,7 @@ class Coordinator:
     def __init__(self, db_path, port=None, **env):
         self.port = port or free_port()
         self.db_path = str(db_path)
+        self.stop_signal = None     # the signal the test stopped it with, if it did
         e = {k: v for k, v in os.environ.items() if not k.startswith(P)}
         e.update({P + "HOST": "127.0.0.1", P + "PORT": str(self.port),
                   P + "DB_PATH": self.db_path, P + "ENABLE_STARTUP_RESYNC": "false"})
@@ -70,12 +71,39 @@ class Coordinator:
                 return float(line.split()[-1])
         return None
 
-    def stop(self):
+    def stop(self, sig=signal.SIGTERM):
+        """Stops it on purpose with sig (a no-op once it exited); its exit
+        status, -SIGKILL when it did not exit within 20 s."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(20)
+            self.stop_signal = self.stop_signal or sig
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                return -signal.SIGKILL
         self.log.close()
         return self.proc.returncode
+
+    def teardown_problem(self):
+        """At teardown, None or what is wrong: a coordinator the test did not
+        stop must still run, answer a health request and exit 0 on SIGTERM;
+        one it stopped with SIGTERM must have exited 0.  Only one it killed
+        on purpose with another signal may have exited otherwise."""
+        if self.stop_signal is None:
+            if self.proc.poll() is not None:
+                return f"exited {self.proc.returncode} during the test: {self.output()[-3000:]}"
+            try:
+                health = self.call("GET", "/healthcheck")[0]
+            except OSError as e:
+                health = repr(e)
+            rc = self.stop()
+            if health != 200 or rc != 0:
+                return f"health {health}, SIGTERM exit {rc}: {self.output()[-3000:]}"
+        elif self.stop_signal == signal.SIGTERM and self.proc.returncode != 0:
+            return f"exited {self.proc.returncode} on SIGTERM: {self.output()[-3000:]}"
+        return None
 
 
 @pytest.fixture
@@ -88,11 +116,8 @@ def start_coordinator(tmp_path):
         return c
 
     yield start
-    for c in started:
-        running = c.proc.poll() is None
-        rc = c.stop()
-        if running:
-            assert rc == 0, c.output()
+    problems = [p for p in (c.teardown_problem() for c in started) if p]
+    assert not problems, problems
 
 
 def key(h, salt="", model="m", rank=0):

@@ -83,8 +83,8 @@ class Fleet:
         self.servers, self.workers = {}, []
 
     def restart_coordinator(self, **env):
-        self.coord.stop()   # may be stopped already
-        assert self.coord.proc.returncode == 0, self.coord.output()
+        problem = self.coord.teardown_problem()   # it may be stopped already
+        assert problem is None, problem
         # Same port: the servers keep calling the URL they were given.
         self.coord = Coordinator(self.tmp / "coord.db", port=self.coord.port,
                                  **{**self.coord_env, **env})
@@ -105,17 +105,38 @@ class Fleet:
         return ws
 
     def close(self):
+        """Every server the test did not stop must still run, answer a
+        health request and exit 0 on SIGTERM; one it stopped with SIGTERM
+        must have exited 0; only one it killed with another signal may have
+        ended otherwise.  The same for the coordinator."""
         for w in self.workers:
             w.close()
-        bad = []
-        for name, srv in self.servers.items():
-            running = srv.alive()
-            rc = srv.stop()
-            if running and rc != 0:
-                bad.append((name, rc, srv.output()[-3000:]))
-        rc = self.coord.stop()
+        bad = [(name, p) for name, p in ((n, server_problem(s)) for n, s in self.servers.items())
+               if p]
+        problem = self.coord.teardown_problem()
+        if problem:
+            bad.append(("coordinator", problem))
         assert not bad, bad
-        assert rc == 0, self.coord.output()
+
+
+def server_problem(srv):
+    """None, or why srv did not end as a test's server must (Fleet.close)."""
+    stopped_with = getattr(srv, "stop_signal", None)
+    if stopped_with is None:
+        if not srv.alive():
+            return f"exited {srv.proc.returncode} during the test: {srv.output()[-3000:]}"
+        try:
+            req = urllib.request.urlopen(f"http://127.0.0.1:{srv.http_port}/healthcheck",
+                                         timeout=10)
+            health = req.status
+        except OSError as e:
+            health = repr(e)
+        rc = srv.stop()
+        if health != 200 or rc != 0:
+            return f"health {health}, SIGTERM exit {rc}: {srv.output()[-3000:]}"
+    elif stopped_with == signal.SIGTERM and srv.proc.returncode != 0:
+        return f"exited {srv.proc.returncode} on SIGTERM: {srv.output()[-3000:]}"
+    return None
 
 
 @pytest.fixture
