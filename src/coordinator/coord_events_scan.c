@@ -434,8 +434,8 @@ int coord_events_parse_in_place(char *text, size_t len, coord_event_request *out
         coord_events_request_free(out);
         return -1;
     }
-    for (size_t i = 0; i < out->n; i++)
-        out->batches[i].entries = out->pool + out->batches[i].first;
+    for (size_t i = 0; i < out->n; i++) /* no pool without an entry: NULL + 0 is undefined */
+        out->batches[i].entries = out->pool ? out->pool + out->batches[i].first : NULL;
     return 0;
 }
 
