@@ -9,9 +9,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The key directory's bound by default: about 1.3 GiB of key records and
- * index (docs/coordinator.md, "Memory"), some 80 TB of L2 at 8 MB an
- * object.  At most 10^9: the key index addresses 2^31 slots. */
+/* The key directory's bound by default: at most some 1.3 GB of key records
+ * and index (113 to 129 bytes a key, docs/coordinator.md "Memory"), some
+ * 80 TB of L2 at 8 MB an object.  At most 10^9: the key index addresses
+ * 2^31 slots. */
 #define LMC_COORD_DEFAULT_MAX_KEYS 10000000L
 #define LMC_COORD_MAX_MAX_KEYS 1000000000L
 /* Request bodies held at once by default, MiB: sixteen bodies of the
