@@ -217,19 +217,33 @@ typedef struct {
     } *cursors;
 } gate_undo;
 
-/* The cursors of the instances r names (ids interned), each once. */
+/* Marks the instance ids r names (interned) in seen; how many there are. */
+static size_t instances_of(const coord_state *s, const coord_event_request *r, uint64_t *seen)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        uint32_t inst = coord_names_find(&s->instances, r->batches[i].instance_id);
+        if (inst < COORD_MAX_CURSORS && !(seen[inst / 64] >> (inst % 64) & 1)) {
+            seen[inst / 64] |= (uint64_t)1 << (inst % 64);
+            n++;
+        }
+    }
+    return n;
+}
+
+/* The cursors of the instances r names, each once (a request is mostly
+ * one server's), and the counters. */
 static int save_gate(coord_state *s, const coord_event_request *r, gate_undo *u)
 {
     uint64_t seen[COORD_MAX_CURSORS / 64] = {0};
+    size_t n = instances_of(s, r, seen);
     *u = (gate_undo){.counters = s->ingest};
-    u->cursors = malloc((r->n ? r->n : 1) * sizeof *u->cursors);
+    u->cursors = malloc((n ? n : 1) * sizeof *u->cursors);
     if (!u->cursors)
         return -1;
-    for (size_t i = 0; i < r->n; i++) {
-        uint32_t inst = coord_names_find(&s->instances, r->batches[i].instance_id);
-        if (inst >= COORD_MAX_CURSORS || (seen[inst / 64] >> (inst % 64) & 1))
+    for (uint32_t inst = 0; u->n < n; inst++) {
+        if (!(seen[inst / 64] >> (inst % 64) & 1))
             continue;
-        seen[inst / 64] |= (uint64_t)1 << (inst % 64);
         coord_cursor *c = coord_cursor_at(s, inst);
         if (!c)
             return free(u->cursors), -1;
@@ -256,7 +270,7 @@ int coord_events_ingest(coord_state *s, coord_db *db, coord_event_request *r,
     why[0] = '\0';
     if (coord_db_begin(db) != 0)
         return snprintf(why, whylen, "the database cannot take writes now; nothing was "
-                                     "applied, send the batches again later"), -1;
+                                     "applied, send the batches again later"), -2;
     gate_undo u = {0};
     if (intern_names(s, r, why, whylen) != 0 || save_gate(s, r, &u) != 0) {
         if (!why[0])
@@ -270,17 +284,14 @@ int coord_events_ingest(coord_state *s, coord_db *db, coord_event_request *r,
         coord_db_maybe_compact(db, s);
         return 0;
     }
-    if (rc == 0) {
-        LMC_ERROR("coordinator: the events of a request could not be saved (disk full, a "
-                  "file-size limit or an I/O error): answered 503 for the sender to retry");
+    if (rc == 0)
         snprintf(why, whylen, "the events could not be saved; nothing was applied, send the "
                               "batches again later");
-    } else {
+    else
         coord_db_rollback(db);
-    }
     undo_gate(s, &u);
     coord_db_mark_diverged(db);
     free(u.cursors);
     memset(res, 0, sizeof *res);
-    return -1;
+    return rc == 0 ? -2 : -1;
 }

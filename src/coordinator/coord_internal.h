@@ -57,6 +57,8 @@ struct lmc_coord {
     coord_counters ctr;
     uint64_t rng;
     double keys_full_warned; /* mu: monotonic time of the last "directory full" warning */
+    double not_saved_warned; /* mu: the same for requests the database did not take */
+    uint64_t not_saved;      /* mu: requests answered 503 for the database */
 };
 
 /* Logs that new keys were refused for the directory's bound, at most once

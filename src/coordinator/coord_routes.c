@@ -40,6 +40,22 @@ void coord_warn_keys_full(lmc_coord *co)
              (unsigned long long)co->st.keys.refused);
 }
 
+/* Requests answered 503 for the database, logged at most once a minute
+ * with the count since (mu held): a failing disk and senders retrying
+ * every second must not flood the log. */
+static void warn_not_saved(lmc_coord *co)
+{
+    double now = coord_now_mono();
+    co->not_saved++;
+    if (co->not_saved_warned && now - co->not_saved_warned < 60)
+        return;
+    co->not_saved_warned = now;
+    LMC_ERROR("coordinator: the events of a request could not be saved (the database is "
+              "locked by another process, the disk is full, a file-size limit, an I/O error): "
+              "answered 503 for the sender to send them again; %llu such request(s) so far",
+              (unsigned long long)co->not_saved);
+}
+
 static void blend_501(coord_reply *out)
 {
     coord_reply_detail(out, 501, "CacheBlend (the fleet fragment index) is not implemented in "
@@ -60,6 +76,8 @@ void coord_ep_events(lmc_coord *co, const coord_request *rq, coord_reply *out)
     int rc = coord_events_ingest(&co->st, co->db, &r, &res, why, sizeof why);
     if (co->st.keys.refused != refused)
         coord_warn_keys_full(co);
+    if (rc == -2)
+        warn_not_saved(co);
     pthread_mutex_unlock(&co->mu);
     coord_events_request_free(&r);
     if (rc != 0)
