@@ -286,7 +286,80 @@ def pickles():
         write("pickle", name, data)
 
 
+def event_batch(seq, etype="store", tier="l2", backend="fs", entries=None, **extra):
+    b = {"instance_id": "node-a", "incarnation": 1700000000, "seq": seq, "event_type": etype,
+         "tier": tier, "backend": backend, "shared": True, "ts": 1700000000.25,
+         "entries": entries if entries is not None else [], "capacity_bytes": 0,
+         "capacity_revision": 0}
+    b.update(extra)
+    return b
+
+
+def event_entry(h, size=4096, model="m", salt="", rank=0, tokens=()):
+    return {"key": {"chunk_hash_hex": f"{h:064x}", "model_name": model, "kv_rank": rank,
+                    "object_group_id": 0, "cache_salt": salt},
+            "size_bytes": size, "token_ids": list(tokens), "token_offset": -1}
+
+
+def coord_events():
+    """POST /events bodies for fuzz_coord_events: what lmcached sends, the
+    refusals of docs/coordinator.md ("Cache events"), and JSON the pull
+    parser must take or refuse as jansson does."""
+    store = event_batch(1, entries=[event_entry(1), event_entry(2, salt="tenant-x")])
+    without = lambda field: {k: v for k, v in store.items() if k != field}  # noqa: E731
+    bodies = {
+        "store_l2": [store],
+        "stream": [event_batch(1, "config", "l1", "dram", capacity_bytes=1 << 30,
+                               capacity_revision=1),
+                   event_batch(2, "store", "l1", "dram", [event_entry(3, 512)], shared=False),
+                   event_batch(3, "access", "l1", "", [event_entry(3, 0)]),
+                   event_batch(4, "delete", "l2", "fs", [event_entry(1, 0)]),
+                   event_batch(2, "store", "l2", "fs", [event_entry(4)])],   # a duplicate
+        "new_incarnation": [event_batch(9, "store", "l1", "dram", [event_entry(5)]),
+                            dict(event_batch(1, "access", "l1", "", [event_entry(5, 0)]),
+                                 incarnation=1700000001),
+                            event_batch(10, "store", "l1", "dram", [event_entry(6)])],
+        "tokens_and_ranks": [event_batch(1, entries=[event_entry(7, rank=0x02010201,
+                                                                 tokens=range(0, 64, 3))])],
+        "access_without_backend": [without("backend") | {"event_type": "access"}],
+        "missing_event_type": [without("event_type")],
+        "missing_tier": [without("tier")],
+        "missing_instance_id": [without("instance_id")],
+        "missing_entries": [without("entries")],
+        "event_type_number": [dict(store, event_type=1)],
+        "event_type_list": [dict(store, event_type=["store"])],
+        "tier_null": [dict(store, tier=None)],
+        "empty_backend": [dict(store, backend="")],
+        "config_with_entries": [dict(store, event_type="config")],
+        "store_without_size": [dict(store, entries=[{"key": event_entry(1)["key"]}])],
+        "bad_hash": [dict(store, entries=[dict(event_entry(1), key=dict(
+            event_entry(1)["key"], chunk_hash_hex="ABZ"))])],
+        "model_with_at": [event_batch(1, entries=[event_entry(1, model="a@b")])],
+    }
+    for name, batches in bodies.items():
+        write("coord_events", name, json.dumps({"batches": batches}))
+    raw = {
+        "escapes": '{"batches": [{"instance_id": "\\u006e\\/a", "incarnation": 0, "seq": 1, '
+                   '"event_type": "st\\u006fre", "tier": "l2", "backend": "caf\u00e9", '
+                   '"entries": []}], "x": "\\ud83d\\ude00"}',
+        "long_real": '{"batches": [], "x": 0.' + "0" * 80 + '1}',
+        "long_integer": '{"batches": [], "x": ' + "9" * 40 + '}',
+        "nested_64": '{"batches": [], "x": ' + "[" * 63 + "]" * 63 + '}',
+        "nested_65": '{"batches": [], "x": ' + "[" * 65 + "]" * 65 + '}',
+        "lone_surrogate": '{"batches": [], "x": "\\ud800"}',
+        "escaped_nul": '{"batches": [], "x": "\\u0000"}',
+        "trailing_data": '{"batches": []} {}',
+        "duplicate_member": '{"batches": [], "batches": [{"seq": 1}]}',
+        "scalar": '"batches"',
+        "truncated": json.dumps({"batches": [store]})[:97],
+    }
+    for name, text in raw.items():
+        write("coord_events", name, text.encode("utf-8", "surrogatepass"))
+    write("coord_events", "invalid_utf8", b'{"batches": [], "x": "\xc3\x28 \xed\xa0\x80"}')
+
+
 if __name__ == "__main__":
+    coord_events()
     pickles()
     http_requests()
     ipc_keys()

@@ -213,13 +213,15 @@ static json_t *events_status(lmc_coord *c)
     if (!c->events)
         return json_pack("{s:b}", "enabled", false);
     lmc_cev_stats st = lmc_cev_batcher_stats(c->events);
-    return json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b}", "enabled",
-                     true, "seq", (json_int_t)st.seq, "batches_sent",
+    return json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:I, s:I, "
+                     "s:b}", "enabled", true, "seq", (json_int_t)st.seq, "batches_sent",
                      (json_int_t)st.batches_sent, "batches_dropped",
                      (json_int_t)st.batches_dropped, "entries_sent", (json_int_t)st.entries_sent,
                      "entries_dropped", (json_int_t)st.entries_dropped, "entries_overflowed",
-                     (json_int_t)st.entries_overflowed, "posts_ok", (json_int_t)st.posts_ok,
-                     "posts_failed", (json_int_t)st.posts_failed, "queued",
+                     (json_int_t)st.entries_overflowed, "entries_unencodable",
+                     (json_int_t)st.entries_unencodable, "posts_ok", (json_int_t)st.posts_ok,
+                     "posts_failed", (json_int_t)st.posts_failed, "posts_retried",
+                     (json_int_t)st.posts_retried, "retry_pending", st.retry_pending, "queued",
                      (json_int_t)st.queued, "capacity_revision",
                      (json_int_t)st.capacity_revision, "capacity_pending", st.capacity_pending);
 }
@@ -283,11 +285,18 @@ static const coord_metric coord_metrics[] = {
     {"batches_sent", true, "lmcache_mp_coordinator_event_batches_sent_total",
      "Cache-event batches the coordinator accepted"},
     {"batches_dropped", true, "lmcache_mp_coordinator_event_batches_dropped_total",
-     "Cache-event placement batches lost with a failed POST /events (seq gaps)"},
+     "Cache-event placement batches dropped: refused (4xx) or failing past the retry window (seq gaps)"},
     {"entries_dropped", true, "lmcache_mp_coordinator_event_entries_dropped_total",
      "Cache-event entries lost: failed posts and a full buffer"},
     {"events.entries_overflowed", true, "lmcache_mp_coordinator_event_entries_overflowed_total",
      "Cache-event entries pushed out of the full buffer (the coordinator was slow)"},
+    {"events.entries_unencodable", true,
+     "lmcache_mp_coordinator_event_entries_unencodable_total",
+     "Cache-event entries left out of their post: not encodable as JSON (a name not UTF-8)"},
+    {"events.posts_retried", true, "lmcache_mp_coordinator_event_posts_retried_total",
+     "Failed POST /events sent again unchanged (no answer or a 5xx such as 503)"},
+    {"events.retry_pending", false, "lmcache_mp_coordinator_event_retry_pending",
+     "1 while a failed POST /events is held to be sent again"},
     {"l2_usage_events.batches_sent", true, "lmcache_mp_coordinator_l2_event_batches_sent_total",
      "L2 usage batches the coordinator accepted (POST /l2/events)"},
     {"l2_usage_events.events_dropped", true, "lmcache_mp_coordinator_l2_events_dropped_total",

@@ -77,6 +77,7 @@ struct lmc_coord {
     lmc_l2_placement_sink sink;
     bool sink_set;
     warn_limiter event_warn;       /* reporter thread only */
+    warn_limiter unencodable_warn; /* reporter thread only */
 
     /* L2 usage stream (l2_mu). */
     bool l2_usage_on;

@@ -27,6 +27,13 @@ struct lmc_cev_batcher {
     uint64_t decl_gen;           /* bumped by declare and redeclare */
     bool decl_pending;
     lmc_cev_stats st;
+    /* The post handed out and not settled yet, and a failed one held for
+     * the next take: references to their bodies, with what they carry and
+     * when each was first sent (take's `now`). */
+    json_t *in_flight, *held;
+    lmc_cev_take held_take;
+    double in_flight_since, held_since;
+    double retry_window;
 };
 
 const char *lmc_cev_type_name(lmc_cev_type type)
@@ -53,6 +60,7 @@ lmc_cev_batcher *lmc_cev_batcher_new(const char *instance_id, int64_t incarnatio
         goto fail;
     b->cap = capacity;
     b->incarnation = incarnation;
+    b->retry_window = LMC_CEV_RETRY_WINDOW_S;
     pthread_mutex_init(&b->mu, NULL);
     return b;
 fail:
@@ -102,11 +110,20 @@ void lmc_cev_batcher_free(lmc_cev_batcher *b)
         return;
     for (size_t i = 0; i < b->count; i++)
         drop_entries(&b->ring[(b->head + i) % b->cap], 1);
+    json_decref(b->in_flight);
+    json_decref(b->held);
     pthread_mutex_destroy(&b->mu);
     free(b->instance_id);
     free(b->ring);
     free(b->decl);
     free(b);
+}
+
+void lmc_cev_batcher_set_retry_window(lmc_cev_batcher *b, double seconds)
+{
+    pthread_mutex_lock(&b->mu);
+    b->retry_window = seconds;
+    pthread_mutex_unlock(&b->mu);
 }
 
 void lmc_cev_batcher_add(lmc_cev_batcher *b, lmc_cev_type type, lmc_cev_tier tier,
@@ -227,8 +244,12 @@ static int add_config_batches(const lmc_cev_batcher *b, const lmc_cev_compartmen
     return 0;
 }
 
+/* One batch per run of the same group; an entry that cannot be encoded
+ * (jansson refuses a name that is not UTF-8) is left out and counted in
+ * *unencodable, so that one tenant's bad name never costs the others
+ * their events.  Its batch stays, empty if need be: its seq is spent. */
 static int add_placement_batches(const lmc_cev_batcher *b, const cev_entry *e, size_t n,
-                                 uint64_t *seq, double now, json_t *out)
+                                 uint64_t *seq, double now, json_t *out, size_t *unencodable)
 {
     json_t *entries = NULL;
     for (size_t i = 0; i < n; i++) {
@@ -239,7 +260,10 @@ static int add_placement_batches(const lmc_cev_batcher *b, const cev_entry *e, s
                 return -1;
             entries = json_object_get(batch, "entries");
         }
-        if (json_array_append_new(entries, encode_entry(&e[i])) != 0)
+        json_t *entry = encode_entry(&e[i]);
+        if (!entry)
+            ++*unencodable;
+        else if (json_array_append_new(entries, entry) != 0)
             return -1;
     }
     return 0;
@@ -286,10 +310,33 @@ static void resolve_sizes(cev_entry *e, size_t n, lmc_cev_size_fn resolve, void 
     }
 }
 
-json_t *lmc_cev_batcher_take(lmc_cev_batcher *b, double now, lmc_cev_size_fn resolve,
-                             void *user, lmc_cev_take *taken)
+/* A held post when there is one (b->mu held): handed out again, or
+ * dropped once past the retry window.  NULL when none goes out. */
+static json_t *take_held(lmc_cev_batcher *b, double now, lmc_cev_take *taken)
 {
-    *taken = (lmc_cev_take){0};
+    if (!b->held)
+        return NULL;
+    json_t *held = b->held;
+    b->held = NULL;
+    if (now - b->held_since > b->retry_window) {
+        b->st.batches_dropped += b->held_take.placement_batches;
+        b->st.entries_dropped += b->held_take.placement_entries;
+        json_decref(held);
+        return NULL;
+    }
+    *taken = b->held_take;
+    taken->retried = true;
+    b->st.posts_retried++;
+    b->in_flight = held;
+    b->in_flight_since = b->held_since;
+    return json_incref(held);
+}
+
+/* The body of the queued entries and the pending declaration; NULL when
+ * there is nothing (or memory ran out: then settled as refused). */
+static json_t *take_fresh(lmc_cev_batcher *b, double now, lmc_cev_size_fn resolve, void *user,
+                          lmc_cev_take *taken)
+{
     pthread_mutex_lock(&b->mu);
     size_t n;
     cev_entry *e = detach_entries(b, &n);
@@ -308,20 +355,28 @@ json_t *lmc_cev_batcher_take(lmc_cev_batcher *b, double now, lmc_cev_size_fn res
     pthread_mutex_unlock(&b->mu);
 
     json_t *body = NULL;
+    size_t unencodable = 0;
     if (n + decl_n > 0) {
         resolve_sizes(e, n, resolve, user);
         json_t *list = json_array();
         body = list ? json_pack("{s:o}", "batches", list) : NULL;
         if (!body || add_config_batches(b, decl, decl_n, revision, &seq, now, list) != 0 ||
-            add_placement_batches(b, e, n, &seq, now, list) != 0) {
+            add_placement_batches(b, e, n, &seq, now, list, &unencodable) != 0) {
             json_decref(body);
             body = NULL;
         }
-        *taken = (lmc_cev_take){groups, n, decl_n, decl_n ? revision : 0, generation};
-        if (!body) {   /* the same fate as a lost post */
-            lmc_cev_batcher_settle(b, taken, false);
-            *taken = (lmc_cev_take){0};
-        }
+        *taken = (lmc_cev_take){groups, n - unencodable, decl_n, decl_n ? revision : 0,
+                                generation, false};
+    }
+    pthread_mutex_lock(&b->mu);
+    b->st.entries_unencodable += unencodable;
+    b->st.entries_dropped += unencodable;
+    b->in_flight = json_incref(body);
+    b->in_flight_since = now;
+    pthread_mutex_unlock(&b->mu);
+    if (n + decl_n > 0 && !body) {   /* the same fate as a refused post */
+        lmc_cev_batcher_settle(b, taken, LMC_CEV_REFUSED);
+        *taken = (lmc_cev_take){0};
     }
     drop_entries(e, n);
     free(e);
@@ -329,22 +384,43 @@ json_t *lmc_cev_batcher_take(lmc_cev_batcher *b, double now, lmc_cev_size_fn res
     return body;
 }
 
-void lmc_cev_batcher_settle(lmc_cev_batcher *b, const lmc_cev_take *taken, bool delivered)
+json_t *lmc_cev_batcher_take(lmc_cev_batcher *b, double now, lmc_cev_size_fn resolve,
+                             void *user, lmc_cev_take *taken)
+{
+    *taken = (lmc_cev_take){0};
+    pthread_mutex_lock(&b->mu);
+    json_t *again = take_held(b, now, taken);
+    pthread_mutex_unlock(&b->mu);
+    return again ? again : take_fresh(b, now, resolve, user, taken);
+}
+
+void lmc_cev_batcher_settle(lmc_cev_batcher *b, const lmc_cev_take *taken,
+                            lmc_cev_outcome outcome)
 {
     pthread_mutex_lock(&b->mu);
-    if (delivered) {
+    json_t *body = b->in_flight;
+    b->in_flight = NULL;
+    if (outcome == LMC_CEV_DELIVERED) {
         b->st.posts_ok++;
         b->st.batches_sent += taken->placement_batches + taken->config_batches;
         b->st.entries_sent += taken->placement_entries;
         /* Unless a newer declaration or a re-registration came meanwhile. */
         if (taken->revision && taken->generation == b->decl_gen)
             b->decl_pending = false;
+    } else if (outcome == LMC_CEV_RETRY && body) {
+        b->st.posts_failed++;
+        b->held = body;   /* the reference moves: sent again as it is */
+        b->held_take = *taken;
+        b->held_take.retried = false;
+        b->held_since = b->in_flight_since;
+        body = NULL;
     } else {
         b->st.posts_failed++;
         b->st.batches_dropped += taken->placement_batches;
         b->st.entries_dropped += taken->placement_entries;
     }
     pthread_mutex_unlock(&b->mu);
+    json_decref(body);
 }
 
 lmc_cev_stats lmc_cev_batcher_stats(lmc_cev_batcher *b)
@@ -355,6 +431,7 @@ lmc_cev_stats lmc_cev_batcher_stats(lmc_cev_batcher *b)
     st.queued = b->count;
     st.capacity_revision = b->revision;
     st.capacity_pending = b->decl_pending;
+    st.retry_pending = b->held != NULL;
     pthread_mutex_unlock(&b->mu);
     return st;
 }

@@ -3,6 +3,12 @@
  * facts into a bounded ring, one sender takes them as the body of the next
  * `POST {url}/events` and settles it as delivered or lost.
  *
+ * A post that failed for a reason that may pass (no answer, a 5xx such as
+ * the coordinator's 503 "not saved") is held and handed out again,
+ * unchanged, by the next take, so that the coordinator applies it once
+ * (its gate drops a copy it did apply as a duplicate); a post it refused
+ * (4xx) or one held past the retry window is dropped.
+ *
  * Thread-safety: add, declare, redeclare and stats from any thread; take
  * and settle from one sender thread, alternately (take, settle, take ...). */
 #ifndef LMC_COORD_EVENT_BATCHER_H
@@ -34,15 +40,29 @@ typedef struct lmc_cev_compartment {
 typedef struct lmc_cev_stats {
     uint64_t seq;                /* last seq handed out (0: none yet) */
     uint64_t batches_sent;       /* in posts the coordinator accepted */
-    uint64_t batches_dropped;    /* placement batches of failed posts (seq gaps) */
+    uint64_t batches_dropped;    /* placement batches of dropped posts (seq gaps) */
     uint64_t entries_sent;
-    uint64_t entries_dropped;    /* of failed posts, plus entries_overflowed */
+    uint64_t entries_dropped;    /* of dropped posts, plus overflowed and unencodable */
     uint64_t entries_overflowed; /* oldest entries pushed out of a full ring */
+    uint64_t entries_unencodable; /* entries JSON could not carry (a name not UTF-8) */
     uint64_t posts_ok, posts_failed;
+    uint64_t posts_retried;      /* failed posts handed out again */
+    bool retry_pending;          /* a failed post is held for the next take */
     size_t queued;
     uint64_t capacity_revision;  /* of the latest declaration (0: none) */
     bool capacity_pending;       /* that declaration is not delivered yet */
 } lmc_cev_stats;
+
+/* What became of a post (lmc_cev_batcher_settle). */
+typedef enum lmc_cev_outcome {
+    LMC_CEV_DELIVERED, /* 2xx */
+    LMC_CEV_RETRY,     /* no answer or a 5xx: held, sent again by the next take */
+    LMC_CEV_REFUSED,   /* a 4xx: the coordinator will never take it; dropped */
+} lmc_cev_outcome;
+
+/* How long a failed post is held and sent again before it is dropped,
+ * unless lmc_cev_batcher_set_retry_window says otherwise. */
+#define LMC_CEV_RETRY_WINDOW_S 300.0
 
 /* sizes[i] for keys[i]; called by take() without the batcher's lock. */
 typedef void (*lmc_cev_size_fn)(void *user, const lmc_object_key *keys, size_t n,
@@ -53,6 +73,7 @@ typedef struct lmc_cev_take {
     size_t placement_batches, placement_entries, config_batches;
     uint64_t revision;           /* of the declaration included; 0: none */
     uint64_t generation;         /* of its pending state (a redeclare bumps it) */
+    bool retried;                /* the held post of an earlier failure, sent again */
 } lmc_cev_take;
 
 typedef struct lmc_cev_batcher lmc_cev_batcher;
@@ -63,6 +84,9 @@ typedef struct lmc_cev_batcher lmc_cev_batcher;
 lmc_cev_batcher *lmc_cev_batcher_new(const char *instance_id, int64_t incarnation,
                                      size_t capacity);
 void lmc_cev_batcher_free(lmc_cev_batcher *b);
+/* Seconds from a post's first failure after which it is no longer sent
+ * again but dropped (take's `now` measures it). */
+void lmc_cev_batcher_set_retry_window(lmc_cev_batcher *b, double seconds);
 
 /* Appends n entries of one kind.  `backend` must outlive the batcher (a
  * literal or an adapter's type name); sizes NULL gives every key
@@ -80,18 +104,24 @@ int lmc_cev_batcher_declare(lmc_cev_batcher *b, const lmc_cev_compartment *c, si
  * in memory only: after a (re-)registration it is sent again). */
 void lmc_cev_batcher_redeclare(lmc_cev_batcher *b);
 
-/* The next post body {"batches":[...]}: the pending declaration's config
- * batches first, then the queued entries, consecutive entries of the same
- * (type, tier, backend, shared) coalesced into one batch; every batch gets
- * the next seq.  `resolve` (may be NULL) fills LMC_CEV_SIZE_UNKNOWN sizes.
+/* The next post body {"batches":[...]}: a held post (a failure to retry)
+ * as it was, taken->retried set, unless it is past the retry window (then
+ * it is dropped); else the pending declaration's config batches first,
+ * then the queued entries, consecutive entries of the same (type, tier,
+ * backend, shared) coalesced into one batch; every batch gets the next
+ * seq.  An entry JSON cannot carry (a model name or salt that is not
+ * UTF-8) is left out of its batch and counted in entries_unencodable; the
+ * others go.  `resolve` (may be NULL) fills LMC_CEV_SIZE_UNKNOWN sizes.
  * NULL when there is nothing to send (or on allocation failure: the
  * entries are then counted as dropped).  `now` is the batches' ts. */
 json_t *lmc_cev_batcher_take(lmc_cev_batcher *b, double now, lmc_cev_size_fn resolve,
                              void *user, lmc_cev_take *taken);
 /* The post's fate: delivered marks its declaration delivered (unless a
- * newer one replaced it); lost drops its placement batches (a seq gap the
- * coordinator sees) and keeps the declaration for the next take. */
-void lmc_cev_batcher_settle(lmc_cev_batcher *b, const lmc_cev_take *taken, bool delivered);
+ * newer one replaced it); retry holds the body for the next take; refused
+ * drops its placement batches (a seq gap the coordinator sees) and keeps
+ * the declaration for the next take. */
+void lmc_cev_batcher_settle(lmc_cev_batcher *b, const lmc_cev_take *taken,
+                            lmc_cev_outcome outcome);
 
 lmc_cev_stats lmc_cev_batcher_stats(lmc_cev_batcher *b);
 

@@ -141,8 +141,10 @@ static void resolve_l1_sizes(void *user, const lmc_object_key *keys, size_t n, u
     lmc_storage_manager_resident_sizes(c->sm, keys, n, sizes);
 }
 
-/* true when the coordinator answered 2xx. */
-static bool post_json(lmc_coord *c, const char *path, json_t *body, warn_limiter *w)
+/* Sends body; the HTTP status (0: no answer, or out of memory).  A
+ * failure is logged, rate-limited, with what becomes of the post (`fate`). */
+static long post_json(lmc_coord *c, const char *path, json_t *body, warn_limiter *w,
+                      const char *fate)
 {
     char url[COORD_URL_MAX + 32], why[COORD_ERROR_MAX];
     snprintf(url, sizeof url, "%s%s", c->url, path);
@@ -151,9 +153,8 @@ static bool post_json(lmc_coord *c, const char *path, json_t *body, warn_limiter
     lmc_coord_request rq = {.method = "POST", .url = url, .body = text,
                             .body_len = text ? strlen(text) : 0, .auth_token = c->auth_token,
                             .timeout_s = COORD_EVENTS_TIMEOUT_S};
-    bool ok = text && reply && lmc_coord_http(&rq, reply) == 0 && reply->status >= 200 &&
-              reply->status < 300;
-    if (!ok) {
+    long status = text && reply && lmc_coord_http(&rq, reply) == 0 ? reply->status : 0;
+    if (status < 200 || status >= 300) {
         char what[64];
         snprintf(what, sizeof what, "POST %s", path);
         if (reply && text)
@@ -161,24 +162,63 @@ static bool post_json(lmc_coord *c, const char *path, json_t *body, warn_limiter
         else
             snprintf(why, sizeof why, "%s: out of memory", what);
         if (coord_warn_due(w))
-            LMC_WARN("coordinator %s: %s; those events are dropped (%llu failed post(s) in a "
-                     "row)", c->shown_url, why, (unsigned long long)w->streak);
+            LMC_WARN("coordinator %s: %s; %s (%llu failed post(s) in a row)", c->shown_url, why,
+                     fate, (unsigned long long)w->streak);
     } else if (coord_warn_reset(w) > 0) {
         LMC_INFO("coordinator %s: %s accepted again", c->shown_url, path);
     }
     free(text);
     free(reply);
-    return ok;
+    return status;
+}
+
+/* A 4xx will be answered to the same body again (malformed, too large, a
+ * wrong token): dropping it lets the stream go on.  No answer, a 5xx (the
+ * coordinator's 503 "not saved"), 408 and 429 may pass: sent again. */
+static lmc_cev_outcome outcome_of(long status)
+{
+    if (status >= 200 && status < 300)
+        return LMC_CEV_DELIVERED;
+    if (status >= 400 && status < 500 && status != 408 && status != 429)
+        return LMC_CEV_REFUSED;
+    return LMC_CEV_RETRY;
+}
+
+/* Entries the last take could not encode, logged once a minute at most. */
+static void warn_unencodable(lmc_coord *c, uint64_t before)
+{
+    uint64_t now = lmc_cev_batcher_stats(c->events).entries_unencodable;
+    if (now == before)
+        return;
+    if (coord_warn_due(&c->unencodable_warn))
+        LMC_WARN("coordinator %s: %llu cache event(s) could not be encoded as JSON (a model "
+                 "name or cache salt that is not UTF-8?) and were dropped; the other events "
+                 "are sent (%llu so far)", c->shown_url, (unsigned long long)(now - before),
+                 (unsigned long long)now);
+}
+
+/* One post, settled; true when it was a held post that went through, so
+ * that what queued meanwhile can follow at once. */
+static bool post_events_once(lmc_coord *c)
+{
+    lmc_cev_take taken;
+    uint64_t unencodable = lmc_cev_batcher_stats(c->events).entries_unencodable;
+    json_t *body = lmc_cev_batcher_take(c->events, coord_wall_now(), resolve_l1_sizes, c, &taken);
+    warn_unencodable(c, unencodable);
+    if (!body)
+        return false;
+    lmc_cev_outcome outcome = outcome_of(post_json(
+        c, "/events", body, &c->event_warn,
+        "the post is kept and sent again at the next flush (or dropped if refused)"));
+    lmc_cev_batcher_settle(c->events, &taken, outcome);
+    json_decref(body);
+    return outcome == LMC_CEV_DELIVERED && taken.retried;
 }
 
 static void flush_events(lmc_coord *c)
 {
-    lmc_cev_take taken;
-    json_t *body = lmc_cev_batcher_take(c->events, coord_wall_now(), resolve_l1_sizes, c, &taken);
-    if (!body)
-        return;
-    lmc_cev_batcher_settle(c->events, &taken, post_json(c, "/events", body, &c->event_warn));
-    json_decref(body);
+    if (post_events_once(c))
+        post_events_once(c);
 }
 
 static json_t *l2_usage_body(lmc_coord *c, const l2_usage_event *ev, size_t n, uint64_t seq)
@@ -213,7 +253,9 @@ static void flush_l2_usage(lmc_coord *c)
     if (!ev)
         return;
     json_t *body = l2_usage_body(c, ev, n, seq);
-    bool ok = body && post_json(c, "/l2/events", body, &c->l2_warn);
+    long status = body ? post_json(c, "/l2/events", body, &c->l2_warn,
+                                   "those events are dropped") : 0;
+    bool ok = status >= 200 && status < 300;
     pthread_mutex_lock(&c->l2_mu);
     if (ok) {
         c->l2_batches_sent++;

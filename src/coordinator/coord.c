@@ -56,13 +56,21 @@ static int open_state(lmc_coord *co, char *err, size_t errlen)
     co->members = calloc(COORD_MAX_MEMBERS, sizeof *co->members);
     if (!co->members || coord_state_init(&co->st) != 0)
         return snprintf(err, errlen, "out of memory"), -1;
-    if (coord_db_open(co->cfg.db_path, &co->db, err, errlen) != 0 ||
-        coord_db_load(co->db, &co->st, err, errlen) != 0)
+    if (coord_db_open(co->cfg.db_path, &co->db, err, errlen) != 0)
         return -1;
+    if (coord_db_load(co->db, &co->st, why, sizeof why) != 0)
+        return snprintf(err, errlen, "LMCACHE_MP_COORDINATOR_DB_PATH %s: %s", co->cfg.db_path,
+                        why), -1;
     LMC_INFO("coordinator: loaded %llu L2 keys (%llu bytes), %u salts, %u instance cursors "
              "from %s", (unsigned long long)co->st.l2_entries,
              (unsigned long long)co->st.l2_bytes, co->st.salts.n, co->st.instances.n,
              co->cfg.db_path);
+    /* Set after the load: what the database holds is kept whatever the bound. */
+    co->st.keys.max_live = co->cfg.max_keys;
+    if (co->st.keys.n_live >= co->cfg.max_keys)
+        LMC_WARN("coordinator: the database holds %u keys, LMCACHE_MP_COORDINATOR_MAX_KEYS is "
+                 "%u: no new key is recorded until deletes make room", co->st.keys.n_live,
+                 co->cfg.max_keys);
     return 0;
 }
 

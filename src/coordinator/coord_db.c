@@ -54,7 +54,8 @@ int coord_db_open(const char *path, coord_db **out, char *err, size_t errlen)
     }
     for (int i = 0; i < ST_COUNT; i++) {
         if (sqlite3_prepare_v2(d->db, SQL[i], -1, &d->st[i], NULL) != SQLITE_OK) {
-            snprintf(err, errlen, "database %s: %s", path, sqlite3_errmsg(d->db));
+            snprintf(err, errlen, "LMCACHE_MP_COORDINATOR_DB_PATH %s: %s", path,
+                     sqlite3_errmsg(d->db));
             goto fail;
         }
     }
@@ -94,22 +95,33 @@ static int step(coord_db *d, sqlite3_stmt *st)
 
 int coord_db_begin(coord_db *d)
 {
+    d->txn_log_records = d->log_records;
     return step(d, d->st[ST_BEGIN]);
 }
 
 int coord_db_commit(coord_db *d)
 {
-    if (coord_db_log_flush(d) != 0) {
+    if (coord_db_log_flush(d) != 0 || step(d, d->st[ST_COMMIT]) != 0) {
         coord_db_rollback(d);
         return -1;
     }
-    return step(d, d->st[ST_COMMIT]);
+    return 0;
 }
 
+/* SQLite rolls some failed commits back by itself (a full disk, an I/O
+ * error) and keeps others open (a busy database): ROLLBACK only what is
+ * still open, so that the next BEGIN never meets a stale transaction. */
 void coord_db_rollback(coord_db *d)
 {
     coord_db_log_discard(d);
-    step(d, d->st[ST_ROLLBACK]);
+    d->log_records = d->txn_log_records;
+    if (!sqlite3_get_autocommit(d->db))
+        step(d, d->st[ST_ROLLBACK]);
+}
+
+void coord_db_mark_diverged(coord_db *d)
+{
+    d->diverged = true;
 }
 
 static sqlite3_stmt *bind_key(coord_db *d, int which, const coord_state *s, const coord_entry *e)

@@ -17,9 +17,19 @@ void coord_db_close(coord_db *db);
 /* Loads everything into an empty state.  0, or -1 with err. */
 int coord_db_load(coord_db *db, coord_state *s, char *err, size_t errlen);
 
+/* 0, or -1 when no transaction could begin (the database is locked by
+ * another process, or cannot be read). */
 int coord_db_begin(coord_db *db);
+/* 0 once the transaction is durable as docs/coordinator.md says; -1 when it
+ * could not be written (disk full, a file-size limit, an I/O error): it is
+ * then rolled back, nothing of it is in the database. */
 int coord_db_commit(coord_db *db);
 void coord_db_rollback(coord_db *db);
+/* The state holds L2 facts the database lost (a failed commit whose
+ * changes stay in memory): the next coord_db_maybe_compact starts a whole
+ * snapshot, restarting one under way, so that the log catches up with the
+ * state however the facts changed since. */
+void coord_db_mark_diverged(coord_db *db);
 
 /* The entry's L2 fact as it is now (in L2: stored, else deleted); these
  * three only add to the transaction's log row (coord_db_log.c). */

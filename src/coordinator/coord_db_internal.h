@@ -34,6 +34,10 @@ struct coord_db {
     uint64_t compact_old_records;
     int64_t log_start;  /* the first live row; those below are dead */
     bool dead_rows;     /* dead rows may remain, deleted a few at a time */
+    uint64_t txn_log_records; /* log_records when the transaction began */
+    /* A failed commit left L2 facts in memory that the log lacks: the
+     * next compaction check writes a whole snapshot (coord_db_mark_diverged). */
+    bool diverged;
 };
 
 /* Drops the pending records (a rollback). */

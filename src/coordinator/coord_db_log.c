@@ -506,6 +506,14 @@ static int set_log_start(coord_db *d, int64_t start)
 
 int coord_db_maybe_compact(coord_db *d, const coord_state *s)
 {
+    if (d->diverged) { /* a fresh snapshot, from the first slot, of the state as it is now */
+        d->compacting = false;
+        if (start_compaction(d, s) != 0)
+            return -1;
+        d->diverged = false;
+        LMC_WARN("coordinator: a failed commit left the database behind the state; rewriting "
+                 "the L2 log as a snapshot");
+    }
     if (!d->compacting && d->dead_rows)
         return coord_db_begin(d) == 0 && delete_dead_rows(d) == 0 ? coord_db_commit(d)
                                                                    : (coord_db_rollback(d), -1);

@@ -1,6 +1,7 @@
 /* The ingest gate and the application of admitted batches
  * (docs/coordinator.md, "Cache events"). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "coordinator/coord_db.h"
@@ -71,10 +72,11 @@ static int apply_entry(coord_state *s, coord_db *db, const coord_event_batch *b,
         return 0; /* a name never stored: nothing to delete or touch */
     coord_key k;
     entry_key(en, &k);
+    uint64_t refused = s->keys.refused;
     uint32_t idx = store ? coord_keys_get_hashed(&s->keys, &k, en->table_hash)
                          : coord_keys_find_hashed(&s->keys, &k, en->table_hash);
-    if (idx == COORD_NONE)
-        return store ? -1 : 0;
+    if (idx == COORD_NONE) /* a new key past the directory's bound: counted, not an error */
+        return store && s->keys.refused == refused ? -1 : 0;
     int rc = 0;
     if (store && b->l2) {
         rc = coord_usage_l2_store(s, idx, en->size, backend, b->shared);
@@ -164,12 +166,10 @@ static bool admit(coord_state *s, coord_cursor *c, uint32_t inst, const coord_ev
     return true;
 }
 
-int coord_events_apply(coord_state *s, coord_db *db, coord_event_request *r,
-                       coord_ingest_result *res, char *why, size_t whylen)
+/* The admitted batches of r, in order (names interned already). */
+static int apply_batches(coord_state *s, coord_db *db, coord_event_request *r,
+                         coord_ingest_result *res, char *why, size_t whylen)
 {
-    memset(res, 0, sizeof *res);
-    if (intern_names(s, r, why, whylen) != 0)
-        return -1;
     for (size_t i = 0; i < r->n; i++) {
         const coord_event_batch *b = &r->batches[i];
         uint32_t inst = coord_names_find(&s->instances, b->instance_id);
@@ -194,4 +194,104 @@ int coord_events_apply(coord_state *s, coord_db *db, coord_event_request *r,
             LMC_WARN("coordinator: the cursor of %s could not be saved", b->instance_id);
     }
     return 0;
+}
+
+int coord_events_apply(coord_state *s, coord_db *db, coord_event_request *r,
+                       coord_ingest_result *res, char *why, size_t whylen)
+{
+    memset(res, 0, sizeof *res);
+    if (intern_names(s, r, why, whylen) != 0)
+        return -1;
+    return apply_batches(s, db, r, res, why, whylen);
+}
+
+/* ---- one request, one transaction ---------------------------------------------- */
+
+/* What a request's gate changed, to put back when its transaction fails. */
+typedef struct {
+    coord_ingest_counters counters;
+    size_t n;
+    struct saved_cursor {
+        uint32_t inst;
+        coord_cursor cursor;
+    } *cursors;
+} gate_undo;
+
+/* Marks the instance ids r names (interned) in seen; how many there are. */
+static size_t instances_of(const coord_state *s, const coord_event_request *r, uint64_t *seen)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        uint32_t inst = coord_names_find(&s->instances, r->batches[i].instance_id);
+        if (inst < COORD_MAX_CURSORS && !(seen[inst / 64] >> (inst % 64) & 1)) {
+            seen[inst / 64] |= (uint64_t)1 << (inst % 64);
+            n++;
+        }
+    }
+    return n;
+}
+
+/* The cursors of the instances r names, each once (a request is mostly
+ * one server's), and the counters. */
+static int save_gate(coord_state *s, const coord_event_request *r, gate_undo *u)
+{
+    uint64_t seen[COORD_MAX_CURSORS / 64] = {0};
+    size_t n = instances_of(s, r, seen);
+    *u = (gate_undo){.counters = s->ingest};
+    u->cursors = malloc((n ? n : 1) * sizeof *u->cursors);
+    if (!u->cursors)
+        return -1;
+    for (uint32_t inst = 0; u->n < n; inst++) {
+        if (!(seen[inst / 64] >> (inst % 64) & 1))
+            continue;
+        coord_cursor *c = coord_cursor_at(s, inst);
+        if (!c)
+            return free(u->cursors), -1;
+        u->cursors[u->n++] = (struct saved_cursor){.inst = inst, .cursor = *c};
+    }
+    return 0;
+}
+
+/* Puts the gate back as it was before the request: its retry is admitted
+ * again, not taken for a duplicate of what the database never got.  The
+ * facts stay (re-applying a batch is harmless: a store replaces, a delete
+ * of an absent key is nothing) and the database is told to catch up. */
+static void undo_gate(coord_state *s, gate_undo *u)
+{
+    for (size_t i = 0; i < u->n; i++)
+        *coord_cursor_at(s, u->cursors[i].inst) = u->cursors[i].cursor;
+    s->ingest = u->counters;
+}
+
+int coord_events_ingest(coord_state *s, coord_db *db, coord_event_request *r,
+                        coord_ingest_result *res, char *why, size_t whylen)
+{
+    memset(res, 0, sizeof *res);
+    why[0] = '\0';
+    if (coord_db_begin(db) != 0)
+        return snprintf(why, whylen, "the database cannot take writes now; nothing was "
+                                     "applied, send the batches again later"), -2;
+    gate_undo u = {0};
+    if (intern_names(s, r, why, whylen) != 0 || save_gate(s, r, &u) != 0) {
+        if (!why[0])
+            snprintf(why, whylen, "out of memory");
+        coord_db_rollback(db);
+        return -1;
+    }
+    int rc = apply_batches(s, db, r, res, why, whylen);
+    if (rc == 0 && coord_db_commit(db) == 0) {
+        free(u.cursors);
+        coord_db_maybe_compact(db, s);
+        return 0;
+    }
+    if (rc == 0)
+        snprintf(why, whylen, "the events could not be saved; nothing was applied, send the "
+                              "batches again later");
+    else
+        coord_db_rollback(db);
+    undo_gate(s, &u);
+    coord_db_mark_diverged(db);
+    free(u.cursors);
+    memset(res, 0, sizeof *res);
+    return rc == 0 ? -2 : -1;
 }

@@ -85,6 +85,15 @@ struct coord_db;
 int coord_events_apply(coord_state *s, struct coord_db *db, coord_event_request *r,
                        coord_ingest_result *res, char *why, size_t whylen);
 
+/* One POST /events request as one transaction of db: names resolved, the
+ * gate run, the admitted batches applied and committed.  0; -2 with why
+ * when the transaction could not begin or commit, -1 with why when a name
+ * table is full or memory ran out (the caller answers 503 to both): the
+ * gate is then as before the request, so that the sender's retry of the
+ * same batches is admitted and applied once. */
+int coord_events_ingest(coord_state *s, struct coord_db *db, coord_event_request *r,
+                        coord_ingest_result *res, char *why, size_t whylen);
+
 /* Forgets what inst's L1 held (fencing).  The number of placements voided. */
 size_t coord_events_fence(coord_state *s, uint32_t inst);
 

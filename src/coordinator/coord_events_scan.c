@@ -2,6 +2,7 @@
  * and checked field by field (docs/coordinator.md, "Cache events"): the
  * ingest path builds no JSON tree. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "storage/object_key.h"
 
 typedef struct {
+    bool present; /* false in a zeroed scalar: a member that never came */
     js_kind kind;
     const char *str;
     size_t len; /* of str */
@@ -23,6 +25,7 @@ typedef struct {
 static bool value(js_scanner *s, scalar *v)
 {
     memset(v, 0, sizeof *v);
+    v->present = true;
     v->kind = js_peek(s);
     switch (v->kind) {
     case JS_STRING: return (v->str = js_string(s)) != NULL && (v->len = s->str_len, true);
@@ -31,9 +34,16 @@ static bool value(js_scanner *s, scalar *v)
     }
 }
 
+/* A string member that came, with its text: JS_STRING alone is not enough,
+ * since a zeroed scalar has that kind too and no text. */
+static bool is_str(const scalar *v)
+{
+    return v->present && v->kind == JS_STRING && v->str;
+}
+
 static bool int_in(const scalar *v, int64_t lo, int64_t hi)
 {
-    return v->kind == JS_NUMBER && v->is_int && v->i >= lo && v->i <= hi;
+    return v->present && v->kind == JS_NUMBER && v->is_int && v->i >= lo && v->i <= hi;
 }
 
 #define WHY(...) (snprintf(why, whylen, __VA_ARGS__), -1)
@@ -228,79 +238,96 @@ static int entries(js_scanner *s, coord_event_request *r, coord_event_batch *b, 
     return js_failed(s) ? -1 : 0;
 }
 
+/* Every member of a batch but its entries, as it came (present false when
+ * it did not). */
 typedef struct {
-    scalar inc, seq, type, tier, backend, shared, ts, cap, rev;
-    bool has_backend, has_shared, has_ts, has_cap, has_rev;
+    scalar id, inc, seq, type, tier, backend, shared, ts, cap, rev;
+    bool has_entries;
 } batch_fields;
 
 static int batch_field(js_scanner *s, const char *name, coord_event_request *r,
                        coord_event_batch *b, batch_fields *f, char *why, size_t whylen)
 {
     size_t len = s->str_len;
-    if (NAME_IS("entries"))
+    if (NAME_IS("entries")) {
+        f->has_entries = true;
         return entries(s, r, b, why, whylen);
+    }
+    static const struct {
+        const char *name;
+        size_t offset;
+    } members[] = {
+        {"instance_id", offsetof(batch_fields, id)},  {"incarnation", offsetof(batch_fields, inc)},
+        {"seq", offsetof(batch_fields, seq)},          {"event_type", offsetof(batch_fields, type)},
+        {"tier", offsetof(batch_fields, tier)},        {"backend", offsetof(batch_fields, backend)},
+        {"shared", offsetof(batch_fields, shared)},    {"ts", offsetof(batch_fields, ts)},
+        {"capacity_bytes", offsetof(batch_fields, cap)},
+        {"capacity_revision", offsetof(batch_fields, rev)},
+    };
     scalar v;
     if (!value(s, &v))
         return -1;
-    if (!strcmp(name, "instance_id"))
-        b->instance_id = v.kind == JS_STRING ? v.str : "";
-    else if (!strcmp(name, "incarnation"))
-        f->inc = v;
-    else if (!strcmp(name, "seq"))
-        f->seq = v;
-    else if (!strcmp(name, "event_type"))
-        f->type = v;
-    else if (!strcmp(name, "tier"))
-        f->tier = v;
-    else if (!strcmp(name, "backend"))
-        f->backend = v, f->has_backend = true;
-    else if (!strcmp(name, "shared"))
-        f->shared = v, f->has_shared = true;
-    else if (!strcmp(name, "ts"))
-        f->ts = v, f->has_ts = true;
-    else if (!strcmp(name, "capacity_bytes"))
-        f->cap = v, f->has_cap = true;
-    else if (!strcmp(name, "capacity_revision"))
-        f->rev = v, f->has_rev = true;
-    return 0;
+    for (size_t i = 0; i < sizeof members / sizeof *members; i++)
+        if (strcmp(name, members[i].name) == 0)
+            *(scalar *)((char *)f + members[i].offset) = v;
+    return 0; /* other members are ignored */
 }
 
 static int event_type(const scalar *v, coord_event_type *out)
 {
     static const char *const names[] = {"store", "delete", "access", "config"};
-    for (int i = 0; v->kind == JS_STRING && i < 4; i++)
+    for (int i = 0; is_str(v) && i < 4; i++)
         if (strcmp(v->str, names[i]) == 0)
             return *out = (coord_event_type)i, 0;
     return -1;
 }
 
-/* The invariants, once every field of the batch is known. */
-static int check_batch(coord_event_request *r, coord_event_batch *b, const batch_fields *f,
-                       char *why, size_t whylen)
+/* The members every batch must have, each checked for presence and type
+ * before anything reads it; the reason names the member. */
+static int check_required(coord_event_batch *b, const batch_fields *f, char *why, size_t whylen)
 {
-    size_t idl = b->instance_id ? strlen(b->instance_id) : 0;
-    if (!idl || idl > COORD_INSTANCE_ID_MAX)
+    if (!f->id.present)
+        return WHY("instance_id is required");
+    if (!is_str(&f->id) || !f->id.len || f->id.len > COORD_INSTANCE_ID_MAX)
         return WHY("instance_id must be a non-empty str of at most %d bytes",
                    COORD_INSTANCE_ID_MAX);
+    if (!f->inc.present)
+        return WHY("incarnation is required");
     if (!int_in(&f->inc, 0, INT64_MAX))
         return WHY("incarnation must be a non-negative integer");
+    if (!f->seq.present)
+        return WHY("seq is required");
     if (!int_in(&f->seq, 1, INT64_MAX))
         return WHY("seq must be an integer >= 1");
+    if (!f->type.present)
+        return WHY("event_type is required (store, delete, access or config)");
     if (event_type(&f->type, &b->type) != 0)
-        return WHY("event_type must be store, delete, access or config");
-    if (f->tier.kind != JS_STRING || (strcmp(f->tier.str, "l1") && strcmp(f->tier.str, "l2")))
-        return WHY("tier must be l1 or l2");
-    if ((f->has_backend && f->backend.kind != JS_STRING) ||
-        (!f->has_backend && b->type != COORD_EV_ACCESS) ||
-        (f->has_backend && strlen(f->backend.str) > COORD_BACKEND_MAX))
-        return WHY("backend must be a str of at most %d bytes (required except for access)",
-                   COORD_BACKEND_MAX);
-    if (f->has_shared && f->shared.kind != JS_TRUE && f->shared.kind != JS_FALSE)
+        return WHY("event_type must be a str: store, delete, access or config");
+    if (!f->tier.present)
+        return WHY("tier is required (l1 or l2)");
+    if (!is_str(&f->tier) || (strcmp(f->tier.str, "l1") && strcmp(f->tier.str, "l2")))
+        return WHY("tier must be a str: l1 or l2");
+    if (!f->has_entries)
+        return WHY("entries is required (a list; [] for config)");
+    return 0;
+}
+
+/* The rest of the invariants, once the required members are known good. */
+static int check_optional(coord_event_request *r, coord_event_batch *b, const batch_fields *f,
+                          char *why, size_t whylen)
+{
+    bool needs_backend = b->type != COORD_EV_ACCESS;
+    if (needs_backend && (!is_str(&f->backend) || !f->backend.len))
+        return WHY("backend is required for %s batches (a non-empty str of at most %d bytes; "
+                   "only access batches may omit it)", f->type.str, COORD_BACKEND_MAX);
+    if (f->backend.present && (!is_str(&f->backend) || f->backend.len > COORD_BACKEND_MAX))
+        return WHY("backend must be a str of at most %d bytes", COORD_BACKEND_MAX);
+    if (f->shared.present && f->shared.kind != JS_TRUE && f->shared.kind != JS_FALSE)
         return WHY("shared must be a bool");
-    if (f->has_ts && (f->ts.kind != JS_NUMBER || !isfinite(f->ts.d) || f->ts.d < 0))
+    if (f->ts.present && (f->ts.kind != JS_NUMBER || !isfinite(f->ts.d) || f->ts.d < 0))
         return WHY("ts must be a finite number >= 0");
-    if ((f->has_cap && !int_in(&f->cap, 0, INT64_MAX)) ||
-        (f->has_rev && !int_in(&f->rev, 0, INT64_MAX)))
+    if ((f->cap.present && !int_in(&f->cap, 0, INT64_MAX)) ||
+        (f->rev.present && !int_in(&f->rev, 0, INT64_MAX)))
         return WHY("capacity_bytes and capacity_revision must be non-negative integers");
     if (b->type == COORD_EV_CONFIG && b->n)
         return WHY("a config batch has no entries");
@@ -308,13 +335,23 @@ static int check_batch(coord_event_request *r, coord_event_batch *b, const batch
         if (!r->pool[b->first + i].has_size)
             return WHY("entries[%zu]: size_bytes must be a non-negative integer (required for "
                        "store)", i);
+    return 0;
+}
+
+/* The invariants, once every member of the batch is known. */
+static int check_batch(coord_event_request *r, coord_event_batch *b, const batch_fields *f,
+                       char *why, size_t whylen)
+{
+    if (check_required(b, f, why, whylen) != 0 || check_optional(r, b, f, why, whylen) != 0)
+        return -1;
+    b->instance_id = f->id.str;
     b->incarnation = f->inc.i;
     b->seq = f->seq.i;
     b->l2 = strcmp(f->tier.str, "l2") == 0;
-    b->backend = f->has_backend ? f->backend.str : "";
+    b->backend = f->backend.present ? f->backend.str : "";
     b->shared = f->shared.kind == JS_TRUE;
-    b->capacity_bytes = f->has_cap ? (uint64_t)f->cap.i : 0;
-    b->capacity_revision = f->has_rev ? (uint64_t)f->rev.i : 0;
+    b->capacity_bytes = f->cap.present ? (uint64_t)f->cap.i : 0;
+    b->capacity_revision = f->rev.present ? (uint64_t)f->rev.i : 0;
     return 0;
 }
 
@@ -397,8 +434,8 @@ int coord_events_parse_in_place(char *text, size_t len, coord_event_request *out
         coord_events_request_free(out);
         return -1;
     }
-    for (size_t i = 0; i < out->n; i++)
-        out->batches[i].entries = out->pool + out->batches[i].first;
+    for (size_t i = 0; i < out->n; i++) /* no pool without an entry: NULL + 0 is undefined */
+        out->batches[i].entries = out->pool ? out->pool + out->batches[i].first : NULL;
     return 0;
 }
 

@@ -1,9 +1,12 @@
 /* libmicrohttpd glue of the coordinator (docs/coordinator.md, "HTTP"):
- * bodies up to 16 MiB, checked from Content-Length and while streaming;
- * the bearer token; replies. */
+ * bodies up to 16 MiB, checked from Content-Length and while streaming,
+ * and all bodies held at once within MAX_BUFFERED_MB; the bearer token;
+ * replies. */
 #include <errno.h>
 #include <microhttpd.h>
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,7 +24,9 @@ typedef struct {
     char *body;
     size_t len, cap;
     size_t limit;
-    unsigned refusal; /* 413 once the body crossed the limit */
+    size_t reserved;  /* bytes of co->buffered this request holds (its cap) */
+    unsigned refusal; /* 413 or 503 once the body was refused; the rest is drained */
+    char why[200];    /* the refusal's detail */
     bool replied;
 } request_state;
 
@@ -40,11 +45,57 @@ static size_t body_limit(const char *url)
     return COORD_MAX_SMALL_BODY;
 }
 
-static enum MHD_Result queue_too_large(struct MHD_Connection *conn, size_t limit)
+/* ---- the budget of buffered bodies (docs/coordinator.md, "Bounds") ------------ */
+
+/* n more bytes of the budget for rs: all connections together hold at
+ * most co->buffer_budget.  0, or the refusal with rs->why set: 413 when
+ * this body alone would not fit, 503 when the others hold the room now. */
+static unsigned reserve(lmc_coord *co, request_state *rs, size_t n)
 {
-    char msg[64];
-    snprintf(msg, sizeof msg, "request body exceeds %zu bytes", limit);
-    return queue_detail(conn, 413, msg);
+    size_t held = atomic_load(&co->buffered);
+    do {
+        if (n > co->buffer_budget - held) {
+            bool alone = rs->reserved + n > co->buffer_budget;
+            snprintf(rs->why, sizeof rs->why, alone
+                     ? "request body exceeds the %zu bytes all request bodies may hold at once "
+                       "(LMCACHE_MP_COORDINATOR_MAX_BUFFERED_MB)"
+                     : "the request bodies being received fill the %zu bytes they may hold at "
+                       "once (LMCACHE_MP_COORDINATOR_MAX_BUFFERED_MB); send it again later",
+                     co->buffer_budget);
+            return alone ? 413 : 503;
+        }
+    } while (!atomic_compare_exchange_weak(&co->buffered, &held, held + n));
+    rs->reserved += n;
+    return 0;
+}
+
+static void free_body(lmc_coord *co, request_state *rs)
+{
+    free(rs->body);
+    rs->body = NULL;
+    rs->cap = 0;
+    atomic_fetch_sub(&co->buffered, rs->reserved);
+    rs->reserved = 0;
+}
+
+static void count_refusal(lmc_coord *co, unsigned status)
+{
+    atomic_fetch_add(status == 503 ? &co->ctr.bodies_over_budget : &co->ctr.bodies_too_large, 1);
+}
+
+/* Refuses the body with status (why set): what came is freed, the rest
+ * drained (libmicrohttpd answers only once the body is in); counted. */
+static void refuse_body(lmc_coord *co, request_state *rs, unsigned status, size_t received)
+{
+    free_body(co, rs);
+    rs->len = received;
+    rs->refusal = status;
+    count_refusal(co, status);
+}
+
+static void set_too_large(request_state *rs)
+{
+    snprintf(rs->why, sizeof rs->why, "request body exceeds %zu bytes", rs->limit);
 }
 
 const char *coord_query(const coord_request *rq, const char *name)
@@ -116,22 +167,30 @@ static enum MHD_Result queue_detail(struct MHD_Connection *conn, unsigned status
     return queue(conn, &r);
 }
 
-/* Whether the declared Content-Length is over the limit; a length within
- * it sizes the buffer once. */
-static bool too_large_declared(struct MHD_Connection *conn, request_state *rs)
+/* A declared Content-Length over the route's limit or the budget: the
+ * refusal's status (why set) before any byte is read.  A length within
+ * them is reserved and sizes the buffer once. */
+static unsigned check_declared(lmc_coord *co, struct MHD_Connection *conn, request_state *rs)
 {
     const char *cl =
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (!cl)
-        return false;
+        return 0;
     errno = 0;
     char *end;
     unsigned long long n = strtoull(cl, &end, 10);
     if (errno == ERANGE || end == cl || n > rs->limit)
-        return true;
-    if (n && (rs->body = malloc(n + 1)))
+        return set_too_large(rs), 413;
+    if (!n)
+        return 0;
+    unsigned refusal = reserve(co, rs, n + 1);
+    if (refusal)
+        return refusal;
+    if ((rs->body = malloc(n + 1)))
         rs->cap = n + 1;
-    return false;
+    else
+        free_body(co, rs); /* grown as it comes instead */
+    return 0;
 }
 
 static enum MHD_Result first_call(lmc_coord *co, struct MHD_Connection *conn, const char *url,
@@ -150,17 +209,18 @@ static enum MHD_Result first_call(lmc_coord *co, struct MHD_Connection *conn, co
                                        "<token>)");
     }
     rs->limit = body_limit(url);
-    if (too_large_declared(conn, rs)) {
+    unsigned refusal = check_declared(co, conn, rs);
+    if (refusal) {
         rs->replied = true;
-        atomic_fetch_add(&co->ctr.bodies_too_large, 1);
-        return queue_too_large(conn, rs->limit);
+        count_refusal(co, refusal);
+        return queue_detail(conn, refusal, rs->why);
     }
     return MHD_YES;
 }
 
-/* A chunked body past the limit is freed at once and the rest read and
- * dropped (libmicrohttpd answers only once the body is in), up to the
- * limit again; past that the connection is closed. */
+/* A chunked body past the limit or the budget is freed at once and the
+ * rest read and dropped (libmicrohttpd answers only once the body is in),
+ * up to the limit again; past that the connection is closed. */
 static bool take(lmc_coord *co, request_state *rs, const char *data, size_t n)
 {
     if (rs->refusal || rs->replied) {
@@ -168,21 +228,22 @@ static bool take(lmc_coord *co, request_state *rs, const char *data, size_t n)
         return rs->len <= rs->limit;
     }
     if (n > rs->limit - rs->len) {
-        free(rs->body);
-        rs->body = NULL;
-        rs->len = rs->cap = 0;
-        rs->refusal = 413;
-        rs->len = n;
-        atomic_fetch_add(&co->ctr.bodies_too_large, 1);
+        set_too_large(rs);
+        refuse_body(co, rs, 413, n);
         return true;
     }
     if (rs->len + n + 1 > rs->cap) {
         size_t cap = rs->cap ? rs->cap : 16384;
         while (cap < rs->len + n + 1)
             cap *= 2;
+        unsigned refusal = reserve(co, rs, cap - rs->cap);
+        if (refusal) {
+            refuse_body(co, rs, refusal, n);
+            return true;
+        }
         char *grown = realloc(rs->body, cap);
         if (!grown)
-            return false;
+            return false; /* the connection closes; on_completed gives the budget back */
         rs->body = grown;
         rs->cap = cap;
     }
@@ -211,27 +272,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     rs->replied = true;
     if (rs->refusal)
-        return queue_too_large(conn, rs->limit);
+        return queue_detail(conn, rs->refusal, rs->why);
     coord_request rq = {.method = method, .path = url, .body = rs->len ? rs->body : NULL,
                         .body_len = rs->len, .conn = conn};
     coord_reply reply = {.status = 500};
     coord_dispatch(co, &rq, &reply);
     if (reply.status >= 400 && reply.status < 500)
         atomic_fetch_add(&co->ctr.requests_rejected, 1);
-    free(rs->body);
-    rs->body = NULL;
+    free_body(co, rs);
     return queue(conn, &reply);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    (void)cls;
     (void)conn;
     (void)toe;
     request_state *rs = *con_cls;
     if (rs) {
-        free(rs->body);
+        free_body(cls, rs);
         free(rs);
         *con_cls = NULL;
     }
@@ -264,9 +323,38 @@ static int resolve(const char *host, int port, struct sockaddr_storage *out, cha
     return 0;
 }
 
+/* 127.0.0.0/8, ::1 and ::ffff:127.0.0.0/104: only this machine can call. */
+static bool is_loopback(const struct sockaddr_storage *ss)
+{
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
+        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (ss->ss_family != AF_INET6)
+        return false;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+}
+
+/* Every write route is open without a token: said once, at start, where
+ * others can reach the port (docs/coordinator.md, "Authentication"). */
+static void warn_if_open(const lmc_coord *co, const struct sockaddr_storage *ss)
+{
+    if (co->cfg.auth_token[0] || is_loopback(ss))
+        return;
+    LMC_WARN("coordinator: listening on %s, not a loopback address, without "
+             "LMCACHE_MP_COORDINATOR_AUTH_TOKEN: anyone who can reach port %d can register and "
+             "remove servers, post cache events that rewrite the key directory and L2 usage, "
+             "set quotas that make the coordinator delete L2 objects through the servers, pin "
+             "keys, and have it send prefetch requests to the servers. Set "
+             "LMCACHE_MP_COORDINATOR_AUTH_TOKEN (docs/coordinator.md, \"Authentication\")",
+             co->cfg.host, co->port);
+}
+
 int coord_http_start(lmc_coord *co, char *err, size_t errlen)
 {
     unsigned timeout = (unsigned)(co->cfg.timeout_keep_alive_s + 0.999);
+    co->buffer_budget = (size_t)co->cfg.max_buffered_mb << 20;
     struct sockaddr_storage ss;
     if (resolve(co->cfg.host, co->cfg.port, &ss, err, errlen) != 0)
         return -1;
@@ -284,6 +372,7 @@ int coord_http_start(lmc_coord *co, char *err, size_t errlen)
                                      "local)", co->cfg.host, co->cfg.port), -1;
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(co->mhd, MHD_DAEMON_INFO_BIND_PORT);
     co->port = info ? info->port : co->cfg.port;
+    warn_if_open(co, &ss);
     return 0;
 }
 

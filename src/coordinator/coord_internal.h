@@ -34,7 +34,7 @@ typedef struct {
 typedef struct {
     atomic_ullong sweeps, instances_expired, eviction_passes, eviction_keys_requested,
         eviction_requests, eviction_request_failures, resync_keys, resync_pages,
-        requests_rejected, auth_rejected, bodies_too_large;
+        requests_rejected, auth_rejected, bodies_too_large, bodies_over_budget;
 } coord_counters;
 
 struct lmc_coord {
@@ -50,12 +50,20 @@ struct lmc_coord {
     lmc_http_auth auth;
     struct MHD_Daemon *mhd;
     int port;
+    atomic_size_t buffered;  /* bytes of request bodies held now, all connections */
+    size_t buffer_budget;    /* MAX_BUFFERED_MB in bytes */
     pthread_t sweep_thread, evict_thread, resync_thread;
     bool sweep_running, evict_running, resync_running;
     coord_counters ctr;
     uint64_t rng;
+    double keys_full_warned; /* mu: monotonic time of the last "directory full" warning */
+    double not_saved_warned; /* mu: the same for requests the database did not take */
+    uint64_t not_saved;      /* mu: requests answered 503 for the database */
 };
 
+/* Logs that new keys were refused for the directory's bound, at most once
+ * a minute (mu held). */
+void coord_warn_keys_full(lmc_coord *co);
 /* Monotonic and wall clocks in seconds. */
 double coord_now_mono(void);
 double coord_now_wall(void);

@@ -195,24 +195,29 @@ bool js_number_any(js_scanner *s, bool *is_int, int64_t *i, double *d)
         *d = (double)*i;
         return true;
     }
-    char buf[64];
-    if (n >= sizeof buf)
-        return js_fail(s, "number too long");
-    memcpy(buf, from, n);
-    buf[n] = '\0';
+    if (*is_int && n > 20) /* JSON has no leading zeros: past 19 digits it cannot fit */
+        return js_fail(s, "integer out of range");
+    /* A real may be long (0.000...1 is valid JSON); one past the stack
+     * buffer is rare enough to go to the heap. */
+    char buf[64], *text = n < sizeof buf ? buf : malloc(n + 1);
+    if (!text)
+        return js_fail(s, "out of memory");
+    memcpy(text, from, n);
+    text[n] = '\0';
     errno = 0;
+    bool ok = true;
     if (*is_int) {
-        long long v = strtoll(buf, NULL, 10);
-        if (errno == ERANGE)
-            return js_fail(s, "integer out of range");
+        long long v = strtoll(text, NULL, 10);
+        ok = errno != ERANGE || js_fail(s, "integer out of range");
         *i = v;
         *d = (double)v;
-        return true;
+    } else {
+        *d = strtod(text, NULL);
+        ok = !(errno == ERANGE && (*d > 1 || *d < -1)) || js_fail(s, "real number overflow");
     }
-    *d = strtod(buf, NULL);
-    if (errno == ERANGE && (*d > 1 || *d < -1))
-        return js_fail(s, "real number overflow");
-    return true;
+    if (text != buf)
+        free(text);
+    return ok;
 }
 
 static bool word(js_scanner *s, const char *w)

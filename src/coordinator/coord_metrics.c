@@ -89,6 +89,10 @@ static void state_metrics(text *t, const lmc_coord *co)
     put(t, "lmcache_mp_coordinator_instances %zu\n", co->n_members);
     family(t, "coordinator_keys_tracked", "gauge", "keys the coordinator holds facts about");
     put(t, "lmcache_mp_coordinator_keys_tracked %u\n", s->keys.n_live);
+    family(t, "coordinator_keys_max", "gauge", "the key directory's bound (MAX_KEYS)");
+    put(t, "lmcache_mp_coordinator_keys_max %u\n", s->keys.max_live);
+    counter(t, "coordinator_keys_refused_total", "new keys not recorded: the directory was full",
+            s->keys.refused);
     counter(t, "coordinator_events_applied_total", "event batches applied", s->ingest.applied);
     counter(t, "coordinator_events_duplicates_total", "event batches dropped as duplicates",
             s->ingest.duplicates);
@@ -100,6 +104,23 @@ static void state_metrics(text *t, const lmc_coord *co)
             s->ingest.entries_applied);
     counter(t, "coordinator_fences_total", "instance streams fenced (restart, expiry, removal)",
             s->ingest.fenced);
+}
+
+static void http_metrics(text *t, lmc_coord *co)
+{
+    const coord_counters *c = &co->ctr;
+    counter(t, "coordinator_http_rejected_total", "requests answered 4xx", c->requests_rejected);
+    counter(t, "coordinator_http_auth_rejected_total", "requests without the bearer token",
+            c->auth_rejected);
+    counter(t, "coordinator_http_too_large_total",
+            "request bodies refused 413: over the route's limit or the whole budget",
+            c->bodies_too_large);
+    counter(t, "coordinator_http_busy_total",
+            "request bodies refused 503: the bodies held at once filled MAX_BUFFERED_MB",
+            c->bodies_over_budget);
+    family(t, "coordinator_http_buffered_bytes", "gauge",
+           "bytes of request bodies held now, all connections");
+    put(t, "lmcache_mp_coordinator_http_buffered_bytes %zu\n", atomic_load(&co->buffered));
 }
 
 static void loop_metrics(text *t, const coord_counters *c)
@@ -116,11 +137,6 @@ static void loop_metrics(text *t, const coord_counters *c)
             c->eviction_request_failures);
     counter(t, "coordinator_resync_keys_total", "L2 keys backfilled by the startup resync",
             c->resync_keys);
-    counter(t, "coordinator_http_rejected_total", "requests answered 4xx", c->requests_rejected);
-    counter(t, "coordinator_http_auth_rejected_total", "requests without the bearer token",
-            c->auth_rejected);
-    counter(t, "coordinator_http_too_large_total", "request bodies over 16 MiB",
-            c->bodies_too_large);
 }
 
 void coord_ep_metrics(lmc_coord *co, const coord_request *rq, coord_reply *out)
@@ -133,6 +149,7 @@ void coord_ep_metrics(lmc_coord *co, const coord_request *rq, coord_reply *out)
     state_metrics(&t, co);
     pthread_mutex_unlock(&co->mu);
     loop_metrics(&t, &co->ctr);
+    http_metrics(&t, co);
     if (t.failed) {
         free(t.buf);
         return coord_reply_detail(out, 500, "out of memory");

@@ -152,8 +152,9 @@ void coord_ep_pins(lmc_coord *co, const coord_request *rq, coord_reply *out)
     int rc = pin_all(co, &q, hashes, n_chunks, pin, &affected);
     pthread_mutex_unlock(&co->mu);
     if (rc != 0)
-        coord_reply_detail(out, 503, "out of memory or too many distinct models/salts; %zu keys "
-                                     "were pinned before it ran out", affected);
+        coord_reply_detail(out, 503, "out of memory, too many distinct models/salts, or the key "
+                                     "directory is full (LMCACHE_MP_COORDINATOR_MAX_KEYS); %zu "
+                                     "keys were pinned before it ran out", affected);
     else
         coord_reply_json(out, 200, json_pack("{s:I, s:I, s:s}", "requested",
                                              (json_int_t)(n_chunks * q.world_size), "affected",

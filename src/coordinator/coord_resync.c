@@ -39,7 +39,8 @@ static size_t backfill(lmc_coord *co, const json_t *entries)
             coord_keys_release(&s->keys, idx);
         }
     }
-    coord_db_commit(co->db);
+    if (coord_db_commit(co->db) != 0)
+        coord_db_mark_diverged(co->db); /* the backfilled keys stay: the log catches up */
     pthread_mutex_unlock(&co->mu);
     return added;
 }

@@ -28,6 +28,34 @@ static const char *after(const char *path, const char *prefix)
     return strncmp(path, prefix, n) == 0 && path[n] ? path + n : NULL;
 }
 
+void coord_warn_keys_full(lmc_coord *co)
+{
+    double now = coord_now_mono();
+    if (co->keys_full_warned && now - co->keys_full_warned < 60)
+        return;
+    co->keys_full_warned = now;
+    LMC_WARN("coordinator: the key directory is full (%u keys, LMCACHE_MP_COORDINATOR_MAX_KEYS): "
+             "new keys are not recorded until deletes make room; %llu refused so far "
+             "(lmcache_mp_coordinator_keys_refused_total)", co->st.keys.n_live,
+             (unsigned long long)co->st.keys.refused);
+}
+
+/* Requests answered 503 for the database, logged at most once a minute
+ * with the count since (mu held): a failing disk and senders retrying
+ * every second must not flood the log. */
+static void warn_not_saved(lmc_coord *co)
+{
+    double now = coord_now_mono();
+    co->not_saved++;
+    if (co->not_saved_warned && now - co->not_saved_warned < 60)
+        return;
+    co->not_saved_warned = now;
+    LMC_ERROR("coordinator: the events of a request could not be saved (the database is "
+              "locked by another process, the disk is full, a file-size limit, an I/O error): "
+              "answered 503 for the sender to send them again; %llu such request(s) so far",
+              (unsigned long long)co->not_saved);
+}
+
 static void blend_501(coord_reply *out)
 {
     coord_reply_detail(out, 501, "CacheBlend (the fleet fragment index) is not implemented in "
@@ -44,14 +72,12 @@ void coord_ep_events(lmc_coord *co, const coord_request *rq, coord_reply *out)
         return coord_reply_detail(out, 422, "%s", why);
     coord_ingest_result res;
     pthread_mutex_lock(&co->mu);
-    bool txn = coord_db_begin(co->db) == 0;
-    int rc = coord_events_apply(&co->st, txn ? co->db : NULL, &r, &res, why, sizeof why);
-    if (txn && coord_db_commit(co->db) != 0) {
-        coord_db_rollback(co->db);
-        LMC_ERROR("coordinator: the events of a request could not be saved");
-    }
-    if (txn)
-        coord_db_maybe_compact(co->db, &co->st);
+    uint64_t refused = co->st.keys.refused;
+    int rc = coord_events_ingest(&co->st, co->db, &r, &res, why, sizeof why);
+    if (co->st.keys.refused != refused)
+        coord_warn_keys_full(co);
+    if (rc == -2)
+        warn_not_saved(co);
     pthread_mutex_unlock(&co->mu);
     coord_events_request_free(&r);
     if (rc != 0)

@@ -285,6 +285,10 @@ uint32_t coord_keys_get_hashed(coord_keys *t, const coord_key *k, uint32_t h)
     uint32_t slot = probe(t, k, h, &idx);
     if (idx != COORD_NONE)
         return idx;
+    if (t->max_live && t->n_live >= t->max_live) {
+        t->refused++;
+        return COORD_NONE;
+    }
     if (t->free_head != COORD_NONE) {
         idx = t->free_head;
         t->free_head = t->e[idx].lru_next;

@@ -90,6 +90,8 @@ typedef struct {
     uint64_t *index; /* hash << 32 | entry + 1, 0 = empty; linear probing */
     uint32_t mask;
     uint64_t seed;   /* of the table hash, drawn at start */
+    uint32_t max_live; /* new keys past this many are refused; 0 = no bound */
+    uint64_t refused;  /* new keys refused for max_live */
 } coord_keys;
 
 /* Per salt: usage by tier and the L2 LRU (head = least recent). */
@@ -142,7 +144,9 @@ void coord_state_free(coord_state *s);
 
 /* Key table. */
 uint32_t coord_keys_find(const coord_keys *k, const coord_key *key);
-/* The entry of key, created empty when new; COORD_NONE on out of memory. */
+/* The entry of key, created empty when new; COORD_NONE on out of memory
+ * or when the key is new and max_live keys are held (counted in refused:
+ * the key directory's bound, docs/coordinator.md "Key directory"). */
 uint32_t coord_keys_get(coord_keys *k, const coord_key *key);
 /* The same with the key's table hash (coord_keys_hash) known: a batch
  * hashes its keys ahead and prefetches their slots, so that the cache

@@ -9,6 +9,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The key directory's bound by default: at most some 1.3 GB of key records
+ * and index (113 to 129 bytes a key, docs/coordinator.md "Memory"), some
+ * 80 TB of L2 at 8 MB an object.  At most 10^9: the key index addresses
+ * 2^31 slots. */
+#define LMC_COORD_DEFAULT_MAX_KEYS 10000000L
+#define LMC_COORD_MAX_MAX_KEYS 1000000000L
+/* Request bodies held at once by default, MiB: sixteen bodies of the
+ * largest kind (16 MiB), where 512 connections could otherwise hold 8 GiB. */
+#define LMC_COORD_DEFAULT_MAX_BUFFERED_MB 256L
+
 /* Settings, from the environment only (docs/coordinator.md,
  * "Configuration"). */
 typedef struct {
@@ -27,15 +37,17 @@ typedef struct {
     uint32_t resync_page_size;
     double timeout_keep_alive_s;
     bool metrics_enabled;
+    uint32_t max_keys;            /* the key directory's bound */
+    uint32_t max_buffered_mb;     /* request bodies buffered at once, all connections */
     char db_path[4096];
     char auth_token[1024];        /* "" = no token */
     char server_auth_token[1024]; /* sent to lmcached servers; "" = none */
 } lmc_coord_config;
 
 /* Fills `c` from the LMCACHE_MP_COORDINATOR_* variables of the process
- * environment.  Invalid numbers or booleans are logged and replaced by the
- * default; a setting this build refuses (and any unknown variable of the
- * family) returns -1 with one line in err naming the variable. */
+ * environment.  A value that does not parse, is out of its range or too
+ * long, a setting this build refuses, and any unknown variable of the
+ * family return -1 with one line in err naming the variable. */
 int lmc_coord_config_from_env(lmc_coord_config *c, char *err, size_t errlen);
 void lmc_coord_config_defaults(lmc_coord_config *c);
 

@@ -32,6 +32,8 @@ static const char USAGE[] =
     "  LMCACHE_MP_COORDINATOR_DB_PATH                 SQLite file (./lmcached-coordinator.db)\n"
     "  LMCACHE_MP_COORDINATOR_AUTH_TOKEN              bearer token for writes (none)\n"
     "  LMCACHE_MP_COORDINATOR_SERVER_AUTH_TOKEN       token sent to the servers (none)\n"
+    "  LMCACHE_MP_COORDINATOR_MAX_KEYS                keys the directory holds (10000000)\n"
+    "  LMCACHE_MP_COORDINATOR_MAX_BUFFERED_MB         request bodies held at once, MiB (256)\n"
     "  LMCACHE_LOG_LEVEL                              DEBUG, INFO, WARNING, ERROR (INFO)\n";
 
 int main(int argc, char **argv)
@@ -57,6 +59,9 @@ int main(int argc, char **argv)
     sigaddset(&stop, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &stop, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* A file-size limit (ulimit -f) reached by a database write must be a
+     * failed write, answered 503 and retried by the sender, not a kill. */
+    signal(SIGXFSZ, SIG_IGN);
     lmc_coord_config cfg;
     char err[512];
     lmc_coord *co = NULL;

@@ -139,6 +139,9 @@ class Server:
     def stop(self, sig=signal.SIGTERM, timeout=20):
         self.stopped = True   # by the test itself: the fixture accepts any exit
         if self.proc.poll() is None:
+            # The signal a test stopped it with, for fixtures that check at
+            # teardown that nothing else ended it (test_fleet.py).
+            self.stop_signal = getattr(self, "stop_signal", None) or sig
             self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout)

@@ -5,8 +5,10 @@ lmcached with an fs L2."""
 import http.client
 import json
 import os
+import resource
 import signal
 import socket
+import sqlite3
 import subprocess
 import time
 
@@ -23,6 +25,7 @@ class Coordinator:
     def __init__(self, db_path, port=None, **env):
         self.port = port or free_port()
         self.db_path = str(db_path)
+        self.stop_signal = None     # the signal the test stopped it with, if it did
         e = {k: v for k, v in os.environ.items() if not k.startswith(P)}
         e.update({P + "HOST": "127.0.0.1", P + "PORT": str(self.port),
                   P + "DB_PATH": self.db_path, P + "ENABLE_STARTUP_RESYNC": "false"})
@@ -68,12 +71,39 @@ class Coordinator:
                 return float(line.split()[-1])
         return None
 
-    def stop(self):
+    def stop(self, sig=signal.SIGTERM):
+        """Stops it on purpose with sig (a no-op once it exited); its exit
+        status, -SIGKILL when it did not exit within 20 s."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(20)
+            self.stop_signal = self.stop_signal or sig
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                return -signal.SIGKILL
         self.log.close()
         return self.proc.returncode
+
+    def teardown_problem(self):
+        """At teardown, None or what is wrong: a coordinator the test did not
+        stop must still run, answer a health request and exit 0 on SIGTERM;
+        one it stopped with SIGTERM must have exited 0.  Only one it killed
+        on purpose with another signal may have exited otherwise."""
+        if self.stop_signal is None:
+            if self.proc.poll() is not None:
+                return f"exited {self.proc.returncode} during the test: {self.output()[-3000:]}"
+            try:
+                health = self.call("GET", "/healthcheck")[0]
+            except OSError as e:
+                health = repr(e)
+            rc = self.stop()
+            if health != 200 or rc != 0:
+                return f"health {health}, SIGTERM exit {rc}: {self.output()[-3000:]}"
+        elif self.stop_signal == signal.SIGTERM and self.proc.returncode != 0:
+            return f"exited {self.proc.returncode} on SIGTERM: {self.output()[-3000:]}"
+        return None
 
 
 @pytest.fixture
@@ -86,11 +116,8 @@ def start_coordinator(tmp_path):
         return c
 
     yield start
-    for c in started:
-        running = c.proc.poll() is None
-        rc = c.stop()
-        if running:
-            assert rc == 0, c.output()
+    problems = [p for p in (c.teardown_problem() for c in started) if p]
+    assert not problems, problems
 
 
 def key(h, salt="", model="m", rank=0):
@@ -253,6 +280,66 @@ def test_bad_events_change_nothing(start_coordinator):
     assert c.call("GET", "/directory/keys")[1]["total"] == 2
 
 
+def test_missing_or_mistyped_batch_fields_are_refused_by_name(start_coordinator):
+    """Issue 29: one unauthenticated POST /events without event_type or tier
+    crashed the coordinator.  Every required field is checked before use:
+    each case is a 422 naming the field, and the coordinator keeps serving."""
+    c = start_coordinator()
+    good = batch("a", 1, 1, "store", [key(1)])
+    without = lambda field: {k: v for k, v in good.items() if k != field}
+    cases = [
+        (without("event_type"), "event_type is required"),
+        (without("tier"), "tier is required"),
+        (without("instance_id"), "instance_id is required"),
+        (without("entries"), "entries is required"),
+        (dict(good, event_type=1), "event_type must be a str"),
+        (dict(good, event_type=None), "event_type must be a str"),
+        (dict(good, event_type={"store": 1}), "event_type must be a str"),
+        (dict(good, tier=2), "tier must be a str"),
+        (dict(good, backend=""), "backend is required for store batches"),
+        (dict(without("backend"), event_type="delete"), "backend is required for delete"),
+    ]
+    for body, reason in cases:
+        st, r = c.call("POST", "/events", {"batches": [body]})
+        assert st == 422 and reason in r["detail"], (body, st, r)
+        assert c.call("GET", "/healthcheck")[0] == 200, c.output()
+    assert c.proc.poll() is None, c.output()
+    # Nothing was applied: seq 1 is still new.
+    assert post_events(c, good)[1] == {"applied": 1, "duplicates": 0, "stale": 0}
+    # An access batch may still go without a backend (the protocol's one exception).
+    access = dict(without("backend"), seq=2, event_type="access")
+    assert post_events(c, access)[1] == {"applied": 1, "duplicates": 0, "stale": 0}
+
+
+def test_key_directory_bound(start_coordinator):
+    """Issue 29: the key directory grew with every new key.  Past MAX_KEYS
+    new keys are not recorded (counted, warned once); the request is still
+    applied; the keys the eviction loop works on are all kept."""
+    c = start_coordinator(MAX_KEYS="3")
+    st, r = post_events(c, batch("a", 1, 1, "store", [key(i, "t") for i in range(5)]))
+    assert (st, r) == (200, {"applied": 1, "duplicates": 0, "stale": 0})
+    assert c.metric("lmcache_mp_coordinator_keys_tracked") == 3
+    assert c.metric("lmcache_mp_coordinator_keys_max") == 3
+    assert c.metric("lmcache_mp_coordinator_keys_refused_total") == 2
+    assert c.call("GET", "/quota/t")[1]["usage_gb"] * 2**30 == pytest.approx(300)
+    post_events(c, batch("a", 1, 2, "store", [key(7, "t")]))
+    assert c.metric("lmcache_mp_coordinator_keys_refused_total") == 3
+    assert c.output().count("the key directory is full") == 1, c.output()   # once a minute
+    post_events(c, batch("a", 1, 3, "delete", [key(0, "t")], size=0))     # room for one
+    post_events(c, batch("a", 1, 4, "store", [key(8, "t")]))
+    assert c.call("GET", "/directory/keys")[1]["total"] == 3
+    pin = {"model_name": "m", "world_size": 1, "token_ids": list(range(256)), "cache_salt": "t"}
+    st, r = c.call("POST", "/cache/pins", pin)
+    assert st == 503 and "MAX_KEYS" in r["detail"], (st, r)
+    assert c.stop() == 0
+    # A smaller bound later: what the database holds is loaded all the same.
+    c2 = start_coordinator(MAX_KEYS="2")
+    assert c2.call("GET", "/directory/keys")[1]["total"] == 3
+    assert "no new key is recorded until deletes make room" in c2.output()
+    post_events(c2, batch("a", 1, 5, "store", [key(9, "t")]))
+    assert c2.metric("lmcache_mp_coordinator_keys_refused_total") == 1
+
+
 def raw_status(port, data):
     """Sends raw bytes; the status code of the reply (0 if none) and the reply."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
@@ -295,6 +382,48 @@ def test_body_limits(start_coordinator):
     assert c.call("POST", "/directory/blend-lookup", {})[0] == 501
 
 
+def test_buffered_body_budget(start_coordinator):
+    """Issue 29: 512 connections could buffer 16 MiB each.  All bodies held
+    at once share MAX_BUFFERED_MB: a body that would not fit now is a 503
+    (a declared one from its headers, a chunked one once it outgrows the
+    room), one larger than the whole budget a 413; the coordinator keeps
+    serving and the room comes back when a body is done with."""
+    c = start_coordinator(MAX_BUFFERED_MB="1")
+    post = b"POST /events HTTP/1.1\r\nHost: x\r\n"
+    st, reply = raw_status(c.port, post + b"Content-Length: %d\r\n\r\n" % (2 << 20))
+    assert st == 413 and b"LMCACHE_MP_COORDINATOR_MAX_BUFFERED_MB" in reply, reply
+    # One connection holds 700 kB of the budget while its body comes in.
+    body = json.dumps({"batches": [batch("a", 1, 1, "store", [key(1)])]}).encode()
+    body = body.ljust(700_000)
+    holder = socket.create_connection(("127.0.0.1", c.port), timeout=10)
+    try:
+        holder.sendall(post + b"Content-Length: %d\r\n\r\n" % len(body) + body[:1000])
+        deadline = time.monotonic() + 5
+        while c.metric("lmcache_mp_coordinator_http_buffered_bytes") < len(body):
+            assert time.monotonic() < deadline, "the first body was never reserved"
+            time.sleep(0.02)
+        st, reply = raw_status(c.port, post + b"Content-Length: 400000\r\n\r\n")
+        assert st == 503 and b"send it again later" in reply, reply
+        chunk = b" " * 65536
+        chunked = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(8))
+        st, reply = raw_status(c.port, post + b"Transfer-Encoding: chunked\r\n\r\n" + chunked +
+                               b"0\r\n\r\n")
+        assert st == 503, reply
+        assert c.call("GET", "/healthcheck")[0] == 200
+        holder.sendall(body[1000:])
+        reply = b""
+        while not reply.rstrip().endswith(b"}"):
+            reply += holder.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 200") and b'"applied":1' in reply, reply
+    finally:
+        holder.close()
+    assert c.metric("lmcache_mp_coordinator_http_buffered_bytes") == 0
+    assert c.metric("lmcache_mp_coordinator_http_busy_total") == 2
+    assert c.metric("lmcache_mp_coordinator_http_too_large_total") == 1
+    # The 503'd request sent again fits now.
+    assert post_events(c, batch("a", 1, 2, "store", [key(2)]))[0] == 200
+
+
 # ---- persistence ------------------------------------------------------------------
 
 def test_restart_keeps_quotas_pins_cursors_and_usage(start_coordinator):
@@ -320,6 +449,50 @@ def test_restart_keeps_quotas_pins_cursors_and_usage(start_coordinator):
     assert post_events(c2, batch("a", 3, 2, "store", [key(5, "t")]))[1]["applied"] == 1
     assert c2.call("DELETE", "/cache/pins", pin)[1]["affected"] == 4
     assert c2.call("GET", "/directory/stats")[1]["pinned_keys"] == 0
+
+
+def test_events_not_saved_are_answered_503_and_applied_once_when_sent_again(start_coordinator):
+    """Issue 29: events the database did not take were acknowledged 200.
+    Now a request whose transaction cannot begin or commit is a 503 with the
+    gate as before it; the same batches sent again are applied once, and
+    what the failed request did in memory (a delete here) reaches the
+    database too."""
+    c = start_coordinator()
+    assert post_events(c, batch("a", 1, 1, "store", [key(1, "t")]))[0] == 200
+    again = [batch("a", 1, 2, "store", [key(2, "t")], size=300),
+             batch("a", 1, 3, "delete", [key(1, "t")], size=0)]
+    # Another process holds the database's write lock (an operator's sqlite3).
+    con = sqlite3.connect(c.db_path, timeout=0, isolation_level=None)
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        st, r = post_events(c, *again)
+    finally:
+        con.execute("ROLLBACK")
+        con.close()
+    assert st == 503 and "send the batches again later" in r["detail"], (st, r)
+    # A file-size limit: every write of the database fails, at the commit.
+    soft, hard = resource.prlimit(c.proc.pid, resource.RLIMIT_FSIZE)
+    resource.prlimit(c.proc.pid, resource.RLIMIT_FSIZE, (0, hard))
+    try:
+        st, r = post_events(c, *again)
+        health = c.call("GET", "/healthcheck")[0]
+    finally:
+        resource.prlimit(c.proc.pid, resource.RLIMIT_FSIZE, (soft, hard))
+    assert st == 503 and "could not be saved" in r["detail"], (st, r)
+    assert health == 200 and c.proc.poll() is None, c.output()
+    assert c.metric("lmcache_mp_coordinator_events_applied_total") == 1
+    # Sent again once the database takes writes: applied once, then duplicates.
+    assert post_events(c, *again)[1] == {"applied": 2, "duplicates": 0, "stale": 0}
+    assert post_events(c, *again)[1] == {"applied": 0, "duplicates": 2, "stale": 0}
+    assert c.metric("lmcache_mp_coordinator_events_applied_total") == 3
+    assert c.metric("lmcache_mp_coordinator_events_gaps_total") == 0
+    assert c.call("GET", "/quota/t")[1]["usage_gb"] * 2**30 == pytest.approx(300)
+    assert c.stop() == 0, c.output()
+    c2 = start_coordinator()
+    assert c2.call("GET", "/quota/t")[1]["usage_gb"] * 2**30 == pytest.approx(300)
+    assert c2.call("GET", "/directory/keys")[1]["total"] == 1
+    assert post_events(c2, batch("a", 1, 4, "access", [key(2, "t")]))[1]["applied"] == 1
+    assert c2.metric("lmcache_mp_coordinator_events_gaps_total") == 0
 
 
 # ---- auth ---------------------------------------------------------------------------
@@ -349,17 +522,45 @@ def test_auth_token(start_coordinator):
 def test_config_refusals_and_cli(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(P)}
     env[P + "DB_PATH"] = str(tmp_path / "refused.db")   # never used unless a refusal fails
+    # Issue 29: a value that does not parse, is out of range or too long,
+    # a bad hash algorithm and a database that cannot be opened are each
+    # refused at start (exit 1), naming the variable, where a bad number
+    # was logged and replaced by the default before.
     for name, value in (("ENABLE_BLEND_LOOKUP", "1"), ("OTLP_ENDPOINT", "http://x:4317"),
-                        ("NO_SUCH_SETTING", "1")):
+                        ("NO_SUCH_SETTING", "1"), ("PORT", "70000"), ("PORT", "http"),
+                        ("EVICTION_RATIO", "2"), ("TRIGGER_WATERMARK", "0"),
+                        ("METRICS_ENABLED", "maybe"), ("HASH_ALGORITHM", "md5"),
+                        ("HOST", "h" * 300), ("AUTH_TOKEN", "t" * 2000),
+                        ("DB_PATH", str(tmp_path / "no-such-dir" / "x.db"))):
         r = subprocess.run([COORDINATOR], env=dict(env, **{P + name: value}),
                            capture_output=True, text=True, timeout=10)
-        assert r.returncode == 1 and P + name in r.stderr, r.stderr
+        assert r.returncode == 1 and P + name in r.stderr, (name, value[:40], r.stderr)
+        assert len(r.stderr.splitlines()) == 1, r.stderr
     r = subprocess.run([COORDINATOR, "--version"], capture_output=True, text=True, timeout=10)
     assert r.returncode == 0 and r.stdout.startswith("lmcached-coordinator ")
     r = subprocess.run([COORDINATOR, "--help"], capture_output=True, text=True, timeout=10)
     assert r.returncode == 0 and P + "DB_PATH" in r.stdout
     assert subprocess.run([COORDINATOR, "--port", "1"], capture_output=True,
                           timeout=10).returncode == 2
+
+
+OPEN_WARNING = "without LMCACHE_MP_COORDINATOR_AUTH_TOKEN: anyone who can reach port"
+
+
+def test_warning_when_reachable_without_a_token(start_coordinator):
+    """Issue 29: bound beyond loopback without a token, every write route is
+    open to the network; the start-up log says so, and what it allows."""
+    c = start_coordinator(HOST="0.0.0.0")
+    line = next((l for l in c.output().splitlines() if OPEN_WARNING in l), None)
+    assert line and "WARN" in line and f"port {c.port}" in line, c.output()
+    for allowed in ("register and remove servers", "delete L2 objects", "pin keys"):
+        assert allowed in line, line
+    # The warning is written before the port answers, so its absence is
+    # final once a coordinator answers.
+    quiet = [start_coordinator(db="loop.db"),                           # 127.0.0.1
+             start_coordinator(db="token.db", HOST="0.0.0.0", AUTH_TOKEN="s3cret")]
+    for q in quiet:
+        assert OPEN_WARNING not in q.output(), q.output()
 
 
 def test_metrics_disabled(start_coordinator):

@@ -8,6 +8,7 @@ a lost batch seen as a gap and made good by the startup resync, the fleet
 quota loop with pins, and the data path while the coordinator is down."""
 import json
 import os
+import resource
 import signal
 import statistics
 import time
@@ -82,8 +83,8 @@ class Fleet:
         self.servers, self.workers = {}, []
 
     def restart_coordinator(self, **env):
-        self.coord.stop()   # may be stopped already
-        assert self.coord.proc.returncode == 0, self.coord.output()
+        problem = self.coord.teardown_problem()   # it may be stopped already
+        assert problem is None, problem
         # Same port: the servers keep calling the URL they were given.
         self.coord = Coordinator(self.tmp / "coord.db", port=self.coord.port,
                                  **{**self.coord_env, **env})
@@ -104,17 +105,38 @@ class Fleet:
         return ws
 
     def close(self):
+        """Every server the test did not stop must still run, answer a
+        health request and exit 0 on SIGTERM; one it stopped with SIGTERM
+        must have exited 0; only one it killed with another signal may have
+        ended otherwise.  The same for the coordinator."""
         for w in self.workers:
             w.close()
-        bad = []
-        for name, srv in self.servers.items():
-            running = srv.alive()
-            rc = srv.stop()
-            if running and rc != 0:
-                bad.append((name, rc, srv.output()[-3000:]))
-        rc = self.coord.stop()
+        bad = [(name, p) for name, p in ((n, server_problem(s)) for n, s in self.servers.items())
+               if p]
+        problem = self.coord.teardown_problem()
+        if problem:
+            bad.append(("coordinator", problem))
         assert not bad, bad
-        assert rc == 0, self.coord.output()
+
+
+def server_problem(srv):
+    """None, or why srv did not end as a test's server must (Fleet.close)."""
+    stopped_with = getattr(srv, "stop_signal", None)
+    if stopped_with is None:
+        if not srv.alive():
+            return f"exited {srv.proc.returncode} during the test: {srv.output()[-3000:]}"
+        try:
+            req = urllib.request.urlopen(f"http://127.0.0.1:{srv.http_port}/healthcheck",
+                                         timeout=10)
+            health = req.status
+        except OSError as e:
+            health = repr(e)
+        rc = srv.stop()
+        if health != 200 or rc != 0:
+            return f"health {health}, SIGTERM exit {rc}: {srv.output()[-3000:]}"
+    elif stopped_with == signal.SIGTERM and srv.proc.returncode != 0:
+        return f"exited {srv.proc.returncode} on SIGTERM: {srv.output()[-3000:]}"
+    return None
 
 
 @pytest.fixture
@@ -255,28 +277,47 @@ def test_stream_usage_gap_and_resync(fleet):
         "applied": 0, "duplicates": 1, "stale": 0}
     assert usage_bytes(f.coord, "tenant-z") == 4096
 
-    # The coordinator goes away while node-b stores more: those batches are
-    # lost (node-b's seq moves on), the restarted coordinator flags the gap
-    # and its startup resync reads the objects back from a server's listing.
-    # Only node-b stays up, so the resync reads its listing: with a shared
-    # fs directory a server lists what it wrote or found (docs/fleet.md).
+    # The coordinator goes away while node-b stores more: node-b keeps the
+    # post and sends it again (issue 29), so the restarted coordinator gets
+    # it from the stream, without a gap and without a resync.
+    # Only node-b stays up, so a resync reads its listing: with a shared fs
+    # directory a server lists what it wrote or found (docs/fleet.md).
     for other in (a, c):
         assert other.stop() == 0, other.output()
     f.coord.stop()
     store_prompts(wb, [16], "tenant-y")
     wait_l2_written(b, 31)
     time.sleep(4 * float(FLUSH))                      # posts fail meanwhile
+    assert coord_events(b)["retry_pending"], coord_events(b)
+    f.restart_coordinator(ENABLE_STARTUP_RESYNC="false")
+    want_y = sum(v for k, v in l2_listing(b).items() if k[4] == "tenant-y")
+    assert want_y == 23 * 1024
+    wait_for("the held post delivered", lambda: usage_bytes(f.coord, "tenant-y") == want_y)
+    assert f.coord.metric("lmcache_mp_coordinator_events_gaps_total") == 0
+    assert coord_events(b)["batches_dropped"] == 0
+
+    # A batch really lost: a coordinator that refuses node-b's posts (a
+    # token node-b lacks: 401) makes it drop them.  The next coordinator
+    # flags the gap and its startup resync reads the objects back.
+    f.restart_coordinator(AUTH_TOKEN="not-node-b's")
+    store_prompts(wb, [17], "tenant-y")
+    wait_l2_written(b, 39)
+    wait_for("the refused post dropped", lambda: coord_events(b)["batches_dropped"] >= 1)
     f.restart_coordinator(ENABLE_STARTUP_RESYNC="true", RESYNC_POLL_INTERVAL="0.2")
     wait_for("re-registration", lambda: set(registered(f.coord)) == {"node-b"})
-    store_prompts(wb, [17], "tenant-y")               # the next batches show the gap
-    wait_l2_written(b, 39)
+    store_prompts(wb, [18], "tenant-y")               # the next batches show the gap
+    wait_l2_written(b, 47)
     held = l2_listing(b)
     want_y = sum(v for k, v in held.items() if k[4] == "tenant-y")
-    assert want_y == 31 * 1024
+    assert want_y == 39 * 1024                        # 5 prompts of 8, one object deleted
     wait_for("usage made good", lambda: usage_bytes(f.coord, "tenant-y") == want_y)
     assert usage_bytes(f.coord, "tenant-x") == want["tenant-x"]
     assert f.coord.metric("lmcache_mp_coordinator_events_gaps_total") >= 1
     assert f.coord.metric("lmcache_mp_coordinator_resync_keys_total") >= 8
+
+
+def coord_events(srv):
+    return http_json(srv.http_port, "GET", "/status")["coordinator"]["events"]
 
 
 def test_fleet_quota_evicts_the_salt_over_it_and_keeps_pins(fleet):
@@ -311,6 +352,39 @@ def test_fleet_quota_evicts_the_salt_over_it_and_keeps_pins(fleet):
     assert len(pinned) == 8
     assert pinned <= {(k[0], k[2]) for k in big}               # pins stayed
     assert f.coord.metric("lmcache_mp_coordinator_eviction_requests_total") >= 1
+
+
+def test_post_the_coordinator_could_not_save_is_sent_again(fleet):
+    """Issue 29: a POST /events the coordinator answers 503 (its database
+    cannot write: here a file-size limit) is kept by the server and sent
+    again, unchanged, until it goes through: every batch is applied once,
+    none is lost (no gap) and none counted twice."""
+    f = fleet()
+    srv = f.start("node-a")
+    wait_for("registration", lambda: "node-a" in registered(f.coord))
+    events = lambda: http_json(srv.http_port, "GET", "/status")["coordinator"]["events"]
+    wait_for("the declaration delivered", lambda: not events()["capacity_pending"])
+    pid = f.coord.proc.pid
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (0, hard))
+    try:
+        store_prompts(f.workers_of(srv, 6001), [70], "")
+        wait_for("a post sent again", lambda: events()["posts_retried"] >= 2)
+        assert events()["retry_pending"], events()
+        assert f.coord.call("GET", "/healthcheck")[0] == 200
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (soft, hard))
+    wait_for("L1 and L2 placements", lambda: f.coord.call("GET", "/directory/stats")[1]["l1"][
+        "by_instance"].get("node-a") == 8 and f.coord.call("GET", "/directory/stats")[1]["l2"][
+        "placement_count"] == 8)
+    wait_for("everything delivered", lambda: not events()["retry_pending"] and
+             events()["queued"] == 0)
+    ev = events()
+    assert ev["batches_dropped"] == 0 and ev["entries_dropped"] == 0, ev
+    assert ev["posts_failed"] >= 2, ev
+    assert f.coord.metric("lmcache_mp_coordinator_events_gaps_total") == 0
+    assert f.coord.metric("lmcache_mp_coordinator_events_duplicates_total") == 0
+    assert f.coord.metric("lmcache_mp_coordinator_events_applied_total") == ev["batches_sent"]
 
 
 def lookup_p50_us(srv, rounds=300):

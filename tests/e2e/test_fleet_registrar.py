@@ -94,6 +94,8 @@ class FakeCoordinator:
             return self._reply(h, 500, b'{"error":"boom"}')
         if mode == "404":
             return self._reply(h, 404, b'{"error":"unknown instance; re-register"}')
+        if mode == "422":
+            return self._reply(h, 422, b'{"detail":"batches[0]: refused"}')
         if mode == "garbage":
             return self._reply(h, 200, b"\x00not json{{{")
         if mode == "huge":
@@ -478,17 +480,21 @@ def test_event_stream(coord):
         stop_ok(srv)
 
 
-def test_failing_events_endpoint_makes_a_seq_gap(coord):
+def test_failing_events_posts_are_sent_again_and_refused_ones_make_a_gap(coord):
+    """Issue 29: a post answered 5xx (the coordinator's 503 "not saved") is
+    kept and sent again unchanged until it goes through, so no seq is
+    lost; a post refused with a 4xx is dropped, a seq gap the coordinator
+    sees.  Neither stalls the data path."""
     srv = start(coord, "--instance-id", "mp-gap", "--coordinator-event-reporting",
                 "--coordinator-event-flush-interval", "0.2")
     ws = []
+    seqs_of = lambda rs: [b["seq"] for r in rs for b in r["body"]["batches"]]  # noqa: E731
     try:
         coord.wait_for("events")
         coord.behaviour["events"] = "500"
         ws = [Worker(srv, 5001, 0), Worker(srv, 5002, 1)]
-        toks = prompt(4)
         for w in ws:
-            w.store(toks, 0, 4 * CS)
+            w.store(prompt(4), 0, 4 * CS)
         # A re-registration while the posts fail: its declaration must
         # survive the failures and reach the coordinator afterwards.
         coord.behaviour["heartbeat"] = "404"
@@ -499,35 +505,44 @@ def test_failing_events_endpoint_makes_a_seq_gap(coord):
         for i in range(3):
             lookup_works(srv, seed=20 + i)      # never stalls
         st = coord_status(srv)
-        assert st["batches_dropped"] >= 1 and st["entries_dropped"] >= 8, st
+        assert st["batches_dropped"] == 0 and st["entries_dropped"] == 0, st
+        assert st["events"]["retry_pending"] and st["events"]["posts_retried"] >= 1, st
+        failed = [r for r in coord.of("events") if r["mode"] == "500"]
+        assert len(failed) >= 2 and all(r["body"] == failed[0]["body"] for r in failed)
         coord.behaviour["events"] = "ok"
-        toks2 = prompt(6)
-        for w in ws:
-            w.store(toks2, 0, 2 * CS)
-
-        def stores_after_recovery():
-            posts = coord.of("events")
-            last_failed = max(i for i, r in enumerate(posts) if r["mode"] != "ok")
-            return [e for r in posts[last_failed + 1:] for b in r["body"]["batches"]
-                    if b["event_type"] == "store" for e in b["entries"]]
-
+        recovered = lambda: [r for r in coord.of("events")[len(failed) + 1:]  # noqa: E731
+                             if r["mode"] == "ok"]
         deadline = time.monotonic() + 10
-        while len(stores_after_recovery()) < 4 and time.monotonic() < deadline:
+        while time.monotonic() < deadline and not any(
+                b["event_type"] == "config" for r in recovered() for b in r["body"]["batches"]):
             time.sleep(0.1)
-        posts = coord.of("events")
-        failed_at = [i for i, r in enumerate(posts) if r["mode"] != "ok"]
-        seqs_of = lambda rs: [b["seq"] for r in rs for b in r["body"]["batches"]]  # noqa: E731
-        before = seqs_of(posts[:failed_at[0]])
-        lost = seqs_of(posts[failed_at[0]:failed_at[-1] + 1])
-        after_posts = posts[failed_at[-1] + 1:]
-        after = [b for r in after_posts for b in r["body"]["batches"]]
-        assert before and after, "no post accepted before the failures or after them"
-        assert all(r["mode"] == "ok" for r in after_posts)
-        # The lost posts' seqs are never reused: a gap the coordinator sees.
-        assert min(lost) == max(before) + 1
-        assert min(b["seq"] for b in after) == max(lost) + 1 > max(before) + 1
-        # The capacity declaration was kept through the failures.
-        assert any(b["event_type"] == "config" for b in after)
+        delivered = [r for r in coord.of("events") if r["mode"] == "ok"]
+        assert failed[0]["body"] in [r["body"] for r in delivered]   # sent again, unchanged
+        assert any(b["event_type"] == "config" for r in recovered() for b in r["body"]["batches"])
+        assert seqs_of(delivered) == list(range(1, max(seqs_of(delivered)) + 1))   # no gap
+        st = coord_status(srv)
+        assert st["batches_dropped"] == 0 and not st["events"]["retry_pending"], st
+
+        # A 4xx: the coordinator will never take that body; dropped, a gap.
+        coord.behaviour["events"] = "422"
+        for w in ws:
+            w.store(prompt(6), 0, 2 * CS)
+        n_before = len(coord.of("events"))
+        refused = coord.wait_for("events", n_before + 1)[n_before:]
+        coord.behaviour["events"] = "ok"
+        for w in ws:
+            w.store(prompt(7), 0, 2 * CS)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+                r["mode"] == "ok" for r in coord.of("events")[n_before + 1:]):
+            time.sleep(0.1)
+        after = [r for r in coord.of("events")[n_before + 1:] if r["mode"] == "ok"]
+        assert after and all(r["mode"] == "422" for r in refused[:1])
+        assert refused[0]["body"] not in [r["body"] for r in after]   # not sent again
+        assert min(seqs_of(after)) == max(seqs_of(refused[:1])) + 1
+        assert min(seqs_of(refused[:1])) == max(seqs_of(delivered)) + 1
+        st = coord_status(srv)
+        assert st["batches_dropped"] >= 1 and st["entries_dropped"] >= 4, st
         assert srv.alive()
     finally:
         for w in ws:

@@ -91,7 +91,7 @@ static void test_coalesces_consecutive_runs(void **state)
     assert_int_equal(int_of(del, "size_bytes"), 0);
     assert_int_equal(t.placement_batches, 5);
     assert_int_equal(t.placement_entries, 8);
-    lmc_cev_batcher_settle(b, &t, true);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_DELIVERED);
     lmc_cev_stats st = lmc_cev_batcher_stats(b);
     assert_int_equal(st.seq, 5);
     assert_int_equal(st.batches_sent, 5);
@@ -195,7 +195,7 @@ static void test_config_batches_first_and_after_redeclare(void **state)
     assert_true(json_is_true(json_object_get(json_array_get(list, 1), "shared")));
     assert_string_equal(str_of(json_array_get(list, 2), "event_type"), "access");
     assert_string_equal(str_of(json_array_get(list, 2), "backend"), "");
-    lmc_cev_batcher_settle(b, &t, true);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_DELIVERED);
     json_decref(body);
     assert_false(lmc_cev_batcher_stats(b).capacity_pending);
 
@@ -206,7 +206,7 @@ static void test_config_batches_first_and_after_redeclare(void **state)
     body = lmc_cev_batcher_take(b, 3, NULL, NULL, &t);
     assert_int_equal(json_array_size(batches(body)), 2);
     assert_config(json_array_get(batches(body), 0), 4, "l1", "dram", 1 << 30, 1);
-    lmc_cev_batcher_settle(b, &t, true);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_DELIVERED);
     json_decref(body);
 
     /* A new declaration gets a new revision. */
@@ -216,7 +216,7 @@ static void test_config_batches_first_and_after_redeclare(void **state)
     assert_config(json_array_get(batches(body), 0), 6, "l1", "dram", 1 << 30, 2);
     /* A re-registration while that post is in flight: still pending after it. */
     lmc_cev_batcher_redeclare(b);
-    lmc_cev_batcher_settle(b, &t, true);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_DELIVERED);
     json_decref(body);
     assert_true(lmc_cev_batcher_stats(b).capacity_pending);
     lmc_cev_batcher_free(b);
@@ -235,7 +235,7 @@ static void test_failed_post_leaves_a_gap_and_keeps_the_declaration(void **state
     json_t *body = lmc_cev_batcher_take(b, 1, NULL, NULL, &t);
     assert_int_equal(json_array_size(batches(body)), 3);   /* config, store, delete */
     json_decref(body);
-    lmc_cev_batcher_settle(b, &t, false);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_REFUSED);
     lmc_cev_stats st = lmc_cev_batcher_stats(b);
     assert_int_equal(st.batches_dropped, 2);
     assert_int_equal(st.entries_dropped, 4);
@@ -253,7 +253,7 @@ static void test_failed_post_leaves_a_gap_and_keeps_the_declaration(void **state
     json_t *entries = json_object_get(json_array_get(list, 1), "entries");
     assert_int_equal(json_array_size(entries), 1);
     assert_int_equal(first_byte(json_array_get(entries, 0)), 4);
-    lmc_cev_batcher_settle(b, &t, true);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_DELIVERED);
     json_decref(body);
     st = lmc_cev_batcher_stats(b);
     assert_int_equal(st.batches_sent, 2);
@@ -279,7 +279,7 @@ static void test_full_ring_drops_the_oldest(void **state)
     assert_int_equal(json_array_size(entries), 4);
     for (size_t i = 0; i < 4; i++)
         assert_int_equal(first_byte(json_array_get(entries, i)), 3 + i);
-    lmc_cev_batcher_settle(b, &t, true);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_DELIVERED);
     json_decref(body);
     /* The ring is usable again after wrapping around. */
     lmc_cev_batcher_add(b, LMC_CEV_DELETE, LMC_CEV_L1, "dram", false, k, NULL, 0, 2);
@@ -315,7 +315,7 @@ static void test_unknown_sizes_resolved_at_take(void **state)
     assert_int_equal(int_of(json_array_get(entries, 0), "size_bytes"), 1001);
     assert_int_equal(int_of(json_array_get(entries, 1), "size_bytes"), 0);   /* gone meanwhile */
     assert_int_equal(int_of(json_array_get(entries, 299), "size_bytes"), 1000 + 100);
-    lmc_cev_batcher_settle(b, &t, true);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_DELIVERED);
     json_decref(body);
     /* Without a resolver an unknown size reads 0. */
     lmc_cev_batcher_add(b, LMC_CEV_STORE, LMC_CEV_L1, "dram", false, k, NULL,
@@ -323,8 +323,134 @@ static void test_unknown_sizes_resolved_at_take(void **state)
     body = lmc_cev_batcher_take(b, 1, NULL, NULL, &t);
     entries = json_object_get(json_array_get(batches(body), 0), "entries");
     assert_int_equal(int_of(json_array_get(entries, 0), "size_bytes"), 0);
-    lmc_cev_batcher_settle(b, &t, true);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_DELIVERED);
     json_decref(body);
+    lmc_cev_batcher_free(b);
+}
+
+/* Issue 29: a post that got no answer or a 5xx (the coordinator's 503 "not
+ * saved") is held and sent again, unchanged, so that the coordinator
+ * applies it once; what queued meanwhile follows it with the next seqs. */
+static void test_failed_post_is_sent_again_unchanged(void **state)
+{
+    (void)state;
+    lmc_cev_batcher *b = lmc_cev_batcher_new("mp-1", 5, 64);
+    lmc_object_key k[4];
+    keys_from(k, 1, 4);
+    assert_int_equal(lmc_cev_batcher_declare(b, decl, 1), 0);
+    lmc_cev_batcher_add(b, LMC_CEV_STORE, LMC_CEV_L1, "dram", false, k, NULL, 5, 2);
+    lmc_cev_take t;
+    json_t *first = lmc_cev_batcher_take(b, 1, NULL, NULL, &t);
+    assert_int_equal(json_array_size(batches(first)), 2);   /* config, store */
+    assert_false(t.retried);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_RETRY);
+    lmc_cev_stats st = lmc_cev_batcher_stats(b);
+    assert_true(st.retry_pending);
+    assert_int_equal(st.batches_dropped, 0);
+    assert_int_equal(st.entries_dropped, 0);
+    assert_int_equal(st.posts_failed, 1);
+
+    lmc_cev_batcher_add(b, LMC_CEV_DELETE, LMC_CEV_L1, "dram", false, k + 2, NULL, 0, 2);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        json_t *again = lmc_cev_batcher_take(b, 2 + attempt, NULL, NULL, &t);
+        assert_true(json_equal(again, first));   /* same seqs, same ts */
+        assert_true(t.retried);
+        assert_int_equal(t.placement_entries, 2);
+        lmc_cev_batcher_settle(b, &t, attempt == 0 ? LMC_CEV_RETRY : LMC_CEV_DELIVERED);
+        json_decref(again);
+    }
+    st = lmc_cev_batcher_stats(b);
+    assert_false(st.retry_pending);
+    assert_false(st.capacity_pending);
+    assert_int_equal(st.posts_retried, 2);
+    assert_int_equal(st.batches_sent, 2);
+    assert_int_equal(st.entries_sent, 2);
+    assert_int_equal(st.batches_dropped, 0);
+    json_decref(first);
+
+    /* Then what queued meanwhile, after the held seqs (1, 2): no gap. */
+    json_t *next = lmc_cev_batcher_take(b, 5, NULL, NULL, &t);
+    assert_false(t.retried);
+    assert_int_equal(json_array_size(batches(next)), 1);
+    assert_string_equal(str_of(json_array_get(batches(next), 0), "event_type"), "delete");
+    assert_int_equal(int_of(json_array_get(batches(next), 0), "seq"), 3);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_DELIVERED);
+    json_decref(next);
+    lmc_cev_batcher_free(b);
+}
+
+/* A held post is not sent for ever: past the retry window it is dropped
+ * (a gap the coordinator sees) and its declaration goes with the next. */
+static void test_held_post_dropped_after_the_retry_window(void **state)
+{
+    (void)state;
+    lmc_cev_batcher *b = lmc_cev_batcher_new("mp-1", 5, 64);
+    lmc_cev_batcher_set_retry_window(b, 10);
+    lmc_object_key k[2];
+    keys_from(k, 1, 2);
+    assert_int_equal(lmc_cev_batcher_declare(b, decl, 1), 0);
+    lmc_cev_batcher_add(b, LMC_CEV_STORE, LMC_CEV_L2, "fs", true, k, NULL, 5, 2);
+    lmc_cev_take t;
+    json_t *body = lmc_cev_batcher_take(b, 100, NULL, NULL, &t);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_RETRY);
+    json_decref(body);
+    body = lmc_cev_batcher_take(b, 109, NULL, NULL, &t);     /* within the window */
+    assert_true(t.retried);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_RETRY);
+    json_decref(body);
+    body = lmc_cev_batcher_take(b, 111, NULL, NULL, &t);     /* past it: dropped */
+    assert_false(t.retried);
+    assert_int_equal(json_array_size(batches(body)), 1);
+    assert_config(json_array_get(batches(body), 0), 3, "l1", "dram", 1 << 30, 1);
+    lmc_cev_stats st = lmc_cev_batcher_stats(b);
+    assert_int_equal(st.batches_dropped, 1);
+    assert_int_equal(st.entries_dropped, 2);
+    assert_false(st.retry_pending);
+    /* A refused post (4xx) is dropped at once, never held: the next take
+     * is a fresh one (its declaration again, with a new seq). */
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_REFUSED);
+    json_decref(body);
+    assert_false(lmc_cev_batcher_stats(b).retry_pending);
+    body = lmc_cev_batcher_take(b, 112, NULL, NULL, &t);
+    assert_false(t.retried);
+    assert_config(json_array_get(batches(body), 0), 4, "l1", "dram", 1 << 30, 1);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_DELIVERED);
+    json_decref(body);
+    lmc_cev_batcher_free(b);
+}
+
+/* Issue 29: an entry jansson cannot encode (a model name that is not
+ * UTF-8) is left out of its batch, counted, and the other tenants' events
+ * still go in the same post. */
+static void test_unencodable_entry_costs_only_itself(void **state)
+{
+    (void)state;
+    lmc_cev_batcher *b = lmc_cev_batcher_new("mp-1", 5, 64);
+    lmc_object_key k[5];
+    keys_from(k, 1, 5);
+    k[1].model_name = "bad\xff\xfe";   /* tenant b's model, not UTF-8 */
+    k[3].cache_salt = "\xc3";           /* a cut sequence */
+    k[4].model_name = "bad\xff\xfe";
+    lmc_cev_batcher_add(b, LMC_CEV_STORE, LMC_CEV_L2, "fs", true, k, NULL, 7, 3);
+    lmc_cev_batcher_add(b, LMC_CEV_DELETE, LMC_CEV_L2, "fs", true, k + 3, NULL, 0, 2);
+    lmc_cev_take t;
+    json_t *body = lmc_cev_batcher_take(b, 1, NULL, NULL, &t);
+    assert_non_null(body);
+    json_t *list = batches(body);
+    assert_int_equal(json_array_size(list), 2);   /* the delete batch stays: its seq is spent */
+    json_t *stored = json_object_get(json_array_get(list, 0), "entries");
+    assert_int_equal(json_array_size(stored), 2);
+    assert_int_equal(first_byte(json_array_get(stored, 0)), 1);
+    assert_int_equal(first_byte(json_array_get(stored, 1)), 3);
+    assert_int_equal(json_array_size(json_object_get(json_array_get(list, 1), "entries")), 0);
+    assert_int_equal(t.placement_entries, 2);
+    lmc_cev_batcher_settle(b, &t, LMC_CEV_DELIVERED);
+    json_decref(body);
+    lmc_cev_stats st = lmc_cev_batcher_stats(b);
+    assert_int_equal(st.entries_unencodable, 3);
+    assert_int_equal(st.entries_dropped, 3);
+    assert_int_equal(st.entries_sent, 2);
+    assert_int_equal(st.batches_sent, 2);
     lmc_cev_batcher_free(b);
 }
 
@@ -338,6 +464,9 @@ int main(void)
         cmocka_unit_test(test_failed_post_leaves_a_gap_and_keeps_the_declaration),
         cmocka_unit_test(test_full_ring_drops_the_oldest),
         cmocka_unit_test(test_unknown_sizes_resolved_at_take),
+        cmocka_unit_test(test_failed_post_is_sent_again_unchanged),
+        cmocka_unit_test(test_held_post_dropped_after_the_retry_window),
+        cmocka_unit_test(test_unencodable_entry_costs_only_itself),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

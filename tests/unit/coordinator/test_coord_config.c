@@ -1,8 +1,9 @@
 /* LMCACHE_MP_COORDINATOR_* parsing (docs/coordinator.md, "Configuration"):
- * defaults, invalid numbers replaced by defaults, refusals by name. */
+ * defaults, values, and every refusal naming its variable. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
@@ -53,45 +54,117 @@ static void test_defaults(void **state)
     assert_string_equal(c.auth_token, "");
 }
 
-static void test_values_and_invalid_numbers(void **state)
+static void test_values(void **state)
 {
     (void)state;
     setenv(P "PORT", "9400", 1);
     setenv(P "EVICTION_RATIO", "0.5", 1);
-    setenv(P "TRIGGER_WATERMARK", "0", 1);     /* must be > 0: default */
-    setenv(P "INSTANCE_TIMEOUT", "abc", 1);    /* not a number: default */
+    setenv(P "TRIGGER_WATERMARK", "0.9", 1);
+    setenv(P "INSTANCE_TIMEOUT", "12.5", 1);
     setenv(P "HEALTH_CHECK_INTERVAL", "0", 1); /* 0 disables: allowed */
     setenv(P "CHUNK_SIZE", "16", 1);
     setenv(P "ENABLE_STARTUP_RESYNC", "off", 1);
-    setenv(P "METRICS_ENABLED", "maybe", 1);   /* not a boolean: default */
+    setenv(P "METRICS_ENABLED", "YES", 1);
     setenv(P "DB_PATH", "/tmp/x.db", 1);
     setenv(P "AUTH_TOKEN", "s3cret", 1);
-    setenv(P "RESYNC_PAGE_SIZE", "100000", 1); /* over 5000: default */
+    setenv(P "RESYNC_PAGE_SIZE", "5000", 1);
+    setenv(P "HASH_ALGORITHM", "sha256_cbor", 1);
     lmc_coord_config c;
     char err[256];
     assert_int_equal(lmc_coord_config_from_env(&c, err, sizeof err), 0);
     assert_int_equal(c.port, 9400);
     assert_true(c.eviction_ratio == 0.5);
-    assert_true(c.trigger_watermark == 1.0);
-    assert_true(c.instance_timeout_s == 30);
+    assert_true(c.trigger_watermark == 0.9);
+    assert_true(c.instance_timeout_s == 12.5);
     assert_true(c.health_check_interval_s == 0);
     assert_int_equal(c.chunk_size, 16);
     assert_false(c.enable_startup_resync);
     assert_true(c.metrics_enabled);
     assert_string_equal(c.db_path, "/tmp/x.db");
     assert_string_equal(c.auth_token, "s3cret");
-    assert_int_equal(c.resync_page_size, 1000);
+    assert_int_equal(c.resync_page_size, 5000);
+    assert_string_equal(c.hash_algorithm, "sha256_cbor");
 }
 
-static void refused(const char *name, const char *value)
+/* The refusal names the variable (and `why`, a part of the reason). */
+static void refused_because(const char *name, const char *value, const char *why)
 {
     clean_env(NULL);
     setenv(name, value, 1);
     lmc_coord_config c;
-    char err[256] = "";
+    char err[512] = "";
     assert_int_equal(lmc_coord_config_from_env(&c, err, sizeof err), -1);
-    assert_non_null(strstr(err, name));
+    if (!strstr(err, name) || (why && !strstr(err, why)))
+        fail_msg("%s=%.40s: '%s' does not name the variable or say '%s'", name, value, err,
+                 why ? why : "");
     unsetenv(name);
+}
+
+static void refused(const char *name, const char *value)
+{
+    refused_because(name, value, NULL);
+}
+
+/* Issue 29: values that do not parse or are out of range were logged and
+ * replaced by the default: a coordinator on a port nobody asked for.  Each
+ * is refused now, naming the variable. */
+static void test_bad_values_are_refused(void **state)
+{
+    (void)state;
+    refused_because(P "PORT", "70000", "not an integer in 0..65535");
+    refused_because(P "PORT", "93OO", "not an integer");
+    refused_because(P "PORT", "", "not an integer");
+    refused_because(P "PORT", "-1", "not an integer");
+    refused_because(P "EVICTION_RATIO", "1.5", "not a number in 0..1");
+    refused_because(P "EVICTION_RATIO", "nan", "not a number in 0..1");
+    refused_because(P "EVICTION_RATIO", "0,2", "not a number in 0..1");
+    refused_because(P "TRIGGER_WATERMARK", "0", "not a number in (0, 1]");
+    refused_because(P "INSTANCE_TIMEOUT", "abc", "not a number > 0");
+    refused_because(P "HEALTH_CHECK_INTERVAL", "-5", "not a number >= 0");
+    refused_because(P "CHUNK_SIZE", "0", "not an integer in 1..1048576");
+    refused_because(P "RESYNC_PAGE_SIZE", "100000", "not an integer in 1..5000");
+    refused_because(P "METRICS_ENABLED", "maybe", "not a boolean");
+    refused_because(P "ENABLE_STARTUP_RESYNC", "2", "not a boolean");
+    refused_because(P "HASH_ALGORITHM", "md5", NULL);
+    refused_because(P "HASH_ALGORITHM", "BLAKE3", NULL); /* exact, as --hash-algorithm */
+}
+
+/* A value longer than its setting holds is refused, not cut. */
+static void test_overlong_values_are_refused(void **state)
+{
+    (void)state;
+    static char value[8192];
+    memset(value, 'h', sizeof value - 1);
+    refused_because(P "HOST", value, "longer than 255 bytes");
+    refused_because(P "DB_PATH", value, "longer than 4095 bytes");
+    refused_because(P "AUTH_TOKEN", value, "longer than 1023 bytes");
+    refused_because(P "SERVER_AUTH_TOKEN", value, "longer than 1023 bytes");
+    refused_because(P "HASH_ALGORITHM", value, "longer than 31 bytes");
+    memset(value, '7', sizeof value - 1);
+    refused_because(P "PORT", value, "not an integer");
+    refused_because(P "EVICTION_RATIO", value, "not a number in 0..1");
+}
+
+/* A database path that cannot be opened is refused at start, naming the
+ * variable, before any port is bound. */
+static void test_unopenable_database_is_refused_at_start(void **state)
+{
+    (void)state;
+    const char *paths[] = {"/nonexistent-dir/sub/coord.db", "/proc/version", "/"};
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+        lmc_coord_config c;
+        lmc_coord_config_defaults(&c);
+        snprintf(c.host, sizeof c.host, "127.0.0.1");
+        c.port = 0;
+        c.enable_startup_resync = false;
+        snprintf(c.db_path, sizeof c.db_path, "%s", paths[i]);
+        lmc_coord *co = NULL;
+        char err[512] = "";
+        assert_int_equal(lmc_coord_start(&c, &co, err, sizeof err), -1);
+        assert_null(co);
+        if (!strstr(err, P "DB_PATH"))
+            fail_msg("DB_PATH=%s: '%s' does not name the variable", paths[i], err);
+    }
 }
 
 static void test_refusals_name_the_variable(void **state)
@@ -114,7 +187,10 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_defaults, clean_env),
-        cmocka_unit_test_setup(test_values_and_invalid_numbers, clean_env),
+        cmocka_unit_test_setup(test_values, clean_env),
+        cmocka_unit_test_setup(test_bad_values_are_refused, clean_env),
+        cmocka_unit_test_setup(test_overlong_values_are_refused, clean_env),
+        cmocka_unit_test_setup(test_unopenable_database_is_refused_at_start, clean_env),
         cmocka_unit_test_setup(test_refusals_name_the_variable, clean_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

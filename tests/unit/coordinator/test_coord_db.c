@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -339,6 +341,100 @@ static void test_compaction_in_slices(void **state)
     remove_db();
 }
 
+/* A /events body: store of key byte `stored` (0: none) and delete of key
+ * byte `deleted` (0: none), as batches seq, seq+1 of instance "a". */
+static char *events_body(int seq, int stored, int deleted)
+{
+    static char text[2048];
+    char k1[128], k2[128];
+    snprintf(k1, sizeof k1, "{\"chunk_hash_hex\": \"%02x%02x\", \"model_name\": \"m\", "
+                            "\"kv_rank\": 0}", stored, stored);
+    snprintf(k2, sizeof k2, "{\"chunk_hash_hex\": \"%02x%02x\", \"model_name\": \"m\", "
+                            "\"kv_rank\": 0}", deleted, deleted);
+    snprintf(text, sizeof text,
+             "{\"batches\": [{\"instance_id\": \"a\", \"incarnation\": 1, \"seq\": %d, "
+             "\"event_type\": \"store\", \"tier\": \"l2\", \"backend\": \"fs\", "
+             "\"entries\": [%s%s%s]}, {\"instance_id\": \"a\", \"incarnation\": 1, "
+             "\"seq\": %d, \"event_type\": \"delete\", \"tier\": \"l2\", "
+             "\"backend\": \"fs\", \"entries\": [%s%s%s]}]}",
+             seq, stored ? "{\"key\": " : "", stored ? k1 : "", stored ? ", \"size_bytes\": 100}" : "",
+             seq + 1, deleted ? "{\"key\": " : "", deleted ? k2 : "", deleted ? "}" : "");
+    return text;
+}
+
+static int ingest(coord_state *s, coord_db *db, const char *text, coord_ingest_result *res,
+                  char *why, size_t whylen)
+{
+    coord_event_request r;
+    assert_int_equal(coord_events_parse(text, strlen(text), &r, why, whylen), 0);
+    int rc = coord_events_ingest(s, db, &r, res, why, whylen);
+    coord_events_request_free(&r);
+    return rc;
+}
+
+/* Sets the file-size limit of this process (writes past it fail with
+ * EFBIG; SIGXFSZ is ignored, as the coordinator does). */
+static void file_size_limit(rlim_t bytes)
+{
+    struct rlimit rl;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &rl), 0);
+    rl.rlim_cur = bytes;
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &rl), 0);
+}
+
+/* Issue 29: a request whose commit fails is answered 503 (-2) with the
+ * gate as before it, so that its retry is applied once, and the database
+ * catches up with what stayed in memory (the delete included). */
+static void test_failed_commit_is_retried_once(void **state)
+{
+    (void)state;
+    snprintf(path, sizeof path, "/tmp/coord-db-fail-%d.db", (int)getpid());
+    remove_db();
+    coord_db *db;
+    char err[256], why[512];
+    coord_state s;
+    coord_ingest_result res;
+    assert_int_equal(coord_state_init(&s), 0);
+    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(ingest(&s, db, events_body(1, 1, 0), &res, why, sizeof why), 0);
+    assert_int_equal(res.applied, 2);
+
+    struct rlimit saved;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &saved), 0);
+    signal(SIGXFSZ, SIG_IGN);
+    file_size_limit(0);
+    int rc = ingest(&s, db, events_body(3, 2, 1), &res, why, sizeof why);
+    file_size_limit(saved.rlim_cur);
+    assert_int_equal(rc, -2); /* the database's failure: 503 */
+    assert_non_null(strstr(why, "could not be saved"));
+    uint32_t inst = coord_names_find(&s.instances, "a");
+    assert_int_equal(s.cursor[inst].last_seq, 2);
+    assert_int_equal(s.ingest.applied, 2);
+
+    /* The retry: applied, not a duplicate; once more: duplicates. */
+    assert_int_equal(ingest(&s, db, events_body(3, 2, 1), &res, why, sizeof why), 0);
+    assert_int_equal(res.applied, 2);
+    assert_int_equal(res.duplicates, 0);
+    assert_int_equal(ingest(&s, db, events_body(3, 2, 1), &res, why, sizeof why), 0);
+    assert_int_equal(res.duplicates, 2);
+    assert_int_equal(s.ingest.applied, 4);
+    assert_int_equal(s.ingest.gaps, 0);
+    coord_db_close(db);
+
+    coord_state r;
+    assert_int_equal(coord_state_init(&r), 0);
+    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coord_db_load(db, &r, err, sizeof err), 0);
+    assert_int_equal(r.l2_entries, 1); /* key 2; key 1 deleted by the failed request */
+    assert_int_equal(r.l2_bytes, 100);
+    inst = coord_names_find(&r.instances, "a");
+    assert_true(r.cursor[inst].last_seq == 4 && !r.cursor[inst].gap);
+    coord_db_close(db);
+    coord_state_free(&r);
+    coord_state_free(&s);
+    remove_db();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -346,6 +442,7 @@ int main(void)
         cmocka_unit_test(test_log_compaction),
         cmocka_unit_test(test_log_formats),
         cmocka_unit_test(test_compaction_in_slices),
+        cmocka_unit_test(test_failed_commit_is_retried_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

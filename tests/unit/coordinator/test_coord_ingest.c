@@ -193,47 +193,91 @@ static void test_eviction_takes_lru_skipping_pins(void **state)
     assert_int_equal(S.salt[e].l2_bytes, 700);
 }
 
+/* One batch with `fields` (JSON members, without braces) in a body. */
+#define BODY(fields) "{\"batches\": [{" fields "}]}"
+#define HEAD "\"instance_id\": \"a\", \"incarnation\": 1, \"seq\": 1, "
+#define STORE_L2 HEAD "\"event_type\": \"store\", \"tier\": \"l2\", \"backend\": \"fs\", "
+#define KEY_AB "{\"chunk_hash_hex\": \"ab\", \"model_name\": \"m\", \"kv_rank\": 0}"
+
+typedef struct {
+    const char *body;
+    const char *reason; /* a part of the 422's detail that names the field */
+} bad_body;
+
+static const bad_body BAD_BODIES[] = {
+    {"{}", "body must be {\"batches\": [CacheEventBatch]}"},
+    {"{\"batches\": 3}", "body must be {\"batches\": [CacheEventBatch]}"},
+    {BODY("\"instance_id\": \"\", \"incarnation\": 1, \"seq\": 1, \"event_type\": "
+          "\"store\", \"tier\": \"l2\", \"backend\": \"fs\", \"entries\": []"),
+     "batches[0]: instance_id must be a non-empty str"},
+    {BODY("\"instance_id\": \"a\", \"incarnation\": -1, \"seq\": 1, \"event_type\": "
+          "\"store\", \"tier\": \"l2\", \"backend\": \"fs\", \"entries\": []"),
+     "batches[0]: incarnation must be a non-negative integer"},
+    {BODY("\"instance_id\": \"a\", \"incarnation\": 1, \"seq\": 0, \"event_type\": "
+          "\"store\", \"tier\": \"l2\", \"backend\": \"fs\", \"entries\": []"),
+     "batches[0]: seq must be an integer >= 1"},
+    {BODY(HEAD "\"event_type\": \"store\", \"tier\": \"l3\", \"backend\": \"fs\", "
+               "\"entries\": []"),
+     "batches[0]: tier must be a str: l1 or l2"},
+    {BODY(HEAD "\"event_type\": \"store\", \"tier\": \"l2\", \"entries\": []"),
+     "batches[0]: backend is required for store batches"},
+    {BODY(HEAD "\"event_type\": \"config\", \"tier\": \"l2\", \"backend\": \"fs\", "
+               "\"entries\": [{\"key\": " KEY_AB ", \"size_bytes\": 1}]"),
+     "batches[0]: a config batch has no entries"},
+    {BODY(STORE_L2 "\"entries\": [{\"key\": {\"chunk_hash_hex\": \"AB\", "
+                   "\"model_name\": \"m\", \"kv_rank\": 0}, \"size_bytes\": 1}]"),
+     "batches[0]: entries[0]: key: chunk_hash_hex must be lower-case hex"},
+    {BODY(STORE_L2 "\"entries\": [{\"key\": " KEY_AB "}]"),
+     "batches[0]: entries[0]: size_bytes must be a non-negative integer (required for store)"},
+    {BODY(STORE_L2 "\"entries\": [], \"ts\": -1"), "batches[0]: ts must be a finite number"},
+    /* Issue 29: a missing required member was read as a string with no
+     * text (a crash in strcmp); each is now refused by name. */
+    {BODY("\"instance_id\": \"a\", \"incarnation\": 1, \"seq\": 1, \"tier\": \"l2\", "
+          "\"backend\": \"fs\", \"entries\": []"),
+     "batches[0]: event_type is required"},
+    {BODY(HEAD "\"event_type\": \"store\", \"backend\": \"fs\", \"entries\": []"),
+     "batches[0]: tier is required"},
+    {BODY("\"incarnation\": 1, \"seq\": 1, \"event_type\": \"store\", \"tier\": \"l2\", "
+          "\"backend\": \"fs\", \"entries\": []"),
+     "batches[0]: instance_id is required"},
+    {BODY(HEAD "\"event_type\": \"store\", \"tier\": \"l2\", \"backend\": \"fs\""),
+     "batches[0]: entries is required"},
+    {BODY(HEAD "\"event_type\": 5, \"tier\": \"l2\", \"backend\": \"fs\", \"entries\": []"),
+     "batches[0]: event_type must be a str"},
+    {BODY(HEAD "\"event_type\": [\"store\"], \"tier\": \"l2\", \"backend\": \"fs\", "
+               "\"entries\": []"),
+     "batches[0]: event_type must be a str"},
+    {BODY(HEAD "\"event_type\": \"store\", \"tier\": null, \"backend\": \"fs\", "
+               "\"entries\": []"),
+     "batches[0]: tier must be a str"},
+    {BODY(HEAD "\"event_type\": \"store\", \"tier\": \"l2\", \"backend\": \"\", "
+               "\"entries\": []"),
+     "batches[0]: backend is required for store batches"},
+    {BODY(HEAD "\"event_type\": \"delete\", \"tier\": \"l1\", \"backend\": 7, "
+               "\"entries\": []"),
+     "batches[0]: backend is required for delete batches"},
+    {"{\"batches\": [{" STORE_L2 "\"entries\": []}, {\"seq\": 2}]}",
+     "batches[1]: instance_id is required"},
+};
+
 static void test_parse_rejects_bad_batches(void **state)
 {
     (void)state;
-    const char *bad[] = {
-        "{}",
-        "{\"batches\": 3}",
-        "{\"batches\": [{\"instance_id\": \"\", \"incarnation\": 1, \"seq\": 1, "
-        "\"event_type\": \"store\", \"tier\": \"l2\", \"backend\": \"fs\", \"entries\": []}]}",
-        "{\"batches\": [{\"instance_id\": \"a\", \"incarnation\": -1, \"seq\": 1, "
-        "\"event_type\": \"store\", \"tier\": \"l2\", \"backend\": \"fs\", \"entries\": []}]}",
-        "{\"batches\": [{\"instance_id\": \"a\", \"incarnation\": 1, \"seq\": 0, "
-        "\"event_type\": \"store\", \"tier\": \"l2\", \"backend\": \"fs\", \"entries\": []}]}",
-        "{\"batches\": [{\"instance_id\": \"a\", \"incarnation\": 1, \"seq\": 1, "
-        "\"event_type\": \"store\", \"tier\": \"l3\", \"backend\": \"fs\", \"entries\": []}]}",
-        "{\"batches\": [{\"instance_id\": \"a\", \"incarnation\": 1, \"seq\": 1, "
-        "\"event_type\": \"store\", \"tier\": \"l2\", \"entries\": []}]}",
-        "{\"batches\": [{\"instance_id\": \"a\", \"incarnation\": 1, \"seq\": 1, "
-        "\"event_type\": \"config\", \"tier\": \"l2\", \"backend\": \"fs\", \"entries\": "
-        "[{\"key\": {\"chunk_hash_hex\": \"ab\", \"model_name\": \"m\", \"kv_rank\": 0}, "
-        "\"size_bytes\": 1}]}]}",
-        "{\"batches\": [{\"instance_id\": \"a\", \"incarnation\": 1, \"seq\": 1, "
-        "\"event_type\": \"store\", \"tier\": \"l2\", \"backend\": \"fs\", \"entries\": "
-        "[{\"key\": {\"chunk_hash_hex\": \"AB\", \"model_name\": \"m\", \"kv_rank\": 0}, "
-        "\"size_bytes\": 1}]}]}",
-        "{\"batches\": [{\"instance_id\": \"a\", \"incarnation\": 1, \"seq\": 1, "
-        "\"event_type\": \"store\", \"tier\": \"l2\", \"backend\": \"fs\", \"entries\": "
-        "[{\"key\": {\"chunk_hash_hex\": \"ab\", \"model_name\": \"m\", \"kv_rank\": 0}}]}]}",
-        "{\"batches\": [{\"instance_id\": \"a\", \"incarnation\": 1, \"seq\": 1, "
-        "\"event_type\": \"store\", \"tier\": \"l2\", \"backend\": \"fs\", \"ts\": -1}]}",
-    };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    for (size_t i = 0; i < sizeof BAD_BODIES / sizeof *BAD_BODIES; i++) {
+        const bad_body *bad = &BAD_BODIES[i];
         coord_event_request r;
         char why[512] = "";
-        assert_int_equal(coord_events_parse(bad[i], strlen(bad[i]), &r, why, sizeof why), -1);
-        assert_true(why[0]);
+        assert_int_equal(coord_events_parse(bad->body, strlen(bad->body), &r, why, sizeof why),
+                         -1);
+        if (!strstr(why, bad->reason))
+            fail_msg("body %zu (%s): reason '%s', expected '%s'", i, bad->body, why, bad->reason);
     }
     /* An access batch needs no backend; a config batch records capacity. */
     const char *ok = ("{\"batches\": [{\"instance_id\": \"a\", \"incarnation\": 1, "
                             "\"seq\": 1, \"event_type\": \"config\", \"tier\": \"l2\", "
                             "\"backend\": \"fs\", \"capacity_bytes\": 4096, "
-                            "\"capacity_revision\": 2, \"shared\": true}, {\"instance_id\": "
+                            "\"capacity_revision\": 2, \"shared\": true, \"entries\": []}, "
+                            "{\"instance_id\": "
                             "\"a\", \"incarnation\": 1, \"seq\": 2, \"event_type\": \"access\", "
                             "\"tier\": \"l1\", \"entries\": []}]}");
     coord_event_request r;
@@ -329,6 +373,38 @@ static void test_key_table_churn(void **state)
     assert_true(sizeof(coord_entry) <= 96);
 }
 
+/* Issue 29: the key directory is bounded.  Past max_live new keys are not
+ * recorded (counted in keys.refused); known keys keep changing, the
+ * request is still applied, and a delete makes room again. */
+static void test_key_directory_bound(void **state)
+{
+    (void)state;
+    S.keys.max_live = 3;
+    coord_ingest_result res = post(batch("a", 1, 1, "store", "l2", 1, 5, 100, "t"), NULL);
+    assert_int_equal(res.applied, 1);
+    assert_int_equal(S.keys.n_live, 3);
+    assert_int_equal(S.keys.refused, 2);
+    uint32_t t = salt_id("t");
+    assert_int_equal(S.salt[t].l2_count, 3);
+    assert_int_equal(S.salt[t].l2_bytes, 300);
+    /* Known keys still change: stored again (the size replaced), in L1. */
+    post(batch("a", 1, 2, "store", "l2", 1, 1, 250, "t"), NULL);
+    post(batch("a", 1, 3, "store", "l1", 2, 1, 10, "t"), NULL);
+    assert_int_equal(S.salt[t].l2_bytes, 450);
+    assert_int_equal(S.l1_entries, 1);
+    assert_int_equal(S.keys.refused, 2);
+    /* A new key in L1 is refused too; a delete makes room for one. */
+    post(batch("a", 1, 4, "store", "l1", 9, 1, 10, "t"), NULL);
+    assert_int_equal(S.keys.refused, 3);
+    post(batch("a", 1, 5, "delete", "l2", 3, 1, 0, "t"), NULL);
+    assert_int_equal(S.keys.n_live, 2);
+    post(batch("a", 1, 6, "store", "l2", 4, 2, 100, "t"), NULL);
+    assert_int_equal(S.keys.n_live, 3);
+    assert_int_equal(S.keys.refused, 4);
+    assert_int_equal(S.salt[t].l2_count, 3);
+    assert_int_equal(S.ingest.applied, 6);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -339,6 +415,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_eviction_takes_lru_skipping_pins, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parse_rejects_bad_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_key_table_churn, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_key_directory_bound, setup, teardown),
         cmocka_unit_test(test_scanner_syntax),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
