@@ -10,12 +10,14 @@ object past its end, or cost another tenant anything.
   them.
 * Model names that are not UTF-8 are refused at the wire boundary, with the
   rule in the reason."""
+import time
 import urllib.request
 
 import msgpack
 import pytest
 
 from conftest import Server, finish
+from test_coordinator_api import start_coordinator  # noqa: F401  (a fixture)
 from paged_kv import PagedKV
 from test_server_driven import (CS, FREE, LOOKUP, NOOP, QUERY, STORE, ZEROS, EdWorker, Engine,
                                 chunk_rows, key, lookup, prompt, unpack, wait_for_log)
@@ -119,3 +121,48 @@ def test_model_names_that_are_not_utf8_are_refused(srv, name):
     assert d.call(NOOP)[2] == msgpack.packb("OK")
     assert unpack(d.call(QUERY, "r")) == 0
     d.close()
+
+
+def raw_model(obj, name):
+    """obj (a map with model_name "PLACEHOLDER") packed with `name`'s raw
+    bytes as a msgpack str, as a client can send them."""
+    return msgpack.packb(obj).replace(msgpack.packb("PLACEHOLDER"),
+                                      bytes([0xa0 | len(name)]) + name)
+
+
+def test_a_tenant_with_a_bad_name_costs_the_others_no_event(start_server,
+                                                            start_coordinator):
+    """A tenant that registers and stores under the model name
+    b"\\xff\\xfeevil" while another stores normally: the bad one is refused
+    at the wire, and the good one's keys reach the coordinator's directory
+    (before, its events were dropped with every post the bad name was in)."""
+    coord = start_coordinator()
+    srv = start_server("--chunk-size", str(CS), "--instance-id", "node-t",
+                       "--coordinator-url", f"http://127.0.0.1:{coord.port}",
+                       "--coordinator-event-reporting",
+                       "--coordinator-event-flush-interval", "0.2")
+    good = EdWorker(srv, 71, layers=1, hidden=16, model="good")
+    bad = srv.dealer()
+    p = {"instance_id": 72, "model_name": "PLACEHOLDER", "world_size": 1, "block_size": CS,
+         "num_layers": 1, "hidden_dim_size": 16, "dtype_str": "float16", "use_mla": False}
+    r = unpack(bad.call(14, raw=[raw_model(p, b"\xff\xfeevil")]))
+    assert r["shm_name"] == "" and "valid UTF-8" in r["error"], r
+    toks = prompt(70, n_chunks=2)
+    chunk = bytes(2 * 1 * CS * 16 * 2)
+    for i in range(20):   # the bad tenant keeps trying while the good one stores
+        k = key(toks, 0, 2 * CS, f"b{i}")
+        k["model_name"] = "PLACEHOLDER"
+        assert bad.call(16, raw=[raw_model(k, b"\xff\xfeevil"), msgpack.packb(72)],
+                        timeout_ms=300) is None
+        if i == 10:
+            good.store(toks, 0, 2 * CS, [chunk, chunk])
+    deadline = time.monotonic() + 20
+    placed = None
+    while time.monotonic() < deadline:
+        placed = coord.call("GET", "/directory/stats")[1]["l1"]["by_instance"].get("node-t")
+        if placed == 2:
+            break
+        time.sleep(0.1)
+    assert placed == 2, (placed, srv.output()[-3000:])
+    bad.close()
+    good.close()
