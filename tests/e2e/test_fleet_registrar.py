@@ -606,3 +606,50 @@ def test_l2_events_and_usage_stream(coord, tmp_path):
         for w in ws:
             w.close()
         stop_ok(srv)
+
+
+def test_l2_usage_posts_that_fail_are_dropped_and_counted(coord, tmp_path):
+    """The L2 usage stream is best effort (docs/fleet.md): a post the
+    coordinator does not take is dropped, never sent again, and counted in
+    /status and /metrics; the next post carries only newer events and the
+    next seq, and the data path never waits on it."""
+    adapter = json.dumps({"type": "fs", "base_path": str(tmp_path)})
+    srv = start(coord, "--instance-id", "mp-l2-drop", "--coordinator-l2-event-reporting",
+                "--coordinator-l2-event-flush-interval", "0.2", "--l2-adapter", adapter)
+    ws = []
+    usage_of = lambda rs: [e for r in rs for e in r["body"]["events"]]  # noqa: E731
+    try:
+        coord.behaviour["l2_events"] = "404"
+        ws = [Worker(srv, 7101, 0), Worker(srv, 7102, 1)]
+        for w in ws:
+            w.store(prompt(9), 0, 2 * CS)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(usage_of(coord.of("l2_events"))) < 4:
+            time.sleep(0.05)
+        failed = coord.of("l2_events")
+        assert len(usage_of(failed)) == 4 and all(r["mode"] == "404" for r in failed)
+        lookup_works(srv, seed=31)
+        st = coord_status(srv)["l2_usage_events"]
+        assert st["batches_dropped"] == len(failed) and st["events_dropped"] == 4, st
+        assert st["batches_sent"] == 0 and st["seq"] == len(failed), st
+        m = metric_values(srv)
+        assert m["lmcache_mp_coordinator_l2_events_dropped_total"] == 4, m
+
+        coord.behaviour["l2_events"] = "ok"
+        for w in ws:
+            w.store(prompt(10), 0, 2 * CS)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(usage_of(coord.of("l2_events"))) < 8:
+            time.sleep(0.05)
+        later = coord.of("l2_events")[len(failed):]
+        assert all(r["mode"] == "ok" for r in later)
+        assert len(usage_of(later)) == 4                     # the dropped ones are not resent
+        assert not any(r["body"] in [f["body"] for f in failed] for r in later)
+        assert [r["body"]["seq"] for r in later] == list(
+            range(len(failed) + 1, len(failed) + 1 + len(later)))
+        st = coord_status(srv)["l2_usage_events"]
+        assert st["batches_sent"] == len(later) and st["events_dropped"] == 4, st
+    finally:
+        for w in ws:
+            w.close()
+        stop_ok(srv)
