@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/utf8.h"
+
 typedef struct cev_entry {
     lmc_object_key key;          /* kept by lmc_cev_key_keep */
     char *names;                 /* its own copy of the names, or NULL */
@@ -238,16 +240,27 @@ static int add_config_batches(const lmc_cev_batcher *b, const lmc_cev_compartmen
                                   decl[i].backend, decl[i].shared, now);
         if (!batch || json_array_append_new(out, batch) != 0)
             return -1;
-        json_object_set_new(batch, "capacity_bytes", json_integer((json_int_t)decl[i].capacity_bytes));
-        json_object_set_new(batch, "capacity_revision", json_integer((json_int_t)revision));
+        /* A batch left with new_batch's zeros would declare "unlimited". */
+        if (json_object_set_new(batch, "capacity_bytes",
+                                json_integer((json_int_t)decl[i].capacity_bytes)) != 0 ||
+            json_object_set_new(batch, "capacity_revision", json_integer((json_int_t)revision)) != 0)
+            return -1;
     }
     return 0;
 }
 
+/* JSON can carry the entry's names (jansson refuses a string that is not
+ * UTF-8); when it can and encoding still fails, memory ran out. */
+static bool encodable(const cev_entry *e)
+{
+    return lmc_utf8_valid(e->key.model_name, strlen(e->key.model_name)) &&
+           lmc_utf8_valid(e->key.cache_salt, strlen(e->key.cache_salt));
+}
+
 /* One batch per run of the same group; an entry that cannot be encoded
- * (jansson refuses a name that is not UTF-8) is left out and counted in
- * *unencodable, so that one tenant's bad name never costs the others
- * their events.  Its batch stays, empty if need be: its seq is spent. */
+ * is left out and counted in *unencodable, so that one tenant's bad name
+ * never costs the others their events.  Its batch stays, empty if need
+ * be: its seq is spent.  -1 when memory ran out (the post is lost). */
 static int add_placement_batches(const lmc_cev_batcher *b, const cev_entry *e, size_t n,
                                  uint64_t *seq, double now, json_t *out, size_t *unencodable)
 {
@@ -260,10 +273,12 @@ static int add_placement_batches(const lmc_cev_batcher *b, const cev_entry *e, s
                 return -1;
             entries = json_object_get(batch, "entries");
         }
-        json_t *entry = encode_entry(&e[i]);
-        if (!entry)
+        if (!encodable(&e[i])) {
             ++*unencodable;
-        else if (json_array_append_new(entries, entry) != 0)
+            continue;
+        }
+        json_t *entry = encode_entry(&e[i]);
+        if (!entry || json_array_append_new(entries, entry) != 0)
             return -1;
     }
     return 0;

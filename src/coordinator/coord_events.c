@@ -24,21 +24,30 @@ static void entry_key(const coord_event_entry *en, coord_key *k)
 /* Every name a store could add is interned first, so that a full table is
  * refused before any batch changed anything; the keys' table hashes are
  * taken on the way, for the prefetching of the second pass. */
+/* Why a name could not be interned: its table is full, or memory ran out. */
+static int intern_failed(const coord_names *table, const char *what, int max, char *why,
+                         size_t whylen)
+{
+    if (table->n >= table->max)
+        return snprintf(why, whylen, "too many %s (at most %d)", what, max), -1;
+    return snprintf(why, whylen, "out of memory"), -1;
+}
+
 static int intern_names(coord_state *s, coord_event_request *r, char *why, size_t whylen)
 {
     for (size_t i = 0; i < r->n; i++) {
         const coord_event_batch *b = &r->batches[i];
-        if (coord_names_intern(&s->instances, b->instance_id) == COORD_NONE ||
-            coord_names_intern(&s->backends, b->backend) == COORD_NONE)
-            return snprintf(why, whylen, "too many instances or backends (at most %d)",
-                            COORD_MAX_CURSORS), -1;
+        if (coord_names_intern(&s->instances, b->instance_id) == COORD_NONE)
+            return intern_failed(&s->instances, "instances", COORD_MAX_CURSORS, why, whylen);
+        if (coord_names_intern(&s->backends, b->backend) == COORD_NONE)
+            return intern_failed(&s->backends, "backends", COORD_MAX_NAMES, why, whylen);
         for (size_t j = 0; j < b->n; j++) {
             coord_event_entry *en = &b->entries[j];
             coord_key k;
             bool known = coord_wire_key_resolve(s, &en->key, b->type == COORD_EV_STORE, &k);
             if (!known && b->type == COORD_EV_STORE)
-                return snprintf(why, whylen, "too many distinct models or salts (at most %d)",
-                                COORD_MAX_NAMES), -1;
+                return intern_failed(s->models.n >= s->models.max ? &s->models : &s->salts,
+                                     "distinct models or salts", COORD_MAX_NAMES, why, whylen);
             en->model = k.model;
             en->salt = k.salt;
             if (known)
@@ -186,12 +195,15 @@ static int apply_batches(coord_state *s, coord_db *db, coord_event_request *r,
         for (size_t j = 0; j < b->n; j++) {
             prefetch_ahead(s, b, j);
             if (apply_entry(s, db, b, &b->entries[j], inst, backend) != 0)
-                LMC_WARN("coordinator: an entry of %s seq %lld could not be recorded (out of "
-                         "memory or a database error)", b->instance_id, (long long)b->seq);
+                return snprintf(why, whylen, "an entry of %s seq %lld could not be recorded "
+                                             "(out of memory or a database error); send the "
+                                             "batches again later", b->instance_id,
+                                (long long)b->seq), -1;
         }
         s->ingest.entries_applied += b->n;
         if (db && coord_db_put_cursor(db, b->instance_id, c) != 0)
-            LMC_WARN("coordinator: the cursor of %s could not be saved", b->instance_id);
+            return snprintf(why, whylen, "the cursor of %s could not be saved; send the "
+                                         "batches again later", b->instance_id), -1;
     }
     return 0;
 }

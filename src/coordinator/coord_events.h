@@ -58,11 +58,13 @@ typedef struct {
     coord_event_entry *pool;
     size_t pool_n, pool_cap;
     char *arena; /* coord_events_parse's copy of the text (what keys point to), or NULL */
+    bool out_of_memory; /* set while parsing: why a parse failed */
 } coord_event_request;
 
 /* Reads a POST /events body (JSON text) and checks every field of every
  * batch (docs/coordinator.md lists the invariants); 0, or -1 with
- * "batches[i]...: why" and nothing kept. */
+ * "batches[i]...: why" (the body's fault: 422), or -2 with "out of memory"
+ * (the coordinator's: 503, the sender tries again); nothing kept. */
 int coord_events_parse(const char *text, size_t len, coord_event_request *out, char *why,
                        size_t whylen);
 /* The same on a writable text, which is consumed: strings are unescaped in
@@ -80,15 +82,17 @@ struct coord_db;
 /* Resolves the names of r (kept in its entries), runs the gate and applies
  * the admitted batches in order; writes go to
  * db (NULL: memory only) inside the caller's transaction.  0; -1 with why
- * when a name table is full or memory ran out before anything changed
- * (the caller answers 503). */
+ * when a name table is full, memory ran out or a write failed: the batches
+ * before the failing entry stay applied and the gate is not put back
+ * (coord_events_ingest puts it back). */
 int coord_events_apply(coord_state *s, struct coord_db *db, coord_event_request *r,
                        coord_ingest_result *res, char *why, size_t whylen);
 
 /* One POST /events request as one transaction of db: names resolved, the
  * gate run, the admitted batches applied and committed.  0; -2 with why
  * when the transaction could not begin or commit, -1 with why when a name
- * table is full or memory ran out (the caller answers 503 to both): the
+ * table is full, memory ran out or an entry's write failed (the caller
+ * answers 503 to both): the transaction is rolled back and the
  * gate is then as before the request, so that the sender's retry of the
  * same batches is admitted and applied once. */
 int coord_events_ingest(coord_state *s, struct coord_db *db, coord_event_request *r,

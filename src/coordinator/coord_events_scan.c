@@ -230,7 +230,7 @@ static int entries(js_scanner *s, coord_event_request *r, coord_event_batch *b, 
         coord_event_entry *e = pool_slot(r);
         char ewhy[240] = "";
         if (!e)
-            return WHY("out of memory");
+            return r->out_of_memory = true, WHY("out of memory");
         if (parse_entry(s, e, ewhy, sizeof ewhy) != 0)
             return js_failed(s) ? -1 : WHY("entries[%zu]: %s", b->n, ewhy);
         b->n++;
@@ -384,7 +384,7 @@ static int batches(js_scanner *s, coord_event_request *r, char *why, size_t whyl
             size_t cap = r->cap ? r->cap * 2 : 8;
             coord_event_batch *grown = realloc(r->batches, cap * sizeof *grown);
             if (!grown)
-                return WHY("out of memory");
+                return r->out_of_memory = true, WHY("out of memory");
             r->batches = grown;
             r->cap = cap;
         }
@@ -427,12 +427,15 @@ int coord_events_parse_in_place(char *text, size_t len, coord_event_request *out
     js_init(&s, text, len);
     why[0] = '\0';
     if (parse_body(&s, out, why, whylen) != 0) {
-        if (js_failed(&s))
+        bool out_of_memory = out->out_of_memory;
+        if (out_of_memory)
+            snprintf(why, whylen, "out of memory");
+        else if (js_failed(&s))
             snprintf(why, whylen, "%s", s.err);
         else if (!why[0])
             snprintf(why, whylen, "malformed JSON");
         coord_events_request_free(out);
-        return -1;
+        return out_of_memory ? -2 : -1;
     }
     for (size_t i = 0; i < out->n; i++) /* no pool without an entry: NULL + 0 is undefined */
         out->batches[i].entries = out->pool ? out->pool + out->batches[i].first : NULL;
@@ -445,14 +448,15 @@ int coord_events_parse(const char *text, size_t len, coord_event_request *out, c
     char *copy = malloc(len + 1);
     if (!copy) {
         memset(out, 0, sizeof *out);
-        return WHY("out of memory");
+        return snprintf(why, whylen, "out of memory"), -2;
     }
     if (len)
         memcpy(copy, text, len);
     copy[len] = '\0';
-    if (coord_events_parse_in_place(copy, len, out, why, whylen) != 0) {
+    int rc = coord_events_parse_in_place(copy, len, out, why, whylen);
+    if (rc != 0) {
         free(copy);
-        return -1;
+        return rc;
     }
     out->arena = copy;
     return 0;

@@ -68,8 +68,9 @@ void coord_ep_events(lmc_coord *co, const coord_request *rq, coord_reply *out)
         return coord_reply_detail(out, 422, "a JSON object body is required");
     coord_event_request r;
     char why[512];
-    if (coord_events_parse_in_place(rq->body, rq->body_len, &r, why, sizeof why) != 0)
-        return coord_reply_detail(out, 422, "%s", why);
+    int parsed = coord_events_parse_in_place(rq->body, rq->body_len, &r, why, sizeof why);
+    if (parsed != 0) /* out of memory is ours, not the body's: the sender tries again */
+        return coord_reply_detail(out, parsed == -2 ? 503 : 422, "%s", why);
     coord_ingest_result res;
     pthread_mutex_lock(&co->mu);
     uint64_t refused = co->st.keys.refused;
