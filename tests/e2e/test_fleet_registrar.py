@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from conftest import Server, free_port, run_lmcached
+from test_l2_fs import lookup_wait
 from test_lookup_engine_driven import CS, OBJ, Worker, lookup, prompt
 
 INTERVAL = 0.3
@@ -628,7 +629,11 @@ def test_l2_usage_posts_that_fail_are_dropped_and_counted(coord, tmp_path):
             time.sleep(0.05)
         failed = coord.of("l2_events")
         assert len(usage_of(failed)) == 4 and all(r["mode"] == "404" for r in failed)
-        lookup_works(srv, seed=31)
+        sched = srv.dealer()
+        try:   # with an L2, a LOOKUP's answer waits for its L2 check: WAIT, not QUERY
+            assert lookup_wait(sched, prompt(31), "probe-31") == 0
+        finally:
+            sched.close()
         st = coord_status(srv)["l2_usage_events"]
         assert st["batches_dropped"] == len(failed) and st["events_dropped"] == 4, st
         assert st["batches_sent"] == 0 and st["seq"] == len(failed), st
