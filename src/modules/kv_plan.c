@@ -131,6 +131,15 @@ static int make_group(const lmc_shared_tensor *tensors, const draft *d,
     if (i && i->tokens_per_block > UINT32_MAX)
         return refuse(err, errlen, "tokens_per_block %lld is out of range",
                       (long long)i->tokens_per_block);
+    /* The client expands engine block b into physical ids b*p .. b*p+p-1
+     * (docs/protocol.md, "Engine groups"); p must split the engine block's
+     * tokens evenly, and a group that reports none has nothing to split.
+     * Below 1 is 1 here (unset); the wire decoder refuses it when sent. */
+    int64_t p = i ? i->physical_per_engine : 1;
+    if (p > 1 && (i->tokens_per_block == 0 || i->tokens_per_block % p != 0))
+        return refuse(err, errlen, "physical_blocks_per_engine_block %lld must be 1, or divide "
+                                   "a tokens_per_block above 0 (got %lld)", (long long)p,
+                      (long long)i->tokens_per_block);
     g->physical_per_engine = i && i->physical_per_engine > 1 ? (uint32_t)i->physical_per_engine
                                                                : 1;
     g->tokens_per_block = i && i->tokens_per_block > 0

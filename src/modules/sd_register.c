@@ -138,11 +138,8 @@ static int decode_info(const msgpack_object *o, lmc_engine_group_info *info, uin
                                      "engine_group_id"), -1;
     if (info->tokens_per_block < 0)
         return snprintf(err, errlen, "tokens_per_block must not be negative"), -1;
-    /* The client expands engine block b into physical ids b*p .. b*p+p-1
-     * (docs/protocol.md, "Engine groups"); p must split the engine block's
-     * tokens evenly, and a group that reports none has nothing to split. */
-    if (*pbpe < 1 || (*pbpe > 1 && (info->tokens_per_block == 0 ||
-                                    info->tokens_per_block % *pbpe != 0)))
+    /* Whether p splits tokens_per_block is checked with the plan (kv_plan.c). */
+    if (*pbpe < 1)
         return snprintf(err, errlen, "physical_blocks_per_engine_block %lld must be 1, or "
                                      "divide a tokens_per_block above 0 (got %lld)",
                         (long long)*pbpe, (long long)info->tokens_per_block), -1;

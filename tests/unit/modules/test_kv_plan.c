@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -150,6 +151,22 @@ static void test_refusals(void **state)
     i.tokens_per_block = 16;
     i.sw_size_tokens = 24;
     refused(t, 2, &i, 1, "a sliding window of 24 tokens");
+    /* p must divide a tokens_per_block above 0; 2^32 once wrapped to a
+     * divisor of 0 (found by fuzz_kv_geometry). */
+    i.sw_size_tokens = -1;
+    static const struct { int64_t tpb, p; } bad_p[] = {
+        {16, 32}, {16, 3}, {0, 2}, {16, (int64_t)UINT32_MAX + 1}};
+    for (size_t k = 0; k < sizeof bad_p / sizeof bad_p[0]; k++) {
+        char why[160];
+        i.tokens_per_block = bad_p[k].tpb;
+        i.physical_per_engine = bad_p[k].p;
+        snprintf(why, sizeof why, "physical_blocks_per_engine_block %lld must be 1, or divide "
+                 "a tokens_per_block above 0 (got %lld)", (long long)bad_p[k].p,
+                 (long long)bad_p[k].tpb);
+        refused(t, 2, &i, 1, why);
+    }
+    i.tokens_per_block = 16;
+    i.physical_per_engine = 0;
     i = (lmc_engine_group_info){.layers = both, .n_layers = 2, .sw_size_tokens = -1};
     refused(t, 2, &i, 1, "cannot share a kernel group");
     i.layers = back;
