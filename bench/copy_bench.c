@@ -1,5 +1,5 @@
 /* Bulk copy bandwidth: glibc memcpy against the non-temporal kernels of
- * modules/bulk_copy.h (16-byte SSE2 stores, 32-byte AVX stores), measured
+ * kv/bulk_copy.h (16-byte SSE2 stores, 32-byte AVX stores), measured
  * in the same run, alternating methods round by round.
  *
  *   copy_bench [CHUNKS] [ROUNDS] [RUNS]   (defaults 512 5 32768,4096)
@@ -23,7 +23,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "modules/bulk_copy.h"
+#include "kv/bulk_copy.h"
 
 #define CHUNK ((size_t)2 << 20)
 #define MAX_ROUNDS 64

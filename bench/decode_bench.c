@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "modules/ipc_key.h"
+#include "modules/services/ipc_key.h"
 
 static double now_s(void)
 {

@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "modules/kv_copy.h"
+#include "kv/kv_copy.h"
 
 enum { NL = 8, BS = 16, NH = 2, HS = 128, CS = 256 };
 

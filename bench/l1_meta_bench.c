@@ -26,7 +26,7 @@
 #include "obs/log.h"
 #include "storage/eviction_policy.h"
 #include "storage/key_table.h"
-#include "storage/l1_alloc.h"
+#include "storage/l1/l1_alloc.h"
 #include "storage/object_key.h"
 #include "storage/storage_manager.h"
 

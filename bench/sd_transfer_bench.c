@@ -32,7 +32,7 @@
 
 #include "common/server_child.h"
 #include "config/config.h"
-#include "modules/bulk_copy.h"
+#include "kv/bulk_copy.h"
 #include "rpc/client.h"
 #include "rpc/wire.h"
 #include "server/server.h"

@@ -20,7 +20,7 @@
 #include "config/config.h"
 #include "obs/log.h"
 #include "server/server.h"
-#include "storage/l1_arena.h"
+#include "storage/l1/l1_arena.h"
 
 typedef struct {
     lmc_server *server;

@@ -50,11 +50,11 @@ static void scanner_agrees_with_jansson(const uint8_t *data, size_t len)
     if (!text)
         return;
     memcpy(text, data, len);
-    js_scanner s;
-    js_init(&s, text, len);
-    bool skipped = js_skip(&s);
-    CHECK(skipped || js_failed(&s));
-    bool taken = skipped && js_at_end(&s);
+    coordinator_json_scanner s;
+    coordinator_json_init(&s, text, len);
+    bool skipped = coordinator_json_skip(&s);
+    CHECK(skipped || coordinator_json_failed(&s));
+    bool taken = skipped && coordinator_json_at_end(&s);
     if (memchr(data, '\0', len)) {
         /* A NUL byte is valid nowhere in JSON.  jansson 2.14 takes one
          * right after a number ("[1\0]"), so it is no oracle here. */
@@ -72,7 +72,7 @@ static void scanner_agrees_with_jansson(const uint8_t *data, size_t len)
     free(text);
 }
 
-static void check_key(const coord_wire_key *k)
+static void check_key(const coordinator_wire_key *k)
 {
     CHECK(k->hash_len >= 1 && k->hash_len <= COORD_HASH_MAX);
     CHECK(k->model && strlen(k->model) == k->model_len);
@@ -81,11 +81,11 @@ static void check_key(const coord_wire_key *k)
     CHECK(lmc_cache_salt_valid(k->salt, k->salt_len));
 }
 
-static void check_request(const coord_event_request *r)
+static void check_request(const coordinator_event_request *r)
 {
     CHECK(r->n <= COORD_MAX_BATCHES && r->pool_n <= COORD_MAX_ENTRIES);
     for (size_t i = 0; i < r->n; i++) {
-        const coord_event_batch *b = &r->batches[i];
+        const coordinator_event_batch *b = &r->batches[i];
         size_t id_len = strlen(b->instance_id);
         CHECK(id_len >= 1 && id_len <= COORD_INSTANCE_ID_MAX);
         CHECK(b->incarnation >= 0 && b->seq >= 1);
@@ -104,7 +104,7 @@ static void check_request(const coord_event_request *r)
 }
 
 /* The per-salt books add up to the totals. */
-static void check_usage(const coord_state *s)
+static void check_usage(const coordinator_state *s)
 {
     uint64_t l2_count = 0, l2_bytes = 0, l1_count = 0;
     for (uint32_t i = 0; i < s->salt_cap; i++) {
@@ -116,41 +116,41 @@ static void check_usage(const coord_state *s)
     CHECK(s->keys.n_live >= s->l2_entries);
 }
 
-static void apply_twice(coord_event_request *r)
+static void apply_twice(coordinator_event_request *r)
 {
-    coord_state s;
-    if (coord_state_init(&s) != 0)
+    coordinator_state s;
+    if (coordinator_state_init(&s) != 0)
         return;
-    coord_ingest_result res;
+    coordinator_ingest_result res;
     char why[512] = "";
-    if (coord_events_apply(&s, NULL, r, &res, why, sizeof why) == 0) {
+    if (coordinator_events_apply(&s, NULL, r, &res, why, sizeof why) == 0) {
         CHECK(res.applied + res.duplicates + res.stale == r->n);
         check_usage(&s);
         /* Every cursor is now at or past every batch of the request. */
-        CHECK(coord_events_apply(&s, NULL, r, &res, why, sizeof why) == 0);
+        CHECK(coordinator_events_apply(&s, NULL, r, &res, why, sizeof why) == 0);
         CHECK(res.applied == 0 && res.duplicates + res.stale == r->n);
         check_usage(&s);
     } else {
         CHECK(why[0] != '\0');
     }
-    coord_state_free(&s);
+    coordinator_state_free(&s);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
 {
     scanner_agrees_with_jansson(data, len);
-    coord_event_request r1, r2;
+    coordinator_event_request r1, r2;
     char why1[512] = "", why2[512] = "";
-    int a = coord_events_parse((const char *)data, len, &r1, why1, sizeof why1);
-    int b = coord_events_parse((const char *)data, len, &r2, why2, sizeof why2);
+    int a = coordinator_events_parse((const char *)data, len, &r1, why1, sizeof why1);
+    int b = coordinator_events_parse((const char *)data, len, &r2, why2, sizeof why2);
     CHECK(a == b && strcmp(why1, why2) == 0);
     CHECK(a == 0 || (a == -1 && why1[0] != '\0'));
     if (a == 0) {
         CHECK(r1.n == r2.n && r1.pool_n == r2.pool_n);
         check_request(&r1);
         apply_twice(&r1);
-        coord_events_request_free(&r1);
-        coord_events_request_free(&r2);
+        coordinator_events_request_free(&r1);
+        coordinator_events_request_free(&r2);
     }
     return 0;
 }

@@ -1,4 +1,4 @@
-/* Fuzz target: the IPCCacheServerKey decoder (src/modules/ipc_key.c) on
+/* Fuzz target: the IPCCacheServerKey decoder (src/modules/services/ipc_key.c) on
  * arbitrary frames.  Every key it accepts must satisfy the invariants the
  * hashing and the object-key expansion rely on. */
 #include "check.h"
@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "modules/ipc_key.h"
+#include "modules/services/ipc_key.h"
 
 #define CHUNK 16   /* small, so short inputs can still form whole chunks */
 

@@ -1,13 +1,13 @@
 /* Fuzz target: a server-driven registration's claimed geometry (tensor
  * shapes, strides, offsets, segment sizes, layout hints, an engine group
  * info) through format detection, planning and span computation
- * (src/modules/kv_format.c, kv_plan.c, kv_copy.c), as REGISTER_KV_CACHE
+ * (src/kv/kv_format.c, kv_plan.c, kv_copy.c), as REGISTER_KV_CACHE
  * runs them (docs/security.md, "Sizes from the wire").
  *
  * Whatever plan is accepted must keep every copy inside its memory: the
  * span of each kernel group is where its offset formulas end, each entry
  * lies inside its object, and where the registration's segment check
- * passes (the same arithmetic as sd_register.c), a real gather and
+ * passes (the same arithmetic as register.c), a real gather and
  * scatter of a chunk between segments and an object of exactly their
  * claimed sizes stays in bounds (ASan watches in the fuzz build). */
 #include "check.h"
@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/checked.h"
-#include "modules/kv_copy.h"
-#include "modules/kv_plan.h"
+#include "core/checked.h"
+#include "kv/kv_copy.h"
+#include "kv/kv_plan.h"
 
 #define MAX_TENSORS 4
 #define COPY_LIMIT (1u << 20)   /* real copies only for memory this small */
@@ -65,7 +65,7 @@ static void tensor(reader *r, lmc_shared_tensor *t)
     t->storage_bytes = (uint64_t)number(r);
 }
 
-/* sd_register.c's check: the group's span fits after the tensor's offset. */
+/* register.c's check: the group's span fits after the tensor's offset. */
 static bool fits_segment(const lmc_shared_tensor *t, uint64_t span, uint64_t *off)
 {
     return lmc_u64_of_i64(t->storage_offset, off) && lmc_mul_u64(*off, t->itemsize, off) &&

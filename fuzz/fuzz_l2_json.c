@@ -41,8 +41,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
         return 0;
     char err1[512] = "", err2[512] = "";
     for (int strict = 0; strict < 2; strict++) {
-        int a = lmc_l2_adapter_json_check(o, strict, err1, sizeof err1);
-        int b = lmc_l2_adapter_json_check(o, strict, err2, sizeof err2);
+        int a = lmc_config_l2_adapter_check(o, strict, err1, sizeof err1);
+        int b = lmc_config_l2_adapter_check(o, strict, err2, sizeof err2);
         CHECK(a == b && strcmp(err1, err2) == 0);
         CHECK(a == 0 || (a < 0 && err1[0] != '\0'));
     }

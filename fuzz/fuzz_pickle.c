@@ -1,6 +1,6 @@
 /* Fuzz target: the whitelisting pickle reader and the tensor-wrapper
  * decoder of REGISTER_KV_CACHE, pickles and msgpack descriptors alike
- * (src/rpc/pickle.c, src/modules/shared_tensor.c), on arbitrary bytes.
+ * (src/rpc/pickle.c, src/kv/shared_tensor.c), on arbitrary bytes.
  * Whatever it accepts must be a wrapper this server can use: a known
  * dtype, 1..8 dimensions, a tensor inside its memory. */
 #include "check.h"
@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "modules/shared_tensor.h"
+#include "kv/shared_tensor.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
 {

@@ -211,7 +211,7 @@ static int check_json(const json_t *o, bool strict, int depth, char *err, size_t
     return check_fields(o, t, strict, depth, err, errlen);
 }
 
-int lmc_l2_adapter_json_check(const json_t *o, bool strict, char *err, size_t errlen)
+int lmc_config_l2_adapter_check(const json_t *o, bool strict, char *err, size_t errlen)
 {
     return check_json(o, strict, 0, err, errlen);
 }
@@ -222,7 +222,7 @@ int lmc_l2_adapter_json_check(const json_t *o, bool strict, char *err, size_t er
 static int check_schema(const json_t *o, size_t i, lmc_cfg_err *e)
 {
     char msg[256];
-    if (lmc_l2_adapter_json_check(o, true, msg, sizeof msg) != 0)
+    if (lmc_config_l2_adapter_check(o, true, msg, sizeof msg) != 0)
         return lmc_cfg_fail(e, "--l2-adapter[%zu]: %s", i, msg);
     return 0;
 }

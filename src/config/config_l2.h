@@ -11,6 +11,6 @@
 #include <stddef.h>
 
 /* 0, or -1 with a one-line reason in err. */
-int lmc_l2_adapter_json_check(const json_t *o, bool strict, char *err, size_t errlen);
+int lmc_config_l2_adapter_check(const json_t *o, bool strict, char *err, size_t errlen);
 
 #endif

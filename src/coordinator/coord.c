@@ -9,21 +9,21 @@
 #include "coordinator/coord_internal.h"
 #include "obs/log.h"
 
-double coord_now_mono(void)
+double coordinator_now_mono(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-double coord_now_wall(void)
+double coordinator_now_wall(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-bool coord_wait(lmc_coord *co, double seconds)
+bool coordinator_wait(lmc_coord *co, double seconds)
 {
     if (co->stopping)
         return true;
@@ -40,7 +40,7 @@ bool coord_wait(lmc_coord *co, double seconds)
     return co->stopping;
 }
 
-int lmc_coord_port(const lmc_coord *co)
+int coordinator_port(const lmc_coord *co)
 {
     return co->port;
 }
@@ -54,11 +54,11 @@ static int open_state(lmc_coord *co, char *err, size_t errlen)
     if (lmc_http_auth_init(&co->auth, co->cfg.auth_token) != 0)
         return snprintf(err, errlen, "LMCACHE_MP_COORDINATOR_AUTH_TOKEN: SHA-256 unavailable"), -1;
     co->members = calloc(COORD_MAX_MEMBERS, sizeof *co->members);
-    if (!co->members || coord_state_init(&co->st) != 0)
+    if (!co->members || coordinator_state_init(&co->st) != 0)
         return snprintf(err, errlen, "out of memory"), -1;
-    if (coord_db_open(co->cfg.db_path, &co->db, err, errlen) != 0)
+    if (coordinator_db_open(co->cfg.db_path, &co->db, err, errlen) != 0)
         return -1;
-    if (coord_db_load(co->db, &co->st, why, sizeof why) != 0)
+    if (coordinator_db_load(co->db, &co->st, why, sizeof why) != 0)
         return snprintf(err, errlen, "LMCACHE_MP_COORDINATOR_DB_PATH %s: %s", co->cfg.db_path,
                         why), -1;
     LMC_INFO("coordinator: loaded %llu L2 keys (%llu bytes), %u salts, %u instance cursors "
@@ -83,13 +83,13 @@ static int start_loop(lmc_coord *co, pthread_t *t, bool *running, void *(*fn)(vo
     return 0;
 }
 
-int lmc_coord_start(const lmc_coord_config *c, lmc_coord **out, char *err, size_t errlen)
+int coordinator_start(const coordinator_config *c, lmc_coord **out, char *err, size_t errlen)
 {
     lmc_coord *co = calloc(1, sizeof *co);
     if (!co)
         return snprintf(err, errlen, "out of memory"), -1;
     co->cfg = *c;
-    co->rng = (uint64_t)coord_now_wall() * 2654435761u ^ (uint64_t)(uintptr_t)co;
+    co->rng = (uint64_t)coordinator_now_wall() * 2654435761u ^ (uint64_t)(uintptr_t)co;
     pthread_mutex_init(&co->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -97,27 +97,27 @@ int lmc_coord_start(const lmc_coord_config *c, lmc_coord **out, char *err, size_
     pthread_cond_init(&co->wake, &ca);
     pthread_condattr_destroy(&ca);
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    if (open_state(co, err, errlen) != 0 || coord_http_start(co, err, errlen) != 0)
+    if (open_state(co, err, errlen) != 0 || coordinator_http_start(co, err, errlen) != 0)
         goto fail;
     if ((c->health_check_interval_s > 0 &&
-         start_loop(co, &co->sweep_thread, &co->sweep_running, coord_sweep_loop, err, errlen)) ||
+         start_loop(co, &co->sweep_thread, &co->sweep_running, coordinator_sweep_loop, err, errlen)) ||
         (c->eviction_check_interval_s > 0 &&
-         start_loop(co, &co->evict_thread, &co->evict_running, coord_evict_loop, err, errlen)) ||
+         start_loop(co, &co->evict_thread, &co->evict_running, coordinator_evict_loop, err, errlen)) ||
         (c->enable_startup_resync &&
-         start_loop(co, &co->resync_thread, &co->resync_running, coord_resync_loop, err, errlen)))
+         start_loop(co, &co->resync_thread, &co->resync_running, coordinator_resync_loop, err, errlen)))
         goto fail;
     *out = co;
     return 0;
 fail:
-    lmc_coord_stop(co);
+    coordinator_stop(co);
     return -1;
 }
 
-void lmc_coord_stop(lmc_coord *co)
+void coordinator_stop(lmc_coord *co)
 {
     if (!co)
         return;
-    coord_http_stop(co);
+    coordinator_http_stop(co);
     pthread_mutex_lock(&co->mu);
     co->stopping = true;
     pthread_cond_broadcast(&co->wake);
@@ -128,10 +128,10 @@ void lmc_coord_stop(lmc_coord *co)
         pthread_join(co->evict_thread, NULL);
     if (co->resync_running)
         pthread_join(co->resync_thread, NULL);
-    coord_db_close(co->db);
+    coordinator_db_close(co->db);
     if (co->members)
-        coord_members_free(co);
-    coord_state_free(&co->st);
+        coordinator_members_free(co);
+    coordinator_state_free(&co->st);
     lmc_token_hasher_free(co->hasher);
     lmc_http_auth_free(&co->auth);
     pthread_cond_destroy(&co->wake);

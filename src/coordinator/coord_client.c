@@ -48,7 +48,7 @@ static struct curl_slist *headers_for(const lmc_coord *co, bool json)
     return h;
 }
 
-long coord_call(lmc_coord *co, const char *method, const char *ip, int port, const char *path,
+long coordinator_call(lmc_coord *co, const char *method, const char *ip, int port, const char *path,
                 const char *body, char **reply, char *err, size_t errlen)
 {
     CURL *c = curl_easy_init();

@@ -19,7 +19,7 @@
 
 extern char **environ;
 
-void lmc_coord_config_defaults(lmc_coord_config *c)
+void coordinator_config_defaults(coordinator_config *c)
 {
     memset(c, 0, sizeof *c);
     snprintf(c->host, sizeof c->host, "0.0.0.0");
@@ -157,7 +157,7 @@ static int refusals(char *err, size_t errlen)
     return 0;
 }
 
-static int strings(lmc_coord_config *c, char *err, size_t errlen)
+static int strings(coordinator_config *c, char *err, size_t errlen)
 {
     if (string(PREFIX "HOST", c->host, sizeof c->host, err, errlen) ||
         string(PREFIX "HASH_ALGORITHM", c->hash_algorithm, sizeof c->hash_algorithm, err,
@@ -172,7 +172,7 @@ static int strings(lmc_coord_config *c, char *err, size_t errlen)
     return 0;
 }
 
-static int integers(lmc_coord_config *c, char *err, size_t errlen)
+static int integers(coordinator_config *c, char *err, size_t errlen)
 {
     long port = c->port, chunk = c->chunk_size, page = c->resync_page_size;
     long max_keys = c->max_keys, buffered = c->max_buffered_mb;
@@ -190,7 +190,7 @@ static int integers(lmc_coord_config *c, char *err, size_t errlen)
     return 0;
 }
 
-static int numbers_and_booleans(lmc_coord_config *c, char *err, size_t errlen)
+static int numbers_and_booleans(coordinator_config *c, char *err, size_t errlen)
 {
     return number(PREFIX "INSTANCE_TIMEOUT", &c->instance_timeout_s, POSITIVE, err, errlen) ||
            number(PREFIX "HEALTH_CHECK_INTERVAL", &c->health_check_interval_s, NONNEG, err,
@@ -212,7 +212,7 @@ static int numbers_and_booleans(lmc_coord_config *c, char *err, size_t errlen)
 /* The algorithm as the hasher takes it, checked here so that a typo is
  * refused with the other settings.  A fixed seed: PYTHONHASHSEED is read
  * (and an unset one warned about) once, when the coordinator starts. */
-static int hash_settings(const lmc_coord_config *c, char *err, size_t errlen)
+static int hash_settings(const coordinator_config *c, char *err, size_t errlen)
 {
     lmc_token_hasher *h = NULL;
     char why[256];
@@ -223,9 +223,9 @@ static int hash_settings(const lmc_coord_config *c, char *err, size_t errlen)
     return 0;
 }
 
-int lmc_coord_config_from_env(lmc_coord_config *c, char *err, size_t errlen)
+int coordinator_config_from_env(coordinator_config *c, char *err, size_t errlen)
 {
-    lmc_coord_config_defaults(c);
+    coordinator_config_defaults(c);
     if (refusals(err, errlen) != 0 || strings(c, err, errlen) != 0 ||
         integers(c, err, errlen) != 0 || numbers_and_booleans(c, err, errlen) != 0 ||
         hash_settings(c, err, errlen) != 0)

@@ -39,9 +39,9 @@ static const char SCHEMA[] =
     "  grp INTEGER, count INTEGER, PRIMARY KEY(model,salt,hash,kv_rank,grp)) WITHOUT ROWID;"
     "CREATE TABLE IF NOT EXISTS l2_log(id INTEGER PRIMARY KEY, data BLOB NOT NULL);";
 
-int coord_db_open(const char *path, coord_db **out, char *err, size_t errlen)
+int coordinator_db_open(const char *path, coordinator_db **out, char *err, size_t errlen)
 {
-    coord_db *d = calloc(1, sizeof *d);
+    coordinator_db *d = calloc(1, sizeof *d);
     if (!d)
         return snprintf(err, errlen, "out of memory"), -1;
     char *msg = NULL;
@@ -63,11 +63,11 @@ int coord_db_open(const char *path, coord_db **out, char *err, size_t errlen)
     return 0;
 fail:
     sqlite3_free(msg);
-    coord_db_close(d);
+    coordinator_db_close(d);
     return -1;
 }
 
-void coord_db_close(coord_db *d)
+void coordinator_db_close(coordinator_db *d)
 {
     if (!d)
         return;
@@ -82,7 +82,7 @@ void coord_db_close(coord_db *d)
 }
 
 /* Runs a prepared statement to completion. */
-static int step(coord_db *d, sqlite3_stmt *st)
+static int step(coordinator_db *d, sqlite3_stmt *st)
 {
     int rc = sqlite3_step(st);
     sqlite3_reset(st);
@@ -93,16 +93,16 @@ static int step(coord_db *d, sqlite3_stmt *st)
     return -1;
 }
 
-int coord_db_begin(coord_db *d)
+int coordinator_db_begin(coordinator_db *d)
 {
     d->txn_log_records = d->log_records;
     return step(d, d->st[ST_BEGIN]);
 }
 
-int coord_db_commit(coord_db *d)
+int coordinator_db_commit(coordinator_db *d)
 {
-    if (coord_db_log_flush(d) != 0 || step(d, d->st[ST_COMMIT]) != 0) {
-        coord_db_rollback(d);
+    if (coordinator_db_log_flush(d) != 0 || step(d, d->st[ST_COMMIT]) != 0) {
+        coordinator_db_rollback(d);
         return -1;
     }
     return 0;
@@ -111,33 +111,33 @@ int coord_db_commit(coord_db *d)
 /* SQLite rolls some failed commits back by itself (a full disk, an I/O
  * error) and keeps others open (a busy database): ROLLBACK only what is
  * still open, so that the next BEGIN never meets a stale transaction. */
-void coord_db_rollback(coord_db *d)
+void coordinator_db_rollback(coordinator_db *d)
 {
-    coord_db_log_discard(d);
+    coordinator_db_log_discard(d);
     d->log_records = d->txn_log_records;
     if (!sqlite3_get_autocommit(d->db))
         step(d, d->st[ST_ROLLBACK]);
 }
 
-void coord_db_mark_diverged(coord_db *d)
+void coordinator_db_mark_diverged(coordinator_db *d)
 {
     d->diverged = true;
 }
 
-static sqlite3_stmt *bind_key(coord_db *d, int which, const coord_state *s, const coord_entry *e)
+static sqlite3_stmt *bind_key(coordinator_db *d, int which, const coordinator_state *s, const coordinator_entry *e)
 {
     sqlite3_stmt *st = d->st[which];
-    sqlite3_bind_text(st, 1, coord_names_str(&s->models, e->model), -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, coord_names_str(&s->salts, e->salt), -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 1, coordinator_names_str(&s->models, e->model), -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, coordinator_names_str(&s->salts, e->salt), -1, SQLITE_STATIC);
     sqlite3_bind_blob(st, 3, e->hash, e->hash_len, SQLITE_STATIC);
     sqlite3_bind_int64(st, 4, e->kv_rank);
     sqlite3_bind_int64(st, 5, e->group);
     return st;
 }
 
-int coord_db_put_pin(coord_db *d, const coord_state *s, uint32_t idx)
+int coordinator_db_put_pin(coordinator_db *d, const coordinator_state *s, uint32_t idx)
 {
-    const coord_entry *e = &s->keys.e[idx];
+    const coordinator_entry *e = &s->keys.e[idx];
     if (!e->pins)
         return step(d, bind_key(d, ST_DEL_PIN, s, e));
     sqlite3_stmt *st = bind_key(d, ST_PUT_PIN, s, e);
@@ -145,7 +145,7 @@ int coord_db_put_pin(coord_db *d, const coord_state *s, uint32_t idx)
     return step(d, st);
 }
 
-int coord_db_put_cursor(coord_db *d, const char *instance, const coord_cursor *c)
+int coordinator_db_put_cursor(coordinator_db *d, const char *instance, const coordinator_cursor *c)
 {
     sqlite3_stmt *st = d->st[ST_PUT_CURSOR];
     sqlite3_bind_text(st, 1, instance, -1, SQLITE_STATIC);
@@ -155,13 +155,13 @@ int coord_db_put_cursor(coord_db *d, const char *instance, const coord_cursor *c
     return step(d, st);
 }
 
-int coord_db_del_cursor(coord_db *d, const char *instance)
+int coordinator_db_del_cursor(coordinator_db *d, const char *instance)
 {
     sqlite3_bind_text(d->st[ST_DEL_CURSOR], 1, instance, -1, SQLITE_STATIC);
     return step(d, d->st[ST_DEL_CURSOR]);
 }
 
-int coord_db_put_quota(coord_db *d, const char *salt, double limit_gb)
+int coordinator_db_put_quota(coordinator_db *d, const char *salt, double limit_gb)
 {
     sqlite3_stmt *st = d->st[limit_gb < 0 ? ST_DEL_QUOTA : ST_PUT_QUOTA];
     sqlite3_bind_text(st, 1, salt, -1, SQLITE_STATIC);
@@ -170,7 +170,7 @@ int coord_db_put_quota(coord_db *d, const char *salt, double limit_gb)
     return step(d, st);
 }
 
-int coord_db_put_default(coord_db *d, bool has, double limit_gb)
+int coordinator_db_put_default(coordinator_db *d, bool has, double limit_gb)
 {
     sqlite3_stmt *st = d->st[ST_PUT_META];
     sqlite3_bind_text(st, 1, "default_limit_gb", -1, SQLITE_STATIC);

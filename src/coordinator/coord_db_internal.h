@@ -11,7 +11,7 @@ enum {
     ST_PUT_QUOTA, ST_DEL_QUOTA, ST_PUT_META, ST_BEGIN, ST_COMMIT, ST_ROLLBACK, ST_COUNT
 };
 
-struct coord_db {
+struct coordinator_db {
     sqlite3 *db;
     sqlite3_stmt *st[ST_COUNT];
     /* L2 key facts are a log of packed records, one row per transaction
@@ -36,15 +36,15 @@ struct coord_db {
     bool dead_rows;     /* dead rows may remain, deleted a few at a time */
     uint64_t txn_log_records; /* log_records when the transaction began */
     /* A failed commit left L2 facts in memory that the log lacks: the
-     * next compaction check writes a whole snapshot (coord_db_mark_diverged). */
+     * next compaction check writes a whole snapshot (coordinator_db_mark_diverged). */
     bool diverged;
 };
 
 /* Drops the pending records (a rollback). */
-void coord_db_log_discard(coord_db *d);
+void coordinator_db_log_discard(coordinator_db *d);
 /* Writes the pending records as one row (inside the open transaction). */
-int coord_db_log_flush(coord_db *d);
+int coordinator_db_log_flush(coordinator_db *d);
 /* Replays the log's live rows into s. */
-int coord_db_log_load(coord_db *d, coord_state *s, char *err, size_t errlen);
+int coordinator_db_log_load(coordinator_db *d, coordinator_state *s, char *err, size_t errlen);
 
 #endif

@@ -5,9 +5,9 @@
 
 #include "coordinator/coord_db_internal.h"
 
-typedef int (*row_fn)(coord_state *s, sqlite3_stmt *row);
+typedef int (*row_fn)(coordinator_state *s, sqlite3_stmt *row);
 
-static int each_row(coord_db *d, coord_state *s, const char *sql, row_fn fn, char *err,
+static int each_row(coordinator_db *d, coordinator_state *s, const char *sql, row_fn fn, char *err,
                     size_t errlen)
 {
     sqlite3_stmt *st = NULL;
@@ -31,17 +31,17 @@ static const char *text(sqlite3_stmt *st, int col)
     return t ? t : "";
 }
 
-static int load_default(coord_state *s, sqlite3_stmt *st)
+static int load_default(coordinator_state *s, sqlite3_stmt *st)
 {
     s->has_default_quota = sqlite3_column_type(st, 0) != SQLITE_NULL;
     s->default_quota_gb = sqlite3_column_double(st, 0);
     return 0;
 }
 
-static int load_quota(coord_state *s, sqlite3_stmt *st)
+static int load_quota(coordinator_state *s, sqlite3_stmt *st)
 {
-    uint32_t salt = coord_names_intern(&s->salts, text(st, 0));
-    coord_salt *sa = salt == COORD_NONE ? NULL : coord_salt_at(s, salt);
+    uint32_t salt = coordinator_names_intern(&s->salts, text(st, 0));
+    coordinator_salt *sa = salt == COORD_NONE ? NULL : coordinator_salt_at(s, salt);
     if (!sa)
         return -1;
     sa->has_quota = true;
@@ -49,22 +49,22 @@ static int load_quota(coord_state *s, sqlite3_stmt *st)
     return 0;
 }
 
-static int load_cursor(coord_state *s, sqlite3_stmt *st)
+static int load_cursor(coordinator_state *s, sqlite3_stmt *st)
 {
-    uint32_t inst = coord_names_intern(&s->instances, text(st, 0));
-    coord_cursor *c = inst == COORD_NONE ? NULL : coord_cursor_at(s, inst);
+    uint32_t inst = coordinator_names_intern(&s->instances, text(st, 0));
+    coordinator_cursor *c = inst == COORD_NONE ? NULL : coordinator_cursor_at(s, inst);
     if (!c)
         return -1;
-    *c = (coord_cursor){.used = true, .incarnation = sqlite3_column_int64(st, 1),
+    *c = (coordinator_cursor){.used = true, .incarnation = sqlite3_column_int64(st, 1),
                         .last_seq = sqlite3_column_int64(st, 2),
                         .gap = sqlite3_column_int(st, 3) != 0};
     return 0;
 }
 
 /* Columns model, salt, hash, kv_rank, grp first. */
-static uint32_t key_of_row(coord_state *s, sqlite3_stmt *st)
+static uint32_t key_of_row(coordinator_state *s, sqlite3_stmt *st)
 {
-    coord_key k = {0};
+    coordinator_key k = {0};
     int len = sqlite3_column_bytes(st, 2);
     if (len < 1 || len > COORD_HASH_MAX)
         return COORD_NONE;
@@ -72,14 +72,14 @@ static uint32_t key_of_row(coord_state *s, sqlite3_stmt *st)
     k.hash_len = (uint8_t)len;
     k.kv_rank = (uint32_t)sqlite3_column_int64(st, 3);
     k.group = (uint32_t)sqlite3_column_int64(st, 4);
-    k.model = coord_names_intern(&s->models, text(st, 0));
-    k.salt = coord_names_intern(&s->salts, text(st, 1));
+    k.model = coordinator_names_intern(&s->models, text(st, 0));
+    k.salt = coordinator_names_intern(&s->salts, text(st, 1));
     if (k.model == COORD_NONE || k.salt == COORD_NONE)
         return COORD_NONE;
-    return coord_keys_get(&s->keys, &k);
+    return coordinator_keys_get(&s->keys, &k);
 }
 
-static int load_pin(coord_state *s, sqlite3_stmt *st)
+static int load_pin(coordinator_state *s, sqlite3_stmt *st)
 {
     uint32_t idx = key_of_row(s, st);
     if (idx == COORD_NONE)
@@ -88,14 +88,14 @@ static int load_pin(coord_state *s, sqlite3_stmt *st)
     return 0;
 }
 
-int coord_db_load(coord_db *d, coord_state *s, char *err, size_t errlen)
+int coordinator_db_load(coordinator_db *d, coordinator_state *s, char *err, size_t errlen)
 {
     if (each_row(d, s, "SELECT value FROM meta WHERE name='default_limit_gb'", load_default,
                  err, errlen) ||
         each_row(d, s, "SELECT salt, limit_gb FROM quotas", load_quota, err, errlen) ||
         each_row(d, s, "SELECT instance, incarnation, last_seq, gap FROM cursors", load_cursor,
                  err, errlen) ||
-        coord_db_log_load(d, s, err, errlen) ||
+        coordinator_db_log_load(d, s, err, errlen) ||
         each_row(d, s, "SELECT model,salt,hash,kv_rank,grp,count FROM pins", load_pin, err,
                  errlen))
         return -1;

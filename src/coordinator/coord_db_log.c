@@ -33,7 +33,7 @@ enum { NAME_MODEL, NAME_SALT, NAME_BACKEND, NAME_KINDS };
 
 /* Room for n more bytes; NULL (and the row marked failed) when out of
  * memory. */
-static uint8_t *reserve(coord_db *d, size_t n)
+static uint8_t *reserve(coordinator_db *d, size_t n)
 {
     if (d->log_failed)
         return NULL;
@@ -68,7 +68,7 @@ static uint64_t zigzag(int64_t v)
 }
 
 /* Defines name id of kind in the row unless it already is. */
-static uint8_t *put_name(coord_db *d, uint8_t *p, int kind, uint32_t id, const char *str)
+static uint8_t *put_name(coordinator_db *d, uint8_t *p, int kind, uint32_t id, const char *str)
 {
     uint64_t *bits = &d->row_names[kind][id / 64], bit = (uint64_t)1 << (id % 64);
     if (*bits & bit)
@@ -83,7 +83,7 @@ static uint8_t *put_name(coord_db *d, uint8_t *p, int kind, uint32_t id, const c
     return p + 2 + n;
 }
 
-static uint8_t *put_key(uint8_t *p, uint8_t op, const coord_entry *e)
+static uint8_t *put_key(uint8_t *p, uint8_t op, const coordinator_entry *e)
 {
     *p++ = op;
     *p++ = e->hash_len;
@@ -95,7 +95,7 @@ static uint8_t *put_key(uint8_t *p, uint8_t op, const coord_entry *e)
     return put_varint(p, e->salt);
 }
 
-static uint8_t *put_touch(coord_db *d, uint8_t *p, uint64_t touch)
+static uint8_t *put_touch(coordinator_db *d, uint8_t *p, uint64_t touch)
 {
     p = put_varint(p, zigzag((int64_t)(touch - d->row_touch)));
     d->row_touch = touch;
@@ -103,31 +103,31 @@ static uint8_t *put_touch(coord_db *d, uint8_t *p, uint64_t touch)
 }
 
 /* Opens a record of op for entry e; NULL when out of memory. */
-static uint8_t *begin_record(coord_db *d, const coord_state *s, uint8_t op, const coord_entry *e)
+static uint8_t *begin_record(coordinator_db *d, const coordinator_state *s, uint8_t op, const coordinator_entry *e)
 {
     uint8_t *p = reserve(d, MAX_RECORD);
     if (!p)
         return NULL;
-    p = put_name(d, p, NAME_MODEL, e->model, coord_names_str(&s->models, e->model));
-    p = put_name(d, p, NAME_SALT, e->salt, coord_names_str(&s->salts, e->salt));
+    p = put_name(d, p, NAME_MODEL, e->model, coordinator_names_str(&s->models, e->model));
+    p = put_name(d, p, NAME_SALT, e->salt, coordinator_names_str(&s->salts, e->salt));
     if (op == OP_STORE2)
         p = put_name(d, p, NAME_BACKEND, e->l2_backend,
-                     coord_names_str(&s->backends, e->l2_backend));
+                     coordinator_names_str(&s->backends, e->l2_backend));
     return put_key(p, op, e);
 }
 
-static int end_record(coord_db *d, uint8_t *p)
+static int end_record(coordinator_db *d, uint8_t *p)
 {
     d->log_len = (size_t)(p - d->log);
     d->log_records++;
     return 0;
 }
 
-int coord_db_put_l2(coord_db *d, const coord_state *s, uint32_t idx)
+int coordinator_db_put_l2(coordinator_db *d, const coordinator_state *s, uint32_t idx)
 {
-    const coord_entry *e = &s->keys.e[idx];
+    const coordinator_entry *e = &s->keys.e[idx];
     if (!(e->flags & COORD_IN_L2))
-        return coord_db_del_l2(d, s, idx);
+        return coordinator_db_del_l2(d, s, idx);
     uint8_t *p = begin_record(d, s, OP_STORE2, e);
     if (!p)
         return -1;
@@ -138,15 +138,15 @@ int coord_db_put_l2(coord_db *d, const coord_state *s, uint32_t idx)
     return end_record(d, p);
 }
 
-int coord_db_del_l2(coord_db *d, const coord_state *s, uint32_t idx)
+int coordinator_db_del_l2(coordinator_db *d, const coordinator_state *s, uint32_t idx)
 {
     uint8_t *p = begin_record(d, s, OP_DELETE2, &s->keys.e[idx]);
     return p ? end_record(d, p) : -1;
 }
 
-int coord_db_touch_l2(coord_db *d, const coord_state *s, uint32_t idx)
+int coordinator_db_touch_l2(coordinator_db *d, const coordinator_state *s, uint32_t idx)
 {
-    const coord_entry *e = &s->keys.e[idx];
+    const coordinator_entry *e = &s->keys.e[idx];
     uint8_t *p = begin_record(d, s, OP_TOUCH2, e);
     if (!p)
         return -1;
@@ -154,7 +154,7 @@ int coord_db_touch_l2(coord_db *d, const coord_state *s, uint32_t idx)
 }
 
 /* A new row starts with an empty dictionary. */
-static void row_reset(coord_db *d)
+static void row_reset(coordinator_db *d)
 {
     d->log_len = 0;
     d->log_failed = false;
@@ -162,12 +162,12 @@ static void row_reset(coord_db *d)
     memset(d->row_names, 0, sizeof d->row_names);
 }
 
-void coord_db_log_discard(coord_db *d)
+void coordinator_db_log_discard(coordinator_db *d)
 {
     row_reset(d);
 }
 
-int coord_db_log_flush(coord_db *d)
+int coordinator_db_log_flush(coordinator_db *d)
 {
     if (d->log_failed) {
         LMC_ERROR("coordinator: out of memory while saving L2 facts");
@@ -250,13 +250,13 @@ static bool get_str(reader *r, char *buf, size_t cap)
     return true;
 }
 
-static coord_names *names_of(coord_state *s, int kind)
+static coordinator_names *names_of(coordinator_state *s, int kind)
 {
     return kind == NAME_MODEL ? &s->models : kind == NAME_SALT ? &s->salts : &s->backends;
 }
 
 /* OP_NAME: the writer's id of a name for the rest of the row. */
-static int define_name(reader *r, coord_state *s)
+static int define_name(reader *r, coordinator_state *s)
 {
     uint8_t kind;
     uint32_t wid;
@@ -264,7 +264,7 @@ static int define_name(reader *r, coord_state *s)
     if (!get(r, &kind, 1) || kind >= NAME_KINDS || !get_u32(r, &wid) ||
         wid >= COORD_MAX_NAMES || !get_str(r, name, sizeof name))
         return -1;
-    uint32_t id = coord_names_intern(names_of(s, kind), name);
+    uint32_t id = coordinator_names_intern(names_of(s, kind), name);
     if (id == COORD_NONE)
         return -1;
     r->names->id[kind][wid] = id;
@@ -283,9 +283,9 @@ static uint32_t get_name_ref(reader *r, int kind)
 }
 
 /* The record's key, its entry created; COORD_NONE when malformed. */
-static uint32_t get_key(reader *r, coord_state *s, bool compact)
+static uint32_t get_key(reader *r, coordinator_state *s, bool compact)
 {
-    coord_key k = {0};
+    coordinator_key k = {0};
     if (!get(r, &k.hash_len, 1) || !k.hash_len || k.hash_len > COORD_HASH_MAX ||
         !get(r, k.hash, k.hash_len))
         return COORD_NONE;
@@ -299,19 +299,19 @@ static uint32_t get_key(reader *r, coord_state *s, bool compact)
         if (!get(r, &k.kv_rank, 4) || !get(r, &k.group, 4) ||
             !get_str(r, model, sizeof model) || !get_str(r, salt, sizeof salt))
             return COORD_NONE;
-        k.model = coord_names_intern(&s->models, model);
-        k.salt = coord_names_intern(&s->salts, salt);
+        k.model = coordinator_names_intern(&s->models, model);
+        k.salt = coordinator_names_intern(&s->salts, salt);
     }
     if (k.model == COORD_NONE || k.salt == COORD_NONE)
         return COORD_NONE;
-    return coord_keys_get(&s->keys, &k);
+    return coordinator_keys_get(&s->keys, &k);
 }
 
 /* Takes idx out of L2 (it may be freed) and returns it again. */
-static uint32_t out_of_l2(coord_state *s, uint32_t idx)
+static uint32_t out_of_l2(coordinator_state *s, uint32_t idx)
 {
     s->keys.e[idx].pins++; /* keeps the entry while it leaves L2 */
-    coord_usage_l2_delete(s, idx);
+    coordinator_usage_l2_delete(s, idx);
     s->keys.e[idx].pins--;
     return idx;
 }
@@ -322,7 +322,7 @@ typedef struct {
 } l2_fact;
 
 /* The store's (or touch's) fields after the key. */
-static bool get_fact(reader *r, coord_state *s, uint8_t op, l2_fact *f)
+static bool get_fact(reader *r, coordinator_state *s, uint8_t op, l2_fact *f)
 {
     uint64_t delta;
     char bname[COORD_BACKEND_MAX + 1];
@@ -330,7 +330,7 @@ static bool get_fact(reader *r, coord_state *s, uint8_t op, l2_fact *f)
     case OP_STORE:
         return get(r, &f->size, 8) && get(r, &f->touch, 8) && get(r, &f->tokens, 4) &&
                get_str(r, bname, sizeof bname) &&
-               (f->backend = coord_names_intern(&s->backends, bname)) != COORD_NONE;
+               (f->backend = coordinator_names_intern(&s->backends, bname)) != COORD_NONE;
     case OP_TOUCH: return get(r, &f->touch, 8);
     case OP_STORE2:
     case OP_TOUCH2:
@@ -348,7 +348,7 @@ static bool get_fact(reader *r, coord_state *s, uint8_t op, l2_fact *f)
 }
 
 /* One record: 1 for a fact, 0 for a name definition, -1 when malformed. */
-static int replay_one(reader *r, coord_state *s)
+static int replay_one(reader *r, coordinator_state *s)
 {
     uint8_t op;
     if (!get(r, &op, 1))
@@ -360,24 +360,24 @@ static int replay_one(reader *r, coord_state *s)
     uint32_t idx = get_key(r, s, op >= OP_STORE2);
     if (idx == COORD_NONE)
         return -1;
-    coord_entry *e = &s->keys.e[idx];
+    coordinator_entry *e = &s->keys.e[idx];
     l2_fact f = {.size = e->l2_size, .tokens = e->num_tokens, .backend = e->l2_backend};
     if (!get_fact(r, s, op, &f))
         return -1;
     bool store = op == OP_STORE || op == OP_STORE2, touch = op == OP_TOUCH || op == OP_TOUCH2;
     if (touch && !(e->flags & COORD_IN_L2))
-        return coord_keys_release(&s->keys, idx), 1;
+        return coordinator_keys_release(&s->keys, idx), 1;
     if (e->flags & COORD_IN_L2)
         idx = out_of_l2(s, idx);
     if (!store && !touch)
-        return coord_keys_release(&s->keys, idx), 1;
+        return coordinator_keys_release(&s->keys, idx), 1;
     s->keys.e[idx].num_tokens = f.tokens;
-    return coord_usage_l2_append(s, idx, f.size, f.backend, f.touch) == 0 ? 1 : -1;
+    return coordinator_usage_l2_append(s, idx, f.size, f.backend, f.touch) == 0 ? 1 : -1;
 }
 
 /* The first live row of the log: rows below it were replaced by a
- * snapshot (coord_db_maybe_compact). */
-static int64_t log_start(coord_db *d)
+ * snapshot (coordinator_db_maybe_compact). */
+static int64_t log_start(coordinator_db *d)
 {
     sqlite3_stmt *st = NULL;
     int64_t start = 0;
@@ -389,7 +389,7 @@ static int64_t log_start(coord_db *d)
     return start;
 }
 
-int coord_db_log_load(coord_db *d, coord_state *s, char *err, size_t errlen)
+int coordinator_db_log_load(coordinator_db *d, coordinator_state *s, char *err, size_t errlen)
 {
     sqlite3_stmt *st = NULL;
     reader r = {.names = malloc(sizeof *r.names)};
@@ -423,7 +423,7 @@ int coord_db_log_load(coord_db *d, coord_state *s, char *err, size_t errlen)
     free(r.names);
     if (rc != SQLITE_DONE)
         return snprintf(err, errlen, "database: %s", sqlite3_errmsg(d->db)), -1;
-    if (coord_usage_l2_sort(s) != 0)
+    if (coordinator_usage_l2_sort(s) != 0)
         return snprintf(err, errlen, "database: out of memory ordering the L2 keys"), -1;
     return 0;
 }
@@ -441,7 +441,7 @@ int coord_db_log_load(coord_db *d, coord_state *s, char *err, size_t errlen)
  * rows are never replayed, so a crash anywhere leaves a whole log. */
 #define SLICE_SLOTS 65536u
 
-static int delete_dead_rows(coord_db *d)
+static int delete_dead_rows(coordinator_db *d)
 {
     sqlite3_stmt *st = d->st[ST_DEL_DEAD_LOG];
     sqlite3_bind_int64(st, 1, d->log_start);
@@ -455,7 +455,7 @@ static int delete_dead_rows(coord_db *d)
     return 0;
 }
 
-static int start_compaction(coord_db *d, const coord_state *s)
+static int start_compaction(coordinator_db *d, const coordinator_state *s)
 {
     sqlite3_stmt *st = d->st[ST_MAX_LOG_ID];
     int rc = sqlite3_step(st);
@@ -473,7 +473,7 @@ static int start_compaction(coord_db *d, const coord_state *s)
 }
 
 /* The next slice's records into the open transaction. */
-static int write_slice(coord_db *d, const coord_state *s)
+static int write_slice(coordinator_db *d, const coordinator_state *s)
 {
     uint32_t end = d->compact_end - d->compact_slot > SLICE_SLOTS
                        ? d->compact_slot + SLICE_SLOTS : d->compact_end;
@@ -481,10 +481,10 @@ static int write_slice(coord_db *d, const coord_state *s)
     for (uint32_t i = d->compact_slot; i < end; i++) {
         if (!(s->keys.e[i].flags & COORD_IN_L2))
             continue;
-        if (coord_db_put_l2(d, s, i) != 0)
+        if (coordinator_db_put_l2(d, s, i) != 0)
             return -1;
         if (++in_row == SNAPSHOT_ROW_RECORDS) {
-            if (coord_db_log_flush(d) != 0)
+            if (coordinator_db_log_flush(d) != 0)
                 return -1;
             in_row = 0;
         }
@@ -493,7 +493,7 @@ static int write_slice(coord_db *d, const coord_state *s)
     return 0;
 }
 
-static int set_log_start(coord_db *d, int64_t start)
+static int set_log_start(coordinator_db *d, int64_t start)
 {
     sqlite3_stmt *st = d->st[ST_PUT_META];
     sqlite3_bind_text(st, 1, "l2_log_start", -1, SQLITE_STATIC);
@@ -504,7 +504,7 @@ static int set_log_start(coord_db *d, int64_t start)
     return rc == SQLITE_DONE ? 0 : -1;
 }
 
-int coord_db_maybe_compact(coord_db *d, const coord_state *s)
+int coordinator_db_maybe_compact(coordinator_db *d, const coordinator_state *s)
 {
     if (d->diverged) { /* a fresh snapshot, from the first slot, of the state as it is now */
         d->compacting = false;
@@ -515,23 +515,23 @@ int coord_db_maybe_compact(coord_db *d, const coord_state *s)
                  "the L2 log as a snapshot");
     }
     if (!d->compacting && d->dead_rows)
-        return coord_db_begin(d) == 0 && delete_dead_rows(d) == 0 ? coord_db_commit(d)
-                                                                   : (coord_db_rollback(d), -1);
+        return coordinator_db_begin(d) == 0 && delete_dead_rows(d) == 0 ? coordinator_db_commit(d)
+                                                                   : (coordinator_db_rollback(d), -1);
     if (!d->compacting && d->log_records <= 2 * s->l2_entries + SLACK_RECORDS)
         return 0;
     if (!d->compacting && start_compaction(d, s) != 0)
         return -1;
     uint64_t before = d->log_records;
     uint32_t from = d->compact_slot;
-    if (coord_db_begin(d) != 0)
+    if (coordinator_db_begin(d) != 0)
         return -1;
     bool done = false;
     int rc = write_slice(d, s);
     if (rc == 0 && (done = d->compact_slot >= d->compact_end))
         rc = set_log_start(d, d->compact_upto + 1);
-    if (rc != 0 || coord_db_commit(d) != 0) {
+    if (rc != 0 || coordinator_db_commit(d) != 0) {
         if (rc != 0)
-            coord_db_rollback(d);
+            coordinator_db_rollback(d);
         d->log_records = before; /* the slice is retried after the next commit */
         d->compact_slot = from;
         return -1;

@@ -19,74 +19,74 @@ typedef struct {
     uint32_t kv_rank, group;
     const char *model, *salt;
     uint16_t model_len, salt_len; /* set by the /events scanner only */
-} coord_wire_key;
+} coordinator_wire_key;
 
 /* 0, or -1 with the reason in why. */
-int coord_wire_key_parse(const json_t *o, coord_wire_key *out, char *why, size_t whylen);
+int coordinator_wire_key_parse(const json_t *o, coordinator_wire_key *out, char *why, size_t whylen);
 /* The key with interned ids; `intern` adds unknown names.  False when a
  * name is unknown (not interning) or the table is full. */
-bool coord_wire_key_resolve(coord_state *s, const coord_wire_key *w, bool intern, coord_key *out);
+bool coordinator_wire_key_resolve(coordinator_state *s, const coordinator_wire_key *w, bool intern, coordinator_key *out);
 /* EncodedObjectKey of an entry (new reference, NULL on out of memory). */
-json_t *coord_entry_json(const coord_state *s, const coord_entry *e);
+json_t *coordinator_entry_json(const coordinator_state *s, const coordinator_entry *e);
 
-typedef enum { COORD_EV_STORE, COORD_EV_DELETE, COORD_EV_ACCESS, COORD_EV_CONFIG } coord_event_type;
+typedef enum { COORD_EV_STORE, COORD_EV_DELETE, COORD_EV_ACCESS, COORD_EV_CONFIG } coordinator_event_type;
 
 typedef struct {
-    coord_wire_key key;
+    coordinator_wire_key key;
     uint64_t size;
     uint32_t num_tokens;
     bool has_size;
-    uint32_t model, salt; /* name ids once resolved (coord_events_apply) */
-    uint32_t table_hash;  /* coord_keys_hash of the resolved key */
-} coord_event_entry;
+    uint32_t model, salt; /* name ids once resolved (coordinator_events_apply) */
+    uint32_t table_hash;  /* coordinator_keys_hash of the resolved key */
+} coordinator_event_entry;
 
 typedef struct {
     const char *instance_id;
     int64_t incarnation, seq;
-    coord_event_type type;
+    coordinator_event_type type;
     bool l2, shared;
     const char *backend;
     uint64_t capacity_bytes, capacity_revision;
     size_t n;
-    coord_event_entry *entries; /* into the request's pool */
+    coordinator_event_entry *entries; /* into the request's pool */
     size_t first;               /* index of entries[0] in the pool */
-} coord_event_batch;
+} coordinator_event_batch;
 
 typedef struct {
-    coord_event_batch *batches;
+    coordinator_event_batch *batches;
     size_t n, cap;
-    coord_event_entry *pool;
+    coordinator_event_entry *pool;
     size_t pool_n, pool_cap;
-    char *arena; /* coord_events_parse's copy of the text (what keys point to), or NULL */
+    char *arena; /* coordinator_events_parse's copy of the text (what keys point to), or NULL */
     bool out_of_memory; /* set while parsing: why a parse failed */
-} coord_event_request;
+} coordinator_event_request;
 
 /* Reads a POST /events body (JSON text) and checks every field of every
  * batch (docs/coordinator.md lists the invariants); 0, or -1 with
  * "batches[i]...: why" (the body's fault: 422), or -2 with "out of memory"
  * (the coordinator's: 503, the sender tries again); nothing kept. */
-int coord_events_parse(const char *text, size_t len, coord_event_request *out, char *why,
+int coordinator_events_parse(const char *text, size_t len, coordinator_event_request *out, char *why,
                        size_t whylen);
 /* The same on a writable text, which is consumed: strings are unescaped in
  * it and the request points into it, so it must outlive out.  Saves the
  * copy of a body the caller owns. */
-int coord_events_parse_in_place(char *text, size_t len, coord_event_request *out, char *why,
+int coordinator_events_parse_in_place(char *text, size_t len, coordinator_event_request *out, char *why,
                                 size_t whylen);
-void coord_events_request_free(coord_event_request *r);
+void coordinator_events_request_free(coordinator_event_request *r);
 
 typedef struct {
     uint64_t applied, duplicates, stale;
-} coord_ingest_result;
+} coordinator_ingest_result;
 
-struct coord_db;
+struct coordinator_db;
 /* Resolves the names of r (kept in its entries), runs the gate and applies
  * the admitted batches in order; writes go to
  * db (NULL: memory only) inside the caller's transaction.  0; -1 with why
  * when a name table is full, memory ran out or a write failed: the batches
  * before the failing entry stay applied and the gate is not put back
- * (coord_events_ingest puts it back). */
-int coord_events_apply(coord_state *s, struct coord_db *db, coord_event_request *r,
-                       coord_ingest_result *res, char *why, size_t whylen);
+ * (coordinator_events_ingest puts it back). */
+int coordinator_events_apply(coordinator_state *s, struct coordinator_db *db, coordinator_event_request *r,
+                       coordinator_ingest_result *res, char *why, size_t whylen);
 
 /* One POST /events request as one transaction of db: names resolved, the
  * gate run, the admitted batches applied and committed.  0; -2 with why
@@ -95,10 +95,10 @@ int coord_events_apply(coord_state *s, struct coord_db *db, coord_event_request 
  * answers 503 to both): the transaction is rolled back and the
  * gate is then as before the request, so that the sender's retry of the
  * same batches is admitted and applied once. */
-int coord_events_ingest(coord_state *s, struct coord_db *db, coord_event_request *r,
-                        coord_ingest_result *res, char *why, size_t whylen);
+int coordinator_events_ingest(coordinator_state *s, struct coordinator_db *db, coordinator_event_request *r,
+                        coordinator_ingest_result *res, char *why, size_t whylen);
 
 /* Forgets what inst's L1 held (fencing).  The number of placements voided. */
-size_t coord_events_fence(coord_state *s, uint32_t inst);
+size_t coordinator_events_fence(coordinator_state *s, uint32_t inst);
 
 #endif

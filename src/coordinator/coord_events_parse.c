@@ -20,7 +20,7 @@ static bool u32_field(const json_t *v, uint32_t *out)
     return true;
 }
 
-int coord_wire_key_parse(const json_t *o, coord_wire_key *k, char *why, size_t whylen)
+int coordinator_wire_key_parse(const json_t *o, coordinator_wire_key *k, char *why, size_t whylen)
 {
     memset(k, 0, sizeof *k);
     if (!json_is_object(o))
@@ -52,7 +52,7 @@ int coord_wire_key_parse(const json_t *o, coord_wire_key *k, char *why, size_t w
     return 0;
 }
 
-bool coord_wire_key_resolve(coord_state *s, const coord_wire_key *w, bool intern, coord_key *out)
+bool coordinator_wire_key_resolve(coordinator_state *s, const coordinator_wire_key *w, bool intern, coordinator_key *out)
 {
     memset(out, 0, sizeof *out);
     memcpy(out->hash, w->hash, w->hash_len);
@@ -61,20 +61,20 @@ bool coord_wire_key_resolve(coord_state *s, const coord_wire_key *w, bool intern
     out->group = w->group;
     size_t ml = w->model_len ? w->model_len : strlen(w->model);
     size_t sl = w->salt_len ? w->salt_len : strlen(w->salt);
-    out->model = coord_names_lookup(&s->models, &s->model_memo, w->model, ml, intern);
-    out->salt = coord_names_lookup(&s->salts, &s->salt_memo, w->salt, sl, intern);
+    out->model = coordinator_names_lookup(&s->models, &s->model_memo, w->model, ml, intern);
+    out->salt = coordinator_names_lookup(&s->salts, &s->salt_memo, w->salt, sl, intern);
     return out->model != COORD_NONE && out->salt != COORD_NONE;
 }
 
-json_t *coord_entry_json(const coord_state *s, const coord_entry *e)
+json_t *coordinator_entry_json(const coordinator_state *s, const coordinator_entry *e)
 {
     char hex[2 * COORD_HASH_MAX + 1];
     for (uint8_t i = 0; i < e->hash_len; i++)
         snprintf(hex + 2 * i, 3, "%02x", e->hash[i]);
     hex[2 * e->hash_len] = '\0';
     return json_pack("{s:s, s:s, s:I, s:I, s:s}", "chunk_hash_hex", hex, "model_name",
-                     coord_names_str(&s->models, e->model), "kv_rank", (json_int_t)e->kv_rank,
+                     coordinator_names_str(&s->models, e->model), "kv_rank", (json_int_t)e->kv_rank,
                      "object_group_id", (json_int_t)e->group, "cache_salt",
-                     coord_names_str(&s->salts, e->salt));
+                     coordinator_names_str(&s->salts, e->salt));
 }
 

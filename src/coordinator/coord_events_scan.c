@@ -13,7 +13,7 @@
 
 typedef struct {
     bool present; /* false in a zeroed scalar: a member that never came */
-    js_kind kind;
+    coordinator_json_kind kind;
     const char *str;
     size_t len; /* of str */
     bool is_int;
@@ -22,15 +22,15 @@ typedef struct {
 } scalar;
 
 /* The next value; objects and arrays are skipped (kind tells). */
-static bool value(js_scanner *s, scalar *v)
+static bool value(coordinator_json_scanner *s, scalar *v)
 {
     memset(v, 0, sizeof *v);
     v->present = true;
-    v->kind = js_peek(s);
+    v->kind = coordinator_json_peek(s);
     switch (v->kind) {
-    case JS_STRING: return (v->str = js_string(s)) != NULL && (v->len = s->str_len, true);
-    case JS_NUMBER: return js_number(s, &v->is_int, &v->i, &v->d);
-    default: return js_skip(s);
+    case JS_STRING: return (v->str = coordinator_json_string(s)) != NULL && (v->len = s->str_len, true);
+    case JS_NUMBER: return coordinator_json_number(s, &v->is_int, &v->i, &v->d);
+    default: return coordinator_json_skip(s);
     }
 }
 
@@ -64,7 +64,7 @@ static const uint8_t NIBBLE[256] = {
 #undef X16
 };
 
-static int hash_field(const scalar *v, coord_wire_key *k, char *why, size_t whylen)
+static int hash_field(const scalar *v, coordinator_wire_key *k, char *why, size_t whylen)
 {
     size_t hl = v->kind == JS_STRING ? v->len : 0;
     if (!hl || hl % 2 || hl > 2 * COORD_HASH_MAX)
@@ -82,7 +82,7 @@ static int hash_field(const scalar *v, coord_wire_key *k, char *why, size_t whyl
     return 0;
 }
 
-static int key_field(js_scanner *s, const char *name, size_t len, coord_wire_key *k,
+static int key_field(coordinator_json_scanner *s, const char *name, size_t len, coordinator_wire_key *k,
                      bool *rank_seen, char *why, size_t whylen)
 {
     scalar v;
@@ -110,19 +110,19 @@ static int key_field(js_scanner *s, const char *name, size_t len, coord_wire_key
     return 0;
 }
 
-static int parse_key(js_scanner *s, coord_wire_key *k, char *why, size_t whylen)
+static int parse_key(coordinator_json_scanner *s, coordinator_wire_key *k, char *why, size_t whylen)
 {
     memset(k, 0, sizeof *k);
     k->salt = "";
-    if (js_peek(s) != JS_OBJECT)
-        return js_skip(s), WHY("must be an EncodedObjectKey object");
-    js_take(s, '{');
+    if (coordinator_json_peek(s) != JS_OBJECT)
+        return coordinator_json_skip(s), WHY("must be an EncodedObjectKey object");
+    coordinator_json_take(s, '{');
     bool first = true, rank = false;
     k->model = NULL;
-    for (const char *name; (name = js_member(s, &first));)
+    for (const char *name; (name = coordinator_json_member(s, &first));)
         if (key_field(s, name, s->str_len, k, &rank, why, whylen) != 0)
             return -1;
-    if (js_failed(s))
+    if (coordinator_json_failed(s))
         return -1;
     if (!k->hash_len)
         return WHY("chunk_hash_hex must be lower-case hex of 1..32 bytes");
@@ -136,15 +136,15 @@ static int parse_key(js_scanner *s, coord_wire_key *k, char *why, size_t whylen)
     return 0;
 }
 
-static int token_ids(js_scanner *s, coord_event_entry *e, char *why, size_t whylen)
+static int token_ids(coordinator_json_scanner *s, coordinator_event_entry *e, char *why, size_t whylen)
 {
-    if (js_peek(s) != JS_ARRAY)
-        return js_skip(s), WHY("token_ids must be a list of at most %d ints",
+    if (coordinator_json_peek(s) != JS_ARRAY)
+        return coordinator_json_skip(s), WHY("token_ids must be a list of at most %d ints",
                                COORD_MAX_TOKENS_PER_ENTRY);
-    js_take(s, '[');
+    coordinator_json_take(s, '[');
     bool first = true;
     size_t n = 0;
-    while (js_element(s, &first)) {
+    while (coordinator_json_element(s, &first)) {
         scalar v;
         if (!value(s, &v))
             return -1;
@@ -154,16 +154,16 @@ static int token_ids(js_scanner *s, coord_event_entry *e, char *why, size_t whyl
             return WHY("token_ids must be a list of at most %d ints", COORD_MAX_TOKENS_PER_ENTRY);
     }
     e->num_tokens = (uint32_t)n;
-    return js_failed(s) ? -1 : 0;
+    return coordinator_json_failed(s) ? -1 : 0;
 }
 
-static int entry_field(js_scanner *s, const char *name, size_t len, coord_event_entry *e,
+static int entry_field(coordinator_json_scanner *s, const char *name, size_t len, coordinator_event_entry *e,
                        char *why, size_t whylen)
 {
     char kwhy[160];
     if (NAME_IS("key")) {
         if (parse_key(s, &e->key, kwhy, sizeof kwhy) != 0)
-            return js_failed(s) ? -1 : WHY("key: %s", kwhy);
+            return coordinator_json_failed(s) ? -1 : WHY("key: %s", kwhy);
         return 0;
     }
     if (NAME_IS("token_ids"))
@@ -182,31 +182,31 @@ static int entry_field(js_scanner *s, const char *name, size_t len, coord_event_
     return 0;
 }
 
-static int parse_entry(js_scanner *s, coord_event_entry *e, char *why, size_t whylen)
+static int parse_entry(coordinator_json_scanner *s, coordinator_event_entry *e, char *why, size_t whylen)
 {
     memset(e, 0, sizeof *e);
-    if (js_peek(s) != JS_OBJECT)
-        return js_skip(s), WHY("must be an object");
-    js_take(s, '{');
+    if (coordinator_json_peek(s) != JS_OBJECT)
+        return coordinator_json_skip(s), WHY("must be an object");
+    coordinator_json_take(s, '{');
     bool first = true, has_key = false;
-    for (const char *name; (name = js_member(s, &first));) {
+    for (const char *name; (name = coordinator_json_member(s, &first));) {
         size_t len = s->str_len;
         has_key |= NAME_IS("key");
         if (entry_field(s, name, len, e, why, whylen) != 0)
             return -1;
     }
-    if (js_failed(s))
+    if (coordinator_json_failed(s))
         return -1;
     return has_key ? 0 : WHY("key: must be an EncodedObjectKey object");
 }
 
 /* ---- batches ------------------------------------------------------------------- */
 
-static coord_event_entry *pool_slot(coord_event_request *r)
+static coordinator_event_entry *pool_slot(coordinator_event_request *r)
 {
     if (r->pool_n == r->pool_cap) {
         size_t cap = r->pool_cap ? r->pool_cap * 2 : 1024;
-        coord_event_entry *grown = realloc(r->pool, cap * sizeof *grown);
+        coordinator_event_entry *grown = realloc(r->pool, cap * sizeof *grown);
         if (!grown)
             return NULL;
         r->pool = grown;
@@ -215,27 +215,27 @@ static coord_event_entry *pool_slot(coord_event_request *r)
     return &r->pool[r->pool_n++];
 }
 
-static int entries(js_scanner *s, coord_event_request *r, coord_event_batch *b, char *why,
+static int entries(coordinator_json_scanner *s, coordinator_event_request *r, coordinator_event_batch *b, char *why,
                    size_t whylen)
 {
-    if (js_peek(s) != JS_ARRAY)
-        return js_skip(s), WHY("entries must be a list");
-    js_take(s, '[');
+    if (coordinator_json_peek(s) != JS_ARRAY)
+        return coordinator_json_skip(s), WHY("entries must be a list");
+    coordinator_json_take(s, '[');
     b->first = r->pool_n; /* a repeated "entries" replaces the earlier one */
     b->n = 0;
     bool first = true;
-    while (js_element(s, &first)) {
+    while (coordinator_json_element(s, &first)) {
         if (r->pool_n >= COORD_MAX_ENTRIES)
             return WHY("more than %d entries in one request", COORD_MAX_ENTRIES);
-        coord_event_entry *e = pool_slot(r);
+        coordinator_event_entry *e = pool_slot(r);
         char ewhy[240] = "";
         if (!e)
             return r->out_of_memory = true, WHY("out of memory");
         if (parse_entry(s, e, ewhy, sizeof ewhy) != 0)
-            return js_failed(s) ? -1 : WHY("entries[%zu]: %s", b->n, ewhy);
+            return coordinator_json_failed(s) ? -1 : WHY("entries[%zu]: %s", b->n, ewhy);
         b->n++;
     }
-    return js_failed(s) ? -1 : 0;
+    return coordinator_json_failed(s) ? -1 : 0;
 }
 
 /* Every member of a batch but its entries, as it came (present false when
@@ -245,8 +245,8 @@ typedef struct {
     bool has_entries;
 } batch_fields;
 
-static int batch_field(js_scanner *s, const char *name, coord_event_request *r,
-                       coord_event_batch *b, batch_fields *f, char *why, size_t whylen)
+static int batch_field(coordinator_json_scanner *s, const char *name, coordinator_event_request *r,
+                       coordinator_event_batch *b, batch_fields *f, char *why, size_t whylen)
 {
     size_t len = s->str_len;
     if (NAME_IS("entries")) {
@@ -273,18 +273,18 @@ static int batch_field(js_scanner *s, const char *name, coord_event_request *r,
     return 0; /* other members are ignored */
 }
 
-static int event_type(const scalar *v, coord_event_type *out)
+static int event_type(const scalar *v, coordinator_event_type *out)
 {
     static const char *const names[] = {"store", "delete", "access", "config"};
     for (int i = 0; is_str(v) && i < 4; i++)
         if (strcmp(v->str, names[i]) == 0)
-            return *out = (coord_event_type)i, 0;
+            return *out = (coordinator_event_type)i, 0;
     return -1;
 }
 
 /* The members every batch must have, each checked for presence and type
  * before anything reads it; the reason names the member. */
-static int check_required(coord_event_batch *b, const batch_fields *f, char *why, size_t whylen)
+static int check_required(coordinator_event_batch *b, const batch_fields *f, char *why, size_t whylen)
 {
     if (!f->id.present)
         return WHY("instance_id is required");
@@ -313,7 +313,7 @@ static int check_required(coord_event_batch *b, const batch_fields *f, char *why
 }
 
 /* The rest of the invariants, once the required members are known good. */
-static int check_optional(coord_event_request *r, coord_event_batch *b, const batch_fields *f,
+static int check_optional(coordinator_event_request *r, coordinator_event_batch *b, const batch_fields *f,
                           char *why, size_t whylen)
 {
     bool needs_backend = b->type != COORD_EV_ACCESS;
@@ -339,7 +339,7 @@ static int check_optional(coord_event_request *r, coord_event_batch *b, const ba
 }
 
 /* The invariants, once every member of the batch is known. */
-static int check_batch(coord_event_request *r, coord_event_batch *b, const batch_fields *f,
+static int check_batch(coordinator_event_request *r, coordinator_event_batch *b, const batch_fields *f,
                        char *why, size_t whylen)
 {
     if (check_required(b, f, why, whylen) != 0 || check_optional(r, b, f, why, whylen) != 0)
@@ -355,34 +355,34 @@ static int check_batch(coord_event_request *r, coord_event_batch *b, const batch
     return 0;
 }
 
-static int parse_batch(js_scanner *s, coord_event_request *r, coord_event_batch *b, char *why,
+static int parse_batch(coordinator_json_scanner *s, coordinator_event_request *r, coordinator_event_batch *b, char *why,
                        size_t whylen)
 {
     memset(b, 0, sizeof *b);
-    if (js_peek(s) != JS_OBJECT)
-        return js_skip(s), WHY("must be a CacheEventBatch object");
-    js_take(s, '{');
+    if (coordinator_json_peek(s) != JS_OBJECT)
+        return coordinator_json_skip(s), WHY("must be a CacheEventBatch object");
+    coordinator_json_take(s, '{');
     batch_fields f = {0};
     bool first = true;
-    for (const char *name; (name = js_member(s, &first));)
+    for (const char *name; (name = coordinator_json_member(s, &first));)
         if (batch_field(s, name, r, b, &f, why, whylen) != 0)
             return -1;
-    return js_failed(s) ? -1 : check_batch(r, b, &f, why, whylen);
+    return coordinator_json_failed(s) ? -1 : check_batch(r, b, &f, why, whylen);
 }
 
-static int batches(js_scanner *s, coord_event_request *r, char *why, size_t whylen)
+static int batches(coordinator_json_scanner *s, coordinator_event_request *r, char *why, size_t whylen)
 {
-    if (js_peek(s) != JS_ARRAY)
-        return js_skip(s), WHY("body must be {\"batches\": [CacheEventBatch]}");
-    js_take(s, '[');
+    if (coordinator_json_peek(s) != JS_ARRAY)
+        return coordinator_json_skip(s), WHY("body must be {\"batches\": [CacheEventBatch]}");
+    coordinator_json_take(s, '[');
     r->n = 0; /* a repeated "batches" replaces the earlier one */
     bool first = true;
-    while (js_element(s, &first)) {
+    while (coordinator_json_element(s, &first)) {
         if (r->n == COORD_MAX_BATCHES)
             return WHY("more than %d batches in one request", COORD_MAX_BATCHES);
         if (r->n == r->cap) {
             size_t cap = r->cap ? r->cap * 2 : 8;
-            coord_event_batch *grown = realloc(r->batches, cap * sizeof *grown);
+            coordinator_event_batch *grown = realloc(r->batches, cap * sizeof *grown);
             if (!grown)
                 return r->out_of_memory = true, WHY("out of memory");
             r->batches = grown;
@@ -390,51 +390,51 @@ static int batches(js_scanner *s, coord_event_request *r, char *why, size_t whyl
         }
         char bwhy[320] = "";
         if (parse_batch(s, r, &r->batches[r->n], bwhy, sizeof bwhy) != 0)
-            return js_failed(s) ? -1 : WHY("batches[%zu]: %s", r->n, bwhy);
+            return coordinator_json_failed(s) ? -1 : WHY("batches[%zu]: %s", r->n, bwhy);
         r->n++;
     }
-    return js_failed(s) ? -1 : 0;
+    return coordinator_json_failed(s) ? -1 : 0;
 }
 
-static int parse_body(js_scanner *s, coord_event_request *r, char *why, size_t whylen)
+static int parse_body(coordinator_json_scanner *s, coordinator_event_request *r, char *why, size_t whylen)
 {
-    js_kind k = js_peek(s);
+    coordinator_json_kind k = coordinator_json_peek(s);
     if (k != JS_OBJECT) {
-        if (k == JS_BAD || !js_skip(s) || !js_at_end(s))
+        if (k == JS_BAD || !coordinator_json_skip(s) || !coordinator_json_at_end(s))
             return -1;
         return WHY("body must be {\"batches\": [CacheEventBatch]}");
     }
-    js_take(s, '{');
+    coordinator_json_take(s, '{');
     bool first = true, seen = false;
-    for (const char *name; (name = js_member(s, &first));) {
+    for (const char *name; (name = coordinator_json_member(s, &first));) {
         bool is_batches = !strcmp(name, "batches");
         seen |= is_batches;
-        if (is_batches ? batches(s, r, why, whylen) != 0 : !js_skip(s))
+        if (is_batches ? batches(s, r, why, whylen) != 0 : !coordinator_json_skip(s))
             return -1;
     }
-    if (js_failed(s))
+    if (coordinator_json_failed(s))
         return -1;
-    if (!js_at_end(s))
+    if (!coordinator_json_at_end(s))
         return WHY("malformed JSON: data after the document");
     return seen ? 0 : WHY("body must be {\"batches\": [CacheEventBatch]}");
 }
 
-int coord_events_parse_in_place(char *text, size_t len, coord_event_request *out, char *why,
+int coordinator_events_parse_in_place(char *text, size_t len, coordinator_event_request *out, char *why,
                                 size_t whylen)
 {
     memset(out, 0, sizeof *out);
-    js_scanner s;
-    js_init(&s, text, len);
+    coordinator_json_scanner s;
+    coordinator_json_init(&s, text, len);
     why[0] = '\0';
     if (parse_body(&s, out, why, whylen) != 0) {
         bool out_of_memory = out->out_of_memory;
         if (out_of_memory)
             snprintf(why, whylen, "out of memory");
-        else if (js_failed(&s))
+        else if (coordinator_json_failed(&s))
             snprintf(why, whylen, "%s", s.err);
         else if (!why[0])
             snprintf(why, whylen, "malformed JSON");
-        coord_events_request_free(out);
+        coordinator_events_request_free(out);
         return out_of_memory ? -2 : -1;
     }
     for (size_t i = 0; i < out->n; i++) /* no pool without an entry: NULL + 0 is undefined */
@@ -442,7 +442,7 @@ int coord_events_parse_in_place(char *text, size_t len, coord_event_request *out
     return 0;
 }
 
-int coord_events_parse(const char *text, size_t len, coord_event_request *out, char *why,
+int coordinator_events_parse(const char *text, size_t len, coordinator_event_request *out, char *why,
                        size_t whylen)
 {
     char *copy = malloc(len + 1);
@@ -453,7 +453,7 @@ int coord_events_parse(const char *text, size_t len, coord_event_request *out, c
     if (len)
         memcpy(copy, text, len);
     copy[len] = '\0';
-    int rc = coord_events_parse_in_place(copy, len, out, why, whylen);
+    int rc = coordinator_events_parse_in_place(copy, len, out, why, whylen);
     if (rc != 0) {
         free(copy);
         return rc;
@@ -462,7 +462,7 @@ int coord_events_parse(const char *text, size_t len, coord_event_request *out, c
     return 0;
 }
 
-void coord_events_request_free(coord_event_request *r)
+void coordinator_events_request_free(coordinator_event_request *r)
 {
     free(r->batches);
     free(r->pool);

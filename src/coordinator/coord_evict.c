@@ -37,18 +37,18 @@ static bool plan_add(delete_plan *p, json_t *keys)
 }
 
 /* The DELETE bodies for one salt's chosen keys, <= 10,000 keys each. */
-static void plan_salt(const coord_state *s, uint32_t salt, double ratio, delete_plan *p)
+static void plan_salt(const coordinator_state *s, uint32_t salt, double ratio, delete_plan *p)
 {
     size_t max = s->salt[salt].l2_count;
     uint32_t *chosen = malloc((max + 1) * sizeof *chosen);
     if (!chosen)
         return;
-    size_t n = coord_evict_choose(s, salt, ratio, chosen, max);
+    size_t n = coordinator_evict_choose(s, salt, ratio, chosen, max);
     json_t *keys = NULL;
     for (size_t i = 0; i < n; i++) {
         if (!keys && !(keys = json_array()))
             break;
-        json_array_append_new(keys, coord_entry_json(s, &s->keys.e[chosen[i]]));
+        json_array_append_new(keys, coordinator_entry_json(s, &s->keys.e[chosen[i]]));
         if (json_array_size(keys) == COORD_MAX_DELETE_KEYS || i + 1 == n) {
             p->keys += json_array_size(keys);
             plan_add(p, keys);
@@ -59,17 +59,17 @@ static void plan_salt(const coord_state *s, uint32_t salt, double ratio, delete_
     free(chosen);
 }
 
-void coord_evict_pass(lmc_coord *co)
+void coordinator_evict_pass(lmc_coord *co)
 {
     delete_plan plan = {0};
     char ip[256];
     int port = 0;
     pthread_mutex_lock(&co->mu);
-    const coord_state *s = &co->st;
+    const coordinator_state *s = &co->st;
     for (uint32_t salt = 0; salt < s->salts.n && salt < s->salt_cap; salt++)
-        if (coord_quota_over(s, salt, co->cfg.trigger_watermark))
+        if (coordinator_quota_over(s, salt, co->cfg.trigger_watermark))
             plan_salt(s, salt, co->cfg.eviction_ratio, &plan);
-    bool have = plan.n && coord_member_pick(co, ip, sizeof ip, &port);
+    bool have = plan.n && coordinator_member_pick(co, ip, sizeof ip, &port);
     pthread_mutex_unlock(&co->mu);
     atomic_fetch_add(&co->ctr.eviction_passes, 1);
     if (plan.n && !have)
@@ -77,7 +77,7 @@ void coord_evict_pass(lmc_coord *co)
                  "them", plan.keys);
     for (size_t i = 0; have && i < plan.n; i++) {
         char err[256] = "";
-        long st = coord_call(co, "DELETE", ip, port, "/cache/objects", plan.bodies[i], NULL, err,
+        long st = coordinator_call(co, "DELETE", ip, port, "/cache/objects", plan.bodies[i], NULL, err,
                              sizeof err);
         atomic_fetch_add(&co->ctr.eviction_requests, 1);
         if (st < 200 || st > 299) {
@@ -95,25 +95,25 @@ void coord_evict_pass(lmc_coord *co)
     free(plan.bodies);
 }
 
-void *coord_evict_loop(void *arg)
+void *coordinator_evict_loop(void *arg)
 {
     lmc_coord *co = arg;
     pthread_mutex_lock(&co->mu);
-    while (!coord_wait(co, co->cfg.eviction_check_interval_s)) {
+    while (!coordinator_wait(co, co->cfg.eviction_check_interval_s)) {
         pthread_mutex_unlock(&co->mu);
-        coord_evict_pass(co);
+        coordinator_evict_pass(co);
         pthread_mutex_lock(&co->mu);
     }
     pthread_mutex_unlock(&co->mu);
     return NULL;
 }
 
-void *coord_sweep_loop(void *arg)
+void *coordinator_sweep_loop(void *arg)
 {
     lmc_coord *co = arg;
     pthread_mutex_lock(&co->mu);
-    while (!coord_wait(co, co->cfg.health_check_interval_s)) {
-        size_t n = coord_members_sweep(co, coord_now_mono());
+    while (!coordinator_wait(co, co->cfg.health_check_interval_s)) {
+        size_t n = coordinator_members_sweep(co, coordinator_now_mono());
         atomic_fetch_add(&co->ctr.sweeps, 1);
         atomic_fetch_add(&co->ctr.instances_expired, n);
     }

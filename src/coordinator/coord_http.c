@@ -98,29 +98,29 @@ static void set_too_large(request_state *rs)
     snprintf(rs->why, sizeof rs->why, "request body exceeds %zu bytes", rs->limit);
 }
 
-const char *coord_query(const coord_request *rq, const char *name)
+const char *coordinator_query(const coordinator_request *rq, const char *name)
 {
     return rq->conn ? MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, name) : NULL;
 }
 
-void coord_reply_json(coord_reply *out, unsigned status, json_t *body)
+void coordinator_reply_json(coordinator_reply *out, unsigned status, json_t *body)
 {
     json_decref(out->json);
     out->status = body ? status : 500;
     out->json = body;
 }
 
-void coord_reply_detail(coord_reply *out, unsigned status, const char *fmt, ...)
+void coordinator_reply_detail(coordinator_reply *out, unsigned status, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    coord_reply_json(out, status, json_pack("{s:s}", "detail", msg));
+    coordinator_reply_json(out, status, json_pack("{s:s}", "detail", msg));
 }
 
-json_t *coord_body_object(const coord_request *rq, coord_reply *out)
+json_t *coordinator_body_object(const coordinator_request *rq, coordinator_reply *out)
 {
     json_error_t e;
     json_t *b = rq->body ? json_loadb(rq->body, rq->body_len, 0, &e) : NULL;
@@ -128,16 +128,16 @@ json_t *coord_body_object(const coord_request *rq, coord_reply *out)
         return b;
     json_decref(b);
     if (!rq->body)
-        coord_reply_detail(out, 422, "a JSON object body is required");
+        coordinator_reply_detail(out, 422, "a JSON object body is required");
     else if (!b)
-        coord_reply_detail(out, 422, "malformed JSON: %s (line %d, column %d)", e.text, e.line,
+        coordinator_reply_detail(out, 422, "malformed JSON: %s (line %d, column %d)", e.text, e.line,
                            e.column);
     else
-        coord_reply_detail(out, 422, "the body must be a JSON object");
+        coordinator_reply_detail(out, 422, "the body must be a JSON object");
     return NULL;
 }
 
-static enum MHD_Result queue(struct MHD_Connection *conn, coord_reply *r)
+static enum MHD_Result queue(struct MHD_Connection *conn, coordinator_reply *r)
 {
     char *text = r->text;
     const char *type = r->content_type ? r->content_type : "application/json";
@@ -162,8 +162,8 @@ static enum MHD_Result queue(struct MHD_Connection *conn, coord_reply *r)
 
 static enum MHD_Result queue_detail(struct MHD_Connection *conn, unsigned status, const char *msg)
 {
-    coord_reply r = {0};
-    coord_reply_detail(&r, status, "%s", msg);
+    coordinator_reply r = {0};
+    coordinator_reply_detail(&r, status, "%s", msg);
     return queue(conn, &r);
 }
 
@@ -200,7 +200,7 @@ static enum MHD_Result first_call(lmc_coord *co, struct MHD_Connection *conn, co
     if (!rs)
         return MHD_NO;
     *con_cls = rs;
-    if (coord_route_guarded(method, url) &&
+    if (coordinator_route_guarded(method, url) &&
         !lmc_http_auth_ok(&co->auth, MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                                  MHD_HTTP_HEADER_AUTHORIZATION))) {
         rs->replied = true;
@@ -273,10 +273,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     rs->replied = true;
     if (rs->refusal)
         return queue_detail(conn, rs->refusal, rs->why);
-    coord_request rq = {.method = method, .path = url, .body = rs->len ? rs->body : NULL,
+    coordinator_request rq = {.method = method, .path = url, .body = rs->len ? rs->body : NULL,
                         .body_len = rs->len, .conn = conn};
-    coord_reply reply = {.status = 500};
-    coord_dispatch(co, &rq, &reply);
+    coordinator_reply reply = {.status = 500};
+    coordinator_dispatch(co, &rq, &reply);
     if (reply.status >= 400 && reply.status < 500)
         atomic_fetch_add(&co->ctr.requests_rejected, 1);
     free_body(co, rs);
@@ -351,7 +351,7 @@ static void warn_if_open(const lmc_coord *co, const struct sockaddr_storage *ss)
              co->cfg.host, co->port);
 }
 
-int coord_http_start(lmc_coord *co, char *err, size_t errlen)
+int coordinator_http_start(lmc_coord *co, char *err, size_t errlen)
 {
     unsigned timeout = (unsigned)(co->cfg.timeout_keep_alive_s + 0.999);
     co->buffer_budget = (size_t)co->cfg.max_buffered_mb << 20;
@@ -376,7 +376,7 @@ int coord_http_start(lmc_coord *co, char *err, size_t errlen)
     return 0;
 }
 
-void coord_http_stop(lmc_coord *co)
+void coordinator_http_stop(lmc_coord *co)
 {
     if (co->mhd)
         MHD_stop_daemon(co->mhd);

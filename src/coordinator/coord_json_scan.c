@@ -8,7 +8,7 @@
 
 #define MAX_DEPTH 64
 
-void js_init(js_scanner *s, char *text, size_t len)
+void coordinator_json_init(coordinator_json_scanner *s, char *text, size_t len)
 {
     memset(s, 0, sizeof *s);
     s->p = text;
@@ -16,7 +16,7 @@ void js_init(js_scanner *s, char *text, size_t len)
     s->end = text + len;
 }
 
-bool js_fail(js_scanner *s, const char *what)
+bool coordinator_json_fail(coordinator_json_scanner *s, const char *what)
 {
     if (!s->err[0])
         snprintf(s->err, sizeof s->err, "malformed JSON at byte %zu: %s",
@@ -25,7 +25,7 @@ bool js_fail(js_scanner *s, const char *what)
     return false;
 }
 
-bool js_failed(const js_scanner *s)
+bool coordinator_json_failed(const coordinator_json_scanner *s)
 {
     return s->err[0] != '\0';
 }
@@ -86,7 +86,7 @@ static size_t utf8_len(const unsigned char *p, const unsigned char *end)
 }
 
 /* One escape after '\\' at s->p into *o. */
-static bool escape(js_scanner *s, char **o)
+static bool escape(coordinator_json_scanner *s, char **o)
 {
     static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
     const char *hit = s->p < s->end ? strchr(from, *s->p) : NULL;
@@ -96,43 +96,43 @@ static bool escape(js_scanner *s, char **o)
         return true;
     }
     if (s->end - s->p < 5 || *s->p != 'u')
-        return js_fail(s, "bad escape");
+        return coordinator_json_fail(s, "bad escape");
     int cp = hex4(s->p + 1);
     s->p += 5;
     if (cp < 0)
-        return js_fail(s, "bad \\u escape");
+        return coordinator_json_fail(s, "bad \\u escape");
     uint32_t code = (uint32_t)cp;
     if (cp >= 0xd800 && cp <= 0xdbff) {
         int lo = s->end - s->p >= 6 && s->p[0] == '\\' && s->p[1] == 'u' ? hex4(s->p + 2) : -1;
         if (lo < 0xdc00 || lo > 0xdfff)
-            return js_fail(s, "lone surrogate");
+            return coordinator_json_fail(s, "lone surrogate");
         code = 0x10000 + (((uint32_t)cp - 0xd800) << 10) + ((uint32_t)lo - 0xdc00);
         s->p += 6;
     } else if ((cp >= 0xdc00 && cp <= 0xdfff) || cp == 0) {
-        return js_fail(s, cp ? "lone surrogate" : "NUL in a string");
+        return coordinator_json_fail(s, cp ? "lone surrogate" : "NUL in a string");
     }
     put_utf8(o, code);
     return true;
 }
 
-const char *js_string_any(js_scanner *s)
+const char *coordinator_json_string_any(coordinator_json_scanner *s)
 {
-    if (!js_take(s, '"'))
-        return js_fail(s, "a string expected"), NULL;
+    if (!coordinator_json_take(s, '"'))
+        return coordinator_json_fail(s, "a string expected"), NULL;
     char *out = s->p, *o = out; /* o never passes s->p: unescaping only shrinks */
     for (;;) {
         char *run = s->p;
-        s->p = (char *)js_plain_run(run, s->end);
+        s->p = (char *)coordinator_json_plain_run(run, s->end);
         if (o != run)
             memmove(o, run, (size_t)(s->p - run));
         o += s->p - run;
         if (s->p >= s->end)
-            return js_fail(s, "unterminated string"), NULL;
+            return coordinator_json_fail(s, "unterminated string"), NULL;
         unsigned char c = (unsigned char)*s->p;
         if (c == '"')
             break;
         if (c < 0x20)
-            return js_fail(s, "a control character in a string"), NULL;
+            return coordinator_json_fail(s, "a control character in a string"), NULL;
         if (c == '\\') {
             s->p++;
             if (!escape(s, &o))
@@ -141,7 +141,7 @@ const char *js_string_any(js_scanner *s)
         }
         size_t n = utf8_len((const unsigned char *)s->p, (const unsigned char *)s->end);
         if (!n)
-            return js_fail(s, "invalid UTF-8"), NULL;
+            return coordinator_json_fail(s, "invalid UTF-8"), NULL;
         memmove(o, s->p, n);
         o += n;
         s->p += n;
@@ -152,7 +152,7 @@ const char *js_string_any(js_scanner *s)
     return out;
 }
 
-static bool digits(js_scanner *s)
+static bool digits(coordinator_json_scanner *s)
 {
     const char *from = s->p;
     while (s->p < s->end && *s->p >= '0' && *s->p <= '9')
@@ -160,22 +160,22 @@ static bool digits(js_scanner *s)
     return s->p > from;
 }
 
-bool js_number_any(js_scanner *s, bool *is_int, int64_t *i, double *d)
+bool coordinator_json_number_any(coordinator_json_scanner *s, bool *is_int, int64_t *i, double *d)
 {
-    js_blanks(s);
+    coordinator_json_blanks(s);
     const char *from = s->p;
     if (s->p < s->end && *s->p == '-')
         s->p++;
     if (s->p < s->end && *s->p == '0')
         s->p++;
     else if (!digits(s))
-        return js_fail(s, "bad number");
+        return coordinator_json_fail(s, "bad number");
     *is_int = true;
     if (s->p < s->end && *s->p == '.') {
         s->p++;
         *is_int = false;
         if (!digits(s))
-            return js_fail(s, "bad number");
+            return coordinator_json_fail(s, "bad number");
     }
     if (s->p < s->end && (*s->p == 'e' || *s->p == 'E')) {
         s->p++;
@@ -183,7 +183,7 @@ bool js_number_any(js_scanner *s, bool *is_int, int64_t *i, double *d)
         if (s->p < s->end && (*s->p == '+' || *s->p == '-'))
             s->p++;
         if (!digits(s))
-            return js_fail(s, "bad number");
+            return coordinator_json_fail(s, "bad number");
     }
     size_t n = (size_t)(s->p - from);
     if (*is_int && n <= 18) { /* fits int64 whatever the digits: no strtoll */
@@ -196,75 +196,75 @@ bool js_number_any(js_scanner *s, bool *is_int, int64_t *i, double *d)
         return true;
     }
     if (*is_int && n > 20) /* JSON has no leading zeros: past 19 digits it cannot fit */
-        return js_fail(s, "integer out of range");
+        return coordinator_json_fail(s, "integer out of range");
     /* A real may be long (0.000...1 is valid JSON); one past the stack
      * buffer is rare enough to go to the heap. */
     char buf[64], *text = n < sizeof buf ? buf : malloc(n + 1);
     if (!text)
-        return js_fail(s, "out of memory");
+        return coordinator_json_fail(s, "out of memory");
     memcpy(text, from, n);
     text[n] = '\0';
     errno = 0;
     bool ok = true;
     if (*is_int) {
         long long v = strtoll(text, NULL, 10);
-        ok = errno != ERANGE || js_fail(s, "integer out of range");
+        ok = errno != ERANGE || coordinator_json_fail(s, "integer out of range");
         *i = v;
         *d = (double)v;
     } else {
         *d = strtod(text, NULL);
-        ok = !(errno == ERANGE && (*d > 1 || *d < -1)) || js_fail(s, "real number overflow");
+        ok = !(errno == ERANGE && (*d > 1 || *d < -1)) || coordinator_json_fail(s, "real number overflow");
     }
     if (text != buf)
         free(text);
     return ok;
 }
 
-static bool word(js_scanner *s, const char *w)
+static bool word(coordinator_json_scanner *s, const char *w)
 {
     size_t n = strlen(w);
     if ((size_t)(s->end - s->p) < n || memcmp(s->p, w, n) != 0)
-        return js_fail(s, "bad literal");
+        return coordinator_json_fail(s, "bad literal");
     s->p += n;
     return true;
 }
 
-static bool skip_depth(js_scanner *s, int depth)
+static bool skip_depth(coordinator_json_scanner *s, int depth)
 {
     if (depth > MAX_DEPTH)
-        return js_fail(s, "nested too deep");
+        return coordinator_json_fail(s, "nested too deep");
     bool first = true, is_int;
     int64_t i;
     double d;
-    switch (js_peek(s)) {
-    case JS_STRING: return js_string(s) != NULL;
-    case JS_NUMBER: return js_number(s, &is_int, &i, &d);
+    switch (coordinator_json_peek(s)) {
+    case JS_STRING: return coordinator_json_string(s) != NULL;
+    case JS_NUMBER: return coordinator_json_number(s, &is_int, &i, &d);
     case JS_TRUE: return word(s, "true");
     case JS_FALSE: return word(s, "false");
     case JS_NULL: return word(s, "null");
     case JS_OBJECT:
         s->p++;
-        while (js_member(s, &first))
+        while (coordinator_json_member(s, &first))
             if (!skip_depth(s, depth + 1))
                 return false;
-        return !js_failed(s);
+        return !coordinator_json_failed(s);
     case JS_ARRAY:
         s->p++;
-        while (js_element(s, &first))
+        while (coordinator_json_element(s, &first))
             if (!skip_depth(s, depth + 1))
                 return false;
-        return !js_failed(s);
-    default: return js_fail(s, "a value expected");
+        return !coordinator_json_failed(s);
+    default: return coordinator_json_fail(s, "a value expected");
     }
 }
 
-bool js_skip(js_scanner *s)
+bool coordinator_json_skip(coordinator_json_scanner *s)
 {
     return skip_depth(s, 0);
 }
 
-bool js_at_end(js_scanner *s)
+bool coordinator_json_at_end(coordinator_json_scanner *s)
 {
-    js_blanks(s);
+    coordinator_json_blanks(s);
     return s->p == s->end;
 }

@@ -13,29 +13,29 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef enum { JS_STRING, JS_NUMBER, JS_OBJECT, JS_ARRAY, JS_TRUE, JS_FALSE, JS_NULL, JS_BAD } js_kind;
+typedef enum { JS_STRING, JS_NUMBER, JS_OBJECT, JS_ARRAY, JS_TRUE, JS_FALSE, JS_NULL, JS_BAD } coordinator_json_kind;
 
 typedef struct {
     char *p;
     const char *start, *end;
-    size_t str_len;   /* bytes of the last string js_string returned */
+    size_t str_len;   /* bytes of the last string coordinator_json_string returned */
     char err[160];    /* the first syntax error */
-} js_scanner;
+} coordinator_json_scanner;
 
 /* text: len bytes, writable, owned by the caller; strings are unescaped
  * into it. */
-void js_init(js_scanner *s, char *text, size_t len);
+void coordinator_json_init(coordinator_json_scanner *s, char *text, size_t len);
 
-static inline void js_blanks(js_scanner *s)
+static inline void coordinator_json_blanks(coordinator_json_scanner *s)
 {
     while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t'))
         s->p++;
 }
 
 /* The kind of the next value (blanks skipped); nothing consumed. */
-static inline js_kind js_peek(js_scanner *s)
+static inline coordinator_json_kind coordinator_json_peek(coordinator_json_scanner *s)
 {
-    js_blanks(s);
+    coordinator_json_blanks(s);
     if (s->p >= s->end)
         return JS_BAD;
     switch (*s->p) {
@@ -50,9 +50,9 @@ static inline js_kind js_peek(js_scanner *s)
 }
 
 /* Consumes c (after blanks); false when the next character is not c. */
-static inline bool js_take(js_scanner *s, char c)
+static inline bool coordinator_json_take(coordinator_json_scanner *s, char c)
 {
-    js_blanks(s);
+    coordinator_json_blanks(s);
     if (s->p < s->end && *s->p == c) {
         s->p++;
         return true;
@@ -61,17 +61,17 @@ static inline bool js_take(js_scanner *s, char c)
 }
 
 /* Records the first error (err) and ends the scan; false. */
-bool js_fail(js_scanner *s, const char *what);
-/* The general cases of js_string and js_number below (escapes, UTF-8,
+bool coordinator_json_fail(coordinator_json_scanner *s, const char *what);
+/* The general cases of coordinator_json_string and coordinator_json_number below (escapes, UTF-8,
  * fractions, long integers). */
-const char *js_string_any(js_scanner *s);
-bool js_number_any(js_scanner *s, bool *is_int, int64_t *i, double *d);
+const char *coordinator_json_string_any(coordinator_json_scanner *s);
+bool coordinator_json_number_any(coordinator_json_scanner *s, bool *is_int, int64_t *i, double *d);
 
 /* Where the run of bytes from p that a string may hold as they are
  * (printable ASCII but '"' and '\\') ends.  Eight bytes at a time: the
  * lowest flagged byte of a word is the first such one (the borrow of the
  * subtractions only runs upwards from a true hit). */
-static inline const char *js_plain_run(const char *p, const char *end)
+static inline const char *coordinator_json_plain_run(const char *p, const char *end)
 {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
@@ -96,11 +96,11 @@ static inline const char *js_plain_run(const char *p, const char *end)
 /* A string value, unescaped, NUL-terminated, its length in s->str_len;
  * NULL (err set) when malformed.  A plain string is taken here, inline,
  * its closing quote overwritten by the NUL. */
-static inline const char *js_string(js_scanner *s)
+static inline const char *coordinator_json_string(coordinator_json_scanner *s)
 {
-    js_blanks(s);
+    coordinator_json_blanks(s);
     if (s->p < s->end && *s->p == '"') {
-        char *from = s->p + 1, *stop = (char *)js_plain_run(from, s->end);
+        char *from = s->p + 1, *stop = (char *)coordinator_json_plain_run(from, s->end);
         if (stop < s->end && *stop == '"') {
             *stop = '\0';
             s->str_len = (size_t)(stop - from);
@@ -108,10 +108,10 @@ static inline const char *js_string(js_scanner *s)
             return from;
         }
     }
-    return js_string_any(s);
+    return coordinator_json_string_any(s);
 }
 
-static inline bool js_is_digit(const char *p, const char *end)
+static inline bool coordinator_json_is_digit(const char *p, const char *end)
 {
     return p < end && *p >= '0' && *p <= '9';
 }
@@ -119,18 +119,18 @@ static inline bool js_is_digit(const char *p, const char *end)
 /* A number: *is_int when it has no fraction or exponent (and then *i
  * holds it); *d always.  False (err set) when malformed or an integer
  * out of int64.  Integers of up to 18 digits are read here, inline. */
-static inline bool js_number(js_scanner *s, bool *is_int, int64_t *i, double *d)
+static inline bool coordinator_json_number(coordinator_json_scanner *s, bool *is_int, int64_t *i, double *d)
 {
-    js_blanks(s);
+    coordinator_json_blanks(s);
     const char *end = s->end, *q = s->p;
     bool neg = q < end && *q == '-';
     q += neg;
-    if (js_is_digit(q, end) && (*q != '0' || !js_is_digit(q + 1, end))) {
+    if (coordinator_json_is_digit(q, end) && (*q != '0' || !coordinator_json_is_digit(q + 1, end))) {
         int64_t v = 0;
         const char *first = q;
-        while (js_is_digit(q, end) && q - first < 18)
+        while (coordinator_json_is_digit(q, end) && q - first < 18)
             v = v * 10 + (*q++ - '0');
-        if (!js_is_digit(q, end) && !(q < end && (*q == '.' || *q == 'e' || *q == 'E'))) {
+        if (!coordinator_json_is_digit(q, end) && !(q < end && (*q == '.' || *q == 'e' || *q == 'E'))) {
             s->p = (char *)q;
             *is_int = true;
             *i = neg ? -v : v;
@@ -138,41 +138,41 @@ static inline bool js_number(js_scanner *s, bool *is_int, int64_t *i, double *d)
             return true;
         }
     }
-    return js_number_any(s, is_int, i, d);
+    return coordinator_json_number_any(s, is_int, i, d);
 }
 
 /* Skips any value. */
-bool js_skip(js_scanner *s);
+bool coordinator_json_skip(coordinator_json_scanner *s);
 /* Object iteration: call after '{' was taken.  Returns the next member's
  * key (its length in s->str_len) with ':' consumed, or NULL at '}'
  * (consumed) or on error (err set). */
-static inline const char *js_member(js_scanner *s, bool *first)
+static inline const char *coordinator_json_member(coordinator_json_scanner *s, bool *first)
 {
-    if (js_take(s, '}'))
+    if (coordinator_json_take(s, '}'))
         return NULL;
-    if (!*first && !js_take(s, ','))
-        return js_fail(s, "',' or '}' expected"), NULL;
+    if (!*first && !coordinator_json_take(s, ','))
+        return coordinator_json_fail(s, "',' or '}' expected"), NULL;
     *first = false;
-    const char *key = js_string(s);
-    if (key && !js_take(s, ':'))
-        return js_fail(s, "':' expected"), NULL;
+    const char *key = coordinator_json_string(s);
+    if (key && !coordinator_json_take(s, ':'))
+        return coordinator_json_fail(s, "':' expected"), NULL;
     return key;
 }
 
 /* Array iteration: after '[' was taken: true while an element follows
  * (',' consumed), false at ']' (consumed) or on error (err set). */
-static inline bool js_element(js_scanner *s, bool *first)
+static inline bool coordinator_json_element(coordinator_json_scanner *s, bool *first)
 {
-    if (js_take(s, ']'))
+    if (coordinator_json_take(s, ']'))
         return false;
-    if (!*first && !js_take(s, ','))
-        return js_fail(s, "',' or ']' expected");
+    if (!*first && !coordinator_json_take(s, ','))
+        return coordinator_json_fail(s, "',' or ']' expected");
     *first = false;
     return s->err[0] == '\0';
 }
 
 /* True once the whole text was consumed (trailing blanks allowed). */
-bool js_at_end(js_scanner *s);
-bool js_failed(const js_scanner *s);
+bool coordinator_json_at_end(coordinator_json_scanner *s);
+bool coordinator_json_failed(const coordinator_json_scanner *s);
 
 #endif

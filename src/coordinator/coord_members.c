@@ -15,7 +15,7 @@
 #define MAX_META_STR 1024
 #define MAX_URL 1024
 
-coord_member *coord_member_find(lmc_coord *co, const char *id)
+coordinator_member *coordinator_member_find(lmc_coord *co, const char *id)
 {
     for (size_t i = 0; i < co->n_members; i++)
         if (strcmp(co->members[i]->id, id) == 0)
@@ -23,7 +23,7 @@ coord_member *coord_member_find(lmc_coord *co, const char *id)
     return NULL;
 }
 
-static void member_free(coord_member *m)
+static void member_free(coordinator_member *m)
 {
     if (m) {
         free(m->p2p_url);
@@ -38,7 +38,7 @@ static void member_remove(lmc_coord *co, size_t i)
     co->members[i] = co->members[--co->n_members];
 }
 
-void coord_members_free(lmc_coord *co)
+void coordinator_members_free(lmc_coord *co)
 {
     while (co->n_members)
         member_remove(co, co->n_members - 1);
@@ -85,9 +85,9 @@ static const char *check_metadata(const json_t *meta)
 
 /* The registration body as a member (not yet in the table), or NULL with
  * the reason. */
-static coord_member *parse_member(const json_t *b, const char **why)
+static coordinator_member *parse_member(const json_t *b, const char **why)
 {
-    coord_member *m = calloc(1, sizeof *m);
+    coordinator_member *m = calloc(1, sizeof *m);
     json_t *id = json_object_get(b, "instance_id"), *ip = json_object_get(b, "ip");
     json_t *meta = json_object_get(b, "metadata"), *url = json_object_get(b, "p2p_advertised_url");
     json_t *mq = json_object_get(b, "mq_port");
@@ -132,20 +132,20 @@ static void mint_id(char *out, size_t cap)
         n += snprintf(out + n, cap - (size_t)n, "%02x", r[i]);
 }
 
-void coord_ep_register(lmc_coord *co, const coord_request *rq, coord_reply *out)
+void coordinator_ep_register(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
 {
-    json_t *b = coord_body_object(rq, out);
+    json_t *b = coordinator_body_object(rq, out);
     if (!b)
         return;
     const char *why;
-    coord_member *m = parse_member(b, &why);
+    coordinator_member *m = parse_member(b, &why);
     json_decref(b);
     if (!m)
-        return coord_reply_detail(out, 422, "%s", why);
+        return coordinator_reply_detail(out, 422, "%s", why);
     if (!m->id[0])
         mint_id(m->id, sizeof m->id);
-    m->registered_wall = coord_now_wall();
-    m->heartbeat_mono = coord_now_mono();
+    m->registered_wall = coordinator_now_wall();
+    m->heartbeat_mono = coordinator_now_mono();
     pthread_mutex_lock(&co->mu);
     bool again = false;
     for (size_t i = 0; i < co->n_members && !again; i++) {
@@ -159,60 +159,60 @@ void coord_ep_register(lmc_coord *co, const coord_request *rq, coord_reply *out)
     if (full) {
         pthread_mutex_unlock(&co->mu);
         member_free(m);
-        return coord_reply_detail(out, 503, "at most %d instances are registered at once",
+        return coordinator_reply_detail(out, 503, "at most %d instances are registered at once",
                                   COORD_MAX_MEMBERS);
     }
     if (!again)
         co->members[co->n_members++] = m;
     LMC_INFO("coordinator: instance %s %sregistered (http://%s:%d)", m->id, again ? "re-" : "",
              m->ip, m->http_port);
-    coord_reply_json(out, 200, json_pack("{s:s, s:b}", "instance_id", m->id, "re_registered",
+    coordinator_reply_json(out, 200, json_pack("{s:s, s:b}", "instance_id", m->id, "re_registered",
                                          again));
     pthread_cond_broadcast(&co->wake); /* the resync may be waiting for a server */
     pthread_mutex_unlock(&co->mu);
 }
 
-void coord_ep_heartbeat(lmc_coord *co, const coord_request *rq, coord_reply *out, const char *id)
+void coordinator_ep_heartbeat(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out, const char *id)
 {
     (void)rq;
     pthread_mutex_lock(&co->mu);
-    coord_member *m = coord_member_find(co, id);
+    coordinator_member *m = coordinator_member_find(co, id);
     if (m)
-        m->heartbeat_mono = coord_now_mono();
+        m->heartbeat_mono = coordinator_now_mono();
     pthread_mutex_unlock(&co->mu);
     if (!m)
-        return coord_reply_json(out, 404, json_pack("{s:s++}", "error", "unknown instance ", id,
+        return coordinator_reply_json(out, 404, json_pack("{s:s++}", "error", "unknown instance ", id,
                                                     "; re-register"));
-    coord_reply_json(out, 200, json_pack("{s:s}", "instance_id", id));
+    coordinator_reply_json(out, 200, json_pack("{s:s}", "instance_id", id));
 }
 
 /* A server gone for good: its L1 is gone with it, and its stream starts
  * afresh if it ever comes back. */
-void coord_ep_deregister(lmc_coord *co, const coord_request *rq, coord_reply *out, const char *id)
+void coordinator_ep_deregister(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out, const char *id)
 {
     (void)rq;
     pthread_mutex_lock(&co->mu);
     for (size_t i = 0; i < co->n_members; i++)
         if (strcmp(co->members[i]->id, id) == 0)
             member_remove(co, i--);
-    uint32_t inst = coord_names_find(&co->st.instances, id);
+    uint32_t inst = coordinator_names_find(&co->st.instances, id);
     if (inst != COORD_NONE && inst < co->st.cursor_cap) {
-        coord_events_fence(&co->st, inst);
+        coordinator_events_fence(&co->st, inst);
         co->st.cursor[inst].used = false;
         co->st.cursor[inst].n_caps = 0;
-        coord_db_del_cursor(co->db, id);
+        coordinator_db_del_cursor(co->db, id);
     }
     pthread_mutex_unlock(&co->mu);
     out->status = 204;
 }
 
-void coord_ep_instances(lmc_coord *co, const coord_request *rq, coord_reply *out)
+void coordinator_ep_instances(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
 {
     (void)rq;
     json_t *list = json_array();
     pthread_mutex_lock(&co->mu);
     for (size_t i = 0; list && i < co->n_members; i++) {
-        const coord_member *m = co->members[i];
+        const coordinator_member *m = co->members[i];
         json_array_append_new(list, json_pack("{s:s, s:s, s:i, s:f, s:O, s:s, s:i}",
                                               "instance_id", m->id, "ip", m->ip, "http_port",
                                               m->http_port, "registration_time",
@@ -221,18 +221,18 @@ void coord_ep_instances(lmc_coord *co, const coord_request *rq, coord_reply *out
                                               m->mq_port));
     }
     pthread_mutex_unlock(&co->mu);
-    coord_reply_json(out, 200, json_pack("{s:o}", "instances", list));
+    coordinator_reply_json(out, 200, json_pack("{s:o}", "instances", list));
 }
 
-size_t coord_members_sweep(lmc_coord *co, double now)
+size_t coordinator_members_sweep(lmc_coord *co, double now)
 {
     size_t n = 0;
     for (size_t i = 0; i < co->n_members; i++) {
-        coord_member *m = co->members[i];
+        coordinator_member *m = co->members[i];
         if (now - m->heartbeat_mono <= co->cfg.instance_timeout_s)
             continue;
-        uint32_t inst = coord_names_find(&co->st.instances, m->id);
-        size_t voided = inst != COORD_NONE ? coord_events_fence(&co->st, inst) : 0;
+        uint32_t inst = coordinator_names_find(&co->st.instances, m->id);
+        size_t voided = inst != COORD_NONE ? coordinator_events_fence(&co->st, inst) : 0;
         LMC_WARN("coordinator: instance %s sent no heartbeat for %.1f s: removed, %zu L1 "
                  "placements voided", m->id, now - m->heartbeat_mono, voided);
         member_remove(co, i--);
@@ -241,12 +241,12 @@ size_t coord_members_sweep(lmc_coord *co, double now)
     return n;
 }
 
-bool coord_member_pick(lmc_coord *co, char *ip, size_t iplen, int *port)
+bool coordinator_member_pick(lmc_coord *co, char *ip, size_t iplen, int *port)
 {
     if (!co->n_members)
         return false;
     co->rng = co->rng * 6364136223846793005ULL + 1442695040888963407ULL;
-    const coord_member *m = co->members[(co->rng >> 33) % co->n_members];
+    const coordinator_member *m = co->members[(co->rng >> 33) % co->n_members];
     snprintf(ip, iplen, "%s", m->ip);
     *port = m->http_port;
     return true;

@@ -68,7 +68,7 @@ static void label_value(text *t, const char *s)
 
 static void state_metrics(text *t, const lmc_coord *co)
 {
-    const coord_state *s = &co->st;
+    const coordinator_state *s = &co->st;
     family(t, "key_directory_placement_count", "gauge", "placements in the key directory");
     put(t, "lmcache_mp_key_directory_placement_count{tier=\"l1\"} %llu\n"
            "lmcache_mp_key_directory_placement_count{tier=\"l2\"} %llu\n",
@@ -82,7 +82,7 @@ static void state_metrics(text *t, const lmc_coord *co)
         if (!s->salt[i].l2_count && !s->salt[i].has_quota)
             continue;
         put(t, "lmcache_mp_coordinator_l2_usage_bytes{cache_salt=\"");
-        label_value(t, coord_names_str(&s->salts, i));
+        label_value(t, coordinator_names_str(&s->salts, i));
         put(t, "\"} %llu\n", (unsigned long long)s->salt[i].l2_bytes);
     }
     family(t, "coordinator_instances", "gauge", "registered instances");
@@ -108,7 +108,7 @@ static void state_metrics(text *t, const lmc_coord *co)
 
 static void http_metrics(text *t, lmc_coord *co)
 {
-    const coord_counters *c = &co->ctr;
+    const coordinator_counters *c = &co->ctr;
     counter(t, "coordinator_http_rejected_total", "requests answered 4xx", c->requests_rejected);
     counter(t, "coordinator_http_auth_rejected_total", "requests without the bearer token",
             c->auth_rejected);
@@ -123,7 +123,7 @@ static void http_metrics(text *t, lmc_coord *co)
     put(t, "lmcache_mp_coordinator_http_buffered_bytes %zu\n", atomic_load(&co->buffered));
 }
 
-static void loop_metrics(text *t, const coord_counters *c)
+static void loop_metrics(text *t, const coordinator_counters *c)
 {
     counter(t, "coordinator_health_sweeps_total", "stale-instance sweeps", c->sweeps);
     counter(t, "coordinator_instances_expired_total", "instances removed for lack of heartbeats",
@@ -139,11 +139,11 @@ static void loop_metrics(text *t, const coord_counters *c)
             c->resync_keys);
 }
 
-void coord_ep_metrics(lmc_coord *co, const coord_request *rq, coord_reply *out)
+void coordinator_ep_metrics(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
 {
     (void)rq;
     if (!co->cfg.metrics_enabled)
-        return coord_reply_detail(out, 404, "Not Found");
+        return coordinator_reply_detail(out, 404, "Not Found");
     text t = {0};
     pthread_mutex_lock(&co->mu);
     state_metrics(&t, co);
@@ -152,7 +152,7 @@ void coord_ep_metrics(lmc_coord *co, const coord_request *rq, coord_reply *out)
     http_metrics(&t, co);
     if (t.failed) {
         free(t.buf);
-        return coord_reply_detail(out, 500, "out of memory");
+        return coordinator_reply_detail(out, 500, "out of memory");
     }
     out->status = 200;
     out->text = t.buf;

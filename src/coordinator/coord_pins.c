@@ -11,7 +11,7 @@
 #define MAX_WORLD_SIZE 255 /* the packed kv_rank holds 8 bits of it */
 #define MAX_PIN_KEYS ((size_t)1 << 20)
 
-int coord_token_query_parse(const json_t *b, coord_token_query *q, char *why, size_t whylen)
+int coordinator_token_query_parse(const json_t *b, coordinator_token_query *q, char *why, size_t whylen)
 {
     memset(q, 0, sizeof *q);
     q->model = json_string_value(json_object_get(b, "model_name"));
@@ -38,7 +38,7 @@ int coord_token_query_parse(const json_t *b, coord_token_query *q, char *why, si
     for (size_t i = 0; i < q->n_tokens; i++) {
         json_t *t = json_array_get(toks, i);
         if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > UINT32_MAX) {
-            coord_token_query_free(q);
+            coordinator_token_query_free(q);
             return snprintf(why, whylen, "token_ids[%zu] must be an int in 0..2^32-1", i), -1;
         }
         q->tokens[i] = (uint64_t)json_integer_value(t);
@@ -46,13 +46,13 @@ int coord_token_query_parse(const json_t *b, coord_token_query *q, char *why, si
     return 0;
 }
 
-void coord_token_query_free(coord_token_query *q)
+void coordinator_token_query_free(coordinator_token_query *q)
 {
     free(q->tokens);
     q->tokens = NULL;
 }
 
-int coord_token_query_hash(lmc_coord *co, const coord_token_query *q, uint8_t **hashes,
+int coordinator_token_query_hash(lmc_coord *co, const coordinator_token_query *q, uint8_t **hashes,
                            size_t *n_chunks, char *why, size_t whylen)
 {
     *n_chunks = lmc_hash_num_chunks(co->hasher, q->n_tokens);
@@ -69,49 +69,49 @@ int coord_token_query_hash(lmc_coord *co, const coord_token_query *q, uint8_t **
     return 0;
 }
 
-bool coord_token_key(coord_state *s, const coord_token_query *q, const uint8_t *hash,
-                     uint32_t rank, bool intern, coord_key *out)
+bool coordinator_token_key(coordinator_state *s, const coordinator_token_query *q, const uint8_t *hash,
+                     uint32_t rank, bool intern, coordinator_key *out)
 {
     memset(out, 0, sizeof *out);
     memcpy(out->hash, hash, LMC_TOKEN_HASH_LEN);
     out->hash_len = LMC_TOKEN_HASH_LEN;
     out->kv_rank = lmc_kv_rank_for_worker(q->world_size, rank);
-    out->model = intern ? coord_names_intern(&s->models, q->model)
-                        : coord_names_find(&s->models, q->model);
-    out->salt = intern ? coord_names_intern(&s->salts, q->salt)
-                       : coord_names_find(&s->salts, q->salt);
+    out->model = intern ? coordinator_names_intern(&s->models, q->model)
+                        : coordinator_names_find(&s->models, q->model);
+    out->salt = intern ? coordinator_names_intern(&s->salts, q->salt)
+                       : coordinator_names_find(&s->salts, q->salt);
     return out->model != COORD_NONE && out->salt != COORD_NONE;
 }
 
 /* One key's pin count up (pin) or down; whether its pinned state changed.
  * -1 when the key could not be recorded. */
-static int pin_one(coord_state *s, coord_db *db, const coord_key *k, bool pin)
+static int pin_one(coordinator_state *s, coordinator_db *db, const coordinator_key *k, bool pin)
 {
-    uint32_t idx = pin ? coord_keys_get(&s->keys, k) : coord_keys_find(&s->keys, k);
+    uint32_t idx = pin ? coordinator_keys_get(&s->keys, k) : coordinator_keys_find(&s->keys, k);
     if (idx == COORD_NONE)
         return pin ? -1 : 0;
-    coord_entry *e = &s->keys.e[idx];
+    coordinator_entry *e = &s->keys.e[idx];
     if (!pin && !e->pins)
         return 0;
     if (pin && e->pins == UINT32_MAX)
         return 0;
     e->pins = pin ? e->pins + 1 : e->pins - 1;
     bool changed = pin ? e->pins == 1 : e->pins == 0;
-    coord_db_put_pin(db, s, idx);
-    coord_keys_release(&s->keys, idx);
+    coordinator_db_put_pin(db, s, idx);
+    coordinator_keys_release(&s->keys, idx);
     return changed;
 }
 
-static int pin_all(lmc_coord *co, const coord_token_query *q, const uint8_t *hashes,
+static int pin_all(lmc_coord *co, const coordinator_token_query *q, const uint8_t *hashes,
                    size_t n_chunks, bool pin, size_t *affected)
 {
-    coord_state *s = &co->st;
+    coordinator_state *s = &co->st;
     int rc = 0;
-    coord_db_begin(co->db);
+    coordinator_db_begin(co->db);
     for (size_t c = 0; c < n_chunks && rc == 0; c++) {
         for (uint32_t r = 0; r < q->world_size && rc == 0; r++) {
-            coord_key k;
-            if (!coord_token_key(s, q, hashes + c * LMC_TOKEN_HASH_LEN, r, pin, &k)) {
+            coordinator_key k;
+            if (!coordinator_token_key(s, q, hashes + c * LMC_TOKEN_HASH_LEN, r, pin, &k)) {
                 rc = pin ? -1 : 1; /* unpinning an unknown model or salt: nothing is pinned */
                 break;
             }
@@ -122,46 +122,46 @@ static int pin_all(lmc_coord *co, const coord_token_query *q, const uint8_t *has
                 *affected += (size_t)changed;
         }
     }
-    coord_db_commit(co->db);
+    coordinator_db_commit(co->db);
     return rc < 0 ? -1 : 0;
 }
 
-void coord_ep_pins(lmc_coord *co, const coord_request *rq, coord_reply *out)
+void coordinator_ep_pins(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
 {
-    json_t *b = coord_body_object(rq, out);
+    json_t *b = coordinator_body_object(rq, out);
     if (!b)
         return;
     bool pin = strcmp(rq->method, "POST") == 0;
-    coord_token_query q;
+    coordinator_token_query q;
     char why[200];
     uint8_t *hashes = NULL;
     size_t n_chunks = 0, affected = 0;
-    if (coord_token_query_parse(b, &q, why, sizeof why) != 0) {
-        coord_reply_detail(out, 422, "%s", why);
+    if (coordinator_token_query_parse(b, &q, why, sizeof why) != 0) {
+        coordinator_reply_detail(out, 422, "%s", why);
         goto done;
     }
-    if (coord_token_query_hash(co, &q, &hashes, &n_chunks, why, sizeof why) != 0) {
-        coord_reply_detail(out, 500, "%s", why);
+    if (coordinator_token_query_hash(co, &q, &hashes, &n_chunks, why, sizeof why) != 0) {
+        coordinator_reply_detail(out, 500, "%s", why);
         goto done;
     }
     if (n_chunks * q.world_size > MAX_PIN_KEYS) {
-        coord_reply_detail(out, 400, "at most %zu keys per request", MAX_PIN_KEYS);
+        coordinator_reply_detail(out, 400, "at most %zu keys per request", MAX_PIN_KEYS);
         goto done;
     }
     pthread_mutex_lock(&co->mu);
     int rc = pin_all(co, &q, hashes, n_chunks, pin, &affected);
     pthread_mutex_unlock(&co->mu);
     if (rc != 0)
-        coord_reply_detail(out, 503, "out of memory, too many distinct models/salts, or the key "
+        coordinator_reply_detail(out, 503, "out of memory, too many distinct models/salts, or the key "
                                      "directory is full (LMCACHE_MP_COORDINATOR_MAX_KEYS); %zu "
                                      "keys were pinned before it ran out", affected);
     else
-        coord_reply_json(out, 200, json_pack("{s:I, s:I, s:s}", "requested",
+        coordinator_reply_json(out, 200, json_pack("{s:I, s:I, s:s}", "requested",
                                              (json_int_t)(n_chunks * q.world_size), "affected",
                                              (json_int_t)affected, "status",
                                              pin ? "pinned" : "unpinned"));
 done:
     free(hashes);
-    coord_token_query_free(&q);
+    coordinator_token_query_free(&q);
     json_decref(b);
 }

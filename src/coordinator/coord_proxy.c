@@ -9,56 +9,56 @@
 
 /* The member's address; false (404 in out) when it is not registered. */
 static bool address_of(lmc_coord *co, const char *id, char *ip, size_t iplen, int *port,
-                       coord_reply *out)
+                       coordinator_reply *out)
 {
     pthread_mutex_lock(&co->mu);
-    coord_member *m = coord_member_find(co, id);
+    coordinator_member *m = coordinator_member_find(co, id);
     if (m) {
         snprintf(ip, iplen, "%s", m->ip);
         *port = m->http_port;
     }
     pthread_mutex_unlock(&co->mu);
     if (!m)
-        coord_reply_detail(out, 404, "unknown instance %.256s", id);
+        coordinator_reply_detail(out, 404, "unknown instance %.256s", id);
     return m != NULL;
 }
 
 /* The server's answer: 2xx and 4xx relayed, JSON; 5xx, a failed call or
  * a non-JSON body are 502. */
-static json_t *relay(long status, char *reply, const char *err, coord_reply *out)
+static json_t *relay(long status, char *reply, const char *err, coordinator_reply *out)
 {
     json_t *body = reply ? json_loads(reply, JSON_DECODE_ANY, NULL) : NULL;
     free(reply);
     if (!status || status >= 500 || !body) {
         if (status)
-            coord_reply_detail(out, 502, "the server answered %ld%s", status,
+            coordinator_reply_detail(out, 502, "the server answered %ld%s", status,
                                body ? "" : " without a JSON body");
         else
-            coord_reply_detail(out, 502, "the server could not be reached: %s", err);
+            coordinator_reply_detail(out, 502, "the server could not be reached: %s", err);
         json_decref(body);
         return NULL;
     }
     return body;
 }
 
-void coord_ep_prefetch(lmc_coord *co, const coord_request *rq, coord_reply *out)
+void coordinator_ep_prefetch(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
 {
-    json_t *b = coord_body_object(rq, out);
+    json_t *b = coordinator_body_object(rq, out);
     if (!b)
         return;
-    coord_token_query q;
+    coordinator_token_query q;
     char why[200], ip[256], err[256] = "", *reply = NULL, *text = NULL;
     int port;
     const char *id = json_string_value(json_object_get(b, "instance_id"));
     if (!id || !*id) {
-        coord_reply_detail(out, 422, "instance_id must be a non-empty str");
+        coordinator_reply_detail(out, 422, "instance_id must be a non-empty str");
         goto done;
     }
-    if (coord_token_query_parse(b, &q, why, sizeof why) != 0) {
-        coord_reply_detail(out, 422, "%s", why);
+    if (coordinator_token_query_parse(b, &q, why, sizeof why) != 0) {
+        coordinator_reply_detail(out, 422, "%s", why);
         goto done;
     }
-    coord_token_query_free(&q);
+    coordinator_token_query_free(&q);
     if (!address_of(co, id, ip, sizeof ip, &port, out))
         goto done;
     json_t *fwd = json_deep_copy(b);
@@ -66,21 +66,21 @@ void coord_ep_prefetch(lmc_coord *co, const coord_request *rq, coord_reply *out)
     text = fwd ? json_dumps(fwd, JSON_COMPACT) : NULL;
     json_decref(fwd);
     if (!text) {
-        coord_reply_detail(out, 500, "out of memory");
+        coordinator_reply_detail(out, 500, "out of memory");
         goto done;
     }
-    long st = coord_call(co, "POST", ip, port, "/cache/prefetches", text, &reply, err, sizeof err);
+    long st = coordinator_call(co, "POST", ip, port, "/cache/prefetches", text, &reply, err, sizeof err);
     json_t *body = relay(st, reply, err, out);
     if (body && json_is_object(body) && st < 300)
         json_object_set_new(body, "instance_id", json_string(id));
     if (body)
-        coord_reply_json(out, (unsigned)st, body);
+        coordinator_reply_json(out, (unsigned)st, body);
 done:
     free(text);
     json_decref(b);
 }
 
-void coord_ep_prefetch_status(lmc_coord *co, const coord_request *rq, coord_reply *out,
+void coordinator_ep_prefetch_status(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out,
                               const char *rest)
 {
     (void)rq;
@@ -88,7 +88,7 @@ void coord_ep_prefetch_status(lmc_coord *co, const coord_request *rq, coord_repl
     char id[COORD_INSTANCE_ID_MAX + 1], ip[256], err[256] = "", *reply = NULL, path[512];
     if (!slash || !slash[1] || (size_t)(slash - rest) > COORD_INSTANCE_ID_MAX ||
         strlen(slash + 1) > 256)
-        return coord_reply_detail(out, 404, "expected /cache/prefetches/{instance_id}/"
+        return coordinator_reply_detail(out, 404, "expected /cache/prefetches/{instance_id}/"
                                             "{request_id}");
     memcpy(id, rest, (size_t)(slash - rest));
     id[slash - rest] = '\0';
@@ -97,11 +97,11 @@ void coord_ep_prefetch_status(lmc_coord *co, const coord_request *rq, coord_repl
         return;
     char *esc = curl_easy_escape(NULL, slash + 1, 0);
     if (!esc)
-        return coord_reply_detail(out, 500, "out of memory");
+        return coordinator_reply_detail(out, 500, "out of memory");
     snprintf(path, sizeof path, "/cache/prefetches/%s", esc);
     curl_free(esc);
-    long st = coord_call(co, "GET", ip, port, path, NULL, &reply, err, sizeof err);
+    long st = coordinator_call(co, "GET", ip, port, path, NULL, &reply, err, sizeof err);
     json_t *body = relay(st, reply, err, out);
     if (body)
-        coord_reply_json(out, (unsigned)st, body);
+        coordinator_reply_json(out, (unsigned)st, body);
 }

@@ -10,12 +10,12 @@
 
 /* The tier of the request (query, else body, else "l2"); false with a 400
  * in out when it is not l2. */
-static bool tier_ok(const coord_request *rq, const json_t *body, coord_reply *out)
+static bool tier_ok(const coordinator_request *rq, const json_t *body, coordinator_reply *out)
 {
-    const char *tier = coord_query(rq, "tier");
+    const char *tier = coordinator_query(rq, "tier");
     json_t *bt = json_object_get(body, "tier");
     if (!tier && bt && !json_is_string(bt))
-        return coord_reply_json(out, 400, json_pack("{s:s}", "error", "tier must be a str")),
+        return coordinator_reply_json(out, 400, json_pack("{s:s}", "error", "tier must be a str")),
                false;
     if (!tier)
         tier = bt ? json_string_value(bt) : "l2";
@@ -26,7 +26,7 @@ static bool tier_ok(const coord_request *rq, const json_t *body, coord_reply *ou
         snprintf(msg, sizeof msg, "tier '%s' has no quota accounting; only 'l2'", tier);
     else
         snprintf(msg, sizeof msg, "unknown tier '%.64s'; only 'l2'", tier);
-    coord_reply_json(out, 400, json_pack("{s:s}", "error", msg));
+    coordinator_reply_json(out, 400, json_pack("{s:s}", "error", msg));
     return false;
 }
 
@@ -42,25 +42,25 @@ static bool limit_value(const json_t *v, bool may_be_null, double *out, bool *is
     return true;
 }
 
-static json_t *body_or_400(const coord_request *rq, coord_reply *out)
+static json_t *body_or_400(const coordinator_request *rq, coordinator_reply *out)
 {
     json_t *b = rq->body ? json_loadb(rq->body, rq->body_len, 0, NULL) : NULL;
     if (json_is_object(b))
         return b;
     json_decref(b);
-    coord_reply_json(out, 400, json_pack("{s:s}", "error", "invalid quota limit: the body must "
+    coordinator_reply_json(out, 400, json_pack("{s:s}", "error", "invalid quota limit: the body must "
                                                            "be a JSON object"));
     return NULL;
 }
 
-static json_t *default_json(const coord_state *s)
+static json_t *default_json(const coordinator_state *s)
 {
     return json_pack("{s:o, s:s}", "default_limit_gb",
                      s->has_default_quota ? json_real(s->default_quota_gb) : json_null(), "tier",
                      "l2");
 }
 
-void coord_ep_quota_config(lmc_coord *co, const coord_request *rq, coord_reply *out)
+void coordinator_ep_quota_config(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
 {
     json_t *b = NULL;
     if (strcmp(rq->method, "PUT") == 0 && !(b = body_or_400(rq, out)))
@@ -70,31 +70,31 @@ void coord_ep_quota_config(lmc_coord *co, const coord_request *rq, coord_reply *
     if (!tier_ok(rq, b, out))
         goto done;
     if (b && !limit_value(json_object_get(b, "default_limit_gb"), true, &limit, &is_null)) {
-        coord_reply_json(out, 400, json_pack("{s:s}", "error", "invalid quota limit"));
+        coordinator_reply_json(out, 400, json_pack("{s:s}", "error", "invalid quota limit"));
         goto done;
     }
     pthread_mutex_lock(&co->mu);
     if (b) {
         co->st.has_default_quota = !is_null;
         co->st.default_quota_gb = is_null ? 0 : limit;
-        coord_db_put_default(co->db, !is_null, limit);
+        coordinator_db_put_default(co->db, !is_null, limit);
     }
-    coord_reply_json(out, 200, default_json(&co->st));
+    coordinator_reply_json(out, 200, default_json(&co->st));
     pthread_mutex_unlock(&co->mu);
 done:
     json_decref(b);
 }
 
-static json_t *salt_json(const coord_state *s, uint32_t salt, const char *name)
+static json_t *salt_json(const coordinator_state *s, uint32_t salt, const char *name)
 {
-    const coord_salt *sa = salt < s->salt_cap ? &s->salt[salt] : NULL;
+    const coordinator_salt *sa = salt < s->salt_cap ? &s->salt[salt] : NULL;
     bool has = sa && sa->has_quota;
     return json_pack("{s:s, s:f, s:b, s:f, s:s}", "cache_salt", name, "quota_limit_gb",
                      has ? sa->quota_gb : 0.0, "quota_exists", has, "usage_gb",
                      sa ? (double)sa->l2_bytes / COORD_GB : 0.0, "tier", "l2");
 }
 
-static void quota_put(lmc_coord *co, const coord_request *rq, coord_reply *out, const char *salt)
+static void quota_put(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out, const char *salt)
 {
     json_t *b = body_or_400(rq, out);
     double limit;
@@ -102,49 +102,49 @@ static void quota_put(lmc_coord *co, const coord_request *rq, coord_reply *out, 
     if (!b || !tier_ok(rq, b, out))
         goto done;
     if (!limit_value(json_object_get(b, "limit_gb"), false, &limit, &is_null)) {
-        coord_reply_json(out, 400, json_pack("{s:s}", "error", "invalid quota limit"));
+        coordinator_reply_json(out, 400, json_pack("{s:s}", "error", "invalid quota limit"));
         goto done;
     }
     pthread_mutex_lock(&co->mu);
-    uint32_t id = coord_names_intern(&co->st.salts, salt);
-    coord_salt *sa = id == COORD_NONE ? NULL : coord_salt_at(&co->st, id);
+    uint32_t id = coordinator_names_intern(&co->st.salts, salt);
+    coordinator_salt *sa = id == COORD_NONE ? NULL : coordinator_salt_at(&co->st, id);
     if (sa) {
         sa->has_quota = true;
         sa->quota_gb = limit;
-        coord_db_put_quota(co->db, salt, limit);
+        coordinator_db_put_quota(co->db, salt, limit);
     }
     pthread_mutex_unlock(&co->mu);
     if (!sa)
-        coord_reply_detail(out, 503, "too many salts (at most %d)", COORD_MAX_NAMES);
+        coordinator_reply_detail(out, 503, "too many salts (at most %d)", COORD_MAX_NAMES);
     else
-        coord_reply_json(out, 200, json_pack("{s:s, s:f, s:s, s:s}", "cache_salt", salt,
+        coordinator_reply_json(out, 200, json_pack("{s:s, s:f, s:s, s:s}", "cache_salt", salt,
                                              "limit_gb", limit, "status", "ok", "tier", "l2"));
 done:
     json_decref(b);
 }
 
-static void quota_delete(lmc_coord *co, coord_reply *out, const char *salt)
+static void quota_delete(lmc_coord *co, coordinator_reply *out, const char *salt)
 {
     pthread_mutex_lock(&co->mu);
-    uint32_t id = coord_names_find(&co->st.salts, salt);
+    uint32_t id = coordinator_names_find(&co->st.salts, salt);
     bool had = id != COORD_NONE && id < co->st.salt_cap && co->st.salt[id].has_quota;
     if (had) {
         co->st.salt[id].has_quota = false;
         co->st.salt[id].quota_gb = 0;
-        coord_db_put_quota(co->db, salt, -1);
+        coordinator_db_put_quota(co->db, salt, -1);
     }
     pthread_mutex_unlock(&co->mu);
-    coord_reply_json(out, 200, json_pack("{s:s, s:f, s:s, s:s}", "cache_salt", salt, "limit_gb",
+    coordinator_reply_json(out, 200, json_pack("{s:s, s:f, s:s, s:s}", "cache_salt", salt, "limit_gb",
                                          0.0, "status", had ? "removed" : "not_found", "tier",
                                          "l2"));
 }
 
-void coord_ep_quota_salt(lmc_coord *co, const coord_request *rq, coord_reply *out,
+void coordinator_ep_quota_salt(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out,
                          const char *path_salt)
 {
     const char *salt = strcmp(path_salt, "_default") == 0 ? "" : path_salt;
     if (!lmc_cache_salt_valid(salt, strlen(salt)))
-        return coord_reply_json(out, 400, json_pack("{s:s}", "error", "invalid cache_salt: at "
+        return coordinator_reply_json(out, 400, json_pack("{s:s}", "error", "invalid cache_salt: at "
                                                      "most 128 bytes, no '@', '/' or '\\'"));
     if (strcmp(rq->method, "PUT") == 0)
         return quota_put(co, rq, out, salt);
@@ -153,7 +153,7 @@ void coord_ep_quota_salt(lmc_coord *co, const coord_request *rq, coord_reply *ou
     if (strcmp(rq->method, "DELETE") == 0)
         return quota_delete(co, out, salt);
     pthread_mutex_lock(&co->mu);
-    coord_reply_json(out, 200, salt_json(&co->st, coord_names_find(&co->st.salts, salt), salt));
+    coordinator_reply_json(out, 200, salt_json(&co->st, coordinator_names_find(&co->st.salts, salt), salt));
     pthread_mutex_unlock(&co->mu);
 }
 
@@ -164,28 +164,28 @@ static int by_name(const void *a, const void *b)
     return strcmp(x, y);
 }
 
-void coord_ep_quota_all(lmc_coord *co, const coord_request *rq, coord_reply *out)
+void coordinator_ep_quota_all(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
 {
     if (!tier_ok(rq, NULL, out))
         return;
     pthread_mutex_lock(&co->mu);
-    const coord_state *s = &co->st;
+    const coordinator_state *s = &co->st;
     size_t n = 0;
     json_t **rows = calloc(s->salts.n + 1, sizeof *rows);
     for (uint32_t id = 0; rows && id < s->salts.n && id < s->salt_cap; id++) {
-        const coord_salt *sa = &s->salt[id];
+        const coordinator_salt *sa = &s->salt[id];
         if (sa->has_quota || sa->l2_count)
-            rows[n++] = salt_json(s, id, coord_names_str(&s->salts, id));
+            rows[n++] = salt_json(s, id, coordinator_names_str(&s->salts, id));
     }
     double total = (double)s->l2_bytes / COORD_GB;
     pthread_mutex_unlock(&co->mu);
     if (!rows)
-        return coord_reply_detail(out, 500, "out of memory");
+        return coordinator_reply_detail(out, 500, "out of memory");
     qsort(rows, n, sizeof *rows, by_name);
     json_t *list = json_array();
     for (size_t i = 0; i < n; i++)
         json_array_append_new(list, rows[i]);
     free(rows);
-    coord_reply_json(out, 200, json_pack("{s:f, s:s, s:o}", "total_gb", total, "tier", "l2",
+    coordinator_reply_json(out, 200, json_pack("{s:f, s:s, s:o}", "total_gb", total, "tier", "l2",
                                          "by_cache_salt", list));
 }

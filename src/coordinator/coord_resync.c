@@ -16,31 +16,31 @@ static size_t backfill(lmc_coord *co, const json_t *entries)
 {
     size_t added = 0;
     pthread_mutex_lock(&co->mu);
-    coord_state *s = &co->st;
-    uint32_t backend = coord_names_intern(&s->backends, "");
-    coord_db_begin(co->db);
+    coordinator_state *s = &co->st;
+    uint32_t backend = coordinator_names_intern(&s->backends, "");
+    coordinator_db_begin(co->db);
     for (size_t i = 0; i < json_array_size(entries); i++) {
         const json_t *en = json_array_get(entries, i);
-        coord_wire_key w;
-        coord_key k;
+        coordinator_wire_key w;
+        coordinator_key k;
         char why[160];
         json_t *size = json_object_get(en, "size_bytes");
-        if (coord_wire_key_parse(json_object_get(en, "key"), &w, why, sizeof why) != 0 ||
+        if (coordinator_wire_key_parse(json_object_get(en, "key"), &w, why, sizeof why) != 0 ||
             !json_is_integer(size) || json_integer_value(size) < 0 ||
-            !coord_wire_key_resolve(s, &w, true, &k))
+            !coordinator_wire_key_resolve(s, &w, true, &k))
             continue;
-        uint32_t idx = coord_keys_get(&s->keys, &k);
+        uint32_t idx = coordinator_keys_get(&s->keys, &k);
         if (idx == COORD_NONE || (s->keys.e[idx].flags & COORD_IN_L2))
             continue;
-        if (coord_usage_l2_insert_at(s, idx, (uint64_t)json_integer_value(size), backend, 0) == 0) {
-            coord_db_put_l2(co->db, s, idx);
+        if (coordinator_usage_l2_insert_at(s, idx, (uint64_t)json_integer_value(size), backend, 0) == 0) {
+            coordinator_db_put_l2(co->db, s, idx);
             added++;
         } else {
-            coord_keys_release(&s->keys, idx);
+            coordinator_keys_release(&s->keys, idx);
         }
     }
-    if (coord_db_commit(co->db) != 0)
-        coord_db_mark_diverged(co->db); /* the backfilled keys stay: the log catches up */
+    if (coordinator_db_commit(co->db) != 0)
+        coordinator_db_mark_diverged(co->db); /* the backfilled keys stay: the log catches up */
     pthread_mutex_unlock(&co->mu);
     return added;
 }
@@ -58,7 +58,7 @@ static int resync_from(lmc_coord *co, const char *ip, int port)
         curl_free(esc);
         free(token);
         token = NULL;
-        long st = coord_call(co, "GET", ip, port, path, NULL, &reply, err, sizeof err);
+        long st = coordinator_call(co, "GET", ip, port, path, NULL, &reply, err, sizeof err);
         json_t *page = st == 200 ? json_loads(reply, 0, NULL) : NULL;
         free(reply);
         if (!json_is_object(page)) {
@@ -78,27 +78,27 @@ static int resync_from(lmc_coord *co, const char *ip, int port)
     return 0;
 }
 
-void *coord_resync_loop(void *arg)
+void *coordinator_resync_loop(void *arg)
 {
     lmc_coord *co = arg;
-    double deadline = coord_now_mono() + co->cfg.resync_max_wait_s;
+    double deadline = coordinator_now_mono() + co->cfg.resync_max_wait_s;
     pthread_mutex_lock(&co->mu);
     while (!co->stopping) {
         char ip[256];
         int port;
-        if (coord_member_pick(co, ip, sizeof ip, &port)) {
+        if (coordinator_member_pick(co, ip, sizeof ip, &port)) {
             pthread_mutex_unlock(&co->mu);
             int rc = resync_from(co, ip, port);
             pthread_mutex_lock(&co->mu);
             if (rc == 0)
                 break;
         }
-        if (coord_now_mono() >= deadline) {
+        if (coordinator_now_mono() >= deadline) {
             LMC_WARN("coordinator: no server could be resynced from within "
                      "LMCACHE_MP_COORDINATOR_RESYNC_MAX_WAIT (%.0f s)", co->cfg.resync_max_wait_s);
             break;
         }
-        coord_wait(co, co->cfg.resync_poll_interval_s);
+        coordinator_wait(co, co->cfg.resync_poll_interval_s);
     }
     pthread_mutex_unlock(&co->mu);
     return NULL;

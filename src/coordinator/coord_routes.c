@@ -16,7 +16,7 @@ static bool is_get(const char *method)
 
 /* Reads are open, as are /healthcheck and /metrics (both GET); every
  * other method needs the token when one is configured. */
-bool coord_route_guarded(const char *method, const char *path)
+bool coordinator_route_guarded(const char *method, const char *path)
 {
     (void)path;
     return !is_get(method);
@@ -28,9 +28,9 @@ static const char *after(const char *path, const char *prefix)
     return strncmp(path, prefix, n) == 0 && path[n] ? path + n : NULL;
 }
 
-void coord_warn_keys_full(lmc_coord *co)
+void coordinator_warn_keys_full(lmc_coord *co)
 {
-    double now = coord_now_mono();
+    double now = coordinator_now_mono();
     if (co->keys_full_warned && now - co->keys_full_warned < 60)
         return;
     co->keys_full_warned = now;
@@ -45,7 +45,7 @@ void coord_warn_keys_full(lmc_coord *co)
  * every second must not flood the log. */
 static void warn_not_saved(lmc_coord *co)
 {
-    double now = coord_now_mono();
+    double now = coordinator_now_mono();
     co->not_saved++;
     if (co->not_saved_warned && now - co->not_saved_warned < 60)
         return;
@@ -56,49 +56,49 @@ static void warn_not_saved(lmc_coord *co)
               (unsigned long long)co->not_saved);
 }
 
-static void blend_501(coord_reply *out)
+static void blend_501(coordinator_reply *out)
 {
-    coord_reply_detail(out, 501, "CacheBlend (the fleet fragment index) is not implemented in "
+    coordinator_reply_detail(out, 501, "CacheBlend (the fleet fragment index) is not implemented in "
                                  "this coordinator (docs/coordinator.md)");
 }
 
-void coord_ep_events(lmc_coord *co, const coord_request *rq, coord_reply *out)
+void coordinator_ep_events(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
 {
     if (!rq->body)
-        return coord_reply_detail(out, 422, "a JSON object body is required");
-    coord_event_request r;
+        return coordinator_reply_detail(out, 422, "a JSON object body is required");
+    coordinator_event_request r;
     char why[512];
-    int parsed = coord_events_parse_in_place(rq->body, rq->body_len, &r, why, sizeof why);
+    int parsed = coordinator_events_parse_in_place(rq->body, rq->body_len, &r, why, sizeof why);
     if (parsed != 0) /* out of memory is ours, not the body's: the sender tries again */
-        return coord_reply_detail(out, parsed == -2 ? 503 : 422, "%s", why);
-    coord_ingest_result res;
+        return coordinator_reply_detail(out, parsed == -2 ? 503 : 422, "%s", why);
+    coordinator_ingest_result res;
     pthread_mutex_lock(&co->mu);
     uint64_t refused = co->st.keys.refused;
-    int rc = coord_events_ingest(&co->st, co->db, &r, &res, why, sizeof why);
+    int rc = coordinator_events_ingest(&co->st, co->db, &r, &res, why, sizeof why);
     if (co->st.keys.refused != refused)
-        coord_warn_keys_full(co);
+        coordinator_warn_keys_full(co);
     if (rc == -2)
         warn_not_saved(co);
     pthread_mutex_unlock(&co->mu);
-    coord_events_request_free(&r);
+    coordinator_events_request_free(&r);
     if (rc != 0)
-        return coord_reply_detail(out, 503, "%s", why);
-    coord_reply_json(out, 200, json_pack("{s:I, s:I, s:I}", "applied", (json_int_t)res.applied,
+        return coordinator_reply_detail(out, 503, "%s", why);
+    coordinator_reply_json(out, 200, json_pack("{s:I, s:I, s:I}", "applied", (json_int_t)res.applied,
                                          "duplicates", (json_int_t)res.duplicates, "stale",
                                          (json_int_t)res.stale));
 }
 
-static void healthcheck(lmc_coord *co, coord_reply *out)
+static void healthcheck(lmc_coord *co, coordinator_reply *out)
 {
     pthread_mutex_lock(&co->mu);
     size_t n = co->n_members;
     pthread_mutex_unlock(&co->mu);
-    coord_reply_json(out, 200, json_pack("{s:s, s:I}", "status", "healthy", "instances",
+    coordinator_reply_json(out, 200, json_pack("{s:s, s:I}", "status", "healthy", "instances",
                                          (json_int_t)n));
 }
 
 /* Routes under /instances/. */
-static bool instance_routes(lmc_coord *co, const coord_request *rq, coord_reply *out,
+static bool instance_routes(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out,
                             const char *rest)
 {
     const char *hb = "/heartbeat";
@@ -106,23 +106,23 @@ static bool instance_routes(lmc_coord *co, const coord_request *rq, coord_reply 
     if (n > hn && strcmp(rest + n - hn, hb) == 0) {
         char id[COORD_INSTANCE_ID_MAX + 1];
         if (n - hn > COORD_INSTANCE_ID_MAX)
-            return coord_reply_json(out, 404, json_pack("{s:s}", "error", "unknown instance; "
+            return coordinator_reply_json(out, 404, json_pack("{s:s}", "error", "unknown instance; "
                                                         "re-register")), true;
         memcpy(id, rest, n - hn);
         id[n - hn] = '\0';
         if (strcmp(rq->method, "PUT") != 0)
             return false;
-        coord_ep_heartbeat(co, rq, out, id);
+        coordinator_ep_heartbeat(co, rq, out, id);
         return true;
     }
     if (strcmp(rq->method, "DELETE") != 0)
         return false;
-    coord_ep_deregister(co, rq, out, rest);
+    coordinator_ep_deregister(co, rq, out, rest);
     return true;
 }
 
 /* true when a route ran; false: the path is known but not the method. */
-static bool route(lmc_coord *co, const coord_request *rq, coord_reply *out, bool *known)
+static bool route(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out, bool *known)
 {
     const char *m = rq->method, *p = rq->path, *rest;
     bool get = is_get(m), post = !strcmp(m, "POST"), put = !strcmp(m, "PUT");
@@ -131,47 +131,47 @@ static bool route(lmc_coord *co, const coord_request *rq, coord_reply *out, bool
     if (!strcmp(p, "/healthcheck"))
         return get ? healthcheck(co, out), true : false;
     if (!strcmp(p, "/metrics"))
-        return get ? coord_ep_metrics(co, rq, out), true : false;
+        return get ? coordinator_ep_metrics(co, rq, out), true : false;
     if (!strcmp(p, "/instances")) {
         if (post)
-            return coord_ep_register(co, rq, out), true;
-        return get ? coord_ep_instances(co, rq, out), true : false;
+            return coordinator_ep_register(co, rq, out), true;
+        return get ? coordinator_ep_instances(co, rq, out), true : false;
     }
     if ((rest = after(p, "/instances/")))
         return instance_routes(co, rq, out, rest);
     if (!strcmp(p, "/events"))
-        return post ? coord_ep_events(co, rq, out), true : false;
+        return post ? coordinator_ep_events(co, rq, out), true : false;
     if (!strcmp(p, "/quota/config"))
-        return get || put ? coord_ep_quota_config(co, rq, out), true : false;
+        return get || put ? coordinator_ep_quota_config(co, rq, out), true : false;
     if (!strcmp(p, "/quota"))
-        return get ? coord_ep_quota_all(co, rq, out), true : false;
+        return get ? coordinator_ep_quota_all(co, rq, out), true : false;
     if ((rest = after(p, "/quota/")))
-        return get || put || del ? coord_ep_quota_salt(co, rq, out, rest), true : false;
+        return get || put || del ? coordinator_ep_quota_salt(co, rq, out, rest), true : false;
     if (!strcmp(p, "/cache/pins"))
-        return post || del ? coord_ep_pins(co, rq, out), true : false;
+        return post || del ? coordinator_ep_pins(co, rq, out), true : false;
     if (!strcmp(p, "/cache/prefetches"))
-        return post ? coord_ep_prefetch(co, rq, out), true : false;
+        return post ? coordinator_ep_prefetch(co, rq, out), true : false;
     if ((rest = after(p, "/cache/prefetches/")))
-        return get ? coord_ep_prefetch_status(co, rq, out, rest), true : false;
+        return get ? coordinator_ep_prefetch_status(co, rq, out, rest), true : false;
     if (!strcmp(p, "/directory/lookup"))
-        return post ? coord_ep_dir_lookup(co, rq, out), true : false;
+        return post ? coordinator_ep_dir_lookup(co, rq, out), true : false;
     if (!strcmp(p, "/directory/keys"))
-        return get ? coord_ep_dir_keys(co, rq, out), true : false;
+        return get ? coordinator_ep_dir_keys(co, rq, out), true : false;
     if (!strcmp(p, "/directory/stats"))
-        return get ? coord_ep_dir_stats(co, rq, out), true : false;
+        return get ? coordinator_ep_dir_stats(co, rq, out), true : false;
     if (!strcmp(p, "/directory/blend-lookup") || after(p, "/blend/"))
         return blend_501(out), true;
     *known = false;
     return false;
 }
 
-void coord_dispatch(lmc_coord *co, const coord_request *rq, coord_reply *out)
+void coordinator_dispatch(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
 {
     bool known;
     if (route(co, rq, out, &known))
         return;
     if (known)
-        coord_reply_detail(out, 405, "Method Not Allowed");
+        coordinator_reply_detail(out, 405, "Method Not Allowed");
     else
-        coord_reply_detail(out, 404, "Not Found");
+        coordinator_reply_detail(out, 404, "Not Found");
 }

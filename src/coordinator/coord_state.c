@@ -26,13 +26,13 @@ static uint64_t str_hash(const char *s)
 
 /* ---- names ---------------------------------------------------------------- */
 
-void coord_names_init(coord_names *t, uint32_t max)
+void coordinator_names_init(coordinator_names *t, uint32_t max)
 {
     memset(t, 0, sizeof *t);
     t->max = max;
 }
 
-void coord_names_free(coord_names *t)
+void coordinator_names_free(coordinator_names *t)
 {
     for (uint32_t i = 0; i < t->n; i++)
         free(t->strs[i]);
@@ -41,7 +41,7 @@ void coord_names_free(coord_names *t)
     memset(t, 0, sizeof *t);
 }
 
-uint32_t coord_names_find(const coord_names *t, const char *s)
+uint32_t coordinator_names_find(const coordinator_names *t, const char *s)
 {
     if (!t->index)
         return COORD_NONE;
@@ -54,7 +54,7 @@ uint32_t coord_names_find(const coord_names *t, const char *s)
     }
 }
 
-static void names_place(coord_names *t, uint32_t id)
+static void names_place(coordinator_names *t, uint32_t id)
 {
     uint32_t i = (uint32_t)str_hash(t->strs[id]) & t->mask;
     while (t->index[i])
@@ -62,7 +62,7 @@ static void names_place(coord_names *t, uint32_t id)
     t->index[i] = id + 1;
 }
 
-static bool names_grow(coord_names *t)
+static bool names_grow(coordinator_names *t)
 {
     if (t->n + 1 <= t->cap && (t->n + 1) * 2 <= t->mask + 1)
         return true;
@@ -84,9 +84,9 @@ static bool names_grow(coord_names *t)
     return true;
 }
 
-uint32_t coord_names_intern(coord_names *t, const char *s)
+uint32_t coordinator_names_intern(coordinator_names *t, const char *s)
 {
-    uint32_t id = coord_names_find(t, s);
+    uint32_t id = coordinator_names_find(t, s);
     if (id != COORD_NONE)
         return id;
     if (t->n >= t->max || !names_grow(t))
@@ -105,13 +105,13 @@ static unsigned memo_way(const char *s, size_t len)
     return (unsigned)(len * 7 + outer) % COORD_NAME_MEMO_WAYS;
 }
 
-uint32_t coord_names_lookup(coord_names *t, coord_name_memo *m, const char *s, size_t len,
+uint32_t coordinator_names_lookup(coordinator_names *t, coordinator_name_memo *m, const char *s, size_t len,
                             bool intern)
 {
     unsigned w = memo_way(s, len);
     if (m->len1[w] == len + 1 && memcmp(t->strs[m->id[w]], s, len) == 0)
         return m->id[w];
-    uint32_t id = intern ? coord_names_intern(t, s) : coord_names_find(t, s);
+    uint32_t id = intern ? coordinator_names_intern(t, s) : coordinator_names_find(t, s);
     if (id != COORD_NONE && len < UINT32_MAX) {
         m->id[w] = id;
         m->len1[w] = (uint32_t)len + 1;
@@ -119,7 +119,7 @@ uint32_t coord_names_lookup(coord_names *t, coord_name_memo *m, const char *s, s
     return id;
 }
 
-const char *coord_names_str(const coord_names *t, uint32_t id)
+const char *coordinator_names_str(const coordinator_names *t, uint32_t id)
 {
     return id < t->n ? t->strs[id] : "";
 }
@@ -143,13 +143,13 @@ static uint64_t key_hash(uint64_t seed, const uint8_t *hash, uint8_t len, uint32
     return mix64(h);
 }
 
-static bool entry_is(const coord_entry *e, const coord_key *k)
+static bool entry_is(const coordinator_entry *e, const coordinator_key *k)
 {
     return e->hash_len == k->hash_len && e->kv_rank == k->kv_rank && e->group == k->group &&
            e->model == k->model && e->salt == k->salt && memcmp(e->hash, k->hash, k->hash_len) == 0;
 }
 
-void coord_entry_key(const coord_entry *e, coord_key *out)
+void coordinator_entry_key(const coordinator_entry *e, coordinator_key *out)
 {
     memset(out, 0, sizeof *out);
     memcpy(out->hash, e->hash, e->hash_len);
@@ -163,7 +163,7 @@ void coord_entry_key(const coord_entry *e, coord_key *out)
 /* An index slot holds the key's 32-bit table hash above its entry + 1, so
  * that probing compares entries only on a hash match and growing never
  * reads an entry.  0 = empty. */
-static uint32_t hash_of(const coord_keys *t, const coord_key *k)
+static uint32_t hash_of(const coordinator_keys *t, const coordinator_key *k)
 {
     return (uint32_t)key_hash(t->seed, k->hash, k->hash_len, k->kv_rank, k->group, k->model,
                               k->salt);
@@ -179,14 +179,14 @@ static uint32_t slot_entry(uint64_t v)
     return (uint32_t)v - 1u;
 }
 
-static uint32_t slot_home(const coord_keys *t, uint64_t v)
+static uint32_t slot_home(const coordinator_keys *t, uint64_t v)
 {
     return (uint32_t)(v >> 32) & t->mask;
 }
 
 /* The slot of key k, with its entry in *idx; or the empty slot where it
  * would go (*idx COORD_NONE).  The index must exist. */
-static uint32_t probe(const coord_keys *t, const coord_key *k, uint32_t h, uint32_t *idx)
+static uint32_t probe(const coordinator_keys *t, const coordinator_key *k, uint32_t h, uint32_t *idx)
 {
     uint32_t i = h & t->mask;
     for (; t->index[i]; i = (i + 1) & t->mask) {
@@ -200,12 +200,12 @@ static uint32_t probe(const coord_keys *t, const coord_key *k, uint32_t h, uint3
     return i;
 }
 
-uint32_t coord_keys_hash(const coord_keys *t, const coord_key *k)
+uint32_t coordinator_keys_hash(const coordinator_keys *t, const coordinator_key *k)
 {
     return hash_of(t, k);
 }
 
-uint32_t coord_keys_find_hashed(const coord_keys *t, const coord_key *k, uint32_t h)
+uint32_t coordinator_keys_find_hashed(const coordinator_keys *t, const coordinator_key *k, uint32_t h)
 {
     uint32_t idx = COORD_NONE;
     if (t->index)
@@ -213,18 +213,18 @@ uint32_t coord_keys_find_hashed(const coord_keys *t, const coord_key *k, uint32_
     return idx;
 }
 
-uint32_t coord_keys_find(const coord_keys *t, const coord_key *k)
+uint32_t coordinator_keys_find(const coordinator_keys *t, const coordinator_key *k)
 {
-    return coord_keys_find_hashed(t, k, hash_of(t, k));
+    return coordinator_keys_find_hashed(t, k, hash_of(t, k));
 }
 
-void coord_keys_prefetch_slot(const coord_keys *t, uint32_t h)
+void coordinator_keys_prefetch_slot(const coordinator_keys *t, uint32_t h)
 {
     if (t->index)
         __builtin_prefetch(&t->index[h & t->mask]);
 }
 
-void coord_keys_prefetch_entry(const coord_keys *t, uint32_t h)
+void coordinator_keys_prefetch_entry(const coordinator_keys *t, uint32_t h)
 {
     if (!t->index)
         return;
@@ -234,12 +234,12 @@ void coord_keys_prefetch_entry(const coord_keys *t, uint32_t h)
 }
 
 /* Entries grow by half. */
-static bool keys_grow_entries(coord_keys *t)
+static bool keys_grow_entries(coordinator_keys *t)
 {
     if (t->free_head != COORD_NONE || t->n_slots < t->cap)
         return true;
     uint32_t cap = t->cap ? t->cap + t->cap / 2 : 1024;
-    coord_entry *e = realloc(t->e, (size_t)cap * sizeof *e);
+    coordinator_entry *e = realloc(t->e, (size_t)cap * sizeof *e);
     if (!e)
         return false;
     t->e = e;
@@ -248,7 +248,7 @@ static bool keys_grow_entries(coord_keys *t)
 }
 
 /* The index stays at most half full; it doubles from the hashes it holds. */
-static bool keys_grow_index(coord_keys *t)
+static bool keys_grow_index(coordinator_keys *t)
 {
     if (t->index && (uint64_t)(t->n_live + 1) * 2 <= (uint64_t)t->mask + 1)
         return true;
@@ -272,15 +272,15 @@ static bool keys_grow_index(coord_keys *t)
     return true;
 }
 
-uint32_t coord_keys_get(coord_keys *t, const coord_key *k)
+uint32_t coordinator_keys_get(coordinator_keys *t, const coordinator_key *k)
 {
-    return coord_keys_get_hashed(t, k, hash_of(t, k));
+    return coordinator_keys_get_hashed(t, k, hash_of(t, k));
 }
 
-uint32_t coord_keys_get_hashed(coord_keys *t, const coord_key *k, uint32_t h)
+uint32_t coordinator_keys_get_hashed(coordinator_keys *t, const coordinator_key *k, uint32_t h)
 {
     if (!keys_grow_index(t) || !keys_grow_entries(t))
-        return coord_keys_find_hashed(t, k, h);
+        return coordinator_keys_find_hashed(t, k, h);
     uint32_t idx;
     uint32_t slot = probe(t, k, h, &idx);
     if (idx != COORD_NONE)
@@ -295,7 +295,7 @@ uint32_t coord_keys_get_hashed(coord_keys *t, const coord_key *k, uint32_t h)
     } else {
         idx = t->n_slots++;
     }
-    coord_entry *e = &t->e[idx];
+    coordinator_entry *e = &t->e[idx];
     memset(e, 0, sizeof *e);
     memcpy(e->hash, k->hash, k->hash_len);
     e->hash_len = k->hash_len;
@@ -310,7 +310,7 @@ uint32_t coord_keys_get_hashed(coord_keys *t, const coord_key *k, uint32_t h)
 }
 
 /* Backward-shift deletion keeps every probe chain unbroken. */
-static void index_remove(coord_keys *t, uint32_t slot)
+static void index_remove(coordinator_keys *t, uint32_t slot)
 {
     uint32_t hole = slot;
     for (uint32_t i = (slot + 1) & t->mask; t->index[i]; i = (i + 1) & t->mask) {
@@ -324,13 +324,13 @@ static void index_remove(coord_keys *t, uint32_t slot)
     t->index[hole] = 0;
 }
 
-void coord_keys_release(coord_keys *t, uint32_t idx)
+void coordinator_keys_release(coordinator_keys *t, uint32_t idx)
 {
-    coord_entry *e = &t->e[idx];
+    coordinator_entry *e = &t->e[idx];
     if ((e->flags & COORD_IN_L2) || e->n_l1 || e->pins)
         return;
-    coord_key k;
-    coord_entry_key(e, &k);
+    coordinator_key k;
+    coordinator_entry_key(e, &k);
     uint32_t found = COORD_NONE, slot = t->index ? probe(t, &k, hash_of(t, &k), &found) : 0;
     if (found == idx)
         index_remove(t, slot);
@@ -341,7 +341,7 @@ void coord_keys_release(coord_keys *t, uint32_t idx)
     t->n_live--;
 }
 
-size_t coord_keys_memory(const coord_keys *t)
+size_t coordinator_keys_memory(const coordinator_keys *t)
 {
     return (size_t)t->cap * sizeof *t->e + (t->index ? (size_t)(t->mask + 1) * sizeof *t->index : 0);
 }
@@ -364,7 +364,7 @@ static bool grow_array(void **arr, uint32_t *cap, uint32_t need, size_t elem)
     return true;
 }
 
-coord_salt *coord_salt_at(coord_state *s, uint32_t salt)
+coordinator_salt *coordinator_salt_at(coordinator_state *s, uint32_t salt)
 {
     uint32_t old = s->salt_cap;
     if (!grow_array((void **)&s->salt, &s->salt_cap, salt, sizeof *s->salt))
@@ -374,28 +374,28 @@ coord_salt *coord_salt_at(coord_state *s, uint32_t salt)
     return &s->salt[salt];
 }
 
-coord_cursor *coord_cursor_at(coord_state *s, uint32_t inst)
+coordinator_cursor *coordinator_cursor_at(coordinator_state *s, uint32_t inst)
 {
     if (!grow_array((void **)&s->cursor, &s->cursor_cap, inst, sizeof *s->cursor))
         return NULL;
     return &s->cursor[inst];
 }
 
-int coord_state_init(coord_state *s)
+int coordinator_state_init(coordinator_state *s)
 {
     memset(s, 0, sizeof *s);
-    coord_names_init(&s->models, COORD_MAX_NAMES);
-    coord_names_init(&s->salts, COORD_MAX_NAMES);
-    coord_names_init(&s->backends, COORD_MAX_NAMES);
-    coord_names_init(&s->instances, COORD_MAX_CURSORS);
+    coordinator_names_init(&s->models, COORD_MAX_NAMES);
+    coordinator_names_init(&s->salts, COORD_MAX_NAMES);
+    coordinator_names_init(&s->backends, COORD_MAX_NAMES);
+    coordinator_names_init(&s->instances, COORD_MAX_CURSORS);
     s->keys.free_head = COORD_NONE;
     if (getrandom(&s->keys.seed, sizeof s->keys.seed, 0) != (ssize_t)sizeof s->keys.seed)
         s->keys.seed = (uint64_t)(uintptr_t)s ^ 0x5bd1e995u;
     /* backend id 0 is "" so that an entry's zero value names no backend */
-    return coord_names_intern(&s->backends, "") == 0 ? 0 : -1;
+    return coordinator_names_intern(&s->backends, "") == 0 ? 0 : -1;
 }
 
-void coord_state_free(coord_state *s)
+void coordinator_state_free(coordinator_state *s)
 {
     for (uint32_t i = 0; i < s->keys.n_slots; i++)
         free(s->keys.e[i].l1);
@@ -403,9 +403,9 @@ void coord_state_free(coord_state *s)
     free(s->keys.index);
     free(s->salt);
     free(s->cursor);
-    coord_names_free(&s->models);
-    coord_names_free(&s->salts);
-    coord_names_free(&s->backends);
-    coord_names_free(&s->instances);
+    coordinator_names_free(&s->models);
+    coordinator_names_free(&s->salts);
+    coordinator_names_free(&s->backends);
+    coordinator_names_free(&s->instances);
     memset(s, 0, sizeof *s);
 }

@@ -1,6 +1,6 @@
 /* The coordinator's state (docs/coordinator.md): names, per-key facts,
  * per-salt usage and LRU, quotas, pins, event cursors.  Everything here is
- * plain data guarded by the owner's one mutex (coord_state.mu); nothing in
+ * plain data guarded by the owner's one mutex (coordinator_state.mu); nothing in
  * this header takes a lock itself. */
 #ifndef LMC_COORDINATOR_COORD_STATE_H
 #define LMC_COORDINATOR_COORD_STATE_H
@@ -27,7 +27,7 @@ typedef struct {
     uint32_t *index; /* open addressing: id + 1, 0 = empty */
     uint32_t mask;
     uint32_t max;
-} coord_names;
+} coordinator_names;
 
 /* Names lookups resolved lately: a batch names the same model and a few
  * salts over and over.  Direct-mapped on the length and the outer bytes;
@@ -36,18 +36,18 @@ typedef struct {
 typedef struct {
     uint32_t id[COORD_NAME_MEMO_WAYS];
     uint32_t len1[COORD_NAME_MEMO_WAYS]; /* the name's length + 1; 0 = empty */
-} coord_name_memo;
+} coordinator_name_memo;
 
-void coord_names_init(coord_names *t, uint32_t max);
-void coord_names_free(coord_names *t);
+void coordinator_names_init(coordinator_names *t, uint32_t max);
+void coordinator_names_free(coordinator_names *t);
 /* The id of s, adding it; COORD_NONE when full or out of memory. */
-uint32_t coord_names_intern(coord_names *t, const char *s);
+uint32_t coordinator_names_intern(coordinator_names *t, const char *s);
 /* The id of s, or COORD_NONE. */
-uint32_t coord_names_find(const coord_names *t, const char *s);
-const char *coord_names_str(const coord_names *t, uint32_t id);
-/* coord_names_find / _intern through the memo; s has len bytes (and its
+uint32_t coordinator_names_find(const coordinator_names *t, const char *s);
+const char *coordinator_names_str(const coordinator_names *t, uint32_t id);
+/* coordinator_names_find / _intern through the memo; s has len bytes (and its
  * NUL). */
-uint32_t coord_names_lookup(coord_names *t, coord_name_memo *m, const char *s, size_t len,
+uint32_t coordinator_names_lookup(coordinator_names *t, coordinator_name_memo *m, const char *s, size_t len,
                             bool intern);
 
 /* ---- keys and their facts ------------------------------------------------- */
@@ -56,13 +56,13 @@ typedef struct {
     uint32_t kv_rank, group;
     uint32_t model, salt; /* name ids */
     uint8_t hash_len;
-} coord_key;
+} coordinator_key;
 
 typedef struct {
     uint32_t instance; /* cursor id */
     uint32_t backend;  /* name id */
     uint64_t size;
-} coord_l1_place;
+} coordinator_l1_place;
 
 enum { COORD_IN_L2 = 1, COORD_L2_SHARED = 2 };
 
@@ -73,7 +73,7 @@ typedef struct {
     uint32_t kv_rank, group, model, salt;
     uint64_t l2_size;
     uint64_t touch;          /* last store/access order, for the LRU */
-    coord_l1_place *l1;      /* n_l1 placements, NULL when none */
+    coordinator_l1_place *l1;      /* n_l1 placements, NULL when none */
     uint32_t lru_prev, lru_next; /* within the salt's L2 LRU; free-list link */
     uint32_t pins;
     uint32_t num_tokens;
@@ -81,10 +81,10 @@ typedef struct {
     uint16_t n_l1;
     uint8_t hash_len;
     uint8_t flags;
-} coord_entry;
+} coordinator_entry;
 
 typedef struct {
-    coord_entry *e;
+    coordinator_entry *e;
     uint32_t n_slots, cap, n_live;
     uint32_t free_head;
     uint64_t *index; /* hash << 32 | entry + 1, 0 = empty; linear probing */
@@ -92,7 +92,7 @@ typedef struct {
     uint64_t seed;   /* of the table hash, drawn at start */
     uint32_t max_live; /* new keys past this many are refused; 0 = no bound */
     uint64_t refused;  /* new keys refused for max_live */
-} coord_keys;
+} coordinator_keys;
 
 /* Per salt: usage by tier and the L2 LRU (head = least recent). */
 typedef struct {
@@ -101,13 +101,13 @@ typedef struct {
     uint32_t lru_head, lru_tail;
     bool has_quota;
     double quota_gb;
-} coord_salt;
+} coordinator_salt;
 
 typedef struct {
     uint32_t tier_l2 : 1, shared : 1;
     uint32_t backend;
     uint64_t capacity_bytes, revision;
-} coord_capacity;
+} coordinator_capacity;
 
 /* The event gate's memory of one instance's stream. */
 typedef struct {
@@ -115,100 +115,100 @@ typedef struct {
     int64_t incarnation, last_seq;
     bool gap;
     uint32_t n_caps;
-    coord_capacity caps[COORD_MAX_CAPACITIES];
-} coord_cursor;
+    coordinator_capacity caps[COORD_MAX_CAPACITIES];
+} coordinator_cursor;
 
 typedef struct {
     uint64_t applied, duplicates, stale, gaps, fenced;
     uint64_t entries_applied;
-} coord_ingest_counters;
+} coordinator_ingest_counters;
 
 typedef struct {
-    coord_names models, salts, backends, instances;
-    coord_name_memo model_memo, salt_memo;
-    coord_keys keys;
-    coord_salt *salt;       /* indexed by salt id, salts.cap entries */
+    coordinator_names models, salts, backends, instances;
+    coordinator_name_memo model_memo, salt_memo;
+    coordinator_keys keys;
+    coordinator_salt *salt;       /* indexed by salt id, salts.cap entries */
     uint32_t salt_cap;
-    coord_cursor *cursor;   /* indexed by instance name id */
+    coordinator_cursor *cursor;   /* indexed by instance name id */
     uint32_t cursor_cap;
     uint64_t clock;         /* last touch order handed out */
     bool has_default_quota;
     double default_quota_gb;
-    coord_ingest_counters ingest;
+    coordinator_ingest_counters ingest;
     uint64_t l2_entries;    /* keys in L2 */
     uint64_t l2_bytes, l1_entries, l1_bytes;
-} coord_state;
+} coordinator_state;
 
-int coord_state_init(coord_state *s);
-void coord_state_free(coord_state *s);
+int coordinator_state_init(coordinator_state *s);
+void coordinator_state_free(coordinator_state *s);
 
 /* Key table. */
-uint32_t coord_keys_find(const coord_keys *k, const coord_key *key);
+uint32_t coordinator_keys_find(const coordinator_keys *k, const coordinator_key *key);
 /* The entry of key, created empty when new; COORD_NONE on out of memory
  * or when the key is new and max_live keys are held (counted in refused:
  * the key directory's bound, docs/coordinator.md "Key directory"). */
-uint32_t coord_keys_get(coord_keys *k, const coord_key *key);
-/* The same with the key's table hash (coord_keys_hash) known: a batch
+uint32_t coordinator_keys_get(coordinator_keys *k, const coordinator_key *key);
+/* The same with the key's table hash (coordinator_keys_hash) known: a batch
  * hashes its keys ahead and prefetches their slots, so that the cache
  * misses of many keys overlap instead of coming one after the other. */
-uint32_t coord_keys_hash(const coord_keys *k, const coord_key *key);
-uint32_t coord_keys_find_hashed(const coord_keys *k, const coord_key *key, uint32_t h);
-uint32_t coord_keys_get_hashed(coord_keys *k, const coord_key *key, uint32_t h);
+uint32_t coordinator_keys_hash(const coordinator_keys *k, const coordinator_key *key);
+uint32_t coordinator_keys_find_hashed(const coordinator_keys *k, const coordinator_key *key, uint32_t h);
+uint32_t coordinator_keys_get_hashed(coordinator_keys *k, const coordinator_key *key, uint32_t h);
 /* Prefetch hints: the index slot where hash h starts probing; the entry
  * that slot names when its hash is h (the slot read, so prefetch it
  * first). */
-void coord_keys_prefetch_slot(const coord_keys *k, uint32_t h);
-void coord_keys_prefetch_entry(const coord_keys *k, uint32_t h);
+void coordinator_keys_prefetch_slot(const coordinator_keys *k, uint32_t h);
+void coordinator_keys_prefetch_entry(const coordinator_keys *k, uint32_t h);
 /* Drops the entry if nothing refers to it any more (not in L2, no L1
  * placement, no pin). */
-void coord_keys_release(coord_keys *k, uint32_t idx);
-void coord_entry_key(const coord_entry *e, coord_key *out);
-size_t coord_keys_memory(const coord_keys *k);
+void coordinator_keys_release(coordinator_keys *k, uint32_t idx);
+void coordinator_entry_key(const coordinator_entry *e, coordinator_key *out);
+size_t coordinator_keys_memory(const coordinator_keys *k);
 
 /* Salt records (grown on demand); NULL on out of memory. */
-coord_salt *coord_salt_at(coord_state *s, uint32_t salt);
+coordinator_salt *coordinator_salt_at(coordinator_state *s, uint32_t salt);
 /* Cursor records; NULL on out of memory. */
-coord_cursor *coord_cursor_at(coord_state *s, uint32_t inst);
+coordinator_cursor *coordinator_cursor_at(coordinator_state *s, uint32_t inst);
 
 /* ---- usage and the L2 LRU (coord_usage.c) --------------------------------- */
 /* A store into L2: counted once however often it is stored (the size
  * replaced), and made most recent. */
-int coord_usage_l2_store(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+int coordinator_usage_l2_store(coordinator_state *s, uint32_t idx, uint64_t size, uint32_t backend,
                          bool shared);
 /* An access: most recent, when it is in L2. */
-void coord_usage_l2_touch(coord_state *s, uint32_t idx);
+void coordinator_usage_l2_touch(coordinator_state *s, uint32_t idx);
 /* A delete from L2: usage subtracted, out of the LRU.  May free idx. */
-void coord_usage_l2_delete(coord_state *s, uint32_t idx);
+void coordinator_usage_l2_delete(coordinator_state *s, uint32_t idx);
 /* Puts a key at the least-recent end (resync backfill, database load). */
-int coord_usage_l2_insert_at(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+int coordinator_usage_l2_insert_at(coordinator_state *s, uint32_t idx, uint64_t size, uint32_t backend,
                              uint64_t touch);
 /* The same at the most recent end whatever the touch (a log replay, which
- * meets keys in no particular order); coord_usage_l2_sort then orders
+ * meets keys in no particular order); coordinator_usage_l2_sort then orders
  * every salt's LRU by touch once, instead of a walk per key.  0, or -1 out
  * of memory (the lists are then as they were). */
-int coord_usage_l2_append(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+int coordinator_usage_l2_append(coordinator_state *s, uint32_t idx, uint64_t size, uint32_t backend,
                           uint64_t touch);
-int coord_usage_l2_sort(coord_state *s);
-int coord_usage_l1_store(coord_state *s, uint32_t idx, uint32_t inst, uint32_t backend,
+int coordinator_usage_l2_sort(coordinator_state *s);
+int coordinator_usage_l1_store(coordinator_state *s, uint32_t idx, uint32_t inst, uint32_t backend,
                          uint64_t size);
 /* May free idx. */
-void coord_usage_l1_delete(coord_state *s, uint32_t idx, uint32_t inst);
+void coordinator_usage_l1_delete(coordinator_state *s, uint32_t idx, uint32_t inst);
 /* Voids every L1 placement of inst (fencing); the number voided. */
-size_t coord_usage_l1_void(coord_state *s, uint32_t inst);
+size_t coordinator_usage_l1_void(coordinator_state *s, uint32_t inst);
 
 /* ---- quotas (coord_quota.c) ----------------------------------------------- */
 #define COORD_GB 1073741824.0
 /* The limit eviction applies to a salt: its quota, else the default;
  * false when the salt is exempt. */
-bool coord_quota_limit(const coord_state *s, uint32_t salt, double *limit_bytes);
+bool coordinator_quota_limit(const coordinator_state *s, uint32_t salt, double *limit_bytes);
 /* Whether the salt's L2 usage reached watermark x limit. */
-bool coord_quota_over(const coord_state *s, uint32_t salt, double watermark);
+bool coordinator_quota_over(const coordinator_state *s, uint32_t salt, double watermark);
 
 /* ---- eviction choice (coord_evict.c) -------------------------------------- */
 /* Up to max entry indices of salt's least-recent L2 keys, pinned ones
  * excluded: ceil(ratio x count), or all when the limit is 0.  Returns the
  * number written. */
-size_t coord_evict_choose(const coord_state *s, uint32_t salt, double ratio, uint32_t *out,
+size_t coordinator_evict_choose(const coordinator_state *s, uint32_t salt, double ratio, uint32_t *out,
                           size_t max);
 
 #endif

@@ -4,9 +4,9 @@
 
 #include "coordinator/coord_state.h"
 
-static void lru_unlink(coord_state *s, coord_salt *sa, uint32_t idx)
+static void lru_unlink(coordinator_state *s, coordinator_salt *sa, uint32_t idx)
 {
-    coord_entry *e = &s->keys.e[idx];
+    coordinator_entry *e = &s->keys.e[idx];
     if (e->lru_prev != COORD_NONE)
         s->keys.e[e->lru_prev].lru_next = e->lru_next;
     else
@@ -18,9 +18,9 @@ static void lru_unlink(coord_state *s, coord_salt *sa, uint32_t idx)
     e->lru_prev = e->lru_next = COORD_NONE;
 }
 
-static void lru_push_tail(coord_state *s, coord_salt *sa, uint32_t idx)
+static void lru_push_tail(coordinator_state *s, coordinator_salt *sa, uint32_t idx)
 {
-    coord_entry *e = &s->keys.e[idx];
+    coordinator_entry *e = &s->keys.e[idx];
     e->lru_prev = sa->lru_tail;
     e->lru_next = COORD_NONE;
     if (sa->lru_tail != COORD_NONE)
@@ -35,9 +35,9 @@ static void lru_push_tail(coord_state *s, coord_salt *sa, uint32_t idx)
  * startup resync's backfill) is as old as it gets: it goes first at once,
  * not after a walk past every key the stream reported, which made a
  * backfill of n keys cost n times the list. */
-static void lru_insert_ordered(coord_state *s, coord_salt *sa, uint32_t idx)
+static void lru_insert_ordered(coordinator_state *s, coordinator_salt *sa, uint32_t idx)
 {
-    coord_entry *e = &s->keys.e[idx];
+    coordinator_entry *e = &s->keys.e[idx];
     uint32_t after = e->touch == 0 ? COORD_NONE : sa->lru_tail;
     while (after != COORD_NONE && s->keys.e[after].touch > e->touch)
         after = s->keys.e[after].lru_prev;
@@ -53,7 +53,7 @@ static void lru_insert_ordered(coord_state *s, coord_salt *sa, uint32_t idx)
         sa->lru_head = idx;
 }
 
-static void add_l2(coord_state *s, coord_salt *sa, coord_entry *e, uint64_t size)
+static void add_l2(coordinator_state *s, coordinator_salt *sa, coordinator_entry *e, uint64_t size)
 {
     e->flags |= COORD_IN_L2;
     e->l2_size = size;
@@ -63,11 +63,11 @@ static void add_l2(coord_state *s, coord_salt *sa, coord_entry *e, uint64_t size
     s->l2_entries++;
 }
 
-int coord_usage_l2_store(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+int coordinator_usage_l2_store(coordinator_state *s, uint32_t idx, uint64_t size, uint32_t backend,
                          bool shared)
 {
-    coord_entry *e = &s->keys.e[idx];
-    coord_salt *sa = coord_salt_at(s, e->salt);
+    coordinator_entry *e = &s->keys.e[idx];
+    coordinator_salt *sa = coordinator_salt_at(s, e->salt);
     if (!sa)
         return -1;
     e = &s->keys.e[idx];
@@ -86,22 +86,22 @@ int coord_usage_l2_store(coord_state *s, uint32_t idx, uint64_t size, uint32_t b
     return 0;
 }
 
-void coord_usage_l2_touch(coord_state *s, uint32_t idx)
+void coordinator_usage_l2_touch(coordinator_state *s, uint32_t idx)
 {
-    coord_entry *e = &s->keys.e[idx];
+    coordinator_entry *e = &s->keys.e[idx];
     if (!(e->flags & COORD_IN_L2))
         return;
-    coord_salt *sa = &s->salt[e->salt];
+    coordinator_salt *sa = &s->salt[e->salt];
     e->touch = ++s->clock;
     lru_unlink(s, sa, idx);
     lru_push_tail(s, sa, idx);
 }
 
-void coord_usage_l2_delete(coord_state *s, uint32_t idx)
+void coordinator_usage_l2_delete(coordinator_state *s, uint32_t idx)
 {
-    coord_entry *e = &s->keys.e[idx];
+    coordinator_entry *e = &s->keys.e[idx];
     if (e->flags & COORD_IN_L2) {
-        coord_salt *sa = &s->salt[e->salt];
+        coordinator_salt *sa = &s->salt[e->salt];
         lru_unlink(s, sa, idx);
         sa->l2_bytes -= e->l2_size;
         sa->l2_count--;
@@ -110,16 +110,16 @@ void coord_usage_l2_delete(coord_state *s, uint32_t idx)
         e->l2_size = 0;
         e->flags &= (uint8_t)~(COORD_IN_L2 | COORD_L2_SHARED);
     }
-    coord_keys_release(&s->keys, idx);
+    coordinator_keys_release(&s->keys, idx);
 }
 
-static int l2_place(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+static int l2_place(coordinator_state *s, uint32_t idx, uint64_t size, uint32_t backend,
                     uint64_t touch, bool ordered)
 {
-    coord_entry *e = &s->keys.e[idx];
+    coordinator_entry *e = &s->keys.e[idx];
     if (e->flags & COORD_IN_L2)
         return 0;
-    coord_salt *sa = coord_salt_at(s, e->salt);
+    coordinator_salt *sa = coordinator_salt_at(s, e->salt);
     if (!sa)
         return -1;
     e = &s->keys.e[idx];
@@ -135,13 +135,13 @@ static int l2_place(coord_state *s, uint32_t idx, uint64_t size, uint32_t backen
     return 0;
 }
 
-int coord_usage_l2_insert_at(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+int coordinator_usage_l2_insert_at(coordinator_state *s, uint32_t idx, uint64_t size, uint32_t backend,
                              uint64_t touch)
 {
     return l2_place(s, idx, size, backend, touch, true);
 }
 
-int coord_usage_l2_append(coord_state *s, uint32_t idx, uint64_t size, uint32_t backend,
+int coordinator_usage_l2_append(coordinator_state *s, uint32_t idx, uint64_t size, uint32_t backend,
                           uint64_t touch)
 {
     return l2_place(s, idx, size, backend, touch, false);
@@ -149,18 +149,18 @@ int coord_usage_l2_append(coord_state *s, uint32_t idx, uint64_t size, uint32_t 
 
 static int by_touch(const void *a, const void *b, void *arg)
 {
-    const coord_entry *e = arg;
+    const coordinator_entry *e = arg;
     uint32_t i = *(const uint32_t *)a, j = *(const uint32_t *)b;
     uint64_t x = e[i].touch, y = e[j].touch;
     return x != y ? (x > y) - (x < y) : (i > j) - (i < j); /* ties: a fixed order */
 }
 
-int coord_usage_l2_sort(coord_state *s)
+int coordinator_usage_l2_sort(coordinator_state *s)
 {
     uint32_t *order = NULL;
     size_t cap = 0;
     for (uint32_t salt = 0; salt < s->salt_cap; salt++) {
-        coord_salt *sa = &s->salt[salt];
+        coordinator_salt *sa = &s->salt[salt];
         if (sa->l2_count > cap) {
             uint32_t *grown = realloc(order, sa->l2_count * sizeof *order);
             if (!grown)
@@ -180,7 +180,7 @@ int coord_usage_l2_sort(coord_state *s)
     return 0;
 }
 
-static coord_l1_place *find_place(coord_entry *e, uint32_t inst)
+static coordinator_l1_place *find_place(coordinator_entry *e, uint32_t inst)
 {
     for (uint16_t i = 0; i < e->n_l1; i++)
         if (e->l1[i].instance == inst)
@@ -188,24 +188,24 @@ static coord_l1_place *find_place(coord_entry *e, uint32_t inst)
     return NULL;
 }
 
-int coord_usage_l1_store(coord_state *s, uint32_t idx, uint32_t inst, uint32_t backend,
+int coordinator_usage_l1_store(coordinator_state *s, uint32_t idx, uint32_t inst, uint32_t backend,
                          uint64_t size)
 {
-    coord_entry *e = &s->keys.e[idx];
-    coord_salt *sa = coord_salt_at(s, e->salt);
+    coordinator_entry *e = &s->keys.e[idx];
+    coordinator_salt *sa = coordinator_salt_at(s, e->salt);
     if (!sa)
         return -1;
     e = &s->keys.e[idx];
-    coord_l1_place *p = find_place(e, inst);
+    coordinator_l1_place *p = find_place(e, inst);
     if (!p) {
         if (e->n_l1 == UINT16_MAX)
             return -1;
-        coord_l1_place *grown = realloc(e->l1, (e->n_l1 + 1u) * sizeof *grown);
+        coordinator_l1_place *grown = realloc(e->l1, (e->n_l1 + 1u) * sizeof *grown);
         if (!grown)
             return -1;
         e->l1 = grown;
         p = &e->l1[e->n_l1++];
-        *p = (coord_l1_place){.instance = inst};
+        *p = (coordinator_l1_place){.instance = inst};
         sa->l1_count++;
         s->l1_entries++;
     }
@@ -216,9 +216,9 @@ int coord_usage_l1_store(coord_state *s, uint32_t idx, uint32_t inst, uint32_t b
     return 0;
 }
 
-static void drop_place(coord_state *s, coord_entry *e, coord_l1_place *p)
+static void drop_place(coordinator_state *s, coordinator_entry *e, coordinator_l1_place *p)
 {
-    coord_salt *sa = &s->salt[e->salt];
+    coordinator_salt *sa = &s->salt[e->salt];
     sa->l1_bytes -= p->size;
     sa->l1_count--;
     s->l1_bytes -= p->size;
@@ -230,24 +230,24 @@ static void drop_place(coord_state *s, coord_entry *e, coord_l1_place *p)
     }
 }
 
-void coord_usage_l1_delete(coord_state *s, uint32_t idx, uint32_t inst)
+void coordinator_usage_l1_delete(coordinator_state *s, uint32_t idx, uint32_t inst)
 {
-    coord_entry *e = &s->keys.e[idx];
-    coord_l1_place *p = find_place(e, inst);
+    coordinator_entry *e = &s->keys.e[idx];
+    coordinator_l1_place *p = find_place(e, inst);
     if (p)
         drop_place(s, e, p);
-    coord_keys_release(&s->keys, idx);
+    coordinator_keys_release(&s->keys, idx);
 }
 
-size_t coord_usage_l1_void(coord_state *s, uint32_t inst)
+size_t coordinator_usage_l1_void(coordinator_state *s, uint32_t inst)
 {
     size_t n = 0;
     for (uint32_t i = 0; i < s->keys.n_slots; i++) {
-        coord_entry *e = &s->keys.e[i];
-        coord_l1_place *p = e->hash_len && e->n_l1 ? find_place(e, inst) : NULL;
+        coordinator_entry *e = &s->keys.e[i];
+        coordinator_l1_place *p = e->hash_len && e->n_l1 ? find_place(e, inst) : NULL;
         if (p) {
             drop_place(s, e, p);
-            coord_keys_release(&s->keys, i);
+            coordinator_keys_release(&s->keys, i);
             n++;
         }
     }

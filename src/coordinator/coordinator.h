@@ -42,24 +42,24 @@ typedef struct {
     char db_path[4096];
     char auth_token[1024];        /* "" = no token */
     char server_auth_token[1024]; /* sent to lmcached servers; "" = none */
-} lmc_coord_config;
+} coordinator_config;
 
 /* Fills `c` from the LMCACHE_MP_COORDINATOR_* variables of the process
  * environment.  A value that does not parse, is out of its range or too
  * long, a setting this build refuses, and any unknown variable of the
  * family return -1 with one line in err naming the variable. */
-int lmc_coord_config_from_env(lmc_coord_config *c, char *err, size_t errlen);
-void lmc_coord_config_defaults(lmc_coord_config *c);
+int coordinator_config_from_env(coordinator_config *c, char *err, size_t errlen);
+void coordinator_config_defaults(coordinator_config *c);
 
-typedef struct lmc_coord lmc_coord;
+typedef struct coordinator lmc_coord;
 
 /* Opens the database at c->db_path, loads the persisted state, binds the
  * HTTP port and starts the background loops.  -1 with err on failure. */
-int lmc_coord_start(const lmc_coord_config *c, lmc_coord **out, char *err, size_t errlen);
+int coordinator_start(const coordinator_config *c, lmc_coord **out, char *err, size_t errlen);
 /* The bound HTTP port. */
-int lmc_coord_port(const lmc_coord *co);
+int coordinator_port(const lmc_coord *co);
 /* Stops the HTTP server and the loops, checkpoints and closes the
  * database, frees.  NULL is a no-op. */
-void lmc_coord_stop(lmc_coord *co);
+void coordinator_stop(lmc_coord *co);
 
 #endif

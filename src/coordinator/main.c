@@ -62,19 +62,19 @@ int main(int argc, char **argv)
     /* A file-size limit (ulimit -f) reached by a database write must be a
      * failed write, answered 503 and retried by the sender, not a kill. */
     signal(SIGXFSZ, SIG_IGN);
-    lmc_coord_config cfg;
+    coordinator_config cfg;
     char err[512];
     lmc_coord *co = NULL;
-    if (lmc_coord_config_from_env(&cfg, err, sizeof err) != 0 ||
-        lmc_coord_start(&cfg, &co, err, sizeof err) != 0) {
+    if (coordinator_config_from_env(&cfg, err, sizeof err) != 0 ||
+        coordinator_start(&cfg, &co, err, sizeof err) != 0) {
         fprintf(stderr, "lmcached-coordinator: %s\n", err);
         return 1;
     }
     LMC_INFO("lmcached-coordinator %s listening on http://%s:%d", LMC_VERSION_STRING, cfg.host,
-             lmc_coord_port(co));
+             coordinator_port(co));
     int sig = 0;
     sigwait(&stop, &sig);
     LMC_INFO("lmcached-coordinator: %s, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    lmc_coord_stop(co);
+    coordinator_stop(co);
     return 0;
 }

@@ -23,8 +23,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "modules/kv_format.h"
-#include "modules/kv_plan.h"
+#include "kv/kv_format.h"
+#include "kv/kv_plan.h"
 
 #ifdef __CUDACC__
 #define LMC_CUDA_INLINE __host__ __device__ static inline

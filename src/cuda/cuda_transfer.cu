@@ -30,7 +30,7 @@
 #include <time.h>
 
 #include "cuda/cuda_launch.h"
-#include "cuda/cuda_transfer.h"
+#include "kv/cuda_transfer.h"
 
 #define LMC_CUDA_EXPORT extern "C" __attribute__((visibility("default")))
 

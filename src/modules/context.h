@@ -5,9 +5,9 @@
 
 #include "config/config.h"
 #include "hash/token_hash.h"
-#include "modules/layout_registry.h"
-#include "modules/liveness.h"
-#include "modules/sessions.h"
+#include "modules/services/layout_registry.h"
+#include "modules/services/liveness.h"
+#include "modules/services/sessions.h"
 #include "obs/event_bus.h"
 #include "storage/object_key.h"
 

@@ -30,6 +30,6 @@ typedef struct lmc_module_def {
 extern const lmc_module_def lmc_management_module;
 extern const lmc_module_def lmc_lookup_module;
 extern const lmc_module_def lmc_engine_driven_module;
-extern const lmc_module_def lmc_lmcache_driven_module;
+extern const lmc_module_def lmc_server_driven_module;
 
 #endif

@@ -8,7 +8,7 @@
 #include <sys/time.h>
 #include <time.h>
 
-#include "base/utf8.h"
+#include "core/utf8.h"
 
 static atomic_int log_threshold = LMC_LOG_INFO;
 

@@ -187,5 +187,5 @@ void lmc_call_run_then(lmc_rpc_call *call)
 void lmc_rpc_call_complete(lmc_rpc_call *call, lmc_handler_result result)
 {
     call->result = result;
-    lmc_server_enqueue_done(call->server, call);
+    lmc_rpc_server_enqueue_done(call->server, call);
 }

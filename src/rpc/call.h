@@ -60,6 +60,6 @@ const char *lmc_call_error_body(const lmc_rpc_call *call, msgpack_sbuffer *sb, s
 /* Runs and clears the call's lmc_rpc_call_then work, if any. */
 void lmc_call_run_then(lmc_rpc_call *call);
 /* Hands a finished call to the socket thread (server.c). */
-void lmc_server_enqueue_done(lmc_rpc_server *server, lmc_rpc_call *call);
+void lmc_rpc_server_enqueue_done(lmc_rpc_server *server, lmc_rpc_call *call);
 
 #endif

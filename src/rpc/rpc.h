@@ -69,7 +69,7 @@ typedef struct {
 
 /* Bounds on what a client can send (docs/protocol.md, "Bounds").  The
  * largest legal frame is a key of LMC_KEY_MAX_TOKENS token ids of up to 5
- * bytes each (80 MiB, src/modules/ipc_key.h) plus its other fields, the
+ * bytes each (80 MiB, src/modules/services/ipc_key.h) plus its other fields, the
  * largest legal message that key plus a STORE's block ids (at most 2^20
  * of up to 9 bytes): both stay under 128 MiB.  ZMQ disconnects a peer
  * that sends a larger frame (ZMQ_MAXMSGSIZE); a message of smaller frames

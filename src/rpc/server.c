@@ -183,7 +183,7 @@ int lmc_rpc_server_register(lmc_rpc_server *s, const lmc_rpc_handler_spec *spec,
 
 /* ---- completion path ---------------------------------------------------- */
 
-void lmc_server_enqueue_done(lmc_rpc_server *s, lmc_rpc_call *call)
+void lmc_rpc_server_enqueue_done(lmc_rpc_server *s, lmc_rpc_call *call)
 {
     pthread_mutex_lock(&s->done_lock);
     bool was_empty = s->done_head == NULL;

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "modules/ipc_key.h"
-#include "modules/layout_registry.h"
+#include "modules/services/ipc_key.h"
+#include "modules/services/layout_registry.h"
 #include "storage/storage_manager.h"
 
 #define WRITER_TAG "http_kv"

@@ -10,7 +10,7 @@
 #include "modules/module.h"
 #include "obs/log.h"
 #include "rpc/rpc.h"
-#include "coord/coord.h"
+#include "fleet/fleet.h"
 #include "server/server_internal.h"
 #include "storage/l2/l2_service.h"
 #include "storage/storage_manager.h"
@@ -23,7 +23,7 @@ static const lmc_module_def *const all_modules[] = {
     &lmc_management_module,
     &lmc_lookup_module,
     &lmc_engine_driven_module,
-    &lmc_lmcache_driven_module,
+    &lmc_server_driven_module,
 };
 #define N_MODULES (sizeof all_modules / sizeof all_modules[0])
 
@@ -37,7 +37,7 @@ static bool module_enabled(const lmc_module_def *def, const lmc_config *cfg)
 {
     if (def == &lmc_engine_driven_module)
         return strcmp(cfg->mp.supported_transfer_mode, "lmcache_driven") != 0;
-    if (def == &lmc_lmcache_driven_module)
+    if (def == &lmc_server_driven_module)
         return strcmp(cfg->mp.supported_transfer_mode, "engine_driven") != 0;
     return true;
 }
@@ -221,8 +221,8 @@ json_t *lmc_server_report_status(lmc_server *s)
                                   (json_int_t)lmc_key_interner_refused(s->ctx.interner),
                                   "evicted",
                                   (json_int_t)lmc_key_interner_evicted(s->ctx.interner)));
-    if (s->coord)
-        json_object_set_new(status, "coordinator", lmc_coord_status(s->coord));
+    if (s->fleet)
+        json_object_set_new(status, "coordinator", lmc_fleet_status(s->fleet));
     json_object_set_new(status, "is_healthy", json_boolean(healthy));
     return status;
 }
@@ -239,7 +239,7 @@ void lmc_server_free(lmc_server *s)
     lmc_rpc_server_free(s->rpc);
     if (s->ctx.storage)
         lmc_storage_manager_close(s->ctx.storage);
-    lmc_coord_free(s->coord); /* its listeners heard the storage until it closed */
+    lmc_fleet_free(s->fleet); /* its listeners heard the storage until it closed */
     lmc_event_bus_free(s->ctx.events);
     lmc_server_free_metrics(s); /* after the bus: its subscriber points here */
     lmc_sessions_free(s->ctx.sessions);

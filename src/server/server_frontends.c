@@ -9,8 +9,8 @@
 #include "obs/event_metrics.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
-#include "modules/kv_checksums.h"
-#include "coord/coord.h"
+#include "modules/transfer/server/checksums.h"
+#include "fleet/fleet.h"
 #include "server/server_internal.h"
 #include "server/kv_http.h"
 #include "server/warm_prefetch.h"
@@ -230,8 +230,8 @@ static json_t *http_checksums(void *user, const json_t *body, unsigned *status, 
 {
     lmc_server *s = user;
     for (size_t i = 0; i < s->n_modules; i++)
-        if (s->modules[i].def == &lmc_lmcache_driven_module)
-            return lmc_kv_checksums(s->modules[i].state, body, status, err, errlen);
+        if (s->modules[i].def == &lmc_server_driven_module)
+            return lmc_server_driven_checksums(s->modules[i].state, body, status, err, errlen);
     *status = 501;
     snprintf(err, errlen, "the server-driven transfer module is not loaded "
                           "(--supported-transfer-mode engine_driven)");
@@ -493,9 +493,9 @@ static void start_coordinator(lmc_server *s)
                  "--coordinator-url, so no events are reported (docs/fleet.md)");
     if (!s->http)
         return;
-    s->coord = lmc_coord_start(s->cfg, lmc_http_server_port(s->http), s->ctx.storage);
-    if (s->coord && !s->cfg->obs.disable_metrics &&
-        lmc_metrics_add_collector(s->metrics, lmc_coord_collect_metrics, s->coord) != 0)
+    s->fleet = lmc_fleet_start(s->cfg, lmc_http_server_port(s->http), s->ctx.storage);
+    if (s->fleet && !s->cfg->obs.disable_metrics &&
+        lmc_metrics_add_collector(s->metrics, lmc_fleet_collect_metrics, s->fleet) != 0)
         LMC_WARN("coordinator metrics are not exported: cannot register the collector");
 }
 
@@ -513,7 +513,7 @@ void lmc_server_stop_frontends(lmc_server *s)
 {
     /* First, while the HTTP frontend still answers: the last events, then
      * the deregistration, each bounded by a short timeout. */
-    lmc_coord_stop(s->coord);
+    lmc_fleet_stop(s->fleet);
     lmc_plugins_stop(s->plugins);
     s->plugins = NULL;
     lmc_http_server_stop(s->http);

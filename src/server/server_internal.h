@@ -38,7 +38,7 @@ struct lmc_server {
     lmc_lookup_hash_log *hash_log; /* --lookup-hash-log-dir; freed after the bus */
     atomic_bool ready;           /* HTTP answers 503 until modules are up */
     struct lmc_warm_prefetch *warm; /* HTTP warm prefetch (/cache/prefetches) */
-    struct lmc_coord *coord;     /* --coordinator-url (docs/fleet.md); NULL when unset */
+    struct lmc_fleet *fleet;     /* --coordinator-url (docs/fleet.md); NULL when unset */
 };
 
 /* Metrics registry and HTTP listener; before storage so that a busy HTTP

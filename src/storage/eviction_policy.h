@@ -15,7 +15,7 @@
 
 #include <stddef.h>
 
-#include "storage/l1_manager.h"
+#include "storage/l1/l1_manager.h"
 #include "storage/object_key.h"
 
 typedef lmc_l1_evictability (*lmc_evictable_fn)(void *user, const lmc_object_key *key);

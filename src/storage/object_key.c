@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "base/utf8.h"
+#include "core/utf8.h"
 #include "obs/log.h"
 
 /* ---- Interning ---------------------------------------------------------- */

@@ -10,7 +10,7 @@
 
 #include "obs/events.h"
 #include "obs/log.h"
-#include "storage/l1_eviction.h"
+#include "storage/l1/l1_eviction.h"
 #include "storage/storage_telemetry.h"
 
 #define LAZY_COMMIT_GRANULE (64ull << 20)   /* initial commit rounds up to 64 MiB */

@@ -27,7 +27,7 @@
 
 #include "config/config.h"
 #include "obs/event_bus.h"
-#include "storage/l1_arena.h"
+#include "storage/l1/l1_arena.h"
 #include "storage/lease.h"
 #include "storage/object_key.h"
 #include "storage/quota.h"

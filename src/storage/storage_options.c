@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "storage/l1_manager.h"
+#include "storage/l1/l1_manager.h"
 #include "storage/storage_manager.h"
 #include "storage/storage_options_internal.h"
 

@@ -15,7 +15,7 @@
 #include <stddef.h>
 
 #include "obs/event_bus.h"
-#include "storage/l1_manager.h"
+#include "storage/l1/l1_manager.h"
 #include "storage/ttl_lock.h"
 
 typedef struct lmc_storage_telemetry lmc_storage_telemetry;

@@ -79,28 +79,28 @@ static void remove_db(void)
 }
 
 /* Parses and ingests text; the ingest's result (parse failures as is). */
-static int take(coord_state *s, coord_db *db, const char *text, coord_ingest_result *res,
+static int take(coordinator_state *s, coordinator_db *db, const char *text, coordinator_ingest_result *res,
                 char *why, size_t whylen)
 {
-    coord_event_request r;
-    int rc = coord_events_parse(text, strlen(text), &r, why, whylen);
+    coordinator_event_request r;
+    int rc = coordinator_events_parse(text, strlen(text), &r, why, whylen);
     if (rc != 0)
         return rc == -2 ? -3 : -4; /* -3: the reader ran out of memory; -4: it refused */
-    rc = coord_events_ingest(s, db, &r, res, why, whylen);
-    coord_events_request_free(&r);
+    rc = coordinator_events_ingest(s, db, &r, res, why, whylen);
+    coordinator_events_request_free(&r);
     return rc;
 }
 
-static int cursor_seq(coord_state *s, const char *inst)
+static int cursor_seq(coordinator_state *s, const char *inst)
 {
-    uint32_t i = coord_names_find(&s->instances, inst);
+    uint32_t i = coordinator_names_find(&s->instances, inst);
     if (i == COORD_NONE || i >= s->cursor_cap || s->cursor[i].gap)
         return -1;
     return (int)s->cursor[i].last_seq;
 }
 
 /* What memory must hold after PREFIX and BODY, however BODY got there. */
-static int state_is_complete(coord_state *s, const char *where)
+static int state_is_complete(coordinator_state *s, const char *where)
 {
     if (s->l2_entries != 4 || s->l2_bytes != 700)
         return lmc_fault_violation("%s: L2 holds %llu keys, %llu B (want 4, 700)", where,
@@ -124,14 +124,14 @@ static int state_is_complete(coord_state *s, const char *where)
 /* What the database must hold: L2 and the cursors (L1 is memory only). */
 static int database_is_complete(void)
 {
-    coord_state r;
-    coord_db *db = NULL;
+    coordinator_state r;
+    coordinator_db *db = NULL;
     char err[256];
     int rc = 0;
-    if (coord_state_init(&r) != 0)
+    if (coordinator_state_init(&r) != 0)
         return lmc_fault_violation("state init failed with nothing armed");
-    if (coord_db_open(db_path, &db, err, sizeof err) != 0 ||
-        coord_db_load(db, &r, err, sizeof err) != 0)
+    if (coordinator_db_open(db_path, &db, err, sizeof err) != 0 ||
+        coordinator_db_load(db, &r, err, sizeof err) != 0)
         rc = lmc_fault_violation("reopening the database: %s", err);
     else if (r.l2_entries != 4 || r.l2_bytes != 700 || cursor_seq(&r, "a") != 6 ||
              cursor_seq(&r, "b") != 1)
@@ -140,23 +140,23 @@ static int database_is_complete(void)
                                  (unsigned long long)r.l2_bytes, cursor_seq(&r, "a"),
                                  cursor_seq(&r, "b"));
     if (db)
-        coord_db_close(db);
-    coord_state_free(&r);
+        coordinator_db_close(db);
+    coordinator_state_free(&r);
     return rc;
 }
 
 static int ingest_body(void *arg)
 {
     (void)arg;
-    coord_state s;
-    coord_db *db = NULL;
-    coord_ingest_result res;
+    coordinator_state s;
+    coordinator_db *db = NULL;
+    coordinator_ingest_result res;
     char err[256], why[512] = "";
     int verdict = LMC_FAULT_VIOLATION;
 
     lmc_fault_pause(); /* the set-up is not what this tests */
     remove_db();
-    if (coord_state_init(&s) != 0 || coord_db_open(db_path, &db, err, sizeof err) != 0 ||
+    if (coordinator_state_init(&s) != 0 || coordinator_db_open(db_path, &db, err, sizeof err) != 0 ||
         take(&s, db, PREFIX, &res, why, sizeof why) != 0 || res.applied != 2) {
         lmc_fault_resume();
         verdict = lmc_fault_violation("set-up failed with nothing armed: %s %s", err, why);
@@ -190,7 +190,7 @@ static int ingest_body(void *arg)
     }
     if (verdict != LMC_FAULT_VIOLATION && state_is_complete(&s, "memory") != 0)
         verdict = LMC_FAULT_VIOLATION;
-    coord_db_close(db);
+    coordinator_db_close(db);
     db = NULL;
     if (verdict != LMC_FAULT_VIOLATION && database_is_complete() != 0)
         verdict = LMC_FAULT_VIOLATION;
@@ -198,8 +198,8 @@ static int ingest_body(void *arg)
 out:
     lmc_fault_pause();
     if (db)
-        coord_db_close(db);
-    coord_state_free(&s);
+        coordinator_db_close(db);
+    coordinator_state_free(&s);
     remove_db();
     lmc_fault_resume();
     return verdict;

@@ -1,5 +1,5 @@
-/* A CPU stand-in for liblmcached_cuda.so (src/cuda/cuda_transfer.h), so
- * that the server-driven module's CUDA path (sd_cuda.c: loading,
+/* A CPU stand-in for liblmcached_cuda.so (src/kv/cuda_transfer.h), so
+ * that the server-driven module's CUDA path (cuda_plugin.c: loading,
  * registration, copies enqueued on a stream, events, completions
  * published from host callbacks) runs in tests on machines without a GPU
  * (docs/testing.md, "The CUDA path without a GPU").  Loaded through
@@ -22,8 +22,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cuda/cuda_transfer.h"
-#include "modules/kv_copy.h"
+#include "kv/cuda_transfer.h"
+#include "kv/kv_copy.h"
 
 typedef struct mapping {
     char name[65];

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Writes tests/unit/modules/pickle_vectors.h: tensor-wrapper pickles made by
+"""Writes tests/unit/kv/pickle_vectors.h: tensor-wrapper pickles made by
 Python's own pickle from the stand-ins in wrappers.py (byte-identical to
 what an engine sends), the msgpack descriptors of lmcache 0.5.6 and later
 (descriptors.py), and hostile ones of both, as C arrays for
-tests/unit/modules/test_shared_tensor.c.  --check only compares (the ctest
+tests/unit/kv/test_shared_tensor.c.  --check only compares (the ctest
 pickle_vectors_current runs it, so the header cannot drift from this
 script).  Deterministic."""
 import os
@@ -15,7 +15,7 @@ sys.path.insert(0, HERE)
 import descriptors as d  # noqa: E402
 import wrappers as w  # noqa: E402
 
-OUT = os.path.join(HERE, "..", "unit", "modules", "pickle_vectors.h")
+OUT = os.path.join(HERE, "..", "unit", "kv", "pickle_vectors.h")
 BF16_SHAPE, BF16_STRIDE = [2, 1000, 16, 8, 128], [16384000, 16384, 1024, 128, 1]
 
 

@@ -111,7 +111,7 @@ typedef struct lmc_l2_batch_backend {
 } lmc_l2_batch_backend;
 
 /* Builds a backend from one --l2-adapter JSON object (validated strictly
- * with lmc_l2_adapter_json_check first).  *num_workers gets the configured
+ * with lmc_config_l2_adapter_check first).  *num_workers gets the configured
  * worker count.  NULL with a one-line reason in err. */
 lmc_l2_backend *lmc_l2_backend_from_json(const json_t *o, size_t *num_workers, char *err,
                                          size_t errlen);

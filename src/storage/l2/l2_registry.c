@@ -5,8 +5,8 @@
 #include "config/config_l2.h"
 #include "obs/log.h"
 #include "storage/l2/l2_adapter.h"
-#include "storage/l2/l2_resp.h"
-#include "storage/l2/l2_s3.h"
+#include "storage/l2/adapters/l2_resp.h"
+#include "storage/l2/adapters/l2_s3.h"
 
 static uint64_t capacity_of(const json_t *o)
 {
@@ -143,7 +143,7 @@ static lmc_l2_backend *make(const json_t *o, bool evicted, size_t *num_workers, 
 lmc_l2_backend *lmc_l2_backend_from_json(const json_t *o, size_t *num_workers, char *err,
                                          size_t errlen)
 {
-    if (lmc_l2_adapter_json_check(o, true, err, errlen) != 0)
+    if (lmc_config_l2_adapter_check(o, true, err, errlen) != 0)
         return NULL;
     return make(o, false, num_workers, err, errlen);
 }

@@ -38,9 +38,9 @@ static int clean_env(void **state)
 static void test_defaults(void **state)
 {
     (void)state;
-    lmc_coord_config c;
+    coordinator_config c;
     char err[256];
-    assert_int_equal(lmc_coord_config_from_env(&c, err, sizeof err), 0);
+    assert_int_equal(coordinator_config_from_env(&c, err, sizeof err), 0);
     assert_string_equal(c.host, "0.0.0.0");
     assert_int_equal(c.port, 9300);
     assert_true(c.instance_timeout_s == 30 && c.health_check_interval_s == 10);
@@ -69,9 +69,9 @@ static void test_values(void **state)
     setenv(P "AUTH_TOKEN", "s3cret", 1);
     setenv(P "RESYNC_PAGE_SIZE", "5000", 1);
     setenv(P "HASH_ALGORITHM", "sha256_cbor", 1);
-    lmc_coord_config c;
+    coordinator_config c;
     char err[256];
-    assert_int_equal(lmc_coord_config_from_env(&c, err, sizeof err), 0);
+    assert_int_equal(coordinator_config_from_env(&c, err, sizeof err), 0);
     assert_int_equal(c.port, 9400);
     assert_true(c.eviction_ratio == 0.5);
     assert_true(c.trigger_watermark == 0.9);
@@ -91,9 +91,9 @@ static void refused_because(const char *name, const char *value, const char *why
 {
     clean_env(NULL);
     setenv(name, value, 1);
-    lmc_coord_config c;
+    coordinator_config c;
     char err[512] = "";
-    assert_int_equal(lmc_coord_config_from_env(&c, err, sizeof err), -1);
+    assert_int_equal(coordinator_config_from_env(&c, err, sizeof err), -1);
     if (!strstr(err, name) || (why && !strstr(err, why)))
         fail_msg("%s=%.40s: '%s' does not name the variable or say '%s'", name, value, err,
                  why ? why : "");
@@ -152,15 +152,15 @@ static void test_unopenable_database_is_refused_at_start(void **state)
     (void)state;
     const char *paths[] = {"/nonexistent-dir/sub/coord.db", "/proc/version", "/"};
     for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
-        lmc_coord_config c;
-        lmc_coord_config_defaults(&c);
+        coordinator_config c;
+        coordinator_config_defaults(&c);
         snprintf(c.host, sizeof c.host, "127.0.0.1");
         c.port = 0;
         c.enable_startup_resync = false;
         snprintf(c.db_path, sizeof c.db_path, "%s", paths[i]);
         lmc_coord *co = NULL;
         char err[512] = "";
-        assert_int_equal(lmc_coord_start(&c, &co, err, sizeof err), -1);
+        assert_int_equal(coordinator_start(&c, &co, err, sizeof err), -1);
         assert_null(co);
         if (!strstr(err, P "DB_PATH"))
             fail_msg("DB_PATH=%s: '%s' does not name the variable", paths[i], err);
@@ -178,9 +178,9 @@ static void test_refusals_name_the_variable(void **state)
     /* Off is not a refusal. */
     setenv(P "ENABLE_BLEND_LOOKUP", "false", 1);
     setenv(P "OTLP_ENDPOINT", "", 1);
-    lmc_coord_config c;
+    coordinator_config c;
     char err[256];
-    assert_int_equal(lmc_coord_config_from_env(&c, err, sizeof err), 0);
+    assert_int_equal(coordinator_config_from_env(&c, err, sizeof err), 0);
 }
 
 int main(void)

@@ -26,14 +26,14 @@ static void remove_db(void)
     unlink(p);
 }
 
-static uint32_t add_key(coord_state *s, int h, const char *salt, uint64_t size)
+static uint32_t add_key(coordinator_state *s, int h, const char *salt, uint64_t size)
 {
-    coord_key k = {.hash_len = 32};
+    coordinator_key k = {.hash_len = 32};
     memset(k.hash, h, 32);
-    k.model = coord_names_intern(&s->models, "model/a");
-    k.salt = coord_names_intern(&s->salts, salt);
-    uint32_t idx = coord_keys_get(&s->keys, &k);
-    assert_int_equal(coord_usage_l2_store(s, idx, size, coord_names_intern(&s->backends, "fs"),
+    k.model = coordinator_names_intern(&s->models, "model/a");
+    k.salt = coordinator_names_intern(&s->salts, salt);
+    uint32_t idx = coordinator_keys_get(&s->keys, &k);
+    assert_int_equal(coordinator_usage_l2_store(s, idx, size, coordinator_names_intern(&s->backends, "fs"),
                                           true), 0);
     return idx;
 }
@@ -43,44 +43,44 @@ static void test_round_trip(void **state)
     (void)state;
     snprintf(path, sizeof path, "/tmp/coord-db-test-%d.db", (int)getpid());
     remove_db();
-    coord_db *db;
+    coordinator_db *db;
     char err[256];
-    coord_state s;
-    assert_int_equal(coord_state_init(&s), 0);
-    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
-    assert_int_equal(coord_db_begin(db), 0);
+    coordinator_state s;
+    assert_int_equal(coordinator_state_init(&s), 0);
+    assert_int_equal(coordinator_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coordinator_db_begin(db), 0);
     for (int h = 1; h <= 5; h++)
-        assert_int_equal(coord_db_put_l2(db, &s, add_key(&s, h, "t1", 100u * h)), 0);
+        assert_int_equal(coordinator_db_put_l2(db, &s, add_key(&s, h, "t1", 100u * h)), 0);
     uint32_t k2 = add_key(&s, 2, "t1", 200); /* stored again: most recent now */
-    assert_int_equal(coord_db_put_l2(db, &s, k2), 0);
+    assert_int_equal(coordinator_db_put_l2(db, &s, k2), 0);
     uint32_t k3 = add_key(&s, 3, "t1", 300);
-    assert_int_equal(coord_db_del_l2(db, &s, k3), 0);
-    coord_usage_l2_delete(&s, k3);
+    assert_int_equal(coordinator_db_del_l2(db, &s, k3), 0);
+    coordinator_usage_l2_delete(&s, k3);
     uint32_t k4 = add_key(&s, 4, "t1", 400);
-    assert_int_equal(coord_db_put_l2(db, &s, k4), 0);
+    assert_int_equal(coordinator_db_put_l2(db, &s, k4), 0);
     s.keys.e[k4].pins = 2;
-    assert_int_equal(coord_db_put_pin(db, &s, k4), 0);
-    coord_cursor c = {.used = true, .incarnation = 77, .last_seq = 12, .gap = true};
-    assert_int_equal(coord_db_put_cursor(db, "inst-1", &c), 0);
-    assert_int_equal(coord_db_put_cursor(db, "inst-2", &c), 0);
-    assert_int_equal(coord_db_del_cursor(db, "inst-2"), 0);
-    assert_int_equal(coord_db_put_quota(db, "t1", 1.5), 0);
-    assert_int_equal(coord_db_put_quota(db, "t2", 2.0), 0);
-    assert_int_equal(coord_db_put_quota(db, "t2", -1), 0); /* removed */
-    assert_int_equal(coord_db_put_default(db, true, 0.25), 0);
-    assert_int_equal(coord_db_commit(db), 0);
-    coord_db_close(db);
+    assert_int_equal(coordinator_db_put_pin(db, &s, k4), 0);
+    coordinator_cursor c = {.used = true, .incarnation = 77, .last_seq = 12, .gap = true};
+    assert_int_equal(coordinator_db_put_cursor(db, "inst-1", &c), 0);
+    assert_int_equal(coordinator_db_put_cursor(db, "inst-2", &c), 0);
+    assert_int_equal(coordinator_db_del_cursor(db, "inst-2"), 0);
+    assert_int_equal(coordinator_db_put_quota(db, "t1", 1.5), 0);
+    assert_int_equal(coordinator_db_put_quota(db, "t2", 2.0), 0);
+    assert_int_equal(coordinator_db_put_quota(db, "t2", -1), 0); /* removed */
+    assert_int_equal(coordinator_db_put_default(db, true, 0.25), 0);
+    assert_int_equal(coordinator_db_commit(db), 0);
+    coordinator_db_close(db);
 
-    coord_state r;
-    assert_int_equal(coord_state_init(&r), 0);
-    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
-    assert_int_equal(coord_db_load(db, &r, err, sizeof err), 0);
-    uint32_t t1 = coord_names_find(&r.salts, "t1");
+    coordinator_state r;
+    assert_int_equal(coordinator_state_init(&r), 0);
+    assert_int_equal(coordinator_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coordinator_db_load(db, &r, err, sizeof err), 0);
+    uint32_t t1 = coordinator_names_find(&r.salts, "t1");
     assert_int_not_equal(t1, COORD_NONE);
     assert_int_equal(r.salt[t1].l2_count, 4);
     assert_int_equal(r.salt[t1].l2_bytes, 100 + 200 + 400 + 500);
     assert_true(r.salt[t1].has_quota && r.salt[t1].quota_gb == 1.5);
-    uint32_t t2 = coord_names_find(&r.salts, "t2");
+    uint32_t t2 = coordinator_names_find(&r.salts, "t2");
     assert_true(t2 == COORD_NONE || !r.salt[t2].has_quota);
     assert_true(r.has_default_quota && r.default_quota_gb == 0.25);
     /* LRU order: 1, 5, 2, 4 (4 touched last, by its second store). */
@@ -88,22 +88,22 @@ static void test_round_trip(void **state)
     for (uint32_t i = r.salt[t1].lru_head; i != COORD_NONE; i = r.keys.e[i].lru_next, n++)
         assert_int_equal(r.keys.e[i].hash[0], want[n]);
     assert_int_equal(n, 4);
-    coord_key k;
-    coord_entry_key(&s.keys.e[k4], &k);
-    k.model = coord_names_find(&r.models, "model/a");
+    coordinator_key k;
+    coordinator_entry_key(&s.keys.e[k4], &k);
+    k.model = coordinator_names_find(&r.models, "model/a");
     k.salt = t1;
-    uint32_t got = coord_keys_find(&r.keys, &k);
+    uint32_t got = coordinator_keys_find(&r.keys, &k);
     assert_int_not_equal(got, COORD_NONE);
     assert_int_equal(r.keys.e[got].pins, 2);
     assert_true(r.keys.e[got].flags & COORD_IN_L2);
-    uint32_t inst = coord_names_find(&r.instances, "inst-1");
+    uint32_t inst = coordinator_names_find(&r.instances, "inst-1");
     assert_int_not_equal(inst, COORD_NONE);
     assert_true(r.cursor[inst].used && r.cursor[inst].incarnation == 77 &&
                 r.cursor[inst].last_seq == 12 && r.cursor[inst].gap);
-    assert_int_equal(coord_names_find(&r.instances, "inst-2"), COORD_NONE);
-    coord_db_close(db);
-    coord_state_free(&r);
-    coord_state_free(&s);
+    assert_int_equal(coordinator_names_find(&r.instances, "inst-2"), COORD_NONE);
+    coordinator_db_close(db);
+    coordinator_state_free(&r);
+    coordinator_state_free(&s);
     remove_db();
 }
 
@@ -114,32 +114,32 @@ static void test_log_compaction(void **state)
     (void)state;
     snprintf(path, sizeof path, "/tmp/coord-db-compact-%d.db", (int)getpid());
     remove_db();
-    coord_db *db;
+    coordinator_db *db;
     char err[256];
-    coord_state s;
-    assert_int_equal(coord_state_init(&s), 0);
-    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
-    assert_int_equal(coord_db_begin(db), 0);
+    coordinator_state s;
+    assert_int_equal(coordinator_state_init(&s), 0);
+    assert_int_equal(coordinator_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coordinator_db_begin(db), 0);
     uint32_t idx[10];
     for (int h = 0; h < 10; h++)
-        assert_int_equal(coord_db_put_l2(db, &s, idx[h] = add_key(&s, h + 1, "c", 10)), 0);
+        assert_int_equal(coordinator_db_put_l2(db, &s, idx[h] = add_key(&s, h + 1, "c", 10)), 0);
     for (int i = 0; i < 120000; i++) { /* accesses: the log grows, the keys do not */
-        coord_usage_l2_touch(&s, idx[i % 7]);
-        assert_int_equal(coord_db_touch_l2(db, &s, idx[i % 7]), 0);
+        coordinator_usage_l2_touch(&s, idx[i % 7]);
+        assert_int_equal(coordinator_db_touch_l2(db, &s, idx[i % 7]), 0);
     }
-    assert_int_equal(coord_db_commit(db), 0);
+    assert_int_equal(coordinator_db_commit(db), 0);
     assert_true(db->log_records > 120000);
-    assert_int_equal(coord_db_maybe_compact(db, &s), 0);
+    assert_int_equal(coordinator_db_maybe_compact(db, &s), 0);
     assert_int_equal(db->log_records, 10);
-    assert_int_equal(coord_db_maybe_compact(db, &s), 0); /* nothing to do now */
+    assert_int_equal(coordinator_db_maybe_compact(db, &s), 0); /* nothing to do now */
     assert_int_equal(db->log_records, 10);
-    coord_db_close(db);
+    coordinator_db_close(db);
 
-    coord_state r;
-    assert_int_equal(coord_state_init(&r), 0);
-    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
-    assert_int_equal(coord_db_load(db, &r, err, sizeof err), 0);
-    uint32_t c = coord_names_find(&r.salts, "c");
+    coordinator_state r;
+    assert_int_equal(coordinator_state_init(&r), 0);
+    assert_int_equal(coordinator_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coordinator_db_load(db, &r, err, sizeof err), 0);
+    uint32_t c = coordinator_names_find(&r.salts, "c");
     assert_int_equal(r.salt[c].l2_count, 10);
     assert_int_equal(r.salt[c].l2_bytes, 100);
     /* LRU order survives: 8, 9, 10 never touched, then 1..7 by last touch. */
@@ -147,13 +147,13 @@ static void test_log_compaction(void **state)
     for (uint32_t i = r.salt[c].lru_head; i != COORD_NONE; i = r.keys.e[i].lru_next, n++)
         assert_int_equal(r.keys.e[i].hash[0], want[n]);
     assert_int_equal(n, 10);
-    coord_db_close(db);
-    coord_state_free(&r);
-    coord_state_free(&s);
+    coordinator_db_close(db);
+    coordinator_state_free(&r);
+    coordinator_state_free(&s);
     remove_db();
 }
 
-static void put_row(coord_db *db, const uint8_t *row, size_t n)
+static void put_row(coordinator_db *db, const uint8_t *row, size_t n)
 {
     sqlite3_stmt *st;
     assert_int_equal(sqlite3_prepare_v2(db->db, "INSERT INTO l2_log(data) VALUES(?1)", -1, &st,
@@ -196,33 +196,33 @@ static void test_log_formats(void **state)
     (void)state;
     snprintf(path, sizeof path, "/tmp/coord-db-formats-%d.db", (int)getpid());
     remove_db();
-    coord_db *db;
+    coordinator_db *db;
     char err[256];
-    coord_state s;
-    assert_int_equal(coord_state_init(&s), 0);
-    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
-    assert_int_equal(coord_db_begin(db), 0);
+    coordinator_state s;
+    assert_int_equal(coordinator_state_init(&s), 0);
+    assert_int_equal(coordinator_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coordinator_db_begin(db), 0);
     uint32_t a = add_key(&s, 1, "x", 5000000000ull);
     s.keys.e[a].num_tokens = 70000;
-    assert_int_equal(coord_db_put_l2(db, &s, a), 0);
-    assert_int_equal(coord_db_commit(db), 0);
-    assert_int_equal(coord_db_begin(db), 0);
+    assert_int_equal(coordinator_db_put_l2(db, &s, a), 0);
+    assert_int_equal(coordinator_db_commit(db), 0);
+    assert_int_equal(coordinator_db_begin(db), 0);
     uint32_t b = add_key(&s, 2, "y", 9);
-    assert_int_equal(coord_db_put_l2(db, &s, b), 0);
-    coord_usage_l2_touch(&s, a);
-    assert_int_equal(coord_db_touch_l2(db, &s, a), 0);
-    assert_int_equal(coord_db_commit(db), 0);
+    assert_int_equal(coordinator_db_put_l2(db, &s, b), 0);
+    coordinator_usage_l2_touch(&s, a);
+    assert_int_equal(coordinator_db_touch_l2(db, &s, a), 0);
+    assert_int_equal(coordinator_db_commit(db), 0);
     uint8_t row[512];
     size_t n = v1_record(row, 1, 3, "x", 7, 1000);
     n += v1_record(row + n, 2, 2, "y", 0, 0); /* deletes b */
     put_row(db, row, n);
-    coord_db_close(db);
+    coordinator_db_close(db);
 
-    coord_state r;
-    assert_int_equal(coord_state_init(&r), 0);
-    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
-    assert_int_equal(coord_db_load(db, &r, err, sizeof err), 0);
-    uint32_t x = coord_names_find(&r.salts, "x"), y = coord_names_find(&r.salts, "y");
+    coordinator_state r;
+    assert_int_equal(coordinator_state_init(&r), 0);
+    assert_int_equal(coordinator_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coordinator_db_load(db, &r, err, sizeof err), 0);
+    uint32_t x = coordinator_names_find(&r.salts, "x"), y = coordinator_names_find(&r.salts, "y");
     assert_int_equal(r.salt[x].l2_count, 2);
     assert_int_equal(r.salt[x].l2_bytes, 5000000007ull);
     assert_int_equal(r.salt[y].l2_count, 0);
@@ -232,44 +232,44 @@ static void test_log_formats(void **state)
     assert_int_equal(r.keys.e[first].touch, s.keys.e[a].touch);
     assert_int_equal(r.keys.e[second].hash[0], 3);
     assert_int_equal(r.keys.e[second].num_tokens, 3);
-    assert_string_equal(coord_names_str(&r.backends, r.keys.e[second].l2_backend), "fs");
-    coord_state_free(&r);
+    assert_string_equal(coordinator_names_str(&r.backends, r.keys.e[second].l2_backend), "fs");
+    coordinator_state_free(&r);
 
     static const uint8_t undefined_model[] = {5, 1, 0xab, 0, 0, 0, 0, 1, 0, 0, 0};
     put_row(db, undefined_model, sizeof undefined_model);
-    coord_db_close(db);
-    assert_int_equal(coord_state_init(&r), 0);
-    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
-    assert_int_equal(coord_db_load(db, &r, err, sizeof err), -1);
+    coordinator_db_close(db);
+    assert_int_equal(coordinator_state_init(&r), 0);
+    assert_int_equal(coordinator_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coordinator_db_load(db, &r, err, sizeof err), -1);
     assert_non_null(strstr(err, "malformed"));
-    coord_db_close(db);
-    coord_state_free(&r);
-    coord_state_free(&s);
+    coordinator_db_close(db);
+    coordinator_state_free(&r);
+    coordinator_state_free(&s);
     remove_db();
 }
 
-static uint32_t add_numbered(coord_state *s, uint32_t n, const char *salt)
+static uint32_t add_numbered(coordinator_state *s, uint32_t n, const char *salt)
 {
-    coord_key k = {.hash_len = 32};
+    coordinator_key k = {.hash_len = 32};
     memcpy(k.hash, &n, sizeof n);
-    k.model = coord_names_intern(&s->models, "model/a");
-    k.salt = coord_names_intern(&s->salts, salt);
-    uint32_t idx = coord_keys_get(&s->keys, &k);
-    assert_int_equal(coord_usage_l2_store(s, idx, n + 1, 0, false), 0);
+    k.model = coordinator_names_intern(&s->models, "model/a");
+    k.salt = coordinator_names_intern(&s->salts, salt);
+    uint32_t idx = coordinator_keys_get(&s->keys, &k);
+    assert_int_equal(coordinator_usage_l2_store(s, idx, n + 1, 0, false), 0);
     return idx;
 }
 
 /* What a second connection loads from the file equals s: the salt's
  * count and bytes, and its LRU list key by key. */
-static void assert_reloads_as(const coord_state *s, const char *salt)
+static void assert_reloads_as(const coordinator_state *s, const char *salt)
 {
-    coord_db *db;
+    coordinator_db *db;
     char err[256];
-    coord_state r;
-    assert_int_equal(coord_state_init(&r), 0);
-    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
-    assert_int_equal(coord_db_load(db, &r, err, sizeof err), 0);
-    uint32_t a = coord_names_find(&s->salts, salt), b = coord_names_find(&r.salts, salt);
+    coordinator_state r;
+    assert_int_equal(coordinator_state_init(&r), 0);
+    assert_int_equal(coordinator_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coordinator_db_load(db, &r, err, sizeof err), 0);
+    uint32_t a = coordinator_names_find(&s->salts, salt), b = coordinator_names_find(&r.salts, salt);
     assert_int_equal(r.salt[b].l2_count, s->salt[a].l2_count);
     assert_int_equal(r.salt[b].l2_bytes, s->salt[a].l2_bytes);
     uint32_t i = s->salt[a].lru_head, j = r.salt[b].lru_head;
@@ -277,11 +277,11 @@ static void assert_reloads_as(const coord_state *s, const char *salt)
         assert_memory_equal(s->keys.e[i].hash, r.keys.e[j].hash, 32);
     assert_true(i == COORD_NONE && j == COORD_NONE);
     /* No explicit checkpoint from this second connection; close_v2 closes
-     * it once coord_db_close has finalized its statements. */
+     * it once coordinator_db_close has finalized its statements. */
     sqlite3_close_v2(db->db);
     db->db = NULL;
-    coord_db_close(db);
-    coord_state_free(&r);
+    coordinator_db_close(db);
+    coordinator_state_free(&r);
 }
 
 /* A compaction of more keys than one slice: changes made between its
@@ -294,39 +294,39 @@ static void test_compaction_in_slices(void **state)
     enum { N = 70000 };
     snprintf(path, sizeof path, "/tmp/coord-db-slices-%d.db", (int)getpid());
     remove_db();
-    coord_db *db;
+    coordinator_db *db;
     char err[256];
-    coord_state s;
-    assert_int_equal(coord_state_init(&s), 0);
-    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
-    assert_int_equal(coord_db_begin(db), 0);
+    coordinator_state s;
+    assert_int_equal(coordinator_state_init(&s), 0);
+    assert_int_equal(coordinator_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coordinator_db_begin(db), 0);
     uint32_t idx[N];
     for (uint32_t n = 0; n < N; n++)
-        assert_int_equal(coord_db_put_l2(db, &s, idx[n] = add_numbered(&s, n, "z")), 0);
+        assert_int_equal(coordinator_db_put_l2(db, &s, idx[n] = add_numbered(&s, n, "z")), 0);
     for (uint32_t i = 0; i < 2 * N + 100000; i++) {
-        coord_usage_l2_touch(&s, idx[i % 50]);
-        assert_int_equal(coord_db_touch_l2(db, &s, idx[i % 50]), 0);
+        coordinator_usage_l2_touch(&s, idx[i % 50]);
+        assert_int_equal(coordinator_db_touch_l2(db, &s, idx[i % 50]), 0);
     }
-    assert_int_equal(coord_db_commit(db), 0);
+    assert_int_equal(coordinator_db_commit(db), 0);
 
-    assert_int_equal(coord_db_maybe_compact(db, &s), 0);
+    assert_int_equal(coordinator_db_maybe_compact(db, &s), 0);
     assert_true(db->compacting);
     assert_reloads_as(&s, "z");
-    assert_int_equal(coord_db_begin(db), 0);
-    assert_int_equal(coord_db_del_l2(db, &s, idx[N - 10]), 0);
-    coord_usage_l2_delete(&s, idx[N - 10]);
-    assert_int_equal(coord_db_put_l2(db, &s, add_numbered(&s, N + 1, "z")), 0);
-    coord_usage_l2_touch(&s, idx[7]);
-    assert_int_equal(coord_db_touch_l2(db, &s, idx[7]), 0);
-    assert_int_equal(coord_db_commit(db), 0);
+    assert_int_equal(coordinator_db_begin(db), 0);
+    assert_int_equal(coordinator_db_del_l2(db, &s, idx[N - 10]), 0);
+    coordinator_usage_l2_delete(&s, idx[N - 10]);
+    assert_int_equal(coordinator_db_put_l2(db, &s, add_numbered(&s, N + 1, "z")), 0);
+    coordinator_usage_l2_touch(&s, idx[7]);
+    assert_int_equal(coordinator_db_touch_l2(db, &s, idx[7]), 0);
+    assert_int_equal(coordinator_db_commit(db), 0);
     assert_reloads_as(&s, "z");
 
-    assert_int_equal(coord_db_maybe_compact(db, &s), 0);
+    assert_int_equal(coordinator_db_maybe_compact(db, &s), 0);
     assert_false(db->compacting);
     assert_true(db->log_records < (uint64_t)N + 10);
     assert_reloads_as(&s, "z");
     for (int i = 0; i < 1000 && db->dead_rows; i++)
-        assert_int_equal(coord_db_maybe_compact(db, &s), 0);
+        assert_int_equal(coordinator_db_maybe_compact(db, &s), 0);
     assert_false(db->dead_rows);
     sqlite3_stmt *st;
     assert_int_equal(sqlite3_prepare_v2(db->db, "SELECT count(*) FROM l2_log WHERE id < ?1", -1,
@@ -336,8 +336,8 @@ static void test_compaction_in_slices(void **state)
     assert_int_equal(sqlite3_column_int64(st, 0), 0);
     sqlite3_finalize(st);
     assert_reloads_as(&s, "z");
-    coord_db_close(db);
-    coord_state_free(&s);
+    coordinator_db_close(db);
+    coordinator_state_free(&s);
     remove_db();
 }
 
@@ -362,13 +362,13 @@ static char *events_body(int seq, int stored, int deleted)
     return text;
 }
 
-static int ingest(coord_state *s, coord_db *db, const char *text, coord_ingest_result *res,
+static int ingest(coordinator_state *s, coordinator_db *db, const char *text, coordinator_ingest_result *res,
                   char *why, size_t whylen)
 {
-    coord_event_request r;
-    assert_int_equal(coord_events_parse(text, strlen(text), &r, why, whylen), 0);
-    int rc = coord_events_ingest(s, db, &r, res, why, whylen);
-    coord_events_request_free(&r);
+    coordinator_event_request r;
+    assert_int_equal(coordinator_events_parse(text, strlen(text), &r, why, whylen), 0);
+    int rc = coordinator_events_ingest(s, db, &r, res, why, whylen);
+    coordinator_events_request_free(&r);
     return rc;
 }
 
@@ -390,12 +390,12 @@ static void test_failed_commit_is_retried_once(void **state)
     (void)state;
     snprintf(path, sizeof path, "/tmp/coord-db-fail-%d.db", (int)getpid());
     remove_db();
-    coord_db *db;
+    coordinator_db *db;
     char err[256], why[512];
-    coord_state s;
-    coord_ingest_result res;
-    assert_int_equal(coord_state_init(&s), 0);
-    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
+    coordinator_state s;
+    coordinator_ingest_result res;
+    assert_int_equal(coordinator_state_init(&s), 0);
+    assert_int_equal(coordinator_db_open(path, &db, err, sizeof err), 0);
     assert_int_equal(ingest(&s, db, events_body(1, 1, 0), &res, why, sizeof why), 0);
     assert_int_equal(res.applied, 2);
 
@@ -407,7 +407,7 @@ static void test_failed_commit_is_retried_once(void **state)
     file_size_limit(saved.rlim_cur);
     assert_int_equal(rc, -2); /* the database's failure: 503 */
     assert_non_null(strstr(why, "could not be saved"));
-    uint32_t inst = coord_names_find(&s.instances, "a");
+    uint32_t inst = coordinator_names_find(&s.instances, "a");
     assert_int_equal(s.cursor[inst].last_seq, 2);
     assert_int_equal(s.ingest.applied, 2);
 
@@ -419,19 +419,19 @@ static void test_failed_commit_is_retried_once(void **state)
     assert_int_equal(res.duplicates, 2);
     assert_int_equal(s.ingest.applied, 4);
     assert_int_equal(s.ingest.gaps, 0);
-    coord_db_close(db);
+    coordinator_db_close(db);
 
-    coord_state r;
-    assert_int_equal(coord_state_init(&r), 0);
-    assert_int_equal(coord_db_open(path, &db, err, sizeof err), 0);
-    assert_int_equal(coord_db_load(db, &r, err, sizeof err), 0);
+    coordinator_state r;
+    assert_int_equal(coordinator_state_init(&r), 0);
+    assert_int_equal(coordinator_db_open(path, &db, err, sizeof err), 0);
+    assert_int_equal(coordinator_db_load(db, &r, err, sizeof err), 0);
     assert_int_equal(r.l2_entries, 1); /* key 2; key 1 deleted by the failed request */
     assert_int_equal(r.l2_bytes, 100);
-    inst = coord_names_find(&r.instances, "a");
+    inst = coordinator_names_find(&r.instances, "a");
     assert_true(r.cursor[inst].last_seq == 4 && !r.cursor[inst].gap);
-    coord_db_close(db);
-    coord_state_free(&r);
-    coord_state_free(&s);
+    coordinator_db_close(db);
+    coordinator_state_free(&r);
+    coordinator_state_free(&s);
     remove_db();
 }
 

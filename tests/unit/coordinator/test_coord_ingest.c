@@ -11,18 +11,18 @@
 
 #include "coordinator/coord_events.h"
 
-static coord_state S;
+static coordinator_state S;
 
 static int setup(void **state)
 {
     (void)state;
-    return coord_state_init(&S);
+    return coordinator_state_init(&S);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    coord_state_free(&S);
+    coordinator_state_free(&S);
     return 0;
 }
 
@@ -50,7 +50,7 @@ static json_t *batch(const char *inst, int inc, int seq, const char *type, const
 }
 
 /* Parses and applies {"batches": [b...]} (NULL-terminated); the result. */
-static coord_ingest_result post(json_t *b, ...)
+static coordinator_ingest_result post(json_t *b, ...)
 {
     json_t *batches = json_array();
     va_list ap;
@@ -60,26 +60,26 @@ static coord_ingest_result post(json_t *b, ...)
     va_end(ap);
     json_t *body = json_pack("{s:o}", "batches", batches);
     char *text = json_dumps(body, JSON_COMPACT);
-    coord_event_request r;
+    coordinator_event_request r;
     char why[512];
-    assert_int_equal(coord_events_parse(text, strlen(text), &r, why, sizeof why), 0);
+    assert_int_equal(coordinator_events_parse(text, strlen(text), &r, why, sizeof why), 0);
     free(text);
-    coord_ingest_result res;
-    assert_int_equal(coord_events_apply(&S, NULL, &r, &res, why, sizeof why), 0);
-    coord_events_request_free(&r);
+    coordinator_ingest_result res;
+    assert_int_equal(coordinator_events_apply(&S, NULL, &r, &res, why, sizeof why), 0);
+    coordinator_events_request_free(&r);
     json_decref(body);
     return res;
 }
 
 static uint32_t salt_id(const char *salt)
 {
-    return coord_names_find(&S.salts, salt);
+    return coordinator_names_find(&S.salts, salt);
 }
 
 static void test_gate_duplicates_gaps_stale(void **state)
 {
     (void)state;
-    coord_ingest_result r = post(batch("a", 5, 1, "store", "l2", 0, 2, 100, "s"), NULL);
+    coordinator_ingest_result r = post(batch("a", 5, 1, "store", "l2", 0, 2, 100, "s"), NULL);
     assert_int_equal(r.applied, 1);
     r = post(batch("a", 5, 1, "store", "l2", 10, 1, 100, "s"), NULL); /* same seq */
     assert_int_equal(r.duplicates, 1);
@@ -87,7 +87,7 @@ static void test_gate_duplicates_gaps_stale(void **state)
     assert_int_equal(S.salt[salt_id("s")].l2_count, 2); /* the duplicate changed nothing */
     r = post(batch("a", 5, 4, "store", "l2", 10, 1, 100, "s"), NULL); /* 2 and 3 missing */
     assert_int_equal(r.applied, 1);
-    uint32_t inst = coord_names_find(&S.instances, "a");
+    uint32_t inst = coordinator_names_find(&S.instances, "a");
     assert_true(S.cursor[inst].gap);
     assert_int_equal(S.cursor[inst].last_seq, 4);
     assert_int_equal(S.ingest.gaps, 1);
@@ -100,7 +100,7 @@ static void test_gate_duplicates_gaps_stale(void **state)
              batch("b", 1, 2, "store", "l2", 32, 1, 1, "s"), NULL);
     assert_int_equal(r.applied, 2);
     assert_int_equal(r.duplicates, 1);
-    assert_false(S.cursor[coord_names_find(&S.instances, "b")].gap);
+    assert_false(S.cursor[coordinator_names_find(&S.instances, "b")].gap);
 }
 
 static void test_new_incarnation_fences_l1(void **state)
@@ -110,13 +110,13 @@ static void test_new_incarnation_fences_l1(void **state)
     post(batch("a", 1, 2, "store", "l2", 0, 1, 10, ""), NULL);
     post(batch("b", 1, 1, "store", "l1", 0, 1, 10, ""), NULL);
     assert_int_equal(S.l1_entries, 4);
-    coord_ingest_result r = post(batch("a", 2, 1, "access", "l2", 0, 1, 0, ""), NULL);
+    coordinator_ingest_result r = post(batch("a", 2, 1, "access", "l2", 0, 1, 0, ""), NULL);
     assert_int_equal(r.applied, 1);
     assert_int_equal(S.l1_entries, 1);        /* only b's placement is left */
     assert_int_equal(S.l2_entries, 1);        /* L2 is shared: not fenced */
     assert_int_equal(S.salt[salt_id("")].l1_bytes, 10);
     assert_int_equal(S.ingest.fenced, 1);
-    uint32_t inst = coord_names_find(&S.instances, "a");
+    uint32_t inst = coordinator_names_find(&S.instances, "a");
     assert_int_equal(S.cursor[inst].incarnation, 2);
     assert_int_equal(S.cursor[inst].last_seq, 1);
     /* The old incarnation is stale now. */
@@ -129,7 +129,7 @@ static void test_usage_counts_a_key_once(void **state)
     (void)state;
     post(batch("a", 1, 1, "store", "l2", 0, 4, 100, "t"), NULL);
     post(batch("b", 1, 1, "store", "l2", 0, 2, 250, "t"), NULL); /* stored again, new size */
-    coord_salt *sa = &S.salt[salt_id("t")];
+    coordinator_salt *sa = &S.salt[salt_id("t")];
     assert_int_equal(sa->l2_count, 4);
     assert_int_equal(sa->l2_bytes, 2 * 250 + 2 * 100);
     post(batch("a", 1, 2, "delete", "l2", 0, 1, 0, "t"), NULL);
@@ -149,21 +149,21 @@ static void test_quota_watermark(void **state)
     (void)state;
     post(batch("a", 1, 1, "store", "l2", 0, 10, 100, "q"), NULL); /* 1000 bytes */
     uint32_t q = salt_id("q");
-    assert_false(coord_quota_over(&S, q, 1.0)); /* no quota, no default: exempt */
+    assert_false(coordinator_quota_over(&S, q, 1.0)); /* no quota, no default: exempt */
     S.has_default_quota = true;
     S.default_quota_gb = 1000.0 / COORD_GB;
-    assert_true(coord_quota_over(&S, q, 1.0));  /* usage == limit */
+    assert_true(coordinator_quota_over(&S, q, 1.0));  /* usage == limit */
     S.default_quota_gb = 1001.0 / COORD_GB;
-    assert_false(coord_quota_over(&S, q, 1.0));
-    assert_true(coord_quota_over(&S, q, 0.9));
+    assert_false(coordinator_quota_over(&S, q, 1.0));
+    assert_true(coordinator_quota_over(&S, q, 0.9));
     S.salt[q].has_quota = true;                 /* an explicit quota wins over the default */
     S.salt[q].quota_gb = 5000.0 / COORD_GB;
-    assert_false(coord_quota_over(&S, q, 0.9));
-    assert_true(coord_quota_over(&S, q, 0.2));
+    assert_false(coordinator_quota_over(&S, q, 0.9));
+    assert_true(coordinator_quota_over(&S, q, 0.2));
     S.salt[q].quota_gb = 0;                     /* zero: everything goes */
-    assert_true(coord_quota_over(&S, q, 1.0));
+    assert_true(coordinator_quota_over(&S, q, 1.0));
     uint32_t out[16];
-    assert_int_equal(coord_evict_choose(&S, q, 0.2, out, 16), 10);
+    assert_int_equal(coordinator_evict_choose(&S, q, 0.2, out, 16), 10);
 }
 
 static void test_eviction_takes_lru_skipping_pins(void **state)
@@ -174,20 +174,20 @@ static void test_eviction_takes_lru_skipping_pins(void **state)
     uint32_t e = salt_id("e");
     S.salt[e].has_quota = true;
     S.salt[e].quota_gb = 500.0 / COORD_GB;
-    coord_key k;
-    coord_entry_key(&S.keys.e[S.salt[e].lru_head], &k);   /* the oldest is key 2 */
+    coordinator_key k;
+    coordinator_entry_key(&S.keys.e[S.salt[e].lru_head], &k);   /* the oldest is key 2 */
     assert_int_equal(k.hash[0], 2);
     S.keys.e[S.salt[e].lru_head].pins = 1;                /* pin it */
     uint32_t out[16];
-    size_t n = coord_evict_choose(&S, e, 0.3, out, 16);  /* ceil(0.3 x 10) = 3 */
+    size_t n = coordinator_evict_choose(&S, e, 0.3, out, 16);  /* ceil(0.3 x 10) = 3 */
     assert_int_equal(n, 3);
     int want[] = {3, 4, 5};
     for (size_t i = 0; i < n; i++)
         assert_int_equal(S.keys.e[out[i]].hash[0], want[i]);
     /* Chosen keys stay until their delete event comes back. */
-    assert_int_equal(coord_evict_choose(&S, e, 0.3, out, 16), 3);
+    assert_int_equal(coordinator_evict_choose(&S, e, 0.3, out, 16), 3);
     post(batch("a", 1, 3, "delete", "l2", 3, 3, 0, "e"), NULL);
-    n = coord_evict_choose(&S, e, 0.3, out, 16);
+    n = coordinator_evict_choose(&S, e, 0.3, out, 16);
     assert_int_equal(n, 3);                              /* ceil(0.3 x 7) */
     assert_int_equal(S.keys.e[out[0]].hash[0], 6);
     assert_int_equal(S.salt[e].l2_bytes, 700);
@@ -265,9 +265,9 @@ static void test_parse_rejects_bad_batches(void **state)
     (void)state;
     for (size_t i = 0; i < sizeof BAD_BODIES / sizeof *BAD_BODIES; i++) {
         const bad_body *bad = &BAD_BODIES[i];
-        coord_event_request r;
+        coordinator_event_request r;
         char why[512] = "";
-        assert_int_equal(coord_events_parse(bad->body, strlen(bad->body), &r, why, sizeof why),
+        assert_int_equal(coordinator_events_parse(bad->body, strlen(bad->body), &r, why, sizeof why),
                          -1);
         if (!strstr(why, bad->reason))
             fail_msg("body %zu (%s): reason '%s', expected '%s'", i, bad->body, why, bad->reason);
@@ -280,16 +280,16 @@ static void test_parse_rejects_bad_batches(void **state)
                             "{\"instance_id\": "
                             "\"a\", \"incarnation\": 1, \"seq\": 2, \"event_type\": \"access\", "
                             "\"tier\": \"l1\", \"entries\": []}]}");
-    coord_event_request r;
+    coordinator_event_request r;
     char why[512];
-    assert_int_equal(coord_events_parse(ok, strlen(ok), &r, why, sizeof why), 0);
-    coord_ingest_result res;
-    assert_int_equal(coord_events_apply(&S, NULL, &r, &res, why, sizeof why), 0);
+    assert_int_equal(coordinator_events_parse(ok, strlen(ok), &r, why, sizeof why), 0);
+    coordinator_ingest_result res;
+    assert_int_equal(coordinator_events_apply(&S, NULL, &r, &res, why, sizeof why), 0);
     assert_int_equal(res.applied, 2);
-    coord_cursor *c = &S.cursor[coord_names_find(&S.instances, "a")];
+    coordinator_cursor *c = &S.cursor[coordinator_names_find(&S.instances, "a")];
     assert_int_equal(c->n_caps, 1);
     assert_int_equal(c->caps[0].capacity_bytes, 4096);
-    coord_events_request_free(&r);
+    coordinator_events_request_free(&r);
 }
 
 /* The text reader behind /events: JSON syntax and text rules as a
@@ -307,9 +307,9 @@ static void test_scanner_syntax(void **state)
         "{\"batches\": [], \"x\": \"a\tb\"}", "[]", "{}", "{\"batches\": {}}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        coord_event_request r;
+        coordinator_event_request r;
         char why[512] = "";
-        assert_int_equal(coord_events_parse(bad[i], strlen(bad[i]), &r, why, sizeof why), -1);
+        assert_int_equal(coordinator_events_parse(bad[i], strlen(bad[i]), &r, why, sizeof why), -1);
         assert_true(why[0]);
     }
     char deep[400];
@@ -317,9 +317,9 @@ static void test_scanner_syntax(void **state)
     for (int i = 0; i < 100; i++)
         deep[n++] = '[';
     deep[n] = '\0';
-    coord_event_request r;
+    coordinator_event_request r;
     char why[512] = "";
-    assert_int_equal(coord_events_parse(deep, n, &r, why, sizeof why), -1);
+    assert_int_equal(coordinator_events_parse(deep, n, &r, why, sizeof why), -1);
     assert_non_null(strstr(why, "nested too deep"));
     /* Escapes, unknown fields and their values, a repeated key (the last
      * wins) are all read. */
@@ -329,7 +329,7 @@ static void test_scanner_syntax(void **state)
         " \"seq\": 1, \"seq\": 2, \"event_type\": \"store\", \"tier\": \"l2\","
         " \"backend\": \"caf\xc3\xa9\", \"entries\": [{\"key\": {\"chunk_hash_hex\": \"0a\","
         " \"model_name\": \"m\", \"kv_rank\": 3, \"extra\": {}}, \"size_bytes\": 7}]}]} ";
-    assert_int_equal(coord_events_parse(good, strlen(good), &r, why, sizeof why), 0);
+    assert_int_equal(coordinator_events_parse(good, strlen(good), &r, why, sizeof why), 0);
     assert_int_equal(r.n, 1);
     assert_string_equal(r.batches[0].instance_id, "a/\"");
     assert_int_equal(r.batches[0].seq, 2);
@@ -339,7 +339,7 @@ static void test_scanner_syntax(void **state)
     assert_int_equal(r.batches[0].entries[0].key.hash[0], 10);
     assert_string_equal(r.batches[0].entries[0].key.salt, "");
     assert_int_equal(r.batches[0].entries[0].size, 7);
-    coord_events_request_free(&r);
+    coordinator_events_request_free(&r);
 }
 
 /* The key table under churn: every live key is found, every removed one
@@ -348,29 +348,29 @@ static void test_key_table_churn(void **state)
 {
     (void)state;
     enum { N = 20000 };
-    coord_key k = {.hash_len = 32, .model = 0, .salt = 0};
+    coordinator_key k = {.hash_len = 32, .model = 0, .salt = 0};
     for (uint32_t i = 0; i < N; i++) {
         memcpy(k.hash, &i, sizeof i);
-        uint32_t idx = coord_keys_get(&S.keys, &k);
+        uint32_t idx = coordinator_keys_get(&S.keys, &k);
         assert_int_not_equal(idx, COORD_NONE);
         S.keys.e[idx].pins = 1;
     }
     for (uint32_t i = 0; i < N; i += 3) {
         memcpy(k.hash, &i, sizeof i);
-        uint32_t idx = coord_keys_find(&S.keys, &k);
+        uint32_t idx = coordinator_keys_find(&S.keys, &k);
         S.keys.e[idx].pins = 0;
-        coord_keys_release(&S.keys, idx);
+        coordinator_keys_release(&S.keys, idx);
     }
     for (uint32_t i = 0; i < N; i++) {
         memcpy(k.hash, &i, sizeof i);
-        uint32_t idx = coord_keys_find(&S.keys, &k);
+        uint32_t idx = coordinator_keys_find(&S.keys, &k);
         if (i % 3 == 0)
             assert_int_equal(idx, COORD_NONE);
         else
             assert_true(idx != COORD_NONE && memcmp(S.keys.e[idx].hash, &i, 4) == 0);
     }
     assert_int_equal(S.keys.n_live, N - (N + 2) / 3);
-    assert_true(sizeof(coord_entry) <= 96);
+    assert_true(sizeof(coordinator_entry) <= 96);
 }
 
 /* Issue 29: the key directory is bounded.  Past max_live new keys are not
@@ -380,7 +380,7 @@ static void test_key_directory_bound(void **state)
 {
     (void)state;
     S.keys.max_live = 3;
-    coord_ingest_result res = post(batch("a", 1, 1, "store", "l2", 1, 5, 100, "t"), NULL);
+    coordinator_ingest_result res = post(batch("a", 1, 1, "store", "l2", 1, 5, 100, "t"), NULL);
     assert_int_equal(res.applied, 1);
     assert_int_equal(S.keys.n_live, 3);
     assert_int_equal(S.keys.refused, 2);

@@ -2,7 +2,7 @@
  * (cuda/cuda_launch.h), checked on the CPU without a GPU or nvcc: the copy
  * unit, the launch geometry, the parameter block's capacity checks, and a
  * reference kernel, a loop over the very grid, thread block and row
- * helpers the CUDA kernel uses, against the CPU copy (modules/kv_copy.h)
+ * helpers the CUDA kernel uses, against the CPU copy (kv/kv_copy.h)
  * byte for byte, both directions, for every format, padded MLA rows,
  * misaligned tensors and entries, more heads and slots than threads, and
  * skip_blocks. */
@@ -16,7 +16,7 @@
 #include <cmocka.h>
 
 #include "cuda/cuda_launch.h"
-#include "modules/kv_copy.h"
+#include "kv/kv_copy.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 

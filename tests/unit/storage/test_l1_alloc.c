@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "storage/l1_alloc.h"
+#include "storage/l1/l1_alloc.h"
 
 #define PAGE 4096ull
 

@@ -19,7 +19,7 @@
 
 #include <cmocka.h>
 
-#include "storage/l1_arena.h"
+#include "storage/l1/l1_arena.h"
 
 #define ARENA_BYTES (64ull << 20)
 

@@ -11,8 +11,8 @@
 #include <cmocka.h>
 
 #include "storage/eviction_policy.h"
-#include "storage/l1_eviction.h"
-#include "storage/l1_manager.h"
+#include "storage/l1/l1_eviction.h"
+#include "storage/l1/l1_manager.h"
 
 #define PAGE 4096ull
 

@@ -14,8 +14,8 @@
 
 #include <cmocka.h>
 
-#include "storage/l1_internal.h"   /* test_books_catch_corruption pokes the books */
-#include "storage/l1_manager.h"
+#include "storage/l1/l1_internal.h"   /* test_books_catch_corruption pokes the books */
+#include "storage/l1/l1_manager.h"
 
 #define PAGE 4096ull
 #define WRITE_TTL_MS 600000

@@ -21,8 +21,8 @@
 
 #include "gate_backend.h"
 #include "ports.h"
-#include "storage/l2/l2_resp.h"
-#include "storage/l2/l2_resp_conn.h"
+#include "storage/l2/adapters/l2_resp.h"
+#include "storage/l2/adapters/l2_resp_conn.h"
 
 #define OBJ 70000 /* > the connection buffer: payloads go straight to the caller */
 
@@ -47,8 +47,8 @@ static void track(pid_t pid, bool add)
 static long redis_pid_on(int port, const char *password)
 {
     resp_conn c;
-    resp_conn_init(&c);
-    if (resp_conn_open(&c, "127.0.0.1", port, 500) != 0)
+    lmc_resp_conn_init(&c);
+    if (lmc_resp_conn_open(&c, "127.0.0.1", port, 500) != 0)
         return 0;
     char line[RESP_LINE_MAX], body[8192];
     int64_t len = 0;
@@ -56,19 +56,19 @@ static long redis_pid_on(int port, const char *password)
     bool ok = true;
     if (password) {
         resp_arg auth[] = {{"AUTH", 4}, {password, strlen(password)}};
-        ok = resp_send_command(&c, auth, 2) == 0 && resp_read_line(&c, line, sizeof line) == 0;
+        ok = lmc_resp_send_command(&c, auth, 2) == 0 && lmc_resp_read_line(&c, line, sizeof line) == 0;
     }
     resp_arg info[] = {{"INFO", 4}, {"server", 6}};
-    if (ok && resp_send_command(&c, info, 2) == 0 &&
-        resp_read_line(&c, line, sizeof line) == 0 && line[0] == '$' &&
-        resp_parse_int(line, &len) && len > 0 && (size_t)len < sizeof body &&
-        resp_read_bulk_body(&c, body, (size_t)len) == 0) {
+    if (ok && lmc_resp_send_command(&c, info, 2) == 0 &&
+        lmc_resp_read_line(&c, line, sizeof line) == 0 && line[0] == '$' &&
+        lmc_resp_parse_int(line, &len) && len > 0 && (size_t)len < sizeof body &&
+        lmc_resp_read_bulk_body(&c, body, (size_t)len) == 0) {
         body[len] = '\0';
         const char *at = strstr(body, "\nprocess_id:");
         if (at)
             pid = strtol(at + strlen("\nprocess_id:"), NULL, 10);
     }
-    resp_conn_close(&c);
+    lmc_resp_conn_close(&c);
     return pid;
 }
 
@@ -273,11 +273,11 @@ static void test_single_node_round_trip_and_restart(void **state)
 static void redis_command(int port, const resp_arg *args, size_t n, char *line, size_t cap)
 {
     resp_conn c;
-    resp_conn_init(&c);
-    assert_int_equal(resp_conn_open(&c, "127.0.0.1", port, 1000), 0);
-    assert_int_equal(resp_send_command(&c, args, n), 0);
-    assert_int_equal(resp_read_line(&c, line, cap), 0);
-    resp_conn_close(&c);
+    lmc_resp_conn_init(&c);
+    assert_int_equal(lmc_resp_conn_open(&c, "127.0.0.1", port, 1000), 0);
+    assert_int_equal(lmc_resp_send_command(&c, args, n), 0);
+    assert_int_equal(lmc_resp_read_line(&c, line, cap), 0);
+    lmc_resp_conn_close(&c);
 }
 
 static lmc_l2_usage usage_of(lmc_l2_backend *b)
@@ -588,7 +588,7 @@ static int64_t redis_strlen(int port, const lmc_object_key *k)
     resp_arg args[2] = {{"STRLEN", 6}, {key, (size_t)kl}};
     redis_command(port, args, 2, line, sizeof line);
     int64_t v = -1;
-    assert_true(line[0] == ':' && resp_parse_int(line, &v));
+    assert_true(line[0] == ':' && lmc_resp_parse_int(line, &v));
     return v;
 }
 

@@ -24,7 +24,7 @@
 
 #include "gate_backend.h"
 #include "ports.h"
-#include "storage/l2/l2_s3.h"
+#include "storage/l2/adapters/l2_s3.h"
 
 #define AK "AKIAIOSFODNN7EXAMPLE"
 #define SK "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"

@@ -1,0 +1,31 @@
+/* Growing an array by doubling, shared by the storage subsystem's lists
+ * (allocator blocks, deferred frees, retired buffers).  Private to
+ * src/storage/. */
+#ifndef LMC_CORE_GROW_H
+#define LMC_CORE_GROW_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* Makes room for `needed` items of `item_size` bytes in *items (capacity
+ * *cap, first growth to `first_cap`).  0, or -1 with nothing changed. */
+static inline int lmc_grow_array(void **items, size_t *cap, size_t needed, size_t item_size,
+                                 size_t first_cap)
+{
+    if (needed <= *cap)
+        return 0;
+    size_t grown_cap = *cap ? *cap : first_cap;
+    while (grown_cap < needed)
+        grown_cap *= 2;
+    if (grown_cap > SIZE_MAX / item_size)
+        return -1;
+    void *grown = realloc(*items, grown_cap * item_size);
+    if (!grown)
+        return -1;
+    *items = grown;
+    *cap = grown_cap;
+    return 0;
+}
+
+#endif

@@ -1,0 +1,39 @@
+/* The fleet side of lmcached (docs/fleet.md): registration with the
+ * coordinator (register, heartbeat, deregister), the cache-event stream
+ * (POST /events) and the older L2 usage stream (POST /l2/events).
+ *
+ * Everything runs on the subsystem's own threads; nothing here blocks or
+ * fails the server, and the request path only copies keys into a bounded
+ * buffer (with event reporting on). */
+#ifndef LMC_FLEET_FLEET_H
+#define LMC_FLEET_FLEET_H
+
+#include <jansson.h>
+
+#include "config/config.h"
+#include "obs/metrics.h"
+#include "storage/storage_manager.h"
+
+typedef struct lmc_fleet lmc_coord;
+
+/* Starts the registrar (and the event streams the configuration asks
+ * for) for a server whose HTTP frontend listens on `http_port`.  `sm` may
+ * be NULL (no events then).  NULL when cfg has no coordinator URL, or on
+ * allocation failure (logged; the server runs without). */
+lmc_coord *lmc_fleet_start(const lmc_config *cfg, int http_port, lmc_storage_manager *sm);
+/* Stops the threads (a last event flush, then DELETE of the
+ * registration, each bounded by a short timeout) and unsubscribes from the
+ * storage manager, which must still be open.  NULL is a no-op. */
+void lmc_fleet_stop(lmc_coord *c);
+/* After the storage manager is closed: a listener call that began before
+ * the stop may land until then.  Stops first if stop was not called (the
+ * storage manager must then still be open). */
+void lmc_fleet_free(lmc_coord *c);
+
+/* The "coordinator" object of /status.  New reference. */
+json_t *lmc_fleet_status(lmc_coord *c);
+/* lmc_metrics_collect_fn: the lmcache_mp_coordinator_* families
+ * (docs/metrics.md); `user` is the lmc_coord. */
+void lmc_fleet_collect_metrics(lmc_metrics *r, void *user);
+
+#endif

@@ -1,0 +1,250 @@
+/* Streaming (non-temporal) bulk copies; why they exist: bulk_copy.h. */
+#include "kv/bulk_copy.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* Write-combining buffers hold whole cache lines: a line that is only partly
+ * written by streaming stores goes out as a slow partial write, so the
+ * kernels stream whole, aligned lines and leave the ragged ends to memcpy. */
+#define LINE 64
+
+typedef void (*line_loop)(char *d, const char *s, size_t bytes);
+
+static void lines16(char *d, const char *s, size_t bytes)
+{
+    for (const char *end = s + bytes; s < end; s += LINE, d += LINE) {
+        __m128i a = _mm_loadu_si128((const __m128i *)s);
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+    }
+}
+
+__attribute__((target("avx2"))) static void lines32(char *d, const char *s, size_t bytes)
+{
+    for (const char *end = s + bytes; s < end; s += LINE, d += LINE) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)s);
+        __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+        _mm256_stream_si256((__m256i *)d, a);
+        _mm256_stream_si256((__m256i *)(d + 32), b);
+    }
+}
+
+/* memcpy up to dst's next line boundary, whole lines with `loop`, memcpy
+ * of the rest.  Copies too short to hold one aligned line are all memcpy. */
+static inline void stream_with(line_loop loop, void *dst, const void *src, size_t n)
+{
+    size_t head = (size_t)(-(uintptr_t)dst & (LINE - 1));
+    if (n < head + LINE) {
+        memcpy(dst, src, n);
+        return;
+    }
+    size_t body = (n - head) & ~(size_t)(LINE - 1);
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    memcpy(d, s, head);
+    loop(d + head, s + head, body);
+    memcpy(d + head + body, s + head + body, n - head - body);
+}
+
+bool lmc_bulk_copy_has_avx2(void)
+{
+    /* One load and a bit test of libgcc's cpu model: cheap next to a copy
+     * worth streaming, and no state of ours to initialise. */
+    return __builtin_cpu_supports("avx2");
+}
+
+void lmc_bulk_copy_stream16(void *dst, const void *src, size_t n)
+{
+    stream_with(lines16, dst, src, n);
+}
+
+void lmc_bulk_copy_stream32(void *dst, const void *src, size_t n)
+{
+    stream_with(lines32, dst, src, n);
+}
+
+/* 32-byte stores measure 5-10% above 16-byte ones (likely because a line's
+ * write-combining buffer, which also serves load misses, fills and drains
+ * in two stores instead of four); 64-byte AVX-512 stores add no more than
+ * the noise. */
+static void stream_best(void *dst, const void *src, size_t n)
+{
+    if (lmc_bulk_copy_has_avx2())
+        lmc_bulk_copy_stream32(dst, src, n);
+    else
+        lmc_bulk_copy_stream16(dst, src, n);
+}
+
+void lmc_bulk_copy_fence(lmc_copy_method m)
+{
+    if (m == LMC_COPY_STREAM)
+        _mm_sfence();
+}
+
+/* Rows of a transpose are short (a head: 128-512 B), so a call and the
+ * alignment split of lmc_bulk_copy per row would cost as much as the row:
+ * one loop of 32-byte moves instead, streaming when dst allows.  Both
+ * halves of a line are loaded before either is stored: the HND scatter
+ * ran ~8% faster that way than with each load followed by its store
+ * (BENCHMARKS.md, "Server-driven transfers"). */
+__attribute__((target("avx2"))) static inline void put32(char *w, __m256i v, bool stream)
+{
+    if (stream)
+        _mm256_stream_si256((__m256i *)w, v);
+    else
+        _mm256_storeu_si256((__m256i *)w, v);
+}
+
+__attribute__((target("avx2"))) static inline void move32(char *w, const char *r, size_t row,
+                                                          bool stream)
+{
+    size_t k = 0;
+    for (; k + 64 <= row; k += 64) {
+        __m256i lo = _mm256_loadu_si256((const __m256i *)(r + k));
+        __m256i hi = _mm256_loadu_si256((const __m256i *)(r + k + 32));
+        put32(w + k, lo, stream);
+        put32(w + k + 32, hi, stream);
+    }
+    if (k < row)
+        put32(w + k, _mm256_loadu_si256((const __m256i *)(r + k)), stream);
+}
+
+/* Walks whichever side `walk_src` names in order, the other by stride. */
+__attribute__((target("avx2"), always_inline)) static inline void
+transpose32(char *d, const char *s, size_t row, size_t a, size_t b, bool stream, bool walk_src)
+{
+    if (walk_src) {   /* src [a][b] in order; dst column i, stride a rows */
+        for (size_t i = 0; i < a; i++) {
+            char *w = d + i * row;
+            for (size_t j = 0; j < b; j++, s += row, w += a * row)
+                move32(w, s, row, stream);
+        }
+    } else {          /* dst [b][a] in order; src column j, stride b rows */
+        for (size_t j = 0; j < b; j++) {
+            const char *r = s + j * row;
+            for (size_t i = 0; i < a; i++, d += row, r += b * row)
+                move32(d, r, row, stream);
+        }
+    }
+}
+
+__attribute__((target("avx2"))) static void transpose_streaming(char *d, const char *s, size_t row,
+                                                                size_t a, size_t b, bool walk_src)
+{
+    transpose32(d, s, row, a, b, true, walk_src);
+}
+
+__attribute__((target("avx2"))) static void transpose_storing(char *d, const char *s, size_t row,
+                                                              size_t a, size_t b, bool walk_src)
+{
+    transpose32(d, s, row, a, b, false, walk_src);
+}
+
+static bool transpose_fast(lmc_copy_method m, void *dst, const void *src, size_t row, size_t a,
+                           size_t b, bool walk_src)
+{
+    if (row % 32 || !lmc_bulk_copy_has_avx2())
+        return false;
+    /* Constant `stream`: the compiler keeps a loop of each kind with no
+     * branch per store. */
+    if (m == LMC_COPY_STREAM && (uintptr_t)dst % 32 == 0)
+        transpose_streaming(dst, src, row, a, b, walk_src);
+    else
+        transpose_storing(dst, src, row, a, b, walk_src);
+    return true;
+}
+
+lmc_copy_method lmc_copy_method_default(void)
+{
+    return LMC_COPY_STREAM;
+}
+
+#else /* !__x86_64__: no streaming kernels, STREAM is memcpy */
+
+bool lmc_bulk_copy_has_avx2(void)
+{
+    return false;
+}
+
+void lmc_bulk_copy_stream16(void *dst, const void *src, size_t n)
+{
+    memcpy(dst, src, n);
+}
+
+void lmc_bulk_copy_stream32(void *dst, const void *src, size_t n)
+{
+    memcpy(dst, src, n);
+}
+
+static void stream_best(void *dst, const void *src, size_t n)
+{
+    memcpy(dst, src, n);
+}
+
+void lmc_bulk_copy_fence(lmc_copy_method m)
+{
+    (void)m;
+}
+
+static bool transpose_fast(lmc_copy_method m, void *dst, const void *src, size_t row, size_t a,
+                           size_t b, bool walk_src)
+{
+    (void)m, (void)dst, (void)src, (void)row, (void)a, (void)b, (void)walk_src;
+    return false;
+}
+
+lmc_copy_method lmc_copy_method_default(void)
+{
+    return LMC_COPY_MEMCPY;
+}
+
+#endif
+
+void lmc_bulk_copy(lmc_copy_method m, void *dst, const void *src, size_t n)
+{
+    if (n == 0)   /* an empty run may carry NULL pointers, which memcpy may not get */
+        return;
+    if (m == LMC_COPY_STREAM)
+        stream_best(dst, src, n);
+    else
+        memcpy(dst, src, n);
+}
+
+int lmc_copy_method_parse(const char *name, lmc_copy_method *out)
+{
+    if (!name)
+        return -1;
+    if (strcmp(name, "memcpy") == 0)
+        *out = LMC_COPY_MEMCPY;
+    else if (strcmp(name, "stream") == 0)
+        *out = LMC_COPY_STREAM;
+    else
+        return -1;
+    return 0;
+}
+
+const char *lmc_copy_method_name(lmc_copy_method m)
+{
+    return m == LMC_COPY_STREAM ? "stream" : "memcpy";
+}
+
+void lmc_bulk_copy_transpose(lmc_copy_method m, void *dst, const void *src, size_t row,
+                             size_t a, size_t b, bool walk_src)
+{
+    if (row == 0 || a == 0 || b == 0 || transpose_fast(m, dst, src, row, a, b, walk_src))
+        return;
+    char *d = dst;
+    const char *s = src;
+    for (size_t j = 0; j < b; j++)
+        for (size_t i = 0; i < a; i++, d += row)
+            memcpy(d, s + (i * b + j) * row, row);
+}

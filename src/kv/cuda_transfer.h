@@ -1,0 +1,92 @@
+/* The CUDA part of the server-driven transfer (docs/protocol.md,
+ * "Server-driven copies over CUDA IPC"): a shared object,
+ * liblmcached_cuda.so, built with nvcc where the toolkit is present and
+ * loaded by lmcached with dlopen() the first time an engine registers CUDA
+ * tensors.  lmcached itself never links the CUDA runtime, so the same
+ * binary starts on a machine without a GPU and answers a CUDA registration
+ * with the loader's reason.
+ *
+ * This header is the whole contract: plain C, no CUDA types.  Device
+ * addresses travel as uint64_t.  Every function returns 0 or -1 with one
+ * line in err (never aborts); none may be called from a host callback. */
+#ifndef LMC_KV_CUDA_TRANSFER_H
+#define LMC_KV_CUDA_TRANSFER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv/kv_plan.h"
+
+#define LMC_CUDA_ABI_VERSION 3
+#define LMC_CUDA_LIB_NAME "liblmcached_cuda.so"
+#define LMC_CUDA_ENTRY "lmc_cuda_transfer_ops"   /* const lmc_cuda_ops *(void) */
+#define LMC_CUDA_EVENT_HANDLE_BYTES 64
+
+/* One registered engine worker's copy machinery on one device: a
+ * non-default stream (all of its work runs on it, in order), a device
+ * staging buffer of one chunk object and a device buffer of block ids. */
+typedef struct lmc_cuda_stream lmc_cuda_stream;
+
+/* What one chunk object of one object group is made of: its member
+ * kernel groups (geometry, slots per chunk, kept blocks, entry offset) and,
+ * per member, the device address of each tensor the group copies
+ * (kernel_group.n_tensors of them, element 0 of each). */
+typedef struct lmc_cuda_object {
+    const lmc_kv_kernel_group *const *groups;
+    const uint64_t *const *tensors;
+    uint32_t n_groups;
+    uint64_t object_size;
+} lmc_cuda_object;
+
+typedef struct lmc_cuda_ops {
+    int abi_version;                   /* LMC_CUDA_ABI_VERSION */
+    /* Number of visible devices (0 is an error: "no CUDA device"). */
+    int (*init)(int *devices, char *err, size_t errlen);
+    /* The ordinal of the device whose UUID prints as `uuid` (lowercase
+     * 8-4-4-4-12 hex, an optional "GPU-" prefix accepted). */
+    int (*device_by_uuid)(const char *uuid, int *device, char *err, size_t errlen);
+    /* Opens (or references again) the cudaIpcMemHandle_t of an allocation
+     * on `device`; *base is its device address and *size its size as the
+     * driver reports it (cuMemGetAddressRange), whatever the client
+     * claimed: no tensor may reach past base + size.  close_mem drops one
+     * reference; the last one closes the mapping. */
+    int (*open_mem)(int device, const uint8_t handle[64], uint64_t *base, uint64_t *size,
+                    char *err, size_t errlen);
+    void (*close_mem)(int device, uint64_t base);
+    /* Page-locks host memory for DMA (the L1 arena, once per process). */
+    int (*pin)(void *host, uint64_t bytes, char *err, size_t errlen);
+    void (*unpin)(void *host);
+    lmc_cuda_stream *(*stream_new)(int device, uint64_t staging_bytes, char *err,
+                                   size_t errlen);
+    /* Waits for the stream's work, then frees it. */
+    void (*stream_free)(lmc_cuda_stream *s);
+    /* Makes the stream wait for the engine's interprocess event: 64 bytes
+     * (cudaIpcEventHandle_t), or len 0 for none. */
+    int (*wait_event)(lmc_cuda_stream *s, const uint8_t *handle, size_t len, char *err,
+                      size_t errlen);
+    /* Enqueues one chunk object's copy: device blocks -> staging -> host
+     * (to_host, a STORE) or host -> staging -> blocks (a RETRIEVE).
+     * blocks[i]: member i's kept block ids (groups[i]->keep_blocks of them,
+     * each < its nb); skip_blocks[i]: leading ones a RETRIEVE leaves alone
+     * (NULL for none).  `host` must stay valid until the stream passes it. */
+    int (*copy_object)(lmc_cuda_stream *s, const lmc_cuda_object *obj, void *host,
+                       const int64_t *const *blocks, const uint32_t *skip_blocks, bool to_host,
+                       char *err, size_t errlen);
+    /* Records a fresh interprocess event on the stream and exports its
+     * handle (64 bytes); the plugin keeps the event alive until it has
+     * completed and a grace period has passed, as a client may import the
+     * handle late. */
+    int (*record_event)(lmc_cuda_stream *s, uint8_t handle[64], char *err, size_t errlen);
+    /* Runs fn(arg) on a CUDA driver thread once everything enqueued so far
+     * has completed.  fn must only hand the work on (no CUDA calls). */
+    int (*then)(lmc_cuda_stream *s, void (*fn)(void *arg), void *arg, char *err, size_t errlen);
+    /* Blocks until the stream is idle. */
+    int (*sync)(lmc_cuda_stream *s, char *err, size_t errlen);
+    /* Copies `bytes` of device memory at `src` into pageable host memory
+     * and returns when they are there: /cache/checksums reads blocks with
+     * it, on its own thread and outside any context's stream. */
+    int (*read)(int device, uint64_t src, void *host, uint64_t bytes, char *err, size_t errlen);
+} lmc_cuda_ops;
+
+#endif

@@ -1,0 +1,248 @@
+#include "storage/l1/l1_eviction.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "obs/log.h"
+
+struct lmc_l1_eviction {
+    lmc_l1_manager *l1;
+    lmc_eviction_policy *policy;
+    lmc_l1_eviction_options opts;
+    pthread_mutex_t mutex;       /* guards the fields below */
+    pthread_cond_t wake;
+    bool running;
+    bool stop_requested;
+    pthread_t thread;
+    uint64_t cycles, triggered_cycles, evicted_keys;
+    double last_usage_ratio;
+};
+
+static void feed_policy(void *user, lmc_l1_event_kind kind, const lmc_object_key *keys,
+                        size_t n)
+{
+    lmc_eviction_policy *policy = user;
+    switch (kind) {
+    case LMC_L1_EVENT_WRITE_RESERVED:
+    case LMC_L1_EVENT_WRITE_FINISHED:
+    case LMC_L1_EVENT_WRITE_FINISHED_READ_RESERVED:
+        policy->ops->on_keys_added(policy, keys, n);
+        break;
+    case LMC_L1_EVENT_ACCESSED:
+        policy->ops->on_keys_accessed(policy, keys, n);
+        break;
+    case LMC_L1_EVENT_DELETED:
+        policy->ops->on_keys_removed(policy, keys, n);
+        break;
+    default:
+        break;
+    }
+}
+
+static lmc_l1_evictability ask_l1(void *user, const lmc_object_key *key)
+{
+    return lmc_l1_manager_is_evictable(user, key);
+}
+
+lmc_l1_eviction *lmc_l1_eviction_new(lmc_l1_manager *l1, lmc_eviction_policy *policy,
+                                     const lmc_l1_eviction_options *opts)
+{
+    lmc_l1_eviction *e = calloc(1, sizeof(*e));
+    if (!e || !policy)
+        goto fail;
+    e->l1 = l1;
+    e->policy = policy;
+    e->opts = *opts;
+    if (lmc_l1_manager_add_listener(l1, feed_policy, policy) != 0)
+        goto fail;
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->wake, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_mutex_init(&e->mutex, NULL);
+    return e;
+fail:
+    lmc_eviction_policy_free(policy);
+    free(e);
+    return NULL;
+}
+
+static size_t victim_target(size_t tracked, double ratio)
+{
+    if (tracked == 0 || ratio <= 0)
+        return 0;
+    size_t target = (size_t)((double)tracked * ratio);   /* floor: both >= 0 */
+    if (target == 0)
+        target = 1;
+    return target > tracked ? tracked : target;
+}
+
+/* Reports the evicted keys (compacted in place) to the observer. */
+static void report_evicted(lmc_l1_eviction *e, lmc_object_key *victims, lmc_l1_object_age *ages,
+                           const lmc_l1_result *results, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (results[i] != LMC_L1_SUCCESS)
+            continue;
+        victims[k] = victims[i];
+        ages[k++] = ages[i];
+    }
+    if (k > 0)
+        e->opts.on_evicted(e->opts.observer_user, victims, ages, k);
+}
+
+static size_t evict_victims(lmc_l1_eviction *e, size_t target)
+{
+    lmc_object_key *victims = malloc(target * sizeof(*victims));
+    lmc_l1_result *results = malloc(target * sizeof(*results));
+    lmc_l1_object_age *ages = e->opts.on_evicted ? malloc(target * sizeof(*ages)) : NULL;
+    size_t evicted = 0, n = 0;
+    if (!victims || !results || (e->opts.on_evicted && !ages)) {
+        LMC_WARN("L1 eviction: out of memory for %zu victims", target);
+        goto out;
+    }
+    n = e->policy->ops->select_victims(e->policy, target, ask_l1, e->l1, victims);
+    if (n == 0 || lmc_l1_manager_delete_aged(e->l1, victims, n, false, ages, results) != 0)
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        evicted += results[i] == LMC_L1_SUCCESS;
+    if (ages)
+        report_evicted(e, victims, ages, results, n);
+out:
+    if (victims)
+        lmc_keys_drop(victims, n);
+    free(victims);
+    free(results);
+    free(ages);
+    return evicted;
+}
+
+size_t lmc_l1_eviction_run_once(lmc_l1_eviction *e)
+{
+    uint64_t used, total;
+    lmc_l1_manager_usage(e->l1, &used, &total);
+    double ratio = total ? (double)used / (double)total : 0.0;
+    bool triggered = total > 0 && ratio >= e->opts.trigger_watermark;
+    size_t evicted = 0;
+    if (triggered) {
+        size_t target = victim_target(e->policy->ops->num_tracked(e->policy),
+                                      e->opts.eviction_ratio);
+        if (target > 0)
+            evicted = evict_victims(e, target);
+        LMC_DEBUG("L1 eviction: usage %.3f >= %.3f, evicted %zu of %zu targeted", ratio,
+                  e->opts.trigger_watermark, evicted, target);
+    }
+    pthread_mutex_lock(&e->mutex);
+    e->cycles++;
+    e->triggered_cycles += triggered;
+    e->evicted_keys += evicted;
+    e->last_usage_ratio = ratio;
+    pthread_mutex_unlock(&e->mutex);
+    if (e->opts.on_cycle)
+        e->opts.on_cycle(e->opts.observer_user, ratio, triggered);
+    return evicted;
+}
+
+static void deadline_after_ms(struct timespec *ts, uint32_t ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+static void *controller_main(void *arg)
+{
+    lmc_l1_eviction *e = arg;
+    pthread_mutex_lock(&e->mutex);
+    while (!e->stop_requested) {
+        struct timespec deadline;
+        deadline_after_ms(&deadline, e->opts.period_ms);
+        int rc = 0;
+        while (!e->stop_requested && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&e->wake, &e->mutex, &deadline);
+        if (e->stop_requested)
+            break;
+        pthread_mutex_unlock(&e->mutex);
+        lmc_l1_eviction_run_once(e);
+        pthread_mutex_lock(&e->mutex);
+    }
+    pthread_mutex_unlock(&e->mutex);
+    return NULL;
+}
+
+int lmc_l1_eviction_start(lmc_l1_eviction *e)
+{
+    if (e->opts.period_ms == 0)
+        return 0;
+    pthread_mutex_lock(&e->mutex);
+    int rc = 0;
+    if (!e->running) {
+        e->stop_requested = false;
+        rc = pthread_create(&e->thread, NULL, controller_main, e) == 0 ? 0 : -1;
+        e->running = rc == 0;
+    }
+    pthread_mutex_unlock(&e->mutex);
+    return rc;
+}
+
+void lmc_l1_eviction_stop(lmc_l1_eviction *e)
+{
+    pthread_mutex_lock(&e->mutex);
+    bool was_running = e->running;
+    e->stop_requested = true;
+    e->running = false;
+    pthread_cond_broadcast(&e->wake);
+    pthread_mutex_unlock(&e->mutex);
+    if (was_running)
+        pthread_join(e->thread, NULL);
+}
+
+const char *lmc_l1_eviction_policy_name(const lmc_l1_eviction *e)
+{
+    return e->policy->ops->name;
+}
+
+double lmc_l1_eviction_trigger_watermark(const lmc_l1_eviction *e)
+{
+    return e->opts.trigger_watermark;
+}
+
+json_t *lmc_l1_eviction_report_status(lmc_l1_eviction *e)
+{
+    size_t tracked = e->policy->ops->num_tracked(e->policy);
+    pthread_mutex_lock(&e->mutex);
+    json_t *st = json_pack("{s:b, s:b, s:s, s:f, s:f, s:I, s:I, s:I, s:I, s:f, s:I}",
+                           "is_healthy", 1, "running", e->running,
+                           "eviction_policy", e->policy->ops->name,
+                           "trigger_watermark", e->opts.trigger_watermark,
+                           "eviction_ratio", e->opts.eviction_ratio,
+                           "num_tracked_keys", (json_int_t)tracked,
+                           "cycles", (json_int_t)e->cycles,
+                           "triggered_cycles", (json_int_t)e->triggered_cycles,
+                           "evicted_keys", (json_int_t)e->evicted_keys,
+                           "last_usage_ratio", e->last_usage_ratio,
+                           "period_ms", (json_int_t)e->opts.period_ms);
+    pthread_mutex_unlock(&e->mutex);
+    return st;
+}
+
+void lmc_l1_eviction_free(lmc_l1_eviction *e)
+{
+    if (!e)
+        return;
+    lmc_l1_eviction_stop(e);
+    lmc_l1_manager_remove_listener(e->l1, feed_policy, e->policy);
+    lmc_eviction_policy_free(e->policy);
+    pthread_cond_destroy(&e->wake);
+    pthread_mutex_destroy(&e->mutex);
+    free(e);
+}

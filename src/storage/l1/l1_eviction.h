@@ -1,0 +1,60 @@
+/* L1 eviction controller (docs/storage.md, "Eviction").
+ *
+ * Every period (1 s in production) it compares L1 usage (used / committed)
+ * with the trigger watermark; at or above it, it asks the policy for
+ * floor(tracked_keys x ratio) victims (at least 1), oldest first and only
+ * among keys lmc_l1_manager_is_evictable() accepts, and deletes them with a
+ * non-force delete, so locked and live staging objects are never evicted.
+ *
+ * The policy is fed by an L1 listener the controller registers at creation
+ * (reserved/written -> added, touched -> accessed, deleted -> removed).
+ *
+ * Thread-safety: one controller thread (optional); run_once may also be
+ * called from any thread (tests call it directly with period_ms = 0).
+ * Counters are guarded by the controller's own mutex, which is never held
+ * while calling the policy or the L1 manager. */
+#ifndef LMC_STORAGE_L1_L1_EVICTION_H
+#define LMC_STORAGE_L1_L1_EVICTION_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "storage/eviction_policy.h"
+#include "storage/l1/l1_manager.h"
+
+typedef struct lmc_l1_eviction_options {
+    double trigger_watermark;    /* usage fraction that starts eviction */
+    double eviction_ratio;       /* fraction of tracked keys per trigger */
+    uint32_t period_ms;          /* 0: no thread, run_once only */
+    /* Optional observers (metrics), called by whoever runs the cycle with
+     * no lock held: every cycle's usage, and the keys a cycle evicted with
+     * their ages (lmc_l1_manager_delete_aged). */
+    void (*on_cycle)(void *user, double usage_ratio, bool triggered);
+    void (*on_evicted)(void *user, const lmc_object_key *keys, const lmc_l1_object_age *ages,
+                       size_t n);
+    void *observer_user;
+} lmc_l1_eviction_options;
+
+typedef struct lmc_l1_eviction lmc_l1_eviction;
+
+/* Takes ownership of `policy` (also on failure).  `l1` must outlive the
+ * controller.  NULL on allocation failure. */
+lmc_l1_eviction *lmc_l1_eviction_new(lmc_l1_manager *l1, lmc_eviction_policy *policy,
+                                     const lmc_l1_eviction_options *opts);
+/* Starts the controller thread (no-op when period_ms is 0).  0 or -1. */
+int lmc_l1_eviction_start(lmc_l1_eviction *e);
+/* Stops and joins the thread; idempotent. */
+void lmc_l1_eviction_stop(lmc_l1_eviction *e);
+/* One synchronous cycle; returns the number of keys evicted. */
+size_t lmc_l1_eviction_run_once(lmc_l1_eviction *e);
+/* {is_healthy, running, eviction_policy, trigger_watermark, eviction_ratio,
+ *  num_tracked_keys, cycles, triggered_cycles, evicted_keys, last_usage_ratio} */
+json_t *lmc_l1_eviction_report_status(lmc_l1_eviction *e);
+const char *lmc_l1_eviction_policy_name(const lmc_l1_eviction *e);
+double lmc_l1_eviction_trigger_watermark(const lmc_l1_eviction *e);
+/* Stops the thread, unregisters the listener and frees the policy. */
+void lmc_l1_eviction_free(lmc_l1_eviction *e);
+
+#endif

@@ -1,0 +1,200 @@
+/* Kernel groups and object groups of a server-driven registration
+ * (docs/protocol.md, "Kernel groups and object groups"): how layers are
+ * grouped with and without EngineGroupInfos, the block, window and skip
+ * arithmetic of each group, how groups share chunk objects, and what a
+ * registration is refused for. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kv/kv_plan.h"
+
+static lmc_shared_tensor fa_nhd(int64_t nb, int64_t bs, int64_t nh, int64_t hs)
+{
+    lmc_shared_tensor t = {.wrapper = LMC_WRAPPER_CPU_SHM, .itemsize = 2, .ndim = 5,
+                           .shape = {2, nb, bs, nh, hs}};
+    strcpy(t.dtype, "float16");
+    int64_t acc = 1;
+    for (int d = 4; d >= 0; d--) {
+        t.stride[d] = acc;
+        acc *= t.shape[d];
+    }
+    return t;
+}
+
+static lmc_kv_plan_options opts(uint32_t cs, const lmc_engine_group_info *infos, size_t n,
+                                bool separate)
+{
+    return (lmc_kv_plan_options){.engine = LMC_ENGINE_VLLM, .chunk_size = cs,
+                                 .separate_object_groups = separate, .infos = infos,
+                                 .n_infos = n};
+}
+
+static void test_groups_by_tensor_kind(void **state)
+{
+    (void)state;
+    lmc_shared_tensor t[4] = {fa_nhd(8, 16, 2, 8), fa_nhd(8, 16, 4, 8), fa_nhd(8, 16, 2, 8),
+                              fa_nhd(8, 16, 4, 8)};
+    lmc_kv_plan p;
+    lmc_kv_plan_options o = opts(32, NULL, 0, true);
+    char err[256] = "";
+    assert_int_equal(lmc_kv_plan_build(t, 4, &o, &p, err, sizeof err), 0);
+    assert_int_equal(p.n_kg, 2);
+    assert_int_equal(p.kg[0].n_tensors, 2);
+    assert_int_equal(p.kg[0].tensors[0], 0);
+    assert_int_equal(p.kg[0].tensors[1], 2);
+    assert_int_equal(p.kg[1].tensors[0], 1);
+    assert_int_equal(p.kg[0].blocks_per_chunk, 2);
+    assert_int_equal(p.kg[0].slots, 32);
+    /* One object holds both groups' entries, back to back. */
+    assert_int_equal(p.n_og, 1);
+    assert_int_equal(p.kg[0].entry_bytes, 2 * 2 * 32 * 16 * 2);
+    assert_int_equal(p.kg[1].entry_offset, p.kg[0].entry_bytes);
+    assert_int_equal(p.og[0].object_size, p.kg[0].entry_bytes + p.kg[1].entry_bytes);
+    assert_int_equal(p.og[0].chunks_in_sw, -1);
+    lmc_kv_plan_free(&p);
+}
+
+static void hybrid(bool separate, lmc_kv_plan *p)
+{
+    lmc_shared_tensor t[5] = {fa_nhd(8, 16, 2, 8), fa_nhd(8, 16, 2, 8), fa_nhd(8, 32, 1, 16),
+                              fa_nhd(8, 16, 2, 4), fa_nhd(8, 16, 2, 4)};
+    static const uint32_t l0[] = {0, 1}, l1[] = {2}, l2[] = {3, 4};
+    lmc_engine_group_info infos[3] = {
+        {.engine_group_id = 0, .layers = l0, .n_layers = 2, .tokens_per_block = 16,
+         .sw_size_tokens = -1, .has_null_block = true},
+        {.engine_group_id = 1, .layers = l1, .n_layers = 1, .tokens_per_block = 32,
+         .sw_size_tokens = -1, .has_null_block = true},
+        {.engine_group_id = 2, .layers = l2, .n_layers = 2, .tokens_per_block = 16,
+         .sw_size_tokens = 32, .has_null_block = true},
+    };
+    lmc_kv_plan_options o = opts(64, infos, 3, separate);
+    char err[256] = "";
+    if (lmc_kv_plan_build(t, 5, &o, p, err, sizeof err) != 0)
+        fail_msg("%s", err);
+}
+
+static void test_engine_groups_windows_and_object_groups(void **state)
+{
+    (void)state;
+    lmc_kv_plan p;
+    hybrid(true, &p);
+    assert_int_equal(p.n_kg, 3);
+    assert_int_equal(p.kg[0].blocks_per_chunk, 4);
+    assert_int_equal(p.kg[1].blocks_per_chunk, 2);     /* 32-token blocks */
+    assert_int_equal(p.kg[1].engine_group_id, 1);
+    /* A 32-token window in 64-token chunks keeps the last 2 of 4 blocks. */
+    assert_int_equal(p.kg[2].blocks_per_chunk, 4);
+    assert_int_equal(p.kg[2].keep_blocks, 2);
+    assert_int_equal(p.kg[2].slots, 32);
+    assert_int_equal(p.n_og, 2);
+    assert_int_equal(p.og[0].n_members, 2);
+    assert_int_equal(p.og[1].members[0], 2);
+    assert_int_equal(p.og[1].chunks_in_sw, 1);
+    assert_int_equal(p.kg[2].entry_offset, 0);
+    /* RETRIEVE's skip: 48 tokens cover 3 blocks, of which the window
+     * dropped 2; 16 tokens cover only a dropped one. */
+    assert_int_equal(lmc_kv_skip_blocks(&p.kg[2], 48), 1);
+    assert_int_equal(lmc_kv_skip_blocks(&p.kg[2], 16), 0);
+    assert_int_equal(lmc_kv_skip_blocks(&p.kg[0], 48), 3);
+    assert_int_equal(lmc_kv_skip_blocks(&p.kg[1], 48), 1);
+    lmc_kv_plan_free(&p);
+    hybrid(false, &p);
+    assert_int_equal(p.n_og, 1);
+    assert_int_equal(p.og[0].n_members, 3);
+    assert_int_equal(p.og[0].chunks_in_sw, -1);
+    lmc_kv_plan_free(&p);
+}
+
+static void test_compressed_blocks(void **state)
+{
+    (void)state;
+    /* 32 logical tokens per 16-slot block: a 64-token chunk is 2 blocks,
+     * 32 stored slots. */
+    lmc_shared_tensor t = fa_nhd(8, 16, 2, 8);
+    static const uint32_t l0[] = {0};
+    lmc_engine_group_info info = {.layers = l0, .n_layers = 1, .tokens_per_block = 32,
+                                  .sw_size_tokens = -1, .has_null_block = true};
+    lmc_kv_plan_options o = opts(64, &info, 1, true);
+    lmc_kv_plan p;
+    char err[256] = "";
+    assert_int_equal(lmc_kv_plan_build(&t, 1, &o, &p, err, sizeof err), 0);
+    assert_int_equal(p.kg[0].blocks_per_chunk, 2);
+    assert_int_equal(p.kg[0].slots, 32);
+    lmc_kv_plan_free(&p);
+}
+
+static void refused(const lmc_shared_tensor *t, size_t n, const lmc_engine_group_info *infos,
+                    size_t n_infos, const char *why)
+{
+    lmc_kv_plan_options o = opts(64, infos, n_infos, true);
+    lmc_kv_plan p;
+    char err[256] = "";
+    assert_int_equal(lmc_kv_plan_build(t, n, &o, &p, err, sizeof err), -1);
+    if (!strstr(err, why))
+        fail_msg("wanted '%s', got '%s'", why, err);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    lmc_shared_tensor t[2] = {fa_nhd(8, 16, 2, 8), fa_nhd(8, 16, 4, 8)};
+    static const uint32_t both[] = {0, 1}, back[] = {1, 0}, zero[] = {0}, one[] = {1};
+    lmc_engine_group_info i = {.layers = zero, .n_layers = 1, .tokens_per_block = 24,
+                               .sw_size_tokens = -1};
+    refused(t, 2, &i, 1, "tokens_per_block 24 must be a multiple");
+    i.tokens_per_block = 16;
+    i.sw_size_tokens = 24;
+    refused(t, 2, &i, 1, "a sliding window of 24 tokens");
+    /* p must divide a tokens_per_block above 0; 2^32 once wrapped to a
+     * divisor of 0 (found by fuzz_kv_geometry). */
+    i.sw_size_tokens = -1;
+    static const struct { int64_t tpb, p; } bad_p[] = {
+        {16, 32}, {16, 3}, {0, 2}, {16, (int64_t)UINT32_MAX + 1}};
+    for (size_t k = 0; k < sizeof bad_p / sizeof bad_p[0]; k++) {
+        char why[160];
+        i.tokens_per_block = bad_p[k].tpb;
+        i.physical_per_engine = bad_p[k].p;
+        snprintf(why, sizeof why, "physical_blocks_per_engine_block %lld must be 1, or divide "
+                 "a tokens_per_block above 0 (got %lld)", (long long)bad_p[k].p,
+                 (long long)bad_p[k].tpb);
+        refused(t, 2, &i, 1, why);
+    }
+    i.tokens_per_block = 16;
+    i.physical_per_engine = 0;
+    i = (lmc_engine_group_info){.layers = both, .n_layers = 2, .sw_size_tokens = -1};
+    refused(t, 2, &i, 1, "cannot share a kernel group");
+    i.layers = back;
+    refused(t, 2, &i, 1, "out of range, repeated or out of order");
+    lmc_engine_group_info two[2] = {
+        {.layers = one, .n_layers = 1, .sw_size_tokens = -1},
+        {.engine_group_id = 1, .layers = zero, .n_layers = 1, .sw_size_tokens = -1}};
+    refused(t, 2, two, 2, "in the order of their first layer");
+    two[1].layers = one;
+    refused(t, 2, two, 2, "out of range, repeated or out of order");
+    bool hnd;
+    char err[128];
+    assert_int_equal(lmc_kv_layout_parse("LBHNC", 5, &hnd, err, sizeof err), 0);
+    assert_true(hnd);
+    assert_int_equal(lmc_kv_layout_parse("NHD", 3, &hnd, err, sizeof err), 0);
+    assert_false(hnd);
+    assert_int_equal(lmc_kv_layout_parse("BLNHC", 5, &hnd, err, sizeof err), -1);
+    assert_non_null(strstr(err, "not supported yet"));
+    assert_int_equal(lmc_kv_layout_parse("XYZ", 3, &hnd, err, sizeof err), -1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_groups_by_tensor_kind),
+        cmocka_unit_test(test_engine_groups_windows_and_object_groups),
+        cmocka_unit_test(test_compressed_blocks),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
