@@ -97,6 +97,10 @@ int coordinator_start(const coordinator_config *c, lmc_coord **out, char *err, s
     pthread_cond_init(&co->wake, &ca);
     pthread_condattr_destroy(&ca);
     curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (c->metrics_enabled && coordinator_metrics_new(co) != 0) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
     if (open_state(co, err, errlen) != 0 || coordinator_http_start(co, err, errlen) != 0)
         goto fail;
     if ((c->health_check_interval_s > 0 &&
@@ -134,6 +138,7 @@ void coordinator_stop(lmc_coord *co)
     coordinator_state_free(&co->st);
     lmc_token_hasher_free(co->hasher);
     lmc_http_auth_free(&co->auth);
+    coordinator_metrics_free(co->metrics);
     pthread_cond_destroy(&co->wake);
     pthread_mutex_destroy(&co->mu);
     curl_global_cleanup();

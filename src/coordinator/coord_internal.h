@@ -11,6 +11,7 @@
 #include "coordinator/coordinator.h"
 #include "hash/token_hash.h"
 #include "http/http_auth.h"
+#include "obs/metrics.h"
 
 #define COORD_MAX_MEMBERS 1024
 #define COORD_MAX_BODY ((size_t)16 << 20)   /* bodies of the bulk routes (docs/coordinator.md) */
@@ -37,6 +38,8 @@ typedef struct {
         requests_rejected, auth_rejected, bodies_too_large, bodies_over_budget;
 } coordinator_counters;
 
+typedef struct coordinator_metrics coordinator_metrics;
+
 struct coordinator {
     coordinator_config cfg;
     pthread_mutex_t mu;  /* guards st, members, db */
@@ -55,6 +58,7 @@ struct coordinator {
     pthread_t sweep_thread, evict_thread, resync_thread;
     bool sweep_running, evict_running, resync_running;
     coordinator_counters ctr;
+    coordinator_metrics *metrics; /* GET /metrics; NULL when METRICS_ENABLED is false */
     uint64_t rng;
     double keys_full_warned; /* mu: monotonic time of the last "directory full" warning */
     double not_saved_warned; /* mu: the same for requests the database did not take */
@@ -119,6 +123,9 @@ void coordinator_ep_dir_stats(lmc_coord *co, const coordinator_request *rq, coor
 void coordinator_ep_prefetch(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out);
 void coordinator_ep_prefetch_status(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out,
                               const char *rest);
+/* The /metrics registry (coord_metrics.c): 0, or -1 out of memory. */
+int coordinator_metrics_new(lmc_coord *co);
+void coordinator_metrics_free(coordinator_metrics *m);
 void coordinator_ep_metrics(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out);
 
 /* ---- membership (coord_members.c) ------------------------------------------ */

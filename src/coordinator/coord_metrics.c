@@ -1,160 +1,144 @@
-/* GET /metrics: Prometheus text (docs/coordinator.md, "Metrics"), 404
- * when LMCACHE_MP_COORDINATOR_METRICS_ENABLED is false. */
-#include <stdarg.h>
-#include <stdio.h>
+/* GET /metrics (docs/coordinator.md, "Metrics"): the coordinator's families
+ * in an obs/metrics registry, refreshed from its state and counters at
+ * scrape time, rendered as lmcached renders its own; 404 when
+ * LMCACHE_MP_COORDINATOR_METRICS_ENABLED is false. */
+#include <stddef.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "coordinator/coord_internal.h"
 
+/* One family: where its value comes from, read at scrape time. */
+typedef enum { FROM_STATE, FROM_COUNTER, FROM_MEMBERS, FROM_BUFFERED } source;
 typedef struct {
-    char *buf;
-    size_t len, cap;
-    bool failed;
-} text;
+    const char *name, *help;
+    lmc_metric_type type;
+    source from;
+    size_t offset;  /* into coordinator_state (a uint32_t/uint64_t) or coordinator_counters */
+    bool wide;      /* the state field is a uint64_t */
+} family;
 
-static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(text *t, const char *fmt, ...)
+#define STATE32(f) FROM_STATE, offsetof(coordinator_state, f), false
+#define STATE64(f) FROM_STATE, offsetof(coordinator_state, f), true
+#define COUNTER(f) FROM_COUNTER, offsetof(coordinator_counters, f), true
+static const family FAMILIES[] = {
+    {"lmcache_mp_coordinator_instances", "registered instances", LMC_METRIC_GAUGE, FROM_MEMBERS, 0, false},
+    {"lmcache_mp_coordinator_keys_tracked", "keys the coordinator holds facts about", LMC_METRIC_GAUGE, STATE32(keys.n_live)},
+    {"lmcache_mp_coordinator_keys_max", "the key directory's bound (MAX_KEYS)", LMC_METRIC_GAUGE, STATE32(keys.max_live)},
+    {"lmcache_mp_coordinator_keys_refused_total", "new keys not recorded: the directory was full", LMC_METRIC_COUNTER, STATE64(keys.refused)},
+    {"lmcache_mp_coordinator_events_applied_total", "event batches applied", LMC_METRIC_COUNTER, STATE64(ingest.applied)},
+    {"lmcache_mp_coordinator_events_duplicates_total", "event batches dropped as duplicates", LMC_METRIC_COUNTER, STATE64(ingest.duplicates)},
+    {"lmcache_mp_coordinator_events_stale_total", "event batches of an older incarnation", LMC_METRIC_COUNTER, STATE64(ingest.stale)},
+    {"lmcache_mp_coordinator_events_gaps_total", "batches that followed missing ones", LMC_METRIC_COUNTER, STATE64(ingest.gaps)},
+    {"lmcache_mp_coordinator_event_entries_applied_total", "entries of applied batches", LMC_METRIC_COUNTER, STATE64(ingest.entries_applied)},
+    {"lmcache_mp_coordinator_fences_total", "instance streams fenced (restart, expiry, removal)", LMC_METRIC_COUNTER, STATE64(ingest.fenced)},
+    {"lmcache_mp_coordinator_health_sweeps_total", "stale-instance sweeps", LMC_METRIC_COUNTER, COUNTER(sweeps)},
+    {"lmcache_mp_coordinator_instances_expired_total", "instances removed for lack of heartbeats", LMC_METRIC_COUNTER, COUNTER(instances_expired)},
+    {"lmcache_mp_coordinator_eviction_passes_total", "fleet eviction passes", LMC_METRIC_COUNTER, COUNTER(eviction_passes)},
+    {"lmcache_mp_coordinator_eviction_keys_requested_total", "keys sent for deletion", LMC_METRIC_COUNTER, COUNTER(eviction_keys_requested)},
+    {"lmcache_mp_coordinator_eviction_requests_total", "DELETE /cache/objects calls", LMC_METRIC_COUNTER, COUNTER(eviction_requests)},
+    {"lmcache_mp_coordinator_eviction_request_failures_total", "of which failed", LMC_METRIC_COUNTER, COUNTER(eviction_request_failures)},
+    {"lmcache_mp_coordinator_resync_keys_total", "L2 keys backfilled by the startup resync", LMC_METRIC_COUNTER, COUNTER(resync_keys)},
+    {"lmcache_mp_coordinator_http_rejected_total", "requests answered 4xx", LMC_METRIC_COUNTER, COUNTER(requests_rejected)},
+    {"lmcache_mp_coordinator_http_auth_rejected_total", "requests without the bearer token", LMC_METRIC_COUNTER, COUNTER(auth_rejected)},
+    {"lmcache_mp_coordinator_http_too_large_total", "request bodies refused 413: over the route's limit or the whole budget", LMC_METRIC_COUNTER, COUNTER(bodies_too_large)},
+    {"lmcache_mp_coordinator_http_busy_total", "request bodies refused 503: the bodies held at once filled MAX_BUFFERED_MB", LMC_METRIC_COUNTER, COUNTER(bodies_over_budget)},
+    {"lmcache_mp_coordinator_http_buffered_bytes", "bytes of request bodies held now, all connections", LMC_METRIC_GAUGE, FROM_BUFFERED, 0, false},
+};
+#define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
+
+struct coordinator_metrics {
+    lmc_metrics *registry;
+    lmc_metric *placements, *placement_bytes, *l2_usage;  /* labelled */
+    lmc_metric *plain[N_FAMILIES];
+};
+
+static double read_value(const lmc_coord *co, const family *f)
 {
-    for (int attempt = 0; attempt < 2 && !t->failed; attempt++) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(t->buf ? t->buf + t->len : NULL, t->buf ? t->cap - t->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            t->failed = true;
-            return;
-        }
-        if (t->buf && (size_t)n < t->cap - t->len) {
-            t->len += (size_t)n;
-            return;
-        }
-        size_t cap = t->cap ? t->cap : 4096;
-        while (cap < t->len + (size_t)n + 1)
-            cap *= 2;
-        char *grown = realloc(t->buf, cap);
-        if (!grown) {
-            t->failed = true;
-            return;
-        }
-        t->buf = grown;
-        t->cap = cap;
+    switch (f->from) {
+    case FROM_MEMBERS:
+        return (double)co->n_members;
+    case FROM_BUFFERED:
+        return (double)atomic_load(&co->buffered);
+    case FROM_COUNTER:
+        return (double)atomic_load((const atomic_ullong *)((const char *)&co->ctr + f->offset));
+    case FROM_STATE:
+        break;
     }
+    const char *at = (const char *)&co->st + f->offset;
+    return f->wide ? (double)*(const uint64_t *)at : (double)*(const uint32_t *)at;
 }
 
-static void family(text *t, const char *name, const char *type, const char *help)
+/* Runs at every render, before the registry writes the text. */
+static void collect(lmc_metrics *r, void *user)
 {
-    put(t, "# HELP lmcache_mp_%s %s\n# TYPE lmcache_mp_%s %s\n", name, help, name, type);
-}
-
-static void counter(text *t, const char *name, const char *help, unsigned long long v)
-{
-    family(t, name, "counter", help);
-    put(t, "lmcache_mp_%s %llu\n", name, v);
-}
-
-/* Prometheus label values escape \ " and newline. */
-static void label_value(text *t, const char *s)
-{
-    for (; *s; s++) {
-        if (*s == '\\' || *s == '"')
-            put(t, "\\%c", *s);
-        else if (*s == '\n')
-            put(t, "\\n");
-        else
-            put(t, "%c", *s);
-    }
-}
-
-static void state_metrics(text *t, const lmc_coord *co)
-{
+    (void)r;
+    lmc_coord *co = user;
+    coordinator_metrics *m = co->metrics;
     const coordinator_state *s = &co->st;
-    family(t, "key_directory_placement_count", "gauge", "placements in the key directory");
-    put(t, "lmcache_mp_key_directory_placement_count{tier=\"l1\"} %llu\n"
-           "lmcache_mp_key_directory_placement_count{tier=\"l2\"} %llu\n",
-        (unsigned long long)s->l1_entries, (unsigned long long)s->l2_entries);
-    family(t, "key_directory_placement_size_bytes", "gauge", "bytes of the placements");
-    put(t, "lmcache_mp_key_directory_placement_size_bytes{tier=\"l1\"} %llu\n"
-           "lmcache_mp_key_directory_placement_size_bytes{tier=\"l2\"} %llu\n",
-        (unsigned long long)s->l1_bytes, (unsigned long long)s->l2_bytes);
-    family(t, "coordinator_l2_usage_bytes", "gauge", "L2 bytes per cache salt");
+    pthread_mutex_lock(&co->mu);
+    lmc_metric_set(m->placements, (const char *const[]){"l1"}, (double)s->l1_entries);
+    lmc_metric_set(m->placements, (const char *const[]){"l2"}, (double)s->l2_entries);
+    lmc_metric_set(m->placement_bytes, (const char *const[]){"l1"}, (double)s->l1_bytes);
+    lmc_metric_set(m->placement_bytes, (const char *const[]){"l2"}, (double)s->l2_bytes);
+    lmc_metric_clear(m->l2_usage);  /* salts without keys or a quota are left out */
     for (uint32_t i = 0; i < s->salts.n && i < s->salt_cap; i++) {
-        if (!s->salt[i].l2_count && !s->salt[i].has_quota)
-            continue;
-        put(t, "lmcache_mp_coordinator_l2_usage_bytes{cache_salt=\"");
-        label_value(t, coordinator_names_str(&s->salts, i));
-        put(t, "\"} %llu\n", (unsigned long long)s->salt[i].l2_bytes);
+        if (s->salt[i].l2_count || s->salt[i].has_quota)
+            lmc_metric_set(m->l2_usage, (const char *const[]){coordinator_names_str(&s->salts, i)},
+                           (double)s->salt[i].l2_bytes);
     }
-    family(t, "coordinator_instances", "gauge", "registered instances");
-    put(t, "lmcache_mp_coordinator_instances %zu\n", co->n_members);
-    family(t, "coordinator_keys_tracked", "gauge", "keys the coordinator holds facts about");
-    put(t, "lmcache_mp_coordinator_keys_tracked %u\n", s->keys.n_live);
-    family(t, "coordinator_keys_max", "gauge", "the key directory's bound (MAX_KEYS)");
-    put(t, "lmcache_mp_coordinator_keys_max %u\n", s->keys.max_live);
-    counter(t, "coordinator_keys_refused_total", "new keys not recorded: the directory was full",
-            s->keys.refused);
-    counter(t, "coordinator_events_applied_total", "event batches applied", s->ingest.applied);
-    counter(t, "coordinator_events_duplicates_total", "event batches dropped as duplicates",
-            s->ingest.duplicates);
-    counter(t, "coordinator_events_stale_total", "event batches of an older incarnation",
-            s->ingest.stale);
-    counter(t, "coordinator_events_gaps_total", "batches that followed missing ones",
-            s->ingest.gaps);
-    counter(t, "coordinator_event_entries_applied_total", "entries of applied batches",
-            s->ingest.entries_applied);
-    counter(t, "coordinator_fences_total", "instance streams fenced (restart, expiry, removal)",
-            s->ingest.fenced);
+    for (size_t i = 0; i < N_FAMILIES; i++)
+        lmc_metric_set(m->plain[i], NULL, read_value(co, &FAMILIES[i]));
+    pthread_mutex_unlock(&co->mu);
 }
 
-static void http_metrics(text *t, lmc_coord *co)
+static lmc_metric *add_family(lmc_metrics *r, lmc_metric_type type, const char *name,
+                              const char *help, const char *const *labels)
 {
-    const coordinator_counters *c = &co->ctr;
-    counter(t, "coordinator_http_rejected_total", "requests answered 4xx", c->requests_rejected);
-    counter(t, "coordinator_http_auth_rejected_total", "requests without the bearer token",
-            c->auth_rejected);
-    counter(t, "coordinator_http_too_large_total",
-            "request bodies refused 413: over the route's limit or the whole budget",
-            c->bodies_too_large);
-    counter(t, "coordinator_http_busy_total",
-            "request bodies refused 503: the bodies held at once filled MAX_BUFFERED_MB",
-            c->bodies_over_budget);
-    family(t, "coordinator_http_buffered_bytes", "gauge",
-           "bytes of request bodies held now, all connections");
-    put(t, "lmcache_mp_coordinator_http_buffered_bytes %zu\n", atomic_load(&co->buffered));
+    return type == LMC_METRIC_COUNTER ? lmc_metrics_counter(r, name, help, labels)
+                                      : lmc_metrics_gauge(r, name, help, labels);
 }
 
-static void loop_metrics(text *t, const coordinator_counters *c)
+int coordinator_metrics_new(lmc_coord *co)
 {
-    counter(t, "coordinator_health_sweeps_total", "stale-instance sweeps", c->sweeps);
-    counter(t, "coordinator_instances_expired_total", "instances removed for lack of heartbeats",
-            c->instances_expired);
-    counter(t, "coordinator_eviction_passes_total", "fleet eviction passes", c->eviction_passes);
-    counter(t, "coordinator_eviction_keys_requested_total", "keys sent for deletion",
-            c->eviction_keys_requested);
-    counter(t, "coordinator_eviction_requests_total", "DELETE /cache/objects calls",
-            c->eviction_requests);
-    counter(t, "coordinator_eviction_request_failures_total", "of which failed",
-            c->eviction_request_failures);
-    counter(t, "coordinator_resync_keys_total", "L2 keys backfilled by the startup resync",
-            c->resync_keys);
+    coordinator_metrics *m = calloc(1, sizeof *m);
+    if (!m || !(m->registry = lmc_metrics_new()))
+        goto fail;
+    co->metrics = m;
+    lmc_metrics *r = m->registry;
+    m->placements = lmc_metrics_gauge(r, "lmcache_mp_key_directory_placement_count",
+                                      "placements in the key directory", (const char *const[]){"tier", NULL});
+    m->placement_bytes = lmc_metrics_gauge(r, "lmcache_mp_key_directory_placement_size_bytes",
+                                           "bytes of the placements", (const char *const[]){"tier", NULL});
+    m->l2_usage = lmc_metrics_gauge(r, "lmcache_mp_coordinator_l2_usage_bytes", "L2 bytes per cache salt",
+                                    (const char *const[]){"cache_salt", NULL});
+    bool ok = m->placements && m->placement_bytes && m->l2_usage;
+    for (size_t i = 0; i < N_FAMILIES && ok; i++)
+        ok = (m->plain[i] = add_family(r, FAMILIES[i].type, FAMILIES[i].name, FAMILIES[i].help, NULL));
+    if (ok && lmc_metrics_add_collector(r, collect, co) == 0)
+        return 0;
+fail:
+    coordinator_metrics_free(m);
+    co->metrics = NULL;
+    return -1;
+}
+
+void coordinator_metrics_free(coordinator_metrics *m)
+{
+    if (!m)
+        return;
+    lmc_metrics_free(m->registry);
+    free(m);
 }
 
 void coordinator_ep_metrics(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
 {
     (void)rq;
-    if (!co->cfg.metrics_enabled)
+    if (!co->cfg.metrics_enabled || !co->metrics)
         return coordinator_reply_detail(out, 404, "Not Found");
-    text t = {0};
-    pthread_mutex_lock(&co->mu);
-    state_metrics(&t, co);
-    pthread_mutex_unlock(&co->mu);
-    loop_metrics(&t, &co->ctr);
-    http_metrics(&t, co);
-    if (t.failed) {
-        free(t.buf);
+    char *text = lmc_metrics_render(co->metrics->registry);
+    if (!text)
         return coordinator_reply_detail(out, 500, "out of memory");
-    }
     out->status = 200;
-    out->text = t.buf;
-    out->content_type = "text/plain; version=0.0.4; charset=utf-8";
+    out->text = text;
+    out->content_type = LMC_METRICS_CONTENT_TYPE;
 }

@@ -329,6 +329,20 @@ void lmc_metric_set(lmc_metric *m, const char *const *values, double v)
     pthread_mutex_unlock(&m->reg->lock);
 }
 
+void lmc_metric_clear(lmc_metric *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->reg->lock);
+    for (series *s = m->head, *next; s; s = next) {
+        next = s->next;
+        free_series(s, m->n_labels);
+    }
+    m->head = m->tail = NULL;
+    m->n_series = 0;
+    pthread_mutex_unlock(&m->reg->lock);
+}
+
 void lmc_metric_observe(lmc_metric *m, const char *const *values, double v)
 {
     if (!m || m->type != LMC_METRIC_HISTOGRAM || isnan(v))

@@ -58,6 +58,9 @@ lmc_metric *lmc_metrics_histogram(lmc_metrics *r, const char *name, const char *
 void lmc_metric_add(lmc_metric *m, const char *const *values, double v);
 void lmc_metric_set(lmc_metric *m, const char *const *values, double v);
 void lmc_metric_observe(lmc_metric *m, const char *const *values, double v);
+/* Drops every series of the family: a collector that mirrors a set which
+ * shrinks (one series per live tenant) clears it, then sets what is there. */
+void lmc_metric_clear(lmc_metric *m);
 /* Current value of a counter/gauge series, or the observation count of a
  * histogram series; 0 when the series does not exist. */
 double lmc_metric_value(lmc_metric *m, const char *const *values);

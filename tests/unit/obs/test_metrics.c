@@ -140,6 +140,33 @@ static void test_series_limit(void **state)
     lmc_metrics_free(r);
 }
 
+/* A collector mirroring a set that shrinks clears the family, then sets
+ * what is there: the series of a member that left are gone, and a full
+ * family has room again. */
+static void test_clear(void **state)
+{
+    (void)state;
+    lmc_metrics *r = lmc_metrics_new();
+    lmc_metric *usage = lmc_metrics_gauge(r, "usage_bytes", "per tenant",
+                                          (const char *const[]){"tenant", NULL});
+    char value[32];
+    for (int i = 0; i < LMC_METRICS_MAX_SERIES; i++) {
+        snprintf(value, sizeof value, "t%d", i);
+        lmc_metric_set(usage, (const char *const[]){value}, i);
+    }
+    lmc_metric_clear(usage);
+    lmc_metric_set(usage, (const char *const[]){"late"}, 7);
+    assert_true(lmc_metric_value(usage, (const char *const[]){"t1"}) == 0);
+    char *text = lmc_metrics_render(r);
+    assert_string_equal(strstr(text, "# HELP usage_bytes"),
+                        "# HELP usage_bytes per tenant\n# TYPE usage_bytes gauge\n"
+                        "usage_bytes{tenant=\"late\"} 7\n");
+    assert_non_null(strstr(text, "lmcache_mp_metrics_series_dropped_total 0\n"));
+    free(text);
+    lmc_metric_clear(NULL); /* ignored, like the other calls */
+    lmc_metrics_free(r);
+}
+
 static void test_event_bus(void **state)
 {
     (void)state;
@@ -247,6 +274,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_text),      cmocka_unit_test(test_format_value),
         cmocka_unit_test(test_validation),      cmocka_unit_test(test_series_limit),
+        cmocka_unit_test(test_clear),
         cmocka_unit_test(test_event_bus),       cmocka_unit_test(test_rpc_source),
         cmocka_unit_test(test_status_source),   cmocka_unit_test(test_process_collector),
     };
