@@ -1,7 +1,8 @@
-/* Hooks of the tests and benchmarks into the storage manager: nothing under
- * src/ but the storage manager itself includes this header
- * (tests/layering/check_deps.py), so that no server code path depends on
- * them (docs/storage.md, "Invariants"). */
+/* Hooks of the tests and benchmarks into the storage manager (the books of
+ * docs/storage.md, "Invariants").  Nothing under src/ but the storage
+ * manager itself includes this header, and the layering check holds it to
+ * that (docs/storage.md, "StorageManager facade"), so that no server code
+ * path depends on them. */
 #ifndef LMC_STORAGE_STORAGE_MANAGER_TESTING_H
 #define LMC_STORAGE_STORAGE_MANAGER_TESTING_H
 

@@ -1,5 +1,5 @@
 /* The storage manager's hook for its L2 tier (docs/l2.md): private to
- * src/storage/l2 (tests/layering/check_deps.py).  The storage manager does
+ * src/storage/l2 (docs/storage.md, "L2 hooks").  The storage manager does
  * not know adapters: the tier (library lmc_storage_l2, which depends on
  * this one and not the other way round) attaches itself here, and every
  * caller reaches it through storage/l2/l2_service.h.  The storage manager
