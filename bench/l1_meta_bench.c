@@ -29,6 +29,7 @@
 #include "storage/l1/l1_alloc.h"
 #include "storage/object_key.h"
 #include "storage/storage_manager.h"
+#include "storage/storage_manager_testing.h"
 
 #define GOAL_BYTES 256.0
 #define MAX_BATCH 4096
@@ -263,7 +264,7 @@ int main(int argc, char **argv)
     o.shm_name[0] = '\0';
     o.eviction_period_ms = 0;
     char err[256];
-    lmc_storage_manager *sm = lmc_storage_manager_create_with_options(&o, err, sizeof err);
+    lmc_storage_manager *sm = lmc_storage_manager_create(&o, err, sizeof err);
     if (!sm) {
         fprintf(stderr, "storage manager: %s\n", err);
         return 1;

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "storage/l2/l2_service.h"
+#include "storage/storage_config.h"
 #include "storage/storage_manager.h"
 
 #define MAX_PROMPTS 2
@@ -168,11 +169,11 @@ static double load_prompts(bench *b, int np)
     double t0 = now_s();
     for (int p = 0; p < np; p++) {
         memset(b->leases[p], 0, b->chunks * sizeof *b->leases[p]);
-        lmc_storage_l2_request req = {.keys = b->keys[p], .leases = b->leases[p],
-                                      .n = b->chunks, .keys_per_unit = 1,
-                                      .object_size = b->chunk, .readers = 1,
-                                      .on_done = on_done, .user = b};
-        if (lmc_storage_manager_prefetch_l2(b->sm, &req) != 0)
+        lmc_l2_prefetch_request req = {.keys = b->keys[p], .leases = b->leases[p],
+                                       .n = b->chunks, .keys_per_unit = 1,
+                                       .object_size = b->chunk, .readers = 1,
+                                       .on_done = on_done, .user = b};
+        if (lmc_l2_prefetch(b->sm, &req) != 0)
             die("prefetch refused");
     }
     pthread_mutex_lock(&b->mu);
@@ -314,7 +315,7 @@ static void setup(bench *b)
         die(err);
     lmc_storage_options o;
     if (lmc_storage_options_from_config(&b->cfg, &o, err, sizeof err) != 0 ||
-        !(b->sm = lmc_storage_manager_create_with_options(&o, err, sizeof err)) ||
+        !(b->sm = lmc_storage_manager_create(&o, err, sizeof err)) ||
         lmc_l2_attach(b->sm, &b->cfg, err, sizeof err) != 0)
         die(err);
     b->in = lmc_key_interner_new();

@@ -11,6 +11,7 @@
 #include "fleet/fleet.h"
 #include "fleet/http_client.h"
 #include "fleet/event_batcher.h"
+#include "storage/storage_events.h"
 
 #define COORD_URL_MAX 1024
 #define COORD_ID_MAX 256

@@ -13,6 +13,8 @@
 #include "fleet/fleet.h"
 #include "server/server_internal.h"
 #include "storage/l2/l2_service.h"
+#include "storage/storage_config.h"
+#include "storage/storage_events.h"
 #include "storage/storage_manager.h"
 
 #define DRAIN_MS 5000
@@ -81,7 +83,10 @@ static int create_services(lmc_server *s, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    s->ctx.storage = lmc_storage_manager_create(cfg, err, errlen);
+    lmc_storage_options storage_opts;
+    if (lmc_storage_options_from_config(cfg, &storage_opts, err, errlen) != 0)
+        return -1;
+    s->ctx.storage = lmc_storage_manager_create(&storage_opts, err, errlen);
     if (!s->ctx.storage)
         return -1;
     if (s->ctx.events)

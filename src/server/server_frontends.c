@@ -14,6 +14,8 @@
 #include "server/server_internal.h"
 #include "server/kv_http.h"
 #include "server/warm_prefetch.h"
+#include "storage/l2/l2_service.h"
+#include "storage/quota.h"
 #include "storage/storage_manager.h"
 
 extern char **environ;
@@ -48,21 +50,21 @@ static json_t *http_config(void *user)
 static int http_quota_set(void *user, const char *salt, uint64_t limit_bytes)
 {
     lmc_server *s = user;
-    return lmc_quotas_set(lmc_storage_manager_quotas(s->ctx.storage), salt, limit_bytes);
+    return lmc_quotas_set(lmc_l2_quotas(s->ctx.storage), salt, limit_bytes);
 }
 
 static bool http_quota_remove(void *user, const char *salt)
 {
     lmc_server *s = user;
-    return lmc_quotas_delete(lmc_storage_manager_quotas(s->ctx.storage), salt);
+    return lmc_quotas_delete(lmc_l2_quotas(s->ctx.storage), salt);
 }
 
 static json_t *http_quota_snapshot(void *user)
 {
     lmc_server *s = user;
-    json_t *cap = lmc_quotas_capture(lmc_storage_manager_quotas(s->ctx.storage));
+    json_t *cap = lmc_quotas_capture(lmc_l2_quotas(s->ctx.storage));
     json_t *snap = json_pack("{s:O, s:o}", "limits", json_object_get(cap, "limits"), "usage",
-                             lmc_storage_manager_l2_usage_by_salt(s->ctx.storage));
+                             lmc_l2_usage_by_salt(s->ctx.storage));
     json_decref(cap);
     return snap;
 }
@@ -73,9 +75,9 @@ static json_t *http_quota_snapshot(void *user)
 static int find_adapter(lmc_server *s, const char *adapter, unsigned *status, char *err,
                         size_t errlen)
 {
-    int a = lmc_storage_manager_l2_find_adapter(s->ctx.storage, adapter);
+    int a = lmc_l2_find_adapter(s->ctx.storage, adapter);
     if (a < 0) {
-        bool none = lmc_storage_manager_l2_find_adapter(s->ctx.storage, NULL) < 0;
+        bool none = lmc_l2_find_adapter(s->ctx.storage, NULL) < 0;
         *status = none ? 503 : 404;
         snprintf(err, errlen, none ? "no L2 adapters" : "no L2 adapter '%s'", adapter);
     }
@@ -90,7 +92,7 @@ static json_t *http_objects_list(void *user, const char *adapter, const char *mo
     int a = find_adapter(s, adapter, status, err, errlen);
     if (a < 0)
         return NULL;
-    json_t *page = lmc_storage_manager_l2_list(s->ctx.storage, a, model, page_size, page_token);
+    json_t *page = lmc_l2_list(s->ctx.storage, a, model, page_size, page_token);
     if (!page) {
         *status = 503;
         snprintf(err, errlen, "the adapter cannot list its keys");
@@ -195,7 +197,7 @@ static json_t *http_objects_remove(void *user, const json_t *body, unsigned *sta
     if (l1)
         lmc_storage_manager_delete(s->ctx.storage, l1_keys, n_l1, force, &deleted, &skipped);
     if (l2)
-        deleted += lmc_storage_manager_l2_delete(s->ctx.storage, a, keys, n);
+        deleted += lmc_l2_delete(s->ctx.storage, a, keys, n);
     lmc_keys_drop(keys, n); /* l1_keys borrowed these */
     free(keys);
     free(l1_keys);

@@ -7,6 +7,7 @@
 
 #include "modules/services/ipc_key.h"
 #include "modules/services/layout_registry.h"
+#include "storage/l2/l2_service.h"
 #include "storage/storage_manager.h"
 
 #define MAX_TOKENS (1u << 20)
@@ -205,7 +206,7 @@ static bool start_l2(lmc_warm_prefetch *w, job *j, lmc_object_key *keys, size_t 
                      size_t l1_keys, const lmc_layout *l)
 {
     size_t rest = n - l1_keys;
-    if (rest < j->per || !lmc_storage_manager_has_l2(w->ctx->storage))
+    if (rest < j->per || !lmc_l2_attached(w->ctx->storage))
         return false;
     j->keys = malloc(rest * sizeof *j->keys);
     j->leases = calloc(rest, sizeof *j->leases);
@@ -214,13 +215,13 @@ static bool start_l2(lmc_warm_prefetch *w, job *j, lmc_object_key *keys, size_t 
     memcpy(j->keys, keys + l1_keys, rest * sizeof *j->keys);
     lmc_keys_hold(j->keys, rest); /* the job outlives the request */
     j->n_keys = rest;
-    lmc_storage_l2_request req = {
+    lmc_l2_prefetch_request req = {
         .keys = j->keys, .leases = j->leases, .n = rest, .keys_per_unit = (uint32_t)j->per,
         .object_size = l->object_size, .readers = 1, .retain = true,
         .on_lookup_done = on_lookup_done, .on_done = on_done, .user = j,
     };
     add_job(w, j, true); /* before submitting: on_done may run at once */
-    if (lmc_storage_manager_prefetch_l2(w->ctx->storage, &req) == 0)
+    if (lmc_l2_prefetch(w->ctx->storage, &req) == 0)
         return true;
     on_done(j, 0); /* refused: completes with what L1 had */
     return true;

@@ -11,7 +11,10 @@
 #include "obs/events.h"
 #include "obs/log.h"
 #include "storage/l1/l1_eviction.h"
+#include "storage/storage_events.h"
+#include "storage/storage_manager_testing.h"
 #include "storage/storage_telemetry.h"
+#include "storage/storage_tier.h"
 
 #define LAZY_COMMIT_GRANULE (64ull << 20)   /* initial commit rounds up to 64 MiB */
 #define FALLBACK_COMMIT_GRANULE (4ull << 20) /* steps of a start-up commit /dev/shm cuts short */
@@ -292,8 +295,8 @@ static int create_eviction(lmc_storage_manager *sm, char *err, size_t errlen)
     return 0;
 }
 
-lmc_storage_manager *lmc_storage_manager_create_with_options(const lmc_storage_options *o,
-                                                             char *err, size_t errlen)
+lmc_storage_manager *lmc_storage_manager_create(const lmc_storage_options *o,
+                                                char *err, size_t errlen)
 {
     if (validate_options(o, err, errlen) != 0)
         return NULL;
@@ -376,41 +379,6 @@ json_t *lmc_storage_keys_by_salt(const lmc_object_key *keys, size_t n)
 lmc_quotas *lmc_storage_manager_quotas(lmc_storage_manager *sm)
 {
     return sm->quotas;
-}
-
-int lmc_storage_manager_l2_find_adapter(lmc_storage_manager *sm, const char *type)
-{
-    return sm->l2_ops && sm->l2_ops->find_adapter ? sm->l2_ops->find_adapter(sm->l2, type) : -1;
-}
-
-json_t *lmc_storage_manager_l2_list(lmc_storage_manager *sm, int adapter, const char *model,
-                                   size_t page_size, const char *page_token)
-{
-    return sm->l2_ops && sm->l2_ops->list_objects
-               ? sm->l2_ops->list_objects(sm->l2, adapter, model, page_size, page_token)
-               : NULL;
-}
-
-size_t lmc_storage_manager_l2_delete(lmc_storage_manager *sm, int adapter,
-                                     const lmc_object_key *keys, size_t n)
-{
-    return sm->l2_ops && sm->l2_ops->delete_objects
-               ? sm->l2_ops->delete_objects(sm->l2, adapter, keys, n)
-               : 0;
-}
-
-json_t *lmc_storage_manager_l2_usage_by_salt(lmc_storage_manager *sm)
-{
-    return sm->l2_ops && sm->l2_ops->usage_by_salt ? sm->l2_ops->usage_by_salt(sm->l2)
-                                                   : json_object();
-}
-
-lmc_storage_manager *lmc_storage_manager_create(const lmc_config *cfg, char *err, size_t errlen)
-{
-    lmc_storage_options o;
-    if (lmc_storage_options_from_config(cfg, &o, err, errlen) != 0)
-        return NULL;
-    return lmc_storage_manager_create_with_options(&o, err, errlen);
 }
 
 void lmc_storage_manager_close(lmc_storage_manager *sm)
@@ -532,28 +500,18 @@ void lmc_storage_manager_lease_counts(lmc_storage_manager *sm, lmc_lease_counts 
 
 /* ---- L2 tier ----------------------------------------------------------- */
 
-void lmc_storage_manager_attach_l2(lmc_storage_manager *sm, const lmc_storage_tier_ops *ops,
-                                   void *impl)
+void lmc_storage_manager_attach_tier(lmc_storage_manager *sm, const lmc_storage_tier_ops *ops,
+                                     void *impl)
 {
     sm->l2_ops = ops;
     sm->l2 = impl;
 }
 
-bool lmc_storage_manager_has_l2(const lmc_storage_manager *sm)
+void *lmc_storage_manager_tier(const lmc_storage_manager *sm, const lmc_storage_tier_ops *ops)
 {
-    return sm->l2_ops != NULL;
+    return sm->l2_ops == ops ? sm->l2 : NULL;
 }
 
-int lmc_storage_manager_prefetch_l2(lmc_storage_manager *sm, const lmc_storage_l2_request *req)
-{
-    return sm->l2_ops ? sm->l2_ops->prefetch(sm->l2, req) : -1;
-}
-
-void lmc_storage_manager_stop_l2_prefetch(lmc_storage_manager *sm)
-{
-    if (sm->l2_ops)
-        sm->l2_ops->stop_prefetch(sm->l2);
-}
 
 /* ---- maintenance and status -------------------------------------------- */
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "storage/l1/l1_manager.h"
+#include "storage/storage_config.h"
 #include "storage/storage_manager.h"
 #include "storage/storage_options_internal.h"
 

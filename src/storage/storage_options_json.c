@@ -1,5 +1,6 @@
 /* The first --l1-manager JSON entry (docs/configuration.md, "`--l1-manager`
  * entries"), DRAM only for now. */
+#include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 

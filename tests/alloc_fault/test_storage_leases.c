@@ -16,6 +16,7 @@
 
 #include "alloc_fault.h"
 #include "storage/storage_manager.h"
+#include "storage/storage_manager_testing.h"
 
 #define N 16
 #define OBJ 3000   /* not a multiple of the alignment: object_size != size */
@@ -52,7 +53,7 @@ static lmc_storage_manager *open_manager(uint64_t l1_bytes)
     o.eviction_ratio = 1.0;          /* one pass empties the unlocked L1 */
     o.check_books = true;            /* abort() on the first broken rule */
     char err[256];
-    return lmc_storage_manager_create_with_options(&o, err, sizeof err);
+    return lmc_storage_manager_create(&o, err, sizeof err);
 }
 
 static bool all(const lmc_l1_result *res, size_t n)

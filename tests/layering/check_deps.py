@@ -8,6 +8,8 @@ Reads src/libraries.txt and fails on:
   - a private header included from outside its owner: any *_internal.h,
     the L1 headers (src/storage/l1/) and the storage subsystem's own data
     structures (docs/storage.md, "Leases");
+  - a header for the tests only (storage_manager_testing.h) included by a
+    file under src/ other than the one that defines its functions;
   - with --build DIR: an undefined symbol of lmc_<lib>'s archive that only a
     library it may not use defines (a call that bypasses the headers);
   - a cycle between libraries, in the includes or the links;
@@ -28,6 +30,12 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 SHARED_PRIVATE = {
     "storage/key_table.h": {"storage_l2"},
     "storage/eviction_policy.h": {"storage_l2"},
+    "storage/storage_tier.h": {"storage_l2"},
+}
+# Header -> the one file under src/ that may include it (its definer): the
+# hooks of the tests, so that no server code path depends on them.
+TESTS_ONLY = {
+    "storage/storage_manager_testing.h": "src/storage/storage_manager.c",
 }
 PRIVATE_TO_OWNER = ("storage/l1/", "storage/storage_telemetry.h")
 
@@ -51,6 +59,8 @@ def include_offences(libs, edges):
             if not m or not (SRC / m.group(1)).is_file():
                 continue  # a local header ("alloc_fault.h") or a system one
             header = m.group(1)
+            if header in TESTS_ONLY and str(rel) != TESTS_ONLY[header]:
+                yield f"{rel}:{lineno}: includes {header}, for the tests only"
             owner = libraries.owner_of(libs, SRC / header)
             if owner != me:
                 edges.setdefault(me, {}).setdefault(owner, f"{rel}:{lineno}")

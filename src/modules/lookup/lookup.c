@@ -24,6 +24,7 @@
 #include "obs/events.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
+#include "storage/l2/l2_service.h"
 #include "storage/storage_manager.h"
 
 typedef struct {
@@ -179,7 +180,7 @@ static int64_t lock_hits(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k,
      * has, so it is not interned now (issue 17).  An L2 tier may hold
      * objects of names this process never saw (a persistent store from an
      * earlier run), which its prefetch brings into L1 under these keys. */
-    bool l2 = lmc_storage_manager_has_l2(m->ctx->storage);
+    bool l2 = lmc_l2_attached(m->ctx->storage);
     if (!keys || (l2 ? lmc_ipc_key_object_keys(k, hashes, n_chunks, layout->num_groups,
                                                m->ctx->interner, keys)
                      : lmc_ipc_key_object_keys_find(k, hashes, n_chunks, layout->num_groups,
@@ -301,7 +302,7 @@ static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint6
 {
     lmc_lookup_locks *l = &se->locks;
     size_t rest = n_keys - l->n;
-    if (!l->keys || rest < l->keys_per_chunk || !lmc_storage_manager_has_l2(m->ctx->storage))
+    if (!l->keys || rest < l->keys_per_chunk || !lmc_l2_attached(m->ctx->storage))
         return false;
     l2_lookup *p = calloc(1, sizeof *p);
     if (!p || !(p->rid = malloc(k->request_id_len + 1)) ||
@@ -329,12 +330,12 @@ static bool start_l2(lookup_mod *m, lmc_session *se, const lmc_ipc_key *k, uint6
         return false;
     }
     p->event = *event; /* before submitting: the callbacks may run at once */
-    lmc_storage_l2_request req = {
+    lmc_l2_prefetch_request req = {
         .keys = p->keys, .leases = p->leases, .n = rest, .keys_per_unit = p->per,
         .object_size = layout->object_size, .unit_sizes = p->unit_sizes,
         .readers = p->readers, .on_lookup_done = l2_lookup_done, .on_done = l2_done, .user = p,
     };
-    if (lmc_storage_manager_prefetch_l2(m->ctx->storage, &req) != 0) {
+    if (lmc_l2_prefetch(m->ctx->storage, &req) != 0) {
         p->event = NULL; /* still the caller's */
         l2_lookup_free(p);
         return false;
@@ -729,7 +730,7 @@ static void lookup_close(void *state)
     lookup_mod *m = state;
     /* Answers every L2 prefetch in flight now: their callbacks use m. */
     if (m->ctx->storage)
-        lmc_storage_manager_stop_l2_prefetch(m->ctx->storage);
+        lmc_l2_stop_prefetch(m->ctx->storage);
     lmc_jobs_free(m->jobs);   /* parked WAITs are answered None */
     free(m);
 }

@@ -7,7 +7,9 @@
 #include <stddef.h>
 
 #include "storage/l2/l2_adapter.h"
+#include "storage/l2/l2_service.h"
 #include "storage/storage_manager.h"
+#include "storage/storage_events.h"
 
 #define LMC_L2_PREFETCH_TAG LMC_STORAGE_L2_PREFETCH_TAG
 
@@ -36,7 +38,7 @@ typedef struct {
 lmc_l2_prefetch_ctl *lmc_l2_prefetch_ctl_new(lmc_storage_manager *sm, lmc_l2_adapter *const *ad,
                                              size_t n_adapters,
                                              const lmc_l2_prefetch_options *o);
-int lmc_l2_prefetch_ctl_submit(lmc_l2_prefetch_ctl *c, const lmc_storage_l2_request *req);
+int lmc_l2_prefetch_ctl_submit(lmc_l2_prefetch_ctl *c, const lmc_l2_prefetch_request *req);
 void lmc_l2_prefetch_ctl_stop(lmc_l2_prefetch_ctl *c);
 void lmc_l2_prefetch_ctl_free(lmc_l2_prefetch_ctl *c);
 json_t *lmc_l2_prefetch_ctl_status(lmc_l2_prefetch_ctl *c);

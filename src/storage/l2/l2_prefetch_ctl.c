@@ -41,7 +41,7 @@ typedef struct part {         /* one adapter's share of a request */
 typedef enum { PH_QUEUED, PH_LOOKUP, PH_LOAD, PH_ZOMBIE } phase;
 
 typedef struct preq {
-    lmc_storage_l2_request r; /* r.keys points at keys */
+    lmc_l2_prefetch_request r; /* r.keys points at keys */
     lmc_object_key *keys;     /* copies holding their names once keys_held */
     bool keys_held;
     uint64_t *sizes;
@@ -93,7 +93,7 @@ static void preq_free(preq *q, size_t na)
     free(q);
 }
 
-static preq *preq_new(const lmc_storage_l2_request *r, size_t na, double timeout_s)
+static preq *preq_new(const lmc_l2_prefetch_request *r, size_t na, double timeout_s)
 {
     preq *q = calloc(1, sizeof *q);
     size_t n = r->n ? r->n : 1;
@@ -131,7 +131,7 @@ static void wake(lmc_l2_prefetch_ctl *c)
     (void)!write(c->efd, &one, sizeof one);
 }
 
-int lmc_l2_prefetch_ctl_submit(lmc_l2_prefetch_ctl *c, const lmc_storage_l2_request *req)
+int lmc_l2_prefetch_ctl_submit(lmc_l2_prefetch_ctl *c, const lmc_l2_prefetch_request *req)
 {
     if (req->n == 0 || req->keys_per_unit == 0 || req->n < req->keys_per_unit)
         return -1;

@@ -1,5 +1,5 @@
-/* Builds the L2 tier from the configuration and implements
- * lmc_storage_tier_ops for the storage manager.
+/* Builds the L2 tier from the configuration, attaches it to the storage
+ * manager (storage_tier.h) and answers the L2 calls of l2_service.h.
  *
  * Close order matters: stop the controllers' threads (prefetch answers
  * its pending requests with 0 hits), close the adapters (their workers are
@@ -15,8 +15,10 @@
 #include "obs/log.h"
 #include "storage/l2/l2_eviction.h"
 #include "storage/l2/l2_internal.h"
+#include "storage/storage_events.h"
+#include "storage/storage_tier.h"
 
-/* Per adapter: what its placement reports name (storage_manager.h). */
+/* Per adapter: what its placement reports name (storage_events.h). */
 typedef struct adapter_reporter {
     lmc_storage_manager *sm;
     const char *backend;           /* the adapter's type name */
@@ -33,18 +35,6 @@ typedef struct l2_service {
     lmc_l2_prefetch_ctl *prefetch;
     lmc_l2_eviction *eviction;
 } l2_service;
-
-static int svc_prefetch(void *impl, const lmc_storage_l2_request *req)
-{
-    l2_service *s = impl;
-    return lmc_l2_prefetch_ctl_submit(s->prefetch, req);
-}
-
-static void svc_stop_prefetch(void *impl)
-{
-    l2_service *s = impl;
-    lmc_l2_prefetch_ctl_stop(s->prefetch);
-}
 
 static json_t *svc_status(void *impl)
 {
@@ -85,61 +75,16 @@ static void svc_close(void *impl)
     free(s);
 }
 
-static json_t *svc_usage_by_salt(void *impl)
-{
-    l2_service *s = impl;
-    return lmc_l2_eviction_usage_by_salt(s->eviction);
-}
-
-static int svc_find_adapter(void *impl, const char *type)
-{
-    l2_service *s = impl;
-    if (!type || !*type)
-        return s->na ? 0 : -1;
-    for (size_t a = 0; a < s->na; a++) {
-        if (strcasecmp(lmc_l2_adapter_type(s->ad[a]), type) == 0)
-            return (int)a;
-    }
-    return -1;
-}
-
-static json_t *svc_list_objects(void *impl, int adapter, const char *model, size_t page_size,
-                                const char *page_token)
-{
-    l2_service *s = impl;
-    if (adapter < 0 || (size_t)adapter >= s->na)
-        return NULL;
-    json_t *page = lmc_l2_adapter_list_keys(s->ad[adapter], model, page_size, page_token);
-    if (page) {
-        json_object_set_new(page, "adapter", json_string(lmc_l2_adapter_type(s->ad[adapter])));
-        json_object_set_new(page, "shared", json_boolean(s->shared[adapter]));
-    }
-    return page;
-}
-
-static size_t svc_delete_objects(void *impl, int adapter, const lmc_object_key *keys, size_t n)
-{
-    l2_service *s = impl;
-    if (adapter < 0 || (size_t)adapter >= s->na)
-        return 0;
-    /* One key at a time: a locked key must not hide the others' deletion,
-     * and the eviction tracker follows each removal. */
-    size_t done = 0;
-    for (size_t i = 0; i < n; i++)
-        done += lmc_l2_adapter_delete(s->ad[adapter], &keys[i], 1);
-    return done;
-}
-
 static const lmc_storage_tier_ops svc_ops = {
-    .find_adapter = svc_find_adapter,
-    .list_objects = svc_list_objects,
-    .delete_objects = svc_delete_objects,
-    .prefetch = svc_prefetch,
-    .stop_prefetch = svc_stop_prefetch,
     .report_status = svc_status,
-    .usage_by_salt = svc_usage_by_salt,
     .close = svc_close,
 };
+
+/* The tier attached to `sm` by lmc_l2_attach(), or NULL. */
+static l2_service *service_of(const lmc_storage_manager *sm)
+{
+    return lmc_storage_manager_tier(sm, &svc_ops);
+}
 
 static lmc_l2_adapter *adapter_from_text(const char *text, size_t i, uint8_t *base,
                                          bool *shared, char *err, size_t errlen)
@@ -177,8 +122,8 @@ static int start_eviction(l2_service *s, const lmc_strlist *l)
         rc = docs[i] ? 0 : -1;
     }
     if (rc == 0) {
-        s->eviction = lmc_l2_eviction_new(s->ad, ev, s->na, lmc_storage_manager_quotas(s->sm), s->sm,
-                                          0);
+        s->eviction = lmc_l2_eviction_new(s->ad, ev, s->na, lmc_storage_manager_quotas(s->sm),
+                                          s->sm, 0);
         rc = s->eviction ? 0 : -1;
     }
     for (size_t i = 0; docs && i < s->na; i++)
@@ -270,7 +215,77 @@ int lmc_l2_attach(lmc_storage_manager *sm, const lmc_config *cfg, char *err, siz
         svc_close(s);
         return -1;
     }
-    lmc_storage_manager_attach_l2(sm, &svc_ops, s);
+    lmc_storage_manager_attach_tier(sm, &svc_ops, s);
     LMC_INFO("L2: %zu adapter(s)", s->na);
     return 0;
+}
+
+bool lmc_l2_attached(const lmc_storage_manager *sm)
+{
+    return service_of(sm) != NULL;
+}
+
+int lmc_l2_prefetch(lmc_storage_manager *sm, const lmc_l2_prefetch_request *req)
+{
+    l2_service *s = service_of(sm);
+    return s ? lmc_l2_prefetch_ctl_submit(s->prefetch, req) : -1;
+}
+
+void lmc_l2_stop_prefetch(lmc_storage_manager *sm)
+{
+    l2_service *s = service_of(sm);
+    if (s)
+        lmc_l2_prefetch_ctl_stop(s->prefetch);
+}
+
+lmc_quotas *lmc_l2_quotas(lmc_storage_manager *sm)
+{
+    return lmc_storage_manager_quotas(sm);
+}
+
+json_t *lmc_l2_usage_by_salt(lmc_storage_manager *sm)
+{
+    l2_service *s = service_of(sm);
+    return s ? lmc_l2_eviction_usage_by_salt(s->eviction) : json_object();
+}
+
+int lmc_l2_find_adapter(lmc_storage_manager *sm, const char *type)
+{
+    l2_service *s = service_of(sm);
+    if (!s)
+        return -1;
+    if (!type || !*type)
+        return s->na ? 0 : -1;
+    for (size_t a = 0; a < s->na; a++) {
+        if (strcasecmp(lmc_l2_adapter_type(s->ad[a]), type) == 0)
+            return (int)a;
+    }
+    return -1;
+}
+
+json_t *lmc_l2_list(lmc_storage_manager *sm, int adapter, const char *model, size_t page_size,
+                    const char *page_token)
+{
+    l2_service *s = service_of(sm);
+    if (!s || adapter < 0 || (size_t)adapter >= s->na)
+        return NULL;
+    json_t *page = lmc_l2_adapter_list_keys(s->ad[adapter], model, page_size, page_token);
+    if (page) {
+        json_object_set_new(page, "adapter", json_string(lmc_l2_adapter_type(s->ad[adapter])));
+        json_object_set_new(page, "shared", json_boolean(s->shared[adapter]));
+    }
+    return page;
+}
+
+size_t lmc_l2_delete(lmc_storage_manager *sm, int adapter, const lmc_object_key *keys, size_t n)
+{
+    l2_service *s = service_of(sm);
+    if (!s || adapter < 0 || (size_t)adapter >= s->na)
+        return 0;
+    /* One key at a time: a locked key must not hide the others' deletion,
+     * and the eviction tracker follows each removal. */
+    size_t done = 0;
+    for (size_t i = 0; i < n; i++)
+        done += lmc_l2_adapter_delete(s->ad[adapter], &keys[i], 1);
+    return done;
 }

@@ -3,6 +3,7 @@
  * shares, WRITE leases published with readers), delete/clear, listeners,
  * status, lazy growth, a /dev/shm too small for the pool.  Every manager
  * checks its L1 books after each mutating call. */
+#include <jansson.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,7 +20,9 @@
 
 #include <cmocka.h>
 
+#include "storage/storage_config.h"
 #include "storage/storage_manager.h"
+#include "storage/storage_manager_testing.h"
 
 #define MIB (1ull << 20)
 #define OBJ 4096ull
@@ -51,7 +54,7 @@ static lmc_storage_options small_options(void)
 static lmc_storage_manager *create(const lmc_storage_options *o)
 {
     char err[256] = "";
-    lmc_storage_manager *sm = lmc_storage_manager_create_with_options(o, err, sizeof(err));
+    lmc_storage_manager *sm = lmc_storage_manager_create(o, err, sizeof(err));
     if (!sm)
         fail_msg("create failed: %s", err);
     return sm;
@@ -385,7 +388,7 @@ static int small_dev_shm_child(void)
     uint64_t used, total = 0;
     lmc_storage_options o = small_options();
     o.l1_size_bytes = 256 * MIB;          /* more than fits: serves with what does */
-    lmc_storage_manager *sm = lmc_storage_manager_create_with_options(&o, err, sizeof(err));
+    lmc_storage_manager *sm = lmc_storage_manager_create(&o, err, sizeof(err));
     if (!sm)
         return 1;
     lmc_storage_manager_usage(sm, &used, &total);
@@ -399,7 +402,7 @@ static int small_dev_shm_child(void)
     o.l1_init_bytes = 1;
     o.lazy_grow_step_bytes = 64 * MIB;
     o.lazy_grow_interval_ms = 0;
-    sm = lmc_storage_manager_create_with_options(&o, err, sizeof(err));
+    sm = lmc_storage_manager_create(&o, err, sizeof(err));
     if (!sm)
         return 3;
     for (int i = 0; i < 400 && total != 128 * MIB; i++) {
@@ -419,7 +422,7 @@ static int small_dev_shm_child(void)
     int fd = open("/dev/shm/filler", O_RDWR | O_CREAT, 0600);
     if (fd < 0 || posix_fallocate(fd, 0, 158 * MIB) != 0)
         return 5;
-    if (lmc_storage_manager_create_with_options(&o, err, sizeof(err)))
+    if (lmc_storage_manager_create(&o, err, sizeof(err)))
         return 6;
     if (!strstr(err, "No space left") || !strstr(err, "--shm-size") ||
         !strstr(err, "--l1-init-size-gb"))
@@ -460,17 +463,17 @@ static void test_invalid_options(void **state)
     char err[256] = "";
     lmc_storage_options o = small_options();
     snprintf(o.eviction_policy, sizeof(o.eviction_policy), "ARC");
-    assert_null(lmc_storage_manager_create_with_options(&o, err, sizeof(err)));
+    assert_null(lmc_storage_manager_create(&o, err, sizeof(err)));
     assert_non_null(strstr(err, "ARC"));
     o = small_options();
     o.l1_align_bytes = 1000;
-    assert_null(lmc_storage_manager_create_with_options(&o, err, sizeof(err)));
+    assert_null(lmc_storage_manager_create(&o, err, sizeof(err)));
     o = small_options();
     o.l1_size_bytes = 0;
-    assert_null(lmc_storage_manager_create_with_options(&o, err, sizeof(err)));
+    assert_null(lmc_storage_manager_create(&o, err, sizeof(err)));
     o = small_options();
     o.eviction_ratio = 1.5;
-    assert_null(lmc_storage_manager_create_with_options(&o, err, sizeof(err)));
+    assert_null(lmc_storage_manager_create(&o, err, sizeof(err)));
 }
 
 /* ---- options from lmc_config ------------------------------------------------ */

@@ -11,7 +11,9 @@
 #include <cmocka.h>
 
 #include "obs/events.h"
+#include "storage/storage_events.h"
 #include "storage/storage_manager.h"
+#include "storage/storage_manager_testing.h"
 
 #define OBJ 4096ull
 
@@ -58,7 +60,7 @@ static lmc_storage_manager *create(env *e, uint64_t objects, double sample_rate,
     o.clock_user = e;
     o.check_books = true;
     char err[256] = "";
-    lmc_storage_manager *sm = lmc_storage_manager_create_with_options(&o, err, sizeof err);
+    lmc_storage_manager *sm = lmc_storage_manager_create(&o, err, sizeof err);
     if (!sm)
         fail_msg("create: %s", err);
     lmc_storage_manager_set_event_bus(sm, bus, sample_rate);
@@ -260,7 +262,7 @@ static void test_silent_without_bus(void **state)
     o.eviction_period_ms = 0;
     o.check_books = true;
     char err[256];
-    lmc_storage_manager *sm = lmc_storage_manager_create_with_options(&o, err, sizeof err);
+    lmc_storage_manager *sm = lmc_storage_manager_create(&o, err, sizeof err);
     assert_non_null(sm);
     assert_false(lmc_storage_manager_events_enabled(sm));
     lmc_object_key k = make_key(1, "");

@@ -16,7 +16,9 @@
 #include "gate_backend.h"
 #include "storage/l2/l2_internal.h"
 #include "storage/l2/l2_service.h"
+#include "storage/storage_config.h"
 #include "storage/storage_manager.h"
+#include "storage/storage_manager_testing.h"
 
 #define OBJ 3000u
 #define N 6          /* 3 units of 2 keys */
@@ -40,7 +42,7 @@ static lmc_storage_manager *create_checked(const lmc_config *cfg)
     char err[512];
     assert_int_equal(lmc_storage_options_from_config(cfg, &o, err, sizeof err), 0);
     o.check_books = true;
-    lmc_storage_manager *sm = lmc_storage_manager_create_with_options(&o, err, sizeof err);
+    lmc_storage_manager *sm = lmc_storage_manager_create(&o, err, sizeof err);
     if (!sm)
         fail_msg("create: %s", err);
     return sm;
@@ -57,7 +59,7 @@ static fx *start(const char *adapter, const char *timeout)
                                       sizeof err), LMC_CONFIG_OK);
     f->sm = create_checked(&f->cfg);
     assert_int_equal(lmc_l2_attach(f->sm, &f->cfg, err, sizeof err), 0);
-    assert_true(lmc_storage_manager_has_l2(f->sm));
+    assert_true(lmc_l2_attached(f->sm));
     f->in = lmc_key_interner_new();
     for (size_t i = 0; i < N; i++) {
         memset(&f->keys[i], 0, sizeof f->keys[i]);
@@ -142,10 +144,10 @@ static void on_done(void *user, size_t units)
 static int prefetch(fx *f)
 {
     memset(f->leases, 0, sizeof f->leases);
-    lmc_storage_l2_request req = {.keys = f->keys, .leases = f->leases, .n = N,
-                                  .keys_per_unit = PER, .object_size = OBJ, .readers = 1,
-                                  .on_lookup_done = on_lookup, .on_done = on_done, .user = f};
-    assert_int_equal(lmc_storage_manager_prefetch_l2(f->sm, &req), 0);
+    lmc_l2_prefetch_request req = {.keys = f->keys, .leases = f->leases, .n = N,
+                                   .keys_per_unit = PER, .object_size = OBJ, .readers = 1,
+                                   .on_lookup_done = on_lookup, .on_done = on_done, .user = f};
+    assert_int_equal(lmc_l2_prefetch(f->sm, &req), 0);
     pthread_mutex_lock(&f->mu);
     while (f->done_calls == 0)
         pthread_cond_wait(&f->cv, &f->mu);
@@ -276,9 +278,9 @@ static void test_middle_chunk_fails_to_load(void **state)
     assert_int_equal(be->ops->store(be, f->keys, bufs, sizes, N), N * OBJ);
     lmc_l2_prefetch_options po = {.max_in_flight = 4};
     lmc_l2_prefetch_ctl *c = lmc_l2_prefetch_ctl_new(f->sm, &ad, 1, &po);
-    lmc_storage_l2_request req = {.keys = f->keys, .leases = f->leases, .n = N,
-                                  .keys_per_unit = PER, .object_size = OBJ, .readers = 1,
-                                  .on_lookup_done = on_lookup, .on_done = on_done, .user = f};
+    lmc_l2_prefetch_request req = {.keys = f->keys, .leases = f->leases, .n = N,
+                                   .keys_per_unit = PER, .object_size = OBJ, .readers = 1,
+                                   .on_lookup_done = on_lookup, .on_done = on_done, .user = f};
     assert_int_equal(lmc_l2_prefetch_ctl_submit(c, &req), 0);
     pthread_mutex_lock(&f->mu);
     while (f->done_calls == 0)

@@ -29,6 +29,7 @@
 #include "obs/events.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
+#include "storage/storage_events.h"
 #include "storage/storage_manager.h"
 
 /* ---- contexts and pending entries (lock held) -------------------------- */

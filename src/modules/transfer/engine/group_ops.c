@@ -11,6 +11,7 @@
 #include "obs/events.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
+#include "storage/storage_events.h"
 #include "storage/storage_manager.h"
 
 /* One object group's slots of one chunk: a slot per entry, at the entry's

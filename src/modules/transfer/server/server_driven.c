@@ -28,6 +28,7 @@
 #include "obs/events.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
+#include "storage/storage_events.h"
 #include "storage/storage_manager.h"
 
 #define MAX_BLOCK_IDS (1u << 20)    /* per request, all lists together */
