@@ -1,21 +1,14 @@
-"""Shared fixtures: start the real lmcached binary and talk to it over ZMQ
-the way upstream's DEALER clients do."""
+"""Shared fixtures: start the real lmcached binary (lmc/server.py) and
+talk to it over ZMQ the way upstream's DEALER clients do (lmc/client.py).
+The names below lmc's are imported here too, for the code outside
+tests/e2e that takes them from conftest (tests/reliability/rel_common.py)."""
 import os
-import signal
-import socket
-import subprocess
-import time
 
-import msgpack
 import pytest
-import zmq
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LMCACHED = os.environ.get("LMCACHED_BIN", os.path.join(ROOT, "build", "lmcached"))
-CLI = os.environ.get("LMCACHE_CLI_BIN", os.path.join(ROOT, "build", "lmcache-cli"))
-
-# Small L1 so that tests never commit much memory.
-BASE_ARGS = ["--l1-size-gb", "0.0625", "--eviction-policy", "LRU", "--log-level", "INFO"]
+from lmc.client import Dealer  # noqa: F401
+from lmc.server import (BASE_ARGS, CLI, LMCACHED, ROOT, Server, finish,  # noqa: F401
+                        free_port, run_cli, run_lmcached, start_http)
 
 
 # A skip is not a pass: under CI=true a test that skips (a real server or
@@ -31,149 +24,6 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped under CI=true, which counts as a failure: {reason}"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Dealer:
-    """A DEALER socket speaking the MP framing: [uid, op, payload...]."""
-
-    def __init__(self, ctx, url):
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(url)
-        self.uid = 0
-
-    def send(self, op, *payload, raw=None):
-        """Sends op (int id or str name) with msgpack-encoded payload
-        frames, or with `raw` pre-encoded frames.  Returns the uid used."""
-        uid = self.uid
-        self.uid += 1
-        frames = [msgpack.packb(uid), msgpack.packb(op)]
-        frames += raw if raw is not None else [msgpack.packb(p, use_bin_type=True) for p in payload]
-        self.sock.send_multipart(frames)
-        return uid
-
-    def recv(self, timeout_ms=5000):
-        if not self.sock.poll(timeout_ms):
-            return None
-        return self.sock.recv_multipart()
-
-    def call(self, op, *payload, timeout_ms=5000, raw=None):
-        """Returns the reply frames for this request, or None on timeout."""
-        uid = self.send(op, *payload, raw=raw)
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            left = int((deadline - time.monotonic()) * 1000)
-            if left <= 0:
-                return None
-            frames = self.recv(left)
-            if frames is None:
-                return None
-            try:
-                if msgpack.unpackb(frames[0]) == uid:
-                    return frames
-            except ValueError:
-                pass  # a reply to a garbage request whose uid was not msgpack
-
-    def close(self):
-        self.sock.close(0)
-
-
-class Server:
-    START_ATTEMPTS = 3
-
-    def __init__(self, *extra_args, port=None):
-        self.ctx = zmq.Context()
-        for attempt in range(self.START_ATTEMPTS):
-            self._spawn(extra_args, port)
-            try:
-                self._wait_ready()
-                return
-            except RuntimeError:
-                # free_port() can only say a port was free a moment ago: under
-                # ctest -j another test may bind it first. Try fresh ports.
-                if (attempt + 1 == self.START_ATTEMPTS or self.proc.poll() is None or
-                        "Address already in use" not in self.output()):
-                    raise
-                self.log.close()
-
-    def _spawn(self, extra_args, port):
-        self.port = port or free_port()
-        self.http_port = free_port()
-        self.url = f"tcp://127.0.0.1:{self.port}"
-        args = [LMCACHED, "--host", "127.0.0.1", "--port", str(self.port),
-                "--http-host", "127.0.0.1", "--http-port", str(self.http_port)]
-        args += BASE_ARGS + list(extra_args)  # a later --host wins
-        self.log_path = f"/tmp/lmcached-e2e-{self.port}.log"
-        self.log = open(self.log_path, "w+b")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def _wait_ready(self):
-        d = self.dealer()
-        try:
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"lmcached exited {self.proc.returncode}: {self.output()}")
-                if d.call(24, timeout_ms=200) is not None:
-                    return
-            raise RuntimeError("lmcached did not answer NOOP within 20 s")
-        finally:
-            d.close()
-
-    def dealer(self):
-        return Dealer(self.ctx, self.url)
-
-    def output(self):
-        if not self.log.closed:
-            self.log.flush()
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def stop(self, sig=signal.SIGTERM, timeout=20):
-        self.stopped = True   # by the test itself: the fixture accepts any exit
-        if self.proc.poll() is None:
-            # The signal a test stopped it with, for fixtures that check at
-            # teardown that nothing else ended it (test_fleet.py).
-            self.stop_signal = getattr(self, "stop_signal", None) or sig
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if not self.log.closed:
-            self.ctx.destroy(linger=0)
-            self.log.close()
-        return self.proc.returncode
-
-
-def finish(s):
-    """Ends a server a fixture started: unless the test stopped it itself,
-    it must still be running (a crash never passes), answer NOOP, and exit 0
-    on SIGTERM (no sanitizer report, no leak of its own)."""
-    if getattr(s, "stopped", False):
-        s.stop()
-        return
-    assert s.alive(), f"lmcached died during the test (exit {s.proc.returncode}):\n" + \
-        s.output()[-4000:]
-    d = s.dealer()
-    try:
-        reply = d.call(24, timeout_ms=5000)
-    finally:
-        d.close()
-    assert reply is not None and reply[2] == msgpack.packb("OK"), \
-        "lmcached stopped answering NOOP:\n" + s.output()[-4000:]
-    rc = s.stop()
-    assert rc == 0, s.output()
-
-
 @pytest.fixture
 def server():
     s = Server()
@@ -183,6 +33,7 @@ def server():
 
 @pytest.fixture
 def start_server():
+    """start_server(*args, **kw): a Server, finished after the test."""
     started = []
 
     def start(*args, **kw):
@@ -195,13 +46,48 @@ def start_server():
         finish(s)
 
 
-def run_lmcached(*args, timeout=20):
-    """Runs lmcached to completion (for flag errors); returns CompletedProcess."""
-    return subprocess.run([LMCACHED, *args], capture_output=True, text=True, timeout=timeout)
+def _module_server(request, start_server, *more):
+    m = request.module
+    env = m.server_env() if hasattr(m, "server_env") else None
+    return start_server(*getattr(m, "SERVER_ARGS", ()), *more, env=env)
 
 
-def run_cli(*args, timeout=30):
-    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout)
+@pytest.fixture
+def srv(request, start_server):
+    """The server of the test's module: started with the module's
+    SERVER_ARGS, and the environment variables its server_env() returns
+    where it has one (which may skip the test)."""
+    return _module_server(request, start_server)
+
+
+@pytest.fixture
+def hint_srv(request, start_server):
+    """srv, reading vLLM tensors by the registration's layout hint."""
+    return _module_server(request, start_server, "--cpu-kv-layout", "hint")
+
+
+@pytest.fixture(scope="module")
+def module_server():
+    """module_server(*args, env=None): a Server whose HTTP frontend
+    answers, shared by the module's tests that ask for the same args and
+    env, finished after the module."""
+    started = {}
+
+    def start(*args, env=None):
+        k = (args, tuple(sorted((env or {}).items())))
+        if k not in started:
+            started[k] = start_http(*args, env=env)
+        return started[k]
+
+    yield start
+    for s in started.values():
+        finish(s)
+
+
+@pytest.fixture(scope="module")
+def http_server(module_server):
+    """The module's plain server, its HTTP frontend answering."""
+    return module_server()
 
 
 # /dev/shm segments the tests create (paged_kv.py registers each one): the

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import time
 
-from conftest import free_port
+from lmc.server import free_port
 
 
 class RedisExited(RuntimeError):

@@ -1,7 +1,7 @@
 """End-to-end: lmcache-cli against the real server, and against none."""
 import time
 
-from conftest import free_port, run_cli
+from lmc.server import free_port, run_cli
 
 
 def test_cli_commands(server):

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from conftest import ROOT, free_port
+from lmc.keys import coord_key
+from lmc.server import ROOT, free_port
 
 COORDINATOR = os.environ.get("LMCACHED_COORDINATOR_BIN",
                              os.path.join(ROOT, "build", "lmcached-coordinator"))
@@ -120,11 +121,6 @@ def start_coordinator(tmp_path):
     assert not problems, problems
 
 
-def key(h, salt="", model="m", rank=0):
-    return {"chunk_hash_hex": f"{h:064x}", "model_name": model, "kv_rank": rank,
-            "object_group_id": 0, "cache_salt": salt}
-
-
 def batch(inst, inc, seq, etype, keys, size=100, tier="l2", backend="fs"):
     b = {"instance_id": inst, "incarnation": inc, "seq": seq, "event_type": etype,
          "tier": tier, "backend": backend, "shared": True, "ts": time.time(),
@@ -196,22 +192,22 @@ def test_registration_validation_changes_nothing(start_coordinator):
 
 def test_events_gate_usage_and_quotas(start_coordinator):
     c = start_coordinator()
-    st, r = post_events(c, batch("a", 10, 1, "store", [key(1, "t"), key(2, "t")]),
-                        batch("a", 10, 1, "store", [key(3, "t")]),     # duplicate seq
-                        batch("a", 10, 2, "store", [key(1, "t")], size=300))  # stored again
+    st, r = post_events(c, batch("a", 10, 1, "store", [coord_key(1, "t"), coord_key(2, "t")]),
+                        batch("a", 10, 1, "store", [coord_key(3, "t")]),     # duplicate seq
+                        batch("a", 10, 2, "store", [coord_key(1, "t")], size=300))  # stored again
     assert (st, r) == (200, {"applied": 2, "duplicates": 1, "stale": 0})
     st, r = c.call("GET", "/quota/t")
     assert st == 200 and r["usage_gb"] * 2**30 == pytest.approx(400)
     assert r["quota_exists"] is False and r["tier"] == "l2"
-    assert post_events(c, batch("a", 9, 7, "store", [key(4, "t")]))[1] == {
+    assert post_events(c, batch("a", 9, 7, "store", [coord_key(4, "t")]))[1] == {
         "applied": 0, "duplicates": 0, "stale": 1}
-    assert post_events(c, batch("a", 10, 5, "delete", [key(2, "t")]))[1]["applied"] == 1
+    assert post_events(c, batch("a", 10, 5, "delete", [coord_key(2, "t")]))[1]["applied"] == 1
     assert c.metric("lmcache_mp_coordinator_events_gaps_total") == 1      # 3, 4 missing
     assert c.metric("lmcache_mp_coordinator_events_duplicates_total") == 1
     assert c.metric("lmcache_mp_coordinator_events_stale_total") == 1
     assert c.metric('lmcache_mp_coordinator_l2_usage_bytes{cache_salt="t"}') == 300
     assert c.metric('lmcache_mp_key_directory_placement_count{tier="l2"}') == 1
-    post_events(c, batch("b", 1, 1, "store", [key(9)], size=2**30))        # the empty salt
+    post_events(c, batch("b", 1, 1, "store", [coord_key(9)], size=2**30))        # the empty salt
     # Quotas: explicit, _default (= empty salt), the default for others.
     assert c.call("PUT", "/quota/t", {"limit_gb": 2.5}) == (
         200, {"cache_salt": "t", "limit_gb": 2.5, "status": "ok", "tier": "l2"})
@@ -252,17 +248,17 @@ def test_quota_errors_change_nothing(start_coordinator):
 
 def test_bad_events_change_nothing(start_coordinator):
     c = start_coordinator()
-    assert post_events(c, batch("a", 1, 1, "store", [key(1)]))[0] == 200
-    good = batch("a", 1, 2, "store", [key(2)])
+    assert post_events(c, batch("a", 1, 1, "store", [coord_key(1)]))[0] == 200
+    good = batch("a", 1, 2, "store", [coord_key(2)])
     bad = [
         {"batches": [dict(good, seq=0)]},
         {"batches": [dict(good, tier="all")]},
         {"batches": [dict(good, event_type="evict")]},
         {"batches": [dict(good, incarnation="1")]},
         {"batches": [{k: v for k, v in good.items() if k != "backend"}]},
-        {"batches": [dict(good, entries=[{"key": key(2), "size_bytes": -5}])]},
-        {"batches": [dict(good, entries=[{"key": dict(key(2), kv_rank="0"), "size_bytes": 1}])]},
-        {"batches": [dict(good, entries=[{"key": dict(key(2), model_name="a@b"),
+        {"batches": [dict(good, entries=[{"key": coord_key(2), "size_bytes": -5}])]},
+        {"batches": [dict(good, entries=[{"key": dict(coord_key(2), kv_rank="0"), "size_bytes": 1}])]},
+        {"batches": [dict(good, entries=[{"key": dict(coord_key(2), model_name="a@b"),
                                           "size_bytes": 1}])]},
         {"batches": [dict(good, instance_id="")]},
         {"batches": [good, dict(good, seq=3, tier="l7")]},   # one bad batch rejects all
@@ -285,7 +281,7 @@ def test_missing_or_mistyped_batch_fields_are_refused_by_name(start_coordinator)
     crashed the coordinator.  Every required field is checked before use:
     each case is a 422 naming the field, and the coordinator keeps serving."""
     c = start_coordinator()
-    good = batch("a", 1, 1, "store", [key(1)])
+    good = batch("a", 1, 1, "store", [coord_key(1)])
     without = lambda field: {k: v for k, v in good.items() if k != field}
     cases = [
         (without("event_type"), "event_type is required"),
@@ -316,17 +312,17 @@ def test_key_directory_bound(start_coordinator):
     new keys are not recorded (counted, warned once); the request is still
     applied; the keys the eviction loop works on are all kept."""
     c = start_coordinator(MAX_KEYS="3")
-    st, r = post_events(c, batch("a", 1, 1, "store", [key(i, "t") for i in range(5)]))
+    st, r = post_events(c, batch("a", 1, 1, "store", [coord_key(i, "t") for i in range(5)]))
     assert (st, r) == (200, {"applied": 1, "duplicates": 0, "stale": 0})
     assert c.metric("lmcache_mp_coordinator_keys_tracked") == 3
     assert c.metric("lmcache_mp_coordinator_keys_max") == 3
     assert c.metric("lmcache_mp_coordinator_keys_refused_total") == 2
     assert c.call("GET", "/quota/t")[1]["usage_gb"] * 2**30 == pytest.approx(300)
-    post_events(c, batch("a", 1, 2, "store", [key(7, "t")]))
+    post_events(c, batch("a", 1, 2, "store", [coord_key(7, "t")]))
     assert c.metric("lmcache_mp_coordinator_keys_refused_total") == 3
     assert c.output().count("the key directory is full") == 1, c.output()   # once a minute
-    post_events(c, batch("a", 1, 3, "delete", [key(0, "t")], size=0))     # room for one
-    post_events(c, batch("a", 1, 4, "store", [key(8, "t")]))
+    post_events(c, batch("a", 1, 3, "delete", [coord_key(0, "t")], size=0))     # room for one
+    post_events(c, batch("a", 1, 4, "store", [coord_key(8, "t")]))
     assert c.call("GET", "/directory/keys")[1]["total"] == 3
     pin = {"model_name": "m", "world_size": 1, "token_ids": list(range(256)), "cache_salt": "t"}
     st, r = c.call("POST", "/cache/pins", pin)
@@ -336,7 +332,7 @@ def test_key_directory_bound(start_coordinator):
     c2 = start_coordinator(MAX_KEYS="2")
     assert c2.call("GET", "/directory/keys")[1]["total"] == 3
     assert "no new key is recorded until deletes make room" in c2.output()
-    post_events(c2, batch("a", 1, 5, "store", [key(9, "t")]))
+    post_events(c2, batch("a", 1, 5, "store", [coord_key(9, "t")]))
     assert c2.metric("lmcache_mp_coordinator_keys_refused_total") == 1
 
 
@@ -393,7 +389,7 @@ def test_buffered_body_budget(start_coordinator):
     st, reply = raw_status(c.port, post + b"Content-Length: %d\r\n\r\n" % (2 << 20))
     assert st == 413 and b"LMCACHE_MP_COORDINATOR_MAX_BUFFERED_MB" in reply, reply
     # One connection holds 700 kB of the budget while its body comes in.
-    body = json.dumps({"batches": [batch("a", 1, 1, "store", [key(1)])]}).encode()
+    body = json.dumps({"batches": [batch("a", 1, 1, "store", [coord_key(1)])]}).encode()
     body = body.ljust(700_000)
     holder = socket.create_connection(("127.0.0.1", c.port), timeout=10)
     try:
@@ -421,7 +417,7 @@ def test_buffered_body_budget(start_coordinator):
     assert c.metric("lmcache_mp_coordinator_http_busy_total") == 2
     assert c.metric("lmcache_mp_coordinator_http_too_large_total") == 1
     # The 503'd request sent again fits now.
-    assert post_events(c, batch("a", 1, 2, "store", [key(2)]))[0] == 200
+    assert post_events(c, batch("a", 1, 2, "store", [coord_key(2)]))[0] == 200
 
 
 # ---- persistence ------------------------------------------------------------------
@@ -429,7 +425,7 @@ def test_buffered_body_budget(start_coordinator):
 def test_restart_keeps_quotas_pins_cursors_and_usage(start_coordinator):
     c = start_coordinator(CHUNK_SIZE="4")
     toks = list(range(8))                       # two chunks
-    assert post_events(c, batch("a", 3, 1, "store", [key(1, "t"), key(2, "t")]))[0] == 200
+    assert post_events(c, batch("a", 3, 1, "store", [coord_key(1, "t"), coord_key(2, "t")]))[0] == 200
     assert c.call("PUT", "/quota/t", {"limit_gb": 4})[0] == 200
     assert c.call("PUT", "/quota/config", {"default_limit_gb": 0.5})[0] == 200
     pin = {"model_name": "m", "world_size": 2, "token_ids": toks, "cache_salt": "t"}
@@ -445,8 +441,8 @@ def test_restart_keeps_quotas_pins_cursors_and_usage(start_coordinator):
     assert c2.call("GET", "/quota/config")[1]["default_limit_gb"] == 0.5
     assert c2.call("GET", "/directory/stats")[1]["pinned_keys"] == 4
     # The cursor survived: seq 1 is a duplicate, seq 2 new.
-    assert post_events(c2, batch("a", 3, 1, "store", [key(5, "t")]))[1]["duplicates"] == 1
-    assert post_events(c2, batch("a", 3, 2, "store", [key(5, "t")]))[1]["applied"] == 1
+    assert post_events(c2, batch("a", 3, 1, "store", [coord_key(5, "t")]))[1]["duplicates"] == 1
+    assert post_events(c2, batch("a", 3, 2, "store", [coord_key(5, "t")]))[1]["applied"] == 1
     assert c2.call("DELETE", "/cache/pins", pin)[1]["affected"] == 4
     assert c2.call("GET", "/directory/stats")[1]["pinned_keys"] == 0
 
@@ -458,9 +454,9 @@ def test_events_not_saved_are_answered_503_and_applied_once_when_sent_again(star
     what the failed request did in memory (a delete here) reaches the
     database too."""
     c = start_coordinator()
-    assert post_events(c, batch("a", 1, 1, "store", [key(1, "t")]))[0] == 200
-    again = [batch("a", 1, 2, "store", [key(2, "t")], size=300),
-             batch("a", 1, 3, "delete", [key(1, "t")], size=0)]
+    assert post_events(c, batch("a", 1, 1, "store", [coord_key(1, "t")]))[0] == 200
+    again = [batch("a", 1, 2, "store", [coord_key(2, "t")], size=300),
+             batch("a", 1, 3, "delete", [coord_key(1, "t")], size=0)]
     # Another process holds the database's write lock (an operator's sqlite3).
     con = sqlite3.connect(c.db_path, timeout=0, isolation_level=None)
     con.execute("BEGIN IMMEDIATE")
@@ -491,7 +487,7 @@ def test_events_not_saved_are_answered_503_and_applied_once_when_sent_again(star
     c2 = start_coordinator()
     assert c2.call("GET", "/quota/t")[1]["usage_gb"] * 2**30 == pytest.approx(300)
     assert c2.call("GET", "/directory/keys")[1]["total"] == 1
-    assert post_events(c2, batch("a", 1, 4, "access", [key(2, "t")]))[1]["applied"] == 1
+    assert post_events(c2, batch("a", 1, 4, "access", [coord_key(2, "t")]))[1]["applied"] == 1
     assert c2.metric("lmcache_mp_coordinator_events_gaps_total") == 0
 
 
@@ -575,12 +571,13 @@ def canon(k):
 
 
 def test_eviction_deletes_lru_unpinned_keys_on_a_server(start_coordinator, tmp_path):
-    from test_l2_fs import http_json, start as start_fs, store_all, wait_stored
+    from lmc.server import Server, l2_fs_args
+    from test_l2_fs import http_json, store_all, wait_stored
     from test_lookup_engine_driven import CS, prompt
 
     l2 = tmp_path / "l2"
     l2.mkdir()
-    srv = start_fs(l2)
+    srv = Server("--chunk-size", str(CS), *l2_fs_args(l2))
     ws = []
     try:
         toks = prompt(23)                                   # 4 chunks, 2 ranks: 8 objects
@@ -642,10 +639,10 @@ def test_eviction_deletes_lru_unpinned_keys_on_a_server(start_coordinator, tmp_p
 
 def test_directory_views(start_coordinator):
     c = start_coordinator()
-    post_events(c, batch("a", 1, 1, "store", [key(i) for i in range(5)], size=10),
-                batch("a", 1, 2, "store", [key(0), key(1)], size=7, tier="l1", backend="dram"),
-                batch("b", 1, 1, "store", [key(1)], size=7, tier="l1", backend="dram"))
-    st, r = c.call("POST", "/directory/lookup", {"keys": [key(1), key(9)]})
+    post_events(c, batch("a", 1, 1, "store", [coord_key(i) for i in range(5)], size=10),
+                batch("a", 1, 2, "store", [coord_key(0), coord_key(1)], size=7, tier="l1", backend="dram"),
+                batch("b", 1, 1, "store", [coord_key(1)], size=7, tier="l1", backend="dram"))
+    st, r = c.call("POST", "/directory/lookup", {"keys": [coord_key(1), coord_key(9)]})
     assert st == 200 and r["chunks"] == 2
     tiers = sorted((p["tier"], p.get("instance_id", "")) for p in r["results"][0]["placements"])
     assert tiers == [("l1", "a"), ("l1", "b"), ("l2", "")]
@@ -655,7 +652,7 @@ def test_directory_views(start_coordinator):
     seen = []
     for off in range(0, 5, 2):                                 # paging covers every key once
         seen += [canon(k["key"]) for k in c.call("GET", f"/directory/keys?tier=l2&limit=2&offset={off}")[1]["keys"]]
-    assert sorted(seen) == sorted(canon(key(i)) for i in range(5))
+    assert sorted(seen) == sorted(canon(coord_key(i)) for i in range(5))
     assert c.call("GET", "/directory/keys?tier=l1&instance_id=b")[1]["total"] == 1
     assert c.call("GET", "/directory/keys?tier=l1&instance_id=zz")[1]["total"] == 0
     assert c.call("GET", "/directory/keys?backend=dram")[1]["total"] == 2
@@ -673,12 +670,13 @@ def test_directory_views(start_coordinator):
 
 
 def test_prefetch_proxy_and_resync(start_coordinator, tmp_path):
-    from test_l2_fs import start as start_fs, store_all, wait_stored
+    from lmc.server import Server, l2_fs_args
+    from test_l2_fs import store_all, wait_stored
     from test_lookup_engine_driven import CS, prompt
 
     l2 = tmp_path / "l2"
     l2.mkdir()
-    srv = start_fs(l2)
+    srv = Server("--chunk-size", str(CS), *l2_fs_args(l2))
     ws = []
     try:
         ws = store_all(srv, prompt(41))

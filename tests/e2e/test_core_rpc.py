@@ -1,6 +1,7 @@
 """End-to-end: the core RPC surface of the real lmcached binary."""
 import os
 import random
+import re
 import subprocess
 import threading
 import time
@@ -9,10 +10,18 @@ import msgpack
 import pytest
 import zmq
 
-from conftest import LMCACHED, Dealer, Server, free_port, run_lmcached
+from lmc.client import Dealer
+from lmc.ops import (CLEAR, GET_CHUNK_SIZE, GET_EXPERIMENTAL, LOOKUP, NOOP, OPS, PING,
+                     REPORT_BLOCK_ALLOCATION)
+from lmc.server import LMCACHED, ROOT, free_port, run_lmcached
 
-NOOP, GET_CHUNK_SIZE, PING, CLEAR = 24, 21, 22, 20
-REPORT_BLOCK_ALLOCATION, GET_EXPERIMENTAL, LOOKUP = 23, 32, 8
+
+def test_ops_table_is_the_frozen_one():
+    """lmc/ops.py, the ids every e2e test sends, is src/rpc/wire.h's table."""
+    with open(os.path.join(ROOT, "src", "rpc", "wire.h")) as f:
+        wire = {m[1]: int(m[2]) for m in re.finditer(r"\bLMC_OP_(\w+) = (\d+),", f.read())}
+    del wire["FROZEN_MAX"]
+    assert OPS == wire
 
 
 def test_byte_examples_from_the_spec(server):

@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from conftest import ROOT, Server
+from lmc.ops import NOOP
+from lmc.server import ROOT, Server
 
 ARTIFACTS = os.path.join(ROOT, "test-artifacts")
 
@@ -208,7 +209,7 @@ def test_dashboard_renders_status():
         try:
             deadline = time.monotonic() + 8
             while time.monotonic() < deadline:
-                d.call(24, timeout_ms=1000)
+                d.call(NOOP, timeout_ms=1000)
                 time.sleep(0.02)
         finally:
             d.close()

@@ -16,13 +16,15 @@ import time
 import msgpack
 import pytest
 
-from test_server_driven import ZEROS, Engine, info, key, prompt, status, unpack
-from test_server_driven import lookup as sd_lookup
+from lmc.client import lookup as lmc_lookup
+from lmc.client import unpack
+from lmc.ops import (CLEAR, COMMIT_RETRIEVE, COMMIT_STORE, LOOKUP, NOOP, PREPARE_RETRIEVE,
+                     PREPARE_STORE, REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, WAIT_PREFETCH_STATUS)
 from paged_kv import PagedKV
+from test_server_driven import ZEROS, Engine, info, key, prompt, status
 
-ED_REG, ED_UNREG, PSTORE, CSTORE, PRETR, CRETR = 14, 15, 16, 17, 18, 19
-LOOKUP, QUERY, FREE, END, NOOP = 8, 9, 12, 13, 24
 CS = 64
+SERVER_ARGS = ("--chunk-size", str(CS))      # the srv fixture's (conftest.py)
 ITEM = {"float16": 2, "bfloat16": 2, "float32": 4}
 
 
@@ -96,7 +98,7 @@ class GroupWorker:
         self.kgs = payload["transfer_metadata_wire"]["kernel_groups"]
         self.ogs = payload["transfer_metadata_wire"]["object_groups"]
         self.shapes = payload["object_group_layout_shapes"]
-        self.reply = unpack(self.d.call(ED_REG, payload))
+        self.reply = unpack(self.d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, payload))
         assert "error" not in self.reply, self.reply
         fd = os.open("/dev/shm/" + self.reply["shm_name"], os.O_RDWR)
         self.pool = mmap.mmap(fd, self.reply["pool_size"])
@@ -126,7 +128,7 @@ class GroupWorker:
     def store(self, tokens, start, end, data, rid="s"):
         """data(og, chunk, entry, length) -> bytes.  Returns the context."""
         k = self.key(tokens, start, end, rid)
-        ctx = unpack(self.d.call(PSTORE, k, self.id))["context"]
+        ctx = unpack(self.d.call(PREPARE_STORE, k, self.id))["context"]
         self.check_context(ctx)
         for g in ctx["object_groups"]:
             for c, slots in zip(g["chunk_indices"], g["slots"]):
@@ -134,13 +136,13 @@ class GroupWorker:
                     b = data(g["object_group_id"], start // CS + c, e, s["length"])
                     self.pool[s["offset"]:s["offset"] + s["length"]] = b
         if any(g["chunk_indices"] for g in ctx["object_groups"]):
-            assert unpack(self.d.call(CSTORE, k, self.id, b"")) is True
+            assert unpack(self.d.call(COMMIT_STORE, k, self.id, b"")) is True
         return ctx
 
     def retrieve(self, tokens, start, end, rid):
         """{(og, chunk): [entry bytes]}, or None when not a hit."""
         k = self.key(tokens, start, end, rid)
-        r = unpack(self.d.call(PRETR, k, self.id))
+        r = unpack(self.d.call(PREPARE_RETRIEVE, k, self.id))
         if not r["success"]:
             assert r["context"] == {}
             return None
@@ -150,7 +152,7 @@ class GroupWorker:
             for c, slots in zip(g["chunk_indices"], g["slots"]):
                 out[(g["object_group_id"], start // CS + c)] = [
                     bytes(self.pool[s["offset"]:s["offset"] + s["length"]]) for s in slots]
-        assert unpack(self.d.call(CRETR, k, self.id)) is True
+        assert unpack(self.d.call(COMMIT_RETRIEVE, k, self.id)) is True
         return out
 
     def close(self):
@@ -159,12 +161,7 @@ class GroupWorker:
 
 
 # LOOKUP at this module's chunk size, its hybrid model by default.
-lookup = functools.partial(sd_lookup, model="hy", cs=CS)
-
-
-@pytest.fixture
-def srv(start_server):
-    return start_server("--chunk-size", str(CS))
+lookup = functools.partial(lmc_lookup, model="hy", cs=CS)
 
 
 def test_hybrid_model_stores_looks_up_and_retrieves(srv):
@@ -228,7 +225,7 @@ def test_array_encoded_wire_structs_are_read_in_field_order(srv):
                                    [list(k.values()) for k in tm["kernel_groups"]],
                                    [list(o.values()) for o in tm["object_groups"]]]
     d = srv.dealer()
-    r = unpack(d.call(ED_REG, p))
+    r = unpack(d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, p))
     assert "error" not in r and r["pool_size"] > 0
     d.close()
     p = registration(43, HYBRID_KGS, HYBRID_OGS, model="arr")
@@ -249,16 +246,16 @@ def test_single_group_fields_give_the_plain_layout(srv):
     d = srv.dealer()
     legacy = {"instance_id": 45, "model_name": "plain", "world_size": 1, "block_size": 16,
               "num_layers": 2, "hidden_dim_size": 16, "dtype_str": "float16", "use_mla": False}
-    r = unpack(d.call(ED_REG, legacy))
+    r = unpack(d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, legacy))
     assert "error" not in r
     toks = prompt(5, n_chunks=2, cs=CS)
     w.store(toks, 0, 2 * CS, lambda g, c, e, n: fill(("d", g, c, e), n))
     assert lookup(srv, toks, "r", model="plain") == 2
-    rep = unpack(d.call(PRETR, key(toks, 0, 2 * CS, "r", model="plain"), 45))
+    rep = unpack(d.call(PREPARE_RETRIEVE, key(toks, 0, 2 * CS, "r", model="plain"), 45))
     assert rep["success"] and len(rep["context"]["slots"]) == 2
     for c, s in enumerate(rep["context"]["slots"]):
         assert bytes(w.pool[s["offset"]:s["offset"] + s["length"]]) == fill(("d", 0, c, 0), 4096 * 2)
-    assert unpack(d.call(CRETR, key(toks, 0, 2 * CS, "r", model="plain"), 45)) is True
+    assert unpack(d.call(COMMIT_RETRIEVE, key(toks, 0, 2 * CS, "r", model="plain"), 45)) is True
     d.close()
     w.close()
 
@@ -320,9 +317,9 @@ def test_objects_of_every_group_come_back_from_l2(start_server, tmp_path):
     got_sizes = sorted(os.path.getsize(os.path.join(tmp_path, f)) for f in files)
     assert got_sizes == sorted(sizes * 2)
     d = s.dealer()
-    assert d.call(20, False) is not None                         # CLEAR: L1 is empty
+    assert d.call(CLEAR, False) is not None                      # L1 is empty
     assert d.call(LOOKUP, key(toks, 0, 2 * CS, "r", worker_id=None, model="hy"), 1) is not None
-    assert unpack(d.call(10, "r", 10.0, timeout_ms=15000)) == 2  # WAIT: from L2
+    assert unpack(d.call(WAIT_PREFETCH_STATUS, "r", 10.0, timeout_ms=15000)) == 2  # from L2
     d.close()
     got = w.retrieve(toks, 0, 2 * CS, "r")
     assert sorted(got) == [(0, 0), (0, 1), (1, 1), (2, 0), (2, 1)]
@@ -422,12 +419,12 @@ def test_every_refusal_has_its_reason():
 @pytest.mark.parametrize("case", sorted(REFUSALS))
 def test_inconsistent_registrations_are_refused_with_the_reason(srv, case):
     d = srv.dealer()
-    r = unpack(d.call(ED_REG, mutate(REFUSALS[case])))
+    r = unpack(d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, mutate(REFUSALS[case])))
     assert r["shm_name"] == "" and r["pool_size"] == 0, (case, r)
     assert r.get("error") == REASONS[case], (case, r)
     assert unpack(d.call(NOOP)) == "OK"
     # nothing was registered: the same instance registers cleanly afterwards
-    good = unpack(d.call(ED_REG, registration(60, HYBRID_KGS, HYBRID_OGS, model="bad")))
+    good = unpack(d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, registration(60, HYBRID_KGS, HYBRID_OGS, model="bad")))
     assert "error" not in good
     d.close()
 
@@ -437,6 +434,6 @@ def test_engine_group_infos_without_object_groups_are_refused(srv):
     p = {"instance_id": 61, "model_name": "m", "world_size": 1, "block_size": 16,
          "num_layers": 2, "hidden_dim_size": 8, "dtype_str": "float16", "use_mla": False,
          "engine_group_infos": [{"engine_group_id": 0}, {"engine_group_id": 1}]}
-    r = unpack(d.call(ED_REG, p))
+    r = unpack(d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, p))
     assert "object_group_layout_shapes" in r["error"]
     d.close()

@@ -4,10 +4,9 @@ frontend's port is not bound."""
 import http.client
 import socket
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Server, finish, free_port
+from lmc.server import Server, free_port
 
 
 def get(port, path):
@@ -26,17 +25,16 @@ def bound(port):
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.fixture
-def exporter_server():
+def exporter(start_server):
+    """A server with --no-http: its exporter on s.prom_port."""
     prom = free_port()
-    s = Server("--no-http", "--prometheus-port", str(prom))
+    s = start_server("--no-http", "--prometheus-port", str(prom))
     s.prom_port = prom
-    yield s
-    finish(s)
+    return s
 
 
-def test_metrics_on_prometheus_port(exporter_server):
-    s = exporter_server
+def test_metrics_on_prometheus_port(start_server):
+    s = exporter(start_server)
     st, ctype, body = get(s.prom_port, "/metrics")
     assert st == 200, body
     assert ctype.startswith("text/plain; version=0.0.4")
@@ -50,8 +48,8 @@ def test_metrics_on_prometheus_port(exporter_server):
     assert "Prometheus exporter on http://127.0.0.1:%d/metrics" % s.prom_port in s.output()
 
 
-def test_only_metrics_is_served(exporter_server):
-    s = exporter_server
+def test_only_metrics_is_served(start_server):
+    s = exporter(start_server)
     for path in ("/", "/status", "/healthcheck", "/dashboard", "/config"):
         st, _, _ = get(s.prom_port, path)
         assert st == 404, path

@@ -16,9 +16,12 @@ import urllib.request
 
 import pytest
 
-from conftest import Server
+from lmc.client import unpack
+from lmc.keys import ipc_key
+from lmc.ops import END_SESSION, LOOKUP, QUERY_PREFETCH_STATUS
+from lmc.server import Server
 from test_coordinator_api import Coordinator
-from test_lookup_engine_driven import CS, END, LOOKUP, QUERY, Worker, key, prompt, unpack
+from test_lookup_engine_driven import CS, Worker, prompt
 
 GIB = 1 << 30
 HEARTBEAT = "0.3"
@@ -254,9 +257,9 @@ def test_stream_usage_gap_and_resync(fleet):
                       "cache_salt": victim[4]}], "tier": "l2"}
     assert http_json(b.http_port, "DELETE", "/cache/objects", body)["deleted"] == 1
     sched = a.dealer()
-    assert sched.call(LOOKUP, key(prompt(11), 0, 64, "r1", salt="tenant-x"), 1) is not None
-    assert unpack(sched.call(QUERY, "r1")) == 4
-    sched.send(END, "r1")
+    assert sched.call(LOOKUP, ipc_key(prompt(11), 0, 64, "r1", world_size=2, salt="tenant-x"), 1) is not None
+    assert unpack(sched.call(QUERY_PREFETCH_STATUS, "r1")) == 4
+    sched.send(END_SESSION, "r1")
     assert sched.recv(5000) is not None
     sched.close()
 
@@ -394,9 +397,9 @@ def lookup_p50_us(srv, rounds=300):
     try:
         for i in range(rounds):
             t0 = time.perf_counter()
-            assert d.call(LOOKUP, key(toks, 0, 64, f"p{i}"), 1) is not None
-            assert unpack(d.call(QUERY, f"p{i}")) == 4
-            d.send(END, f"p{i}")
+            assert d.call(LOOKUP, ipc_key(toks, 0, 64, f"p{i}", world_size=2), 1) is not None
+            assert unpack(d.call(QUERY_PREFETCH_STATUS, f"p{i}")) == 4
+            d.send(END_SESSION, f"p{i}")
             assert d.recv(5000) is not None
             times.append(time.perf_counter() - t0)
     finally:

@@ -17,8 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import Server, free_port, run_lmcached
-from test_l2_fs import lookup_wait
+from lmc.server import Server, free_port, run_lmcached
 from test_lookup_engine_driven import CS, OBJ, Worker, lookup, prompt
 
 INTERVAL = 0.3
@@ -188,9 +187,10 @@ def metric_values(srv):
     return out
 
 
-def start(coord, *extra, **kw):
-    return Server("--coordinator-url", coord.url, "--coordinator-heartbeat-interval",
-                  str(INTERVAL), "--chunk-size", str(CS), *extra, **kw)
+def coordinator_args(coord):
+    """The flags of a server reporting to coord at this module's cadence."""
+    return ("--coordinator-url", coord.url, "--coordinator-heartbeat-interval", str(INTERVAL),
+            "--chunk-size", str(CS))
 
 
 def stop_ok(srv):
@@ -209,8 +209,8 @@ def lookup_works(srv, seed=5):
 # ---- registration ----------------------------------------------------------
 
 def test_registration_body_heartbeats_and_deregistration(coord):
-    srv = start(coord, "--instance-id", "mp-test-1", "--coordinator-advertise-ip", "10.1.2.3",
-                "--coordinator-auth-token", "s3cret-token")
+    srv = Server(*coordinator_args(coord), "--instance-id", "mp-test-1", "--coordinator-advertise-ip", "10.1.2.3",
+                 "--coordinator-auth-token", "s3cret-token")
     try:
         reg = coord.wait_for("register")[0]
         assert reg["body"] == {"instance_id": "mp-test-1", "ip": "10.1.2.3",
@@ -266,7 +266,7 @@ def test_default_advertise_ip_is_the_outbound_address():
         pytest.skip("this host has no address besides loopback")
     c = FakeCoordinator(host=ip)
     try:
-        srv = start(c)
+        srv = Server(*coordinator_args(c))
         try:
             reg = c.wait_for("register")[0]
             # The interface the host reaches the coordinator through.
@@ -281,7 +281,7 @@ def test_default_advertise_ip_is_the_outbound_address():
 
 def test_coordinator_minted_id_is_used(coord):
     coord.minted = "mp-" + "ab" * 16
-    srv = start(coord)
+    srv = Server(*coordinator_args(coord))
     try:
         beats = coord.wait_for("heartbeat", 2)
         assert all(b["path"] == f"/instances/{coord.minted}/heartbeat" for b in beats)
@@ -292,7 +292,7 @@ def test_coordinator_minted_id_is_used(coord):
 
 
 def test_heartbeat_404_registers_again(coord):
-    srv = start(coord, "--instance-id", "mp-404")
+    srv = Server(*coordinator_args(coord), "--instance-id", "mp-404")
     try:
         coord.wait_for("heartbeat", 2)
         coord.behaviour["heartbeat"] = "404"
@@ -308,7 +308,7 @@ def test_heartbeat_404_registers_again(coord):
 
 @pytest.mark.parametrize("mode", ["500", "garbage", "huge", "slow"])
 def test_failing_heartbeats_keep_the_id(coord, mode):
-    srv = start(coord, "--instance-id", "mp-keep")
+    srv = Server(*coordinator_args(coord), "--instance-id", "mp-keep")
     try:
         coord.wait_for("heartbeat", 1)
         coord.behaviour["heartbeat"] = mode
@@ -337,7 +337,7 @@ def test_failing_heartbeats_keep_the_id(coord, mode):
 @pytest.mark.parametrize("mode", ["500", "garbage", "huge"])
 def test_failed_registration_is_retried_at_the_heartbeat_cadence(coord, mode):
     coord.behaviour["register"] = mode
-    srv = start(coord)
+    srv = Server(*coordinator_args(coord))
     try:
         coord.wait_for("register", 3)
         lookup_works(srv)
@@ -373,8 +373,8 @@ def test_coordinator_absent():
 
 
 def test_sigterm_with_a_hanging_coordinator(coord):
-    srv = start(coord, "--instance-id", "mp-hang", "--coordinator-event-reporting",
-                "--coordinator-event-flush-interval", "0.2")
+    srv = Server(*coordinator_args(coord), "--instance-id", "mp-hang", "--coordinator-event-reporting",
+                 "--coordinator-event-flush-interval", "0.2")
     coord.wait_for("heartbeat", 1)
     coord.behaviour.update(heartbeat="hang", delete="hang", events="hang")
     time.sleep(2 * INTERVAL)                       # a heartbeat is in flight now
@@ -405,8 +405,8 @@ def batches_of(coord):
 
 def test_event_stream(coord):
     t_start = int(time.time())
-    srv = start(coord, "--instance-id", "mp-ev", "--coordinator-event-reporting",
-                "--coordinator-event-flush-interval", "0.2")
+    srv = Server(*coordinator_args(coord), "--instance-id", "mp-ev", "--coordinator-event-reporting",
+                 "--coordinator-event-flush-interval", "0.2")
     ws = []
     try:
         first = coord.wait_for("events")[0]["body"]["batches"]
@@ -486,8 +486,8 @@ def test_failing_events_posts_are_sent_again_and_refused_ones_make_a_gap(coord):
     kept and sent again unchanged until it goes through, so no seq is
     lost; a post refused with a 4xx is dropped, a seq gap the coordinator
     sees.  Neither stalls the data path."""
-    srv = start(coord, "--instance-id", "mp-gap", "--coordinator-event-reporting",
-                "--coordinator-event-flush-interval", "0.2")
+    srv = Server(*coordinator_args(coord), "--instance-id", "mp-gap", "--coordinator-event-reporting",
+                 "--coordinator-event-flush-interval", "0.2")
     ws = []
     seqs_of = lambda rs: [b["seq"] for r in rs for b in r["body"]["batches"]]  # noqa: E731
     try:
@@ -552,8 +552,8 @@ def test_failing_events_posts_are_sent_again_and_refused_ones_make_a_gap(coord):
 
 
 def test_events_flushed_at_shutdown(coord):
-    srv = start(coord, "--instance-id", "mp-flush", "--coordinator-event-reporting",
-                "--coordinator-event-flush-interval", "30")
+    srv = Server(*coordinator_args(coord), "--instance-id", "mp-flush", "--coordinator-event-reporting",
+                 "--coordinator-event-flush-interval", "30")
     ws = []
     try:
         coord.wait_for("events")                    # the declaration, at once
@@ -572,9 +572,9 @@ def test_events_flushed_at_shutdown(coord):
 
 def test_l2_events_and_usage_stream(coord, tmp_path):
     adapter = json.dumps({"type": "fs", "base_path": str(tmp_path), "shared": True})
-    srv = start(coord, "--instance-id", "mp-l2", "--coordinator-event-reporting",
-                "--coordinator-event-flush-interval", "0.2", "--coordinator-l2-event-reporting",
-                "--coordinator-l2-event-flush-interval", "0.2", "--l2-adapter", adapter)
+    srv = Server(*coordinator_args(coord), "--instance-id", "mp-l2", "--coordinator-event-reporting",
+                 "--coordinator-event-flush-interval", "0.2", "--coordinator-l2-event-reporting",
+                 "--coordinator-l2-event-flush-interval", "0.2", "--l2-adapter", adapter)
     ws = []
     try:
         first = coord.wait_for("events")[0]["body"]["batches"]
@@ -615,8 +615,8 @@ def test_l2_usage_posts_that_fail_are_dropped_and_counted(coord, tmp_path):
     /status and /metrics; the next post carries only newer events and the
     next seq, and the data path never waits on it."""
     adapter = json.dumps({"type": "fs", "base_path": str(tmp_path)})
-    srv = start(coord, "--instance-id", "mp-l2-drop", "--coordinator-l2-event-reporting",
-                "--coordinator-l2-event-flush-interval", "0.2", "--l2-adapter", adapter)
+    srv = Server(*coordinator_args(coord), "--instance-id", "mp-l2-drop", "--coordinator-l2-event-reporting",
+                 "--coordinator-l2-event-flush-interval", "0.2", "--l2-adapter", adapter)
     ws = []
     usage_of = lambda rs: [e for r in rs for e in r["body"]["events"]]  # noqa: E731
     try:
@@ -631,7 +631,7 @@ def test_l2_usage_posts_that_fail_are_dropped_and_counted(coord, tmp_path):
         assert len(usage_of(failed)) == 4 and all(r["mode"] == "404" for r in failed)
         sched = srv.dealer()
         try:   # with an L2, a LOOKUP's answer waits for its L2 check: WAIT, not QUERY
-            assert lookup_wait(sched, prompt(31), "probe-31") == 0
+            assert lookup(sched, prompt(31), "probe-31", wait=True) == 0
         finally:
             sched.close()
         st = coord_status(srv)["l2_usage_events"]

@@ -16,18 +16,15 @@ import urllib.request
 import msgpack
 import pytest
 
-from conftest import Server, finish
-from test_coordinator_api import start_coordinator  # noqa: F401  (a fixture)
+from lmc.client import unpack
+from lmc.ops import (FREE_LOOKUP_LOCKS, LOOKUP, NOOP, PREPARE_STORE, QUERY_PREFETCH_STATUS,
+                     REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, STORE)
 from paged_kv import PagedKV
-from test_server_driven import (CS, FREE, LOOKUP, NOOP, QUERY, STORE, ZEROS, EdWorker, Engine,
-                                chunk_rows, key, lookup, prompt, unpack, wait_for_log)
+from test_coordinator_api import start_coordinator  # noqa: F401  (a fixture)
+from test_server_driven import (CS, ZEROS, EdWorker, Engine, chunk_rows, key, lookup, prompt,
+                                wait_for_log)
 
-
-@pytest.fixture
-def srv():
-    s = Server("--chunk-size", str(CS), "--cpu-kv-layout", "hint")
-    yield s
-    finish(s)
+SERVER_ARGS = ("--chunk-size", str(CS), "--cpu-kv-layout", "hint")   # srv's (conftest.py)
 
 
 def size_mismatches(srv):
@@ -53,7 +50,7 @@ def test_a_worker_cannot_store_under_another_models_name(srv):
     assert lookup(srv, toks, "rb", model="b") == 0
     # An engine-driven worker of model "a" is answered as unregistered too.
     ed = EdWorker(srv, 33, layers=1, hidden=16, model="a")
-    r = unpack(ed.d.call(16, key(toks, 0, CS, "s", model="b"), 33))
+    r = unpack(ed.d.call(PREPARE_STORE, key(toks, 0, CS, "s", model="b"), 33))
     assert r == {"context": {}} or r.get("context", {}).get("slots") in (None, []), r
     assert wait_for_log(srv, "answered as unregistered"), srv.output()
     assert lookup(srv, toks, "rb2", model="b") == 0
@@ -75,7 +72,7 @@ def test_a_redeployed_model_never_reads_the_old_layouts_objects(srv):
     assert e1.store(toks, 0, 3 * CS, [list(range(1, 7))]) == [ZEROS, True]
     assert lookup(srv, toks, "r1") == 3
     d = srv.dealer()   # the engine does not retrieve: the lookup's read locks go
-    assert d.call(FREE, key(toks, 0, 3 * CS, "r1", worker_id=None), 1) is not None
+    assert d.call(FREE_LOOKUP_LOCKS, key(toks, 0, 3 * CS, "r1", worker_id=None), 1) is not None
     d.close()
     e1.close()   # the last engine of "m": its layout is released
     old.close()
@@ -119,7 +116,7 @@ def test_model_names_that_are_not_utf8_are_refused(srv, name):
         log = f.read()
     assert name not in log
     assert d.call(NOOP)[2] == msgpack.packb("OK")
-    assert unpack(d.call(QUERY, "r")) == 0
+    assert unpack(d.call(QUERY_PREFETCH_STATUS, "r")) == 0
     d.close()
 
 
@@ -145,14 +142,14 @@ def test_a_tenant_with_a_bad_name_costs_the_others_no_event(start_server,
     bad = srv.dealer()
     p = {"instance_id": 72, "model_name": "PLACEHOLDER", "world_size": 1, "block_size": CS,
          "num_layers": 1, "hidden_dim_size": 16, "dtype_str": "float16", "use_mla": False}
-    r = unpack(bad.call(14, raw=[raw_model(p, b"\xff\xfeevil")]))
+    r = unpack(bad.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, raw=[raw_model(p, b"\xff\xfeevil")]))
     assert r["shm_name"] == "" and "valid UTF-8" in r["error"], r
     toks = prompt(70, n_chunks=2)
     chunk = bytes(2 * 1 * CS * 16 * 2)
     for i in range(20):   # the bad tenant keeps trying while the good one stores
         k = key(toks, 0, 2 * CS, f"b{i}")
         k["model_name"] = "PLACEHOLDER"
-        assert bad.call(16, raw=[raw_model(k, b"\xff\xfeevil"), msgpack.packb(72)],
+        assert bad.call(PREPARE_STORE, raw=[raw_model(k, b"\xff\xfeevil"), msgpack.packb(72)],
                         timeout_ms=300) is None
         if i == 10:
             good.store(toks, 0, 2 * CS, [chunk, chunk])

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from conftest import LMCACHED, Server, finish, free_port
+from lmc.ops import NOOP
+from lmc.server import Server
 
 
 
@@ -37,50 +38,26 @@ def get_json(port, path, status=200):
     return json.loads(body)
 
 
-def answers_http(port, deadline_s=5.0):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        try:
-            st, _, _ = request(port, "GET", "/healthcheck", timeout=1)
-            return st in (200, 503)
-        except OSError:
-            time.sleep(0.1)
-    return False
-
-
-@pytest.fixture(scope="module")
-def hs():
-    """A server with the HTTP frontend on a free loopback port."""
-    port = free_port()
-    s = Server("--http-host", "127.0.0.1", "--http-port", str(port))
-    s.http_port = port
-    if not answers_http(port):
-        s.stop()
-        pytest.fail("lmcached does not answer HTTP: " + s.output())
-    yield s
-    finish(s)
-
-
 # ---- success shapes ------------------------------------------------------
 
 
-def test_root(hs):
-    assert get_json(hs.http_port, "/") == {"status": "ok", "service": "LMCache HTTP API"}
-    st, hdrs, body = request(hs.http_port, "GET", "/", headers={"Accept": "text/html"})
+def test_root(http_server):
+    assert get_json(http_server.http_port, "/") == {"status": "ok", "service": "LMCache HTTP API"}
+    st, hdrs, body = request(http_server.http_port, "GET", "/", headers={"Accept": "text/html"})
     assert st == 200 and hdrs["content-type"].startswith("text/html")
     assert b'href="/dashboard"' in body
-    st, hdrs, body = request(hs.http_port, "GET", "/dashboard")
+    st, hdrs, body = request(http_server.http_port, "GET", "/dashboard")
     assert st == 200 and b"/api/status" in body and b"/api/healthcheck" in body
 
 
 @pytest.mark.parametrize("path", ["/healthcheck", "/api/healthcheck"])
-def test_healthcheck(hs, path):
-    assert get_json(hs.http_port, path) == {"status": "healthy"}
+def test_healthcheck(http_server, path):
+    assert get_json(http_server.http_port, path) == {"status": "healthy"}
 
 
 @pytest.mark.parametrize("path", ["/status", "/api/status"])
-def test_status(hs, path):
-    st = get_json(hs.http_port, path)
+def test_status(http_server, path):
+    st = get_json(http_server.http_port, path)
     assert st["is_healthy"] is True
     assert st["chunk_size"] == 256
     assert isinstance(st["instance_id"], str) and st["instance_id"]
@@ -88,9 +65,9 @@ def test_status(hs, path):
     assert l1["capacity"] > 0 and 0 <= l1["used"] <= l1["capacity"]
 
 
-def test_memory_pressure(hs):
-    snap = get_json(hs.http_port, "/status/memory-pressure")
-    status = get_json(hs.http_port, "/status")
+def test_memory_pressure(http_server):
+    snap = get_json(http_server.http_port, "/status/memory-pressure")
+    status = get_json(http_server.http_port, "/status")
     assert snap["instance_id"] == status["instance_id"]
     assert isinstance(snap["timestamp_ms"], int)
     assert abs(snap["timestamp_ms"] / 1000 - time.time()) < 60
@@ -104,61 +81,61 @@ def test_memory_pressure(hs):
         assert key in l1
 
 
-def test_version(hs):
-    v = get_json(hs.http_port, "/version")
+def test_version(http_server):
+    v = get_json(http_server.http_port, "/version")
     assert isinstance(v, str) and "-" in v
-    assert v.startswith(get_json(hs.http_port, "/lmc_version") or "NA")
-    assert isinstance(get_json(hs.http_port, "/commit_id"), str)
+    assert v.startswith(get_json(http_server.http_port, "/lmc_version") or "NA")
+    assert isinstance(get_json(http_server.http_port, "/commit_id"), str)
 
 
 @pytest.mark.parametrize("path", ["/config", "/conf"])
-def test_config(hs, path):
-    st, _, body = request(hs.http_port, "GET", path)
+def test_config(http_server, path):
+    st, _, body = request(http_server.http_port, "GET", path)
     assert st == 200
     assert b'\n  "' in body  # pretty-printed, indent 2
     cfg = json.loads(body)
     for key in ("mp", "storage_manager", "observability", "http", "coordinator"):
         assert isinstance(cfg[key], dict), key
-    assert cfg["http"]["http_port"] == hs.http_port
-    assert cfg["mp"]["port"] == hs.port
+    assert cfg["http"]["http_port"] == http_server.http_port
+    assert cfg["mp"]["port"] == http_server.port
 
 
-def test_config_adapters(hs):
-    assert get_json(hs.http_port, "/config/adapters") == {"adapters": []}
+def test_config_adapters(http_server):
+    assert get_json(http_server.http_port, "/config/adapters") == {"adapters": []}
 
 
-def test_threads(hs):
-    threads = get_json(hs.http_port, "/threads")
+def test_threads(http_server):
+    threads = get_json(http_server.http_port, "/threads")
     assert len(threads) >= 3
     for t in threads:
         assert set(t) >= {"thread_id", "name", "state", "function_name", "cpu_time",
                           "memory_usage"}
     ids = {t["thread_id"] for t in threads}
-    assert hs.proc.pid in ids
-    one = get_json(hs.http_port, f"/threads?thread_id={hs.proc.pid}")
-    assert [t["thread_id"] for t in one] == [hs.proc.pid]
-    none = get_json(hs.http_port, "/threads?name=no-such-thread")
+    assert http_server.proc.pid in ids
+    one = get_json(http_server.http_port, f"/threads?thread_id={http_server.proc.pid}")
+    assert [t["thread_id"] for t in one] == [http_server.proc.pid]
+    none = get_json(http_server.http_port, "/threads?name=no-such-thread")
     assert [t["name"] for t in none] == ["MainThread"]
-    get_json(hs.http_port, "/threads?thread_id=abc", status=422)
+    get_json(http_server.http_port, "/threads?thread_id=abc", status=422)
 
 
-def test_cache_clear(hs):
+def test_cache_clear(http_server):
     ok = {"status": "ok", "cleared": {"tier": "l1"}}
-    st, _, body = request(hs.http_port, "POST", "/cache/clear")
+    st, _, body = request(http_server.http_port, "POST", "/cache/clear")
     assert st == 200 and json.loads(body) == ok
-    st, _, body = request(hs.http_port, "POST", "/cache/clear", {"tier": "l1", "force": True})
+    st, _, body = request(http_server.http_port, "POST", "/cache/clear", {"tier": "l1", "force": True})
     assert st == 200 and json.loads(body) == ok
-    st, _, body = request(hs.http_port, "POST", "/clear-cache")
+    st, _, body = request(http_server.http_port, "POST", "/clear-cache")
     assert st == 200 and json.loads(body) == {"status": "ok"}
-    st, _, body = request(hs.http_port, "POST", "/cache/clear", {"tier": "l2"})
+    st, _, body = request(http_server.http_port, "POST", "/cache/clear", {"tier": "l2"})
     assert st == 400 and json.loads(body) == {"detail": "tier 'l2' not supported; only 'l1'"}
 
 
 # ---- errors ------------------------------------------------------------------
 
 
-def test_errors(hs):
-    p = hs.http_port
+def test_errors(http_server):
+    p = http_server.http_port
     st, _, body = request(p, "GET", "/no/such/path")
     assert st == 404 and json.loads(body) == {"detail": "Not Found"}
     st, _, _ = request(p, "POST", "/run_script", body="result = 1")
@@ -199,17 +176,17 @@ def raw_status(port, data):
     return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
 
 
-def test_body_too_large(hs):
+def test_body_too_large(http_server):
     # Declared too large: answered from the headers alone.
     head = (b"POST /cache/clear HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n" % (2 << 20))
-    assert raw_status(hs.http_port, head) == 413
+    assert raw_status(http_server.http_port, head) == 413
     # Chunked past 1 MiB: read and discarded, then answered.
     chunk = b" " * 65536
     body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(20)) + b"0\r\n\r\n"
     head = b"POST /cache/clear HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-    assert raw_status(hs.http_port, head + body) == 413
-    assert get_json(hs.http_port, "/healthcheck") == {"status": "healthy"}
+    assert raw_status(http_server.http_port, head + body) == 413
+    assert get_json(http_server.http_port, "/healthcheck") == {"status": "healthy"}
 
 
 # ---- metrics -----------------------------------------------------------------
@@ -230,8 +207,8 @@ def sample(families, name, **labels):
     raise KeyError(name)
 
 
-def test_metrics_parse(hs):
-    fams = scrape(hs.http_port)
+def test_metrics_parse(http_server):
+    fams = scrape(http_server.http_port)
     for name in ("process_cpu_seconds", "process_resident_memory_bytes", "process_open_fds",
                  "process_start_time_seconds", "lmcache_mp_rpc_received"):
         assert name in fams, sorted(fams)
@@ -241,15 +218,15 @@ def test_metrics_parse(hs):
     assert abs(sample(fams, "process_start_time_seconds") - time.time()) < 3600
 
 
-def test_metrics_counters_move(hs):
-    before = sample(scrape(hs.http_port), "lmcache_mp_rpc_received_total")
-    d = hs.dealer()
+def test_metrics_counters_move(http_server):
+    before = sample(scrape(http_server.http_port), "lmcache_mp_rpc_received_total")
+    d = http_server.dealer()
     try:
         for _ in range(5):
-            assert d.call(24) is not None  # NOOP
+            assert d.call(NOOP) is not None
     finally:
         d.close()
-    after = sample(scrape(hs.http_port), "lmcache_mp_rpc_received_total")
+    after = sample(scrape(http_server.http_port), "lmcache_mp_rpc_received_total")
     assert after >= before + 5
 
 
@@ -268,8 +245,8 @@ def raw_exchange(port, data, read=True):
             pass
 
 
-def test_fuzz_keeps_serving(hs):
-    p = hs.http_port
+def test_fuzz_keeps_serving(http_server):
+    p = http_server.http_port
     rng = random.Random(1234)
     cases = [
         b"GARBAGE\r\n\r\n",
@@ -291,17 +268,17 @@ def test_fuzz_keeps_serving(hs):
         st, _, _ = request(p, "POST", "/cache/clear", body=body,
                            headers={"Content-Type": "application/json"})
         assert st in (200, 400, 422), (body[:20], st)
-    assert hs.alive(), hs.output()
+    assert http_server.alive(), http_server.output()
     assert get_json(p, "/healthcheck") == {"status": "healthy"}
-    d = hs.dealer()
+    d = http_server.dealer()
     try:
-        assert d.call(24) is not None
+        assert d.call(NOOP) is not None
     finally:
         d.close()
 
 
-def test_http_port_in_use_fails_cleanly(hs, start_server):
-    """A busy --http-port is a start-up error (needs `hs`: only once integrated)."""
+def test_http_port_in_use_fails_cleanly(http_server, start_server):
+    """A busy --http-port is a start-up error (needs `http_server`: only once integrated)."""
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
@@ -313,8 +290,8 @@ def test_http_port_in_use_fails_cleanly(hs, start_server):
     assert f"cannot listen on http://127.0.0.1:{port}: Address already in use" in str(e.value)
 
 
-def test_quota_api(hs):
-    p = hs.http_port
+def test_quota_api(http_server):
+    p = http_server.http_port
     for base in ("/quota", "/api/quota"):
         st, _, body = request(p, "PUT", base + "/tenant-a", body={"limit_gb": 1.5})
         assert st == 200 and json.loads(body) == {"cache_salt": "tenant-a", "limit_gb": 1.5,
@@ -339,10 +316,10 @@ def test_quota_api(hs):
         request(p, "DELETE", base + "/_default")
 
 
-def test_quota_limit_bounds(hs):
+def test_quota_limit_bounds(http_server):
     """limit_gb is kept in bytes as a signed 64-bit integer: 1e300 once
     wrapped to a negative limit (issue 17)."""
-    p = hs.http_port
+    p = http_server.http_port
     for base in ("/quota", "/api/quota"):
         for bad in ("1e300", "8589934592", "1.7976931348623157e308", "-1e-300"):
             st, _, body = request(p, "PUT", base + "/big", body='{"limit_gb": %s}' % bad,

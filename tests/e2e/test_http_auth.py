@@ -13,10 +13,8 @@ import re
 import subprocess
 import time
 
-import pytest
-
-from conftest import BASE_ARGS, LMCACHED, ROOT, Server, finish, free_port
-from test_http import answers_http, request
+from lmc.server import BASE_ARGS, LMCACHED, ROOT, Server, answers_http, finish, free_port, start_http
+from test_http import request
 
 TOKEN = "e2e-Token_0123456789abcdef.~+/="
 WRONG = "e2e-Token_0123456789abcdef.~+/-"   # same length, last byte differs
@@ -128,37 +126,9 @@ def test_route_list_covers_every_route():
 # ---- servers --------------------------------------------------------------
 
 
-def start(*args, env=None):
-    port = free_port()
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
-    try:
-        s = Server("--http-host", "127.0.0.1", "--http-port", str(port), *args)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    s.http_port = port
-    if not answers_http(port):
-        s.stop()
-        pytest.fail("lmcached does not answer HTTP: " + s.output())
-    return s
-
-
-@pytest.fixture(scope="module")
-def guarded():
-    s = start("--http-auth-token", TOKEN)
-    yield s
-    finish(s)
-
-
-@pytest.fixture(scope="module")
-def unguarded():
-    s = start()
-    yield s
-    finish(s)
+def guarded_server(module_server):
+    """The module's server that asks for TOKEN."""
+    return module_server("--http-auth-token", TOKEN)
 
 
 def ask(port, method, sample, body, headers, token):
@@ -178,7 +148,8 @@ def assert_401(st, hdrs, body, what):
 # ---- the matrix -----------------------------------------------------------
 
 
-def test_matrix(guarded, unguarded):
+def test_matrix(module_server, http_server):
+    guarded, unguarded = guarded_server(module_server), http_server
     for method, sample, body, headers, access in ROUTES:
         what = f"{method} {sample}"
         plain = [ask(unguarded.http_port, method, sample, body, headers, t)[0]
@@ -198,8 +169,8 @@ def test_matrix(guarded, unguarded):
     assert auth["rejected"] >= 2 * sum(1 for r in ROUTES if r[4] == "token")
 
 
-def test_other_answers_need_no_token(guarded):
-    p = guarded.http_port
+def test_other_answers_need_no_token(module_server):
+    p = guarded_server(module_server).http_port
     st, _, _ = request(p, "GET", "/no/such/path")
     assert st == 404
     st, hdrs, _ = request(p, "GET", "/cache/clear")      # known path, wrong method
@@ -217,13 +188,13 @@ def test_other_answers_need_no_token(guarded):
     assert st == 401
 
 
-def test_unguarded_status(unguarded):
-    auth = json.loads(request(unguarded.http_port, "GET", "/status")[2])["http_auth"]
+def test_unguarded_status(http_server):
+    auth = json.loads(request(http_server.http_port, "GET", "/status")[2])["http_auth"]
     assert auth == {"enabled": False, "exposed": False, "rejected": 0}
 
 
 def test_token_from_environment():
-    s = start(env={"LMCACHE_HTTP_AUTH_TOKEN": TOKEN})
+    s = start_http(env={"LMCACHE_HTTP_AUTH_TOKEN": TOKEN})
     try:
         assert_401(*request(s.http_port, "POST", "/clear-cache"), "env, no token")
         st, _, _ = request(s.http_port, "POST", "/clear-cache",
@@ -236,7 +207,7 @@ def test_token_from_environment():
 def test_token_from_file(tmp_path):
     path = tmp_path / "token"
     path.write_text(TOKEN + "\n")
-    s = start("--http-auth-token-file", str(path))
+    s = start_http("--http-auth-token-file", str(path))
     try:
         assert_401(*request(s.http_port, "GET", "/threads"), "file, no token")
         st, _, _ = request(s.http_port, "GET", "/threads",
@@ -322,7 +293,7 @@ def test_token_never_shown(tmp_path):
     plugins.mkdir()
     (plugins / "dump.sh").write_text('echo "AUTHCFG $LMCACHE_RUNTIME_PLUGIN_CONFIG"\n'
                                      'exec sleep 300\n')
-    s = start("--http-auth-token", secret, "--log-level", "DEBUG",
+    s = start_http("--http-auth-token", secret, "--log-level", "DEBUG",
               "--runtime-plugin-locations", str(plugins))
     try:
         p = s.http_port

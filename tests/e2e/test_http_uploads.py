@@ -8,28 +8,11 @@ import socket
 import threading
 import time
 
-import pytest
 
-from conftest import Server, free_port
-from test_http import answers_http, request
+from lmc.server import finish, start_http
+from test_http import request
 
 MiB = 1 << 20
-
-
-def start(*args):
-    port = free_port()
-    s = Server("--http-host", "127.0.0.1", "--http-port", str(port), *args)
-    s.http_port = port
-    if not answers_http(port):
-        s.stop()
-        pytest.fail("lmcached does not answer HTTP: " + s.output())
-    return s
-
-
-def finish(s):
-    assert s.alive(), s.output()
-    rc = s.stop()
-    assert rc == 0, s.output()
 
 
 def peak_rss(pid):
@@ -102,7 +85,7 @@ def kv_head(method, length=None):
 
 
 def test_chunked_get_body_not_buffered():
-    s = start()
+    s = start_http()
     try:
         p, pid = s.http_port, s.proc.pid
         before = peak_rss(pid)
@@ -125,7 +108,7 @@ def test_chunked_get_body_not_buffered():
 
 
 def test_chunked_kv_upload_capped_by_budget():
-    s = start("--http-max-buffered-mb", "16")
+    s = start_http("--http-max-buffered-mb", "16")
     try:
         p, pid = s.http_port, s.proc.pid
         before = peak_rss(pid)
@@ -146,7 +129,7 @@ def test_chunked_kv_upload_capped_by_budget():
 
 
 def test_get_with_large_body_refused_early():
-    s = start()
+    s = start_http()
     try:
         for head in (kv_head("GET", 100 * MiB),
                      b"GET /status HTTP/1.1\r\nHost: x\r\nContent-Length: 2048\r\n\r\n",
@@ -168,7 +151,7 @@ def open_upload(port, length, first):
 
 
 def test_budget_shared_by_uploads():
-    s = start("--http-max-buffered-mb", "16")
+    s = start_http("--http-max-buffered-mb", "16")
     p = s.http_port
     try:
         # Three uploads of 5 MiB, 4.5 MiB of each sent: 13.5 MiB held, and

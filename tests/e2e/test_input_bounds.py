@@ -14,9 +14,11 @@ import time
 import msgpack
 import pytest
 
+from lmc.keys import ipc_key
+from lmc.ops import (END_SESSION, LOOKUP, NOOP, PING, REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT,
+                     WAIT_PREFETCH_STATUS)
 
 CS = 16
-LOOKUP, WAIT, END, REG, CLEAR, PING_OP, NOOP = 8, 10, 13, 14, 20, 22, 24
 MODEL_NAME_MAX, SALT_MAX, REQUEST_ID_MAX = 256, 128, 1024
 KEY_MAX_TOKENS = 1 << 24
 MAX_MESSAGE_BYTES = 128 << 20
@@ -53,18 +55,10 @@ def vm_rss_kib(server):
     raise AssertionError("no VmRSS line")
 
 
-def key(tokens, rid, model="m", salt="", start=0, end=None, worker_id=None):
-    return {"model_name": model, "world_size": 1, "worker_id": worker_id,
-            "token_ids": list(tokens), "start": start,
-            "end": len(tokens) if end is None else end, "request_id": rid,
-            "cache_salt": salt, "request_configs": None, "num_kv_readers": 1,
-            "null_chunk_mask": None}
-
-
 def register(d, model="m", instance_id=1):
     p = {"instance_id": instance_id, "model_name": model, "world_size": 1, "block_size": CS,
          "num_layers": 1, "hidden_dim_size": 8, "dtype_str": "float16", "use_mla": False}
-    frames = d.call(REG, p)
+    frames = d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, p)
     assert frames is not None and len(frames) == 3
     return msgpack.unpackb(frames[2])
 
@@ -110,8 +104,8 @@ def test_unique_salts_through_lookup_do_not_grow_memory(start_server):
         for i in range(first, first + n, window):
             for j in range(i, min(first + n, i + window)):
                 salt = f"{j:08d}" + "s" * 92
-                d.send(LOOKUP, key(tokens, f"r{j}", salt=salt), 1)
-                d.send(END, f"r{j}")
+                d.send(LOOKUP, ipc_key(tokens, 0, len(tokens), f"r{j}", salt=salt), 1)
+                d.send(END_SESSION, f"r{j}")
             for _ in range(2 * (min(first + n, i + window) - i)):
                 assert d.recv(10000) is not None
 
@@ -137,14 +131,14 @@ def test_over_long_names_and_salts_are_refused(start_server):
     assert f"at most {MODEL_NAME_MAX} bytes" in reply["error"]
 
     tokens = list(range(CS))
-    err = error_of(d.call(LOOKUP, key(tokens, "r", model=long_model), 1))
+    err = error_of(d.call(LOOKUP, ipc_key(tokens, 0, len(tokens), "r", model=long_model), 1))
     assert err["error_type"] == "ValidationError"
     assert f"at most {MODEL_NAME_MAX} bytes" in err["message"]
-    err = error_of(d.call(LOOKUP, key(tokens, "r", salt="s" * (SALT_MAX + 1)), 1))
+    err = error_of(d.call(LOOKUP, ipc_key(tokens, 0, len(tokens), "r", salt="s" * (SALT_MAX + 1)), 1))
     assert f"at most {SALT_MAX} bytes" in err["message"]
     # Names at the limits are fine.
     uid = d.uid
-    assert d.call(LOOKUP, key(tokens, "r", model="m" * MODEL_NAME_MAX, salt="s" * SALT_MAX),
+    assert d.call(LOOKUP, ipc_key(tokens, 0, len(tokens), "r", model="m" * MODEL_NAME_MAX, salt="s" * SALT_MAX),
                   1) == [msgpack.packb(uid), b"\x08"]
 
     st, body = delete_keys(s.http_port, [long_model])
@@ -158,11 +152,11 @@ def test_request_ids_and_token_counts_are_bounded(start_server):
     s = start_server("--chunk-size", str(CS), "--rpc-error-frames")
     d = s.dealer()
     tokens = list(range(CS))
-    err = error_of(d.call(LOOKUP, key(tokens, "r" * (REQUEST_ID_MAX + 1)), 1))
+    err = error_of(d.call(LOOKUP, ipc_key(tokens, 0, len(tokens), "r" * (REQUEST_ID_MAX + 1)), 1))
     assert err["error_type"] == "ValidationError"
     assert f"at most {REQUEST_ID_MAX} bytes" in err["message"]
     uid = d.uid
-    assert d.call(LOOKUP, key(tokens, "r" * REQUEST_ID_MAX), 1) == [msgpack.packb(uid), b"\x08"]
+    assert d.call(LOOKUP, ipc_key(tokens, 0, len(tokens), "r" * REQUEST_ID_MAX), 1) == [msgpack.packb(uid), b"\x08"]
     # More token ids than any key may carry: refused before they are read.
     n = KEY_MAX_TOKENS + CS
     head = msgpack.packb({"model_name": "m", "world_size": 1, "worker_id": None,
@@ -192,11 +186,11 @@ def test_full_worker_queue_is_answered_at_once(start_server):
     # A LOOKUP whose hashing keeps the only CPU worker busy for a while
     # (too large to run on the socket thread), then a burst behind it.
     n = 1 << 21
-    big = key([], "busy", end=n)
+    big = ipc_key([], 0, n, "busy")
     big["token_ids"] = [i & 0x7f for i in range(n)]
     busy_uid = d.send(LOOKUP, big, 1)
-    waits = [d.send(WAIT, f"unknown-{i}", 0.0) for i in range(40)]
-    ends = [d.send(END, f"unknown-{i}") for i in range(40)]
+    waits = [d.send(WAIT_PREFETCH_STATUS, f"unknown-{i}", 0.0) for i in range(40)]
+    ends = [d.send(END_SESSION, f"unknown-{i}") for i in range(40)]
     replies = {}
     deadline = time.monotonic() + 20
     while len(replies) < 81 and time.monotonic() < deadline:
@@ -216,7 +210,7 @@ def test_full_worker_queue_is_answered_at_once(start_server):
     assert metric(s.http_port, "lmcache_mp_rpc_overloaded_total") >= len(refused) + 1
     # The server keeps serving.
     assert d.call(NOOP)[2] == b"\xa2OK"
-    assert d.call(WAIT, "unknown", 0.0)[2] == b"\x00"
+    assert d.call(WAIT_PREFETCH_STATUS, "unknown", 0.0)[2] == b"\x00"
     d.close()
 
 
@@ -273,7 +267,7 @@ def test_pings_of_fresh_ids_do_not_grow_memory(start_server):
     server = start_server()
     d = server.dealer()
     for i in range(2000):       # warm up: the allocator's first arenas
-        d.send(PING_OP, -i - 1)
+        d.send(PING, -i - 1)
     for _ in range(2000):
         assert d.recv() is not None
     before = vm_rss_kib(server)
@@ -281,7 +275,7 @@ def test_pings_of_fresh_ids_do_not_grow_memory(start_server):
     while sent < 300_000:       # pipelined, 1000 in flight
         batch = min(1000, 300_000 - sent)
         for i in range(batch):
-            d.send(PING_OP, 10_000_000 + sent + i)
+            d.send(PING, 10_000_000 + sent + i)
         for _ in range(batch):
             frames = d.recv()
             assert frames is not None and msgpack.unpackb(frames[2]) is True

@@ -7,10 +7,11 @@ import contextlib
 import json
 import urllib.request
 
-from conftest import Server
-from test_l2_fs import data_files, lookup_wait, wait_stored
-from test_lookup_engine_driven import (CLEAR, CS, END, LOOKUP, Worker, chunk_bytes, key, prompt,
-                                       unpack)
+from lmc.keys import ipc_key
+from lmc.ops import CLEAR, END_SESSION, LOOKUP
+from lmc.server import Server
+from test_l2_fs import data_files, wait_stored
+from test_lookup_engine_driven import CS, Worker, chunk_bytes, lookup, prompt
 
 MAX_STRINGS = 16
 
@@ -59,7 +60,7 @@ def test_passing_tenants_are_evicted_and_come_back_from_l2(tmp_path):
         # LOOKUP and finds its own objects (a recycled name would find none).
         for i in (0, 1, tenants // 2):
             toks, salt = prompt(1000 + i), f"tenant-{i}"
-            assert lookup_wait(sched, toks, f"back{i}", salt=salt) == 4, (i, interner(srv))
+            assert lookup(sched, toks, f"back{i}", salt=salt, wait=True) == 4, (i, interner(srv))
             for w in ws:
                 got = w.retrieve(toks, 0, 64, f"back{i}", salt=salt)
                 assert got == [chunk_bytes(w.rank, toks, c) for c in range(4)]
@@ -69,8 +70,8 @@ def test_passing_tenants_are_evicted_and_come_back_from_l2(tmp_path):
         toks = prompt(1)
         evicted_before = interner(srv)["evicted"]
         for j in range(40 * MAX_STRINGS):
-            sched.send(LOOKUP, key(toks, 0, 64, f"l{j}", salt=f"probe-{j}"), 1)
-            sched.send(END, f"l{j}")
+            sched.send(LOOKUP, ipc_key(toks, 0, 64, f"l{j}", world_size=2, salt=f"probe-{j}"), 1)
+            sched.send(END_SESSION, f"l{j}")
             assert sched.recv(10000) is not None and sched.recv(10000) is not None
         st = interner(srv)
         # A probe's name stays referenced while its L2 lookup runs, so one
@@ -82,7 +83,7 @@ def test_passing_tenants_are_evicted_and_come_back_from_l2(tmp_path):
         for w in ws:
             ctx = w.store(toks, 0, 64, rid="late", salt="late-tenant")
             assert ctx["chunk_indices"] == [0, 1, 2, 3], interner(srv)
-        assert lookup_wait(sched, toks, "late-r", salt="late-tenant") == 4
+        assert lookup(sched, toks, "late-r", salt="late-tenant", wait=True) == 4
         sched.close()
 
 
@@ -105,7 +106,7 @@ def test_names_in_use_are_never_evicted():
         for i in range(held):
             toks, salt = prompt(2000 + i), f"held-{i}"
             end = len(toks) // CS * CS
-            assert sched.call(LOOKUP, key(toks, 0, end, f"r{i}", salt=salt), 1) is not None
+            assert sched.call(LOOKUP, ipc_key(toks, 0, end, f"r{i}", world_size=2, salt=salt), 1) is not None
             for w in ws:
                 got = w.retrieve(toks, 0, 64, f"r{i}", salt=salt)
                 assert got == [chunk_bytes(w.rank, toks, c) for c in range(4)], i

@@ -7,8 +7,10 @@ import random
 
 import pytest
 
-from conftest import Server
-from test_lookup_engine_driven import CS, HIDDEN, LAYERS, LOOKUP, WAIT, Worker, key, unpack
+from lmc.client import unpack
+from lmc.keys import ipc_key
+from lmc.ops import LOOKUP, WAIT_PREFETCH_STATUS
+from test_lookup_engine_driven import CS, HIDDEN, LAYERS, Worker
 
 WS = 2
 ROW = HIDDEN * 2                       # one rank's token row: float16
@@ -46,18 +48,19 @@ def prefix_of(whole, n_tokens, keep):
                     for kl in range(2 * LAYERS))
 
 
+SERVER_ARGS = ("--chunk-size", str(CS))      # the srv fixture's (conftest.py)
+
+
 @pytest.fixture
-def srv():
-    s = Server("--chunk-size", str(CS))
-    ws = [Worker(s, 7001, 0), Worker(s, 7002, 1)]      # registers (m, world size 2)
-    yield s, ws
+def ranks(srv):
+    ws = [Worker(srv, 7001, 0), Worker(srv, 7002, 1)]      # registers (m, world size 2)
+    yield ws
     for w in ws:
         w.close()
-    assert s.stop() == 0, s.output()
 
 
-def test_store_then_retrieve_lookup_and_engine_path(srv):
-    s, ws = srv
+def test_store_then_retrieve_lookup_and_engine_path(srv, ranks):
+    s, ws = srv, ranks
     n = 2 * CS + 5                                     # 2 whole chunks + a partial one
     toks = [random.Random(1).randrange(50000) for _ in range(n)]
     whole = tensor(n, 7)
@@ -78,8 +81,8 @@ def test_store_then_retrieve_lookup_and_engine_path(srv):
     assert body == prefix_of(whole, n, 2 * CS)
     # The engine-driven path sees the same objects, split per rank.
     sched = s.dealer()
-    assert sched.call(LOOKUP, key(toks, 0, 2 * CS, "kv1"), 1) is not None
-    assert unpack(sched.call(WAIT, "kv1", 5.0)) == 2
+    assert sched.call(LOOKUP, ipc_key(toks, 0, 2 * CS, "kv1", world_size=2), 1) is not None
+    assert unpack(sched.call(WAIT_PREFETCH_STATUS, "kv1", 5.0)) == 2
     for w in ws:
         assert w.retrieve(toks, 0, 2 * CS, "kv1") == [chunk_of(whole, n, c, w.rank) for c in (0, 1)]
     sched.close()
@@ -88,8 +91,8 @@ def test_store_then_retrieve_lookup_and_engine_path(srv):
     assert st == 200 and json.loads(body)["stored_chunks"] == 2
 
 
-def test_errors_and_misses(srv):
-    s, _ = srv
+def test_errors_and_misses(srv, ranks):
+    s = srv
     toks = list(range(CS))
     ok_hdrs = {"X-LMCache-Model-Name": "m", "X-LMCache-Tokens": ",".join(map(str, toks))}
     whole = tensor(CS, 3)

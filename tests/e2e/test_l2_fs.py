@@ -11,14 +11,14 @@ import urllib.request
 
 import pytest
 
-from conftest import Server
-from test_lookup_engine_driven import (CLEAR, CS, END, FREE, LOOKUP, WAIT, LOOKUP_HITS, Worker, chunk_bytes,
-                                       key, prompt, unpack)
+from lmc.client import unpack
+from lmc.keys import ipc_key
+from lmc.ops import (CLEAR, END_SESSION, FREE_LOOKUP_LOCKS, LOOKUP, QUERY_PREFETCH_LOOKUP_HITS,
+                     WAIT_PREFETCH_STATUS)
+from lmc.server import Server, l2_args, l2_fs_args
+from test_lookup_engine_driven import CS, Worker, chunk_bytes, lookup, prompt
 
-
-def start(path, *extra):
-    spec = {"type": "fs", "base_path": str(path)}
-    return Server("--chunk-size", str(CS), "--l2-adapter", json.dumps(spec), *extra)
+SERVER_ARGS = ("--chunk-size", str(CS))
 
 
 def status(srv):
@@ -72,12 +72,6 @@ def wait_stored(srv, path, n_files, timeout=20):
     raise AssertionError(f"L2 store did not finish: {os.listdir(path)}")
 
 
-def lookup_wait(sched, tokens, rid, **kw):
-    end = len(tokens) // CS * CS
-    assert sched.call(LOOKUP, key(tokens, 0, end, rid, **kw), 1) is not None
-    return unpack(sched.call(WAIT, rid, 10.0, timeout_ms=15000))
-
-
 def store_all(srv, toks):
     ws = [Worker(srv, 1001, 0), Worker(srv, 1002, 1)]
     for w in ws:
@@ -102,7 +96,7 @@ def close_all(ws, sched):
 
 
 def test_store_evict_then_hits_from_l2(tmp_path):
-    srv = start(tmp_path)
+    srv = Server(*SERVER_ARGS, *l2_fs_args(tmp_path))
     try:
         toks = prompt(101)
         ws = store_all(srv, toks)
@@ -117,8 +111,8 @@ def test_store_evict_then_hits_from_l2(tmp_path):
         assert not any(os.path.exists(os.path.join(tmp_path, n + ".b3")) for n in names)
         sched = srv.dealer()
         assert sched.call(CLEAR, False) is not None       # evict: L1 is empty now
-        assert lookup_wait(sched, toks, "r1") == 4        # all four from L2
-        assert unpack(sched.call(LOOKUP_HITS, "r1")) == 0  # consumed with the job
+        assert lookup(sched, toks, "r1", wait=True) == 4        # all four from L2
+        assert unpack(sched.call(QUERY_PREFETCH_LOOKUP_HITS, "r1")) == 0  # consumed with the job
         for w in ws:
             assert w.retrieve(toks, 0, 64, "r1") == [chunk_bytes(w.rank, toks, c) for c in range(4)]
         st = status(srv)
@@ -149,7 +143,7 @@ def test_store_evict_then_hits_from_l2(tmp_path):
         assert metric(srv, 'lmcache_mp_l2_load_throughput_gbs_count{l2_name="fs"}') >= 1
         # Prefetched objects are temporary: retrieved, they are gone from L1,
         # and a new lookup loads them again.
-        assert lookup_wait(sched, toks, "r2") == 4
+        assert lookup(sched, toks, "r2", wait=True) == 4
         close_all(ws, sched)
     finally:
         assert srv.stop() == 0, srv.output()
@@ -167,13 +161,13 @@ def stored_in_l2_only(srv, tmp_path, seed):
 
 
 def test_partial_l1_hits_extended_from_l2(tmp_path):
-    srv = start(tmp_path)
+    srv = Server(*SERVER_ARGS, *l2_fs_args(tmp_path))
     try:
         toks, ws, sched = stored_in_l2_only(srv, tmp_path, 102)
         # Chunks 0-1 back in L1 from the engine, 2-3 only in L2.
         for w in ws:
             w.store(toks, 0, 32)
-        assert lookup_wait(sched, toks, "p") == 4
+        assert lookup(sched, toks, "p", wait=True) == 4
         for w in ws:
             assert w.retrieve(toks, 0, 64, "p") == [chunk_bytes(w.rank, toks, c) for c in range(4)]
         close_all(ws, sched)
@@ -185,14 +179,14 @@ def test_free_lookup_locks_releases_what_l2_loaded(tmp_path):
     """The chunks an L2 prefetch loads join the lookup's lock record with the
     ids of the copies the tier locked: FREE_LOOKUP_LOCKS gives those shares
     back, and the loaded objects (temporary) leave L1 at once."""
-    srv = start(tmp_path)
+    srv = Server(*SERVER_ARGS, *l2_fs_args(tmp_path))
     try:
         toks, ws, sched = stored_in_l2_only(srv, tmp_path, 103)
         assert status(srv)["l1_manager"]["num_objects"] == 0
-        assert lookup_wait(sched, toks, "f") == 4           # all four loaded from L2
+        assert lookup(sched, toks, "f", wait=True) == 4           # all four loaded from L2
         l1 = status(srv)["l1_manager"]
         assert l1["num_objects"] == 8 and l1["num_locked_objects"] == 8
-        assert sched.call(FREE, key(toks, 0, 64, "f"), 1) is not None
+        assert sched.call(FREE_LOOKUP_LOCKS, ipc_key(toks, 0, 64, "f", world_size=2), 1) is not None
         l1 = status(srv)["l1_manager"]
         assert l1["num_objects"] == 0 and l1["memory_used_bytes"] == 0, l1
         close_all(ws, sched)
@@ -202,7 +196,7 @@ def test_free_lookup_locks_releases_what_l2_loaded(tmp_path):
 
 def test_restart_recovers_and_accepts_upstream_files(tmp_path):
     toks = prompt(103)
-    srv = start(tmp_path)
+    srv = Server(*SERVER_ARGS, *l2_fs_args(tmp_path))
     try:
         ws = store_all(srv, toks)
         wait_stored(srv, tmp_path, 8)
@@ -216,12 +210,12 @@ def test_restart_recovers_and_accepts_upstream_files(tmp_path):
     os.unlink(f0)
     with open(f0, "wb") as fh:
         fh.write(chunk_bytes(0, toks, 0))
-    srv = start(tmp_path)
+    srv = Server(*SERVER_ARGS, *l2_fs_args(tmp_path))
     try:
         assert status(srv)["l2_adapters"][0]["recovered_keys"] == 8
         sched = srv.dealer()
         ws = [Worker(srv, 1001, 0), Worker(srv, 1002, 1)]
-        assert lookup_wait(sched, toks, "again") == 4
+        assert lookup(sched, toks, "again", wait=True) == 4
         for w in ws:
             assert w.retrieve(toks, 0, 64, "again") == [chunk_bytes(w.rank, toks, c) for c in range(4)]
         close_all(ws, sched)
@@ -230,7 +224,7 @@ def test_restart_recovers_and_accepts_upstream_files(tmp_path):
 
 
 def test_corrupt_and_truncated_files_are_misses(tmp_path):
-    srv = start(tmp_path)
+    srv = Server(*SERVER_ARGS, *l2_fs_args(tmp_path))
     try:
         toks = prompt(104)
         ws = store_all(srv, toks)
@@ -242,7 +236,7 @@ def test_corrupt_and_truncated_files_are_misses(tmp_path):
         with open(f3, "r+b") as fh:
             fh.seek(100)
             fh.write(b"\xff\xee")
-        assert lookup_wait(sched, toks, "c") == 3
+        assert lookup(sched, toks, "c", wait=True) == 3
         for w in ws:
             assert w.retrieve(toks, 0, 48, "c") == [chunk_bytes(w.rank, toks, c) for c in range(3)]
         ad = status(srv)["l2_adapters"][0]
@@ -263,7 +257,7 @@ def test_corrupt_and_truncated_files_are_misses(tmp_path):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             os.close(fd)
         assert sched.call(CLEAR, True) is not None
-        assert lookup_wait(sched, toks, "d") == 2
+        assert lookup(sched, toks, "d", wait=True) == 2
         for w in ws:
             assert w.retrieve(toks, 0, 32, "d") == [chunk_bytes(w.rank, toks, c) for c in range(2)]
         # Dropped from the cache; how many are cached again by the time they
@@ -277,7 +271,7 @@ def test_corrupt_and_truncated_files_are_misses(tmp_path):
         f1 = file_of(tmp_path, 1, toks, 1)
         with open(f1, "r+b") as fh:
             fh.truncate(100)
-        assert lookup_wait(sched, toks, "t") == 1
+        assert lookup(sched, toks, "t", wait=True) == 1
         for w in ws:
             assert w.retrieve(toks, 0, 16, "t") == [chunk_bytes(w.rank, toks, 0)]
         assert status(srv)["l2_adapters"][0]["truncated_files_detected"] >= 1
@@ -287,7 +281,7 @@ def test_corrupt_and_truncated_files_are_misses(tmp_path):
 
 
 def test_bad_adapter_flags_exit_2(tmp_path):
-    from conftest import run_lmcached
+    from lmc.server import run_lmcached
     r = run_lmcached("--l1-size-gb", "0.0625", "--eviction-policy", "LRU", "--l2-adapter",
                      '{"type":"fs","base_path":"/tmp/x","num_workers":0}')
     assert r.returncode == 2 and "num_workers" in r.stderr
@@ -309,7 +303,7 @@ def test_bad_adapter_flags_exit_2(tmp_path):
 def test_failing_adapter_degrades_to_misses(tmp_path):
     spec = {"type": "fault_inject", "fail_rate": 1.0, "seed": 7,
             "inner": {"type": "fs", "base_path": str(tmp_path)}}
-    srv = Server("--chunk-size", str(CS), "--l2-adapter", json.dumps(spec),
+    srv = Server(*SERVER_ARGS, *l2_args(spec),
                  "--l2-prefetch-load-timeout", "2")
     try:
         toks = prompt(105)
@@ -320,11 +314,11 @@ def test_failing_adapter_degrades_to_misses(tmp_path):
             time.sleep(0.05)
         assert status(srv)["store_controller"]["stores_failed"] >= 1  # batches may merge
         assert data_files(tmp_path) == []
-        assert lookup_wait(sched, toks, "f") == 4          # still in L1
+        assert lookup(sched, toks, "f", wait=True) == 4          # still in L1
         for w in ws:
             assert w.retrieve(toks, 0, 64, "f") is not None
         assert sched.call(CLEAR, False) is not None
-        assert lookup_wait(sched, toks, "g") == 0          # no L2 copy: a miss, no hang
+        assert lookup(sched, toks, "g", wait=True) == 0          # no L2 copy: a miss, no hang
         close_all(ws, sched)
     finally:
         assert srv.stop() == 0, srv.output()
@@ -333,7 +327,7 @@ def test_failing_adapter_degrades_to_misses(tmp_path):
 def test_lookup_hits_before_load_and_retain_policy(tmp_path):
     spec = {"type": "fault_inject", "delay_rate": 1.0, "delay_ms": 300, "seed": 1,
             "inner": {"type": "fs", "base_path": str(tmp_path)}}
-    srv = Server("--chunk-size", str(CS), "--l2-adapter", json.dumps(spec),
+    srv = Server(*SERVER_ARGS, *l2_args(spec),
                  "--l2-prefetch-policy", "retain")
     try:
         toks = prompt(106)
@@ -341,20 +335,20 @@ def test_lookup_hits_before_load_and_retain_policy(tmp_path):
         wait_stored(srv, tmp_path, 8)
         sched = srv.dealer()
         assert sched.call(CLEAR, False) is not None
-        assert sched.call(LOOKUP, key(toks, 0, 64, "h"), 1) is not None
-        assert unpack(sched.call(LOOKUP_HITS, "h")) is None   # lookup phase still running
+        assert sched.call(LOOKUP, ipc_key(toks, 0, 64, "h", world_size=2), 1) is not None
+        assert unpack(sched.call(QUERY_PREFETCH_LOOKUP_HITS, "h")) is None   # lookup phase still running
         hits = None
         deadline = time.monotonic() + 10
         while hits is None and time.monotonic() < deadline:
-            hits = unpack(sched.call(LOOKUP_HITS, "h"))
+            hits = unpack(sched.call(QUERY_PREFETCH_LOOKUP_HITS, "h"))
             time.sleep(0.01)
         assert hits == 4                                      # known before the loads end
-        assert unpack(sched.call(WAIT, "h", 10.0, timeout_ms=15000)) == 4
+        assert unpack(sched.call(WAIT_PREFETCH_STATUS, "h", 10.0, timeout_ms=15000)) == 4
         for w in ws:
             assert w.retrieve(toks, 0, 64, "h") == [chunk_bytes(w.rank, toks, c) for c in range(4)]
         loaded = status(srv)["prefetch_controller"]["loaded_keys"]
         # retain: the prefetched chunks stayed resident, the next lookup is L1 only.
-        assert lookup_wait(sched, toks, "h2") == 4
+        assert lookup(sched, toks, "h2", wait=True) == 4
         assert status(srv)["prefetch_controller"]["loaded_keys"] == loaded
         close_all(ws, sched)
     finally:
@@ -367,7 +361,7 @@ def test_l2_eviction_keeps_the_fs_store_under_capacity(tmp_path):
             "max_capacity_gb": 10 * OBJ / 2**30,
             "eviction": {"eviction_policy": "LRU", "trigger_watermark": 0.5,
                          "eviction_ratio": 0.5}}
-    srv = Server("--chunk-size", str(CS), "--l2-adapter", json.dumps(spec))
+    srv = Server(*SERVER_ARGS, *l2_args(spec))
     try:
         toks = prompt(111)
         ws = store_all(srv, toks)                  # 8 objects: 0.8 of capacity
@@ -402,7 +396,7 @@ def test_l2_eviction_after_restart_evicts_recovered_files_first(tmp_path):
                            "eviction": {"eviction_policy": "LRU", "trigger_watermark": 0.6,
                                         "eviction_ratio": 0.5}})
 
-    srv = Server("--chunk-size", str(CS), "--l2-adapter", spec(100))
+    srv = Server(*SERVER_ARGS, "--l2-adapter", spec(100))
     try:
         for w in store_all(srv, prompt(113)):  # 8 objects, far below the watermark
             w.close()
@@ -410,7 +404,7 @@ def test_l2_eviction_after_restart_evicts_recovered_files_first(tmp_path):
     finally:
         assert srv.stop() == 0, srv.output()
     # Restarted with less room: the 8 recovered files are 0.67 of it.
-    srv = Server("--chunk-size", str(CS), "--l2-adapter", spec(12))
+    srv = Server(*SERVER_ARGS, "--l2-adapter", spec(12))
     try:
         wait_files_at_most(tmp_path, 4)
         ev = status(srv)["l2_eviction_controller"]["adapters"][0]
@@ -437,7 +431,7 @@ def test_isolated_lru_quota_usage_and_allowlist(tmp_path):
     spec = {"type": "fs", "base_path": str(tmp_path),
             "eviction": {"eviction_policy": "IsolatedLRU", "trigger_watermark": 1.0,
                          "eviction_ratio": 0.5}}
-    srv = Server("--chunk-size", str(CS), "--l2-adapter", json.dumps(spec))
+    srv = Server(*SERVER_ARGS, *l2_args(spec))
 
     def http(method, path, body=None):  # the JSON body; these calls all succeed
         return http_json(srv, method, path, body)[1]
@@ -467,7 +461,7 @@ def test_isolated_lru_quota_usage_and_allowlist(tmp_path):
 
 def test_config_adapters_lists_l2_adapters(tmp_path):
     specs = [{"type": "fs", "base_path": str(tmp_path)}, {"type": "mock"}]
-    srv = Server("--chunk-size", str(CS), *sum((["--l2-adapter", json.dumps(s)] for s in specs), []))
+    srv = Server(*SERVER_ARGS, *sum((["--l2-adapter", json.dumps(s)] for s in specs), []))
     try:
         url = f"http://127.0.0.1:{srv.http_port}/config/adapters"
         with urllib.request.urlopen(url, timeout=10) as r:
@@ -481,7 +475,7 @@ def test_config_adapters_lists_l2_adapters(tmp_path):
 
 
 def test_cache_objects_list_and_delete(tmp_path):
-    srv = start(tmp_path)
+    srv = Server(*SERVER_ARGS, *l2_fs_args(tmp_path))
 
     http = functools.partial(http_json, srv)
 
@@ -530,7 +524,7 @@ def test_cache_objects_list_and_delete(tmp_path):
 
 
 def test_warm_prefetch_from_l2(tmp_path):
-    srv = start(tmp_path)
+    srv = Server(*SERVER_ARGS, *l2_fs_args(tmp_path))
 
     http = functools.partial(http_json, srv)
 
@@ -557,7 +551,7 @@ def test_warm_prefetch_from_l2(tmp_path):
         assert http("GET", "/cache/prefetches/" + sub["request_id"])[0] == 404  # consumed
         loads = status(srv)["l2_adapters"][0]["counters"]["load_ok"]
         # Warm: resident in L1 and unlocked, so a LOOKUP hits without loading again...
-        assert lookup_wait(sched, toks, "w1") == 4
+        assert lookup(sched, toks, "w1", wait=True) == 4
         assert status(srv)["l2_adapters"][0]["counters"]["load_ok"] == loads
         for w in ws:
             assert w.retrieve(toks, 0, 64, "w1") == [chunk_bytes(w.rank, toks, c) for c in range(4)]
@@ -587,14 +581,14 @@ def test_common_adapter_fields_do_what_docs_l2_says(tmp_path):
     """persist_enabled false is refused at start by name (lmcached always
     keeps L2 data); shared is reported by /status and /cache/objects
     (issue 17)."""
-    from conftest import run_lmcached
+    from lmc.server import run_lmcached
     r = run_lmcached("--l1-size-gb", "0.0625", "--eviction-policy", "LRU", "--l2-adapter",
                      json.dumps({"type": "fs", "base_path": str(tmp_path),
                                  "persist_enabled": False}), "--port", "1")
     assert r.returncode == 2 and '--l2-adapter[0]: "persist_enabled": false' in r.stderr, r.stderr
     specs = [{"type": "fs", "base_path": str(tmp_path), "persist_enabled": True, "shared": True},
              {"type": "mock"}]
-    srv = Server("--chunk-size", str(CS), *sum((["--l2-adapter", json.dumps(s)] for s in specs), []))
+    srv = Server(*SERVER_ARGS, *sum((["--l2-adapter", json.dumps(s)] for s in specs), []))
     try:
         assert [a["shared"] for a in status(srv)["l2_adapters"]] == [True, False]
         assert http_json(srv, "GET", "/cache/objects?tier=l2&adapter=fs")[1]["shared"] is True
@@ -613,20 +607,20 @@ def test_cancel_a_parallel_load(tmp_path, how):
     the retrieve (docs/l2.md, "Prefetch (LOOKUP)")."""
     spec = {"type": "fault_inject", "delay_rate": 1.0, "delay_ms": 300, "seed": 3,
             "inner": {"type": "fs", "base_path": str(tmp_path), "num_workers": 4}}
-    srv = Server("--chunk-size", str(CS), "--l2-adapter", json.dumps(spec))
+    srv = Server(*SERVER_ARGS, *l2_args(spec))
     try:
         toks, ws, sched = stored_in_l2_only(srv, tmp_path, 111)
         done = status(srv)["prefetch_controller"]["completed"]
-        assert sched.call(LOOKUP, key(toks, 0, 64, "c"), 1) is not None
+        assert sched.call(LOOKUP, ipc_key(toks, 0, 64, "c", world_size=2), 1) is not None
         deadline = time.monotonic() + 10
-        while unpack(sched.call(LOOKUP_HITS, "c")) is None and time.monotonic() < deadline:
+        while unpack(sched.call(QUERY_PREFETCH_LOOKUP_HITS, "c")) is None and time.monotonic() < deadline:
             time.sleep(0.01)                                # lookup done: loads running
         if how == "free":
-            assert sched.call(FREE, key(toks, 0, 64, "c"), 1) is not None
+            assert sched.call(FREE_LOOKUP_LOCKS, ipc_key(toks, 0, 64, "c", world_size=2), 1) is not None
         elif how == "free_head":
-            assert sched.call(FREE, key(toks, 0, 32, "c"), 1) is not None
+            assert sched.call(FREE_LOOKUP_LOCKS, ipc_key(toks, 0, 32, "c", world_size=2), 1) is not None
         else:
-            assert sched.call(END, "c") is not None
+            assert sched.call(END_SESSION, "c") is not None
         assert status(srv)["prefetch_controller"]["completed"] == done   # the free was early
         while status(srv)["prefetch_controller"]["completed"] == done:
             assert time.monotonic() < deadline
@@ -639,13 +633,13 @@ def test_cancel_a_parallel_load(tmp_path, how):
             for w in ws:
                 assert w.retrieve(toks, 32, 64, "c") == [chunk_bytes(w.rank, toks, c)
                                                          for c in (2, 3)]
-            assert sched.call(END, "c") is not None
+            assert sched.call(END_SESSION, "c") is not None
             assert sched.call(CLEAR, False) is not None
         st = status(srv)
         assert st["l2_adapters"][0]["max_parts_in_flight"] >= 2, st["l2_adapters"][0]
         assert st["l1_manager"]["num_objects"] == 0, st["l1_manager"]
         assert st["l1_manager"]["memory_used_bytes"] == 0, st["l1_manager"]
-        assert lookup_wait(sched, toks, "c2") == 4          # no lock or staging leaked
+        assert lookup(sched, toks, "c2", wait=True) == 4          # no lock or staging leaked
         for w in ws:
             assert w.retrieve(toks, 0, 64, "c2") == [chunk_bytes(w.rank, toks, c) for c in range(4)]
         close_all(ws, sched)
@@ -674,7 +668,7 @@ def test_crash_leftovers_removed_at_start(tmp_path):
         p.write_bytes(b"x")
         if role != "gone_young":
             os.utime(p, (old, old))
-    srv = start(tmp_path)
+    srv = Server(*SERVER_ARGS, *l2_fs_args(tmp_path))
     try:
         fs = status(srv)["l2_adapters"][0]
         assert fs["leftovers_removed"] == 2, fs

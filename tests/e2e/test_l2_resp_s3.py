@@ -26,10 +26,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import ROOT, Server, free_port
+from lmc.server import ROOT, Server, free_port, l2_args
 from redis_server import RedisExited, redis_pid, start_redis, start_redis_fresh
-from test_l2_fs import close_all, lookup_wait, status, store_all
-from test_lookup_engine_driven import CLEAR, CS, OBJ, Worker, chunk_bytes, prompt
+from lmc.ops import CLEAR
+from test_l2_fs import SERVER_ARGS, close_all, status, store_all
+from test_lookup_engine_driven import CS, OBJ, Worker, chunk_bytes, lookup, prompt
 
 MOTO_SERVER = os.environ.get("LMC_MOTO_SERVER",
                              os.path.join(ROOT, "build-tools", "venv", "bin", "moto_server"))
@@ -160,10 +161,6 @@ def s3_server():
     srv.close()
 
 
-def start(spec):
-    return Server("--chunk-size", str(CS), "--l2-adapter", json.dumps(spec))
-
-
 def wait_l2(srv, n_keys, timeout=20):
     """Waits until n_keys keys in all went to the adapter and none is still
     in flight.  The store controller picks each worker's commit up on its own,
@@ -180,25 +177,25 @@ def wait_l2(srv, n_keys, timeout=20):
 
 def round_trip(spec, rid_prefix):
     """Store, evict, hit from L2; then restart lmcached: still hits."""
-    srv = start(spec)
+    srv = Server(*SERVER_ARGS, *l2_args(spec))
     toks = prompt(201)
     try:
         ws = store_all(srv, toks)
         wait_l2(srv, 8)
         sched = srv.dealer()
         assert sched.call(CLEAR, False) is not None
-        assert lookup_wait(sched, toks, rid_prefix + "a") == 4
+        assert lookup(sched, toks, rid_prefix + "a", wait=True) == 4
         for w in ws:
             got = w.retrieve(toks, 0, 4 * CS, rid_prefix + "a")
             assert got == [chunk_bytes(w.rank, toks, c) for c in range(4)]
         close_all(ws, sched)
     finally:
         assert srv.stop() == 0, srv.output()
-    srv = start(spec)  # a fresh server: only the L2 store remembers
+    srv = Server(*SERVER_ARGS, *l2_args(spec))  # a fresh server: only the L2 store remembers
     try:
         sched = srv.dealer()
         ws = [Worker(srv, 2001, 0), Worker(srv, 2002, 1)]  # registers the layout
-        assert lookup_wait(sched, toks, rid_prefix + "b") == 4
+        assert lookup(sched, toks, rid_prefix + "b", wait=True) == 4
         for w in ws:
             got = w.retrieve(toks, 0, 4 * CS, rid_prefix + "b")
             assert got == [chunk_bytes(w.rank, toks, c) for c in range(4)]
@@ -236,8 +233,8 @@ def test_redis_outage_degrades_then_recovers():
     if not shutil.which("redis-server"):
         missing("redis-server")
     port, redis = start_redis_fresh()
-    srv = start({"type": "resp", "host": "127.0.0.1", "port": port, "num_workers": 2,
-                 "timeout_ms": 500})
+    srv = Server(*SERVER_ARGS, *l2_args({"type": "resp", "host": "127.0.0.1", "port": port,
+                                         "num_workers": 2, "timeout_ms": 500}))
     try:
         ws = [Worker(srv, 3001, 0), Worker(srv, 3002, 1)]
         sched = srv.dealer()
@@ -245,7 +242,7 @@ def test_redis_outage_degrades_then_recovers():
         toks = prompt(202)
         for w in ws:
             w.store(toks, 0, len(toks))
-        assert lookup_wait(sched, toks, "o1") == 4    # still served from L1
+        assert lookup(sched, toks, "o1", wait=True) == 4    # still served from L1
         st = wait_l2(srv, 8)                          # all 8 keys tried, and failed
         assert st["store_controller"]["stores_failed"] >= 1, st
         assert st["l2_adapters"][0]["counters"]["stores_ok"] == 0, st
@@ -257,7 +254,7 @@ def test_redis_outage_degrades_then_recovers():
         st = wait_l2(srv, 16)                         # new chunks reach Redis again
         assert st["l2_adapters"][0]["counters"]["stores_ok"] >= 1, st
         assert sched.call(CLEAR, False) is not None
-        assert lookup_wait(sched, toks2, "o2") == 4   # from Redis
+        assert lookup(sched, toks2, "o2", wait=True) == 4   # from Redis
         close_all(ws, sched)
     finally:
         assert srv.stop() == 0, srv.output()
@@ -278,7 +275,7 @@ def test_s3_outage_degrades_then_recovers(s3_server):
     stays up and healthy; once the endpoint is back the same lmcached
     stores to it and loads from it again, the objects stored before the
     outage included."""
-    srv = start(s3_server.spec(num_workers=2))
+    srv = Server(*SERVER_ARGS, *l2_args(s3_server.spec(num_workers=2)))
     try:
         ws = [Worker(srv, 4001, 0), Worker(srv, 4002, 1)]
         sched = srv.dealer()
@@ -294,7 +291,7 @@ def test_s3_outage_degrades_then_recovers(s3_server):
         s3_server.stop_endpoint()                     # S3 goes away mid-run
         for w in ws:
             w.store(during, 0, len(during))
-        assert lookup_wait(sched, during, "s1") == 4  # still served from L1
+        assert lookup(sched, during, "s1", wait=True) == 4  # still served from L1
         st = wait_l2(srv, 16)                         # all 16 keys tried
         ad = st["l2_adapters"][0]
         assert st["store_controller"]["stores_failed"] >= 1, st["store_controller"]
@@ -302,7 +299,7 @@ def test_s3_outage_degrades_then_recovers(s3_server):
         assert ad["counters"]["stores_ok"] == ok_before, ad
         assert ad["put_errors"] >= 1 and ad["http_errors"] >= 1, ad
         assert sched.call(CLEAR, False) is not None   # `before` is now only in S3
-        assert lookup_wait(sched, before, "s2") == 0  # unreachable: a miss, no error
+        assert lookup(sched, before, "s2", wait=True) == 0  # unreachable: a miss, no error
         ad2 = status(srv)["l2_adapters"][0]
         assert ad2["http_errors"] > ad["http_errors"], ad2   # the lookup's HEADs
         assert srv.alive()
@@ -318,7 +315,7 @@ def test_s3_outage_degrades_then_recovers(s3_server):
         assert st["l2_adapters"][0]["counters"]["stores_ok"] > ok_before, st["l2_adapters"][0]
         assert sched.call(CLEAR, False) is not None
         for toks, rid in ((before, "s3"), (after, "s4")):
-            assert lookup_wait(sched, toks, rid) == 4  # loaded from S3 again
+            assert lookup(sched, toks, rid, wait=True) == 4  # loaded from S3 again
             for w in ws:
                 got = w.retrieve(toks, 0, 4 * CS, rid)
                 assert got == [chunk_bytes(w.rank, toks, c) for c in range(4)]
@@ -395,7 +392,8 @@ def assert_usage_is_the_store(srv, store):
 def test_l2_eviction_stops_under_the_watermark(store):
     """Capacity 20 objects, watermark 0.5: overwrites do not count twice, and
     crossing the watermark evicts down to just under it, then nothing more."""
-    srv = start(store.spec(max_capacity_gb=20 * OBJ / 2**30, eviction=EVICTION))
+    srv = Server(*SERVER_ARGS,
+                 *l2_args(store.spec(max_capacity_gb=20 * OBJ / 2**30, eviction=EVICTION)))
     try:
         a, b = prompt(301), prompt(302)
         ws = store_all(srv, a)                        # 8 objects: 0.4 of capacity
@@ -419,7 +417,7 @@ def test_l2_eviction_stops_under_the_watermark(store):
         assert ev["evicted_keys"] == 16 - n and ad["used_bytes"] < 0.5 * ad["capacity_bytes"]
         assert_usage_is_the_store(srv, store)
         assert sched.call(CLEAR, False) is not None   # the older prompt went first:
-        assert lookup_wait(sched, b, "e1") == 4       # the newer one is whole
+        assert lookup(sched, b, "e1", wait=True) == 4       # the newer one is whole
         for w in ws:
             assert w.retrieve(b, 0, 4 * CS, "e1") == [chunk_bytes(w.rank, b, c) for c in range(4)]
         close_all(ws, sched)
@@ -429,7 +427,7 @@ def test_l2_eviction_stops_under_the_watermark(store):
 
 def test_usage_rebuilt_from_the_store_at_start(store):
     roomy = store.spec(max_capacity_gb=100 * OBJ / 2**30, eviction=EVICTION)
-    srv = start(roomy)
+    srv = Server(*SERVER_ARGS, *l2_args(roomy))
     try:
         ws = store_all(srv, prompt(311))
         wait_l2(srv, 8)
@@ -440,7 +438,7 @@ def test_usage_rebuilt_from_the_store_at_start(store):
     finally:
         assert srv.stop() == 0, srv.output()
     assert len(store.objects()) == 16
-    srv = start(roomy)                                # 16 of 100 objects: kept
+    srv = Server(*SERVER_ARGS, *l2_args(roomy))                                # 16 of 100 objects: kept
     try:
         ad, ev = l2_status(srv)
         assert (ad["used_bytes"], ad["num_keys"], ev["recovered_keys"]) == (16 * OBJ, 16, 16), \
@@ -448,7 +446,8 @@ def test_usage_rebuilt_from_the_store_at_start(store):
         assert_usage_is_the_store(srv, store)
     finally:
         assert srv.stop() == 0, srv.output()
-    srv = start(store.spec(max_capacity_gb=20 * OBJ / 2**30, eviction=EVICTION))
+    srv = Server(*SERVER_ARGS,
+                 *l2_args(store.spec(max_capacity_gb=20 * OBJ / 2**30, eviction=EVICTION)))
     try:                                              # 16 of 20: 16 -> 12 -> 9
         assert stable_count(store) == 9
         assert l2_status(srv)[1]["evicted_keys"] == 7

@@ -1,6 +1,7 @@
 """Lookup, prefetch sessions and the engine-driven (PREPARE/COMMIT over SHM)
 transfer path, emulating upstream's scheduler and worker DEALERs byte for
 byte (docs/protocol.md: "Keys", "Engine-driven flow, end to end")."""
+import functools
 import hashlib
 import json
 import mmap
@@ -12,22 +13,29 @@ import urllib.request
 import msgpack
 import pytest
 
-from conftest import Server, finish
+from lmc.client import lookup as lmc_lookup
+from lmc.client import unpack
+from lmc.keys import ipc_key
+from lmc.ops import (CLEAR, COMMIT_RETRIEVE, COMMIT_STORE, END_SESSION, FREE_LOOKUP_LOCKS, LOOKUP,
+                     NOOP, PING, PREPARE_RETRIEVE, PREPARE_STORE, QUERY_PREFETCH_LOOKUP_HITS,
+                     QUERY_PREFETCH_STATUS, REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT,
+                     UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, WAIT_PREFETCH_STATUS)
 
 CS = 16
 LAYERS, HIDDEN = 2, 8
 OBJ = 2 * LAYERS * CS * HIDDEN * 2          # float16 [2, L, cs, H]
-LOOKUP, QUERY, WAIT, LOOKUP_HITS, FREE, END = 8, 9, 10, 11, 12, 13
-REG, UNREG, PSTORE, CSTORE, PRETR, CRETR = 14, 15, 16, 17, 18, 19
-CLEAR, PING, NOOP = 20, 22, 24
+SERVER_ARGS = ("--chunk-size", str(CS))      # the srv fixture's (conftest.py)
 
+# This module's keys and lookups are those of a world of two ranks (the
+# pair fixture); lookups come from the scheduler (worker_id None).
+key = functools.partial(ipc_key, world_size=2)
+lookup = functools.partial(lmc_lookup, cs=CS, world_size=2)
 
-def key(tokens, start, end, rid, worker_id=None, world_size=2, model="m", salt="", readers=1):
-    # Field order of the newest IPCCacheServerKey (docs/protocol.md, "Keys").
-    return {"model_name": model, "world_size": world_size, "worker_id": worker_id,
-            "token_ids": list(tokens), "start": start, "end": end, "request_id": rid,
-            "cache_salt": salt, "request_configs": None, "num_kv_readers": readers,
-            "null_chunk_mask": None}
+# tests/reliability/rel_common.py takes these short names from this module
+# (it is outside tests/e2e): the helper's ids under their old names.
+CRETR, CSTORE, END, PRETR = COMMIT_RETRIEVE, COMMIT_STORE, END_SESSION, PREPARE_RETRIEVE
+PSTORE, QUERY, WAIT = PREPARE_STORE, QUERY_PREFETCH_STATUS, WAIT_PREFETCH_STATUS
+REG = REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT
 
 
 def payload(instance_id, world_size=2, model="m", hidden=HIDDEN, layers=LAYERS, **extra):
@@ -38,11 +46,6 @@ def payload(instance_id, world_size=2, model="m", hidden=HIDDEN, layers=LAYERS, 
          "group_layout_descs": None, "enable_l1_kvweave_quant": False}
     p.update(extra)
     return p
-
-
-def unpack(frames):
-    assert frames is not None, "no reply"
-    return msgpack.unpackb(frames[2]) if len(frames) > 2 else None
 
 
 def chunk_bytes(rank, tokens, c, size=OBJ):
@@ -56,7 +59,7 @@ class Worker:
     def __init__(self, server, instance_id, rank, world_size=2, model="m", **reg):
         self.d = server.dealer()
         self.id, self.rank, self.ws, self.model = instance_id, rank, world_size, model
-        self.reply = unpack(self.d.call(REG, payload(instance_id, world_size, model, **reg)))
+        self.reply = unpack(self.d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, payload(instance_id, world_size, model, **reg)))
         self.pool = None
         if self.reply.get("shm_name") and self.reply["pool_size"] > 0:
             fd = os.open("/dev/shm/" + self.reply["shm_name"], os.O_RDWR)
@@ -70,21 +73,21 @@ class Worker:
 
     def store(self, tokens, start, end, rid="s", commit=True, **kw):
         k = self.key(tokens, start, end, rid, **kw)
-        ctx = unpack(self.d.call(PSTORE, k, self.id))["context"]
+        ctx = unpack(self.d.call(PREPARE_STORE, k, self.id))["context"]
         for slot, idx in zip(ctx["slots"], ctx["chunk_indices"]):
             data = chunk_bytes(self.rank, tokens, start // CS + idx, slot["length"])
             self.pool[slot["offset"]:slot["offset"] + slot["length"]] = data
         if commit and ctx["slots"]:
-            assert unpack(self.d.call(CSTORE, k, self.id, b"")) is True
+            assert unpack(self.d.call(COMMIT_STORE, k, self.id, b"")) is True
         return ctx
 
     def retrieve(self, tokens, start, end, rid, **kw):
         k = self.key(tokens, start, end, rid, **kw)
-        r = unpack(self.d.call(PRETR, k, self.id))
+        r = unpack(self.d.call(PREPARE_RETRIEVE, k, self.id))
         if not r["success"]:
             return None
         out = [bytes(self.pool[s["offset"]:s["offset"] + s["length"]]) for s in r["context"]["slots"]]
-        assert unpack(self.d.call(CRETR, k, self.id)) is True
+        assert unpack(self.d.call(COMMIT_RETRIEVE, k, self.id)) is True
         return out
 
     def close(self):
@@ -93,21 +96,8 @@ class Worker:
         self.d.close()
 
 
-def lookup(sched, tokens, rid, **kw):
-    end = len(tokens) // CS * CS
-    assert sched.call(LOOKUP, key(tokens, 0, end, rid, **kw), 1) is not None
-    return unpack(sched.call(QUERY, rid))
-
-
 def prompt(seed, n_chunks=4):
     return [(seed * 7919 + i * 31) % 50000 for i in range(n_chunks * CS)]
-
-
-@pytest.fixture
-def srv():
-    s = Server("--chunk-size", str(CS))
-    yield s
-    finish(s)
 
 
 @pytest.fixture
@@ -127,7 +117,7 @@ def test_store_lookup_retrieve_two_ranks(srv, pair):
         assert ctx["slots"][0]["dtype"] == "float16" and ctx["slots"][0]["length"] == OBJ
     sched = srv.dealer()
     assert lookup(sched, toks, "r1") == 4
-    assert unpack(sched.call(QUERY, "r1")) == 0          # exactly once
+    assert unpack(sched.call(QUERY_PREFETCH_STATUS, "r1")) == 0          # exactly once
     for w in pair:
         got = w.retrieve(toks, 0, 64, "r1")
         assert got == [chunk_bytes(w.rank, toks, c) for c in range(4)]
@@ -145,17 +135,17 @@ def test_retrieve_without_lookup_and_prepare_twice(srv, pair):
     toks = prompt(3)
     w = pair[0]
     assert w.retrieve(toks, 0, 64, "x") is None             # no lock: success false
-    r = unpack(w.d.call(PRETR, w.key(toks, 0, 64, "x"), w.id))
+    r = unpack(w.d.call(PREPARE_RETRIEVE, w.key(toks, 0, 64, "x"), w.id))
     assert r == {"success": False, "data": b"", "context": {}}
     first = w.store(toks, 0, 64, commit=False)
     assert len(first["slots"]) == 4
     assert w.store(toks, 0, 64, commit=False) == {"slots": [], "chunk_indices": []}
     k = w.key(toks, 0, 64, "s")
-    assert unpack(w.d.call(CSTORE, k, w.id, b"")) is True
-    assert unpack(w.d.call(CSTORE, k, w.id, b"")) is False  # nothing pending any more
+    assert unpack(w.d.call(COMMIT_STORE, k, w.id, b"")) is True
+    assert unpack(w.d.call(COMMIT_STORE, k, w.id, b"")) is False  # nothing pending any more
     other = w.key(prompt(4), 0, 32, "s")
-    assert unpack(w.d.call(CSTORE, other, w.id, b"")) is False
-    assert unpack(w.d.call(CSTORE, k, w.id, b"\x80\x04")) is False  # pickle fallback
+    assert unpack(w.d.call(COMMIT_STORE, other, w.id, b"")) is False
+    assert unpack(w.d.call(COMMIT_STORE, k, w.id, b"\x80\x04")) is False  # pickle fallback
     assert w.store(toks, 0, 64) == {"slots": [], "chunk_indices": []}
 
 
@@ -167,14 +157,14 @@ def test_free_lookup_locks_releases_exactly_the_lookup(srv, pair):
     assert lookup(sched, toks, "A", readers=2) == 4
     assert sched.call(CLEAR, False) is not None
     assert lookup(sched, toks, "B") == 4                    # A's locks kept them
-    assert sched.call(FREE, key(toks, 0, 64, "B"), 1) is not None
-    assert sched.call(FREE, key(toks, 0, 32, "A"), 1) is not None
-    assert sched.call(FREE, key(toks, 0, 32, "A"), 1) is not None   # no double release
-    assert sched.call(FREE, key(toks, 32, 32, "A"), 1) is not None  # start >= end: no-op
+    assert sched.call(FREE_LOOKUP_LOCKS, key(toks, 0, 64, "B"), 1) is not None
+    assert sched.call(FREE_LOOKUP_LOCKS, key(toks, 0, 32, "A"), 1) is not None
+    assert sched.call(FREE_LOOKUP_LOCKS, key(toks, 0, 32, "A"), 1) is not None   # no double release
+    assert sched.call(FREE_LOOKUP_LOCKS, key(toks, 32, 32, "A"), 1) is not None  # start >= end: no-op
     assert sched.call(CLEAR, False) is not None
     # Chunks 0-1 went, 2-3 are still locked by A.
     assert pair[0].store(toks, 0, 64, commit=False)["chunk_indices"] == [0, 1]
-    assert sched.call(FREE, key(toks, 32, 64, "A"), 1) is not None
+    assert sched.call(FREE_LOOKUP_LOCKS, key(toks, 32, 64, "A"), 1) is not None
     assert sched.call(CLEAR, False) is not None
     assert pair[1].store(toks, 0, 64, commit=False)["chunk_indices"] == [0, 1, 2, 3]
     sched.close()
@@ -186,11 +176,11 @@ def test_end_session_drops_session_and_unqueried_locks(srv, pair):
         w.store(toks, 0, 64)
     sched = srv.dealer()
     assert sched.call(LOOKUP, key(toks, 0, 64, "E", readers=2), 1) is not None
-    assert unpack(sched.call(LOOKUP_HITS, "E")) == 4        # does not consume
-    assert sched.call(END, "E") is not None
-    assert sched.call(END, "E", {"finish_reason": "stop", "stop_token_id": -1}) is not None
-    assert unpack(sched.call(QUERY, "E")) == 0
-    assert unpack(sched.call(LOOKUP_HITS, "E")) == 0
+    assert unpack(sched.call(QUERY_PREFETCH_LOOKUP_HITS, "E")) == 4        # does not consume
+    assert sched.call(END_SESSION, "E") is not None
+    assert sched.call(END_SESSION, "E", {"finish_reason": "stop", "stop_token_id": -1}) is not None
+    assert unpack(sched.call(QUERY_PREFETCH_STATUS, "E")) == 0
+    assert unpack(sched.call(QUERY_PREFETCH_LOOKUP_HITS, "E")) == 0
     assert sched.call(CLEAR, False) is not None             # nothing is locked any more
     assert lookup(sched, toks, "E2") == 0
     sched.close()
@@ -202,10 +192,10 @@ def test_wait_prefetch_status(srv, pair):
         w.store(toks, 0, 64)
     sched = srv.dealer()
     t0 = time.monotonic()
-    assert unpack(sched.call(WAIT, "nope", 5.0)) == 0
+    assert unpack(sched.call(WAIT_PREFETCH_STATUS, "nope", 5.0)) == 0
     assert sched.call(LOOKUP, key(toks, 0, 64, "W"), 1) is not None
-    assert unpack(sched.call(WAIT, "W", 0.05)) == 4
-    assert unpack(sched.call(WAIT, "W", 5.0)) == 0
+    assert unpack(sched.call(WAIT_PREFETCH_STATUS, "W", 0.05)) == 4
+    assert unpack(sched.call(WAIT_PREFETCH_STATUS, "W", 5.0)) == 0
     assert time.monotonic() - t0 < 2
     sched.close()
 
@@ -220,17 +210,17 @@ def test_malformed_keys_are_dropped(srv, pair):
     for k in bad:
         assert sched.call(LOOKUP, k, 1, timeout_ms=300) is None
     w = pair[0]
-    assert w.d.call(PSTORE, key(toks, 0, 64, "t"), w.id, timeout_ms=300) is None   # worker None
-    assert w.d.call(PSTORE, key(toks, 0, 64, "t", worker_id=2), w.id, timeout_ms=300) is None
-    assert w.d.call(PRETR, key(toks, 8, 64, "t", worker_id=0), w.id, timeout_ms=300) is None
+    assert w.d.call(PREPARE_STORE, key(toks, 0, 64, "t"), w.id, timeout_ms=300) is None   # worker None
+    assert w.d.call(PREPARE_STORE, key(toks, 0, 64, "t", worker_id=2), w.id, timeout_ms=300) is None
+    assert w.d.call(PREPARE_RETRIEVE, key(toks, 8, 64, "t", worker_id=0), w.id, timeout_ms=300) is None
     for p in ({"instance_id": 9}, {**payload(9), "model_name": 3}, "x"):
-        assert w.d.call(REG, p, timeout_ms=300) is None     # malformed payload: dropped
-    assert w.d.call(REG, timeout_ms=300) is None            # no payload frame at all
-    assert w.d.call(REG, raw=[b"\xc1"], timeout_ms=300) is None   # not msgpack
+        assert w.d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, p, timeout_ms=300) is None     # malformed payload: dropped
+    assert w.d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, timeout_ms=300) is None            # no payload frame at all
+    assert w.d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, raw=[b"\xc1"], timeout_ms=300) is None   # not msgpack
     assert unpack(sched.call(NOOP)) == "OK"
     assert lookup(sched, toks, "ok") == 0
     assert lookup(sched, toks, "") == 0           # "" is a request id too (msgpack-c: NULL ptr)
-    assert sched.call(END, "") is not None
+    assert sched.call(END_SESSION, "") is not None
     sched.close()
 
 
@@ -252,9 +242,9 @@ def test_concurrent_sessions(srv, pair):
                 got = lookup(d, p, rid)
                 if got != len(p) // CS:
                     errors.append((rid, got))
-                if d.call(FREE, key(p, 0, len(p), rid), 1) is None:
+                if d.call(FREE_LOOKUP_LOCKS, key(p, 0, len(p), rid), 1) is None:
                     errors.append((rid, "FREE_LOOKUP_LOCKS unanswered"))
-                if d.call(END, rid) is None:
+                if d.call(END_SESSION, rid) is None:
                     errors.append((rid, "END_SESSION unanswered"))
         except BaseException as e:  # noqa: BLE001 - reported to the main thread
             errors.append((t, repr(e)))
@@ -311,7 +301,7 @@ def test_reaped_worker_writes_never_visible(start_server, monkeypatch):
         assert unpack(keeper.d.call(PING, keeper.id)) is True
         time.sleep(0.1)
     k = dead.key(toks, 0, 64, "s")
-    assert unpack(dead.d.call(CSTORE, k, dead.id, b"")) is False
+    assert unpack(dead.d.call(COMMIT_STORE, k, dead.id, b"")) is False
     sched = s.dealer()
     assert lookup(sched, toks, "R", world_size=1) == 0
     again = Worker(s, 2, 0, world_size=1)                    # re-registration works
@@ -326,29 +316,29 @@ def test_reaped_worker_writes_never_visible(start_server, monkeypatch):
 def test_register_replies(start_server):
     s = start_server("--chunk-size", str(CS))
     d = s.dealer()
-    r = d.call(REG, payload(5))
+    r = d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, payload(5))
     name = msgpack.unpackb(r[2])["shm_name"]
     assert name.startswith("lmcache_l1_pool_")
     assert r[2].startswith(b"\x82\xa8shm_name")
-    assert d.call(REG, payload(5))[2] == r[2]               # idempotent
+    assert d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, payload(5))[2] == r[2]               # idempotent
     bad = [payload(6, group_layout_descs=[{"shapes": [[1]], "dtypes": ["float16"]}]),
            payload(6, enable_l1_kvweave_quant=True),
            payload(6, engine_group_infos=[{"engine_group_id": 0}, {"engine_group_id": 1}]),
            payload(6, dtype_str="complex64"),
            payload(6, hidden=16)]                           # conflicts with instance 5
     for p in bad:
-        rep = unpack(d.call(REG, p))
+        rep = unpack(d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, p))
         assert rep["shm_name"] == "" and rep["pool_size"] == 0 and rep["error"]
-    assert d.call(UNREG, 5) is not None
-    assert d.call(UNREG, 5) is not None                     # unknown: warning only
+    assert d.call(UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, 5) is not None
+    assert d.call(UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, 5) is not None                     # unknown: warning only
     d.close()
     p = start_server("--chunk-size", str(CS), "--shm-name", "")
     d = p.dealer()
-    assert unpack(d.call(REG, payload(5))) == {"shm_name": "", "pool_size": 0}
+    assert unpack(d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, payload(5))) == {"shm_name": "", "pool_size": 0}
     d.close()
     q = start_server("--supported-transfer-mode", "lmcache_driven")
     d = q.dealer()
-    assert d.call(REG, payload(5), timeout_ms=300) is None
+    assert d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, payload(5), timeout_ms=300) is None
     assert unpack(d.call(NOOP)) == "OK"
     d.close()
 
@@ -365,24 +355,24 @@ def test_spec_byte_examples(start_server):
         "6e6b5f6d61736bc0".replace(" ", ""))
     d.uid = 0
     assert d.call(LOOKUP, raw=[spec_key, b"\x01"]) == [b"\x00", b"\x08"]
-    assert d.call(QUERY, raw=[b"\xa2r1"]) == [b"\x01", b"\x09", b"\x00"]   # no layout: 0
+    assert d.call(QUERY_PREFETCH_STATUS, raw=[b"\xa2r1"]) == [b"\x01", b"\x09", b"\x00"]   # no layout: 0
     w = s.dealer()
     reg = payload(12345, world_size=1, hidden=1, layers=1)
     reg["block_size"] = 4
-    assert unpack(w.call(REG, reg))["pool_size"] > 0
+    assert unpack(w.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, reg))["pool_size"] > 0
     k = key([1, 2, 3, 4], 0, 4, "r1", worker_id=0, world_size=1)
-    rep = w.call(PSTORE, k, 12345)[2]
+    rep = w.call(PREPARE_STORE, k, 12345)[2]
     off = msgpack.unpackb(rep)["context"]["slots"][0]["offset"]
     expect = (b"\x81\xa7context\x82\xa5slots\x91\x84\xa6offset" + msgpack.packb(off) +
               b"\xa6length\x10\xa5shape\x94\x02\x01\x04\x01\xa5dtype\xa7float16"
               b"\xadchunk_indices\x91\x00")
     assert rep == expect
-    assert w.call(CSTORE, k, 12345, b"")[2] == b"\xc3"
+    assert w.call(COMMIT_STORE, k, 12345, b"")[2] == b"\xc3"
     d.uid = 0
     assert d.call(LOOKUP, raw=[spec_key, b"\x01"]) == [b"\x00", b"\x08"]
-    assert d.call(QUERY, raw=[b"\xa2r1"]) == [b"\x01", b"\x09", b"\x01"]
-    assert d.call(QUERY, raw=[b"\xa2r1"]) == [b"\x02", b"\x09", b"\x00"]
-    miss = w.call(PRETR, key([9, 9, 9, 9], 0, 4, "zz", worker_id=0, world_size=1), 12345)[2]
+    assert d.call(QUERY_PREFETCH_STATUS, raw=[b"\xa2r1"]) == [b"\x01", b"\x09", b"\x01"]
+    assert d.call(QUERY_PREFETCH_STATUS, raw=[b"\xa2r1"]) == [b"\x02", b"\x09", b"\x00"]
+    miss = w.call(PREPARE_RETRIEVE, key([9, 9, 9, 9], 0, 4, "zz", worker_id=0, world_size=1), 12345)[2]
     assert miss == bytes.fromhex("83a773756363657373c2a464617461c400a7636f6e7465787480")
     d.close()
     w.close()
@@ -409,11 +399,11 @@ def test_clear_during_transfers_never_hands_out_memory_in_use(srv, pair):
     w0.store(old, 0, 64)
     assert lookup(sched, old, "r-old") == 4
     k_read = w1.key(old, 0, 64, "r-old")
-    reading = unpack(w1.d.call(PRETR, k_read, w1.id))
+    reading = unpack(w1.d.call(PREPARE_RETRIEVE, k_read, w1.id))
     assert reading["success"]
     new = prompt(12)
     k_write = w0.key(new, 0, 64, "w")
-    writing = unpack(w0.d.call(PSTORE, k_write, w0.id))["context"]["slots"]
+    writing = unpack(w0.d.call(PREPARE_STORE, k_write, w0.id))["context"]["slots"]
     assert sched.call(CLEAR) is not None                     # forced: drops everything
     assert lookup(sched, old, "r-after") == 0
     # 4 chunks being read + 4 being written, each OBJ rounded up to 4 KiB.
@@ -424,17 +414,17 @@ def test_clear_during_transfers_never_hands_out_memory_in_use(srv, pair):
     assert len(fresh) == 4 and not busy & {s["offset"] for s in fresh}
     # The writer is given no second buffer of a key its cleared write holds:
     # its COMMIT_STORE could not tell which of the two it publishes.
-    assert unpack(w0.d.call(PSTORE, k_write, w0.id))["context"]["chunk_indices"] == []
+    assert unpack(w0.d.call(PREPARE_STORE, k_write, w0.id))["context"]["chunk_indices"] == []
     # The late copies: the reader still sees the old chunks, the writer's
     # bytes land in its own slots, and the commit of a cleared write is void.
     got = [bytes(w1.pool[s["offset"]:s["offset"] + s["length"]]) for s in reading["context"]["slots"]]
     assert got == [chunk_bytes(1, old, c) for c in range(4)]
-    assert unpack(w1.d.call(CRETR, k_read, w1.id)) is True
+    assert unpack(w1.d.call(COMMIT_RETRIEVE, k_read, w1.id)) is True
     for s in writing:
         w0.pool[s["offset"]:s["offset"] + s["length"]] = b"\xee" * s["length"]
-    assert unpack(w0.d.call(CSTORE, k_write, w0.id, b"")) is False  # processed, voided...
+    assert unpack(w0.d.call(COMMIT_STORE, k_write, w0.id, b"")) is False  # processed, voided...
     assert retired_bytes(srv) == 0
-    again = unpack(w0.d.call(PSTORE, k_write, w0.id))["context"]   # ...but not published
+    again = unpack(w0.d.call(PREPARE_STORE, k_write, w0.id))["context"]   # ...but not published
     assert again["chunk_indices"] == [0, 1, 2, 3]
     w0.store(other, 0, 64, rid="x")
     assert lookup(sched, other, "r-other") == 4
@@ -459,12 +449,12 @@ def test_commit_retrieve_after_clear_leaves_the_new_copy_locked(srv, pair):
         w.store(p, 0, 64)
     assert lookup(sched, p, "r-old") == 4
     k_old = w1.key(p, 0, 64, "r-old")
-    assert unpack(w1.d.call(PRETR, k_old, w1.id))["success"]
+    assert unpack(w1.d.call(PREPARE_RETRIEVE, k_old, w1.id))["success"]
     assert sched.call(CLEAR) is not None
     for w in pair:
         w.store(p, 0, 64, rid="again")
     assert lookup(sched, p, "r-new") == 4                  # one share per object
-    assert unpack(w1.d.call(CRETR, k_old, w1.id)) is True  # the old reader is done
+    assert unpack(w1.d.call(COMMIT_RETRIEVE, k_old, w1.id)) is True  # the old reader is done
     assert retired_bytes(srv) == 0
     assert_both_ranks_retrieve(pair, p, "r-new")
     sched.close()
@@ -485,8 +475,8 @@ def test_freeing_an_old_lookup_after_clear_spares_the_new_copy(srv, pair):
     for w in pair:
         w.store(p, 0, 64, rid="again")
     assert lookup(sched, p, "r-new") == 4                  # one share per object
-    assert sched.call(FREE, key(p, 0, 64, "r-old"), 1) is not None
-    assert sched.call(END, "r-undelivered") is not None    # its locks were never delivered
+    assert sched.call(FREE_LOOKUP_LOCKS, key(p, 0, 64, "r-old"), 1) is not None
+    assert sched.call(END_SESSION, "r-undelivered") is not None    # its locks were never delivered
     assert retired_bytes(srv) == 0
     assert_both_ranks_retrieve(pair, p, "r-new")
     sched.close()
@@ -512,11 +502,11 @@ def test_lease_ledger_settles_after_every_path(srv, pair):
     assert_both_ranks_retrieve(pair, p, "r1")
     assert lookup(sched, p, "r2") == 4
     k = w1.key(p, 0, 64, "r2")
-    assert unpack(w1.d.call(PRETR, k, w1.id))["success"]
+    assert unpack(w1.d.call(PREPARE_RETRIEVE, k, w1.id))["success"]
     st = l1_status(srv)["leases"]
     assert st["copy"]["outstanding"] == 4 and st["write"]["outstanding"] == 0, st
     assert sched.call(CLEAR) is not None
-    assert unpack(w1.d.call(CRETR, k, w1.id)) is True      # its copy is gone: stale
+    assert unpack(w1.d.call(COMMIT_RETRIEVE, k, w1.id)) is True      # its copy is gone: stale
     l1 = l1_status(srv)
     st = l1["leases"]
     assert l1["is_healthy"] and l1["invariant_violations"] == 0, l1

@@ -11,9 +11,12 @@ import time
 
 import pytest
 
-from conftest import Server, free_port
+from lmc.client import unpack
+from lmc.keys import ipc_key
+from lmc.ops import (LOOKUP, NOOP, PING, QUERY_PREFETCH_STATUS, REPORT_BLOCK_ALLOCATION,
+                     WAIT_PREFETCH_STATUS)
+from lmc.server import Server, free_port
 
-REPORT_BLOCK_ALLOCATION, NOOP = 23, 24
 RECORDS = [{"req_id": "r1", "new_block_ids": [1, 2], "new_token_ids": [5, 6, 7]}]
 
 
@@ -248,7 +251,7 @@ def test_lookup_span_reaches_the_otlp_receiver(receiver, monkeypatch):
     """With --enable-tracing a LOOKUP opens (LOOKUP_START) and closes
     (LOOKUP_END) an mp.lookup_prefetch span, exported to /v1/traces with
     the lookup's facts as attributes."""
-    from test_lookup_engine_driven import CS, LOOKUP, QUERY, Worker, key, prompt, unpack
+    from test_lookup_engine_driven import CS, Worker, prompt
     monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
     s = Server("--chunk-size", str(CS), "--otlp-endpoint", f"http://127.0.0.1:{receiver.port}",
                "--enable-tracing")
@@ -258,8 +261,8 @@ def test_lookup_span_reaches_the_otlp_receiver(receiver, monkeypatch):
         for w in ws:
             w.store(toks, 0, 3 * CS)
         sched = s.dealer()
-        assert sched.call(LOOKUP, key(toks, 0, 4 * CS, "span-1"), 1) is not None
-        assert unpack(sched.call(QUERY, "span-1")) == 3
+        assert sched.call(LOOKUP, ipc_key(toks, 0, 4 * CS, "span-1", world_size=2), 1) is not None
+        assert unpack(sched.call(QUERY_PREFETCH_STATUS, "span-1")) == 3
 
         def lookup_span():
             for body in receiver.bodies("/v1/traces"):
@@ -299,7 +302,7 @@ def test_otlp_unreachable_endpoint_keeps_serving(start_server, monkeypatch):
 def test_lookups_feed_metrics_and_the_hash_log(tmp_path):
     """A real store + LOOKUP moves the lookup counters (labelled by model and
     salt) and writes the prompt's chunk hashes to the lookup hash log."""
-    from test_lookup_engine_driven import CS, LOOKUP, WAIT, Worker, key, prompt, unpack
+    from test_lookup_engine_driven import CS, Worker, prompt
     logdir = tmp_path / "hashes"
     s = Server("--chunk-size", str(CS), "--lookup-hash-log-dir", str(logdir))
     try:
@@ -308,8 +311,8 @@ def test_lookups_feed_metrics_and_the_hash_log(tmp_path):
         for w in ws:
             w.store(toks, 0, 2 * CS)                      # 2 of the 4 chunks stored
         sched = s.dealer()
-        assert sched.call(LOOKUP, key(toks, 0, 4 * CS, "obs-1"), 1) is not None
-        assert unpack(sched.call(WAIT, "obs-1", 5.0)) == 2
+        assert sched.call(LOOKUP, ipc_key(toks, 0, 4 * CS, "obs-1", world_size=2), 1) is not None
+        assert unpack(sched.call(WAIT_PREFETCH_STATUS, "obs-1", 5.0)) == 2
         labels = 'model_name="m",cache_salt=""'
         assert wait_for(lambda: value(metrics_text(s.http_port),
                                       f"lmcache_mp_lookup_requested_total{{{labels}}}") == 4 * CS)
@@ -344,7 +347,7 @@ def test_storage_families_follow_the_data_path():
     """Stores, a lookup and retrieves move l1_write/l1_read, the sm_*
     counters and (every key sampled) the reuse-gap histogram; a retrieve
     without the lookup's locks counts as an L1 read failure."""
-    from test_lookup_engine_driven import CS, LOOKUP, WAIT, Worker, key, prompt, unpack
+    from test_lookup_engine_driven import CS, Worker, prompt
     s = Server("--chunk-size", str(CS), "--metrics-sample-rate", "1")
     try:
         toks = prompt(302)
@@ -353,8 +356,8 @@ def test_storage_families_follow_the_data_path():
             w.store(toks, 0, 4 * CS)
         assert ws[0].retrieve(toks, 0, 4 * CS, "no-lock") is None   # no lookup lock
         sched = s.dealer()
-        assert sched.call(LOOKUP, key(toks, 0, 4 * CS, "st-1"), 1) is not None
-        assert unpack(sched.call(WAIT, "st-1", 5.0)) == 4
+        assert sched.call(LOOKUP, ipc_key(toks, 0, 4 * CS, "st-1", world_size=2), 1) is not None
+        assert unpack(sched.call(WAIT_PREFETCH_STATUS, "st-1", 5.0)) == 4
         for w in ws:
             assert w.retrieve(toks, 0, 4 * CS, "st-1") is not None
         salt = '{cache_salt=""}'
@@ -414,7 +417,7 @@ def test_rpc_requests_by_op(start_server):
     d = s.dealer()
     for _ in range(3):
         assert d.call(NOOP) is not None
-    assert d.call(22, "not-an-id", timeout_ms=300) is None     # PING with a bad id: dropped
+    assert d.call(PING, "not-an-id", timeout_ms=300) is None   # a bad id: dropped
     text = metrics_text(s.http_port)
     assert value(text, 'lmcache_mp_rpc_requests_total{op="noop",result="ok"}') >= 3
     assert value(text, 'lmcache_mp_rpc_requests_total{op="ping",result="failed"}') == 1

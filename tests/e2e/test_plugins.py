@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from conftest import Server
+from lmc.server import Server
 
 # Each plugin also writes the config to a file beside it: a log line is cut
 # at 2 KiB (src/obs/log.c), and the whole configuration with this test's

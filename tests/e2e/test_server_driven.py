@@ -6,6 +6,7 @@ into other blocks, compared row by row.  Also: sharing chunk objects with
 the engine-driven path both ways, several engine groups, sliding windows,
 skip_first_n_tokens, null blocks, every failure's reply, and hostile
 pickles that are never run."""
+import functools
 import hashlib
 import json
 import mmap
@@ -18,35 +19,31 @@ import urllib.request
 import msgpack
 import pytest
 
-from conftest import Server, finish
+from lmc.client import lookup as lmc_lookup
+from lmc.client import unpack
+from lmc.keys import ipc_key
+from lmc.ops import (CLEAR, COMMIT_RETRIEVE, COMMIT_STORE, LOOKUP, NOOP, PING, PREPARE_RETRIEVE,
+                     PREPARE_STORE, QUERY_PREFETCH_STATUS,
+                     REGISTER_KV_CACHE, REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, RETRIEVE, STORE,
+                     UNREGISTER_KV_CACHE, WAIT_PREFETCH_STATUS)
 from paged_kv import PagedKV, Tensor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "pickles"))
 import gen_vectors  # noqa: E402
 import wrappers as w  # noqa: E402
 
-REG, UNREG, STORE, RETRIEVE = 1, 2, 6, 7
-LOOKUP, QUERY, FREE, END = 8, 9, 12, 13
-ED_REG, PSTORE, CSTORE, PRETR, CRETR = 14, 16, 17, 18, 19
-PING, NOOP = 22, 24
 ZEROS = b"\0" * 64
 CS = 32
+SERVER_ARGS = ("--chunk-size", str(CS))      # srv and hint_srv's (conftest.py)
+
+# This module's keys: rank 0 of a world of one; its lookups open their own
+# DEALER on the server they are given.
+key = functools.partial(ipc_key, worker_id=0)
+lookup = functools.partial(lmc_lookup, cs=CS)
 
 
 def ext(data):
     return msgpack.ExtType(1, data)
-
-
-def unpack(frames):
-    assert frames is not None, "no reply"
-    return msgpack.unpackb(frames[2]) if len(frames) > 2 else None
-
-
-def key(tokens, start, end, rid, worker_id=0, world_size=1, model="m"):
-    return {"model_name": model, "world_size": world_size, "worker_id": worker_id,
-            "token_ids": list(tokens), "start": start, "end": end, "request_id": rid,
-            "cache_salt": "", "request_configs": None, "num_kv_readers": 1,
-            "null_chunk_mask": None}
 
 
 def prompt(seed, n_chunks=3, cs=CS):
@@ -88,7 +85,7 @@ class Engine:
         self.srv, self.id, self.groups, self.model = srv, instance, groups, model
         self.d = srv.dealer()
         handles = [h for g in groups for h in g.handles(descriptor=descriptors)]
-        frames = self.d.call(REG, instance, handles, model, 1, engine,
+        frames = self.d.call(REGISTER_KV_CACHE, instance, handles, model, 1, engine,
                              hints if hints is not None else {"kv_layout": "NHD"},
                              infos or [], timeout_ms=3000 if expect_registered else 500)
         if expect_registered:
@@ -108,42 +105,16 @@ class Engine:
 
     def close(self, unregister=True):
         if unregister:
-            assert len(self.d.call(UNREG, self.id)) == 2
+            assert len(self.d.call(UNREGISTER_KV_CACHE, self.id)) == 2
         self.d.close()
         for g in self.groups:
             g.close()
-
-
-def lookup(srv, tokens, rid, model="m", cs=CS, world_size=1, readers=1):
-    """LOOKUP of every whole chunk of tokens, then the hit count."""
-    d = srv.dealer()
-    end = len(tokens) // cs * cs
-    k = key(tokens, 0, end, rid, worker_id=None, world_size=world_size, model=model)
-    k["num_kv_readers"] = readers
-    assert d.call(LOOKUP, k, 1) is not None
-    hits = unpack(d.call(QUERY, rid))
-    d.close()
-    return hits
 
 
 def chunk_rows(g, blocks, chunk, cs=CS):
     """The rows chunk `chunk` of group g occupies over the given block list."""
     per = cs // g.bs
     return g.rows(blocks[chunk * per:(chunk + 1) * per], cs)
-
-
-@pytest.fixture
-def srv():
-    s = Server("--chunk-size", str(CS))
-    yield s
-    finish(s)
-
-
-@pytest.fixture
-def hint_srv():
-    s = Server("--chunk-size", str(CS), "--cpu-kv-layout", "hint")
-    yield s
-    finish(s)
 
 
 # ---- round trips ---------------------------------------------------------
@@ -230,7 +201,7 @@ def test_older_registrations_with_fewer_frames(srv, frames):
     g = PagedKV(f"old{frames}", "fa_hnd", nl=2, nb=16, bs=16, nh=2, hs=8)
     d = srv.dealer()
     args = [15, g.handles()] + (["m", 1] if frames == 4 else [])
-    reply = d.call(REG, *args)
+    reply = d.call(REGISTER_KV_CACHE, *args)
     assert reply is not None and len(reply) == 2, srv.output()
     toks = prompt(16)
     assert unpack(d.call(STORE, key(toks, 0, 2 * CS, "s"), 15, [[1, 2, 3, 4]], b"")) == \
@@ -240,7 +211,7 @@ def test_older_registrations_with_fewer_frames(srv, frames):
         [ZEROS, True]                                  # a flat block list, no skip frame
     for c in range(2):
         assert chunk_rows(g, [5, 6, 7, 8], c) == chunk_rows(g, [1, 2, 3, 4], c)
-    assert len(d.call(UNREG, 15)) == 2
+    assert len(d.call(UNREGISTER_KV_CACHE, 15)) == 2
     d.close()
     g.close()
 
@@ -271,26 +242,26 @@ class EdWorker:
              "use_mla": use_mla, "num_physical_slots": None, "engine_group_infos": [],
              "group_hidden_dim_sizes": None, "group_layout_descs": None,
              "enable_l1_kvweave_quant": False}
-        r = unpack(self.d.call(ED_REG, p))
+        r = unpack(self.d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, p))
         fd = os.open("/dev/shm/" + r["shm_name"], os.O_RDWR)
         self.pool = mmap.mmap(fd, r["pool_size"])
         os.close(fd)
 
     def retrieve(self, tokens, start, end, rid):
         k = key(tokens, start, end, rid, model=self.model)
-        r = unpack(self.d.call(PRETR, k, self.id))
+        r = unpack(self.d.call(PREPARE_RETRIEVE, k, self.id))
         assert r["success"], r
         out = [bytes(self.pool[s["offset"]:s["offset"] + s["length"]])
                for s in r["context"]["slots"]]
-        assert unpack(self.d.call(CRETR, k, self.id)) is True
+        assert unpack(self.d.call(COMMIT_RETRIEVE, k, self.id)) is True
         return out
 
     def store(self, tokens, start, end, chunks):
         k = key(tokens, start, end, "s", model=self.model)
-        ctx = unpack(self.d.call(PSTORE, k, self.id))["context"]
+        ctx = unpack(self.d.call(PREPARE_STORE, k, self.id))["context"]
         for slot, idx in zip(ctx["slots"], ctx["chunk_indices"]):
             self.pool[slot["offset"]:slot["offset"] + slot["length"]] = chunks[idx]
-        assert unpack(self.d.call(CSTORE, k, self.id, b"")) is True
+        assert unpack(self.d.call(COMMIT_STORE, k, self.id, b"")) is True
 
     def close(self):
         self.pool.close()
@@ -352,7 +323,7 @@ def test_three_engine_groups_block_sizes_and_a_window(start_server, separate):
     assert e.store(toks, 0, 3 * cs, src) == [ZEROS, True]
     d = s.dealer()
     assert d.call(LOOKUP, key(toks, 0, 3 * cs, "r", worker_id=None), 1) is not None
-    assert unpack(d.call(QUERY, "r")) == 3
+    assert unpack(d.call(QUERY_PREFETCH_STATUS, "r")) == 3
     d.close()
     assert e.retrieve(toks, 0, 3 * cs, dst, "r") == [ZEROS, True]
     for c in range(3):
@@ -441,7 +412,7 @@ def test_a_window_group_needs_only_its_last_chunks(start_server):
     assert e.store(toks, 0, 3 * cs, src) == [ZEROS, True]
     d = s.dealer()
     assert d.call(LOOKUP, key(toks, 0, 3 * cs, "r", worker_id=None), 1) is not None
-    assert unpack(d.call(QUERY, "r")) == 3
+    assert unpack(d.call(QUERY_PREFETCH_STATUS, "r")) == 3
     d.close()
     dst = [list(range(13, 25)), list(range(13, 25))]
     before = swa.block_bytes(13)
@@ -476,9 +447,9 @@ def test_object_groups_of_different_sizes_come_back_from_l2(start_server, tmp_pa
                    if f.endswith(".data"))
     assert sizes == [2 * 1 * cs * 8 * 2] * 2 + [2 * 2 * cs * 16 * 2] * 2
     d = s.dealer()
-    assert d.call(20, False) is not None                    # CLEAR: L1 is empty
+    assert d.call(CLEAR, False) is not None                 # L1 is empty
     assert d.call(LOOKUP, key(toks, 0, 2 * cs, "r", worker_id=None), 1) is not None
-    assert unpack(d.call(10, "r", 10.0, timeout_ms=15000)) == 2   # WAIT: from L2
+    assert unpack(d.call(WAIT_PREFETCH_STATUS, "r", 10.0, timeout_ms=15000)) == 2   # from L2
     d.close()
     dst = [list(range(9, 17)), list(range(9, 17))]
     assert e.retrieve(toks, 0, 2 * cs, dst, "r") == [ZEROS, True]
@@ -658,7 +629,7 @@ def test_unregister_and_reap_release_everything(start_server, monkeypatch):
     g = PagedKV("reap", "fa_nhd", nl=2, nb=16, bs=16, nh=2, hs=8)
     e = Engine(s, 61, [g])
     # Re-registering a known instance only refreshes it, whatever it carries.
-    assert len(e.d.call(REG, 61, [ext(b"junk")], "m", 1, "vllm", {}, [])) == 2
+    assert len(e.d.call(REGISTER_KV_CACHE, 61, [ext(b"junk")], "m", 1, "vllm", {}, [])) == 2
     toks = prompt(9)
     # The client unmaps and unlinks its segments: the server's mapping stays.
     g.close(unlink=True)
@@ -705,7 +676,7 @@ def test_a_worker_gone_mid_store_still_lands_its_store(start_server, monkeypatch
     mid, published = False, []
     for attempt in range(4):
         instance = 70 + attempt
-        assert d.call(REG, instance, g.handles(), "m", 1, "vllm", {"kv_layout": "NHD"}, [],
+        assert d.call(REGISTER_KV_CACHE, instance, g.handles(), "m", 1, "vllm", {"kv_layout": "NHD"}, [],
                       timeout_ms=5000) is not None, s.output()
         if how == "reap":
             assert unpack(d.call(PING, instance)) is True
@@ -716,7 +687,7 @@ def test_a_worker_gone_mid_store_still_lands_its_store(start_server, monkeypatch
         if how == "unregister":    # once the STORE holds its L1 reservations
             until(lambda: d.sock.poll(0) or status(s)["storage_manager"]["l1_manager"]
                   ["leases"]["write"]["outstanding"] > 0)
-            assert len(other.call(UNREG, instance)) == 2
+            assert len(other.call(UNREGISTER_KV_CACHE, instance)) == 2
         deadline = time.monotonic() + 30
         while not d.sock.poll(1) and time.monotonic() < deadline:
             if drop in s.output():
@@ -758,7 +729,7 @@ def test_a_worker_gone_mid_store_still_lands_its_store(start_server, monkeypatch
 
 def register_raw(srv, d, instance, handles, hints=None, infos=None, engine="vllm"):
     payload = [instance, handles, "org/model", 1, engine, hints or {}, infos or []]
-    return d.call(REG, *payload, timeout_ms=500)
+    return d.call(REGISTER_KV_CACHE, *payload, timeout_ms=500)
 
 
 def test_registrations_refused_with_the_reason(srv):
@@ -882,7 +853,7 @@ def test_malformed_registrations_keep_the_server_serving(srv):
     assert wait_for_log(srv, "kv_cache must be a list of 1..4096 tensor handles")
     assert register_raw(srv, d, 9, [b"not an ext"]) is None
     assert wait_for_log(srv, "kv_cache[0] is not a msgpack ext type 1")
-    assert d.call(REG, "nine", timeout_ms=500) is None
+    assert d.call(REGISTER_KV_CACHE, "nine", timeout_ms=500) is None
     assert wait_for_log(srv, "instance_id must be an int")
     assert d.call(NOOP)[2] == msgpack.packb("OK")
     d.close()
@@ -890,7 +861,7 @@ def test_malformed_registrations_keep_the_server_serving(srv):
 
 def test_unregister_of_an_unknown_instance_is_answered(srv):
     d = srv.dealer()
-    frames = d.call(UNREG, 77)
+    frames = d.call(UNREGISTER_KV_CACHE, 77)
     assert frames is not None and len(frames) == 2    # void: [uid, op]
     assert wait_for_log(srv, "UNREGISTER_KV_CACHE: instance 77 is not registered")
     d.close()
@@ -899,5 +870,5 @@ def test_unregister_of_an_unknown_instance_is_answered(srv):
 def test_engine_driven_mode_leaves_the_ops_unanswered(start_server):
     s = start_server("--supported-transfer-mode", "engine_driven")
     d = s.dealer()
-    assert d.call(UNREG, 77, timeout_ms=500) is None
+    assert d.call(UNREGISTER_KV_CACHE, 77, timeout_ms=500) is None
     d.close()

@@ -13,14 +13,15 @@ import time
 import msgpack
 import pytest
 
-from conftest import ROOT, Server, finish
+from lmc.client import unpack
+from lmc.ops import NOOP, REGISTER_KV_CACHE, RETRIEVE, STORE, UNREGISTER_KV_CACHE
+from lmc.server import ROOT, Server
 from paged_kv import PagedKV, create_segment, unlink_segment
-from test_server_driven import (CS, LOOKUP, NOOP, QUERY, REG, RETRIEVE, STORE, UNREG,
-                                chunk_rows, http_post, key, prompt, status, unpack,
-                                until)
+from test_server_driven import CS, chunk_rows, http_post, key, lookup, prompt, status, until
 import wrappers as w
 
 EMUL = os.environ.get("LMCACHED_CUDA_EMUL", os.path.join(ROOT, "build", "libcuda_emul.so"))
+SERVER_ARGS = ("--chunk-size", str(CS))      # the srv fixture's (conftest.py)
 
 
 def cuda_handles(g):
@@ -36,21 +37,15 @@ def cuda_handles(g):
     return out
 
 
-@pytest.fixture
-def srv(monkeypatch):
+def server_env():
+    """What the srv fixture's server needs (conftest.py): the emulator as
+    its CUDA library.  Without the emulator built the test is skipped
+    (failed under CI=true)."""
     if not os.path.exists(EMUL):
         if os.environ.get("CI") == "true":
             pytest.fail(f"{EMUL} was not built")
         pytest.skip(f"{EMUL} not built")
-    monkeypatch.setenv("LMCACHED_CUDA_LIB", EMUL)
-    s = Server("--chunk-size", str(CS))
-    yield s
-    finish(s)
-
-
-def lookup(d, toks, rid, n):
-    assert d.call(LOOKUP, key(toks, 0, n * CS, rid, worker_id=None), 1) is not None
-    return unpack(d.call(QUERY, rid))
+    return {"LMCACHED_CUDA_LIB": EMUL}
 
 
 def blocks_md5(g, blocks, layers):
@@ -78,7 +73,7 @@ def copies_settled(srv):
 
 
 def register(d, instance, g, hint="NHD"):
-    frames = d.call(REG, instance, cuda_handles(g), "m", 1, "vllm", {"kv_layout": hint}, [])
+    frames = d.call(REGISTER_KV_CACHE, instance, cuda_handles(g), "m", 1, "vllm", {"kv_layout": hint}, [])
     return frames is not None and len(frames) == 2
 
 
@@ -93,8 +88,8 @@ def test_store_and_retrieve_through_the_stream(srv, fmt, hint):
     h, ok = unpack(d.call(STORE, key(toks, 0, 3 * CS, "s"), 81, [[1, 2, 3, 4, 5, 6]], ev))
     assert ok and len(h) == 64 and h[:4] == b"emul"
     # Published only once the stream passed the copies.
-    assert until(lambda: lookup(d, toks, f"r{time.monotonic()}", 3) == 3)
-    assert lookup(d, toks, "r", 3) == 3
+    assert until(lambda: lookup(d, toks, f"r{time.monotonic()}", end=3 * CS) == 3)
+    assert lookup(d, toks, "r", end=3 * CS) == 3
     dst = [13, 8, 9, 10, 11, 12]
     h2, ok = unpack(d.call(RETRIEVE, key(toks, 0, 3 * CS, "r"), 81, [dst], b"", 0))
     assert ok and h2 != h
@@ -118,7 +113,7 @@ def test_store_and_retrieve_through_the_stream(srv, fmt, hint):
         for l in range(2)}
     assert http_post(srv, "/cache/checksums", {"block_ids": [16], "chunk_size": 1,
                                                "instance_id": 81})[0] == 400
-    assert len(d.call(UNREG, 81)) == 2
+    assert len(d.call(UNREGISTER_KV_CACHE, 81)) == 2
     d.close()
     g.close()
 
@@ -175,13 +170,13 @@ def round_trip_carved(srv, d, instance, one, handles, hints, engine="vllm"):
     and nothing outside the tensors changed.  The source and the
     destination blocks."""
     g = one.g
-    frames = d.call(REG, instance, handles, "m", 1, engine, hints, [])
+    frames = d.call(REGISTER_KV_CACHE, instance, handles, "m", 1, engine, hints, [])
     assert frames is not None and len(frames) == 2, srv.output()
     toks = prompt(instance)
     src, dst = [1, 2, 3, 4, 5, 6], [13, 8, 9, 10, 11, 12]
     assert unpack(d.call(STORE, key(toks, 0, 3 * CS, "s"), instance, [src], b""))[1]
-    assert until(lambda: lookup(d, toks, f"r{time.monotonic()}", 3) == 3)
-    assert lookup(d, toks, "r", 3) == 3
+    assert until(lambda: lookup(d, toks, f"r{time.monotonic()}", end=3 * CS) == 3)
+    assert lookup(d, toks, "r", end=3 * CS) == 3
     assert unpack(d.call(RETRIEVE, key(toks, 0, 3 * CS, "r"), instance, [dst], b"", 0))[1]
     assert until(lambda: copies_settled(srv))
     assert all(chunk_rows(g, dst, c) == chunk_rows(g, src, c) for c in range(3))
@@ -209,7 +204,7 @@ def test_layers_carved_out_of_one_allocation(srv):
     assert a["chunk_checksums"] == {
         f"layer_{l}": [blocks_md5(g, src[2 * c:2 * c + 2], [l]) for c in range(3)]
         for l in range(3)}
-    assert len(d.call(UNREG, 86)) == 2
+    assert len(d.call(UNREGISTER_KV_CACHE, 86)) == 2
     d.close()
     one.close()
 
@@ -225,7 +220,7 @@ def test_trtllm_pool_at_an_allocation_offset(srv):
         mem_handle=one.handle(), uuid="emul-0")))]
     d = srv.dealer()
     round_trip_carved(srv, d, 87, one, handles, {"kv_layout": "HND"}, engine="trtllm")
-    assert len(d.call(UNREG, 87)) == 2
+    assert len(d.call(UNREGISTER_KV_CACHE, 87)) == 2
     d.close()
     one.close()
 
@@ -241,7 +236,7 @@ def test_checksums_read_long_runs_in_pieces(srv):
                       {"block_ids": ids, "chunk_size": 64, "instance_id": 85})
     assert st == 200, a
     assert a["chunk_checksums"] == [blocks_md5(g, ids, [0])]
-    assert len(d.call(UNREG, 85)) == 2
+    assert len(d.call(UNREGISTER_KV_CACHE, 85)) == 2
     d.close()
     g.close()
 
@@ -259,13 +254,13 @@ def test_failures_reply_with_a_recorded_event(srv):
     assert not ok and len(h) == 64                            # no LOOKUP locks
     fresh = prompt(25)
     assert unpack(d.call(STORE, key(fresh, 0, CS, "f"), 82, [[1, 2]], b""))[1]
-    assert until(lambda: lookup(d, fresh, f"q{time.monotonic()}", 1) == 1)
-    assert lookup(d, fresh, "l", 1) == 1
+    assert until(lambda: lookup(d, fresh, f"q{time.monotonic()}", end=1 * CS) == 1)
+    assert lookup(d, fresh, "l", end=1 * CS) == 1
     h, ok = unpack(d.call(RETRIEVE, key(fresh, 0, CS, "l"), 82, [[1, 99]], b"", 0))
     assert not ok and len(h) == 64                            # a block outside the tensor
     other = prompt(24)
     assert unpack(d.call(STORE, key(other, 0, 3 * CS, "s"), 82, [[1, 2, 3]], b""))[1] is False
-    assert lookup(d, other, "r", 3) == 0                      # nothing half-published
+    assert lookup(d, other, "r", end=3 * CS) == 0                      # nothing half-published
     assert d.call(NOOP)[2] == msgpack.packb("OK")
     d.close()
     g.close()
@@ -288,7 +283,7 @@ def test_a_claim_larger_than_the_allocation_is_refused(srv, how):
     wr = w.cuda_ipc(shape, stride, dtype=t.dtype, storage_bytes=nbytes, offset_bytes=offset,
                     mem_handle=name, version=None, event_sync=False, uuid="emul-0")
     d = srv.dealer()
-    frames = d.call(REG, 88, [msgpack.ExtType(1, w.dumps(wr))], "m", 1, "vllm",
+    frames = d.call(REGISTER_KV_CACHE, 88, [msgpack.ExtType(1, w.dumps(wr))], "m", 1, "vllm",
                     {"kv_layout": "NHD"}, [], timeout_ms=1000)
     assert frames is None
     assert until(lambda: f"reaches past the {t.nbytes} bytes of its allocation" in srv.output())
@@ -307,7 +302,7 @@ def test_unregister_with_copies_in_flight(srv):
     ids = list(range(1, 49))
     h, ok = unpack(d.call(STORE, key(toks, 0, 24 * CS, "s"), 83, [ids], b""))
     assert ok
-    assert len(d.call(UNREG, 83)) == 2
+    assert len(d.call(UNREGISTER_KV_CACHE, 83)) == 2
     assert until(lambda: status(srv)["storage_manager"]["l1_manager"]["num_objects"] == 24)
     assert "lmcache_kv_" not in open(f"/proc/{srv.proc.pid}/maps").read()
     assert d.call(NOOP)[2] == msgpack.packb("OK")
@@ -330,9 +325,9 @@ def test_a_whole_arena_is_pinned_off_the_socket_thread(monkeypatch):
         assert register(d, 85, g)
         toks = prompt(26)
         assert unpack(d.call(STORE, key(toks, 0, CS, "s"), 85, [[1, 2]], b""))[1]
-        assert until(lambda: lookup(d, toks, f"p{time.monotonic()}", 1) == 1)
+        assert until(lambda: lookup(d, toks, f"p{time.monotonic()}", end=1 * CS) == 1)
         assert "not pinned" not in s.output()
-        assert len(d.call(UNREG, 85)) == 2
+        assert len(d.call(UNREGISTER_KV_CACHE, 85)) == 2
         d.close()
         g.close()
     finally:
@@ -345,7 +340,7 @@ def test_without_the_cuda_part_registration_is_refused(monkeypatch):
     try:
         g = PagedKV("cunone", "fa_nhd", nl=1, nb=4, bs=16, nh=2, hs=8)
         d = s.dealer()
-        assert d.call(REG, 84, cuda_handles(g), "m", 1, "vllm", {}, [], timeout_ms=500) is None
+        assert d.call(REGISTER_KV_CACHE, 84, cuda_handles(g), "m", 1, "vllm", {}, [], timeout_ms=500) is None
         assert until(lambda: "CUDA tensors need the CUDA transfer: /nonexistent" in s.output())
         assert d.call(NOOP)[2] == msgpack.packb("OK")
         d.close()

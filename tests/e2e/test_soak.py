@@ -22,12 +22,14 @@ import urllib.request
 
 import msgpack
 
-from conftest import Dealer
+from lmc.client import Dealer
+from lmc.keys import ipc_key
+from lmc.ops import (CLEAR, COMMIT_RETRIEVE, COMMIT_STORE, END_SESSION, LOOKUP, NOOP,
+                     PREPARE_RETRIEVE, PREPARE_STORE, QUERY_PREFETCH_STATUS,
+                     REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT)
 
 CS, LAYERS, HIDDEN = 16, 2, 1024
 OBJ = 2 * LAYERS * CS * HIDDEN * 2              # 128 KiB float16 chunks
-LOOKUP, QUERY, END = 8, 9, 13
-REG, PSTORE, CSTORE, PRETR, CRETR, CLEAR, NOOP = 14, 16, 17, 18, 19, 20, 24
 PROMPTS, CHUNKS = 12, 4
 SECONDS = 12
 
@@ -39,12 +41,6 @@ def tokens(p):
 def expected(p, c):
     seed = hashlib.sha256(f"soak {p} {c}".encode()).digest()
     return (seed * (OBJ // len(seed) + 1))[:OBJ]
-
-
-def key(p, end, rid, worker_id):
-    return {"model_name": "soak", "world_size": 1, "worker_id": worker_id,
-            "token_ids": tokens(p), "start": 0, "end": end, "request_id": rid,
-            "cache_salt": "", "num_kv_readers": 1}
 
 
 def reply(frames):
@@ -63,7 +59,7 @@ def worker(url, instance_id, seed, out):
     reg = {"instance_id": instance_id, "model_name": "soak", "world_size": 1,
            "block_size": CS, "num_layers": LAYERS, "hidden_dim_size": HIDDEN,
            "dtype_str": "float16", "use_mla": False}
-    rep = reply(d.call(REG, reg))
+    rep = reply(d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, reg))
     assert rep, "REGISTER got no reply: is the server alive?"
     fd = os.open("/dev/shm/" + rep["shm_name"], os.O_RDWR)
     pool = mmap.mmap(fd, rep["pool_size"])
@@ -73,32 +69,32 @@ def worker(url, instance_id, seed, out):
     while time.monotonic() < deadline:
         i += 1
         p = rng.randrange(PROMPTS)
-        k = key(p, CHUNKS * CS, "s", 0)
-        ctx_ = (reply(d.call(PSTORE, k, instance_id)) or {}).get("context")
+        k = ipc_key(tokens(p), 0, CHUNKS * CS, "s", model="soak", worker_id=0, newest=False)
+        ctx_ = (reply(d.call(PREPARE_STORE, k, instance_id)) or {}).get("context")
         if ctx_ is None:
             stats["errors"] += 1
             continue
         for slot, idx in zip(ctx_["slots"], ctx_["chunk_indices"]):
             pool[slot["offset"]:slot["offset"] + OBJ] = expected(p, idx)
         if ctx_["slots"]:
-            d.call(CSTORE, k, instance_id, b"")
+            d.call(COMMIT_STORE, k, instance_id, b"")
             stats["stores"] += 1
         rid = f"{instance_id}-{i}"
         q = rng.randrange(PROMPTS)
-        d.call(LOOKUP, key(q, CHUNKS * CS, rid, None), 1)
+        d.call(LOOKUP, ipc_key(tokens(q), 0, CHUNKS * CS, rid, model="soak", newest=False), 1)
         hits = None
         while hits is None and time.monotonic() < deadline + 5:  # no frame while running
-            hits = reply(d.call(QUERY, rid, timeout_ms=500))
+            hits = reply(d.call(QUERY_PREFETCH_STATUS, rid, timeout_ms=500))
         if hits:
-            k = key(q, hits * CS, rid, 0)
-            r = reply(d.call(PRETR, k, instance_id))
+            k = ipc_key(tokens(q), 0, hits * CS, rid, model="soak", worker_id=0, newest=False)
+            r = reply(d.call(PREPARE_RETRIEVE, k, instance_id))
             if r and r["success"]:
                 for c, slot in enumerate(r["context"]["slots"]):
                     got = bytes(pool[slot["offset"]:slot["offset"] + OBJ])
                     stats["mismatches"] += got != expected(q, c)
                     stats["retrieved_chunks"] += 1
-                d.call(CRETR, k, instance_id)
-        d.call(END, rid)
+                d.call(COMMIT_RETRIEVE, k, instance_id)
+        d.call(END_SESSION, rid)
     pool.close()
     d.close()
     ctx.destroy(linger=0)

@@ -1,0 +1,42 @@
+"""The frozen op ids (docs/protocol.md, "Op ids"; src/rpc/wire.h), under
+their full names: the one table of them the e2e tests use.  test_ops_table
+in test_core_rpc.py holds it to src/rpc/wire.h."""
+
+REGISTER_KV_CACHE = 1
+UNREGISTER_KV_CACHE = 2
+REGISTER_Q_CACHE = 3
+UNREGISTER_Q_CACHE = 4
+STORE_Q = 5
+STORE = 6
+RETRIEVE = 7
+LOOKUP = 8
+QUERY_PREFETCH_STATUS = 9
+WAIT_PREFETCH_STATUS = 10
+QUERY_PREFETCH_LOOKUP_HITS = 11
+FREE_LOOKUP_LOCKS = 12
+END_SESSION = 13
+REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT = 14
+UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT = 15
+PREPARE_STORE = 16
+COMMIT_STORE = 17
+PREPARE_RETRIEVE = 18
+COMMIT_RETRIEVE = 19
+CLEAR = 20
+GET_CHUNK_SIZE = 21
+PING = 22
+REPORT_BLOCK_ALLOCATION = 23
+NOOP = 24
+CB_REGISTER_ROPE = 25
+CB_UNREGISTER_ROPE = 26
+CB_RETRIEVE_PRE_COMPUTED = 27
+CB_UNIFIED_LOOKUP = 28
+P2P_LOOKUP_AND_LOCK = 29
+P2P_QUERY_LOOKUP_RESULTS = 30
+P2P_UNLOCK_OBJECTS = 31
+GET_EXPERIMENTAL = 32
+CB_PROTOCOL_HANDSHAKE = 33
+POLL_KV_EVENTS = 34
+
+# name -> id, for the tests that walk the table.
+OPS = {name: value for name, value in globals().items()
+       if name.isupper() and isinstance(value, int)}
