@@ -25,7 +25,7 @@
 #include "modules/transfer/engine/engine_internal.h"
 #include "modules/services/ipc_key.h"
 #include "modules/module.h"
-#include "modules/transfer/transfer_common.h"
+#include "modules/transfer/transfer.h"
 #include "obs/events.h"
 #include "obs/log.h"
 #include "rpc/wire.h"

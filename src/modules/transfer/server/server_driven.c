@@ -24,7 +24,7 @@
 #include "modules/services/ipc_key.h"
 #include "kv/kv_copy.h"
 #include "modules/transfer/server/server_internal.h"
-#include "modules/transfer/transfer_common.h"
+#include "modules/transfer/transfer.h"
 #include "obs/events.h"
 #include "obs/log.h"
 #include "rpc/wire.h"

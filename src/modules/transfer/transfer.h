@@ -1,7 +1,8 @@
-/* What both transfer modes (engine-driven and server-driven) do alike:
- * reserving L1 room for their writes and publishing their transfer events. */
-#ifndef LMC_MODULES_TRANSFER_TRANSFER_COMMON_H
-#define LMC_MODULES_TRANSFER_TRANSFER_COMMON_H
+/* What both transfer modes (engine-driven and server-driven) do alike with
+ * storage and events: reserving L1 room for their writes and publishing
+ * their transfer events. */
+#ifndef LMC_MODULES_TRANSFER_TRANSFER_H
+#define LMC_MODULES_TRANSFER_TRANSFER_H
 
 #include <stddef.h>
 #include <stdint.h>
