@@ -14,10 +14,11 @@
  * back (docs/storage.md, "Leases"), so a dead worker can neither publish
  * half-written chunks nor pin memory.
  *
- * Locking: `lock` guards the context list and every pending list; storage
- * calls happen outside it (the storage manager is thread-safe), and an op
- * that reserved memory re-checks under the lock that its context still
- * exists before recording the reservation. */
+ * Locking: the instance registry's lock (instance_registry.h) guards the
+ * context list and every pending list; storage calls happen outside it
+ * (the storage manager is thread-safe), and an op that reserved memory
+ * re-checks under the lock that its context still exists before recording
+ * the reservation. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,11 +36,7 @@
 
 ed_ctx *lmc_engine_driven_find_ctx_locked(engine_mod *m, int64_t id)
 {
-    for (size_t i = 0; i < m->n_ctxs; i++) {
-        if (m->ctxs[i]->instance_id == id)
-            return m->ctxs[i];
-    }
-    return NULL;
+    return lmc_transfer_registry_find_locked(&m->instances, id);
 }
 
 static ed_pending *pop_pending(ed_pending **list, uint64_t digest)
@@ -126,7 +123,7 @@ static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, bool store, cha
         return snprintf(err, errlen, "worker_id must not be None on transfer ops"), -1;
     }
     lmc_liveness_touch(m->ctx->liveness, op->instance_id, lmc_monotonic_ms(NULL), false);
-    pthread_mutex_lock(&m->lock);
+    pthread_mutex_lock(&m->instances.lock);
     ed_ctx *c = lmc_engine_driven_find_ctx_locked(m, op->instance_id);
     /* A key of another model than the context's would reserve and read
      * objects at the wrong layout's size (issue 29): such an op is
@@ -140,7 +137,7 @@ static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, bool store, cha
         memcpy(op->tag, c->tag, sizeof op->tag);
     }
     uint32_t ctx_ws = c ? c->world_size : 0;
-    pthread_mutex_unlock(&m->lock);
+    pthread_mutex_unlock(&m->instances.lock);
     if (other_model)
         LMC_WARN_LIMITED("engine-driven instance %lld: a key names another model or world "
                          "size (%u) than the instance registered (world size %u); answered as "
@@ -218,14 +215,14 @@ bool lmc_engine_driven_add_pending(engine_mod *m, const ed_op *op, lmc_object_ke
     memcpy(held, leases, n * sizeof *held);
     *p = (ed_pending){.digest = op->digest, .keys = keys, .leases = held, .n = n,
                       .bytes = bytes};
-    pthread_mutex_lock(&m->lock);
+    pthread_mutex_lock(&m->instances.lock);
     ed_ctx *c = lmc_engine_driven_find_ctx_locked(m, op->instance_id);
     if (c) {
         ed_pending **list = write ? &c->writes : &c->reads;
         p->next = *list;
         *list = p;
     }
-    pthread_mutex_unlock(&m->lock);
+    pthread_mutex_unlock(&m->instances.lock);
     if (!c) {
         free(held);
         free(p);
@@ -235,10 +232,10 @@ bool lmc_engine_driven_add_pending(engine_mod *m, const ed_op *op, lmc_object_ke
 
 static ed_pending *take_pending(engine_mod *m, const ed_op *op, bool write)
 {
-    pthread_mutex_lock(&m->lock);
+    pthread_mutex_lock(&m->instances.lock);
     ed_ctx *c = lmc_engine_driven_find_ctx_locked(m, op->instance_id);
     ed_pending *p = c ? pop_pending(write ? &c->writes : &c->reads, op->digest) : NULL;
-    pthread_mutex_unlock(&m->lock);
+    pthread_mutex_unlock(&m->instances.lock);
     return p;
 }
 
@@ -524,10 +521,10 @@ static lmc_handler_result busy_prepare_store(void *state, lmc_rpc_call *call)
     int64_t id;
     lmc_engine_driven_groups *g = NULL;
     if (id_o && id_o->type != MSGPACK_OBJECT_BOOLEAN && lmc_mp_get_int(id_o, &id)) {
-        pthread_mutex_lock(&m->lock);
+        pthread_mutex_lock(&m->instances.lock);
         ed_ctx *c = lmc_engine_driven_find_ctx_locked(m, id);
         g = c ? lmc_engine_driven_groups_ref(c->groups) : NULL;
-        pthread_mutex_unlock(&m->lock);
+        pthread_mutex_unlock(&m->instances.lock);
     }
     msgpack_packer *pk = lmc_rpc_call_reply(call);
     if (g) { /* nothing to write, in the form a multi-group worker reads */
@@ -574,18 +571,18 @@ static json_t *ed_status(void *state)
 {
     engine_mod *m = state;
     json_t *ctxs = json_array();
-    pthread_mutex_lock(&m->lock);
-    for (size_t i = 0; i < m->n_ctxs; i++) {
-        const ed_ctx *c = m->ctxs[i];
+    pthread_mutex_lock(&m->instances.lock);
+    for (size_t i = 0; i < m->instances.n; i++) {
+        const ed_ctx *c = m->instances.items[i].ctx;
         json_array_append_new(ctxs, json_pack("{s:I, s:s, s:i, s:I, s:I}", "instance_id",
                                               (json_int_t)c->instance_id, "model_name", c->model,
                                               "world_size", (int)c->world_size, "pending_writes",
                                               (json_int_t)count_pending(c->writes),
                                               "pending_reads", (json_int_t)count_pending(c->reads)));
     }
-    size_t n_ctxs = m->n_ctxs;
-    pthread_mutex_unlock(&m->lock);
-    json_t *wl = json_pack("{s:b, s:f, s:f, s:I}", "enabled", m->reap_timeout_ms > 0,
+    size_t n_ctxs = m->instances.n;
+    pthread_mutex_unlock(&m->instances.lock);
+    json_t *wl = json_pack("{s:b, s:f, s:f, s:I}", "enabled", m->instances.reap_timeout_ms > 0,
                            "reap_timeout_seconds", m->cfg_reap_s, "registration_grace_seconds",
                            m->cfg_grace_s, "tracked_instances", (json_int_t)n_ctxs);
     return json_pack("{s:b, s:I, s:o, s:o, s:o, s:I, s:I, s:I, s:I, s:I}", "is_healthy", 1,
@@ -595,7 +592,7 @@ static json_t *ed_status(void *state)
                      "chunks_committed", (json_int_t)atomic_load(&m->chunks_committed),
                      "retrieves_ok", (json_int_t)atomic_load(&m->retrieves_ok),
                      "retrieves_failed", (json_int_t)atomic_load(&m->retrieves_failed),
-                     "reaped_instances", (json_int_t)atomic_load(&m->reaped));
+                     "reaped_instances", (json_int_t)atomic_load(&m->instances.reaped));
 }
 
 const lmc_module_def lmc_engine_driven_module = {
