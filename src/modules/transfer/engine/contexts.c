@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "modules/transfer/engine/engine_internal.h"
+#include "modules/transfer/resolve.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
 #include "storage/storage_manager.h"
@@ -198,9 +199,8 @@ static void drop_instance(void *user, void *ctx, int64_t id)
 lmc_handler_result lmc_engine_driven_unregister(void *state, lmc_rpc_call *call)
 {
     engine_mod *m = state;
-    const msgpack_object *o = lmc_rpc_call_arg(call, 0);
     int64_t id;
-    if (!o || o->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(o, &id))
+    if (!lmc_transfer_instance_arg(call, 0, &id))
         return lmc_rpc_call_fail(call, "ValidationError", "instance_id must be an int");
     if (!lmc_transfer_registry_drop(&m->instances, id))
         LMC_WARN_LIMITED("unregister: engine-driven instance %lld is not registered",

@@ -26,6 +26,7 @@
 #include "modules/transfer/engine/engine_internal.h"
 #include "modules/services/ipc_key.h"
 #include "modules/module.h"
+#include "modules/transfer/resolve.h"
 #include "modules/transfer/transfer.h"
 #include "obs/events.h"
 #include "obs/log.h"
@@ -99,30 +100,10 @@ static uint64_t fnv(uint64_t h, const void *data, size_t len)
     return h;
 }
 
-/* Decodes the key (frame 0) and instance id (frame 1) of a transfer op and
- * resolves the rank's ObjectKeys; copies the context's layout and tag.
- * Only a registered instance's PREPARE_STORE (`store`) interns the key's
- * names; the other ops look them up (docs/storage.md, "Interned strings").
- * 0; -1 for a malformed op; -2 when memory ran out (err says which). */
-static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, bool store, char *err,
-                   size_t errlen)
+/* The op's context, when its key names the context's own model and world
+ * size: the layout, groups and tag are copied for the op. */
+static void bind_context(engine_mod *m, ed_op *op)
 {
-    *op = (ed_op){0};
-    const msgpack_object *id_o = lmc_rpc_call_arg(call, 1);
-    if (!id_o || id_o->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(id_o, &op->instance_id))
-        return snprintf(err, errlen, "instance_id must be an int"), -1;
-    size_t len;
-    const uint8_t *frame = lmc_rpc_call_arg_raw(call, 0, &len);
-    if (!frame)
-        return snprintf(err, errlen, "missing key frame"), -1;
-    int drc = lmc_ipc_key_decode_frame(frame, len, m->cs, &op->key, err, errlen);
-    if (drc != 0)
-        return drc == -2 ? -2 : -1;
-    if (!op->key.has_worker) {
-        lmc_ipc_key_free(&op->key);
-        return snprintf(err, errlen, "worker_id must not be None on transfer ops"), -1;
-    }
-    lmc_liveness_touch(m->ctx->liveness, op->instance_id, lmc_monotonic_ms(NULL), false);
     pthread_mutex_lock(&m->instances.lock);
     ed_ctx *c = lmc_engine_driven_find_ctx_locked(m, op->instance_id);
     /* A key of another model than the context's would reserve and read
@@ -143,40 +124,53 @@ static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, bool store, cha
                          "size (%u) than the instance registered (world size %u); answered as "
                          "unregistered", (long long)op->instance_id, op->key.world_size, ctx_ws);
     op->registered = c != NULL && !other_model;
+}
+
+/* The pending entries' key: the op's chunk hashes, range, rank and salt. */
+static uint64_t op_digest(const ed_op *op, const uint8_t *hashes)
+{
+    uint64_t d = fnv(1469598103934665603ULL, hashes, op->n * LMC_TOKEN_HASH_LEN);
+    uint64_t range[3] = {op->key.start, op->key.end, op->key.worker_id};
+    d = fnv(d, range, sizeof range);
+    return fnv(d, op->key.cache_salt, op->key.salt_len);
+}
+
+/* Decodes the key (frame 0) and instance id (frame 1) of a transfer op and
+ * resolves the rank's ObjectKeys; copies the context's layout and tag.
+ * Only a registered instance's PREPARE_STORE (`store`) interns the key's
+ * names; the other ops look them up (docs/storage.md, "Interned strings").
+ * 0; -1 for a malformed op; -2 when memory ran out (err says which). */
+static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, bool store, char *err,
+                   size_t errlen)
+{
+    *op = (ed_op){0};
+    if (!lmc_transfer_instance_arg(call, 1, &op->instance_id))
+        return snprintf(err, errlen, "instance_id must be an int"), -1;
+    int rc = lmc_transfer_decode_key(call, m->cs, "worker_id must not be None on transfer ops",
+                                     &op->key, err, errlen);
+    if (rc != 0)
+        return rc;
+    lmc_transfer_touch(m->ctx->liveness, op->instance_id);
+    bind_context(m, op);
     op->n = lmc_ipc_key_num_chunks(&op->key, m->cs);
     uint32_t groups = op->groups ? op->groups->n_groups : 1;
     op->n_keys = op->n * groups;
-    uint8_t *hashes = malloc(op->n * LMC_TOKEN_HASH_LEN + 1);
-    op->keys = malloc((op->n_keys ? op->n_keys : 1) * sizeof *op->keys);
-    int rc = hashes && op->keys
-                 ? lmc_sessions_hash_range(m->ctx->sessions, op->key.request_id,
-                                           op->key.request_id_len, op->key.tokens,
-                                           op->key.n_tokens, op->key.start, op->key.end, hashes)
-                 : LMC_HASH_ENOMEM;
-    if (rc == LMC_HASH_OK) {
-        lmc_key_interner *in = m->ctx->interner;
-        int krc = store && op->registered
-                      ? lmc_ipc_key_object_keys(&op->key, hashes, op->n, groups, in, op->keys)
-                      : lmc_ipc_key_object_keys_find(&op->key, hashes, op->n, groups, in,
-                                                     op->keys);
-        if (krc < 0 && !lmc_key_interner_full(in))
-            rc = LMC_HASH_ENOMEM;
-        op->unknown_names = krc != 0;
-        op->n_held = krc == 0 ? op->n_keys : 0;
+    lmc_transfer_keys ck;
+    rc = lmc_transfer_chunk_keys(m->ctx, &op->key, op->n, groups, store && op->registered, &ck,
+                                 err, errlen);
+    op->keys = ck.keys;
+    if (rc == 0 && ck.result == LMC_TRANSFER_KEYS_NO_MEMORY)
+        rc = -2, snprintf(err, errlen, "hashing failed: %s", lmc_hash_strerror(LMC_HASH_ENOMEM));
+    if (rc == 0) {
+        /* Names a full interner refused: the op goes on with nothing stored. */
+        op->unknown_names = ck.result != LMC_TRANSFER_KEYS_BUILT;
+        op->n_held = op->unknown_names ? 0 : op->n_keys;
+        op->digest = op_digest(op, ck.hashes);
     }
-    if (rc == LMC_HASH_OK) {
-        uint64_t d = fnv(1469598103934665603ULL, hashes, op->n * LMC_TOKEN_HASH_LEN);
-        uint64_t range[3] = {op->key.start, op->key.end, op->key.worker_id};
-        d = fnv(d, range, sizeof range);
-        op->digest = fnv(d, op->key.cache_salt, op->key.salt_len);
-    }
-    free(hashes);
-    if (rc != LMC_HASH_OK) {
+    free(ck.hashes);
+    if (rc != 0)
         lmc_engine_driven_op_free(op);
-        snprintf(err, errlen, "hashing failed: %s", lmc_hash_strerror(rc));
-        return rc == LMC_HASH_ENOMEM ? -2 : -1;
-    }
-    return 0;
+    return rc;
 }
 
 /* The error a failed resolve() answers with: the client's key is not at
@@ -517,10 +511,9 @@ static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
 static lmc_handler_result busy_prepare_store(void *state, lmc_rpc_call *call)
 {
     engine_mod *m = state;
-    const msgpack_object *id_o = lmc_rpc_call_arg(call, 1);
     int64_t id;
     lmc_engine_driven_groups *g = NULL;
-    if (id_o && id_o->type != MSGPACK_OBJECT_BOOLEAN && lmc_mp_get_int(id_o, &id)) {
+    if (lmc_transfer_instance_arg(call, 1, &id)) {
         pthread_mutex_lock(&m->instances.lock);
         ed_ctx *c = lmc_engine_driven_find_ctx_locked(m, id);
         g = c ? lmc_engine_driven_groups_ref(c->groups) : NULL;

@@ -16,6 +16,7 @@
 #include "core/checked.h"
 #include "modules/transfer/server/fault_guard.h"
 #include "kv/kv_copy.h"
+#include "modules/transfer/resolve.h"
 #include "modules/transfer/server/server_internal.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
@@ -474,14 +475,13 @@ lmc_handler_result lmc_server_driven_register(void *state, lmc_rpc_call *call)
     sd_mod *m = state;
     reg_request r = {0};
     char err[384];
-    const msgpack_object *id = lmc_rpc_call_arg(call, 0);
-    if (!id || id->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(id, &r.instance))
+    if (!lmc_transfer_instance_arg(call, 0, &r.instance))
         return lmc_rpc_call_fail(call, "ValidationError",
                                  "REGISTER_KV_CACHE: instance_id must be an int");
     sd_ctx *known = lmc_server_driven_get(m, r.instance);
     if (known) {   /* a re-registration only says the worker is alive */
         lmc_server_driven_put(m, known);
-        lmc_liveness_touch(m->ctx->liveness, r.instance, lmc_monotonic_ms(NULL), false);
+        lmc_transfer_touch(m->ctx->liveness, r.instance);
         return LMC_HANDLER_VOID;
     }
     sd_ctx *c = NULL;
@@ -522,8 +522,7 @@ lmc_handler_result lmc_server_driven_unregister(void *state, lmc_rpc_call *call)
 {
     sd_mod *m = state;
     int64_t id;
-    const msgpack_object *o = lmc_rpc_call_arg(call, 0);
-    if (!o || o->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(o, &id))
+    if (!lmc_transfer_instance_arg(call, 0, &id))
         return lmc_rpc_call_fail(call, "ValidationError",
                                  "UNREGISTER_KV_CACHE: instance_id must be an int");
     if (lmc_transfer_registry_drop(&m->instances, id)) {
