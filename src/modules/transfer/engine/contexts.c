@@ -1,5 +1,7 @@
-/* Engine-driven transfer module: registration, unregistration, reaping and
- * module lifetime (the transfer ops are in engine_driven.c). */
+/* Engine-driven transfer module: registration, how an unregistered or
+ * reaped context ends (the instance registry, modules/transfer/
+ * instance_registry.h, does the rest) and module lifetime (the transfer
+ * ops are in engine_driven.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

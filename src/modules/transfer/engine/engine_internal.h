@@ -1,5 +1,5 @@
 /* Internal to the engine-driven transfer module (engine_driven.c: the
- * transfer ops; contexts.c: registration, reaping, lifetime). */
+ * transfer ops; contexts.c: registration, how a context ends, lifetime). */
 #ifndef LMC_MODULES_TRANSFER_ENGINE_ENGINE_INTERNAL_H
 #define LMC_MODULES_TRANSFER_ENGINE_ENGINE_INTERNAL_H
 

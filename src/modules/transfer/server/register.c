@@ -1,7 +1,8 @@
 /* Server-driven transfer: REGISTER_KV_CACHE / UNREGISTER_KV_CACHE, the
  * engine's shared-memory mappings, the layout a registration publishes,
- * reaping and module lifetime (docs/protocol.md, "Server-driven transfer
- * ops").  A registration is read whole (handles, hints, engine groups),
+ * how an unregistered or reaped context ends (the instance registry in
+ * modules/transfer/instance_registry.h does the rest) and module lifetime
+ * (docs/protocol.md, "Server-driven transfer ops").  A registration is read whole (handles, hints, engine groups),
  * planned (kv/kv_plan.h) and mapped before it becomes visible; any
  * refusal is logged with its reason and, as upstream, not answered. */
 #include <errno.h>

@@ -1,5 +1,5 @@
 /* Internal to the server-driven transfer module (register.c:
- * registration, mappings, reaping, lifetime; server_driven.c: STORE,
+ * registration, mappings, how a context ends, lifetime; server_driven.c: STORE,
  * RETRIEVE and the module's face). */
 #ifndef LMC_MODULES_TRANSFER_SERVER_SERVER_INTERNAL_H
 #define LMC_MODULES_TRANSFER_SERVER_SERVER_INTERNAL_H
