@@ -1,10 +1,13 @@
-/* Engine-driven transfer module: registration, unregistration, reaping and
- * module lifetime (the transfer ops are in engine_driven.c). */
+/* Engine-driven transfer module: registration, how an unregistered or
+ * reaped context ends (the instance registry, modules/transfer/
+ * instance_registry.h, does the rest) and module lifetime (the transfer
+ * ops are in engine_driven.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "modules/transfer/engine/engine_internal.h"
+#include "modules/transfer/resolve.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
 #include "storage/storage_manager.h"
@@ -102,20 +105,6 @@ static void pack_register_reply(engine_mod *m, msgpack_packer *pk, const char *e
     }
 }
 
-static int add_ctx_locked(engine_mod *m, ed_ctx *c)
-{
-    if (m->n_ctxs == m->cap_ctxs) {
-        size_t cap = m->cap_ctxs ? m->cap_ctxs * 2 : 8;
-        ed_ctx **grown = realloc(m->ctxs, cap * sizeof *grown);
-        if (!grown)
-            return -1;
-        m->ctxs = grown;
-        m->cap_ctxs = cap;
-    }
-    m->ctxs[m->n_ctxs++] = c;
-    return 0;
-}
-
 static void free_ctx(ed_ctx *c)
 {
     lmc_engine_driven_groups_unref(c->groups);
@@ -163,11 +152,8 @@ static const char *create_ctx(engine_mod *m, const msgpack_object *o, const reg_
         free_ctx(c);
         return "layout conflicts with another registration of this model and world size";
     }
-    pthread_mutex_lock(&m->lock);
     /* Two racing registrations of one id cannot happen: both are SYNC. */
-    int rc = add_ctx_locked(m, c);
-    pthread_mutex_unlock(&m->lock);
-    if (rc != 0) {
+    if (lmc_transfer_registry_add(&m->instances, c->instance_id, c) != 0) {
         lmc_layout_registry_release(m->ctx->layouts, c->model, c->world_size);
         free_ctx(c);
         return "out of memory";
@@ -185,11 +171,7 @@ lmc_handler_result lmc_engine_driven_register(void *state, lmc_rpc_call *call)
     if (decode_required(o, &p) != 0)
         return lmc_rpc_call_fail(call, "ValidationError",
                                  "REGISTER_ENGINE_DRIVEN_CONTEXT: malformed payload");
-    pthread_mutex_lock(&m->lock);
-    bool known = false;
-    for (size_t i = 0; i < m->n_ctxs && !known; i++)
-        known = m->ctxs[i]->instance_id == p.instance_id;
-    pthread_mutex_unlock(&m->lock);
+    bool known = lmc_transfer_registry_has(&m->instances, p.instance_id);
     const char *error = known ? NULL : unsupported(o, &p, m->cs);
     if (!known && !error)
         error = create_ctx(m, o, &p, err, sizeof err);
@@ -206,57 +188,26 @@ lmc_handler_result lmc_engine_driven_register(void *state, lmc_rpc_call *call)
     return LMC_HANDLER_REPLY;
 }
 
-/* Unlinks and cleans one instance up; false if it was not registered. */
-static bool drop_instance(engine_mod *m, int64_t id)
+/* An unregistered or reaped instance: what it holds goes back, then its
+ * liveness is forgotten. */
+static void drop_instance(void *user, void *ctx, int64_t id)
 {
-    pthread_mutex_lock(&m->lock);
-    ed_ctx *c = NULL;
-    for (size_t i = 0; i < m->n_ctxs && !c; i++) {
-        if (m->ctxs[i]->instance_id == id) {
-            c = m->ctxs[i];
-            m->ctxs[i] = m->ctxs[--m->n_ctxs];
-        }
-    }
-    pthread_mutex_unlock(&m->lock);
-    if (!c)
-        return false;
-    lmc_engine_driven_ctx_destroy(m, c);
+    engine_mod *m = user;
+    lmc_engine_driven_ctx_destroy(m, ctx);
     lmc_liveness_forget(m->ctx->liveness, id);
-    return true;
 }
 
 /* UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT(instance_id) -> void */
 lmc_handler_result lmc_engine_driven_unregister(void *state, lmc_rpc_call *call)
 {
     engine_mod *m = state;
-    const msgpack_object *o = lmc_rpc_call_arg(call, 0);
     int64_t id;
-    if (!o || o->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(o, &id))
+    if (!lmc_transfer_instance_arg(call, 0, &id))
         return lmc_rpc_call_fail(call, "ValidationError", "instance_id must be an int");
-    if (!drop_instance(m, id))
+    if (!lmc_transfer_registry_drop(&m->instances, id))
         LMC_WARN_LIMITED("unregister: engine-driven instance %lld is not registered",
                          (long long)id);
     return LMC_HANDLER_VOID;
-}
-
-static size_t list_ids(void *user, int64_t *ids, size_t cap)
-{
-    engine_mod *m = user;
-    pthread_mutex_lock(&m->lock);
-    size_t n = m->n_ctxs;
-    for (size_t i = 0; i < n && i < cap; i++)
-        ids[i] = m->ctxs[i]->instance_id;
-    pthread_mutex_unlock(&m->lock);
-    return n;
-}
-
-static void reap_one(void *user, int64_t id)
-{
-    engine_mod *m = user;
-    if (drop_instance(m, id)) {
-        atomic_fetch_add(&m->reaped, 1);
-        LMC_WARN("reaped engine-driven instance %lld (silent too long)", (long long)id);
-    }
 }
 
 int lmc_engine_driven_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen)
@@ -268,17 +219,11 @@ int lmc_engine_driven_create(lmc_module_ctx *ctx, void **state, char *err, size_
     }
     m->ctx = ctx;
     m->cs = (uint32_t)ctx->config->mp.chunk_size;
-    pthread_mutex_init(&m->lock, NULL);
     m->cfg_reap_s = ctx->config->mp.worker_reap_timeout_seconds;
     m->cfg_grace_s = ctx->config->mp.worker_registration_grace_seconds;
-    lmc_reaper_options ro = {.liveness = ctx->liveness, .list = list_ids, .reap = reap_one,
-                             .user = m, .start_thread = true};
-    lmc_reaper_set_timeouts(&ro, m->cfg_reap_s, m->cfg_grace_s);
-    m->reap_timeout_ms = ro.timeout_ms;
-    m->grace_ms = ro.grace_ms;
-    m->reaper = lmc_reaper_new(&ro);
-    if (!m->reaper) {
-        pthread_mutex_destroy(&m->lock);
+    lmc_transfer_registry_ops ops = {.mode = "engine-driven", .drop = drop_instance, .user = m};
+    if (lmc_transfer_registry_init(&m->instances, &ops, ctx->liveness, m->cfg_reap_s,
+                                   m->cfg_grace_s) != 0) {
         free(m);
         snprintf(err, errlen, "engine_driven_transfer: cannot start the reaper");
         return -1;
@@ -290,11 +235,11 @@ int lmc_engine_driven_create(lmc_module_ctx *ctx, void **state, char *err, size_
 void lmc_engine_driven_close(void *state)
 {
     engine_mod *m = state;
-    lmc_reaper_free(m->reaper);
+    lmc_transfer_registry_stop(&m->instances);
     /* Pending writes are dropped unpublished, as on unregister. */
-    while (m->n_ctxs)
-        lmc_engine_driven_ctx_destroy(m, m->ctxs[--m->n_ctxs]);
-    free(m->ctxs);
-    pthread_mutex_destroy(&m->lock);
+    ed_ctx *c;
+    while ((c = lmc_transfer_registry_pop(&m->instances)))
+        lmc_engine_driven_ctx_destroy(m, c);
+    lmc_transfer_registry_destroy(&m->instances);
     free(m);
 }

@@ -14,10 +14,11 @@
  * back (docs/storage.md, "Leases"), so a dead worker can neither publish
  * half-written chunks nor pin memory.
  *
- * Locking: `lock` guards the context list and every pending list; storage
- * calls happen outside it (the storage manager is thread-safe), and an op
- * that reserved memory re-checks under the lock that its context still
- * exists before recording the reservation. */
+ * Locking: the instance registry's lock (instance_registry.h) guards the
+ * context list and every pending list; storage calls happen outside it
+ * (the storage manager is thread-safe), and an op that reserved memory
+ * re-checks under the lock that its context still exists before recording
+ * the reservation. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +26,8 @@
 #include "modules/transfer/engine/engine_internal.h"
 #include "modules/services/ipc_key.h"
 #include "modules/module.h"
-#include "modules/transfer/transfer_common.h"
+#include "modules/transfer/resolve.h"
+#include "modules/transfer/transfer.h"
 #include "obs/events.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
@@ -36,11 +38,7 @@
 
 ed_ctx *lmc_engine_driven_find_ctx_locked(engine_mod *m, int64_t id)
 {
-    for (size_t i = 0; i < m->n_ctxs; i++) {
-        if (m->ctxs[i]->instance_id == id)
-            return m->ctxs[i];
-    }
-    return NULL;
+    return lmc_transfer_registry_find_locked(&m->instances, id);
 }
 
 static ed_pending *pop_pending(ed_pending **list, uint64_t digest)
@@ -103,31 +101,11 @@ static uint64_t fnv(uint64_t h, const void *data, size_t len)
     return h;
 }
 
-/* Decodes the key (frame 0) and instance id (frame 1) of a transfer op and
- * resolves the rank's ObjectKeys; copies the context's layout and tag.
- * Only a registered instance's PREPARE_STORE (`store`) interns the key's
- * names; the other ops look them up (docs/storage.md, "Interned strings").
- * 0; -1 for a malformed op; -2 when memory ran out (err says which). */
-static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, bool store, char *err,
-                   size_t errlen)
+/* The op's context, when its key names the context's own model and world
+ * size: the layout, groups and tag are copied for the op. */
+static void bind_context(engine_mod *m, ed_op *op)
 {
-    *op = (ed_op){0};
-    const msgpack_object *id_o = lmc_rpc_call_arg(call, 1);
-    if (!id_o || id_o->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(id_o, &op->instance_id))
-        return snprintf(err, errlen, "instance_id must be an int"), -1;
-    size_t len;
-    const uint8_t *frame = lmc_rpc_call_arg_raw(call, 0, &len);
-    if (!frame)
-        return snprintf(err, errlen, "missing key frame"), -1;
-    int drc = lmc_ipc_key_decode_frame(frame, len, m->cs, &op->key, err, errlen);
-    if (drc != 0)
-        return drc == -2 ? -2 : -1;
-    if (!op->key.has_worker) {
-        lmc_ipc_key_free(&op->key);
-        return snprintf(err, errlen, "worker_id must not be None on transfer ops"), -1;
-    }
-    lmc_liveness_touch(m->ctx->liveness, op->instance_id, lmc_monotonic_ms(NULL), false);
-    pthread_mutex_lock(&m->lock);
+    pthread_mutex_lock(&m->instances.lock);
     ed_ctx *c = lmc_engine_driven_find_ctx_locked(m, op->instance_id);
     /* A key of another model than the context's would reserve and read
      * objects at the wrong layout's size (issue 29): such an op is
@@ -141,46 +119,59 @@ static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, bool store, cha
         memcpy(op->tag, c->tag, sizeof op->tag);
     }
     uint32_t ctx_ws = c ? c->world_size : 0;
-    pthread_mutex_unlock(&m->lock);
+    pthread_mutex_unlock(&m->instances.lock);
     if (other_model)
         LMC_WARN_LIMITED("engine-driven instance %lld: a key names another model or world "
                          "size (%u) than the instance registered (world size %u); answered as "
                          "unregistered", (long long)op->instance_id, op->key.world_size, ctx_ws);
     op->registered = c != NULL && !other_model;
+}
+
+/* The pending entries' key: the op's chunk hashes, range, rank and salt. */
+static uint64_t op_digest(const ed_op *op, const uint8_t *hashes)
+{
+    uint64_t d = fnv(1469598103934665603ULL, hashes, op->n * LMC_TOKEN_HASH_LEN);
+    uint64_t range[3] = {op->key.start, op->key.end, op->key.worker_id};
+    d = fnv(d, range, sizeof range);
+    return fnv(d, op->key.cache_salt, op->key.salt_len);
+}
+
+/* Decodes the key (frame 0) and instance id (frame 1) of a transfer op and
+ * resolves the rank's ObjectKeys; copies the context's layout and tag.
+ * Only a registered instance's PREPARE_STORE (`store`) interns the key's
+ * names; the other ops look them up (docs/storage.md, "Interned strings").
+ * 0; -1 for a malformed op; -2 when memory ran out (err says which). */
+static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, bool store, char *err,
+                   size_t errlen)
+{
+    *op = (ed_op){0};
+    if (!lmc_transfer_instance_arg(call, 1, &op->instance_id))
+        return snprintf(err, errlen, "instance_id must be an int"), -1;
+    int rc = lmc_transfer_decode_key(call, m->cs, "worker_id must not be None on transfer ops",
+                                     &op->key, err, errlen);
+    if (rc != 0)
+        return rc;
+    lmc_transfer_touch(m->ctx->liveness, op->instance_id);
+    bind_context(m, op);
     op->n = lmc_ipc_key_num_chunks(&op->key, m->cs);
     uint32_t groups = op->groups ? op->groups->n_groups : 1;
     op->n_keys = op->n * groups;
-    uint8_t *hashes = malloc(op->n * LMC_TOKEN_HASH_LEN + 1);
-    op->keys = malloc((op->n_keys ? op->n_keys : 1) * sizeof *op->keys);
-    int rc = hashes && op->keys
-                 ? lmc_sessions_hash_range(m->ctx->sessions, op->key.request_id,
-                                           op->key.request_id_len, op->key.tokens,
-                                           op->key.n_tokens, op->key.start, op->key.end, hashes)
-                 : LMC_HASH_ENOMEM;
-    if (rc == LMC_HASH_OK) {
-        lmc_key_interner *in = m->ctx->interner;
-        int krc = store && op->registered
-                      ? lmc_ipc_key_object_keys(&op->key, hashes, op->n, groups, in, op->keys)
-                      : lmc_ipc_key_object_keys_find(&op->key, hashes, op->n, groups, in,
-                                                     op->keys);
-        if (krc < 0 && !lmc_key_interner_full(in))
-            rc = LMC_HASH_ENOMEM;
-        op->unknown_names = krc != 0;
-        op->n_held = krc == 0 ? op->n_keys : 0;
+    lmc_transfer_keys ck;
+    rc = lmc_transfer_chunk_keys(m->ctx, &op->key, op->n, groups, store && op->registered, &ck,
+                                 err, errlen);
+    op->keys = ck.keys;
+    if (rc == 0 && ck.result == LMC_TRANSFER_KEYS_NO_MEMORY)
+        rc = -2, snprintf(err, errlen, "hashing failed: %s", lmc_hash_strerror(LMC_HASH_ENOMEM));
+    if (rc == 0) {
+        /* Names a full interner refused: the op goes on with nothing stored. */
+        op->unknown_names = ck.result != LMC_TRANSFER_KEYS_BUILT;
+        op->n_held = op->unknown_names ? 0 : op->n_keys;
+        op->digest = op_digest(op, ck.hashes);
     }
-    if (rc == LMC_HASH_OK) {
-        uint64_t d = fnv(1469598103934665603ULL, hashes, op->n * LMC_TOKEN_HASH_LEN);
-        uint64_t range[3] = {op->key.start, op->key.end, op->key.worker_id};
-        d = fnv(d, range, sizeof range);
-        op->digest = fnv(d, op->key.cache_salt, op->key.salt_len);
-    }
-    free(hashes);
-    if (rc != LMC_HASH_OK) {
+    free(ck.hashes);
+    if (rc != 0)
         lmc_engine_driven_op_free(op);
-        snprintf(err, errlen, "hashing failed: %s", lmc_hash_strerror(rc));
-        return rc == LMC_HASH_ENOMEM ? -2 : -1;
-    }
-    return 0;
+    return rc;
 }
 
 /* The error a failed resolve() answers with: the client's key is not at
@@ -219,14 +210,14 @@ bool lmc_engine_driven_add_pending(engine_mod *m, const ed_op *op, lmc_object_ke
     memcpy(held, leases, n * sizeof *held);
     *p = (ed_pending){.digest = op->digest, .keys = keys, .leases = held, .n = n,
                       .bytes = bytes};
-    pthread_mutex_lock(&m->lock);
+    pthread_mutex_lock(&m->instances.lock);
     ed_ctx *c = lmc_engine_driven_find_ctx_locked(m, op->instance_id);
     if (c) {
         ed_pending **list = write ? &c->writes : &c->reads;
         p->next = *list;
         *list = p;
     }
-    pthread_mutex_unlock(&m->lock);
+    pthread_mutex_unlock(&m->instances.lock);
     if (!c) {
         free(held);
         free(p);
@@ -236,10 +227,10 @@ bool lmc_engine_driven_add_pending(engine_mod *m, const ed_op *op, lmc_object_ke
 
 static ed_pending *take_pending(engine_mod *m, const ed_op *op, bool write)
 {
-    pthread_mutex_lock(&m->lock);
+    pthread_mutex_lock(&m->instances.lock);
     ed_ctx *c = lmc_engine_driven_find_ctx_locked(m, op->instance_id);
     ed_pending *p = c ? pop_pending(write ? &c->writes : &c->reads, op->digest) : NULL;
-    pthread_mutex_unlock(&m->lock);
+    pthread_mutex_unlock(&m->instances.lock);
     return p;
 }
 
@@ -521,14 +512,13 @@ static lmc_handler_result commit_retrieve(void *state, lmc_rpc_call *call)
 static lmc_handler_result busy_prepare_store(void *state, lmc_rpc_call *call)
 {
     engine_mod *m = state;
-    const msgpack_object *id_o = lmc_rpc_call_arg(call, 1);
     int64_t id;
     lmc_engine_driven_groups *g = NULL;
-    if (id_o && id_o->type != MSGPACK_OBJECT_BOOLEAN && lmc_mp_get_int(id_o, &id)) {
-        pthread_mutex_lock(&m->lock);
+    if (lmc_transfer_instance_arg(call, 1, &id)) {
+        pthread_mutex_lock(&m->instances.lock);
         ed_ctx *c = lmc_engine_driven_find_ctx_locked(m, id);
         g = c ? lmc_engine_driven_groups_ref(c->groups) : NULL;
-        pthread_mutex_unlock(&m->lock);
+        pthread_mutex_unlock(&m->instances.lock);
     }
     msgpack_packer *pk = lmc_rpc_call_reply(call);
     if (g) { /* nothing to write, in the form a multi-group worker reads */
@@ -575,18 +565,18 @@ static json_t *ed_status(void *state)
 {
     engine_mod *m = state;
     json_t *ctxs = json_array();
-    pthread_mutex_lock(&m->lock);
-    for (size_t i = 0; i < m->n_ctxs; i++) {
-        const ed_ctx *c = m->ctxs[i];
+    pthread_mutex_lock(&m->instances.lock);
+    for (size_t i = 0; i < m->instances.n; i++) {
+        const ed_ctx *c = m->instances.items[i].ctx;
         json_array_append_new(ctxs, json_pack("{s:I, s:s, s:i, s:I, s:I}", "instance_id",
                                               (json_int_t)c->instance_id, "model_name", c->model,
                                               "world_size", (int)c->world_size, "pending_writes",
                                               (json_int_t)count_pending(c->writes),
                                               "pending_reads", (json_int_t)count_pending(c->reads)));
     }
-    size_t n_ctxs = m->n_ctxs;
-    pthread_mutex_unlock(&m->lock);
-    json_t *wl = json_pack("{s:b, s:f, s:f, s:I}", "enabled", m->reap_timeout_ms > 0,
+    size_t n_ctxs = m->instances.n;
+    pthread_mutex_unlock(&m->instances.lock);
+    json_t *wl = json_pack("{s:b, s:f, s:f, s:I}", "enabled", m->instances.reap_timeout_ms > 0,
                            "reap_timeout_seconds", m->cfg_reap_s, "registration_grace_seconds",
                            m->cfg_grace_s, "tracked_instances", (json_int_t)n_ctxs);
     return json_pack("{s:b, s:I, s:o, s:o, s:o, s:I, s:I, s:I, s:I, s:I}", "is_healthy", 1,
@@ -596,7 +586,7 @@ static json_t *ed_status(void *state)
                      "chunks_committed", (json_int_t)atomic_load(&m->chunks_committed),
                      "retrieves_ok", (json_int_t)atomic_load(&m->retrieves_ok),
                      "retrieves_failed", (json_int_t)atomic_load(&m->retrieves_failed),
-                     "reaped_instances", (json_int_t)atomic_load(&m->reaped));
+                     "reaped_instances", (json_int_t)atomic_load(&m->instances.reaped));
 }
 
 const lmc_module_def lmc_engine_driven_module = {

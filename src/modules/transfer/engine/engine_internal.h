@@ -1,5 +1,5 @@
 /* Internal to the engine-driven transfer module (engine_driven.c: the
- * transfer ops; contexts.c: registration, reaping, lifetime). */
+ * transfer ops; contexts.c: registration, how a context ends, lifetime). */
 #ifndef LMC_MODULES_TRANSFER_ENGINE_ENGINE_INTERNAL_H
 #define LMC_MODULES_TRANSFER_ENGINE_ENGINE_INTERNAL_H
 
@@ -10,7 +10,7 @@
 #include "modules/services/ipc_key.h"
 #include "modules/services/layout_registry.h"
 #include "modules/module.h"
-#include "modules/services/reaper.h"
+#include "modules/transfer/instance_registry.h"
 #include "storage/lease.h"
 
 /* Reserved-but-unpublished writes, or handed-out reads, of one op key. */
@@ -36,14 +36,10 @@ typedef struct {
 typedef struct {
     lmc_module_ctx *ctx;
     uint32_t cs;
-    pthread_mutex_t lock;     /* ctxs and every pending list */
-    ed_ctx **ctxs;
-    size_t n_ctxs, cap_ctxs;
-    lmc_reaper *reaper;
-    int64_t reap_timeout_ms, grace_ms;
+    /* ed_ctx by instance id; its lock guards every pending list too */
+    lmc_transfer_registry instances;
     double cfg_reap_s, cfg_grace_s;
-    atomic_uint_fast64_t chunks_reserved, chunks_committed, retrieves_ok, retrieves_failed,
-        reaped;
+    atomic_uint_fast64_t chunks_reserved, chunks_committed, retrieves_ok, retrieves_failed;
 } engine_mod;
 
 /* One transfer op's decoded key and resolved single-rank ObjectKeys. */

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 #include "modules/transfer/engine/engine_internal.h"
-#include "modules/transfer/transfer_common.h"
+#include "modules/transfer/transfer.h"
 #include "obs/events.h"
 #include "obs/log.h"
 #include "rpc/wire.h"

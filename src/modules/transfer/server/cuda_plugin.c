@@ -22,7 +22,7 @@
 #include "modules/transfer/server/server_internal.h"
 #include "obs/events.h"
 #include "obs/log.h"
-#include "modules/transfer/transfer_common.h"
+#include "modules/transfer/transfer.h"
 #include "storage/storage_manager.h"
 
 struct sd_completion {

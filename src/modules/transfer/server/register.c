@@ -1,7 +1,8 @@
 /* Server-driven transfer: REGISTER_KV_CACHE / UNREGISTER_KV_CACHE, the
  * engine's shared-memory mappings, the layout a registration publishes,
- * reaping and module lifetime (docs/protocol.md, "Server-driven transfer
- * ops").  A registration is read whole (handles, hints, engine groups),
+ * how an unregistered or reaped context ends (the instance registry in
+ * modules/transfer/instance_registry.h does the rest) and module lifetime
+ * (docs/protocol.md, "Server-driven transfer ops").  A registration is read whole (handles, hints, engine groups),
  * planned (kv/kv_plan.h) and mapped before it becomes visible; any
  * refusal is logged with its reason and, as upstream, not answered. */
 #include <errno.h>
@@ -16,6 +17,7 @@
 #include "core/checked.h"
 #include "modules/transfer/server/fault_guard.h"
 #include "kv/kv_copy.h"
+#include "modules/transfer/resolve.h"
 #include "modules/transfer/server/server_internal.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
@@ -311,14 +313,11 @@ static void ctx_destroy(sd_mod *m, sd_ctx *c)
 
 sd_ctx *lmc_server_driven_get(sd_mod *m, int64_t id)
 {
-    sd_ctx *c = NULL;
-    pthread_mutex_lock(&m->lock);
-    for (size_t i = 0; i < m->n_ctxs && !c; i++)
-        if (m->ctxs[i]->instance_id == id)
-            c = m->ctxs[i];
+    pthread_mutex_lock(&m->instances.lock);
+    sd_ctx *c = lmc_transfer_registry_find_locked(&m->instances, id);
     if (c)
         atomic_fetch_add(&c->refs, 1);
-    pthread_mutex_unlock(&m->lock);
+    pthread_mutex_unlock(&m->instances.lock);
     return c;
 }
 
@@ -358,7 +357,7 @@ static int acquire_layout(sd_mod *m, sd_ctx *c, char *err, size_t errlen)
 
 bool lmc_server_driven_bind_model(sd_mod *m, sd_ctx *c, const char *model, size_t len, uint32_t ws)
 {
-    pthread_mutex_lock(&m->lock);
+    pthread_mutex_lock(&m->instances.lock);
     if (!c->model) {
         char err[160];
         c->model = lmc_intern(m->ctx->interner, model, len);
@@ -368,7 +367,7 @@ bool lmc_server_driven_bind_model(sd_mod *m, sd_ctx *c, const char *model, size_
     }
     bool same = c->model && c->world_size == ws && strlen(c->model) == len &&
                 memcmp(c->model, model, len) == 0;
-    pthread_mutex_unlock(&m->lock);
+    pthread_mutex_unlock(&m->instances.lock);
     return same;
 }
 
@@ -411,25 +410,6 @@ static int build_ctx(sd_mod *m, const reg_request *r, sd_ctx **out, char *err, s
     return 0;
 }
 
-static int add_ctx(sd_mod *m, sd_ctx *c)
-{
-    pthread_mutex_lock(&m->lock);
-    int rc = 0;
-    if (m->n_ctxs == m->cap_ctxs) {
-        size_t cap = m->cap_ctxs ? m->cap_ctxs * 2 : 8;
-        sd_ctx **grown = realloc(m->ctxs, cap * sizeof *grown);
-        rc = grown ? 0 : -1;
-        if (grown) {
-            m->ctxs = grown;
-            m->cap_ctxs = cap;
-        }
-    }
-    if (rc == 0)
-        m->ctxs[m->n_ctxs++] = c;
-    pthread_mutex_unlock(&m->lock);
-    return rc;
-}
-
 /* Fills the page tables of a CPU context's mappings on a thread of its
  * own, holding a reference: the engine's cache lives as long as the
  * engine, and a fault per 4 KiB on the first copies would cost them
@@ -447,10 +427,10 @@ static void *populate(void *arg)
         (void)madvise(j->c->maps[i].addr, j->c->maps[i].len, MADV_POPULATE_WRITE);
     lmc_server_driven_put(m, j->c);
     free(j);
-    pthread_mutex_lock(&m->lock);   /* lmc_server_driven_close waits for this */
+    pthread_mutex_lock(&m->instances.lock);   /* lmc_server_driven_close waits for this */
     if (--m->populating == 0)
         pthread_cond_broadcast(&m->populated);
-    pthread_mutex_unlock(&m->lock);
+    pthread_mutex_unlock(&m->instances.lock);
     return NULL;
 }
 
@@ -465,17 +445,17 @@ static void populate_later(sd_mod *m, sd_ctx *c)
     }
     *j = (populate_job){.m = m, .c = c};
     atomic_fetch_add(&c->refs, 1);
-    pthread_mutex_lock(&m->lock);
+    pthread_mutex_lock(&m->instances.lock);
     m->populating++;
-    pthread_mutex_unlock(&m->lock);
+    pthread_mutex_unlock(&m->instances.lock);
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     if (pthread_create(&th, &attr, populate, j) != 0) {   /* faults on first use then */
         atomic_fetch_sub(&c->refs, 1);
         free(j);
-        pthread_mutex_lock(&m->lock);
+        pthread_mutex_lock(&m->instances.lock);
         m->populating--;
-        pthread_mutex_unlock(&m->lock);
+        pthread_mutex_unlock(&m->instances.lock);
     }
     pthread_attr_destroy(&attr);
 }
@@ -496,14 +476,13 @@ lmc_handler_result lmc_server_driven_register(void *state, lmc_rpc_call *call)
     sd_mod *m = state;
     reg_request r = {0};
     char err[384];
-    const msgpack_object *id = lmc_rpc_call_arg(call, 0);
-    if (!id || id->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(id, &r.instance))
+    if (!lmc_transfer_instance_arg(call, 0, &r.instance))
         return lmc_rpc_call_fail(call, "ValidationError",
                                  "REGISTER_KV_CACHE: instance_id must be an int");
     sd_ctx *known = lmc_server_driven_get(m, r.instance);
     if (known) {   /* a re-registration only says the worker is alive */
         lmc_server_driven_put(m, known);
-        lmc_liveness_touch(m->ctx->liveness, r.instance, lmc_monotonic_ms(NULL), false);
+        lmc_transfer_touch(m->ctx->liveness, r.instance);
         return LMC_HANDLER_VOID;
     }
     sd_ctx *c = NULL;
@@ -512,7 +491,7 @@ lmc_handler_result lmc_server_driven_register(void *state, lmc_rpc_call *call)
         rc = build_ctx(m, &r, &c, err, sizeof err);
     if (rc == 0)
         populate_later(m, c);   /* holds its own reference */
-    if (rc == 0 && add_ctx(m, c) != 0) {
+    if (rc == 0 && lmc_transfer_registry_add(&m->instances, c->instance_id, c) != 0) {
         lmc_server_driven_put(m, c);
         rc = -2;
         snprintf(err, sizeof err, "out of memory");
@@ -529,23 +508,13 @@ lmc_handler_result lmc_server_driven_register(void *state, lmc_rpc_call *call)
     return LMC_HANDLER_VOID;
 }
 
-/* Unlinks an instance; its memory goes once the last op in flight is done. */
-static bool drop_instance(sd_mod *m, int64_t id)
+/* An unregistered or reaped instance: its liveness is forgotten; its
+ * memory goes once the last op in flight is done. */
+static void drop_instance(void *user, void *ctx, int64_t id)
 {
-    sd_ctx *c = NULL;
-    pthread_mutex_lock(&m->lock);
-    for (size_t i = 0; i < m->n_ctxs && !c; i++) {
-        if (m->ctxs[i]->instance_id == id) {
-            c = m->ctxs[i];
-            m->ctxs[i] = m->ctxs[--m->n_ctxs];
-        }
-    }
-    pthread_mutex_unlock(&m->lock);
-    if (!c)
-        return false;
+    sd_mod *m = user;
     lmc_liveness_forget(m->ctx->liveness, id);
-    lmc_server_driven_put(m, c);
-    return true;
+    lmc_server_driven_put(m, ctx);
 }
 
 /* UNREGISTER_KV_CACHE(instance_id) -> void, known or not (a worker waits
@@ -554,11 +523,10 @@ lmc_handler_result lmc_server_driven_unregister(void *state, lmc_rpc_call *call)
 {
     sd_mod *m = state;
     int64_t id;
-    const msgpack_object *o = lmc_rpc_call_arg(call, 0);
-    if (!o || o->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(o, &id))
+    if (!lmc_transfer_instance_arg(call, 0, &id))
         return lmc_rpc_call_fail(call, "ValidationError",
                                  "UNREGISTER_KV_CACHE: instance_id must be an int");
-    if (drop_instance(m, id)) {
+    if (lmc_transfer_registry_drop(&m->instances, id)) {
         atomic_fetch_add(&m->unregisters, 1);
         LMC_INFO("server-driven instance %lld unregistered", (long long)id);
     } else {
@@ -569,32 +537,12 @@ lmc_handler_result lmc_server_driven_unregister(void *state, lmc_rpc_call *call)
 
 /* ---- reaping and lifetime ----------------------------------------------- */
 
-static size_t list_ids(void *user, int64_t *ids, size_t cap)
-{
-    sd_mod *m = user;
-    pthread_mutex_lock(&m->lock);
-    size_t n = m->n_ctxs;
-    for (size_t i = 0; i < n && i < cap; i++)
-        ids[i] = m->ctxs[i]->instance_id;
-    pthread_mutex_unlock(&m->lock);
-    return n;
-}
-
-static void reap_one(void *user, int64_t id)
-{
-    sd_mod *m = user;
-    if (drop_instance(m, id)) {
-        atomic_fetch_add(&m->reaped, 1);
-        LMC_WARN("reaped server-driven instance %lld (silent too long)", (long long)id);
-    }
-}
-
 json_t *lmc_server_driven_contexts_json(sd_mod *m)
 {
     json_t *a = json_array();
-    pthread_mutex_lock(&m->lock);
-    for (size_t i = 0; a && i < m->n_ctxs; i++) {
-        const sd_ctx *c = m->ctxs[i];
+    pthread_mutex_lock(&m->instances.lock);
+    for (size_t i = 0; a && i < m->instances.n; i++) {
+        const sd_ctx *c = m->instances.items[i].ctx;
         json_array_append_new(a, json_pack("{s:I, s:s?, s:i, s:i, s:i, s:I, s:i}",
                                            "instance_id", (json_int_t)c->instance_id,
                                            "model_name", c->model, "world_size",
@@ -604,7 +552,7 @@ json_t *lmc_server_driven_contexts_json(sd_mod *m)
                                            (json_int_t)c->layout.object_size, "segments",
                                            (int)c->n_maps));
     }
-    pthread_mutex_unlock(&m->lock);
+    pthread_mutex_unlock(&m->instances.lock);
     return a;
 }
 
@@ -619,20 +567,17 @@ int lmc_server_driven_create(lmc_module_ctx *ctx, void **state, char *err, size_
     /* Without a GPU this server is CPU-only: vLLM's CPU attention stores
      * HND whatever its hint says (docs/protocol.md). */
     m->force_hnd = strcmp(ctx->config->mp.cpu_kv_layout, "hint") != 0;
-    pthread_mutex_init(&m->lock, NULL);
     pthread_cond_init(&m->populated, NULL);
     lmc_server_driven_cuda_init(&m->cuda);
     if (lmc_fault_guard_install() != 0)
         LMC_WARN("lmcache_driven_transfer: no SIGBUS handler: an engine that shrinks its "
                  "segments can crash this server");
-    lmc_reaper_options ro = {.liveness = ctx->liveness, .list = list_ids, .reap = reap_one,
-                             .user = m, .start_thread = true};
-    lmc_reaper_set_timeouts(&ro, ctx->config->mp.worker_reap_timeout_seconds,
-                            ctx->config->mp.worker_registration_grace_seconds);
-    if (!(m->reaper = lmc_reaper_new(&ro))) {
+    lmc_transfer_registry_ops ops = {.mode = "server-driven", .drop = drop_instance, .user = m};
+    if (lmc_transfer_registry_init(&m->instances, &ops, ctx->liveness,
+                                   ctx->config->mp.worker_reap_timeout_seconds,
+                                   ctx->config->mp.worker_registration_grace_seconds) != 0) {
         lmc_server_driven_cuda_close(m);
         pthread_cond_destroy(&m->populated);
-        pthread_mutex_destroy(&m->lock);
         free(m);
         return snprintf(err, errlen, "lmcache_driven_transfer: cannot start the reaper"), -1;
     }
@@ -643,16 +588,16 @@ int lmc_server_driven_create(lmc_module_ctx *ctx, void **state, char *err, size_
 void lmc_server_driven_close(void *state)
 {
     sd_mod *m = state;
-    lmc_reaper_free(m->reaper);
-    while (m->n_ctxs)
-        lmc_server_driven_put(m, m->ctxs[--m->n_ctxs]);
-    pthread_mutex_lock(&m->lock);   /* the last references may be theirs */
+    lmc_transfer_registry_stop(&m->instances);
+    sd_ctx *c;
+    while ((c = lmc_transfer_registry_pop(&m->instances)))
+        lmc_server_driven_put(m, c);
+    pthread_mutex_lock(&m->instances.lock);   /* the last references may be theirs */
     while (m->populating)
-        pthread_cond_wait(&m->populated, &m->lock);
-    pthread_mutex_unlock(&m->lock);
+        pthread_cond_wait(&m->populated, &m->instances.lock);
+    pthread_mutex_unlock(&m->instances.lock);
     lmc_server_driven_cuda_close(m);   /* the streams are gone: no completion can come */
-    free(m->ctxs);
     pthread_cond_destroy(&m->populated);
-    pthread_mutex_destroy(&m->lock);
+    lmc_transfer_registry_destroy(&m->instances);
     free(m);
 }

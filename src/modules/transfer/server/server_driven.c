@@ -24,7 +24,8 @@
 #include "modules/services/ipc_key.h"
 #include "kv/kv_copy.h"
 #include "modules/transfer/server/server_internal.h"
-#include "modules/transfer/transfer_common.h"
+#include "modules/transfer/resolve.h"
+#include "modules/transfer/transfer.h"
 #include "obs/events.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
@@ -102,27 +103,23 @@ static int decode_block_ids(const sd_ctx *c, const msgpack_object *o, sd_op *op,
     return 0;
 }
 
-/* The object keys of op: a STORE interns the key's names, a RETRIEVE
- * only looks them up (docs/storage.md, "Interned strings").  0, or -1 /
- * -2 with the reason. */
-static int object_keys(sd_mod *m, sd_op *op, const uint8_t *hashes, uint32_t n_og, bool store,
-                       char *err, size_t errlen)
+/* Why op's object keys could not be built: a STORE interns the key's
+ * names, a RETRIEVE only looks them up (docs/storage.md, "Interned
+ * strings").  0, or -1 / -2 with the reason. */
+static int keys_error(lmc_transfer_keys_result r, char *err, size_t errlen)
 {
-    lmc_key_interner *in = m->ctx->interner;
-    if (!store) {
-        if (lmc_ipc_key_object_keys_find(&op->key, hashes, op->n, n_og, in, op->keys) != 0)
-            return snprintf(err, errlen, "nothing is stored under this model name and "
-                                         "cache salt"), -1;
-        op->n_keys = op->n * n_og;
+    switch (r) {
+    case LMC_TRANSFER_KEYS_BUILT:
         return 0;
-    }
-    if (lmc_ipc_key_object_keys(&op->key, hashes, op->n, n_og, in, op->keys) == 0) {
-        op->n_keys = op->n * n_og;
-        return 0;
-    }
-    if (lmc_key_interner_full(in))
+    case LMC_TRANSFER_KEYS_UNKNOWN:
+        return snprintf(err, errlen, "nothing is stored under this model name and cache "
+                                     "salt"), -1;
+    case LMC_TRANSFER_KEYS_FULL:
         return snprintf(err, errlen, "too many distinct model names and cache salts "
                                      "(--max-interned-strings)"), -1;
+    case LMC_TRANSFER_KEYS_NO_MEMORY:
+        break;
+    }
     return snprintf(err, errlen, "out of memory"), -2;
 }
 
@@ -134,22 +131,16 @@ static int op_begin(sd_mod *m, lmc_rpc_call *call, sd_op *op, bool store, char *
 {
     *op = (sd_op){0};
     int64_t id;
-    const msgpack_object *id_o = lmc_rpc_call_arg(call, 1);
-    if (!id_o || id_o->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(id_o, &id))
+    if (!lmc_transfer_instance_arg(call, 1, &id))
         return snprintf(err, errlen, "instance_id must be an int"), -1;
     if (!(op->c = lmc_server_driven_get(m, id)))
         return snprintf(err, errlen, "instance %lld is not registered", (long long)id), -1;
-    lmc_liveness_touch(m->ctx->liveness, id, lmc_monotonic_ms(NULL), false);
-    size_t len;
-    const uint8_t *frame = lmc_rpc_call_arg_raw(call, 0, &len);
-    if (!frame)
-        return snprintf(err, errlen, "missing key frame"), -1;
-    int rc = lmc_ipc_key_decode_frame(frame, len, m->cs, &op->key, err, errlen);
+    lmc_transfer_touch(m->ctx->liveness, id);
+    int rc = lmc_transfer_decode_key(call, m->cs, "worker_id must not be None", &op->key, err,
+                                     errlen);
     if (rc != 0)
         return rc;
     op->key_decoded = true;
-    if (!op->key.has_worker)
-        return snprintf(err, errlen, "worker_id must not be None"), -1;
     if (!lmc_server_driven_bind_model(m, op->c, op->key.model_name, op->key.model_len,
                            op->key.world_size))
         return snprintf(err, errlen, "the key names another model or world size (%u) than "
@@ -157,22 +148,15 @@ static int op_begin(sd_mod *m, lmc_rpc_call *call, sd_op *op, bool store, char *
                         op->key.world_size, (long long)id, op->c->world_size), -1;
     op->n = lmc_ipc_key_num_chunks(&op->key, m->cs);
     uint32_t n_og = op->c->plan.n_og;
-    uint8_t *hashes = malloc(op->n * LMC_TOKEN_HASH_LEN + 1);
-    op->keys = malloc((op->n * n_og + 1) * sizeof *op->keys);
-    rc = hashes && op->keys ? lmc_sessions_hash_range(m->ctx->sessions, op->key.request_id,
-                                                      op->key.request_id_len, op->key.tokens,
-                                                      op->key.n_tokens, op->key.start,
-                                                      op->key.end, hashes)
-                            : LMC_HASH_ENOMEM;
-    if (rc == LMC_HASH_OK) {
-        rc = object_keys(m, op, hashes, n_og, store, err, errlen);
-    } else {
-        snprintf(err, errlen, "hashing failed: %s", lmc_hash_strerror(rc));
-        rc = rc == LMC_HASH_ENOMEM ? -2 : -1;
-    }
-    free(hashes);
+    lmc_transfer_keys ck;
+    rc = lmc_transfer_chunk_keys(m->ctx, &op->key, op->n, n_og, store, &ck, err, errlen);
+    op->keys = ck.keys;
+    free(ck.hashes);
+    if (rc == 0)
+        rc = keys_error(ck.result, err, errlen);
     if (rc != 0)
         return rc;
+    op->n_keys = op->n * n_og;
     op->arena = lmc_storage_manager_l1_arena(m->ctx->storage)->base;
     return decode_block_ids(op->c, lmc_rpc_call_arg(call, 2), op, err, errlen);
 }
@@ -681,7 +665,8 @@ static json_t *sd_status(void *state)
         "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f}",
         "registrations", COUNTER(registrations), "registrations_refused",
         COUNTER(registrations_refused), "unregisters", COUNTER(unregisters), "reaped_instances",
-        COUNTER(reaped), "stores_ok", COUNTER(stores_ok), "stores_failed", COUNTER(stores_failed),
+        COUNTER(instances.reaped), "stores_ok", COUNTER(stores_ok), "stores_failed",
+        COUNTER(stores_failed),
         "retrieves_ok", COUNTER(retrieves_ok), "retrieves_failed", COUNTER(retrieves_failed),
         "chunks_stored", COUNTER(chunks_stored), "chunks_retrieved", COUNTER(chunks_retrieved),
         "bytes_stored", COUNTER(bytes_stored), "bytes_retrieved", COUNTER(bytes_retrieved),

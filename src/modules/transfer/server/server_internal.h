@@ -1,5 +1,5 @@
 /* Internal to the server-driven transfer module (register.c:
- * registration, mappings, reaping, lifetime; server_driven.c: STORE,
+ * registration, mappings, how a context ends, lifetime; server_driven.c: STORE,
  * RETRIEVE and the module's face). */
 #ifndef LMC_MODULES_TRANSFER_SERVER_SERVER_INTERNAL_H
 #define LMC_MODULES_TRANSFER_SERVER_SERVER_INTERNAL_H
@@ -13,7 +13,7 @@
 #include "kv/kv_plan.h"
 #include "modules/services/layout_registry.h"
 #include "modules/module.h"
-#include "modules/services/reaper.h"
+#include "modules/transfer/instance_registry.h"
 
 /* One shared-memory segment of the engine, mapped read/write. */
 typedef struct {
@@ -71,14 +71,13 @@ typedef struct {
     uint32_t cs;
     lmc_copy_method copy;
     bool force_hnd;              /* vLLM tensors on a server without a GPU */
-    pthread_mutex_t lock;        /* ctxs, each ctx's model/layout_held, populating */
+    /* sd_ctx by instance id (one reference each); its lock guards each
+     * ctx's model/layout_held and populating too */
+    lmc_transfer_registry instances;
     pthread_cond_t populated;    /* populating fell to 0 */
     int populating;              /* page-table fill threads still running */
-    sd_ctx **ctxs;
-    size_t n_ctxs, cap_ctxs;
-    lmc_reaper *reaper;
     sd_cuda cuda;
-    atomic_uint_fast64_t registrations, registrations_refused, unregisters, reaped,
+    atomic_uint_fast64_t registrations, registrations_refused, unregisters,
         stores_ok, stores_failed, retrieves_ok, retrieves_failed, chunks_stored,
         chunks_retrieved, bytes_stored, bytes_retrieved, store_ns, retrieve_ns;
 } sd_mod;

@@ -1,7 +1,9 @@
-/* What both transfer modes (engine-driven and server-driven) do alike:
- * reserving L1 room for their writes and publishing their transfer events. */
-#ifndef LMC_MODULES_TRANSFER_TRANSFER_COMMON_H
-#define LMC_MODULES_TRANSFER_TRANSFER_COMMON_H
+/* What both transfer modes (engine-driven and server-driven) do alike with
+ * storage and events: reserving L1 room for their writes and publishing
+ * their transfer events.  The instance registry (instance_registry.h) and
+ * the request resolution (resolve.h) are the other shared steps. */
+#ifndef LMC_MODULES_TRANSFER_TRANSFER_H
+#define LMC_MODULES_TRANSFER_TRANSFER_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-#include "modules/transfer/transfer_common.h"
+#include "modules/transfer/transfer.h"
 
 #include <stdio.h>
 
