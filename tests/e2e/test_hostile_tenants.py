@@ -97,6 +97,18 @@ def test_a_redeployed_model_never_reads_the_old_layouts_objects(srv):
     new.close()
 
 
+def test_a_model_registers_again_with_another_layout_right_after_unregistering(srv):
+    """UNREGISTER_KV_CACHE gives the model's layout back with its reply,
+    although the context itself lives on while its page-fill thread (which
+    touches every page of a large cache) still holds it: the same model,
+    registered again at once with another layout, is taken every time."""
+    for i in range(6):
+        g = PagedKV(f"again{i}", "fa_nhd", nl=1 + i % 2, nb=32768, bs=16, nh=2, hs=8)
+        e = Engine(srv, 70 + i, [g])
+        e.close()
+        g.close()
+
+
 @pytest.mark.parametrize("name", [b"\xff\xfeevil", b"caf\xc3", b"\xc0\xafetc"])
 def test_model_names_that_are_not_utf8_are_refused(srv, name):
     """msgpack str frames whose bytes are not UTF-8 (a Python client can

@@ -508,13 +508,24 @@ lmc_handler_result lmc_server_driven_register(void *state, lmc_rpc_call *call)
     return LMC_HANDLER_VOID;
 }
 
-/* An unregistered or reaped instance: its liveness is forgotten; its
- * memory goes once the last op in flight is done. */
+/* An unregistered or reaped instance: its liveness is forgotten and its
+ * model's layout given back at once; its memory goes once the last op in
+ * flight (or its page-fill thread, which may run for a while on a large
+ * cache) is done.  Those keep the context's own copy of the layout, and
+ * the same model registering again meanwhile, with another layout, must
+ * not be refused as a conflict with an instance that is gone. */
 static void drop_instance(void *user, void *ctx, int64_t id)
 {
     sd_mod *m = user;
+    sd_ctx *c = ctx;
     lmc_liveness_forget(m->ctx->liveness, id);
-    lmc_server_driven_put(m, ctx);
+    pthread_mutex_lock(&m->instances.lock);
+    if (c->layout_held) {
+        lmc_layout_registry_release(m->ctx->layouts, c->model, c->world_size);
+        c->layout_held = false;
+    }
+    pthread_mutex_unlock(&m->instances.lock);
+    lmc_server_driven_put(m, c);
 }
 
 /* UNREGISTER_KV_CACHE(instance_id) -> void, known or not (a worker waits
