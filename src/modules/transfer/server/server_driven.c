@@ -23,6 +23,7 @@
 #include "modules/transfer/server/fault_guard.h"
 #include "modules/services/ipc_key.h"
 #include "kv/kv_copy.h"
+#include "modules/transfer/server/checksums.h"
 #include "modules/transfer/server/server_internal.h"
 #include "modules/transfer/transfer_common.h"
 #include "obs/events.h"
@@ -698,5 +699,6 @@ const lmc_module_def lmc_server_driven_module = {
     .handlers = sd_handlers,
     .n_handlers = sizeof sd_handlers / sizeof sd_handlers[0],
     .report_status = sd_status,
+    .register_http = lmc_server_driven_register_http,
     .close = lmc_server_driven_close,
 };
