@@ -132,6 +132,16 @@ void lmc_server_add_module_routes(lmc_server *s)
     }
 }
 
+int lmc_server_add_module_metrics(lmc_server *s)
+{
+    for (size_t i = 0; i < N_MODULES; i++) {
+        const lmc_module_def *def = all_modules[i];
+        if (def->register_metrics && def->register_metrics(state_of(s, def), s->metrics) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* ZMQ's bind accepts interface names and numeric addresses only, while
  * upstream's default host is "localhost": resolve names here. */
 static int resolve_bind_url(const char *host, int port, char *url, size_t cap, char *err,

@@ -79,16 +79,6 @@ static char *http_metrics(void *user)
     return lmc_metrics_render(s->metrics);
 }
 
-/* The collectors read what lmc_server_new() builds after the HTTP frontend
- * is already serving: the acquire load of `ready` orders those reads after
- * the construction (a /metrics scrape during start-up sees process
- * metrics only). */
-static json_t *status_when_ready(void *user)
-{
-    lmc_server *s = user;
-    return atomic_load(&s->ready) ? lmc_server_report_status(s) : NULL;
-}
-
 static lmc_metrics_rpc_counts rpc_counts(void *user)
 {
     lmc_server *s = user;
@@ -131,6 +121,53 @@ static int add_server_routes(lmc_server *s)
                    lmc_server_add_kv_routes(s, s->routes) == 0
                ? 0
                : -1;
+}
+
+/* ---- metrics of the server and its owners ---------------------------------- */
+
+typedef struct {
+    lmc_server *s;
+    lmc_metric *healthy, *target_info;
+} server_metrics;
+
+/* lmcache_mp_healthy is /status's verdict over every module and the
+ * storage (lmc_server_report_status); target_info names --instance-id. */
+static void collect_server(lmc_metrics *r, void *user)
+{
+    (void)r;
+    server_metrics *sm = user;
+    json_t *status = lmc_server_report_status(sm->s);
+    lmc_metric_set(sm->healthy, NULL, json_is_true(json_object_get(status, "is_healthy")));
+    json_decref(status);
+    const char *values[] = {sm->s->cfg->mp.instance_id};
+    lmc_metric_set(sm->target_info, values, 1);
+}
+
+/* The families /metrics lists after the RPC ones, each registered by its
+ * owner (docs/metrics.md): the server's health, the storage's, every
+ * module's (a module left out registers its families alone), then
+ * target_info.  Runs once the modules exist, before the event families. */
+static int register_owner_metrics(lmc_server *s)
+{
+    static const char *const info_labels[] = {"service_instance_id", NULL};
+    server_metrics *sm = calloc(1, sizeof *sm);
+    if (!sm)
+        return -1;
+    sm->s = s;
+    sm->healthy = lmc_metrics_gauge(s->metrics, "lmcache_mp_healthy",
+                                    "1 when every module and the storage report healthy", NULL);
+    if (!sm->healthy || lmc_storage_manager_register_metrics(s->ctx.storage, s->metrics) != 0 ||
+        lmc_server_add_module_metrics(s) != 0)
+        goto fail;
+    sm->target_info = lmc_metrics_gauge(s->metrics, "target_info",
+                                        "Target metadata: the server's --instance-id",
+                                        info_labels);
+    if (!sm->target_info)
+        goto fail;
+    return lmc_metrics_add_owned_collector(s->metrics, collect_server, sm);
+fail:
+    free(sm);
+    return -1;
 }
 
 static int start_http(lmc_server *s, char *err, size_t errlen)
@@ -189,8 +226,7 @@ int lmc_server_start_frontends(lmc_server *s, char *err, size_t errlen)
     s->metrics = lmc_metrics_new();
     if (!s->metrics || lmc_metrics_add_process_collector(s->metrics) != 0 ||
         (full && lmc_metrics_add_rpc_source(s->metrics, rpc_counts, s) != 0) ||
-        (full && lmc_metrics_add_collector(s->metrics, collect_rpc_ops, s) != 0) ||
-        (full && lmc_metrics_add_status_source(s->metrics, status_when_ready, s) != 0)) {
+        (full && lmc_metrics_add_collector(s->metrics, collect_rpc_ops, s) != 0)) {
         snprintf(err, errlen, "cannot set up metrics");
         return -1;
     }
@@ -296,6 +332,8 @@ void lmc_server_frontends_ready(lmc_server *s)
 {
     lmc_server_add_module_routes(s);
     lmc_http_routes_seal(s->routes); /* every owner's rows are in */
+    if (!s->cfg->obs.disable_metrics && register_owner_metrics(s) != 0)
+        LMC_WARN("the storage and module metrics are incomplete: cannot register them");
     attach_subscribers(s);
     start_otlp(s);
     start_coordinator(s);

@@ -52,6 +52,9 @@ void lmc_server_frontends_ready(lmc_server *s);
 /* Every module the server knows adds its HTTP rows to s->routes: a module
  * the configuration left out with state NULL (modules/module.h). */
 void lmc_server_add_module_routes(lmc_server *s);
+/* Every module the server knows registers its metrics (modules/module.h).
+ * 0 or -1. */
+int lmc_server_add_module_metrics(lmc_server *s);
 /* The server's own feature rows (objects_http.c, quota_http.c,
  * kv_http_routes.c), handler ctx = s.  0, or -1 when the table is full. */
 int lmc_server_add_object_routes(lmc_server *s, lmc_http_routes *routes);

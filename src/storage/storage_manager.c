@@ -657,6 +657,28 @@ static json_t *arena_status(const lmc_storage_manager *sm)
                      "align_bytes", (json_int_t)sm->opts.l1_align_bytes);
 }
 
+void lmc_storage_manager_l1_stats(lmc_storage_manager *sm, lmc_l1_stats *out)
+{
+    lmc_l1_manager_stats(sm->l1, out);
+}
+
+void lmc_storage_manager_eviction_counts(lmc_storage_manager *sm, uint64_t *cycles,
+                                         uint64_t *triggered_cycles, uint64_t *evicted_keys)
+{
+    lmc_l1_eviction_counts c = lmc_l1_eviction_get_counts(sm->eviction);
+    *cycles = c.cycles;
+    *triggered_cycles = c.triggered_cycles;
+    *evicted_keys = c.evicted_keys;
+}
+
+size_t lmc_storage_manager_l2_counts(lmc_storage_manager *sm, lmc_storage_l2_counts *out,
+                                     size_t max)
+{
+    if (!sm->l2_ops || !sm->l2_ops->adapter_counts)
+        return 0;
+    return sm->l2_ops->adapter_counts(sm->l2, out, max);
+}
+
 static bool child_healthy(json_t *status)
 {
     return json_is_true(json_object_get(status, "is_healthy"));

@@ -31,6 +31,9 @@
 #include "storage/lease.h"
 #include "storage/object_key.h"
 #include "storage/quota.h"
+
+struct lmc_metrics;
+struct lmc_l1_stats;
 #include "storage/ttl_lock.h"
 
 #define LMC_STORAGE_DEFAULT_WRITER_TAG "storage_manager"
@@ -237,6 +240,15 @@ typedef struct lmc_storage_l2_request {
     void *user;
 } lmc_storage_l2_request;
 
+/* One L2 adapter's figures for the metrics (docs/metrics.md, the
+ * lmcache_mp_l2_* families). */
+typedef struct {
+    const char *type_name;      /* static for the tier's lifetime */
+    uint64_t stores_completed;  /* ok + failed */
+    uint64_t loads;
+    uint64_t used_bytes, capacity_bytes;
+} lmc_storage_l2_counts;
+
 typedef struct lmc_storage_tier_ops {
     /* 0: accepted (on_done will be called); -1: refused (no call). */
     int (*prefetch)(void *impl, const lmc_storage_l2_request *req);
@@ -245,6 +257,9 @@ typedef struct lmc_storage_tier_ops {
     void (*stop_prefetch)(void *impl);
     /* New reference: an object whose fields are merged into the status. */
     json_t *(*report_status)(void *impl);
+    /* Fills out[0..min(n, max)) with the adapters' figures, in priority
+     * order; returns n, the number of adapters. */
+    size_t (*adapter_counts)(void *impl, lmc_storage_l2_counts *out, size_t max);
     /* New reference: {cache_salt: bytes} over the tier's adapters. */
     json_t *(*usage_by_salt)(void *impl);
     /* Index of the adapter whose type name is `type` (case-insensitive; NULL
@@ -301,6 +316,19 @@ void lmc_storage_manager_usage(lmc_storage_manager *sm, uint64_t *used, uint64_t
  * l2_adapters[], l1_usage[used,total], l1_capacity_bytes_by_backend{...},
  * l1_arena{...}}.  NULL on allocation failure. */
 json_t *lmc_storage_manager_report_status(lmc_storage_manager *sm);
+/* The storage's metric families (docs/metrics.md: lmcache_mp_l1_*,
+ * lmcache_mp_l1_eviction_* and lmcache_mp_l2_*) and a collector that reads
+ * the L1, eviction and L2 counters at scrape time.  The collector runs
+ * until the registry is freed: scrapes must end before the manager is
+ * freed.  0 or -1 (storage_metrics.c). */
+int lmc_storage_manager_register_metrics(lmc_storage_manager *sm, struct lmc_metrics *r);
+/* The typed figures the collector reads. */
+void lmc_storage_manager_l1_stats(lmc_storage_manager *sm, struct lmc_l1_stats *out);
+void lmc_storage_manager_eviction_counts(lmc_storage_manager *sm, uint64_t *cycles,
+                                         uint64_t *triggered_cycles, uint64_t *evicted_keys);
+/* Fills out[0..min(n, max)); returns n (0 without an L2 tier). */
+size_t lmc_storage_manager_l2_counts(lmc_storage_manager *sm, lmc_storage_l2_counts *out,
+                                     size_t max);
 /* {base, size, shm_name} of the L1 arena (engine SHM pool, pinning, P2P). */
 const lmc_l1_arena_desc *lmc_storage_manager_l1_arena(const lmc_storage_manager *sm);
 /* One synchronous eviction cycle; returns the number of keys evicted. */

@@ -130,7 +130,16 @@ static size_t svc_delete_objects(void *impl, int adapter, const lmc_object_key *
     return done;
 }
 
+static size_t svc_adapter_counts(void *impl, lmc_storage_l2_counts *out, size_t max)
+{
+    l2_service *s = impl;
+    for (size_t a = 0; a < s->na && a < max; a++)
+        lmc_l2_adapter_counts(s->ad[a], &out[a]);
+    return s->na;
+}
+
 static const lmc_storage_tier_ops svc_ops = {
+    .adapter_counts = svc_adapter_counts,
     .find_adapter = svc_find_adapter,
     .list_objects = svc_list_objects,
     .delete_objects = svc_delete_objects,
