@@ -46,18 +46,15 @@ static json_t *http_config(void *user)
 static json_t *http_adapters(void *user)
 {
     lmc_server *s = user;
-    json_t *status = lmc_storage_manager_report_status(s->ctx.storage);
-    json_t *list = json_array();
-    size_t i;
-    json_t *a;
-    json_array_foreach(json_object_get(status, "l2_adapters"), i, a) {
+    size_t n = lmc_storage_manager_l2_counts(s->ctx.storage, NULL, 0);
+    lmc_storage_l2_counts *c = calloc(n ? n : 1, sizeof *c);
+    json_t *list = c ? json_array() : NULL; /* NULL: answered 500 */
+    n = c ? lmc_storage_manager_l2_counts(s->ctx.storage, c, n) : 0;
+    for (size_t i = 0; list && i < n; i++)
         json_array_append_new(list, json_pack("{s:I, s:s, s:s, s:b, s:b}", "index", (json_int_t)i,
-                                              "type_name",
-                                              json_string_value(json_object_get(a, "type_name")),
-                                              "tier", "l2", "primary", i == 0,
-                                              "reconfigurable", 0));
-    }
-    json_decref(status);
+                                              "type_name", c[i].type_name, "tier", "l2",
+                                              "primary", i == 0, "reconfigurable", 0));
+    free(c);
     return list;
 }
 
