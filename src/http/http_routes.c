@@ -1,6 +1,8 @@
-/* The route table (docs/http.md, "Endpoints" and the sections after it)
- * and the endpoint handlers. */
+/* The route table (docs/http.md, "Endpoints" and the sections after it),
+ * its dispatch, and the frontend's own rows with their handlers. */
 #include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,33 +10,63 @@
 
 #include "http/http_internal.h"
 #include "http/http_json.h"
-#include "http/http_kv.h"
-#include "http/http_objects.h"
-#include "http/http_quota.h"
 #include "obs/log.h"
 
-/* How an endpoint answers while backend.ready() is false (docs/http.md,
- * "Behaviour shared by every endpoint": Readiness). */
-typedef enum {
-    READY_ANY,      /* serves regardless */
-    READY_DETAIL,   /* 503 {"detail":"server not initialized"} */
-    READY_ENGINE,   /* 503 {"error":"engine not initialized"} */
-    READY_CONFIGS,  /* 503 {"error":"configs not initialized"} */
-    READY_HEALTH,   /* 503 {"status":"unhealthy","reason":"engine not initialized"} */
-} readiness;
-
-typedef void (*route_fn)(const lmc_http_request *req, lmc_http_reply *out, const char *arg);
+/* Rows enough for every owner's; a full table fails the add, so start-up
+ * says so instead of serving without a route. */
+#define MAX_ROUTES 96
 
 typedef struct {
-    const char *method;
-    const char *path;
-    bool prefix;       /* path is a prefix ending in '/'; the rest must be non-empty */
-    lmc_http_access access;
-    lmc_http_body body;
-    readiness ready;
-    route_fn fn;
-    const char *arg;   /* handler argument (501 messages, version parts) */
-} route;
+    lmc_http_route row;
+    void *ctx;
+} table_row;
+
+/* Append-only: `n` is stored with release after the rows it counts are
+ * written, so a dispatch that loads it (acquire) sees them complete. */
+struct lmc_http_routes {
+    pthread_mutex_t add_lock;  /* one writer at a time */
+    table_row rows[MAX_ROUTES];
+    atomic_size_t n;
+    atomic_bool sealed;
+};
+
+lmc_http_routes *lmc_http_routes_new(void)
+{
+    lmc_http_routes *t = calloc(1, sizeof *t);
+    if (!t)
+        return NULL;
+    if (pthread_mutex_init(&t->add_lock, NULL) != 0) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+void lmc_http_routes_free(lmc_http_routes *t)
+{
+    if (!t)
+        return;
+    pthread_mutex_destroy(&t->add_lock);
+    free(t);
+}
+
+int lmc_http_routes_add(lmc_http_routes *t, const lmc_http_route *rows, size_t n, void *ctx)
+{
+    pthread_mutex_lock(&t->add_lock);
+    size_t used = atomic_load_explicit(&t->n, memory_order_relaxed);
+    bool fits = n <= MAX_ROUTES - used;
+    for (size_t i = 0; fits && i < n; i++)
+        t->rows[used + i] = (table_row){rows[i], ctx};
+    if (fits)
+        atomic_store_explicit(&t->n, used + n, memory_order_release);
+    pthread_mutex_unlock(&t->add_lock);
+    return fits ? 0 : -1;
+}
+
+void lmc_http_routes_seal(lmc_http_routes *t)
+{
+    atomic_store(&t->sealed, true);
+}
 
 static const lmc_http_backend *backend_of(const lmc_http_request *req)
 {
@@ -43,8 +75,10 @@ static const lmc_http_backend *backend_of(const lmc_http_request *req)
 
 /* ---- endpoints ------------------------------------------------------- */
 
-static void ep_root(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_root(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                    const char *arg)
 {
+    (void)ctx;
     (void)arg;
     const char *accept = lmc_http_header(req, MHD_HTTP_HEADER_ACCEPT);
     if (accept && strstr(accept, "text/html")) {
@@ -56,16 +90,20 @@ static void ep_root(const lmc_http_request *req, lmc_http_reply *out, const char
                         json_pack("{s:s, s:s}", "status", "ok", "service", "LMCache HTTP API"));
 }
 
-static void ep_dashboard(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_dashboard(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                         const char *arg)
 {
+    (void)ctx;
     (void)req;
     (void)arg;
     lmc_http_reply_text(out, MHD_HTTP_OK, "text/html; charset=utf-8",
                         strdup(lmc_http_dashboard_html));
 }
 
-static void ep_health(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_health(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                      const char *arg)
 {
+    (void)ctx;
     (void)req;
     (void)arg;
     lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:s}", "status", "healthy"));
@@ -92,8 +130,10 @@ static int add_frontend_status(const lmc_http_site *site, json_t *status)
     return json_object_set_new(status, "http_uploads", up);
 }
 
-static void ep_status(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_status(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                      const char *arg)
 {
+    (void)ctx;
     (void)arg;
     const lmc_http_backend *b = backend_of(req);
     json_t *status = b->status ? b->status(b->user) : NULL;
@@ -113,8 +153,10 @@ static int64_t wall_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void ep_pressure(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_pressure(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                        const char *arg)
 {
+    (void)ctx;
     (void)arg;
     const lmc_http_backend *b = backend_of(req);
     json_t *status = b->status ? b->status(b->user) : NULL;
@@ -130,8 +172,10 @@ static void ep_pressure(const lmc_http_request *req, lmc_http_reply *out, const 
 
 /* arg: "both" (/version), "version" (/lmc_version) or "commit" (/commit_id).
  * /lmc_version and /commit_id answer "" where /version says "NA". */
-static void ep_version(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_version(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                       const char *arg)
 {
+    (void)ctx;
     const char *v = req->site->version, *c = req->site->commit;
     char text[256];
     if (strcmp(arg, "both") == 0)
@@ -143,8 +187,10 @@ static void ep_version(const lmc_http_request *req, lmc_http_reply *out, const c
     lmc_http_reply_json(out, MHD_HTTP_OK, json_string(text));
 }
 
-static void ep_config(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_config(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                      const char *arg)
 {
+    (void)ctx;
     (void)arg;
     const lmc_http_backend *b = backend_of(req);
     if (!b->config) {
@@ -163,8 +209,10 @@ static void ep_config(const lmc_http_request *req, lmc_http_reply *out, const ch
     lmc_http_reply_pretty_json(out, MHD_HTTP_OK, view);
 }
 
-static void ep_adapters(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_adapters(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                        const char *arg)
 {
+    (void)ctx;
     (void)arg;
     const lmc_http_backend *b = backend_of(req);
     json_t *list = b->adapters ? b->adapters(b->user) : json_array();
@@ -185,8 +233,10 @@ static bool do_clear(const lmc_http_request *req, bool force, char *err, size_t 
     return b->clear(b->user, force, err, errlen) == 0;
 }
 
-static void ep_cache_clear(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_cache_clear(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                           const char *arg)
 {
+    (void)ctx;
     (void)arg;
     bool force;
     json_t *error = NULL;
@@ -210,8 +260,10 @@ static void ep_cache_clear(const lmc_http_request *req, lmc_http_reply *out, con
                         json_pack("{s:s, s:{s:s}}", "status", "ok", "cleared", "tier", "l1"));
 }
 
-static void ep_clear_legacy(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_clear_legacy(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                            const char *arg)
 {
+    (void)ctx;
     (void)arg;
     char err[256];
     if (!backend_of(req)->clear) {
@@ -235,8 +287,10 @@ static bool parse_int(const char *text, long long *out)
     return *end == '\0';
 }
 
-static void ep_threads(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_threads(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                       const char *arg)
 {
+    (void)ctx;
     (void)arg;
     const char *tid_text = lmc_http_query(req, "thread_id");
     long long tid = 0;
@@ -253,8 +307,10 @@ static void ep_threads(const lmc_http_request *req, lmc_http_reply *out, const c
                         lmc_http_threads(lmc_http_query(req, "name"), tid_text != NULL, tid));
 }
 
-static void ep_metrics(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_metrics(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                       const char *arg)
 {
+    (void)ctx;
     (void)arg;
     const lmc_http_backend *b = backend_of(req);
     if (!b->metrics) {
@@ -271,8 +327,10 @@ static void ep_metrics(const lmc_http_request *req, lmc_http_reply *out, const c
 }
 
 /* Upstream's push channel from the coordinator is a logged no-op. */
-static void ep_coordinator(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_coordinator(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                           const char *arg)
 {
+    (void)ctx;
     (void)arg;
     json_t *doc = req->body ? json_loadb(req->body, req->body_len, JSON_DECODE_ANY, NULL) : NULL;
     if (!doc) {
@@ -290,82 +348,68 @@ static void ep_coordinator(const lmc_http_request *req, lmc_http_reply *out, con
     lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:s}", "status", "ok"));
 }
 
-static void ep_not_built(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_not_built(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                         const char *arg)
 {
+    (void)ctx;
     (void)req;
     lmc_http_reply_json(out, MHD_HTTP_NOT_IMPLEMENTED,
                         lmc_http_detail("%s not available in this build", arg));
 }
 
-/* ---- table and dispatch --------------------------------------------------- */
+/* ---- the frontend's own rows, and dispatch -------------------------------- */
 
 /* Access: OPEN only for what probes, scrapers and the dashboard read
  * (health, status, memory pressure, version, metrics, the pages); every
  * other route can change the cache, read or write KV data, or tell one
  * tenant's keys and salts to another, and needs the token when one is set
  * (docs/http.md, "Authentication", lists each route's class; the e2e test
- * test_http_auth.py checks that list against this table). */
+ * test_http_auth.py checks that list against the rows of every owner). */
 #define OPEN LMC_HTTP_OPEN
 #define TOKEN LMC_HTTP_TOKEN
 #define NOB LMC_HTTP_BODY_NONE
 #define JSON LMC_HTTP_BODY_JSON
-#define KV LMC_HTTP_BODY_KV
-#define BULK LMC_HTTP_BODY_BULK
+#define ANY LMC_HTTP_READY_ANY
+#define DETAIL LMC_HTTP_READY_DETAIL
+#define ENGINE LMC_HTTP_READY_ENGINE
+#define CONFIGS LMC_HTTP_READY_CONFIGS
+#define HEALTH LMC_HTTP_READY_HEALTH
 
-static const route routes[] = {
-    {"GET", "/", false, OPEN, NOB, READY_ANY, ep_root, NULL},
-    {"GET", "/dashboard", false, OPEN, NOB, READY_ANY, ep_dashboard, NULL},
-    {"GET", "/healthcheck", false, OPEN, NOB, READY_HEALTH, ep_health, NULL},
-    {"GET", "/api/healthcheck", false, OPEN, NOB, READY_HEALTH, ep_health, NULL},
-    {"GET", "/status", false, OPEN, NOB, READY_ENGINE, ep_status, NULL},
-    {"GET", "/api/status", false, OPEN, NOB, READY_ENGINE, ep_status, NULL},
-    {"GET", "/status/memory-pressure", false, OPEN, NOB, READY_DETAIL, ep_pressure, NULL},
-    {"GET", "/version", false, OPEN, NOB, READY_ANY, ep_version, "both"},
-    {"GET", "/lmc_version", false, OPEN, NOB, READY_ANY, ep_version, "version"},
-    {"GET", "/commit_id", false, OPEN, NOB, READY_ANY, ep_version, "commit"},
-    {"GET", "/metrics", false, OPEN, NOB, READY_ANY, ep_metrics, NULL},
-    {"GET", "/config", false, TOKEN, NOB, READY_CONFIGS, ep_config, NULL},
-    {"GET", "/conf", false, TOKEN, NOB, READY_CONFIGS, ep_config, NULL},
-    {"GET", "/config/adapters", false, TOKEN, NOB, READY_DETAIL, ep_adapters, NULL},
-    {"POST", "/cache/clear", false, TOKEN, JSON, READY_DETAIL, ep_cache_clear, NULL},
-    {"POST", "/clear-cache", false, TOKEN, JSON, READY_ENGINE, ep_clear_legacy, NULL},
-    {"GET", "/threads", false, TOKEN, NOB, READY_ANY, ep_threads, NULL},
-    {"POST", "/coordinator/command", false, TOKEN, JSON, READY_ANY, ep_coordinator, NULL},
-    {"GET", "/config/policies", false, TOKEN, NOB, READY_ANY, ep_not_built,
+static const lmc_http_route site_routes[] = {
+    {"GET", "/", false, OPEN, NOB, ANY, ep_root, NULL},
+    {"GET", "/dashboard", false, OPEN, NOB, ANY, ep_dashboard, NULL},
+    {"GET", "/healthcheck", false, OPEN, NOB, HEALTH, ep_health, NULL},
+    {"GET", "/api/healthcheck", false, OPEN, NOB, HEALTH, ep_health, NULL},
+    {"GET", "/status", false, OPEN, NOB, ENGINE, ep_status, NULL},
+    {"GET", "/api/status", false, OPEN, NOB, ENGINE, ep_status, NULL},
+    {"GET", "/status/memory-pressure", false, OPEN, NOB, DETAIL, ep_pressure, NULL},
+    {"GET", "/version", false, OPEN, NOB, ANY, ep_version, "both"},
+    {"GET", "/lmc_version", false, OPEN, NOB, ANY, ep_version, "version"},
+    {"GET", "/commit_id", false, OPEN, NOB, ANY, ep_version, "commit"},
+    {"GET", "/metrics", false, OPEN, NOB, ANY, ep_metrics, NULL},
+    {"GET", "/config", false, TOKEN, NOB, CONFIGS, ep_config, NULL},
+    {"GET", "/conf", false, TOKEN, NOB, CONFIGS, ep_config, NULL},
+    {"GET", "/config/adapters", false, TOKEN, NOB, DETAIL, ep_adapters, NULL},
+    {"POST", "/cache/clear", false, TOKEN, JSON, DETAIL, ep_cache_clear, NULL},
+    {"POST", "/clear-cache", false, TOKEN, JSON, ENGINE, ep_clear_legacy, NULL},
+    {"GET", "/threads", false, TOKEN, NOB, ANY, ep_threads, NULL},
+    {"POST", "/coordinator/command", false, TOKEN, JSON, ANY, ep_coordinator, NULL},
+    {"GET", "/config/policies", false, TOKEN, NOB, ANY, ep_not_built, "runtime policies are"},
+    {"PATCH", "/config/policies", false, TOKEN, JSON, ANY, ep_not_built,
      "runtime policies are"},
-    {"PATCH", "/config/policies", false, TOKEN, JSON, READY_ANY, ep_not_built,
+    {"POST", "/config/policies/validate", false, TOKEN, JSON, ANY, ep_not_built,
      "runtime policies are"},
-    {"POST", "/config/policies/validate", false, TOKEN, JSON, READY_ANY, ep_not_built,
-     "runtime policies are"},
-    {"GET", "/cache/objects", false, TOKEN, NOB, READY_DETAIL, lmc_http_objects_list, NULL},
-    {"DELETE", "/cache/objects", false, TOKEN, BULK, READY_DETAIL, lmc_http_objects_remove,
-     NULL},
-    {"POST", "/cache/prefetches", false, TOKEN, BULK, READY_DETAIL, lmc_http_prefetch_submit,
-     NULL},
-    {"GET", "/cache/prefetches/", true, TOKEN, NOB, READY_DETAIL, lmc_http_prefetch_query,
-     "/cache/prefetches/"},
-    {"POST", "/cache/checksums", false, TOKEN, BULK, READY_DETAIL, lmc_http_checksums, NULL},
-    {"GET", "/kvcache/check", false, TOKEN, NOB, READY_DETAIL, lmc_http_checksums_legacy,
-     NULL},
-    {"GET", "/quota", false, TOKEN, NOB, READY_DETAIL, lmc_http_quota_list, "/quota/"},
-    {"GET", "/quota/", true, TOKEN, NOB, READY_DETAIL, lmc_http_quota_get, "/quota/"},
-    {"PUT", "/quota/", true, TOKEN, JSON, READY_DETAIL, lmc_http_quota_put, "/quota/"},
-    {"DELETE", "/quota/", true, TOKEN, NOB, READY_DETAIL, lmc_http_quota_delete, "/quota/"},
-    {"GET", "/api/quota", false, TOKEN, NOB, READY_DETAIL, lmc_http_quota_list, "/api/quota/"},
-    {"GET", "/api/quota/", true, TOKEN, NOB, READY_DETAIL, lmc_http_quota_get, "/api/quota/"},
-    {"PUT", "/api/quota/", true, TOKEN, JSON, READY_DETAIL, lmc_http_quota_put, "/api/quota/"},
-    {"DELETE", "/api/quota/", true, TOKEN, NOB, READY_DETAIL, lmc_http_quota_delete,
-     "/api/quota/"},
-    {"POST", "/api/kv/store", false, TOKEN, KV, READY_DETAIL, lmc_http_kv_store, NULL},
-    {"POST", "/api/kv/retrieve", false, TOKEN, BULK, READY_DETAIL, lmc_http_kv_retrieve, NULL},
-    {"POST", "/api/kv/lookup", false, TOKEN, BULK, READY_DETAIL, lmc_http_kv_lookup, NULL},
-    {"GET", "/reconfigure/", true, TOKEN, NOB, READY_ANY, ep_not_built, "reconfiguration is"},
-    {"POST", "/reconfigure/", true, TOKEN, JSON, READY_ANY, ep_not_built,
-     "reconfiguration is"},
+    {"GET", "/reconfigure/", true, TOKEN, NOB, ANY, ep_not_built, "reconfiguration is"},
+    {"POST", "/reconfigure/", true, TOKEN, JSON, ANY, ep_not_built, "reconfiguration is"},
 };
-#define N_ROUTES (sizeof routes / sizeof routes[0])
 
-static bool path_matches(const route *r, const char *path)
+int lmc_http_routes_add_site(lmc_http_routes *t)
+{
+    return lmc_http_routes_add(t, site_routes, sizeof site_routes / sizeof site_routes[0],
+                               NULL);
+}
+
+static bool path_matches(const lmc_http_route *r, const char *path)
 {
     if (!r->prefix)
         return strcmp(r->path, path) == 0;
@@ -373,16 +417,17 @@ static bool path_matches(const route *r, const char *path)
     return strncmp(r->path, path, n) == 0 && path[n] != '\0';
 }
 
-static bool answer_not_ready(const lmc_http_request *req, const route *r, lmc_http_reply *out)
+static bool answer_not_ready(const lmc_http_request *req, const lmc_http_route *r,
+                             lmc_http_reply *out)
 {
     const lmc_http_backend *b = backend_of(req);
-    if (r->ready == READY_ANY || !b->ready || b->ready(b->user))
+    if (r->ready == ANY || !b->ready || b->ready(b->user))
         return false;
-    json_t *body = r->ready == READY_DETAIL    ? lmc_http_detail("server not initialized")
-                   : r->ready == READY_ENGINE  ? lmc_http_error("engine not initialized")
-                   : r->ready == READY_CONFIGS ? lmc_http_error("configs not initialized")
-                                               : json_pack("{s:s, s:s}", "status", "unhealthy",
-                                                           "reason", "engine not initialized");
+    json_t *body = r->ready == DETAIL    ? lmc_http_detail("server not initialized")
+                   : r->ready == ENGINE  ? lmc_http_error("engine not initialized")
+                   : r->ready == CONFIGS ? lmc_http_error("configs not initialized")
+                                         : json_pack("{s:s, s:s}", "status", "unhealthy",
+                                                     "reason", "engine not initialized");
     lmc_http_reply_json(out, MHD_HTTP_SERVICE_UNAVAILABLE, body);
     return true;
 }
@@ -395,7 +440,7 @@ static void add_allowed(char *allow, size_t len, const char *method)
     snprintf(allow + used, len - used, "%s%s", used ? ", " : "", method);
 }
 
-static bool serves(const lmc_http_site *site, const route *r, const char *path)
+static bool serves(const lmc_http_site *site, const lmc_http_route *r, const char *path)
 {
     return path_matches(r, path) && !(site->metrics_only && r->fn != ep_metrics);
 }
@@ -406,35 +451,61 @@ static const char *routed_method(const char *method)
     return strcmp(method, "HEAD") == 0 ? "GET" : method;
 }
 
+/* The rows added so far (see struct lmc_http_routes). */
+static size_t rows_of(const lmc_http_site *site, const table_row **rows)
+{
+    if (!site->routes) {
+        *rows = NULL;
+        return 0;
+    }
+    *rows = site->routes->rows;
+    return atomic_load_explicit(&site->routes->n, memory_order_acquire);
+}
+
 lmc_http_policy lmc_http_route_policy(const lmc_http_site *site, const char *method,
                                       const char *path)
 {
+    const table_row *rows;
+    size_t n = rows_of(site, &rows);
     method = routed_method(method);
-    for (size_t i = 0; i < N_ROUTES; i++)
-        if (serves(site, &routes[i], path) && strcmp(routes[i].method, method) == 0)
-            return (lmc_http_policy){routes[i].access, routes[i].body};
+    for (size_t i = 0; i < n; i++)
+        if (serves(site, &rows[i].row, path) && strcmp(rows[i].row.method, method) == 0)
+            return (lmc_http_policy){rows[i].row.access, rows[i].row.body};
     return (lmc_http_policy){LMC_HTTP_OPEN, LMC_HTTP_BODY_NONE};
+}
+
+/* No row serves the request: 405 when another method would be served,
+ * 503 while owners may still add the row (the exporter serves /metrics
+ * alone, whatever they add), else 404. */
+static void answer_unrouted(const lmc_http_site *site, lmc_http_reply *out)
+{
+    if (out->allow[0])
+        lmc_http_reply_json(out, MHD_HTTP_METHOD_NOT_ALLOWED,
+                            lmc_http_detail("Method Not Allowed"));
+    else if (!site->metrics_only && site->routes && !atomic_load(&site->routes->sealed))
+        lmc_http_reply_json(out, MHD_HTTP_SERVICE_UNAVAILABLE,
+                            lmc_http_detail("server not initialized"));
+    else
+        lmc_http_reply_json(out, MHD_HTTP_NOT_FOUND, lmc_http_detail("Not Found"));
 }
 
 void lmc_http_dispatch(const lmc_http_request *req, lmc_http_reply *out)
 {
+    const table_row *rows;
+    size_t n = rows_of(req->site, &rows);
     const char *method = routed_method(req->method);
     out->allow[0] = '\0';
-    for (size_t i = 0; i < N_ROUTES; i++) {
-        const route *r = &routes[i];
+    for (size_t i = 0; i < n; i++) {
+        const lmc_http_route *r = &rows[i].row;
         if (!serves(req->site, r, req->path))
             continue;
         if (strcmp(r->method, method) == 0) {
             out->allow[0] = '\0'; /* Allow goes with a 405 only */
             if (!answer_not_ready(req, r, out))
-                r->fn(req, out, r->arg);
+                r->fn(req, out, rows[i].ctx, r->arg);
             return;
         }
         add_allowed(out->allow, sizeof out->allow, r->method);
     }
-    if (out->allow[0])
-        lmc_http_reply_json(out, MHD_HTTP_METHOD_NOT_ALLOWED,
-                            lmc_http_detail("Method Not Allowed"));
-    else
-        lmc_http_reply_json(out, MHD_HTTP_NOT_FOUND, lmc_http_detail("Not Found"));
+    answer_unrouted(req->site, out);
 }

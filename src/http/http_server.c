@@ -434,9 +434,11 @@ static struct MHD_Daemon *start_daemon(lmc_http_server *s, const lmc_http_option
 
 /* Everything but the socket; -1 with err set on failure. */
 static int configure(lmc_http_server *s, const lmc_http_options *opts,
-                     const lmc_http_backend *backend, char *err, size_t errlen)
+                     const lmc_http_backend *backend, const lmc_http_routes *routes, char *err,
+                     size_t errlen)
 {
     s->site.backend = *backend;
+    s->site.routes = routes;
     s->site.version = dup_or_na(opts->version);
     s->site.commit = dup_or_na(opts->commit);
     s->site.metrics_only = opts->metrics_only;
@@ -473,17 +475,18 @@ static void announce(const lmc_http_server *s, const char *host)
 }
 
 int lmc_http_server_start(const lmc_http_options *opts, const lmc_http_backend *backend,
-                          lmc_http_server **out, char *err, size_t errlen)
+                          const lmc_http_routes *routes, lmc_http_server **out, char *err,
+                          size_t errlen)
 {
     lmc_http_server *s = calloc(1, sizeof *s);
-    if (!s || !opts || !backend || opts->port < 0 || opts->port > 65535) {
+    if (!s || !opts || !backend || !routes || opts->port < 0 || opts->port > 65535) {
         snprintf(err, errlen, s ? "invalid HTTP options" : "out of memory");
         free(s);
         return -1;
     }
     int family = AF_INET;
     const char *host = opts->host && *opts->host ? opts->host : "0.0.0.0";
-    int fd = configure(s, opts, backend, err, errlen) == 0
+    int fd = configure(s, opts, backend, routes, err, errlen) == 0
                  ? bind_listener(host, opts->port, &family, err, errlen)
                  : -1;
     if (fd < 0) {

@@ -8,7 +8,6 @@
 
 #include "obs/event_pairs.h"
 #include "obs/events.h"
-#include "obs/metrics_internal.h"
 
 typedef struct {
     lmc_metric *requested, *hit, *hit_l1, *hit_l2, *lookups, *early_exit;

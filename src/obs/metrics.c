@@ -2,7 +2,6 @@
  * feed it from /proc, the event bus, the RPC core and the server status
  * are at the end of this file. */
 #include "obs/metrics.h"
-#include "obs/metrics_internal.h"
 
 #include <ctype.h>
 #include <math.h>

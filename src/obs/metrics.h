@@ -1,7 +1,8 @@
 /* Metrics: a small Prometheus registry (counters, gauges, histograms with
  * labels) rendered in the text exposition format 0.0.4, plus collectors
  * that refresh values from live sources at scrape time (process metrics,
- * the event bus, RPC counters, storage status).  docs/metrics.md lists
+ * the event bus, RPC counters here; the storage, the modules and the
+ * server register their own, reading their typed counters).  docs/metrics.md lists
  * every metric lmcached exports.
  *
  * Ownership: the registry owns its families and series; a family handle
@@ -68,6 +69,9 @@ double lmc_metric_value(lmc_metric *m, const char *const *values);
 /* Called at the start of every render, in registration order. */
 typedef void (*lmc_metrics_collect_fn)(lmc_metrics *r, void *user);
 int lmc_metrics_add_collector(lmc_metrics *r, lmc_metrics_collect_fn fn, void *user);
+/* Like lmc_metrics_add_collector(), but the registry owns `user` (a
+ * malloc'd block, freed with the registry, or at once when this fails). */
+int lmc_metrics_add_owned_collector(lmc_metrics *r, lmc_metrics_collect_fn fn, void *user);
 
 /* Runs the collectors and returns the exposition text (families in
  * registration order, series in creation order); malloc'd, caller frees.
@@ -99,14 +103,6 @@ typedef struct {
 } lmc_metrics_rpc_counts;
 typedef lmc_metrics_rpc_counts (*lmc_metrics_rpc_fn)(void *user);
 int lmc_metrics_add_rpc_source(lmc_metrics *r, lmc_metrics_rpc_fn fn, void *user);
-
-/* Server status (a new reference, as lmc_server_report_status returns):
- * L1 usage gauges and eviction-loop counters are read from
- * status.storage_manager.{l1_manager,l1_eviction_controller}. */
-typedef json_t *(*lmc_metrics_status_fn)(void *user);
-int lmc_metrics_add_status_source(lmc_metrics *r, lmc_metrics_status_fn fn, void *user);
-/* The same update applied to one status object (exposed for tests). */
-void lmc_metrics_update_from_status(lmc_metrics *r, const json_t *status);
 
 /* Formats v as the exposition format writes sample values and `le`
  * bounds: shortest round-trip decimal, "+Inf", "-Inf", "NaN". */

@@ -9,8 +9,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "http/http_server.h"   /* lmc_kv_request, lmc_kv_counts */
 #include "modules/context.h"
+
+/* One request of the /api/kv endpoints, and what it did. */
+typedef struct {
+    const char *model;
+    const char *salt;                  /* "" for none */
+    const uint64_t *tokens;
+    size_t n_tokens;
+} lmc_kv_request;
+
+typedef struct {
+    size_t total_tokens, total_chunks;
+    size_t done_tokens, done_chunks;   /* hit (lookup/retrieve) or stored */
+} lmc_kv_counts;
 
 /* Each returns 0, or -1 with *status (400 unregistered model, bad salt,
  * bad payload; 500) and a one-line err. */

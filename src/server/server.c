@@ -119,6 +119,34 @@ static int create_modules(lmc_server *s, char *err, size_t errlen)
     return 0;
 }
 
+/* The state of def's instance, or NULL when the configuration left it out. */
+static void *state_of(const lmc_server *s, const lmc_module_def *def)
+{
+    for (size_t i = 0; i < s->n_modules; i++)
+        if (s->modules[i].def == def)
+            return s->modules[i].state;
+    return NULL;
+}
+
+void lmc_server_add_module_routes(lmc_server *s)
+{
+    for (size_t i = 0; i < N_MODULES; i++) {
+        const lmc_module_def *def = all_modules[i];
+        if (def->register_http && def->register_http(state_of(s, def), s->routes) != 0)
+            LMC_WARN("module %s: HTTP routes not added (the route table is full)", def->name);
+    }
+}
+
+int lmc_server_add_module_metrics(lmc_server *s)
+{
+    for (size_t i = 0; i < N_MODULES; i++) {
+        const lmc_module_def *def = all_modules[i];
+        if (def->register_metrics && def->register_metrics(state_of(s, def), s->metrics) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* ZMQ's bind accepts interface names and numeric addresses only, while
  * upstream's default host is "localhost": resolve names here. */
 static int resolve_bind_url(const char *host, int port, char *url, size_t cap, char *err,

@@ -1,7 +1,9 @@
 /* The HTTP frontend, the standalone Prometheus exporter (--no-http) and
- * the metrics registry, wired to the server through the lmc_http_backend
- * callbacks (all run on HTTP threads); and the runtime plugins, launched
- * once the server is up and stopped first at shutdown. */
+ * the metrics registry: the frontend's own rows reach the server through
+ * the lmc_http_backend callbacks, the server's feature rows (objects,
+ * prefetches, quotas, /api/kv) and every module's are added to the route
+ * table by their owners (all run on HTTP threads); and the runtime plugins,
+ * launched once the server is up and stopped first at shutdown. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,14 +11,13 @@
 #include "obs/event_metrics.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
-#include "modules/transfer/server/checksums.h"
 #include "fleet/fleet.h"
 #include "server/server_internal.h"
-#include "server/kv_http.h"
 #include "server/warm_prefetch.h"
 #include "storage/l2/l2_service.h"
 #include "storage/quota.h"
 #include "storage/storage_manager.h"
+#include "storage/storage_metrics.h"
 
 extern char **environ;
 
@@ -44,241 +45,19 @@ static json_t *http_config(void *user)
     return cfg;
 }
 
-/* Quotas live in the storage manager; the HTTP threads reach them through
- * these (docs/http.md, "Quotas").  The storage manager exists once HTTP answers
- * non-503, since quota routes wait for readiness. */
-static int http_quota_set(void *user, const char *salt, uint64_t limit_bytes)
-{
-    lmc_server *s = user;
-    return lmc_quotas_set(lmc_l2_quotas(s->ctx.storage), salt, limit_bytes);
-}
-
-static bool http_quota_remove(void *user, const char *salt)
-{
-    lmc_server *s = user;
-    return lmc_quotas_delete(lmc_l2_quotas(s->ctx.storage), salt);
-}
-
-static json_t *http_quota_snapshot(void *user)
-{
-    lmc_server *s = user;
-    json_t *cap = lmc_quotas_capture(lmc_l2_quotas(s->ctx.storage));
-    json_t *snap = json_pack("{s:O, s:o}", "limits", json_object_get(cap, "limits"), "usage",
-                             lmc_l2_usage_by_salt(s->ctx.storage));
-    json_decref(cap);
-    return snap;
-}
-
-/* ---- /cache/objects ------------------------------------------------------ */
-
-/* The adapter's index, or -1 with 503 (no L2 at all) or 404 (no match). */
-static int find_adapter(lmc_server *s, const char *adapter, unsigned *status, char *err,
-                        size_t errlen)
-{
-    int a = lmc_l2_find_adapter(s->ctx.storage, adapter);
-    if (a < 0) {
-        bool none = lmc_l2_find_adapter(s->ctx.storage, NULL) < 0;
-        *status = none ? 503 : 404;
-        snprintf(err, errlen, none ? "no L2 adapters" : "no L2 adapter '%s'", adapter);
-    }
-    return a;
-}
-
-static json_t *http_objects_list(void *user, const char *adapter, const char *model,
-                                 size_t page_size, const char *page_token, unsigned *status,
-                                 char *err, size_t errlen)
-{
-    lmc_server *s = user;
-    int a = find_adapter(s, adapter, status, err, errlen);
-    if (a < 0)
-        return NULL;
-    json_t *page = lmc_l2_list(s->ctx.storage, a, model, page_size, page_token);
-    if (!page) {
-        *status = 503;
-        snprintf(err, errlen, "the adapter cannot list its keys");
-    }
-    return page;
-}
-
-static int hex_nibble(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
-/* EncodedObjectKey {chunk_hash_hex, model_name, kv_rank, object_group_id=0,
- * cache_salt=""} -> key.  A delete only names keys, so nothing is interned
- * (issue 17): strings the server's interner holds are taken from it, and
- * *l1 tells whether both were there (else no L1 object has the key); the
- * others point into `o`, which outlives the L2 delete that reads them. */
-static int decode_encoded_key(lmc_server *s, const json_t *o, lmc_object_key *k, bool *l1,
-                              char *why, size_t whylen)
-{
-    const char *hex = json_string_value(json_object_get(o, "chunk_hash_hex"));
-    const char *model = json_string_value(json_object_get(o, "model_name"));
-    json_t *salt_j = json_object_get(o, "cache_salt"), *group_j = json_object_get(o, "object_group_id");
-    json_t *rank_j = json_object_get(o, "kv_rank");
-    const char *salt = salt_j ? json_string_value(salt_j) : "";
-    size_t hl = hex ? strlen(hex) : 0;
-    *k = (lmc_object_key){0};
-    if (!json_is_object(o) || !hex || hl == 0 || hl % 2 || hl > 2 * LMC_CHUNK_HASH_MAX)
-        return snprintf(why, whylen, "chunk_hash_hex must be lower-case hex of 1..32 bytes"), -1;
-    for (size_t i = 0; i < hl / 2; i++) {
-        int hi = hex_nibble(hex[2 * i]), lo = hex_nibble(hex[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return snprintf(why, whylen, "chunk_hash_hex must be lower-case hex"), -1;
-        k->chunk_hash[i] = (uint8_t)(hi << 4 | lo);
-    }
-    k->chunk_hash_len = (uint8_t)(hl / 2);
-    if (!model || !lmc_model_name_valid(model, strlen(model)))
-        return snprintf(why, whylen, "model_name must be a non-empty str of at most %d bytes "
-                                     "without '@'", LMC_MODEL_NAME_MAX), -1;
-    if (!salt || !lmc_cache_salt_valid(salt, strlen(salt)))
-        return snprintf(why, whylen, "cache_salt is invalid"), -1;
-    if (!json_is_integer(rank_j) || json_integer_value(rank_j) < 0 ||
-        json_integer_value(rank_j) > UINT32_MAX ||
-        (group_j && (!json_is_integer(group_j) || json_integer_value(group_j) < 0 ||
-                     json_integer_value(group_j) > UINT32_MAX)))
-        return snprintf(why, whylen, "kv_rank and object_group_id must be u32 integers"), -1;
-    k->kv_rank = (uint32_t)json_integer_value(rank_j);
-    k->object_group_id = group_j ? (uint32_t)json_integer_value(group_j) : 0;
-    /* Names never interned name no L1 object; the L2 part then reads the
-     * body's own strings (the key is not `interned`, so holds nothing). */
-    const char *m_in = lmc_intern_find(s->ctx.interner, model, strlen(model));
-    const char *s_in = m_in ? lmc_intern_find(s->ctx.interner, salt, strlen(salt)) : NULL;
-    *l1 = m_in && s_in;
-    if (*l1) {
-        lmc_object_key_set_strings(k, m_in, s_in); /* dropped after the request */
-    } else {
-        lmc_intern_release(m_in);
-        k->model_name = model;
-        k->cache_salt = salt;
-    }
-    return 0;
-}
-
-static json_t *http_objects_remove(void *user, const json_t *body, unsigned *status, char *err,
-                                   size_t errlen)
-{
-    lmc_server *s = user;
-    const json_t *keys_j = json_object_get(body, "keys");
-    const char *tier = json_string_value(json_object_get(body, "tier"));
-    const char *adapter = json_string_value(json_object_get(body, "adapter"));
-    bool force = json_is_true(json_object_get(body, "force"));
-    bool l1 = tier && (!strcmp(tier, "l1") || !strcmp(tier, "all"));
-    bool l2 = !tier || strcmp(tier, "l1") != 0;
-    int a = l2 ? find_adapter(s, adapter, status, err, errlen) : -1;
-    if (l2 && a < 0)
-        return NULL;
-    size_t n = json_array_size(keys_j), n_l1 = 0;
-    /* keys[0..n) for L2; l1_keys[0..n_l1) the ones an L1 object may have */
-    lmc_object_key *keys = malloc((n ? n : 1) * sizeof *keys);
-    lmc_object_key *l1_keys = malloc((n ? n : 1) * sizeof *l1_keys);
-    if (!keys || !l1_keys) {
-        free(keys);
-        free(l1_keys);
-        return *status = 500, snprintf(err, errlen, "out of memory"), NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        char why[160];
-        bool known;
-        if (decode_encoded_key(s, json_array_get(keys_j, i), &keys[i], &known, why,
-                               sizeof why) != 0) {
-            lmc_keys_drop(keys, i);
-            free(keys);
-            free(l1_keys);
-            *status = 400;
-            snprintf(err, errlen, "keys[%zu]: %s", i, why);
-            return NULL;
-        }
-        if (known)
-            l1_keys[n_l1++] = keys[i];
-    }
-    size_t deleted = 0, skipped = 0;
-    if (l1)
-        lmc_storage_manager_delete(s->ctx.storage, l1_keys, n_l1, force, &deleted, &skipped);
-    if (l2)
-        deleted += lmc_l2_delete(s->ctx.storage, a, keys, n);
-    lmc_keys_drop(keys, n); /* l1_keys borrowed these */
-    free(keys);
-    free(l1_keys);
-    return json_pack("{s:I, s:I, s:b}", "deleted", (json_int_t)deleted, "skipped",
-                     (json_int_t)skipped, "ok", 1);
-}
-
-/* ---- /cache/prefetches ------------------------------------------------------ */
-
-static json_t *http_prefetch_submit(void *user, const json_t *body, unsigned *status, char *err,
-                                    size_t errlen)
-{
-    lmc_server *s = user;
-    if (!s->warm)
-        return *status = 503, snprintf(err, errlen, "prefetch service unavailable"), NULL;
-    return lmc_warm_prefetch_submit(s->warm, body, status, err, errlen);
-}
-
-static json_t *http_prefetch_query(void *user, const char *id, unsigned *status, char *err,
-                                   size_t errlen)
-{
-    lmc_server *s = user;
-    if (!s->warm)
-        return *status = 503, snprintf(err, errlen, "prefetch service unavailable"), NULL;
-    return lmc_warm_prefetch_query(s->warm, id, status, err, errlen);
-}
-
-/* ---- /cache/checksums --------------------------------------------------------- */
-
-static json_t *http_checksums(void *user, const json_t *body, unsigned *status, char *err,
-                              size_t errlen)
-{
-    lmc_server *s = user;
-    for (size_t i = 0; i < s->n_modules; i++)
-        if (s->modules[i].def == &lmc_server_driven_module)
-            return lmc_server_driven_checksums(s->modules[i].state, body, status, err, errlen);
-    *status = 501;
-    snprintf(err, errlen, "the server-driven transfer module is not loaded "
-                          "(--supported-transfer-mode engine_driven)");
-    return NULL;
-}
-
-/* ---- /api/kv ------------------------------------------------------------------ */
-
-static int http_kv_lookup(void *user, const lmc_kv_request *rq, lmc_kv_counts *out,
-                          unsigned *status, char *err, size_t errlen)
-{
-    lmc_server *s = user;
-    return lmc_kv_http_lookup(&s->ctx, rq, out, status, err, errlen);
-}
-
-static int http_kv_store(void *user, const lmc_kv_request *rq, const uint8_t *data, size_t len,
-                         lmc_kv_counts *out, unsigned *status, char *err, size_t errlen)
-{
-    lmc_server *s = user;
-    return lmc_kv_http_store(&s->ctx, rq, data, len, out, status, err, errlen);
-}
-
-static int http_kv_retrieve(void *user, const lmc_kv_request *rq, uint8_t **data, size_t *len,
-                            lmc_kv_counts *out, unsigned *status, char *err, size_t errlen)
-{
-    lmc_server *s = user;
-    return lmc_kv_http_retrieve(&s->ctx, rq, data, len, out, status, err, errlen);
-}
-
 /* /config/adapters: the L2 adapters in priority order (index 0 = primary). */
 static json_t *http_adapters(void *user)
 {
     lmc_server *s = user;
-    json_t *status = lmc_storage_manager_report_status(s->ctx.storage);
-    json_t *list = json_array();
-    size_t i;
-    json_t *a;
-    json_array_foreach(json_object_get(status, "l2_adapters"), i, a) {
+    size_t n = lmc_storage_manager_l2_counts(s->ctx.storage, NULL, 0);
+    lmc_storage_l2_counts *c = calloc(n ? n : 1, sizeof *c);
+    json_t *list = c ? json_array() : NULL; /* NULL: answered 500 */
+    n = c ? lmc_storage_manager_l2_counts(s->ctx.storage, c, n) : 0;
+    for (size_t i = 0; list && i < n; i++)
         json_array_append_new(list, json_pack("{s:I, s:s, s:s, s:b, s:b}", "index", (json_int_t)i,
-                                              "type_name",
-                                              json_string_value(json_object_get(a, "type_name")),
-                                              "tier", "l2", "primary", i == 0,
-                                              "reconfigurable", 0));
-    }
-    json_decref(status);
+                                              "type_name", c[i].type_name, "tier", "l2",
+                                              "primary", i == 0, "reconfigurable", 0));
+    free(c);
     return list;
 }
 
@@ -298,16 +77,6 @@ static char *http_metrics(void *user)
 {
     lmc_server *s = user;
     return lmc_metrics_render(s->metrics);
-}
-
-/* The collectors read what lmc_server_new() builds after the HTTP frontend
- * is already serving: the acquire load of `ready` orders those reads after
- * the construction (a /metrics scrape during start-up sees process
- * metrics only). */
-static json_t *status_when_ready(void *user)
-{
-    lmc_server *s = user;
-    return atomic_load(&s->ready) ? lmc_server_report_status(s) : NULL;
 }
 
 static lmc_metrics_rpc_counts rpc_counts(void *user)
@@ -340,17 +109,72 @@ static void collect_rpc_ops(lmc_metrics *r, void *user)
     }
 }
 
+/* The rows the server owns (docs/architecture.md, "HTTP routes"): the
+ * frontend's own, then the server's features.  The modules add theirs
+ * once they exist (lmc_server_frontends_ready). */
+static int add_server_routes(lmc_server *s)
+{
+    s->routes = lmc_http_routes_new();
+    return s->routes && lmc_http_routes_add_site(s->routes) == 0 &&
+                   lmc_server_add_object_routes(s, s->routes) == 0 &&
+                   lmc_server_add_quota_routes(s, s->routes) == 0 &&
+                   lmc_server_add_kv_routes(s, s->routes) == 0
+               ? 0
+               : -1;
+}
+
+/* ---- metrics of the server and its owners ---------------------------------- */
+
+typedef struct {
+    lmc_server *s;
+    lmc_metric *healthy, *target_info;
+} server_metrics;
+
+/* lmcache_mp_healthy is /status's verdict over every module and the
+ * storage (lmc_server_report_status); target_info names --instance-id. */
+static void collect_server(lmc_metrics *r, void *user)
+{
+    (void)r;
+    server_metrics *sm = user;
+    json_t *status = lmc_server_report_status(sm->s);
+    lmc_metric_set(sm->healthy, NULL, json_is_true(json_object_get(status, "is_healthy")));
+    json_decref(status);
+    const char *values[] = {sm->s->cfg->mp.instance_id};
+    lmc_metric_set(sm->target_info, values, 1);
+}
+
+/* The families /metrics lists after the RPC ones, each registered by its
+ * owner (docs/metrics.md): the server's health, the storage's, every
+ * module's (a module left out registers its families alone), then
+ * target_info.  Runs once the modules exist, before the event families. */
+static int register_owner_metrics(lmc_server *s)
+{
+    static const char *const info_labels[] = {"service_instance_id", NULL};
+    server_metrics *sm = calloc(1, sizeof *sm);
+    if (!sm)
+        return -1;
+    sm->s = s;
+    sm->healthy = lmc_metrics_gauge(s->metrics, "lmcache_mp_healthy",
+                                    "1 when every module and the storage report healthy", NULL);
+    if (!sm->healthy || lmc_storage_manager_register_metrics(s->ctx.storage, s->metrics) != 0 ||
+        lmc_server_add_module_metrics(s) != 0)
+        goto fail;
+    sm->target_info = lmc_metrics_gauge(s->metrics, "target_info",
+                                        "Target metadata: the server's --instance-id",
+                                        info_labels);
+    if (!sm->target_info)
+        goto fail;
+    return lmc_metrics_add_owned_collector(s->metrics, collect_server, sm);
+fail:
+    free(sm);
+    return -1;
+}
+
 static int start_http(lmc_server *s, char *err, size_t errlen)
 {
     static const lmc_http_backend backend_template = {
-        .quota_set = http_quota_set, .quota_remove = http_quota_remove,
-        .quota_snapshot = http_quota_snapshot, .adapters = http_adapters,
-        .objects_list = http_objects_list, .objects_remove = http_objects_remove,
-        .prefetch_submit = http_prefetch_submit, .prefetch_query = http_prefetch_query,
-        .checksums = http_checksums,
-        .kv_lookup = http_kv_lookup, .kv_store = http_kv_store, .kv_retrieve = http_kv_retrieve,
         .ready = http_ready, .status = http_status, .config = http_config,
-        .clear = http_clear, .metrics = http_metrics,
+        .adapters = http_adapters, .clear = http_clear, .metrics = http_metrics,
     };
     lmc_http_backend backend = backend_template;
     backend.user = s;
@@ -361,7 +185,7 @@ static int start_http(lmc_server *s, char *err, size_t errlen)
         .auth_token = s->cfg->http.auth_token,
         .max_buffered_bytes = (size_t)s->cfg->http.max_buffered_mb << 20,
     };
-    if (lmc_http_server_start(&opts, &backend, &s->http, err, errlen) != 0)
+    if (lmc_http_server_start(&opts, &backend, s->routes, &s->http, err, errlen) != 0)
         return -1;
     LMC_INFO("HTTP frontend on http://%s:%d", opts.host, lmc_http_server_port(s->http));
     return 0;
@@ -385,7 +209,7 @@ static void start_exporter(lmc_server *s)
         .metrics_only = true,
     };
     char err[256];
-    if (lmc_http_server_start(&opts, &backend, &s->exporter, err, sizeof err) != 0) {
+    if (lmc_http_server_start(&opts, &backend, s->routes, &s->exporter, err, sizeof err) != 0) {
         LMC_WARN("Prometheus exporter not started: %s", err);
         s->exporter = NULL;
         return;
@@ -402,9 +226,12 @@ int lmc_server_start_frontends(lmc_server *s, char *err, size_t errlen)
     s->metrics = lmc_metrics_new();
     if (!s->metrics || lmc_metrics_add_process_collector(s->metrics) != 0 ||
         (full && lmc_metrics_add_rpc_source(s->metrics, rpc_counts, s) != 0) ||
-        (full && lmc_metrics_add_collector(s->metrics, collect_rpc_ops, s) != 0) ||
-        (full && lmc_metrics_add_status_source(s->metrics, status_when_ready, s) != 0)) {
+        (full && lmc_metrics_add_collector(s->metrics, collect_rpc_ops, s) != 0)) {
         snprintf(err, errlen, "cannot set up metrics");
+        return -1;
+    }
+    if (add_server_routes(s) != 0) {
+        snprintf(err, errlen, "cannot set up the HTTP routes");
         return -1;
     }
     if (s->cfg->http.enabled)
@@ -503,6 +330,10 @@ static void start_coordinator(lmc_server *s)
 
 void lmc_server_frontends_ready(lmc_server *s)
 {
+    lmc_server_add_module_routes(s);
+    lmc_http_routes_seal(s->routes); /* every owner's rows are in */
+    if (!s->cfg->obs.disable_metrics && register_owner_metrics(s) != 0)
+        LMC_WARN("the storage and module metrics are incomplete: cannot register them");
     attach_subscribers(s);
     start_otlp(s);
     start_coordinator(s);
@@ -522,6 +353,8 @@ void lmc_server_stop_frontends(lmc_server *s)
     s->http = NULL;
     lmc_http_server_stop(s->exporter);
     s->exporter = NULL;
+    lmc_http_routes_free(s->routes); /* no frontend serves it any more */
+    s->routes = NULL;
     lmc_warm_prefetch_free(s->warm); /* after HTTP: no request can reach it */
     s->warm = NULL;
     if (s->otlp) {

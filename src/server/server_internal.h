@@ -30,6 +30,7 @@ struct lmc_server {
     module_instance modules[LMC_SERVER_MAX_MODULES];
     size_t n_modules;
     lmc_metrics *metrics;
+    lmc_http_routes *routes;     /* served by http or exporter; freed after both stop */
     lmc_http_server *http;       /* NULL with --no-http */
     lmc_http_server *exporter;   /* --no-http: /metrics alone on --prometheus-port */
     lmc_plugins *plugins;        /* runtime plugins; NULL when none run */
@@ -48,6 +49,17 @@ int lmc_server_start_frontends(lmc_server *s, char *err, size_t errlen);
  * hash log, spans) and the OTLP exporter, ready = true, then the runtime
  * plugins are launched. */
 void lmc_server_frontends_ready(lmc_server *s);
+/* Every module the server knows adds its HTTP rows to s->routes: a module
+ * the configuration left out with state NULL (modules/module.h). */
+void lmc_server_add_module_routes(lmc_server *s);
+/* Every module the server knows registers its metrics (modules/module.h).
+ * 0 or -1. */
+int lmc_server_add_module_metrics(lmc_server *s);
+/* The server's own feature rows (objects_http.c, quota_http.c,
+ * kv_http_routes.c), handler ctx = s.  0, or -1 when the table is full. */
+int lmc_server_add_object_routes(lmc_server *s, lmc_http_routes *routes);
+int lmc_server_add_quota_routes(lmc_server *s, lmc_http_routes *routes);
+int lmc_server_add_kv_routes(lmc_server *s, lmc_http_routes *routes);
 /* Stops the runtime plugins, the OTLP exporter (after a last export) and
  * the HTTP listeners (no callback runs after it returns). */
 void lmc_server_stop_frontends(lmc_server *s);

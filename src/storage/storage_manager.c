@@ -1,4 +1,5 @@
 #include "storage/storage_manager.h"
+#include "storage/storage_metrics.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -613,6 +614,28 @@ static json_t *arena_status(const lmc_storage_manager *sm)
                      "size_bytes", (json_int_t)d->size, "hugepages", d->hugepages,
                      "lazy", sm->opts.l1_use_lazy && !sm->opts.l1_use_hugepages,
                      "align_bytes", (json_int_t)sm->opts.l1_align_bytes);
+}
+
+void lmc_storage_manager_l1_stats(lmc_storage_manager *sm, lmc_l1_stats *out)
+{
+    lmc_l1_manager_stats(sm->l1, out);
+}
+
+void lmc_storage_manager_eviction_counts(lmc_storage_manager *sm, uint64_t *cycles,
+                                         uint64_t *triggered_cycles, uint64_t *evicted_keys)
+{
+    lmc_l1_eviction_counts c = lmc_l1_eviction_get_counts(sm->eviction);
+    *cycles = c.cycles;
+    *triggered_cycles = c.triggered_cycles;
+    *evicted_keys = c.evicted_keys;
+}
+
+size_t lmc_storage_manager_l2_counts(lmc_storage_manager *sm, lmc_storage_l2_counts *out,
+                                     size_t max)
+{
+    if (!sm->l2_ops || !sm->l2_ops->adapter_counts)
+        return 0;
+    return sm->l2_ops->adapter_counts(sm->l2, out, max);
 }
 
 static bool child_healthy(json_t *status)

@@ -12,10 +12,14 @@
 
 #include "storage/quota.h"
 #include "storage/storage_manager.h"
+#include "storage/storage_metrics.h"
 
 typedef struct lmc_storage_tier_ops {
     /* New reference: an object whose fields are merged into the status. */
     json_t *(*report_status)(void *impl);
+    /* Fills out[0..min(n, max)) with the adapters' figures, in priority
+     * order; returns n, the number of adapters (storage_metrics.h). */
+    size_t (*adapter_counts)(void *impl, lmc_storage_l2_counts *out, size_t max);
     /* Stops the tier's threads and frees it; runs while L1 is still alive. */
     void (*close)(void *impl);
 } lmc_storage_tier_ops;

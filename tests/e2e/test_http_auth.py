@@ -73,14 +73,29 @@ ROUTES = [
 
 
 def route_table():
-    """{(method, path, prefix): access} from src/http/http_routes.c."""
-    with open(os.path.join(ROOT, "src", "http", "http_routes.c")) as f:
-        text = f.read()
-    start = text.index("static const route routes[] = {")
-    table = text[start:text.index("\n};", start)]
-    entries = re.findall(r'\{"([A-Z]+)", "([^"]*)", (true|false), (OPEN|TOKEN),', table)
-    assert len(entries) == table.count('\n    {"'), "a route entry the pattern missed"
-    return {(m, p, pre == "true"): acc.lower() for m, p, pre, acc in entries}
+    """{(method, path, prefix): access} from the lmc_http_route tables their
+    owners add to the frontend (src/**/*.c; docs/architecture.md, "HTTP
+    routes"); the coordinator serves its own."""
+    out = {}
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "src")):
+        if os.path.basename(dirpath) == "coordinator":
+            continue
+        for name in sorted(files):
+            if not name.endswith(".c"):
+                continue
+            with open(os.path.join(dirpath, name)) as f:
+                text = f.read()
+            for m in re.finditer(r"static const lmc_http_route \w+\[\] = \{", text):
+                table = text[m.start():text.index("\n};", m.start())]
+                entries = re.findall(r'\{"([A-Z]+)", "([^"]*)", (true|false), '
+                                     r'(?:LMC_HTTP_)?(OPEN|TOKEN),', table)
+                assert len(entries) == table.count('\n    {"'), \
+                    f"a route entry of {name} the pattern missed"
+                for meth, path, pre, acc in entries:
+                    key = (meth, path, pre == "true")
+                    assert key not in out, f"{key} added twice"
+                    out[key] = acc.lower()
+    return out
 
 
 def documented_access():

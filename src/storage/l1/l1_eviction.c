@@ -235,6 +235,14 @@ json_t *lmc_l1_eviction_report_status(lmc_l1_eviction *e)
     return st;
 }
 
+lmc_l1_eviction_counts lmc_l1_eviction_get_counts(lmc_l1_eviction *e)
+{
+    pthread_mutex_lock(&e->mutex);
+    lmc_l1_eviction_counts c = {e->cycles, e->triggered_cycles, e->evicted_keys};
+    pthread_mutex_unlock(&e->mutex);
+    return c;
+}
+
 void lmc_l1_eviction_free(lmc_l1_eviction *e)
 {
     if (!e)

@@ -52,6 +52,11 @@ size_t lmc_l1_eviction_run_once(lmc_l1_eviction *e);
 /* {is_healthy, running, eviction_policy, trigger_watermark, eviction_ratio,
  *  num_tracked_keys, cycles, triggered_cycles, evicted_keys, last_usage_ratio} */
 json_t *lmc_l1_eviction_report_status(lmc_l1_eviction *e);
+/* The loop's counters, as report_status shows them (for the metrics). */
+typedef struct {
+    uint64_t cycles, triggered_cycles, evicted_keys;
+} lmc_l1_eviction_counts;
+lmc_l1_eviction_counts lmc_l1_eviction_get_counts(lmc_l1_eviction *e);
 const char *lmc_l1_eviction_policy_name(const lmc_l1_eviction *e);
 double lmc_l1_eviction_trigger_watermark(const lmc_l1_eviction *e);
 /* Stops the thread, unregisters the listener and frees the policy. */

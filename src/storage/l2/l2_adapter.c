@@ -495,6 +495,19 @@ lmc_l2_backend *lmc_l2_adapter_backend(lmc_l2_adapter *a)
     return a->be;
 }
 
+void lmc_l2_adapter_counts(lmc_l2_adapter *a, lmc_storage_l2_counts *out)
+{
+    lmc_l2_usage u;
+    lmc_l2_adapter_usage(a, &u);
+    *out = (lmc_storage_l2_counts){
+        .type_name = a->be->type,
+        .stores_completed = atomic_load(&a->stores_ok) + atomic_load(&a->stores_failed),
+        .loads = atomic_load(&a->loads),
+        .used_bytes = u.used_bytes,
+        .capacity_bytes = u.capacity_bytes,
+    };
+}
+
 json_t *lmc_l2_adapter_status(lmc_l2_adapter *a)
 {
     lmc_l2_usage u;

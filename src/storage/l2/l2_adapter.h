@@ -29,6 +29,8 @@
 #include <stdint.h>
 
 #include "storage/object_key.h"
+#include "storage/storage_manager.h"
+#include "storage/storage_metrics.h"
 
 typedef struct lmc_l2_usage {
     uint64_t used_bytes;
@@ -183,6 +185,8 @@ json_t *lmc_l2_adapter_list_keys(lmc_l2_adapter *a, const char *model, size_t pa
                                  const char *cursor);
 /* {type_name, is_healthy, counters, usage, backend fields}.  New reference. */
 json_t *lmc_l2_adapter_status(lmc_l2_adapter *a);
+/* The figures of lmc_l2_adapter_status the metrics export (typed). */
+void lmc_l2_adapter_counts(lmc_l2_adapter *a, lmc_storage_l2_counts *out);
 
 /* Observer of what the adapter's tasks did, for the L2 eviction tracker.
  * Called on adapter worker threads (stored, loaded) or the deleting

@@ -75,7 +75,16 @@ static void svc_close(void *impl)
     free(s);
 }
 
+static size_t svc_adapter_counts(void *impl, lmc_storage_l2_counts *out, size_t max)
+{
+    l2_service *s = impl;
+    for (size_t a = 0; a < s->na && a < max; a++)
+        lmc_l2_adapter_counts(s->ad[a], &out[a]);
+    return s->na;
+}
+
 static const lmc_storage_tier_ops svc_ops = {
+    .adapter_counts = svc_adapter_counts,
     .report_status = svc_status,
     .close = svc_close,
 };

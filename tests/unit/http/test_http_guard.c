@@ -55,10 +55,31 @@ static void test_auth_token(void **state)
 
 /* ---- route policies ------------------------------------------------------ */
 
+static void never_run(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                      const char *arg)
+{
+    (void)req, (void)out, (void)ctx, (void)arg;
+    fail_msg("a policy lookup ran a handler");
+}
+
+/* Rows as owners add them (the server's /api/kv and quota rows). */
+static const lmc_http_route owner_rows[] = {
+    {"POST", "/api/kv/store", false, LMC_HTTP_TOKEN, LMC_HTTP_BODY_KV, LMC_HTTP_READY_DETAIL,
+     never_run, NULL},
+    {"PUT", "/quota/", true, LMC_HTTP_TOKEN, LMC_HTTP_BODY_JSON, LMC_HTTP_READY_DETAIL,
+     never_run, NULL},
+    {"DELETE", "/quota/", true, LMC_HTTP_TOKEN, LMC_HTTP_BODY_NONE, LMC_HTTP_READY_DETAIL,
+     never_run, NULL},
+};
+
 static void test_route_policy(void **state)
 {
     (void)state;
-    lmc_http_site site = {0};
+    lmc_http_routes *t = lmc_http_routes_new();
+    assert_non_null(t);
+    assert_int_equal(lmc_http_routes_add_site(t), 0);
+    assert_int_equal(lmc_http_routes_add(t, owner_rows, 3, NULL), 0);
+    lmc_http_site site = {.routes = t};
     static const struct {
         const char *method, *path;
         lmc_http_access access;
@@ -88,6 +109,7 @@ static void test_route_policy(void **state)
     lmc_http_policy p = lmc_http_route_policy(&site, "POST", "/cache/clear");
     assert_int_equal(p.access, LMC_HTTP_OPEN);
     assert_int_equal(p.body, LMC_HTTP_BODY_NONE);
+    lmc_http_routes_free(t);
 }
 
 /* ---- bodies and the budget -------------------------------------------- */

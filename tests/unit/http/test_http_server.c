@@ -24,6 +24,7 @@ typedef struct {
     atomic_int clears;
     atomic_bool clear_fails;
     lmc_metrics *metrics;
+    lmc_http_routes *routes;  /* the frontend's own rows and the owner rows below */
     lmc_http_server *server;
     int port;
 } fixture;
@@ -66,18 +67,39 @@ static char *fake_metrics(void *user)
     return lmc_metrics_render(((fixture *)user)->metrics);
 }
 
+/* A row an owner adds: answers its ctx's clear count and its row's arg,
+ * and the rest of a prefix path. */
+static void owned_route(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                        const char *arg)
+{
+    fixture *f = ctx;
+    lmc_http_reply_json(out, 200,
+                        json_pack("{s:i, s:s, s:s}", "clears", atomic_load(&f->clears), "arg",
+                                  arg, "rest", req->path + strlen("/owned/")));
+}
+
+static const lmc_http_route owner_rows[] = {
+    {"GET", "/owned/", true, LMC_HTTP_OPEN, LMC_HTTP_BODY_NONE, LMC_HTTP_READY_DETAIL,
+     owned_route, "mine"},
+};
+
 static int setup(void **state)
 {
     fixture *f = calloc(1, sizeof *f);
     atomic_store(&f->ready, true);
     f->metrics = lmc_metrics_new();
     lmc_metrics_add_process_collector(f->metrics);
+    f->routes = lmc_http_routes_new();
+    if (!f->routes || lmc_http_routes_add_site(f->routes) != 0 ||
+        lmc_http_routes_add(f->routes, owner_rows, 1, f) != 0)
+        return -1;
+    lmc_http_routes_seal(f->routes);
     lmc_http_backend b = {.user = f, .ready = fake_ready, .status = fake_status,
                           .config = fake_config, .clear = fake_clear, .metrics = fake_metrics};
     lmc_http_options o = {.host = "127.0.0.1", .port = 0, .version = "0.1.0",
                           .commit = "abc123", .max_body_bytes = MAX_BODY, .timeout_s = 2};
     char err[256];
-    if (lmc_http_server_start(&o, &b, &f->server, err, sizeof err) != 0) {
+    if (lmc_http_server_start(&o, &b, f->routes, &f->server, err, sizeof err) != 0) {
         fprintf(stderr, "start: %s\n", err);
         return -1;
     }
@@ -90,6 +112,7 @@ static int teardown(void **state)
 {
     fixture *f = *state;
     lmc_http_server_stop(f->server);
+    lmc_http_routes_free(f->routes);
     lmc_metrics_free(f->metrics);
     free(f);
     return 0;
@@ -311,12 +334,9 @@ static void test_errors(void **state)
     assert_non_null(strstr(r.head, "Allow: POST"));
     free_response(&r);
     expect(f, "DELETE", "/status", NULL, 405, "{\"detail\":\"Method Not Allowed\"}");
-    expect(f, "GET", "/cache/objects", NULL, 501,
-           "{\"detail\":\"L2 object listing is not available in this build\"}");
-    expect(f, "GET", "/cache/prefetches/abc", NULL, 501, NULL);
-    expect(f, "GET", "/cache/prefetches/", NULL, 404, NULL);
-    expect(f, "PUT", "/api/quota/_default", "{\"limit_gb\":1}", 501, NULL);
-    expect(f, "POST", "/api/kv/lookup", "{}", 501, NULL);
+    /* Feature rows exist only where their owner added them. */
+    expect(f, "GET", "/cache/objects", NULL, 404, "{\"detail\":\"Not Found\"}");
+    expect(f, "PUT", "/api/quota/_default", "{\"limit_gb\":1}", 404, NULL);
     expect(f, "POST", "/coordinator/command", "{\"type\":\"x\"}", 200, "{\"status\":\"ok\"}");
     expect(f, "POST", "/coordinator/command", "nope", 400, "{\"error\":\"invalid JSON body\"}");
     expect(f, "POST", "/coordinator/command", "[]", 400,
@@ -329,6 +349,55 @@ static void test_errors(void **state)
     expect(f, "GET", "/cache/objects?tier=%FFl2", NULL, 400, not_utf8);
     expect(f, "GET", "/cache/objects?%C0%AF=1", NULL, 400, not_utf8);
     expect(f, "GET", "/healthcheck?x=%C3%A9", NULL, 200, NULL);   /* é is fine */
+}
+
+/* An owner's row runs its handler with the owner's ctx and the row's arg;
+ * a prefix row needs a non-empty rest. */
+static void test_owner_rows(void **state)
+{
+    fixture *f = *state;
+    int clears = atomic_load(&f->clears);
+    char want[128];
+    snprintf(want, sizeof want, "{\"clears\":%d,\"arg\":\"mine\",\"rest\":\"abc\"}", clears);
+    expect(f, "GET", "/owned/abc", NULL, 200, want);
+    expect(f, "GET", "/owned/", NULL, 404, NULL);
+    response r = http(f, "POST", "/owned/abc", NULL, "{}");
+    assert_int_equal(r.status, 405);
+    assert_non_null(strstr(r.head, "Allow: GET"));
+    free_response(&r);
+}
+
+static response http_on(int port, const char *method, const char *path, const char *extra,
+                        const char *body);
+
+/* Until the table is sealed, a path no row serves may belong to an owner
+ * still to come: 503 as its rows would answer, not 404. */
+static void test_unsealed_table(void **state)
+{
+    fixture *f = *state;
+    lmc_http_routes *t = lmc_http_routes_new();
+    assert_non_null(t);
+    assert_int_equal(lmc_http_routes_add_site(t), 0);
+    lmc_http_backend b = {.user = f, .ready = fake_ready, .status = fake_status};
+    lmc_http_options o = {.host = "127.0.0.1", .timeout_s = 2};
+    lmc_http_server *s = NULL;
+    char err[256];
+    assert_int_equal(lmc_http_server_start(&o, &b, t, &s, err, sizeof err), 0);
+    int port = lmc_http_server_port(s);
+    response r = http_on(port, "GET", "/owned/abc", NULL, NULL);
+    assert_int_equal(r.status, 503);
+    assert_string_equal(r.body, "{\"detail\":\"server not initialized\"}");
+    free_response(&r);
+    assert_int_equal(lmc_http_routes_add(t, owner_rows, 1, f), 0);
+    r = http_on(port, "GET", "/owned/abc", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    free_response(&r);
+    lmc_http_routes_seal(t);
+    r = http_on(port, "GET", "/nope", NULL, NULL);
+    assert_int_equal(r.status, 404);
+    free_response(&r);
+    lmc_http_server_stop(s);
+    lmc_http_routes_free(t);
 }
 
 static void test_threads_and_metrics(void **state)
@@ -410,7 +479,7 @@ static lmc_http_server *start_guarded(fixture *f, const char *token, size_t budg
                           .auth_token = token, .max_buffered_bytes = budget};
     lmc_http_server *s = NULL;
     char err[256];
-    assert_int_equal(lmc_http_server_start(&o, &b, &s, err, sizeof err), 0);
+    assert_int_equal(lmc_http_server_start(&o, &b, f->routes, &s, err, sizeof err), 0);
     return s;
 }
 
@@ -569,11 +638,11 @@ static void test_bind_errors(void **state)
     lmc_http_options o = {.host = "127.0.0.1", .port = f->port};
     lmc_http_server *s = NULL;
     char err[256] = "";
-    assert_int_equal(lmc_http_server_start(&o, &b, &s, err, sizeof err), -1);
+    assert_int_equal(lmc_http_server_start(&o, &b, f->routes, &s, err, sizeof err), -1);
     assert_non_null(strstr(err, "cannot listen"));
     o.host = "no-such-host.invalid";
     o.port = 0;
-    assert_int_equal(lmc_http_server_start(&o, &b, &s, err, sizeof err), -1);
+    assert_int_equal(lmc_http_server_start(&o, &b, f->routes, &s, err, sizeof err), -1);
     assert_non_null(strstr(err, "--http-host"));
 }
 
@@ -585,6 +654,8 @@ int main(void)
         cmocka_unit_test(test_status_and_pressure),
         cmocka_unit_test(test_version_config),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_owner_rows),
+        cmocka_unit_test(test_unsealed_table),
         cmocka_unit_test(test_threads_and_metrics),
         cmocka_unit_test(test_body_limits),
         cmocka_unit_test(test_garbage_keeps_serving),

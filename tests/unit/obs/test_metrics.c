@@ -217,39 +217,6 @@ static void test_rpc_source(void **state)
     lmc_metrics_free(r);
 }
 
-static json_t *fake_status(void *user)
-{
-    (void)user;
-    return json_pack("{s:b, s:s, s:{s:{s:I, s:I, s:I, s:f, s:i}, s:{s:i, s:i, s:i}}}",
-                     "is_healthy", 1, "instance_id", "inst-1", "storage_manager", "l1_manager",
-                     "memory_used_bytes", (json_int_t)1024, "memory_total_bytes",
-                     (json_int_t)4096, "memory_configured_bytes", (json_int_t)8192,
-                     "memory_usage_ratio", 0.25, "num_objects", 3, "l1_eviction_controller",
-                     "cycles", 12, "triggered_cycles", 2, "evicted_keys", 5);
-}
-
-static void test_status_source(void **state)
-{
-    (void)state;
-    lmc_metrics *r = lmc_metrics_new();
-    assert_int_equal(lmc_metrics_add_status_source(r, fake_status, NULL), 0);
-    char *text = lmc_metrics_render(r);
-    const char *lines[] = {
-        "lmcache_mp_healthy 1\n", "lmcache_mp_l1_used_bytes 1024\n",
-        "lmcache_mp_l1_committed_bytes 4096\n", "lmcache_mp_l1_capacity_bytes 8192\n",
-        "lmcache_mp_l1_memory_usage_ratio 0.25\n", "lmcache_mp_l1_objects 3\n",
-        "lmcache_mp_l1_eviction_loop_ticks_total 12\n",
-        "lmcache_mp_l1_eviction_loop_triggered_total 2\n", "lmcache_mp_l1_evicted_total 5\n",
-        "target_info{service_instance_id=\"inst-1\"} 1\n",
-    };
-    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
-        if (!strstr(text, lines[i]))
-            fail_msg("missing %s in\n%s", lines[i], text);
-    }
-    free(text);
-    lmc_metrics_free(r);
-}
-
 static void test_process_collector(void **state)
 {
     (void)state;
@@ -276,7 +243,7 @@ int main(void)
         cmocka_unit_test(test_validation),      cmocka_unit_test(test_series_limit),
         cmocka_unit_test(test_clear),
         cmocka_unit_test(test_event_bus),       cmocka_unit_test(test_rpc_source),
-        cmocka_unit_test(test_status_source),   cmocka_unit_test(test_process_collector),
+           cmocka_unit_test(test_process_collector),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,7 +20,9 @@
 
 #include <cmocka.h>
 
+#include "obs/metrics.h"
 #include "storage/storage_config.h"
+#include "storage/storage_metrics.h"
 #include "storage/storage_manager.h"
 #include "storage/storage_manager_testing.h"
 
@@ -82,6 +84,44 @@ static void store_keys(lmc_storage_manager *sm, const lmc_object_key *keys, size
         assert_int_equal(res[i], LMC_L1_SUCCESS);
         assert_int_equal(leases[i].kind, LMC_LEASE_RETURNED);
     }
+}
+
+/* The storage's metrics read its typed counters: each equals the field
+ * /status shows for it (docs/metrics.md). */
+static void test_metrics_match_status(void **state)
+{
+    (void)state;
+    lmc_storage_options o = small_options();
+    lmc_storage_manager *sm = create(&o);
+    lmc_object_key keys[2] = {make_key(0), make_key(1)};
+    store_keys(sm, keys, 2);
+    lmc_metrics *r = lmc_metrics_new();
+    assert_int_equal(lmc_storage_manager_register_metrics(sm, r), 0);
+    char *text = lmc_metrics_render(r);
+    json_t *st = lmc_storage_manager_report_status(sm);
+    json_t *l1 = json_object_get(st, "l1_manager");
+    static const struct {
+        const char *metric, *field;
+    } pairs[] = {
+        {"lmcache_mp_l1_used_bytes", "memory_used_bytes"},
+        {"lmcache_mp_l1_committed_bytes", "memory_total_bytes"},
+        {"lmcache_mp_l1_capacity_bytes", "memory_configured_bytes"},
+        {"lmcache_mp_l1_objects", "num_objects"},
+    };
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        char line[128];
+        snprintf(line, sizeof line, "\n%s %lld\n", pairs[i].metric,
+                 (long long)json_integer_value(json_object_get(l1, pairs[i].field)));
+        if (!strstr(text, line))
+            fail_msg("missing%sin\n%s", line, text);
+    }
+    assert_non_null(strstr(text, "\nlmcache_mp_l1_objects 2\n"));
+    assert_non_null(strstr(text, "\nlmcache_mp_l1_evicted_total 0\n"));
+    assert_non_null(strstr(text, "# TYPE lmcache_mp_l2_used_bytes gauge\n"));
+    json_decref(st);
+    free(text);
+    lmc_metrics_free(r);
+    lmc_storage_manager_close(sm);
 }
 
 static void test_default_shm_pool(void **state)
@@ -554,6 +594,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_shm_pool),
+        cmocka_unit_test(test_metrics_match_status),
         cmocka_unit_test(test_lock_prefix_locks_only_leading_hits),
         cmocka_unit_test(test_objects_are_read_only_at_their_size),
         cmocka_unit_test(test_finish_write_and_reserve_read_and_clear),

@@ -23,6 +23,7 @@
 #include "modules/transfer/server/fault_guard.h"
 #include "modules/services/ipc_key.h"
 #include "kv/kv_copy.h"
+#include "modules/transfer/server/checksums.h"
 #include "modules/transfer/server/server_internal.h"
 #include "modules/transfer/resolve.h"
 #include "modules/transfer/transfer.h"
@@ -678,11 +679,83 @@ static json_t *sd_status(void *state)
     return o;
 }
 
+/* ---- metrics (docs/metrics.md) ---------------------------------------- */
+
+enum { STORES, STORE_FAILURES, RETRIEVES, RETRIEVE_FAILURES, STORED_BYTES, RETRIEVED_BYTES,
+       STORE_SECONDS, RETRIEVE_SECONDS, N_SD_METRICS };
+
+static const struct {
+    const char *name, *help;
+} sd_metric_specs[N_SD_METRICS] = {
+    [STORES] = {"lmcache_mp_server_driven_stores_total", "Server-driven STOREs answered true"},
+    [STORE_FAILURES] = {"lmcache_mp_server_driven_store_failures_total",
+                        "Server-driven STOREs answered false"},
+    [RETRIEVES] = {"lmcache_mp_server_driven_retrieves_total",
+                   "Server-driven RETRIEVEs answered true"},
+    [RETRIEVE_FAILURES] = {"lmcache_mp_server_driven_retrieve_failures_total",
+                           "Server-driven RETRIEVEs answered false"},
+    [STORED_BYTES] = {"lmcache_mp_server_driven_stored_bytes_total",
+                      "Bytes server-driven STOREs copied into L1"},
+    [RETRIEVED_BYTES] = {"lmcache_mp_server_driven_retrieved_bytes_total",
+                         "Bytes server-driven RETRIEVEs copied into engine blocks"},
+    [STORE_SECONDS] = {"lmcache_mp_server_driven_store_seconds_total",
+                       "Seconds spent in server-driven STOREs"},
+    [RETRIEVE_SECONDS] = {"lmcache_mp_server_driven_retrieve_seconds_total",
+                          "Seconds spent in server-driven RETRIEVEs"},
+};
+
+typedef struct {
+    sd_mod *m;
+    lmc_metric *family[N_SD_METRICS];
+} sd_metrics;
+
+static void sd_collect(lmc_metrics *r, void *user)
+{
+    (void)r;
+    sd_metrics *sm = user;
+    sd_mod *m = sm->m;
+    const double values[N_SD_METRICS] = {
+        [STORES] = (double)atomic_load(&m->stores_ok),
+        [STORE_FAILURES] = (double)atomic_load(&m->stores_failed),
+        [RETRIEVES] = (double)atomic_load(&m->retrieves_ok),
+        [RETRIEVE_FAILURES] = (double)atomic_load(&m->retrieves_failed),
+        [STORED_BYTES] = (double)atomic_load(&m->bytes_stored),
+        [RETRIEVED_BYTES] = (double)atomic_load(&m->bytes_retrieved),
+        [STORE_SECONDS] = (double)atomic_load(&m->store_ns) / 1e9,
+        [RETRIEVE_SECONDS] = (double)atomic_load(&m->retrieve_ns) / 1e9,
+    };
+    for (size_t i = 0; i < N_SD_METRICS; i++)
+        lmc_metric_set(sm->family[i], NULL, values[i]);
+}
+
+static int sd_register_metrics(void *state, lmc_metrics *r)
+{
+    sd_metrics *sm = calloc(1, sizeof *sm);
+    if (!sm)
+        return -1;
+    sm->m = state;
+    for (size_t i = 0; i < N_SD_METRICS; i++) {
+        sm->family[i] =
+            lmc_metrics_counter(r, sd_metric_specs[i].name, sd_metric_specs[i].help, NULL);
+        if (!sm->family[i]) {
+            free(sm);
+            return -1;
+        }
+    }
+    if (!state) { /* not loaded: the families alone, at 0 */
+        free(sm);
+        return 0;
+    }
+    return lmc_metrics_add_owned_collector(r, sd_collect, sm);
+}
+
 const lmc_module_def lmc_server_driven_module = {
     .name = "lmcache_driven_transfer",
     .create = lmc_server_driven_create,
     .handlers = sd_handlers,
     .n_handlers = sizeof sd_handlers / sizeof sd_handlers[0],
     .report_status = sd_status,
+    .register_http = lmc_server_driven_register_http,
+    .register_metrics = sd_register_metrics,
     .close = lmc_server_driven_close,
 };

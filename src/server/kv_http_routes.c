@@ -1,25 +1,17 @@
 /* /api/kv/store, /api/kv/retrieve, /api/kv/lookup (docs/http.md, "KV transfer
- * over HTTP"):
- * request parsing and the binary replies; the server does the work. */
+ * over HTTP"): the server's rows.  Request parsing and the binary replies
+ * here; kv_http.c does the work. */
 #include <microhttpd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "http/http_internal.h"
 #include "http/http_json.h"
-#include "http/http_kv.h"
+#include "http/http_routes.h"
+#include "server/kv_http.h"
+#include "server/server_internal.h"
 
 #define KV_MEDIA_TYPE "application/x-lmcache-kv; v=1"
-
-static bool available(lmc_http_reply *out, bool implemented)
-{
-    if (implemented)
-        return true;
-    lmc_http_reply_json(out, MHD_HTTP_NOT_IMPLEMENTED,
-                        lmc_http_detail("KV transfer over HTTP is not available in this build"));
-    return false;
-}
 
 /* "1,2,3" -> tokens (malloc'd); false when empty or malformed. */
 static bool parse_token_header(const char *text, uint64_t **tokens, size_t *n)
@@ -47,12 +39,11 @@ static void reply_error(lmc_http_reply *out, unsigned status, const char *err)
                         lmc_http_detail("%s", err));
 }
 
-void lmc_http_kv_store(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_kv_store(const lmc_http_request *req, lmc_http_reply *out, void *server,
+                        const char *arg)
 {
     (void)arg;
-    const lmc_http_backend *b = &req->site->backend;
-    if (!available(out, b->kv_store != NULL))
-        return;
+    lmc_server *s = server;
     const char *model = lmc_http_header(req, "X-LMCache-Model-Name");
     const char *toks = lmc_http_header(req, "X-LMCache-Tokens");
     const char *salt = lmc_http_header(req, "X-LMCache-Cache-Salt");
@@ -71,7 +62,7 @@ void lmc_http_kv_store(const lmc_http_request *req, lmc_http_reply *out, const c
         lmc_kv_counts c;
         unsigned status = 0;
         char err[256] = "";
-        if (b->kv_store(b->user, &rq, (const uint8_t *)req->body, req->body_len, &c, &status,
+        if (lmc_kv_http_store(&s->ctx, &rq, (const uint8_t *)req->body, req->body_len, &c, &status,
                         err, sizeof err) != 0)
             reply_error(out, status, err);
         else
@@ -110,12 +101,11 @@ static bool parse_json_request(const lmc_http_request *req, lmc_kv_request *rq,
     return *tokens != NULL;
 }
 
-void lmc_http_kv_lookup(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_kv_lookup(const lmc_http_request *req, lmc_http_reply *out, void *server,
+                         const char *arg)
 {
     (void)arg;
-    const lmc_http_backend *b = &req->site->backend;
-    if (!available(out, b->kv_lookup != NULL))
-        return;
+    lmc_server *s = server;
     lmc_kv_request rq;
     uint64_t *tokens;
     json_t *doc;
@@ -125,7 +115,7 @@ void lmc_http_kv_lookup(const lmc_http_request *req, lmc_http_reply *out, const 
     if (!parse_json_request(req, &rq, &tokens, &doc))
         reply_error(out, MHD_HTTP_UNPROCESSABLE_CONTENT,
                     "body must be {\"model_name\": str, \"tokens\": [int], \"cache_salt\": str}");
-    else if (b->kv_lookup(b->user, &rq, &c, &status, err, sizeof err) != 0)
+    else if (lmc_kv_http_lookup(&s->ctx, &rq, &c, &status, err, sizeof err) != 0)
         reply_error(out, status, err);
     else
         lmc_http_reply_json(out, MHD_HTTP_OK,
@@ -150,12 +140,11 @@ static void add_count_headers(lmc_http_reply *out, const lmc_kv_counts *c)
     out->n_extra = 4;
 }
 
-void lmc_http_kv_retrieve(const lmc_http_request *req, lmc_http_reply *out, const char *arg)
+static void ep_kv_retrieve(const lmc_http_request *req, lmc_http_reply *out, void *server,
+                           const char *arg)
 {
     (void)arg;
-    const lmc_http_backend *b = &req->site->backend;
-    if (!available(out, b->kv_retrieve != NULL))
-        return;
+    lmc_server *s = server;
     lmc_kv_request rq;
     uint64_t *tokens;
     json_t *doc;
@@ -167,7 +156,7 @@ void lmc_http_kv_retrieve(const lmc_http_request *req, lmc_http_reply *out, cons
     if (!parse_json_request(req, &rq, &tokens, &doc)) {
         reply_error(out, MHD_HTTP_UNPROCESSABLE_CONTENT,
                     "body must be {\"model_name\": str, \"tokens\": [int], \"cache_salt\": str}");
-    } else if (b->kv_retrieve(b->user, &rq, &data, &len, &c, &status, err, sizeof err) != 0) {
+    } else if (lmc_kv_http_retrieve(&s->ctx, &rq, &data, &len, &c, &status, err, sizeof err) != 0) {
         reply_error(out, status, err);
     } else {
         /* No hit: 404 with an empty body and the same count headers. */
@@ -181,4 +170,18 @@ void lmc_http_kv_retrieve(const lmc_http_request *req, lmc_http_reply *out, cons
     free(data);
     free(tokens);
     json_decref(doc);
+}
+
+static const lmc_http_route kv_routes[] = {
+    {"POST", "/api/kv/store", false, LMC_HTTP_TOKEN, LMC_HTTP_BODY_KV, LMC_HTTP_READY_DETAIL,
+     ep_kv_store, NULL},
+    {"POST", "/api/kv/retrieve", false, LMC_HTTP_TOKEN, LMC_HTTP_BODY_BULK,
+     LMC_HTTP_READY_DETAIL, ep_kv_retrieve, NULL},
+    {"POST", "/api/kv/lookup", false, LMC_HTTP_TOKEN, LMC_HTTP_BODY_BULK, LMC_HTTP_READY_DETAIL,
+     ep_kv_lookup, NULL},
+};
+
+int lmc_server_add_kv_routes(lmc_server *s, lmc_http_routes *routes)
+{
+    return lmc_http_routes_add(routes, kv_routes, sizeof kv_routes / sizeof kv_routes[0], s);
 }

@@ -1,14 +1,19 @@
 /* Quota endpoints (docs/http.md, "Quotas"): /quota[/{salt}] and the legacy
- * /api/quota[/{salt}].  GB = 2^30 bytes; the path segment "_default" names
- * the empty salt.  Errors use FastAPI's {"detail": ...} shape. */
+ * /api/quota[/{salt}], the server's rows over the storage manager's
+ * quotas.  GB = 2^30 bytes; the path segment "_default" names the empty
+ * salt.  Errors use FastAPI's {"detail": ...} shape.  The storage manager
+ * exists once these answer non-503, since they wait for readiness. */
 #include <math.h>
 #include <microhttpd.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "http/http_internal.h"
 #include "http/http_json.h"
-#include "http/http_quota.h"
+#include "http/http_routes.h"
+#include "server/server_internal.h"
+#include "storage/l2/l2_service.h"
+#include "storage/quota.h"
+#include "storage/storage_manager.h"
 
 #define GB ((double)(1ull << 30))
 /* Limits are kept in bytes as signed 64-bit JSON integers: 2^33 GB is
@@ -21,14 +26,19 @@ static const char *salt_of(const lmc_http_request *req, const char *prefix)
     return strcmp(salt, "_default") == 0 ? "" : salt;
 }
 
-static bool available(const lmc_http_request *req, lmc_http_reply *out)
+static lmc_quotas *quotas_of(lmc_server *s)
 {
-    const lmc_http_backend *b = &req->site->backend;
-    if (b->quota_set && b->quota_remove && b->quota_snapshot)
-        return true;
-    lmc_http_reply_json(out, MHD_HTTP_NOT_IMPLEMENTED,
-                        lmc_http_detail("quotas are not available in this build"));
-    return false;
+    return lmc_l2_quotas(s->ctx.storage);
+}
+
+/* {"limits": {salt: bytes}, "usage": {salt: bytes}} (new reference). */
+static json_t *quota_snapshot(lmc_server *s)
+{
+    json_t *cap = lmc_quotas_capture(quotas_of(s));
+    json_t *snap = json_pack("{s:O, s:o}", "limits", json_object_get(cap, "limits"), "usage",
+                             lmc_l2_usage_by_salt(s->ctx.storage));
+    json_decref(cap);
+    return snap;
 }
 
 static double gb_of(const json_t *obj, const char *salt)
@@ -37,10 +47,9 @@ static double gb_of(const json_t *obj, const char *salt)
 }
 
 /* PUT {"limit_gb": number}, finite, >= 0 and below MAX_LIMIT_GB */
-void lmc_http_quota_put(const lmc_http_request *req, lmc_http_reply *out, const char *prefix)
+static void ep_quota_put(const lmc_http_request *req, lmc_http_reply *out, void *server,
+                         const char *prefix)
 {
-    if (!available(req, out))
-        return;
     const char *salt = salt_of(req, prefix);
     json_t *body = req->body ? json_loadb(req->body, req->body_len, 0, NULL) : NULL;
     json_t *v = json_object_get(body, "limit_gb");
@@ -51,8 +60,7 @@ void lmc_http_quota_put(const lmc_http_request *req, lmc_http_reply *out, const 
         lmc_http_reply_json(out, MHD_HTTP_BAD_REQUEST,
                             lmc_http_detail("\"limit_gb\" must be a finite number >= 0 and "
                                             "below 8589934592 (2^63 bytes)"));
-    } else if (req->site->backend.quota_set(req->site->backend.user, salt,
-                                            (uint64_t)llround(gb * GB)) != 0) {
+    } else if (lmc_quotas_set(quotas_of(server), salt, (uint64_t)llround(gb * GB)) != 0) {
         lmc_http_reply_json(out, MHD_HTTP_INTERNAL_SERVER_ERROR, lmc_http_detail("out of memory"));
     } else {
         lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:s, s:f, s:s}", "cache_salt", salt,
@@ -61,12 +69,11 @@ void lmc_http_quota_put(const lmc_http_request *req, lmc_http_reply *out, const 
     json_decref(body);
 }
 
-void lmc_http_quota_get(const lmc_http_request *req, lmc_http_reply *out, const char *prefix)
+static void ep_quota_get(const lmc_http_request *req, lmc_http_reply *out, void *server,
+                         const char *prefix)
 {
-    if (!available(req, out))
-        return;
     const char *salt = salt_of(req, prefix);
-    json_t *snap = req->site->backend.quota_snapshot(req->site->backend.user);
+    json_t *snap = quota_snapshot(server);
     json_t *limits = json_object_get(snap, "limits"), *usage = json_object_get(snap, "usage");
     lmc_http_reply_json(out, MHD_HTTP_OK,
                         json_pack("{s:s, s:f, s:f, s:b}", "cache_salt", salt, "limit_gb",
@@ -75,24 +82,23 @@ void lmc_http_quota_get(const lmc_http_request *req, lmc_http_reply *out, const 
     json_decref(snap);
 }
 
-void lmc_http_quota_delete(const lmc_http_request *req, lmc_http_reply *out, const char *prefix)
+static void ep_quota_delete(const lmc_http_request *req, lmc_http_reply *out, void *server,
+                            const char *prefix)
 {
-    if (!available(req, out))
-        return;
     const char *salt = salt_of(req, prefix);
-    bool removed = req->site->backend.quota_remove(req->site->backend.user, salt);
+    bool removed = lmc_quotas_delete(quotas_of(server), salt);
     lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:s, s:s}", "cache_salt", salt, "status",
                                                     removed ? "removed" : "not_found"));
 }
 
 /* {"users": {salt: {limit_gb, current_usage_gb}}} over salts with a quota
  * or with bytes in L2. */
-void lmc_http_quota_list(const lmc_http_request *req, lmc_http_reply *out, const char *prefix)
+static void ep_quota_list(const lmc_http_request *req, lmc_http_reply *out, void *server,
+                          const char *prefix)
 {
+    (void)req;
     (void)prefix;
-    if (!available(req, out))
-        return;
-    json_t *snap = req->site->backend.quota_snapshot(req->site->backend.user);
+    json_t *snap = quota_snapshot(server);
     json_t *limits = json_object_get(snap, "limits"), *usage = json_object_get(snap, "usage");
     json_t *users = json_object();
     const char *salt;
@@ -106,4 +112,29 @@ void lmc_http_quota_list(const lmc_http_request *req, lmc_http_reply *out, const
     }
     lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:o}", "users", users));
     json_decref(snap);
+}
+
+static const lmc_http_route quota_routes[] = {
+    {"GET", "/quota", false, LMC_HTTP_TOKEN, LMC_HTTP_BODY_NONE, LMC_HTTP_READY_DETAIL,
+     ep_quota_list, "/quota/"},
+    {"GET", "/quota/", true, LMC_HTTP_TOKEN, LMC_HTTP_BODY_NONE, LMC_HTTP_READY_DETAIL,
+     ep_quota_get, "/quota/"},
+    {"PUT", "/quota/", true, LMC_HTTP_TOKEN, LMC_HTTP_BODY_JSON, LMC_HTTP_READY_DETAIL,
+     ep_quota_put, "/quota/"},
+    {"DELETE", "/quota/", true, LMC_HTTP_TOKEN, LMC_HTTP_BODY_NONE, LMC_HTTP_READY_DETAIL,
+     ep_quota_delete, "/quota/"},
+    {"GET", "/api/quota", false, LMC_HTTP_TOKEN, LMC_HTTP_BODY_NONE, LMC_HTTP_READY_DETAIL,
+     ep_quota_list, "/api/quota/"},
+    {"GET", "/api/quota/", true, LMC_HTTP_TOKEN, LMC_HTTP_BODY_NONE, LMC_HTTP_READY_DETAIL,
+     ep_quota_get, "/api/quota/"},
+    {"PUT", "/api/quota/", true, LMC_HTTP_TOKEN, LMC_HTTP_BODY_JSON, LMC_HTTP_READY_DETAIL,
+     ep_quota_put, "/api/quota/"},
+    {"DELETE", "/api/quota/", true, LMC_HTTP_TOKEN, LMC_HTTP_BODY_NONE, LMC_HTTP_READY_DETAIL,
+     ep_quota_delete, "/api/quota/"},
+};
+
+int lmc_server_add_quota_routes(lmc_server *s, lmc_http_routes *routes)
+{
+    return lmc_http_routes_add(routes, quota_routes, sizeof quota_routes / sizeof quota_routes[0],
+                               s);
 }
