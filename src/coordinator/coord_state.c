@@ -1,5 +1,6 @@
 /* Name tables, the key table and the per-salt / per-instance records
  * (coord_state.h). */
+#include "core/fnv.h"
 #include "coordinator/coord_state.h"
 
 #include <stdlib.h>
@@ -18,10 +19,7 @@ static uint64_t mix64(uint64_t h)
 
 static uint64_t str_hash(const char *s)
 {
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211ULL;
-    return mix64(h);
+    return mix64(lmc_fnv1a64_str(LMC_FNV1A64_SHORT_BASIS, s));
 }
 
 /* ---- names ---------------------------------------------------------------- */

@@ -1,6 +1,6 @@
-/* Growing an array by doubling, shared by the storage subsystem's lists
- * (allocator blocks, deferred frees, retired buffers).  Private to
- * src/storage/. */
+/* Growing an array by doubling: the one way a list in lmcached grows
+ * (docs/architecture.md, "Libraries"), so that no site doubles by hand and
+ * gets the overflow or the failure path wrong. */
 #ifndef LMC_CORE_GROW_H
 #define LMC_CORE_GROW_H
 
@@ -16,8 +16,11 @@ static inline int lmc_grow_array(void **items, size_t *cap, size_t needed, size_
     if (needed <= *cap)
         return 0;
     size_t grown_cap = *cap ? *cap : first_cap;
-    while (grown_cap < needed)
+    while (grown_cap < needed) {
+        if (grown_cap > SIZE_MAX / 2)
+            return -1;
         grown_cap *= 2;
+    }
     if (grown_cap > SIZE_MAX / item_size)
         return -1;
     void *grown = realloc(*items, grown_cap * item_size);

@@ -1,4 +1,5 @@
 /* Event metadata helpers (events.h). */
+#include "core/fnv.h"
 #include "obs/events.h"
 
 #include <stdio.h>
@@ -74,11 +75,7 @@ json_t *lmc_event_lookup_build(void *info_copy)
 /* FNV-1a, then a 64-bit finaliser so that nearby keys spread evenly. */
 static uint64_t key_hash(const char *key)
 {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (const unsigned char *p = (const unsigned char *)key; *p; p++) {
-        h ^= *p;
-        h *= 0x100000001b3ULL;
-    }
+    uint64_t h = lmc_fnv1a64_str(LMC_FNV1A64_OFFSET_BASIS, key);
     h ^= h >> 33;
     h *= 0xff51afd7ed558ccdULL;
     h ^= h >> 33;

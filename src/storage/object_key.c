@@ -5,6 +5,7 @@
  * the same text.  That is why parsing accepts only the forms we print:
  * lowercase hex, kv_rank as exactly 8 digits, object_group_id without leading
  * zeros, the salt field only when non-empty, and a non-empty chunk hash. */
+#include "core/fnv.h"
 #include "storage/object_key.h"
 
 #include <inttypes.h>
@@ -51,16 +52,6 @@ struct lmc_key_interner {
 };
 
 #define INTERN_INITIAL_CAP 64
-
-static uint64_t fnv1a(const char *s, size_t len)
-{
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 0x100000001b3ULL;
-    }
-    return h;
-}
 
 lmc_key_interner *lmc_key_interner_new(void)
 {
@@ -183,7 +174,7 @@ static const char *intern_locked(lmc_key_interner *in, const char *s, size_t len
 
 const char *lmc_intern(lmc_key_interner *in, const char *s, size_t len)
 {
-    const uint64_t hash = fnv1a(s, len); /* outside the lock */
+    const uint64_t hash = lmc_fnv1a64(LMC_FNV1A64_OFFSET_BASIS, s, len); /* outside the lock */
     pthread_mutex_lock(&in->mu);
     const char *r = intern_locked(in, s, len, hash);
     pthread_mutex_unlock(&in->mu);
@@ -192,7 +183,7 @@ const char *lmc_intern(lmc_key_interner *in, const char *s, size_t len)
 
 const char *lmc_intern_find(lmc_key_interner *in, const char *s, size_t len)
 {
-    const uint64_t hash = fnv1a(s, len);
+    const uint64_t hash = lmc_fnv1a64(LMC_FNV1A64_OFFSET_BASIS, s, len);
     pthread_mutex_lock(&in->mu);
     interned_str *is = *find_slot(in->slots, in->cap, s, len, hash);
     if (is)

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fnv.h"
 #include "modules/transfer/engine/engine_internal.h"
 #include "modules/services/ipc_key.h"
 #include "modules/module.h"
@@ -92,16 +93,6 @@ void lmc_engine_driven_ctx_destroy(engine_mod *m, ed_ctx *c)
 
 /* ---- key resolution ----------------------------------------------------- */
 
-static uint64_t fnv(uint64_t h, const void *data, size_t len)
-{
-    const unsigned char *p = data;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
-
 /* Decodes the key (frame 0) and instance id (frame 1) of a transfer op and
  * resolves the rank's ObjectKeys; copies the context's layout and tag.
  * Only a registered instance's PREPARE_STORE (`store`) interns the key's
@@ -168,10 +159,10 @@ static int resolve(engine_mod *m, lmc_rpc_call *call, ed_op *op, bool store, cha
         op->n_held = krc == 0 ? op->n_keys : 0;
     }
     if (rc == LMC_HASH_OK) {
-        uint64_t d = fnv(1469598103934665603ULL, hashes, op->n * LMC_TOKEN_HASH_LEN);
+        uint64_t d = lmc_fnv1a64(LMC_FNV1A64_SHORT_BASIS, hashes, op->n * LMC_TOKEN_HASH_LEN);
         uint64_t range[3] = {op->key.start, op->key.end, op->key.worker_id};
-        d = fnv(d, range, sizeof range);
-        op->digest = fnv(d, op->key.cache_salt, op->key.salt_len);
+        d = lmc_fnv1a64(d, range, sizeof range);
+        op->digest = lmc_fnv1a64(d, op->key.cache_salt, op->key.salt_len);
     }
     free(hashes);
     if (rc != LMC_HASH_OK) {
