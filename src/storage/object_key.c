@@ -6,6 +6,7 @@
  * lowercase hex, kv_rank as exactly 8 digits, object_group_id without leading
  * zeros, the salt field only when non-empty, and a non-empty chunk hash. */
 #include "core/fnv.h"
+#include "core/hex.h"
 #include "storage/object_key.h"
 
 #include <inttypes.h>
@@ -385,16 +386,6 @@ typedef struct {
     span salt; /* len 0 when absent */
 } key_fields;
 
-/* Lowercase hex digit value, or -1 (uppercase is rejected on purpose). */
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 /* 1..8 hex digits into a u32. */
 static bool parse_hex_u32(span f, uint32_t *out)
 {
@@ -402,7 +393,7 @@ static bool parse_hex_u32(span f, uint32_t *out)
         return false;
     uint32_t v = 0;
     for (size_t i = 0; i < f.len; i++) {
-        int d = hexval(f.p[i]);
+        int d = lmc_hex_nibble(f.p[i]);
         if (d < 0)
             return false;
         v = (v << 4) | (uint32_t)d;
@@ -432,12 +423,8 @@ static bool parse_hash(span f, key_fields *kf)
 {
     if (f.len == 0 || f.len % 2 || f.len > 2 * LMC_CHUNK_HASH_MAX)
         return false;
-    for (size_t i = 0; i < f.len / 2; i++) {
-        int hi = hexval(f.p[2 * i]), lo = hexval(f.p[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return false;
-        kf->hash[i] = (uint8_t)(hi << 4 | lo);
-    }
+    if (!lmc_hex_decode(f.p, f.len / 2, kf->hash))
+        return false;
     kf->hash_len = (uint8_t)(f.len / 2);
     return true;
 }

@@ -38,6 +38,7 @@
 #include "storage/key_table.h"
 #include "storage/l2/l2_adapter.h"
 #include "storage/l2/l2_hasher.h"
+#include "storage/object_key_json.h"
 
 #define FS_PATH_MAX 4096
 #define DIRECT_ALIGN 4096u
@@ -504,7 +505,7 @@ static void fs_list(lmc_l2_backend *b, const char *model, json_t *entries)
             lmc_object_key_to_string(&it->key, name, sizeof name) < 0)
             continue;
         json_array_append_new(entries, json_pack("{s:s, s:o, s:I}", "name", name, "key",
-                                                 lmc_l2_encode_key(&it->key), "size_bytes",
+                                                 lmc_object_key_json(&it->key), "size_bytes",
                                                  (json_int_t)it->size));
     }
     pthread_mutex_unlock(&f->mu);

@@ -27,6 +27,7 @@
 #include "storage/l2/l2_internal.h"
 #include "storage/l2/adapters/l2_resp_conn.h"
 #include "storage/l2/l2_size_index.h"
+#include "storage/object_key_json.h"
 
 #define MAX_NODES 16
 #define MAX_REDIRECTS 5
@@ -718,7 +719,7 @@ static void list_key(resp_backend *R, const char *name, size_t len, int64_t size
     lmc_object_key k;
     if (size <= 0 || lmc_object_key_parse_string(R->interner, name, &k) != 0)
         return; /* gone since SCAN saw it, or a foreign key in the same Redis */
-    json_array_append_new(ctx, json_pack("{s:o, s:I, s:s}", "key", lmc_l2_encode_key(&k),
+    json_array_append_new(ctx, json_pack("{s:o, s:I, s:s}", "key", lmc_object_key_json(&k),
                                          "size_bytes", (json_int_t)size, "name", name));
 }
 
