@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "coordinator/coord_events.h"
+#include "core/grow.h"
 #include "coordinator/coord_internal.h"
 #include "obs/log.h"
 
@@ -24,14 +25,8 @@ static bool plan_add(delete_plan *p, json_t *keys)
     json_decref(body);
     if (!text)
         return false;
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 4;
-        char **grown = realloc(p->bodies, cap * sizeof *grown);
-        if (!grown)
-            return free(text), false;
-        p->bodies = grown;
-        p->cap = cap;
-    }
+    if (lmc_grow_array(&p->bodies, &p->cap, p->n + 1, sizeof *p->bodies, 4) != 0)
+        return free(text), false;
     p->bodies[p->n++] = text;
     return true;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "coordinator/coord_internal.h"
+#include "core/grow.h"
 
 typedef struct {
     char *buf;
@@ -29,16 +30,10 @@ static void put(text *t, const char *fmt, ...)
             t->len += (size_t)n;
             return;
         }
-        size_t cap = t->cap ? t->cap : 4096;
-        while (cap < t->len + (size_t)n + 1)
-            cap *= 2;
-        char *grown = realloc(t->buf, cap);
-        if (!grown) {
+        if (lmc_grow_array(&t->buf, &t->cap, t->len + (size_t)n + 1, 1, 4096) != 0) {
             t->failed = true;
             return;
         }
-        t->buf = grown;
-        t->cap = cap;
     }
 }
 

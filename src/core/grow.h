@@ -7,10 +7,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
-/* Makes room for `needed` items of `item_size` bytes in *items (capacity
- * *cap, first growth to `first_cap`).  0, or -1 with nothing changed. */
-static inline int lmc_grow_array(void **items, size_t *cap, size_t needed, size_t item_size,
+/* Makes room for `needed` items of `item_size` bytes in the array that
+ * items_ptr points to (a T **, so that callers pass &list->items as it
+ * is), of capacity *cap, growing first to `first_cap` and then by
+ * doubling.  0, or -1 with nothing changed. */
+static inline int lmc_grow_array(void *items_ptr, size_t *cap, size_t needed, size_t item_size,
                                  size_t first_cap)
 {
     if (needed <= *cap)
@@ -23,10 +26,12 @@ static inline int lmc_grow_array(void **items, size_t *cap, size_t needed, size_
     }
     if (grown_cap > SIZE_MAX / item_size)
         return -1;
-    void *grown = realloc(*items, grown_cap * item_size);
+    void *items;
+    memcpy(&items, items_ptr, sizeof items); /* any T * reads as a void * here */
+    void *grown = realloc(items, grown_cap * item_size);
     if (!grown)
         return -1;
-    *items = grown;
+    memcpy(items_ptr, &grown, sizeof grown);
     *cap = grown_cap;
     return 0;
 }

@@ -26,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/grow.h"
 #include "obs/events.h"
 #include "obs/log.h"
 #include "storage/eviction_policy.h"
@@ -81,14 +82,8 @@ static salt_group *group_of(target *t, const char *salt)
         if (t->groups[i].salt == salt || strcmp(t->groups[i].salt, salt) == 0)
             return &t->groups[i];
     }
-    if (t->n_groups == t->cap_groups) {
-        size_t cap = t->cap_groups ? 2 * t->cap_groups : 8;
-        salt_group *g = realloc(t->groups, cap * sizeof *g);
-        if (!g)
-            return NULL;
-        t->groups = g;
-        t->cap_groups = cap;
-    }
+    if (lmc_grow_array(&t->groups, &t->cap_groups, t->n_groups + 1, sizeof *t->groups, 8) != 0)
+        return NULL;
     lmc_eviction_policy *lru = lmc_eviction_policy_lru_new();
     if (!lru)
         return NULL;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "modules/transfer/engine/engine_internal.h"
+#include "core/grow.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
 #include "storage/storage_manager.h"
@@ -104,14 +105,8 @@ static void pack_register_reply(engine_mod *m, msgpack_packer *pk, const char *e
 
 static int add_ctx_locked(engine_mod *m, ed_ctx *c)
 {
-    if (m->n_ctxs == m->cap_ctxs) {
-        size_t cap = m->cap_ctxs ? m->cap_ctxs * 2 : 8;
-        ed_ctx **grown = realloc(m->ctxs, cap * sizeof *grown);
-        if (!grown)
-            return -1;
-        m->ctxs = grown;
-        m->cap_ctxs = cap;
-    }
+    if (lmc_grow_array(&m->ctxs, &m->cap_ctxs, m->n_ctxs + 1, sizeof *m->ctxs, 8) != 0)
+        return -1;
     m->ctxs[m->n_ctxs++] = c;
     return 0;
 }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/checked.h"
+#include "core/grow.h"
 #include "modules/transfer/server/fault_guard.h"
 #include "kv/kv_copy.h"
 #include "modules/transfer/server/server_internal.h"
@@ -414,16 +415,7 @@ static int build_ctx(sd_mod *m, const reg_request *r, sd_ctx **out, char *err, s
 static int add_ctx(sd_mod *m, sd_ctx *c)
 {
     pthread_mutex_lock(&m->lock);
-    int rc = 0;
-    if (m->n_ctxs == m->cap_ctxs) {
-        size_t cap = m->cap_ctxs ? m->cap_ctxs * 2 : 8;
-        sd_ctx **grown = realloc(m->ctxs, cap * sizeof *grown);
-        rc = grown ? 0 : -1;
-        if (grown) {
-            m->ctxs = grown;
-            m->cap_ctxs = cap;
-        }
-    }
+    int rc = lmc_grow_array(&m->ctxs, &m->cap_ctxs, m->n_ctxs + 1, sizeof *m->ctxs, 8);
     if (rc == 0)
         m->ctxs[m->n_ctxs++] = c;
     pthread_mutex_unlock(&m->lock);

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/grow.h"
 #include "obs/log.h"
 #include "storage/l2/l2_internal.h"
 #include "storage/l2/adapters/l2_resp_conn.h"
@@ -594,16 +595,8 @@ static int read_bulk_string(resp_conn *c, char *out, size_t cap, size_t *len)
 
 static int page_add(scan_page *p, const char *name, size_t len)
 {
-    if (p->len + len + 1 > p->cap) {
-        size_t cap = p->cap ? 2 * p->cap : 64 * 1024;
-        while (cap < p->len + len + 1)
-            cap *= 2;
-        char *t = realloc(p->text, cap);
-        if (!t)
-            return -1;
-        p->text = t;
-        p->cap = cap;
-    }
+    if (lmc_grow_array(&p->text, &p->cap, p->len + len + 1, 1, 64 * 1024) != 0)
+        return -1;
     memcpy(p->text + p->len, name, len + 1);
     p->at[p->n] = p->len;
     p->name_len[p->n++] = (uint32_t)len;
