@@ -46,8 +46,8 @@ static void *periodic_main(void *arg)
     return NULL;
 }
 
-lmc_core_periodic *lmc_core_periodic_start(int64_t period_ms, lmc_core_periodic_fn fn,
-                                           void *user)
+lmc_core_periodic *lmc_core_periodic_start(const char *name, int64_t period_ms,
+                                           lmc_core_periodic_fn fn, void *user)
 {
     lmc_core_periodic *p = calloc(1, sizeof *p);
     if (!p)
@@ -65,6 +65,8 @@ lmc_core_periodic *lmc_core_periodic_start(int64_t period_ms, lmc_core_periodic_
         goto fail_cond;
     if (pthread_create(&p->thread, NULL, periodic_main, p) != 0)
         goto fail_mutex;
+    if (name)
+        pthread_setname_np(p->thread, name);
     return p;
 fail_mutex:
     pthread_mutex_destroy(&p->lock);

@@ -11,11 +11,12 @@ typedef struct lmc_core_periodic lmc_core_periodic;
 
 typedef void (*lmc_core_periodic_fn)(void *user);
 
-/* Starts the thread: fn(user) runs one period after the start, then one
- * period after each call returns (period_ms >= 1).  NULL when no thread
- * could be made. */
-lmc_core_periodic *lmc_core_periodic_start(int64_t period_ms, lmc_core_periodic_fn fn,
-                                           void *user);
+/* Starts the thread, named `name` (at most 15 bytes; NULL keeps the
+ * process's name): fn(user) runs one period after the start, then one
+ * period after each call returns (a period under 1 ms is 1 ms).  NULL when
+ * no thread could be made. */
+lmc_core_periodic *lmc_core_periodic_start(const char *name, int64_t period_ms,
+                                           lmc_core_periodic_fn fn, void *user);
 
 /* Makes the next call come now instead of at the end of the period. */
 void lmc_core_periodic_wake(lmc_core_periodic *p);

@@ -75,7 +75,7 @@ lmc_reaper *lmc_reaper_new(const lmc_reaper_options *o)
     if (r->o.period_ms <= 0)
         r->o.period_ms = r->o.timeout_ms / 4 > 0 ? r->o.timeout_ms / 4 : 1;
     if (o->start_thread && o->timeout_ms > 0) {
-        r->thread = lmc_core_periodic_start(r->o.period_ms, reap_once, r);
+        r->thread = lmc_core_periodic_start(NULL, r->o.period_ms, reap_once, r);
         if (!r->thread) {
             free(r);
             return NULL;

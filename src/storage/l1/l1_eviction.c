@@ -150,7 +150,7 @@ int lmc_l1_eviction_start(lmc_l1_eviction *e)
         return 0;
     pthread_mutex_lock(&e->mutex);
     if (!e->thread)
-        e->thread = lmc_core_periodic_start(e->opts.period_ms, run_cycle, e);
+        e->thread = lmc_core_periodic_start(NULL, e->opts.period_ms, run_cycle, e);
     int rc = e->thread ? 0 : -1;
     pthread_mutex_unlock(&e->mutex);
     return rc;

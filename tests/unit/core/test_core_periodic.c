@@ -34,7 +34,7 @@ static void calls_every_period(void **state)
 {
     (void)state;
     atomic_int calls = 0;
-    lmc_core_periodic *p = lmc_core_periodic_start(5, count_call, &calls);
+    lmc_core_periodic *p = lmc_core_periodic_start("test-periodic", 5, count_call, &calls);
     assert_non_null(p);
     assert_true(wait_for_calls(&calls, 3) >= 3);
     lmc_core_periodic_stop(p);
@@ -44,7 +44,7 @@ static void wakes_early_and_stops_at_once(void **state)
 {
     (void)state;
     atomic_int calls = 0;
-    lmc_core_periodic *p = lmc_core_periodic_start(3600 * 1000, count_call, &calls);
+    lmc_core_periodic *p = lmc_core_periodic_start(NULL, 3600 * 1000, count_call, &calls);
     assert_non_null(p);
     assert_int_equal(atomic_load(&calls), 0);
     double t0 = now_s();
