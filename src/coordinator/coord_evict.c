@@ -90,28 +90,17 @@ void coordinator_evict_pass(lmc_coord *co)
     free(plan.bodies);
 }
 
-void *coordinator_evict_loop(void *arg)
+void coordinator_evict_once(void *co)
 {
-    lmc_coord *co = arg;
-    pthread_mutex_lock(&co->mu);
-    while (!coordinator_wait(co, co->cfg.eviction_check_interval_s)) {
-        pthread_mutex_unlock(&co->mu);
-        coordinator_evict_pass(co);
-        pthread_mutex_lock(&co->mu);
-    }
-    pthread_mutex_unlock(&co->mu);
-    return NULL;
+    coordinator_evict_pass(co);
 }
 
-void *coordinator_sweep_loop(void *arg)
+void coordinator_sweep_once(void *arg)
 {
     lmc_coord *co = arg;
     pthread_mutex_lock(&co->mu);
-    while (!coordinator_wait(co, co->cfg.health_check_interval_s)) {
-        size_t n = coordinator_members_sweep(co, coordinator_now_mono());
-        atomic_fetch_add(&co->ctr.sweeps, 1);
-        atomic_fetch_add(&co->ctr.instances_expired, n);
-    }
+    size_t n = coordinator_members_sweep(co, coordinator_now_mono());
+    atomic_fetch_add(&co->ctr.sweeps, 1);
+    atomic_fetch_add(&co->ctr.instances_expired, n);
     pthread_mutex_unlock(&co->mu);
-    return NULL;
 }
