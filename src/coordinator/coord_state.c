@@ -1,11 +1,12 @@
 /* Name tables, the key table and the per-salt / per-instance records
  * (coord_state.h). */
-#include "core/fnv.h"
 #include "coordinator/coord_state.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+
+#include "core/fnv.h"
 
 static uint64_t mix64(uint64_t h)
 {

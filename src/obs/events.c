@@ -1,22 +1,19 @@
 /* Event metadata helpers (events.h). */
-#include "core/fnv.h"
 #include "obs/events.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fnv.h"
+#include "core/hex.h"
+
 static json_t *hex_array(const uint8_t *hashes, size_t n, size_t len)
 {
-    static const char digits[] = "0123456789abcdef";
     json_t *arr = json_array();
     char *hex = malloc(2 * len + 1);
     for (size_t i = 0; arr && hex && i < n; i++) {
-        const uint8_t *h = hashes + i * len;
-        for (size_t j = 0; j < len; j++) {
-            hex[2 * j] = digits[h[j] >> 4];
-            hex[2 * j + 1] = digits[h[j] & 15];
-        }
+        lmc_hex_encode(hashes + i * len, len, hex);
         json_array_append_new(arr, json_stringn_nocheck(hex, 2 * len)); /* ASCII */
     }
     free(hex);

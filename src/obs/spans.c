@@ -1,5 +1,4 @@
 /* Span recorder (spans.h). */
-#include "core/fnv.h"
 #include "obs/spans.h"
 
 #include <pthread.h>
@@ -10,6 +9,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "core/fnv.h"
 #include "obs/event_pairs.h"
 #include "obs/events.h"
 #include "obs/json_dump.h"

@@ -331,14 +331,9 @@ size_t lmc_object_key_text_cap(const lmc_object_key *k)
 static int print_fields(const lmc_object_key *k, const char *rank_prefix, const char *suffix,
                         char *out, size_t cap)
 {
-    static const char digits[] = "0123456789abcdef";
     char hex[2 * LMC_CHUNK_HASH_MAX + 1];
     size_t hl = k->chunk_hash_len <= LMC_CHUNK_HASH_MAX ? k->chunk_hash_len : LMC_CHUNK_HASH_MAX;
-    for (size_t i = 0; i < hl; i++) {
-        hex[2 * i] = digits[k->chunk_hash[i] >> 4];
-        hex[2 * i + 1] = digits[k->chunk_hash[i] & 15];
-    }
-    hex[2 * hl] = '\0';
+    lmc_hex_encode(k->chunk_hash, hl, hex);
     const bool salted = k->cache_salt[0] != '\0';
     int n = snprintf(out, cap, "@%s%08" PRIx32 "@%" PRIx32 "@%s%s%s%s", rank_prefix, k->kv_rank,
                      k->object_group_id, hex, salted ? "@" : "", k->cache_salt, suffix);
