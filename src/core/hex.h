@@ -1,5 +1,5 @@
 /* Lower-case hex, the form chunk hashes take in JSON, in file names and
- * in logs (docs/protocol.md).  Upper case is refused on purpose: a key
+ * in logs (docs/http.md, "Cached objects").  Upper case is refused on purpose: a key
  * has one spelling, so that two spellings never name two objects. */
 #ifndef LMC_CORE_HEX_H
 #define LMC_CORE_HEX_H

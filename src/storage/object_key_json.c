@@ -1,4 +1,4 @@
-/* The EncodedObjectKey JSON codec (docs/protocol.md, "Keys"). */
+/* The EncodedObjectKey JSON codec (docs/http.md, "Cached objects"). */
 #include "storage/object_key_json.h"
 
 #include <string.h>

@@ -1,5 +1,5 @@
 /* The EncodedObjectKey JSON object, {chunk_hash_hex, model_name, kv_rank,
- * object_group_id = 0, cache_salt = ""} (docs/protocol.md, "Keys"): parsed
+ * object_group_id = 0, cache_salt = ""} (docs/http.md, "Cached objects"): parsed
  * and rendered here only, for the HTTP frontend, the L2 key listings, the
  * fleet's reports and the coordinator alike. */
 #ifndef LMC_STORAGE_OBJECT_KEY_JSON_H
