@@ -74,6 +74,16 @@ static int open_state(lmc_coord *co, char *err, size_t errlen)
     return 0;
 }
 
+/* A loop every interval_s seconds (to the millisecond); none for 0. */
+static int start_periodic(lmc_coord *co, lmc_core_periodic **out, double interval_s,
+                          lmc_core_periodic_fn fn, char *err, size_t errlen)
+{
+    if (!(interval_s > 0))
+        return 0;
+    *out = lmc_core_periodic_start(NULL, (int64_t)(interval_s * 1000 + 0.5), fn, co);
+    return *out ? 0 : (snprintf(err, errlen, "cannot start a thread"), -1);
+}
+
 static int start_loop(lmc_coord *co, pthread_t *t, bool *running, void *(*fn)(void *),
                       char *err, size_t errlen)
 {
@@ -103,10 +113,10 @@ int coordinator_start(const coordinator_config *c, lmc_coord **out, char *err, s
     }
     if (open_state(co, err, errlen) != 0 || coordinator_http_start(co, err, errlen) != 0)
         goto fail;
-    if ((c->health_check_interval_s > 0 &&
-         start_loop(co, &co->sweep_thread, &co->sweep_running, coordinator_sweep_loop, err, errlen)) ||
-        (c->eviction_check_interval_s > 0 &&
-         start_loop(co, &co->evict_thread, &co->evict_running, coordinator_evict_loop, err, errlen)) ||
+    if (start_periodic(co, &co->sweep, c->health_check_interval_s, coordinator_sweep_once,
+                       err, errlen) != 0 ||
+        start_periodic(co, &co->evict, c->eviction_check_interval_s, coordinator_evict_once,
+                       err, errlen) != 0 ||
         (c->enable_startup_resync &&
          start_loop(co, &co->resync_thread, &co->resync_running, coordinator_resync_loop, err, errlen)))
         goto fail;
@@ -126,10 +136,8 @@ void coordinator_stop(lmc_coord *co)
     co->stopping = true;
     pthread_cond_broadcast(&co->wake);
     pthread_mutex_unlock(&co->mu);
-    if (co->sweep_running)
-        pthread_join(co->sweep_thread, NULL);
-    if (co->evict_running)
-        pthread_join(co->evict_thread, NULL);
+    lmc_core_periodic_stop(co->sweep);
+    lmc_core_periodic_stop(co->evict);
     if (co->resync_running)
         pthread_join(co->resync_thread, NULL);
     coordinator_db_close(co->db);

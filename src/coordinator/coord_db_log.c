@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "coordinator/coord_db_internal.h"
+#include "core/grow.h"
 #include "obs/log.h"
 
 enum { OP_STORE = 1, OP_DELETE = 2, OP_TOUCH = 3, OP_NAME = 4, OP_STORE2 = 5, OP_DELETE2 = 6,
@@ -37,17 +38,9 @@ static uint8_t *reserve(coordinator_db *d, size_t n)
 {
     if (d->log_failed)
         return NULL;
-    if (d->log_len + n > d->log_cap) {
-        size_t cap = d->log_cap ? d->log_cap : 65536;
-        while (cap < d->log_len + n)
-            cap *= 2;
-        uint8_t *grown = realloc(d->log, cap);
-        if (!grown) {
-            d->log_failed = true;
-            return NULL;
-        }
-        d->log = grown;
-        d->log_cap = cap;
+    if (lmc_grow_array(&d->log, &d->log_cap, d->log_len + n, 1, 65536) != 0) {
+        d->log_failed = true;
+        return NULL;
     }
     return d->log + d->log_len;
 }

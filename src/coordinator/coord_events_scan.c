@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "coordinator/coord_events.h"
+#include "core/grow.h"
 #include "coordinator/coord_json_scan.h"
 #include "storage/object_key.h"
 
@@ -204,14 +205,8 @@ static int parse_entry(coordinator_json_scanner *s, coordinator_event_entry *e, 
 
 static coordinator_event_entry *pool_slot(coordinator_event_request *r)
 {
-    if (r->pool_n == r->pool_cap) {
-        size_t cap = r->pool_cap ? r->pool_cap * 2 : 1024;
-        coordinator_event_entry *grown = realloc(r->pool, cap * sizeof *grown);
-        if (!grown)
-            return NULL;
-        r->pool = grown;
-        r->pool_cap = cap;
-    }
+    if (lmc_grow_array(&r->pool, &r->pool_cap, r->pool_n + 1, sizeof *r->pool, 1024) != 0)
+        return NULL;
     return &r->pool[r->pool_n++];
 }
 
@@ -380,14 +375,8 @@ static int batches(coordinator_json_scanner *s, coordinator_event_request *r, ch
     while (coordinator_json_element(s, &first)) {
         if (r->n == COORD_MAX_BATCHES)
             return WHY("more than %d batches in one request", COORD_MAX_BATCHES);
-        if (r->n == r->cap) {
-            size_t cap = r->cap ? r->cap * 2 : 8;
-            coordinator_event_batch *grown = realloc(r->batches, cap * sizeof *grown);
-            if (!grown)
-                return r->out_of_memory = true, WHY("out of memory");
-            r->batches = grown;
-            r->cap = cap;
-        }
+        if (lmc_grow_array(&r->batches, &r->cap, r->n + 1, sizeof *r->batches, 8) != 0)
+            return r->out_of_memory = true, WHY("out of memory");
         char bwhy[320] = "";
         if (parse_batch(s, r, &r->batches[r->n], bwhy, sizeof bwhy) != 0)
             return coordinator_json_failed(s) ? -1 : WHY("batches[%zu]: %s", r->n, bwhy);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "coordinator/coord_events.h"
+#include "core/grow.h"
 #include "coordinator/coord_internal.h"
 #include "obs/log.h"
 
@@ -24,14 +25,8 @@ static bool plan_add(delete_plan *p, json_t *keys)
     json_decref(body);
     if (!text)
         return false;
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 4;
-        char **grown = realloc(p->bodies, cap * sizeof *grown);
-        if (!grown)
-            return free(text), false;
-        p->bodies = grown;
-        p->cap = cap;
-    }
+    if (lmc_grow_array(&p->bodies, &p->cap, p->n + 1, sizeof *p->bodies, 4) != 0)
+        return free(text), false;
     p->bodies[p->n++] = text;
     return true;
 }
@@ -95,28 +90,17 @@ void coordinator_evict_pass(lmc_coord *co)
     free(plan.bodies);
 }
 
-void *coordinator_evict_loop(void *arg)
+void coordinator_evict_once(void *co)
 {
-    lmc_coord *co = arg;
-    pthread_mutex_lock(&co->mu);
-    while (!coordinator_wait(co, co->cfg.eviction_check_interval_s)) {
-        pthread_mutex_unlock(&co->mu);
-        coordinator_evict_pass(co);
-        pthread_mutex_lock(&co->mu);
-    }
-    pthread_mutex_unlock(&co->mu);
-    return NULL;
+    coordinator_evict_pass(co);
 }
 
-void *coordinator_sweep_loop(void *arg)
+void coordinator_sweep_once(void *arg)
 {
     lmc_coord *co = arg;
     pthread_mutex_lock(&co->mu);
-    while (!coordinator_wait(co, co->cfg.health_check_interval_s)) {
-        size_t n = coordinator_members_sweep(co, coordinator_now_mono());
-        atomic_fetch_add(&co->ctr.sweeps, 1);
-        atomic_fetch_add(&co->ctr.instances_expired, n);
-    }
+    size_t n = coordinator_members_sweep(co, coordinator_now_mono());
+    atomic_fetch_add(&co->ctr.sweeps, 1);
+    atomic_fetch_add(&co->ctr.instances_expired, n);
     pthread_mutex_unlock(&co->mu);
-    return NULL;
 }

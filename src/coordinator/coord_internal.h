@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "core/periodic.h"
 #include "coordinator/coord_db.h"
 #include "coordinator/coord_state.h"
 #include "coordinator/coordinator.h"
@@ -55,8 +56,9 @@ struct coordinator {
     int port;
     atomic_size_t buffered;  /* bytes of request bodies held now, all connections */
     size_t buffer_budget;    /* MAX_BUFFERED_MB in bytes */
-    pthread_t sweep_thread, evict_thread, resync_thread;
-    bool sweep_running, evict_running, resync_running;
+    lmc_core_periodic *sweep, *evict; /* NULL when their interval is 0 */
+    pthread_t resync_thread;
+    bool resync_running;
     coordinator_counters ctr;
     coordinator_metrics *metrics; /* GET /metrics; NULL when METRICS_ENABLED is false */
     uint64_t rng;
@@ -163,10 +165,11 @@ long coordinator_call(lmc_coord *co, const char *method, const char *ip, int por
                 const char *body, char **reply, char *err, size_t errlen);
 
 /* ---- loops ------------------------------------------------------------------- */
-void *coordinator_sweep_loop(void *arg);
-void *coordinator_evict_loop(void *arg);
-void *coordinator_resync_loop(void *arg);
-/* One eviction pass (the loop's body; tests call it). */
+/* One health sweep and one eviction pass: the bodies of the periodic
+ * threads (co is the lmc_coord; tests call the pass directly). */
+void coordinator_sweep_once(void *co);
 void coordinator_evict_pass(lmc_coord *co);
+void coordinator_evict_once(void *co);
+void *coordinator_resync_loop(void *arg);
 
 #endif

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "core/fnv.h"
+
 static uint64_t mix64(uint64_t h)
 {
     h ^= h >> 33;
@@ -18,10 +20,7 @@ static uint64_t mix64(uint64_t h)
 
 static uint64_t str_hash(const char *s)
 {
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211ULL;
-    return mix64(h);
+    return mix64(lmc_fnv1a64_str(LMC_FNV1A64_SHORT_BASIS, s));
 }
 
 /* ---- names ---------------------------------------------------------------- */

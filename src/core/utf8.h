@@ -1,6 +1,6 @@
 /* UTF-8 well-formedness (RFC 3629): what every name a client gives must be
  * before it goes anywhere (keys, logs, JSON to the coordinator), and what
- * the log writes as is.  Header-only, like the rest of src/base/. */
+ * the log writes as is.  Header-only. */
 #ifndef LMC_CORE_UTF8_H
 #define LMC_CORE_UTF8_H
 

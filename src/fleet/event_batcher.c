@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/utf8.h"
+#include "storage/object_key_json.h"
 
 typedef struct cev_entry {
     lmc_object_key key;          /* kept by lmc_fleet_event_key_keep */
@@ -183,21 +184,6 @@ void lmc_fleet_event_batcher_redeclare(lmc_fleet_event_batcher *b)
     pthread_mutex_unlock(&b->mu);
 }
 
-json_t *lmc_fleet_event_encode_key(const lmc_object_key *k)
-{
-    char hex[2 * LMC_CHUNK_HASH_MAX + 1];
-    static const char digits[] = "0123456789abcdef";
-    size_t len = k->chunk_hash_len <= LMC_CHUNK_HASH_MAX ? k->chunk_hash_len : LMC_CHUNK_HASH_MAX;
-    for (size_t i = 0; i < len; i++) {
-        hex[2 * i] = digits[k->chunk_hash[i] >> 4];
-        hex[2 * i + 1] = digits[k->chunk_hash[i] & 15];
-    }
-    hex[2 * len] = '\0';
-    return json_pack("{s:s, s:s, s:I, s:I, s:s}", "chunk_hash_hex", hex, "model_name",
-                     k->model_name, "kv_rank", (json_int_t)k->kv_rank, "object_group_id",
-                     (json_int_t)k->object_group_id, "cache_salt", k->cache_salt);
-}
-
 /* The fields every batch has; entries and capacity filled by the caller. */
 static json_t *new_batch(const lmc_fleet_event_batcher *b, uint64_t seq, const char *type,
                          const char *tier, const char *backend, bool shared, double ts)
@@ -218,7 +204,7 @@ static bool same_group(const cev_entry *a, const cev_entry *b)
 static json_t *encode_entry(const cev_entry *e)
 {
     uint64_t size = e->size == LMC_CEV_SIZE_UNKNOWN ? 0 : e->size;
-    return json_pack("{s:o, s:I, s:[], s:i}", "key", lmc_fleet_event_encode_key(&e->key), "size_bytes",
+    return json_pack("{s:o, s:I, s:[], s:i}", "key", lmc_object_key_json(&e->key), "size_bytes",
                      (json_int_t)size, "token_ids", "token_offset", -1);
 }
 

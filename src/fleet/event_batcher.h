@@ -134,8 +134,6 @@ bool lmc_fleet_event_key_keep(const lmc_object_key *src, lmc_object_key *dst, ch
 /* Undoes lmc_fleet_event_key_keep. */
 void lmc_fleet_event_key_release(const lmc_object_key *k, char *names);
 
-/* EncodedObjectKey (docs/http.md, DELETE /cache/objects).  New reference. */
-json_t *lmc_fleet_event_encode_key(const lmc_object_key *k);
 const char *lmc_fleet_event_type_name(lmc_fleet_event_type type);
 
 #endif

@@ -9,6 +9,7 @@
 
 #include "fleet/fleet_internal.h"
 #include "obs/log.h"
+#include "storage/object_key_json.h"
 
 /* ---- sources ------------------------------------------------------------ */
 
@@ -226,7 +227,7 @@ static json_t *l2_usage_body(lmc_coord *c, const l2_usage_event *ev, size_t n, u
     json_t *list = json_array();
     for (size_t i = 0; list && i < n; i++) {
         json_t *e = json_pack("{s:s, s:o, s:I}", "type", ev[i].is_store ? "store" : "lookup",
-                              "key", lmc_fleet_event_encode_key(&ev[i].key), "bytes",
+                              "key", lmc_object_key_json(&ev[i].key), "bytes",
                               (json_int_t)ev[i].bytes);
         if (!e || json_array_append_new(list, e) != 0) {
             json_decref(list);

@@ -3,13 +3,13 @@
 #include "hash/token_hash.h"
 #include "hash/hash_memo.h"
 
+#include "core/errbuf.h"
 #include "hash/cbor.h"
 #include "obs/log.h"
 
 #include <blake3.h>
 #include <errno.h>
 #include <openssl/evp.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,19 +227,6 @@ int lmc_hash_chunks(const lmc_token_hasher *h, const uint64_t *tokens, size_t n_
 
 /* ---- construction ------------------------------------------------------- */
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 static bool random_bytes(uint8_t *buf, size_t len)
 {
     size_t got = 0;
@@ -259,7 +246,7 @@ static int sha256_none_hash(lmc_token_hasher *h, const char *seed, char *err, si
 {
     if (!seed) {
         if (!random_bytes(h->none_hash, LMC_TOKEN_HASH_LEN))
-            return fail(err, errlen, "getrandom failed: %s", strerror(errno));
+            return lmc_err(err, errlen, "getrandom failed: %s", strerror(errno));
         LMC_WARN("sha256_cbor: PYTHONHASHSEED unset, using a random NONE_HASH; chunk hashes "
                  "will not match any other server process");
         return 0;
@@ -273,7 +260,7 @@ static int sha256_none_hash(lmc_token_hasher *h, const char *seed, char *err, si
               EVP_DigestUpdate(md, seed, len) && EVP_DigestFinal_ex(md, h->none_hash, &olen);
     const char *why = md ? "SHA-256 of the hash seed failed" : "out of memory";
     EVP_MD_CTX_free(md);
-    return ok ? 0 : fail(err, errlen, "%s", why);
+    return ok ? 0 : lmc_err(err, errlen, "%s", why);
 }
 
 /* blake3's deterministic seed F(int 0, [0]): the int prefix 0 is 8 zero
@@ -296,12 +283,12 @@ static int parse_algorithm(const char *name, lmc_hash_algo *algo, char *err, siz
         return 0;
     }
     if (name && strcmp(name, "builtin") == 0)
-        return fail(err, errlen,
-                    "hash algorithm 'builtin' is not supported: it is CPython's hash() of a "
-                    "tuple, which depends on the CPython version and PYTHONHASHSEED and cannot "
-                    "be reproduced outside CPython; use 'blake3' (default) or 'sha256_cbor'");
-    return fail(err, errlen, "unknown hash algorithm '%s' (expected 'blake3' or 'sha256_cbor')",
-                name ? name : "(null)");
+        return lmc_err(err, errlen,
+                       "hash algorithm 'builtin' is not supported: it is CPython's hash() of a "
+                       "tuple, which depends on the CPython version and PYTHONHASHSEED and cannot "
+                       "be reproduced outside CPython; use 'blake3' (default) or 'sha256_cbor'");
+    return lmc_err(err, errlen, "unknown hash algorithm '%s' (expected 'blake3' or 'sha256_cbor')",
+                   name ? name : "(null)");
 }
 
 int lmc_token_hasher_new(const char *algorithm, uint32_t chunk_size,
@@ -313,17 +300,17 @@ int lmc_token_hasher_new(const char *algorithm, uint32_t chunk_size,
     if (parse_algorithm(algorithm, &algo, err, errlen) != 0)
         return -1;
     if (chunk_size == 0)
-        return fail(err, errlen, "chunk size must be > 0");
+        return lmc_err(err, errlen, "chunk size must be > 0");
     lmc_token_hasher *h = calloc(1, sizeof *h);
     if (!h)
-        return fail(err, errlen, "out of memory");
+        return lmc_err(err, errlen, "out of memory");
     h->algo = algo;
     h->chunk_size = chunk_size;
     int rc = 0;
     if (algo == LMC_HASH_ALGO_BLAKE3) {
         blake3_none_hash(h);
     } else if (!(h->sha256 = EVP_MD_fetch(NULL, "SHA256", NULL))) {
-        rc = fail(err, errlen, "OpenSSL could not fetch SHA256 (no provider, or out of memory)");
+        rc = lmc_err(err, errlen, "OpenSSL could not fetch SHA256 (no provider, or out of memory)");
     } else {
         rc = sha256_none_hash(h, python_hash_seed, err, errlen);
     }

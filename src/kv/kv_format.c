@@ -1,10 +1,10 @@
 #include "kv/kv_format.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "core/checked.h"
+#include "core/errbuf.h"
 
 const char *lmc_kv_format_name(lmc_kv_format f)
 {
@@ -15,17 +15,6 @@ const char *lmc_kv_format_name(lmc_kv_format f)
         "TWO_X_NL_X_NB_BS_NH_HS",
     };
     return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "unknown";
-}
-
-static int refuse(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int refuse(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
 }
 
 /* Shapes arrive in physical (stride-descending) order; the tensor must be
@@ -70,10 +59,10 @@ static int spanned(const lmc_kv_geometry *g, char *err, size_t errlen)
 {
     uint64_t span;
     if (!lmc_kv_span_bytes(g, &span))
-        return refuse(err, errlen, "a %s tensor of %llu blocks x %u slots x %u heads x %u "
-                                   "elements of %u bytes is too large to address",
-                      lmc_kv_format_name(g->format), (unsigned long long)g->nb, g->bs, g->nh,
-                      g->hs, g->element_size);
+        return lmc_err(err, errlen, "a %s tensor of %llu blocks x %u slots x %u heads x %u "
+                                    "elements of %u bytes is too large to address",
+                       lmc_kv_format_name(g->format), (unsigned long long)g->nb, g->bs, g->nh,
+                       g->hs, g->element_size);
     return 0;
 }
 
@@ -120,8 +109,8 @@ static int classify(const lmc_shared_tensor *t, size_t n, bool hnd, lmc_kv_geome
         *g = hnd ? geometry(LMC_KV_NL_X_NB_NH_BS_TWO_HS, 1, n, s[0], s[2], s[1], s[3])
                  : geometry(LMC_KV_NL_X_NB_BS_NH_TWO_HS, 1, n, s[0], s[1], s[2], s[3]);
     } else {
-        return refuse(err, errlen, "no vLLM KV format has a %u-dimensional tensor of this shape",
-                      t->ndim);
+        return lmc_err(err, errlen, "no vLLM KV format has a %u-dimensional tensor of this shape",
+                       t->ndim);
     }
     return 0;
 }
@@ -130,27 +119,27 @@ int lmc_kv_detect_vllm(const lmc_shared_tensor *tensors, size_t n, bool hnd, boo
                        lmc_kv_geometry *out, char *err, size_t errlen)
 {
     if (n == 0 || n > UINT32_MAX)
-        return refuse(err, errlen, "no tensors registered");
+        return lmc_err(err, errlen, "no tensors registered");
     const lmc_shared_tensor *t = &tensors[0];
     for (size_t i = 1; i < n; i++)
         if (!same_tensor_kind(t, &tensors[i]))
-            return refuse(err, errlen, "layer %zu differs from layer 0 in shape, stride, dtype "
-                                       "or wrapper (engine groups are not supported yet)", i);
+            return lmc_err(err, errlen, "layer %zu differs from layer 0 in shape, stride, dtype "
+                                        "or wrapper (engine groups are not supported yet)", i);
     for (uint32_t d = 0; d < t->ndim; d++)
         if (!fits_u32(t->shape[d]))
-            return refuse(err, errlen, "shape[%u] = %lld is out of range", d,
-                          (long long)t->shape[d]);
+            return lmc_err(err, errlen, "shape[%u] = %lld is out of range", d,
+                           (long long)t->shape[d]);
     if (classify(t, n, hnd || cpu_server, out, err, errlen) != 0)
         return -1;
     bool mla = out->format == LMC_KV_NL_X_NB_BS_HS;
     if (!dense(t, mla))
-        return refuse(err, errlen, "%s tensors must be dense in their physical order%s",
-                      lmc_kv_format_name(out->format), mla ? " (rows may be padded)" : "");
+        return lmc_err(err, errlen, "%s tensors must be dense in their physical order%s",
+                       lmc_kv_format_name(out->format), mla ? " (rows may be padded)" : "");
     out->element_size = t->itemsize;
     out->block_stride = mla ? (uint64_t)t->stride[0] : (uint64_t)out->bs * out->nh * out->hs;
     if ((uint64_t)out->hs * out->element_size % 2)
-        return refuse(err, errlen, "a head of %u x %u bytes is not an even number of bytes",
-                      out->hs, out->element_size);
+        return lmc_err(err, errlen, "a head of %u x %u bytes is not an even number of bytes",
+                       out->hs, out->element_size);
     return spanned(out, err, errlen);
 }
 
@@ -161,20 +150,20 @@ static int finish(const lmc_shared_tensor *t, size_t n, lmc_kv_geometry *g, bool
 {
     for (size_t i = 1; i < n; i++)
         if (!same_tensor_kind(&t[0], &t[i]))
-            return refuse(err, errlen, "tensor %zu differs from tensor 0 in shape, stride, dtype "
-                                       "or wrapper", i);
+            return lmc_err(err, errlen, "tensor %zu differs from tensor 0 in shape, stride, dtype "
+                                        "or wrapper", i);
     for (uint32_t d = 0; d < t->ndim; d++)
         if (!fits_u32(t->shape[d]))
-            return refuse(err, errlen, "shape[%u] = %lld is out of range", d,
-                          (long long)t->shape[d]);
+            return lmc_err(err, errlen, "shape[%u] = %lld is out of range", d,
+                           (long long)t->shape[d]);
     if (!dense(t, padded_dim0))
-        return refuse(err, errlen, "%s tensors must be dense", lmc_kv_format_name(g->format));
+        return lmc_err(err, errlen, "%s tensors must be dense", lmc_kv_format_name(g->format));
     g->element_size = t->itemsize;
     if (g->block_stride == 0)
         g->block_stride = (uint64_t)g->bs * g->nh * g->hs;   /* < 2^64: dense() counted it */
     if ((uint64_t)g->hs * g->element_size % 2)
-        return refuse(err, errlen, "a head of %u x %u bytes is not an even number of bytes",
-                      g->hs, g->element_size);
+        return lmc_err(err, errlen, "a head of %u x %u bytes is not an even number of bytes",
+                       g->hs, g->element_size);
     return spanned(g, err, errlen);
 }
 
@@ -182,30 +171,30 @@ int lmc_kv_detect_sglang(const lmc_shared_tensor *t, size_t n, const lmc_kv_hint
                          lmc_kv_geometry *out, char *err, size_t errlen)
 {
     if (n == 0 || n > UINT32_MAX)
-        return refuse(err, errlen, "no tensors registered");
+        return lmc_err(err, errlen, "no tensors registered");
     if (h->kv_list_layout == LMC_KV_LIST_UNIFIED)
-        return refuse(err, errlen, "SGLang's kv_list_layout \"unified\" is not supported yet");
+        return lmc_err(err, errlen, "SGLang's kv_list_layout \"unified\" is not supported yet");
     const int64_t *s = t->shape;
     int64_t tpb = h->tokens_per_block;
     if (t->ndim != 3)
-        return refuse(err, errlen, "SGLang tensors are [pages, heads, head size]; got %u "
-                                   "dimensions", t->ndim);
+        return lmc_err(err, errlen, "SGLang tensors are [pages, heads, head size]; got %u "
+                                    "dimensions", t->ndim);
     if (tpb <= 0)
-        return refuse(err, errlen, "SGLang registrations need the tokens_per_block hint");
+        return lmc_err(err, errlen, "SGLang registrations need the tokens_per_block hint");
     if (s[0] <= 0 || s[0] % tpb)
-        return refuse(err, errlen, "SGLang page buffer of %lld slots is not a whole number of "
-                                   "%lld-token blocks", (long long)s[0], (long long)tpb);
+        return lmc_err(err, errlen, "SGLang page buffer of %lld slots is not a whole number of "
+                                    "%lld-token blocks", (long long)s[0], (long long)tpb);
     bool kv_lists = h->kv_list_layout == LMC_KV_LIST_K_V ||
                     (h->kv_list_layout == LMC_KV_LIST_NONE && s[1] > 1);
     if (kv_lists) {
         if (n % 2)
-            return refuse(err, errlen, "SGLang K/V lists need as many V tensors as K tensors");
+            return lmc_err(err, errlen, "SGLang K/V lists need as many V tensors as K tensors");
         *out = geometry(LMC_KV_TWO_X_NL_X_NB_BS_NH_HS, 2, n / 2, s[0] / tpb, tpb, s[1], s[2]);
     } else if (s[1] == 1) {   /* MLA: latent + rope, one "head" */
         *out = geometry(LMC_KV_NL_X_NB_BS_HS, 1, n, s[0] / tpb, tpb, 1, s[2]);
     } else {
-        return refuse(err, errlen, "SGLang tensors with %lld heads need kv_list_layout \"k_v\"",
-                      (long long)s[1]);
+        return lmc_err(err, errlen, "SGLang tensors with %lld heads need kv_list_layout \"k_v\"",
+                       (long long)s[1]);
     }
     return finish(t, n, out, false, err, errlen);
 }
@@ -214,30 +203,30 @@ int lmc_kv_detect_trtllm(const lmc_shared_tensor *t, size_t n, const lmc_kv_hint
                          lmc_kv_geometry *out, char *err, size_t errlen)
 {
     if (n != 1)
-        return refuse(err, errlen, "TRT-LLM registers one KV pool tensor, not %zu", n);
+        return lmc_err(err, errlen, "TRT-LLM registers one KV pool tensor, not %zu", n);
     const int64_t *s = t->shape;
     if (t->ndim == 4) {
         if (h->num_kv_heads <= 0 || h->tokens_per_block <= 0 || h->head_dim <= 0)
-            return refuse(err, errlen, "a 4-dimensional TRT-LLM pool needs the num_kv_heads, "
-                                       "tokens_per_block and head_dim hints");
+            return lmc_err(err, errlen, "a 4-dimensional TRT-LLM pool needs the num_kv_heads, "
+                                        "tokens_per_block and head_dim hints");
         uint64_t hinted[] = {(uint64_t)h->num_kv_heads, (uint64_t)h->tokens_per_block,
                              (uint64_t)h->head_dim}, row;
         if (h->num_kv_heads > UINT32_MAX || h->tokens_per_block > UINT32_MAX ||
             h->head_dim > UINT32_MAX || !lmc_product_u64(hinted, 3, &row) ||
             row != (uint64_t)s[3])
-            return refuse(err, errlen, "TRT-LLM pool rows of %lld elements are not num_kv_heads "
-                                       "x tokens_per_block x head_dim (%lld x %lld x %lld)",
-                          (long long)s[3], (long long)h->num_kv_heads,
-                          (long long)h->tokens_per_block, (long long)h->head_dim);
+            return lmc_err(err, errlen, "TRT-LLM pool rows of %lld elements are not num_kv_heads "
+                                        "x tokens_per_block x head_dim (%lld x %lld x %lld)",
+                           (long long)s[3], (long long)h->num_kv_heads,
+                           (long long)h->tokens_per_block, (long long)h->head_dim);
         *out = geometry(LMC_KV_NB_NL_TWO_NH_BS_HS, 2, (size_t)s[1], s[0], h->tokens_per_block,
                         h->num_kv_heads, h->head_dim);
     } else if (t->ndim == 6) {
         *out = geometry(LMC_KV_NB_NL_TWO_NH_BS_HS, 2, (size_t)s[1], s[0], s[4], s[3], s[5]);
     } else {
-        return refuse(err, errlen, "a TRT-LLM pool is [blocks, layers, 2, heads x tokens x head "
-                                   "size]; got %u dimensions", t->ndim);
+        return lmc_err(err, errlen, "a TRT-LLM pool is [blocks, layers, 2, heads x tokens x head "
+                                    "size]; got %u dimensions", t->ndim);
     }
     if (s[2] != 2)
-        return refuse(err, errlen, "a TRT-LLM pool's third dimension must be 2 (K, V)");
+        return lmc_err(err, errlen, "a TRT-LLM pool's third dimension must be 2 (K, V)");
     return finish(t, n, out, false, err, errlen);
 }

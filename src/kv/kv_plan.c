@@ -1,22 +1,11 @@
 #include "kv/kv_plan.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/checked.h"
-
-static int refuse(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int refuse(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
+#include "core/errbuf.h"
 
 int lmc_kv_layout_parse(const char *s, size_t len, bool *hnd, char *err, size_t errlen)
 {
@@ -30,9 +19,9 @@ int lmc_kv_layout_parse(const char *s, size_t len, bool *hnd, char *err, size_t 
     static const char *const later[] = {"LHBNC", "BLHNC", "BLNHC", "BHLNC"};
     for (int i = 0; i < 4; i++)
         if (len == strlen(later[i]) && memcmp(s, later[i], len) == 0)
-            return refuse(err, errlen, "kv_layout %s is not supported yet", later[i]);
-    return refuse(err, errlen, "kv_layout '%.*s' is not a layout (NHD, HND, LBNHC, LBHNC)",
-                  (int)(len > 32 ? 32 : len), s);
+            return lmc_err(err, errlen, "kv_layout %s is not supported yet", later[i]);
+    return lmc_err(err, errlen, "kv_layout '%.*s' is not a layout (NHD, HND, LBNHC, LBHNC)",
+                   (int)(len > 32 ? 32 : len), s);
 }
 
 /* Tensors of one kernel group must agree in all of this. */
@@ -89,18 +78,18 @@ static int shape_group(lmc_kv_kernel_group *g, uint32_t cs, char *err, size_t er
     if (tpb <= 0)
         tpb = bs;
     if (tpb % bs != 0 || tpb > cs || cs % tpb != 0)
-        return refuse(err, errlen, "kernel group of layer %u: tokens_per_block %lld must be a "
-                                   "multiple of the block's %u slots and divide the chunk size "
-                                   "%u", g->tensors[0], (long long)tpb, bs, cs);
+        return lmc_err(err, errlen, "kernel group of layer %u: tokens_per_block %lld must be a "
+                                    "multiple of the block's %u slots and divide the chunk size "
+                                    "%u", g->tensors[0], (long long)tpb, bs, cs);
     g->tokens_per_block = (uint32_t)tpb;
     g->blocks_per_chunk = cs / (uint32_t)tpb;
     int64_t sw = g->sw_size_tokens;
     uint64_t window = cs;
     if (sw > 0 && sw < cs) {
         if (sw % tpb != 0)
-            return refuse(err, errlen, "kernel group of layer %u: a sliding window of %lld "
-                                       "tokens must be a multiple of tokens_per_block %lld",
-                          g->tensors[0], (long long)sw, (long long)tpb);
+            return lmc_err(err, errlen, "kernel group of layer %u: a sliding window of %lld "
+                                        "tokens must be a multiple of tokens_per_block %lld",
+                           g->tensors[0], (long long)sw, (long long)tpb);
         window = (uint64_t)sw;
     }
     g->keep_blocks = lmc_kv_blocks_for_tokens(g, window);
@@ -109,8 +98,8 @@ static int shape_group(lmc_kv_kernel_group *g, uint32_t cs, char *err, size_t er
                         g->geo.element_size};
     if (!lmc_product_u64(entry, 6, &g->entry_bytes) || g->entry_bytes > INT64_MAX ||
         !lmc_kv_span_bytes(&g->geo, &g->span_bytes))
-        return refuse(err, errlen, "kernel group of layer %u: a chunk of it is too large to "
-                                   "address", g->tensors[0]);
+        return lmc_err(err, errlen, "kernel group of layer %u: a chunk of it is too large to "
+                                    "address", g->tensors[0]);
     return 0;
 }
 
@@ -129,17 +118,17 @@ static int make_group(const lmc_shared_tensor *tensors, const draft *d,
     const lmc_engine_group_info *i = d->info;
     g->engine_group_id = i ? i->engine_group_id : 0;
     if (i && i->tokens_per_block > UINT32_MAX)
-        return refuse(err, errlen, "tokens_per_block %lld is out of range",
-                      (long long)i->tokens_per_block);
+        return lmc_err(err, errlen, "tokens_per_block %lld is out of range",
+                       (long long)i->tokens_per_block);
     /* The client expands engine block b into physical ids b*p .. b*p+p-1
      * (docs/protocol.md, "Engine groups"); p must split the engine block's
      * tokens evenly, and a group that reports none has nothing to split.
      * Below 1 is 1 here (unset); the wire decoder refuses it when sent. */
     int64_t p = i ? i->physical_per_engine : 1;
     if (p > 1 && (i->tokens_per_block == 0 || i->tokens_per_block % p != 0))
-        return refuse(err, errlen, "physical_blocks_per_engine_block %lld must be 1, or divide "
-                                   "a tokens_per_block above 0 (got %lld)", (long long)p,
-                      (long long)i->tokens_per_block);
+        return lmc_err(err, errlen, "physical_blocks_per_engine_block %lld must be 1, or divide "
+                                    "a tokens_per_block above 0 (got %lld)", (long long)p,
+                       (long long)i->tokens_per_block);
     g->physical_per_engine = i && i->physical_per_engine > 1 ? (uint32_t)i->physical_per_engine
                                                                : 1;
     g->tokens_per_block = i && i->tokens_per_block > 0
@@ -164,8 +153,8 @@ static int drafts_by_kind(const lmc_shared_tensor *t, size_t n, draft *d, uint32
         if (seen)
             continue;
         if (*n_d == LMC_KV_MAX_KERNEL_GROUPS)
-            return refuse(err, errlen, "more than %d kinds of KV tensor",
-                          LMC_KV_MAX_KERNEL_GROUPS);
+            return lmc_err(err, errlen, "more than %d kinds of KV tensor",
+                           LMC_KV_MAX_KERNEL_GROUPS);
         draft *g = &d[(*n_d)++];
         *g = (draft){.layers = pool + used};
         for (uint32_t i = first; i < n; i++)
@@ -182,7 +171,7 @@ static int drafts_by_info(const lmc_shared_tensor *t, size_t n, const lmc_kv_pla
                           draft *d, uint32_t *n_d, char *err, size_t errlen)
 {
     if (o->n_infos > LMC_KV_MAX_KERNEL_GROUPS)
-        return refuse(err, errlen, "more than %d engine group infos", LMC_KV_MAX_KERNEL_GROUPS);
+        return lmc_err(err, errlen, "more than %d engine group infos", LMC_KV_MAX_KERNEL_GROUPS);
     bool *listed = calloc(n, 1);
     if (!listed)
         return -2;
@@ -191,22 +180,22 @@ static int drafts_by_info(const lmc_shared_tensor *t, size_t n, const lmc_kv_pla
         const lmc_engine_group_info *i = &o->infos[k];
         d[k] = (draft){.layers = (uint32_t *)i->layers, .n = i->n_layers, .info = i};
         if (i->n_layers == 0)
-            rc = refuse(err, errlen, "engine group info %zu lists no layers", k);
+            rc = lmc_err(err, errlen, "engine group info %zu lists no layers", k);
         for (uint32_t j = 0; j < i->n_layers && rc == 0; j++) {
             uint32_t l = i->layers[j];
             if (l >= n || listed[l] || (j && l <= i->layers[j - 1]))
-                rc = refuse(err, errlen, "engine group info %zu: layer index %u is out of range, "
-                                         "repeated or out of order", k, l);
+                rc = lmc_err(err, errlen, "engine group info %zu: layer index %u is out of range, "
+                                          "repeated or out of order", k, l);
             else if (!same_kind(&t[i->layers[0]], &t[l]))
-                rc = refuse(err, errlen, "engine group info %zu: layer %u's tensor differs from "
-                                         "layer %u's, so they cannot share a kernel group",
-                            k, l, i->layers[0]);
+                rc = lmc_err(err, errlen, "engine group info %zu: layer %u's tensor differs from "
+                                          "layer %u's, so they cannot share a kernel group",
+                             k, l, i->layers[0]);
             else
                 listed[l] = true;
         }
         if (rc == 0 && k && i->layers[0] < o->infos[k - 1].layers[0])
-            rc = refuse(err, errlen, "engine group infos must be in the order of their first "
-                                     "layer (info %zu starts before info %zu)", k, k - 1);
+            rc = lmc_err(err, errlen, "engine group infos must be in the order of their first "
+                                      "layer (info %zu starts before info %zu)", k, k - 1);
     }
     free(listed);
     *n_d = (uint32_t)o->n_infos;
@@ -229,8 +218,8 @@ static int object_groups(lmc_kv_plan *p, const lmc_kv_plan_options *o, char *err
             og++;
         if (og == p->n_og) {
             if (p->n_og == LMC_KV_MAX_OBJECT_GROUPS)
-                return refuse(err, errlen, "more than %d object groups",
-                              LMC_KV_MAX_OBJECT_GROUPS);
+                return lmc_err(err, errlen, "more than %d object groups",
+                               LMC_KV_MAX_OBJECT_GROUPS);
             p->og[p->n_og++] = (lmc_kv_object_group){
                 .chunks_in_sw = (int32_t)(bucket_of[k] > INT32_MAX ? INT32_MAX : bucket_of[k])};
         }
@@ -239,7 +228,7 @@ static int object_groups(lmc_kv_plan *p, const lmc_kv_plan_options *o, char *err
         p->kg[k].entry_offset = dst->object_size;
         if (!lmc_add_u64(dst->object_size, p->kg[k].entry_bytes, &dst->object_size) ||
             dst->object_size > INT64_MAX)
-            return refuse(err, errlen, "object group %u is too large to address", og);
+            return lmc_err(err, errlen, "object group %u is too large to address", og);
         dst->members[dst->n_members++] = k;
     }
     return 0;
@@ -256,7 +245,7 @@ int lmc_kv_plan_build(const lmc_shared_tensor *t, size_t n, const lmc_kv_plan_op
 {
     *out = (lmc_kv_plan){0};
     if (n == 0 || n > LMC_KV_MAX_LAYERS)
-        return refuse(err, errlen, "%zu tensors registered (1..%d)", n, LMC_KV_MAX_LAYERS);
+        return lmc_err(err, errlen, "%zu tensors registered (1..%d)", n, LMC_KV_MAX_LAYERS);
     draft d[LMC_KV_MAX_KERNEL_GROUPS];
     uint32_t n_d = 0, *pool = malloc(n * sizeof *pool);
     if (!pool)
@@ -267,7 +256,7 @@ int lmc_kv_plan_build(const lmc_shared_tensor *t, size_t n, const lmc_kv_plan_op
     bool whole = (n == 1 && t[0].ndim == 6) || o->engine != LMC_ENGINE_VLLM;
     if (whole && o->n_infos > 1) {
         free(pool);
-        return refuse(err, errlen, "this registration takes at most one engine group info");
+        return lmc_err(err, errlen, "this registration takes at most one engine group info");
     }
     int rc = 0;
     if (o->engine != LMC_ENGINE_VLLM) {
@@ -292,7 +281,7 @@ int lmc_kv_plan_build(const lmc_shared_tensor *t, size_t n, const lmc_kv_plan_op
     }
     free(pool);
     if (rc == 0 && lmc_kv_format_cross_layer(out->kg[0].geo.format) && n_d > 1)
-        rc = refuse(err, errlen, "a cross-layer tensor cannot share a registration");
+        rc = lmc_err(err, errlen, "a cross-layer tensor cannot share a registration");
     if (rc == 0)
         rc = object_groups(out, o, err, errlen);
     if (rc != 0) {

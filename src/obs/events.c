@@ -5,17 +5,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fnv.h"
+#include "core/hex.h"
+
 static json_t *hex_array(const uint8_t *hashes, size_t n, size_t len)
 {
-    static const char digits[] = "0123456789abcdef";
     json_t *arr = json_array();
     char *hex = malloc(2 * len + 1);
     for (size_t i = 0; arr && hex && i < n; i++) {
-        const uint8_t *h = hashes + i * len;
-        for (size_t j = 0; j < len; j++) {
-            hex[2 * j] = digits[h[j] >> 4];
-            hex[2 * j + 1] = digits[h[j] & 15];
-        }
+        lmc_hex_encode(hashes + i * len, len, hex);
         json_array_append_new(arr, json_stringn_nocheck(hex, 2 * len)); /* ASCII */
     }
     free(hex);
@@ -74,11 +72,7 @@ json_t *lmc_event_lookup_build(void *info_copy)
 /* FNV-1a, then a 64-bit finaliser so that nearby keys spread evenly. */
 static uint64_t key_hash(const char *key)
 {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (const unsigned char *p = (const unsigned char *)key; *p; p++) {
-        h ^= *p;
-        h *= 0x100000001b3ULL;
-    }
+    uint64_t h = lmc_fnv1a64_str(LMC_FNV1A64_OFFSET_BASIS, key);
     h ^= h >> 33;
     h *= 0xff51afd7ed558ccdULL;
     h ^= h >> 33;

@@ -2,13 +2,13 @@
 #include "obs/otlp.h"
 
 #include <curl/curl.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "core/periodic.h"
 #include "obs/json_dump.h"
 #include "obs/log.h"
 
@@ -20,10 +20,7 @@ struct lmc_otlp {
     lmc_span_recorder *spans;
     lmc_metric *exports;      /* lmcache_mp_otlp_exports_total{signal,result} */
     uint64_t start_ns;
-    pthread_mutex_t lock;
-    pthread_cond_t wake;
-    bool stopping;
-    pthread_t thread;
+    lmc_core_periodic *thread;
 };
 
 static uint64_t now_ns(void)
@@ -207,27 +204,9 @@ static void export_once(lmc_otlp *x)
     }
 }
 
-static void *export_main(void *arg)
+static void export_periodically(void *x)
 {
-    lmc_otlp *x = arg;
-    pthread_mutex_lock(&x->lock);
-    while (!x->stopping) {
-        struct timespec deadline;
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
-        long long ns = (long long)(x->interval_s * 1e9) + deadline.tv_nsec;
-        deadline.tv_sec += (time_t)(ns / 1000000000LL);
-        deadline.tv_nsec = (long)(ns % 1000000000LL);
-        int rc = 0;
-        while (!x->stopping && rc == 0)
-            rc = pthread_cond_timedwait(&x->wake, &x->lock, &deadline);
-        if (x->stopping)
-            break;
-        pthread_mutex_unlock(&x->lock);
-        export_once(x);
-        pthread_mutex_lock(&x->lock);
-    }
-    pthread_mutex_unlock(&x->lock);
-    return NULL;
+    export_once(x);
 }
 
 /* ---- lifecycle --------------------------------------------------------- */
@@ -285,21 +264,15 @@ lmc_otlp *lmc_otlp_start(const lmc_otlp_options *o, char *err, size_t errlen)
         return NULL;
     }
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&x->wake, &ca);
-    pthread_condattr_destroy(&ca);
-    pthread_mutex_init(&x->lock, NULL);
-    if (pthread_create(&x->thread, NULL, export_main, x) != 0) {
-        pthread_cond_destroy(&x->wake);
-        pthread_mutex_destroy(&x->lock);
+    /* To the millisecond, the unit OTEL_METRIC_EXPORT_INTERVAL is given in. */
+    int64_t period_ms = (int64_t)(x->interval_s * 1000 + 0.5);
+    x->thread = lmc_core_periodic_start("lmc-otlp", period_ms, export_periodically, x);
+    if (!x->thread) {
         free_exporter(x);
         curl_global_cleanup();
         snprintf(err, errlen, "OTLP: cannot start the export thread");
         return NULL;
     }
-    pthread_setname_np(x->thread, "lmc-otlp");
     return x;
 }
 
@@ -307,14 +280,8 @@ void lmc_otlp_stop(lmc_otlp *x)
 {
     if (!x)
         return;
-    pthread_mutex_lock(&x->lock);
-    x->stopping = true;
-    pthread_cond_signal(&x->wake);
-    pthread_mutex_unlock(&x->lock);
-    pthread_join(x->thread, NULL);
-    export_once(x);
-    pthread_cond_destroy(&x->wake);
-    pthread_mutex_destroy(&x->lock);
+    lmc_core_periodic_stop(x->thread);
+    export_once(x); /* what the last period gathered */
     free_exporter(x);
     curl_global_cleanup();
 }

@@ -9,6 +9,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "core/fnv.h"
 #include "obs/event_pairs.h"
 #include "obs/events.h"
 #include "obs/json_dump.h"
@@ -103,9 +104,7 @@ static void unix_nanos(char *out, size_t len, double t)
 static json_t *make_span(lmc_span_recorder *r, const char *name, const lmc_event *ev,
                          double start, bool unpaired)
 {
-    uint64_t h = 0xcbf29ce484222325ULL ^ r->trace_salt;
-    for (const unsigned char *p = (const unsigned char *)ev->session_id; *p; p++)
-        h = (h ^ *p) * 0x100000001b3ULL;
+    uint64_t h = lmc_fnv1a64_str(LMC_FNV1A64_OFFSET_BASIS ^ r->trace_salt, ev->session_id);
     char trace[33], span[17], t0[32], t1[32];
     hex64(trace, mix64(h));
     hex64(trace + 16, mix64(h ^ r->trace_salt));

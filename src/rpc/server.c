@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/fnv.h"
 #include "obs/log.h"
 #include "rpc/call.h"
 #include "rpc/wire.h"
@@ -87,12 +88,7 @@ static void log_drop(lmc_rpc_server *s, const char *why)
 
 static uint64_t identity_hash(const uint8_t *p, size_t n)
 {
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
+    return lmc_fnv1a64(LMC_FNV1A64_SHORT_BASIS, p, n);
 }
 
 /* ---- construction ------------------------------------------------------- */

@@ -13,6 +13,7 @@
 #include "server/server_internal.h"
 #include "server/warm_prefetch.h"
 #include "storage/l2/l2_service.h"
+#include "storage/object_key_json.h"
 #include "storage/storage_manager.h"
 
 #define MAX_DELETE_KEYS 10000
@@ -47,11 +48,6 @@ static json_t *objects_list(lmc_server *s, const char *adapter, const char *mode
     return page;
 }
 
-static int hex_nibble(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
 /* EncodedObjectKey {chunk_hash_hex, model_name, kv_rank, object_group_id=0,
  * cache_salt=""} -> key.  A delete only names keys, so nothing is interned
  * (issue 17): strings the server's interner holds are taken from it, and
@@ -60,34 +56,29 @@ static int hex_nibble(char c)
 static int decode_encoded_key(lmc_server *s, const json_t *o, lmc_object_key *k, bool *l1,
                               char *why, size_t whylen)
 {
-    const char *hex = json_string_value(json_object_get(o, "chunk_hash_hex"));
-    const char *model = json_string_value(json_object_get(o, "model_name"));
-    json_t *salt_j = json_object_get(o, "cache_salt"), *group_j = json_object_get(o, "object_group_id");
-    json_t *rank_j = json_object_get(o, "kv_rank");
-    const char *salt = salt_j ? json_string_value(salt_j) : "";
-    size_t hl = hex ? strlen(hex) : 0;
+    lmc_object_key_json_fields f;
     *k = (lmc_object_key){0};
-    if (!json_is_object(o) || !hex || hl == 0 || hl % 2 || hl > 2 * LMC_CHUNK_HASH_MAX)
+    switch (lmc_object_key_json_parse(o, &f)) {
+    case LMC_OBJECT_KEY_JSON_OK:
+        break;
+    case LMC_OBJECT_KEY_JSON_NOT_OBJECT:
+    case LMC_OBJECT_KEY_JSON_HASH_LENGTH:
         return snprintf(why, whylen, "chunk_hash_hex must be lower-case hex of 1..32 bytes"), -1;
-    for (size_t i = 0; i < hl / 2; i++) {
-        int hi = hex_nibble(hex[2 * i]), lo = hex_nibble(hex[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return snprintf(why, whylen, "chunk_hash_hex must be lower-case hex"), -1;
-        k->chunk_hash[i] = (uint8_t)(hi << 4 | lo);
-    }
-    k->chunk_hash_len = (uint8_t)(hl / 2);
-    if (!model || !lmc_model_name_valid(model, strlen(model)))
+    case LMC_OBJECT_KEY_JSON_HASH_DIGIT:
+        return snprintf(why, whylen, "chunk_hash_hex must be lower-case hex"), -1;
+    case LMC_OBJECT_KEY_JSON_MODEL:
         return snprintf(why, whylen, "model_name must be a non-empty str of at most %d bytes "
                                      "without '@'", LMC_MODEL_NAME_MAX), -1;
-    if (!salt || !lmc_cache_salt_valid(salt, strlen(salt)))
+    case LMC_OBJECT_KEY_JSON_SALT:
         return snprintf(why, whylen, "cache_salt is invalid"), -1;
-    if (!json_is_integer(rank_j) || json_integer_value(rank_j) < 0 ||
-        json_integer_value(rank_j) > UINT32_MAX ||
-        (group_j && (!json_is_integer(group_j) || json_integer_value(group_j) < 0 ||
-                     json_integer_value(group_j) > UINT32_MAX)))
+    case LMC_OBJECT_KEY_JSON_RANK_OR_GROUP:
         return snprintf(why, whylen, "kv_rank and object_group_id must be u32 integers"), -1;
-    k->kv_rank = (uint32_t)json_integer_value(rank_j);
-    k->object_group_id = group_j ? (uint32_t)json_integer_value(group_j) : 0;
+    }
+    memcpy(k->chunk_hash, f.chunk_hash, f.chunk_hash_len);
+    k->chunk_hash_len = f.chunk_hash_len;
+    k->kv_rank = f.kv_rank;
+    k->object_group_id = f.object_group_id;
+    const char *model = f.model_name, *salt = f.cache_salt;
     /* Names never interned name no L1 object; the L2 part then reads the
      * body's own strings (the key is not `interned`, so holds nothing). */
     const char *m_in = lmc_intern_find(s->ctx.interner, model, strlen(model));

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "obs/log.h"
+#include "core/grow.h"
 #include "storage/eviction_policy.h"
 
 #define NIL UINT32_MAX
@@ -352,14 +353,9 @@ static uint32_t new_node(lru_policy *lru)
         return NIL;
     size_t slab = lru->used >> SLAB_SHIFT;
     if (slab == lru->num_slabs) {
-        if (lru->num_slabs == lru->cap_slabs) {
-            size_t cap = lru->cap_slabs ? lru->cap_slabs * 2 : 16;
-            lru_node **grown = realloc(lru->slabs, cap * sizeof(*grown));
-            if (!grown)
-                return NIL;
-            lru->slabs = grown;
-            lru->cap_slabs = cap;
-        }
+        if (lmc_grow_array(&lru->slabs, &lru->cap_slabs, lru->num_slabs + 1, sizeof *lru->slabs,
+                           16) != 0)
+            return NIL;
         lru_node *fresh = malloc(SLAB_NODES * sizeof(*fresh));
         if (!fresh)
             return NIL;

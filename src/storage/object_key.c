@@ -5,6 +5,8 @@
  * the same text.  That is why parsing accepts only the forms we print:
  * lowercase hex, kv_rank as exactly 8 digits, object_group_id without leading
  * zeros, the salt field only when non-empty, and a non-empty chunk hash. */
+#include "core/fnv.h"
+#include "core/hex.h"
 #include "storage/object_key.h"
 
 #include <inttypes.h>
@@ -51,16 +53,6 @@ struct lmc_key_interner {
 };
 
 #define INTERN_INITIAL_CAP 64
-
-static uint64_t fnv1a(const char *s, size_t len)
-{
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < len; i++) {
-        h ^= (unsigned char)s[i];
-        h *= 0x100000001b3ULL;
-    }
-    return h;
-}
 
 lmc_key_interner *lmc_key_interner_new(void)
 {
@@ -183,7 +175,7 @@ static const char *intern_locked(lmc_key_interner *in, const char *s, size_t len
 
 const char *lmc_intern(lmc_key_interner *in, const char *s, size_t len)
 {
-    const uint64_t hash = fnv1a(s, len); /* outside the lock */
+    const uint64_t hash = lmc_fnv1a64(LMC_FNV1A64_OFFSET_BASIS, s, len); /* outside the lock */
     pthread_mutex_lock(&in->mu);
     const char *r = intern_locked(in, s, len, hash);
     pthread_mutex_unlock(&in->mu);
@@ -192,7 +184,7 @@ const char *lmc_intern(lmc_key_interner *in, const char *s, size_t len)
 
 const char *lmc_intern_find(lmc_key_interner *in, const char *s, size_t len)
 {
-    const uint64_t hash = fnv1a(s, len);
+    const uint64_t hash = lmc_fnv1a64(LMC_FNV1A64_OFFSET_BASIS, s, len);
     pthread_mutex_lock(&in->mu);
     interned_str *is = *find_slot(in->slots, in->cap, s, len, hash);
     if (is)
@@ -339,14 +331,9 @@ size_t lmc_object_key_text_cap(const lmc_object_key *k)
 static int print_fields(const lmc_object_key *k, const char *rank_prefix, const char *suffix,
                         char *out, size_t cap)
 {
-    static const char digits[] = "0123456789abcdef";
     char hex[2 * LMC_CHUNK_HASH_MAX + 1];
     size_t hl = k->chunk_hash_len <= LMC_CHUNK_HASH_MAX ? k->chunk_hash_len : LMC_CHUNK_HASH_MAX;
-    for (size_t i = 0; i < hl; i++) {
-        hex[2 * i] = digits[k->chunk_hash[i] >> 4];
-        hex[2 * i + 1] = digits[k->chunk_hash[i] & 15];
-    }
-    hex[2 * hl] = '\0';
+    lmc_hex_encode(k->chunk_hash, hl, hex);
     const bool salted = k->cache_salt[0] != '\0';
     int n = snprintf(out, cap, "@%s%08" PRIx32 "@%" PRIx32 "@%s%s%s%s", rank_prefix, k->kv_rank,
                      k->object_group_id, hex, salted ? "@" : "", k->cache_salt, suffix);
@@ -394,16 +381,6 @@ typedef struct {
     span salt; /* len 0 when absent */
 } key_fields;
 
-/* Lowercase hex digit value, or -1 (uppercase is rejected on purpose). */
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 /* 1..8 hex digits into a u32. */
 static bool parse_hex_u32(span f, uint32_t *out)
 {
@@ -411,7 +388,7 @@ static bool parse_hex_u32(span f, uint32_t *out)
         return false;
     uint32_t v = 0;
     for (size_t i = 0; i < f.len; i++) {
-        int d = hexval(f.p[i]);
+        int d = lmc_hex_nibble(f.p[i]);
         if (d < 0)
             return false;
         v = (v << 4) | (uint32_t)d;
@@ -441,12 +418,8 @@ static bool parse_hash(span f, key_fields *kf)
 {
     if (f.len == 0 || f.len % 2 || f.len > 2 * LMC_CHUNK_HASH_MAX)
         return false;
-    for (size_t i = 0; i < f.len / 2; i++) {
-        int hi = hexval(f.p[2 * i]), lo = hexval(f.p[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return false;
-        kf->hash[i] = (uint8_t)(hi << 4 | lo);
-    }
+    if (!lmc_hex_decode(f.p, f.len / 2, kf->hash))
+        return false;
     kf->hash_len = (uint8_t)(f.len / 2);
     return true;
 }

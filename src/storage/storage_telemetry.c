@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/hex.h"
 #include "obs/events.h"
 #include "storage/key_table.h"
 
@@ -93,23 +94,13 @@ void lmc_storage_telemetry_publish(lmc_storage_telemetry *t, const char *type,
 
 /* ---- sampling and lifecycle ------------------------------------------- */
 
-static void hash_hex(const lmc_object_key *key, char *out)
-{
-    static const char digits[] = "0123456789abcdef";
-    for (size_t i = 0; i < key->chunk_hash_len; i++) {
-        out[2 * i] = digits[key->chunk_hash[i] >> 4];
-        out[2 * i + 1] = digits[key->chunk_hash[i] & 15];
-    }
-    out[2 * key->chunk_hash_len] = '\0';
-}
-
 bool lmc_storage_telemetry_sample(const lmc_object_key *key, void *user)
 {
     lmc_storage_telemetry *t = user;
     if (!atomic_load(&t->bus))
         return false;
     char hex[2 * LMC_CHUNK_HASH_MAX + 1];
-    hash_hex(key, hex);
+    lmc_hex_encode(key->chunk_hash, key->chunk_hash_len, hex);
     return lmc_obs_sampled(hex, atomic_load(&t->sample_rate));
 }
 
@@ -142,7 +133,7 @@ void lmc_storage_telemetry_on_evicted(void *user, const lmc_object_key *keys,
     for (size_t i = 0; i < n; i++) {
         if (!ages[i].sampled)
             continue;
-        hash_hex(&keys[i], hex);
+        lmc_hex_encode(keys[i].chunk_hash, keys[i].chunk_hash_len, hex);
         json_array_append_new(list, json_pack("{s:s, s:f, s:f}", "hash", hex, "lifetime_s",
                                               ages[i].lifetime_s, "idle_s", ages[i].idle_s));
         remember_eviction(t, &keys[i], now);

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/grow.h"
+
 /* A handful of models per server: a flat array is enough. */
 typedef struct {
     char *model;
@@ -129,14 +131,8 @@ static bool same_layout(const lmc_layout *a, const lmc_layout *b)
 
 static int add_locked(lmc_layout_registry *r, const char *model, uint32_t ws, const lmc_layout *l)
 {
-    if (r->count == r->cap) {
-        size_t cap = r->cap ? r->cap * 2 : 4;
-        entry *grown = realloc(r->entries, cap * sizeof *grown);
-        if (!grown)
-            return -1;
-        r->entries = grown;
-        r->cap = cap;
-    }
+    if (lmc_grow_array(&r->entries, &r->cap, r->count + 1, sizeof *r->entries, 4) != 0)
+        return -1;
     char *copy = strdup(model);
     if (!copy)
         return -1;

@@ -1,15 +1,12 @@
 #include "modules/services/reaper.h"
 
-#include <pthread.h>
 #include <stdlib.h>
+
+#include "core/periodic.h"
 
 struct lmc_reaper {
     lmc_reaper_options o;
-    pthread_mutex_t lock;
-    pthread_cond_t wake;
-    bool stop;
-    bool has_thread;
-    pthread_t thread;
+    lmc_core_periodic *thread; /* NULL when the options ask for none */
 };
 
 void lmc_reaper_set_timeouts(lmc_reaper_options *o, double timeout_s, double grace_s)
@@ -64,25 +61,9 @@ size_t lmc_reaper_run_once(lmc_reaper *r)
     return reaped;
 }
 
-static void *reaper_main(void *arg)
+static void reap_once(void *r)
 {
-    lmc_reaper *r = arg;
-    pthread_mutex_lock(&r->lock);
-    while (!r->stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        int64_t at = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + r->o.period_ms;
-        ts = (struct timespec){.tv_sec = at / 1000, .tv_nsec = (at % 1000) * 1000000};
-        while (!r->stop && pthread_cond_timedwait(&r->wake, &r->lock, &ts) == 0)
-            ;
-        if (r->stop)
-            break;
-        pthread_mutex_unlock(&r->lock);
-        lmc_reaper_run_once(r);
-        pthread_mutex_lock(&r->lock);
-    }
-    pthread_mutex_unlock(&r->lock);
-    return NULL;
+    lmc_reaper_run_once(r);
 }
 
 lmc_reaper *lmc_reaper_new(const lmc_reaper_options *o)
@@ -93,18 +74,12 @@ lmc_reaper *lmc_reaper_new(const lmc_reaper_options *o)
     r->o = *o;
     if (r->o.period_ms <= 0)
         r->o.period_ms = r->o.timeout_ms / 4 > 0 ? r->o.timeout_ms / 4 : 1;
-    pthread_mutex_init(&r->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->wake, &ca);
-    pthread_condattr_destroy(&ca);
     if (o->start_thread && o->timeout_ms > 0) {
-        if (pthread_create(&r->thread, NULL, reaper_main, r) != 0) {
-            lmc_reaper_free(r);
+        r->thread = lmc_core_periodic_start(NULL, r->o.period_ms, reap_once, r);
+        if (!r->thread) {
+            free(r);
             return NULL;
         }
-        r->has_thread = true;
     }
     return r;
 }
@@ -113,13 +88,6 @@ void lmc_reaper_free(lmc_reaper *r)
 {
     if (!r)
         return;
-    pthread_mutex_lock(&r->lock);
-    r->stop = true;
-    pthread_cond_signal(&r->wake);
-    pthread_mutex_unlock(&r->lock);
-    if (r->has_thread)
-        pthread_join(r->thread, NULL);
-    pthread_cond_destroy(&r->wake);
-    pthread_mutex_destroy(&r->lock);
+    lmc_core_periodic_stop(r->thread);
     free(r);
 }

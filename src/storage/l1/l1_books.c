@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "obs/log.h"
+#include "core/hex.h"
 #include "storage/l1/l1_internal.h"
 
 const char *lmc_l1_result_name(lmc_l1_result r)
@@ -28,8 +29,8 @@ void lmc_l1_violation(lmc_l1_manager *m, const lmc_object_key *key, const char *
 {
     if (!m->violation_logged) {
         char hex[2 * LMC_CHUNK_HASH_MAX + 1] = "";
-        for (size_t i = 0; key && i < key->chunk_hash_len; i++)
-            snprintf(hex + 2 * i, 3, "%02x", key->chunk_hash[i]);
+        if (key)
+            lmc_hex_encode(key->chunk_hash, key->chunk_hash_len, hex);
         LMC_ERROR("L1 invariant broken: %s%s%s (logged once; counted in "
                   "lmcache_mp_l1_invariant_violations_total)",
                   what, key ? "; object " : "", hex);

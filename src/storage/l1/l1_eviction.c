@@ -1,11 +1,10 @@
 #include "storage/l1/l1_eviction.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <time.h>
 
+#include "core/periodic.h"
 #include "obs/log.h"
 
 struct lmc_l1_eviction {
@@ -13,10 +12,7 @@ struct lmc_l1_eviction {
     lmc_eviction_policy *policy;
     lmc_l1_eviction_options opts;
     pthread_mutex_t mutex;       /* guards the fields below */
-    pthread_cond_t wake;
-    bool running;
-    bool stop_requested;
-    pthread_t thread;
+    lmc_core_periodic *thread;   /* NULL when not running */
     uint64_t cycles, triggered_cycles, evicted_keys;
     double last_usage_ratio;
 };
@@ -58,11 +54,6 @@ lmc_l1_eviction *lmc_l1_eviction_new(lmc_l1_manager *l1, lmc_eviction_policy *po
     e->opts = *opts;
     if (lmc_l1_manager_add_listener(l1, feed_policy, policy) != 0)
         goto fail;
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&e->wake, &attr);
-    pthread_condattr_destroy(&attr);
     pthread_mutex_init(&e->mutex, NULL);
     return e;
 fail:
@@ -148,35 +139,9 @@ size_t lmc_l1_eviction_run_once(lmc_l1_eviction *e)
     return evicted;
 }
 
-static void deadline_after_ms(struct timespec *ts, uint32_t ms)
+static void run_cycle(void *e)
 {
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
-static void *controller_main(void *arg)
-{
-    lmc_l1_eviction *e = arg;
-    pthread_mutex_lock(&e->mutex);
-    while (!e->stop_requested) {
-        struct timespec deadline;
-        deadline_after_ms(&deadline, e->opts.period_ms);
-        int rc = 0;
-        while (!e->stop_requested && rc != ETIMEDOUT)
-            rc = pthread_cond_timedwait(&e->wake, &e->mutex, &deadline);
-        if (e->stop_requested)
-            break;
-        pthread_mutex_unlock(&e->mutex);
-        lmc_l1_eviction_run_once(e);
-        pthread_mutex_lock(&e->mutex);
-    }
-    pthread_mutex_unlock(&e->mutex);
-    return NULL;
+    lmc_l1_eviction_run_once(e);
 }
 
 int lmc_l1_eviction_start(lmc_l1_eviction *e)
@@ -184,12 +149,9 @@ int lmc_l1_eviction_start(lmc_l1_eviction *e)
     if (e->opts.period_ms == 0)
         return 0;
     pthread_mutex_lock(&e->mutex);
-    int rc = 0;
-    if (!e->running) {
-        e->stop_requested = false;
-        rc = pthread_create(&e->thread, NULL, controller_main, e) == 0 ? 0 : -1;
-        e->running = rc == 0;
-    }
+    if (!e->thread)
+        e->thread = lmc_core_periodic_start(NULL, e->opts.period_ms, run_cycle, e);
+    int rc = e->thread ? 0 : -1;
     pthread_mutex_unlock(&e->mutex);
     return rc;
 }
@@ -197,13 +159,10 @@ int lmc_l1_eviction_start(lmc_l1_eviction *e)
 void lmc_l1_eviction_stop(lmc_l1_eviction *e)
 {
     pthread_mutex_lock(&e->mutex);
-    bool was_running = e->running;
-    e->stop_requested = true;
-    e->running = false;
-    pthread_cond_broadcast(&e->wake);
+    lmc_core_periodic *thread = e->thread;
+    e->thread = NULL;
     pthread_mutex_unlock(&e->mutex);
-    if (was_running)
-        pthread_join(e->thread, NULL);
+    lmc_core_periodic_stop(thread); /* unlocked: its last cycle takes the mutex */
 }
 
 const char *lmc_l1_eviction_policy_name(const lmc_l1_eviction *e)
@@ -221,7 +180,7 @@ json_t *lmc_l1_eviction_report_status(lmc_l1_eviction *e)
     size_t tracked = e->policy->ops->num_tracked(e->policy);
     pthread_mutex_lock(&e->mutex);
     json_t *st = json_pack("{s:b, s:b, s:s, s:f, s:f, s:I, s:I, s:I, s:I, s:f, s:I}",
-                           "is_healthy", 1, "running", e->running,
+                           "is_healthy", 1, "running", e->thread != NULL,
                            "eviction_policy", e->policy->ops->name,
                            "trigger_watermark", e->opts.trigger_watermark,
                            "eviction_ratio", e->opts.eviction_ratio,
@@ -250,7 +209,6 @@ void lmc_l1_eviction_free(lmc_l1_eviction *e)
     lmc_l1_eviction_stop(e);
     lmc_l1_manager_remove_listener(e->l1, feed_policy, e->policy);
     lmc_eviction_policy_free(e->policy);
-    pthread_cond_destroy(&e->wake);
     pthread_mutex_destroy(&e->mutex);
     free(e);
 }

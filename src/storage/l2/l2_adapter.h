@@ -205,7 +205,4 @@ void lmc_l2_adapter_set_reporter(lmc_l2_adapter *a, const lmc_l2_observer *obs);
 /* The adapter's backend (tests, status). */
 lmc_l2_backend *lmc_l2_adapter_backend(lmc_l2_adapter *a);
 
-/* Helpers shared by backends. */
-json_t *lmc_l2_encode_key(const lmc_object_key *k);
-
 #endif

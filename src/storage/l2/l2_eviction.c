@@ -26,6 +26,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/grow.h"
+#include "core/periodic.h"
 #include "obs/events.h"
 #include "obs/log.h"
 #include "storage/eviction_policy.h"
@@ -67,10 +69,7 @@ struct lmc_l2_eviction {
     lmc_key_interner *interner;
     lmc_quotas *quotas;
     unsigned period_ms;
-    pthread_t thread;
-    bool running, stop;
-    pthread_mutex_t lock;
-    pthread_cond_t wake;
+    lmc_core_periodic *thread; /* NULL when stopped, or with no target */
 };
 
 /* ---- tracking ------------------------------------------------------------- */
@@ -81,14 +80,8 @@ static salt_group *group_of(target *t, const char *salt)
         if (t->groups[i].salt == salt || strcmp(t->groups[i].salt, salt) == 0)
             return &t->groups[i];
     }
-    if (t->n_groups == t->cap_groups) {
-        size_t cap = t->cap_groups ? 2 * t->cap_groups : 8;
-        salt_group *g = realloc(t->groups, cap * sizeof *g);
-        if (!g)
-            return NULL;
-        t->groups = g;
-        t->cap_groups = cap;
-    }
+    if (lmc_grow_array(&t->groups, &t->cap_groups, t->n_groups + 1, sizeof *t->groups, 8) != 0)
+        return NULL;
     lmc_eviction_policy *lru = lmc_eviction_policy_lru_new();
     if (!lru)
         return NULL;
@@ -266,28 +259,9 @@ void lmc_l2_eviction_run_once(lmc_l2_eviction *e)
     }
 }
 
-static void *eviction_main(void *arg)
+static void run_cycle(void *e)
 {
-    lmc_l2_eviction *e = arg;
-    pthread_mutex_lock(&e->lock);
-    while (!e->stop) {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += e->period_ms / 1000;
-        until.tv_nsec += (long)(e->period_ms % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&e->wake, &e->lock, &until);
-        if (e->stop)
-            break;
-        pthread_mutex_unlock(&e->lock);
-        lmc_l2_eviction_run_once(e);
-        pthread_mutex_lock(&e->lock);
-    }
-    pthread_mutex_unlock(&e->lock);
-    return NULL;
+    lmc_l2_eviction_run_once(e);
 }
 
 /* ---- lifetime ------------------------------------------------------------------ */
@@ -357,8 +331,6 @@ lmc_l2_eviction *lmc_l2_eviction_new(lmc_l2_adapter *const *adapters,
         return NULL;
     e->quotas = quotas;
     e->period_ms = period_ms ? period_ms : 1000;
-    pthread_mutex_init(&e->lock, NULL);
-    pthread_cond_init(&e->wake, NULL);
     e->t = calloc(n ? n : 1, sizeof *e->t);
     e->interner = lmc_key_interner_new();
     if (!e->t || !e->interner)
@@ -371,9 +343,8 @@ lmc_l2_eviction *lmc_l2_eviction_new(lmc_l2_adapter *const *adapters,
         if (init_target(&e->t[e->n++], adapters[i], i, eviction_configs[i]) != 0)
             goto fail;
     }
-    if (e->n && pthread_create(&e->thread, NULL, eviction_main, e) != 0)
+    if (e->n && !(e->thread = lmc_core_periodic_start(NULL, e->period_ms, run_cycle, e)))
         goto fail;
-    e->running = e->n > 0;
     return e;
 fail:
     lmc_l2_eviction_free(e);
@@ -382,14 +353,10 @@ fail:
 
 void lmc_l2_eviction_stop(lmc_l2_eviction *e)
 {
-    if (!e || !e->running)
+    if (!e)
         return;
-    pthread_mutex_lock(&e->lock);
-    e->stop = true;
-    pthread_cond_signal(&e->wake);
-    pthread_mutex_unlock(&e->lock);
-    pthread_join(e->thread, NULL);
-    e->running = false;
+    lmc_core_periodic_stop(e->thread);
+    e->thread = NULL;
 }
 
 void lmc_l2_eviction_free(lmc_l2_eviction *e)
@@ -412,8 +379,6 @@ void lmc_l2_eviction_free(lmc_l2_eviction *e)
     free(e->t);
     if (e->interner)
         lmc_key_interner_free(e->interner);
-    pthread_mutex_destroy(&e->lock);
-    pthread_cond_destroy(&e->wake);
     free(e);
 }
 

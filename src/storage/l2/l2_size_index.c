@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/grow.h"
 #include "blake3.h"
 
 typedef struct {
@@ -284,14 +285,8 @@ void lmc_l2_size_index_usage(lmc_l2_size_index *ix, lmc_l2_usage *u)
 int lmc_l2_found_add(lmc_l2_found_list *l, const lmc_object_key *k, uint64_t size,
                      int64_t batch, int64_t order)
 {
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 1024;
-        lmc_l2_found *v = realloc(l->v, cap * sizeof *v);
-        if (!v)
-            return -1;
-        l->v = v;
-        l->cap = cap;
-    }
+    if (lmc_grow_array(&l->v, &l->cap, l->n + 1, sizeof *l->v, 1024) != 0)
+        return -1;
     l->v[l->n++] = (lmc_l2_found){*k, size, batch, order};
     return 0;
 }

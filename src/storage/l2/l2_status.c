@@ -6,17 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-json_t *lmc_l2_encode_key(const lmc_object_key *k)
-{
-    char hex[2 * LMC_CHUNK_HASH_MAX + 1];
-    for (size_t i = 0; i < k->chunk_hash_len; i++)
-        snprintf(hex + 2 * i, 3, "%02x", k->chunk_hash[i]);
-    hex[2 * k->chunk_hash_len] = '\0';
-    return json_pack("{s:s, s:s, s:I, s:I, s:s}", "chunk_hash_hex", hex, "model_name",
-                     k->model_name, "kv_rank", (json_int_t)k->kv_rank, "object_group_id",
-                     (json_int_t)k->object_group_id, "cache_salt", k->cache_salt);
-}
-
 static int by_name(const void *a, const void *b)
 {
     const char *x = json_string_value(json_object_get(*(json_t *const *)a, "name"));

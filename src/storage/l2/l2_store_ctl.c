@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "obs/events.h"
+#include "core/grow.h"
 #include "obs/log.h"
 #include "storage/l2/l2_internal.h"
 
@@ -69,16 +70,8 @@ static void on_written(void *user, const lmc_object_key *keys, size_t n)
 {
     lmc_l2_store_ctl *c = user;
     pthread_mutex_lock(&c->mu);
-    if (c->qn + n > c->qcap && c->qn + n <= MAX_QUEUED_KEYS) {
-        size_t cap = c->qcap ? c->qcap : 256;
-        while (cap < c->qn + n)
-            cap *= 2;
-        lmc_object_key *q = realloc(c->q, cap * sizeof *q);
-        if (q) {
-            c->q = q;
-            c->qcap = cap;
-        }
-    }
+    if (c->qn + n <= MAX_QUEUED_KEYS) /* else, or out of memory, the keys do not fit */
+        (void)lmc_grow_array(&c->q, &c->qcap, c->qn + n, sizeof *c->q, 256);
     bool fits = c->qn + n <= c->qcap;
     if (fits) {
         memcpy(c->q + c->qn, keys, n * sizeof *keys);

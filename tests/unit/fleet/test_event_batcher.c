@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "fleet/event_batcher.h"
+#include "storage/object_key_json.h"
 
 static lmc_object_key key_n(uint8_t n)
 {
@@ -148,7 +149,7 @@ static void test_encoded_key(void **state)
     lmc_object_key k = key_n(0xab);
     k.object_group_id = 3;
     k.cache_salt = "tenant";
-    json_t *j = lmc_fleet_event_encode_key(&k);
+    json_t *j = lmc_object_key_json(&k);
     char want[65];
     for (int i = 0; i < 32; i++)
         memcpy(want + 2 * i, "ab", 2);

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fnv.h"
 #include "modules/transfer/engine/engine_internal.h"
 #include "modules/services/ipc_key.h"
 #include "modules/module.h"
@@ -91,16 +92,6 @@ void lmc_engine_driven_ctx_destroy(engine_mod *m, ed_ctx *c)
 
 /* ---- key resolution ----------------------------------------------------- */
 
-static uint64_t fnv(uint64_t h, const void *data, size_t len)
-{
-    const unsigned char *p = data;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
-
 /* The op's context, when its key names the context's own model and world
  * size: the layout, groups and tag are copied for the op. */
 static void bind_context(engine_mod *m, ed_op *op)
@@ -130,10 +121,10 @@ static void bind_context(engine_mod *m, ed_op *op)
 /* The pending entries' key: the op's chunk hashes, range, rank and salt. */
 static uint64_t op_digest(const ed_op *op, const uint8_t *hashes)
 {
-    uint64_t d = fnv(1469598103934665603ULL, hashes, op->n * LMC_TOKEN_HASH_LEN);
+    uint64_t d = lmc_fnv1a64(LMC_FNV1A64_SHORT_BASIS, hashes, op->n * LMC_TOKEN_HASH_LEN);
     uint64_t range[3] = {op->key.start, op->key.end, op->key.worker_id};
-    d = fnv(d, range, sizeof range);
-    return fnv(d, op->key.cache_salt, op->key.salt_len);
+    d = lmc_fnv1a64(d, range, sizeof range);
+    return lmc_fnv1a64(d, op->key.cache_salt, op->key.salt_len);
 }
 
 /* Decodes the key (frame 0) and instance id (frame 1) of a transfer op and

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "modules/transfer/server/fault_guard.h"
+#include "core/hex.h"
 #include "modules/transfer/server/checksums.h"
 #include "modules/transfer/server/server_internal.h"
 
@@ -160,8 +161,7 @@ static bool hex_digest(EVP_MD_CTX *md, char out[33])
     unsigned len = 0;
     if (EVP_DigestFinal_ex(md, d, &len) != 1)
         return false;
-    for (unsigned i = 0; i < len && i < 16; i++)
-        snprintf(out + 2 * i, 3, "%02x", d[i]);
+    lmc_hex_encode(d, len < 16 ? len : 16, out);
     return true;
 }
 

@@ -35,9 +35,11 @@
 #include <unistd.h>
 
 #include "obs/log.h"
+#include "core/hex.h"
 #include "storage/key_table.h"
 #include "storage/l2/l2_adapter.h"
 #include "storage/l2/l2_hasher.h"
+#include "storage/object_key_json.h"
 
 #define FS_PATH_MAX 4096
 #define DIRECT_ALIGN 4096u
@@ -169,15 +171,6 @@ static int read_all(fs *f, int fd, uint8_t *p, uint64_t n, lmc_l2_hash_job *job)
     return 0;
 }
 
-static void to_hex(const uint8_t d[LMC_L2_DIGEST_LEN], char out[HEX_LEN])
-{
-    static const char digits[] = "0123456789abcdef";
-    for (int i = 0; i < LMC_L2_DIGEST_LEN; i++) {
-        out[2 * i] = digits[d[i] >> 4];
-        out[2 * i + 1] = digits[d[i] & 15];
-    }
-}
-
 static int publish(fs *f, const lmc_object_key *k, const char *final, const char *name,
                    const uint8_t *p, uint64_t n, lmc_l2_hash_job *job);
 
@@ -190,7 +183,7 @@ static int attach_checksum(fs *f, const lmc_object_key *k, const char *name, int
     uint8_t d[LMC_L2_DIGEST_LEN];
     char hex[HEX_LEN + 1], spath[FS_PATH_MAX], sname[1100];
     lmc_l2_hash_finish(f->hasher, job, d);
-    to_hex(d, hex);
+    lmc_hex_encode(d, LMC_L2_DIGEST_LEN, hex);
     hex[HEX_LEN] = '\n';
     if (!atomic_load(&f->no_xattr)) {
         if (fsetxattr(fd, f->xattr, hex, HEX_LEN, 0) == 0)
@@ -383,7 +376,7 @@ static int read_verified(fs *f, int fd, uint8_t *buf, uint64_t size,
 {
     lmc_l2_hash_job job;
     uint8_t d[LMC_L2_DIGEST_LEN];
-    char got[HEX_LEN];
+    char got[HEX_LEN + 1];
     if (!(fcntl(fd, F_GETFL) & O_DIRECT)) {
         lmc_l2_inline_hash ih;
         lmc_l2_inline_init(&ih);
@@ -393,7 +386,7 @@ static int read_verified(fs *f, int fd, uint8_t *buf, uint64_t size,
                 return -1;
             count(f, &f->cached_loads);
             lmc_l2_inline_final(&ih, d);
-            to_hex(d, got);
+            lmc_hex_encode(d, LMC_L2_DIGEST_LEN, got);
             return memcmp(want, got, HEX_LEN) == 0 ? 0 : -2;
         }
     }
@@ -403,7 +396,7 @@ static int read_verified(fs *f, int fd, uint8_t *buf, uint64_t size,
         return -1;
     }
     lmc_l2_hash_finish(f->hasher, &job, d);
-    to_hex(d, got);
+    lmc_hex_encode(d, LMC_L2_DIGEST_LEN, got);
     return memcmp(want, got, HEX_LEN) == 0 ? 0 : -2;
 }
 
@@ -504,7 +497,7 @@ static void fs_list(lmc_l2_backend *b, const char *model, json_t *entries)
             lmc_object_key_to_string(&it->key, name, sizeof name) < 0)
             continue;
         json_array_append_new(entries, json_pack("{s:s, s:o, s:I}", "name", name, "key",
-                                                 lmc_l2_encode_key(&it->key), "size_bytes",
+                                                 lmc_object_key_json(&it->key), "size_bytes",
                                                  (json_int_t)it->size));
     }
     pthread_mutex_unlock(&f->mu);

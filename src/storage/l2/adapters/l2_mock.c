@@ -7,6 +7,7 @@
 
 #include "storage/key_table.h"
 #include "storage/l2/l2_adapter.h"
+#include "storage/object_key_json.h"
 
 typedef struct mock_item {
     lmc_object_key key;      /* strings interned in mock.interner */
@@ -153,7 +154,7 @@ static void mock_list(lmc_l2_backend *b, const char *model, json_t *entries)
         if (lmc_object_key_to_string(&it->key, name, sizeof name) < 0)
             continue;
         json_array_append_new(entries, json_pack("{s:s, s:o, s:I}", "name", name, "key",
-                                                 lmc_l2_encode_key(&it->key), "size_bytes",
+                                                 lmc_object_key_json(&it->key), "size_bytes",
                                                  (json_int_t)it->size));
     }
     pthread_mutex_unlock(&m->mu);

@@ -23,10 +23,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/grow.h"
 #include "obs/log.h"
 #include "storage/l2/l2_internal.h"
 #include "storage/l2/adapters/l2_resp_conn.h"
 #include "storage/l2/l2_size_index.h"
+#include "storage/object_key_json.h"
 
 #define MAX_NODES 16
 #define MAX_REDIRECTS 5
@@ -593,16 +595,8 @@ static int read_bulk_string(resp_conn *c, char *out, size_t cap, size_t *len)
 
 static int page_add(scan_page *p, const char *name, size_t len)
 {
-    if (p->len + len + 1 > p->cap) {
-        size_t cap = p->cap ? 2 * p->cap : 64 * 1024;
-        while (cap < p->len + len + 1)
-            cap *= 2;
-        char *t = realloc(p->text, cap);
-        if (!t)
-            return -1;
-        p->text = t;
-        p->cap = cap;
-    }
+    if (lmc_grow_array(&p->text, &p->cap, p->len + len + 1, 1, 64 * 1024) != 0)
+        return -1;
     memcpy(p->text + p->len, name, len + 1);
     p->at[p->n] = p->len;
     p->name_len[p->n++] = (uint32_t)len;
@@ -718,7 +712,7 @@ static void list_key(resp_backend *R, const char *name, size_t len, int64_t size
     lmc_object_key k;
     if (size <= 0 || lmc_object_key_parse_string(R->interner, name, &k) != 0)
         return; /* gone since SCAN saw it, or a foreign key in the same Redis */
-    json_array_append_new(ctx, json_pack("{s:o, s:I, s:s}", "key", lmc_l2_encode_key(&k),
+    json_array_append_new(ctx, json_pack("{s:o, s:I, s:s}", "key", lmc_object_key_json(&k),
                                          "size_bytes", (json_int_t)size, "name", name));
 }
 

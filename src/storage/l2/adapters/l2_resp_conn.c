@@ -11,6 +11,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "core/grow.h"
+
 #define MAX_IOV 64
 
 void lmc_resp_conn_init(resp_conn *c)
@@ -112,16 +114,8 @@ int lmc_resp_send_command(resp_conn *c, const resp_arg *args, size_t n)
 
 static int append(char **out, size_t *len, size_t *cap, const void *data, size_t n)
 {
-    if (*len + n > *cap) {
-        size_t want = *cap ? *cap : 4096;
-        while (want < *len + n)
-            want *= 2;
-        char *grown = realloc(*out, want);
-        if (!grown)
-            return -1;
-        *out = grown;
-        *cap = want;
-    }
+    if (lmc_grow_array(out, cap, *len + n, 1, 4096) != 0)
+        return -1;
     memcpy(*out + *len, data, n);
     *len += n;
     return 0;

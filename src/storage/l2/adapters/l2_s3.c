@@ -21,6 +21,7 @@
 #include "obs/log.h"
 #include "storage/l2/l2_internal.h"
 #include "storage/l2/l2_size_index.h"
+#include "storage/object_key_json.h"
 
 #define UNSIGNED_PAYLOAD "UNSIGNED-PAYLOAD"
 #define TEXT_MAX (16u << 20)       /* a listing page or an error body; 1000 keys take ~0.4 MiB */
@@ -475,7 +476,7 @@ static void add_listed(s3_backend *S, const char *name, const lmc_object_key *k,
                        int64_t mtime_ms, void *entries)
 {
     (void)S, (void)mtime_ms;
-    json_array_append_new(entries, json_pack("{s:o, s:I, s:s}", "key", lmc_l2_encode_key(k),
+    json_array_append_new(entries, json_pack("{s:o, s:I, s:s}", "key", lmc_object_key_json(k),
                                              "size_bytes", (json_int_t)size, "name", name));
 }
 

@@ -5,17 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/hex.h"
 #include "storage/l2/adapters/l2_s3.h"
-
-static void to_hex(const unsigned char *in, size_t n, char *out)
-{
-    static const char digits[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = digits[in[i] >> 4];
-        out[2 * i + 1] = digits[in[i] & 15];
-    }
-    out[2 * n] = '\0';
-}
 
 static void hmac(const void *key, size_t klen, const char *msg, unsigned char out[32])
 {
@@ -68,7 +59,7 @@ static int canonical_request_hash(const char *method, const char *uri, const cha
         return -1;
     unsigned char digest[32];
     SHA256((const unsigned char *)canon, (size_t)len, digest);
-    to_hex(digest, 32, out_hex);
+    lmc_hex_encode(digest, 32, out_hex);
     return 0;
 }
 
@@ -97,7 +88,7 @@ int lmc_s3_authorization(const char *method, const char *canonical_uri, const ch
     hmac(k1, 32, "aws4_request", k2);
     hmac(k2, 32, to_sign, sig);
     char sig_hex[65];
-    to_hex(sig, 32, sig_hex);
+    lmc_hex_encode(sig, 32, sig_hex);
     int n = snprintf(out, cap, "AWS4-HMAC-SHA256 Credential=%s/%s, SignedHeaders=%s, Signature=%s",
                      access_key, scope, names, sig_hex);
     return n > 0 && (size_t)n < cap ? 0 : -1;
