@@ -3,6 +3,7 @@ LMCache's own client code from the pinned PyPI package
 (tests/upstream/README.md).  Runs on build-tools/venv's python."""
 import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -10,7 +11,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 # The e2e suite's server launcher and its CI rule (a skip is a failure
-# under CI=true), shared rather than repeated.
+# under CI=true), shared rather than repeated; its conftest imports the
+# protocol helper package tests/e2e/lmc.
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 _spec = importlib.util.spec_from_file_location("e2e_conftest",
                                                os.path.join(ROOT, "tests", "e2e", "conftest.py"))
 e2e = importlib.util.module_from_spec(_spec)
