@@ -51,8 +51,6 @@ static int open_state(lmc_coord *co, char *err, size_t errlen)
     if (lmc_token_hasher_new(co->cfg.hash_algorithm, co->cfg.chunk_size, getenv("PYTHONHASHSEED"),
                              &co->hasher, why, sizeof why) != 0)
         return snprintf(err, errlen, "LMCACHE_MP_COORDINATOR_HASH_ALGORITHM: %s", why), -1;
-    if (lmc_http_auth_init(&co->auth, co->cfg.auth_token) != 0)
-        return snprintf(err, errlen, "LMCACHE_MP_COORDINATOR_AUTH_TOKEN: SHA-256 unavailable"), -1;
     co->members = calloc(COORD_MAX_MEMBERS, sizeof *co->members);
     if (!co->members || coordinator_state_init(&co->st) != 0)
         return snprintf(err, errlen, "out of memory"), -1;
@@ -145,7 +143,6 @@ void coordinator_stop(lmc_coord *co)
         coordinator_members_free(co);
     coordinator_state_free(&co->st);
     lmc_token_hasher_free(co->hasher);
-    lmc_http_auth_free(&co->auth);
     coordinator_metrics_free(co->metrics);
     pthread_cond_destroy(&co->wake);
     pthread_mutex_destroy(&co->mu);

@@ -37,7 +37,7 @@ static json_t *result(const coordinator_state *s, uint32_t idx, json_t *key, jso
     return json_pack("{s:o, s:o, s:o}", "key", key, "placements", pl, "token_ids", tokens);
 }
 
-static void lookup_keys(lmc_coord *co, const json_t *keys, coordinator_reply *out)
+static void lookup_keys(lmc_coord *co, const json_t *keys, lmc_http_reply *out)
 {
     if (!json_is_array(keys) || json_array_size(keys) > COORD_MAX_PAGE)
         return coordinator_reply_detail(out, 422, "keys must be a list of at most %d "
@@ -63,7 +63,7 @@ static void lookup_keys(lmc_coord *co, const json_t *keys, coordinator_reply *ou
     }
     pthread_mutex_unlock(&co->mu);
     free(w);
-    coordinator_reply_json(out, 200, json_pack("{s:I, s:o}", "chunks",
+    lmc_http_reply_json(out, 200, json_pack("{s:I, s:o}", "chunks",
                                          (json_int_t)json_array_size(keys), "results", results));
 }
 
@@ -75,7 +75,7 @@ static json_t *chunk_tokens(const coordinator_token_query *q, size_t c, uint32_t
     return t;
 }
 
-static void lookup_tokens(lmc_coord *co, const json_t *b, coordinator_reply *out)
+static void lookup_tokens(lmc_coord *co, const json_t *b, lmc_http_reply *out)
 {
     coordinator_token_query q;
     char why[200];
@@ -109,12 +109,15 @@ static void lookup_tokens(lmc_coord *co, const json_t *b, coordinator_reply *out
     pthread_mutex_unlock(&co->mu);
     free(hashes);
     coordinator_token_query_free(&q);
-    coordinator_reply_json(out, 200, json_pack("{s:I, s:o}", "chunks", (json_int_t)n_chunks, "results",
+    lmc_http_reply_json(out, 200, json_pack("{s:I, s:o}", "chunks", (json_int_t)n_chunks, "results",
                                          results));
 }
 
-void coordinator_ep_dir_lookup(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
+void coordinator_ep_dir_lookup(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                               const char *arg)
 {
+    lmc_coord *co = ctx;
+    (void)arg;
     json_t *b = coordinator_body_object(rq, out);
     if (!b)
         return;
@@ -158,14 +161,14 @@ static bool parse_count(const char *v, long lo, long hi, long *out)
     return true;
 }
 
-static bool parse_filter(lmc_coord *co, const coordinator_request *rq, key_filter *f, coordinator_reply *out)
+static bool parse_filter(lmc_coord *co, const lmc_http_request *rq, key_filter *f, lmc_http_reply *out)
 {
-    const char *tier = coordinator_query(rq, "tier");
+    const char *tier = lmc_http_query(rq, "tier");
     if (tier && strcmp(tier, "all") && strcmp(tier, "l1") && strcmp(tier, "l2"))
         return coordinator_reply_detail(out, 400, "tier must be all, l1 or l2"), false;
     f->l1 = !tier || strcmp(tier, "l2") != 0;
     f->l2 = !tier || strcmp(tier, "l1") != 0;
-    const char *inst = coordinator_query(rq, "instance_id"), *backend = coordinator_query(rq, "backend");
+    const char *inst = lmc_http_query(rq, "instance_id"), *backend = lmc_http_query(rq, "backend");
     f->instance = inst && *inst ? coordinator_names_find(&co->st.instances, inst) : COORD_NONE;
     f->backend = backend && *backend ? coordinator_names_find(&co->st.backends, backend) : COORD_NONE;
     f->no_match = (inst && *inst && f->instance == COORD_NONE) ||
@@ -173,11 +176,14 @@ static bool parse_filter(lmc_coord *co, const coordinator_request *rq, key_filte
     return true;
 }
 
-void coordinator_ep_dir_keys(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
+void coordinator_ep_dir_keys(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                             const char *arg)
 {
+    lmc_coord *co = ctx;
+    (void)arg;
     long offset = 0, limit = 1000;
-    if (!parse_count(coordinator_query(rq, "offset"), 0, 1L << 40, &offset) ||
-        !parse_count(coordinator_query(rq, "limit"), 1, COORD_MAX_PAGE, &limit))
+    if (!parse_count(lmc_http_query(rq, "offset"), 0, 1L << 40, &offset) ||
+        !parse_count(lmc_http_query(rq, "limit"), 1, COORD_MAX_PAGE, &limit))
         return coordinator_reply_detail(out, 400, "offset must be an integer >= 0 and limit one in "
                                             "1..%d", COORD_MAX_PAGE);
     key_filter f;
@@ -202,7 +208,7 @@ void coordinator_ep_dir_keys(lmc_coord *co, const coordinator_request *rq, coord
         total++;
     }
     pthread_mutex_unlock(&co->mu);
-    coordinator_reply_json(out, 200, json_pack("{s:I, s:o}", "total", (json_int_t)total, "keys", keys));
+    lmc_http_reply_json(out, 200, json_pack("{s:I, s:o}", "total", (json_int_t)total, "keys", keys));
 }
 
 /* ---- GET /directory/stats --------------------------------------------------- */
@@ -237,8 +243,11 @@ static json_t *per_instance_l1(const coordinator_state *s)
     return o;
 }
 
-void coordinator_ep_dir_stats(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
+void coordinator_ep_dir_stats(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                              const char *arg)
 {
+    lmc_coord *co = ctx;
+    (void)arg;
     (void)rq;
     pthread_mutex_lock(&co->mu);
     const coordinator_state *s = &co->st;
@@ -254,5 +263,5 @@ void coordinator_ep_dir_stats(lmc_coord *co, const coordinator_request *rq, coor
         "capacity", capacities(s), "blend", "enabled", 0, "key_table_bytes",
         (json_int_t)coordinator_keys_memory(&s->keys));
     pthread_mutex_unlock(&co->mu);
-    coordinator_reply_json(out, 200, o);
+    lmc_http_reply_json(out, 200, o);
 }

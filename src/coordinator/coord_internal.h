@@ -11,7 +11,7 @@
 #include "coordinator/coord_state.h"
 #include "coordinator/coordinator.h"
 #include "hash/token_hash.h"
-#include "http/http_auth.h"
+#include "http/http_server.h"
 #include "obs/metrics.h"
 
 #define COORD_MAX_MEMBERS 1024
@@ -35,8 +35,7 @@ typedef struct {
 
 typedef struct {
     atomic_ullong sweeps, instances_expired, eviction_passes, eviction_keys_requested,
-        eviction_requests, eviction_request_failures, resync_keys, resync_pages,
-        requests_rejected, auth_rejected, bodies_too_large, bodies_over_budget;
+        eviction_requests, eviction_request_failures, resync_keys, resync_pages;
 } coordinator_counters;
 
 typedef struct coordinator_metrics coordinator_metrics;
@@ -51,11 +50,9 @@ struct coordinator {
     size_t n_members;
     coordinator_db *db;
     lmc_token_hasher *hasher;
-    lmc_http_auth auth;
-    struct MHD_Daemon *mhd;
+    lmc_http_routes *routes; /* the coordinator's rows (coord_routes.c) */
+    lmc_http_server *http;   /* mu: set once it serves; its counters feed /metrics */
     int port;
-    atomic_size_t buffered;  /* bytes of request bodies held now, all connections */
-    size_t buffer_budget;    /* MAX_BUFFERED_MB in bytes */
     lmc_core_periodic *sweep, *evict; /* NULL when their interval is 0 */
     pthread_t resync_thread;
     bool resync_running;
@@ -76,59 +73,43 @@ double coordinator_now_wall(void);
 /* Sleeps up to seconds on co->wake (mu held); true when stopping. */
 bool coordinator_wait(lmc_coord *co, double seconds);
 
-/* ---- HTTP ------------------------------------------------------------------ */
-typedef struct {
-    const char *method, *path;
-    /* NUL-terminated, NULL when empty; the HTTP layer's buffer for this
-     * request, which a handler may consume (the /events scanner unescapes
-     * strings in place). */
-    char *body;
-    size_t body_len;
-    struct MHD_Connection *conn;
-} coordinator_request;
-
-typedef struct {
-    unsigned status;
-    json_t *json;  /* owned; NULL = no body */
-    char *text;    /* owned; a text body instead of json */
-    const char *content_type;
-} coordinator_reply;
-
-const char *coordinator_query(const coordinator_request *rq, const char *name);
-void coordinator_reply_json(coordinator_reply *out, unsigned status, json_t *body);
+/* ---- HTTP (coord_http.c, coord_routes.c) ------------------------------------ */
 /* {"detail": "<reason>"} */
-void coordinator_reply_detail(coordinator_reply *out, unsigned status, const char *fmt, ...)
+void coordinator_reply_detail(lmc_http_reply *out, unsigned status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* 405 {"detail": "Method Not Allowed"} with allow as the Allow header. */
+void coordinator_reply_not_allowed(lmc_http_reply *out, const char *allow);
 /* The body as a JSON object, or NULL with a 422 already in out. */
-json_t *coordinator_body_object(const coordinator_request *rq, coordinator_reply *out);
+json_t *coordinator_body_object(const lmc_http_request *rq, lmc_http_reply *out);
 
 int coordinator_http_start(lmc_coord *co, char *err, size_t errlen);
 void coordinator_http_stop(lmc_coord *co);
-void coordinator_dispatch(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out);
-/* Whether the route needs the bearer token (docs/coordinator.md). */
-bool coordinator_route_guarded(const char *method, const char *path);
+/* Adds the coordinator's rows (docs/coordinator.md, "HTTP API") to t,
+ * each handler called with co: 0, or -1 when the table is full. */
+int coordinator_routes_add(lmc_http_routes *t, lmc_coord *co);
 
-/* Route handlers, one file per area. */
-void coordinator_ep_register(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out);
-void coordinator_ep_heartbeat(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out, const char *id);
-void coordinator_ep_deregister(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out, const char *id);
-void coordinator_ep_instances(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out);
-void coordinator_ep_events(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out);
-void coordinator_ep_quota_config(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out);
-void coordinator_ep_quota_salt(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out,
-                         const char *salt);
-void coordinator_ep_quota_all(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out);
-void coordinator_ep_pins(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out);
-void coordinator_ep_dir_lookup(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out);
-void coordinator_ep_dir_keys(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out);
-void coordinator_ep_dir_stats(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out);
-void coordinator_ep_prefetch(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out);
-void coordinator_ep_prefetch_status(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out,
-                              const char *rest);
+/* Route handlers (lmc_http_handler; ctx is the lmc_coord), one file per
+ * area.  A prefix row's arg is its prefix: the path's rest follows it. */
+#define COORD_HANDLER(name) \
+    void name(const lmc_http_request *rq, lmc_http_reply *out, void *ctx, const char *arg)
+COORD_HANDLER(coordinator_ep_register);
+COORD_HANDLER(coordinator_ep_heartbeat);
+COORD_HANDLER(coordinator_ep_deregister);
+COORD_HANDLER(coordinator_ep_instances);
+COORD_HANDLER(coordinator_ep_events);
+COORD_HANDLER(coordinator_ep_quota_config);
+COORD_HANDLER(coordinator_ep_quota_salt);
+COORD_HANDLER(coordinator_ep_quota_all);
+COORD_HANDLER(coordinator_ep_pins);
+COORD_HANDLER(coordinator_ep_dir_lookup);
+COORD_HANDLER(coordinator_ep_dir_keys);
+COORD_HANDLER(coordinator_ep_dir_stats);
+COORD_HANDLER(coordinator_ep_prefetch);
+COORD_HANDLER(coordinator_ep_prefetch_status);
+COORD_HANDLER(coordinator_ep_metrics);
 /* The /metrics registry (coord_metrics.c): 0, or -1 out of memory. */
 int coordinator_metrics_new(lmc_coord *co);
 void coordinator_metrics_free(coordinator_metrics *m);
-void coordinator_ep_metrics(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out);
 
 /* ---- membership (coord_members.c) ------------------------------------------ */
 /* The member with id, or NULL (mu held). */

@@ -132,8 +132,11 @@ static void mint_id(char *out, size_t cap)
         n += snprintf(out + n, cap - (size_t)n, "%02x", r[i]);
 }
 
-void coordinator_ep_register(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
+void coordinator_ep_register(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                             const char *arg)
 {
+    lmc_coord *co = ctx;
+    (void)arg;
     json_t *b = coordinator_body_object(rq, out);
     if (!b)
         return;
@@ -166,31 +169,73 @@ void coordinator_ep_register(lmc_coord *co, const coordinator_request *rq, coord
         co->members[co->n_members++] = m;
     LMC_INFO("coordinator: instance %s %sregistered (http://%s:%d)", m->id, again ? "re-" : "",
              m->ip, m->http_port);
-    coordinator_reply_json(out, 200, json_pack("{s:s, s:b}", "instance_id", m->id, "re_registered",
+    lmc_http_reply_json(out, 200, json_pack("{s:s, s:b}", "instance_id", m->id, "re_registered",
                                          again));
     pthread_cond_broadcast(&co->wake); /* the resync may be waiting for a server */
     pthread_mutex_unlock(&co->mu);
 }
 
-void coordinator_ep_heartbeat(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out, const char *id)
+/* The id of /instances/{id}/heartbeat in rest (the path after the
+ * prefix): ID_OK with it in id, ID_TOO_LONG (no such instance can exist),
+ * or NOT_HEARTBEAT when rest does not end in /heartbeat. */
+typedef enum { NOT_HEARTBEAT, ID_TOO_LONG, ID_OK } heartbeat_path;
+
+static heartbeat_path heartbeat_id(const char *rest, char id[COORD_INSTANCE_ID_MAX + 1])
 {
-    (void)rq;
+    static const char suffix[] = "/heartbeat";
+    size_t n = strlen(rest), sn = sizeof suffix - 1;
+    if (n <= sn || strcmp(rest + n - sn, suffix) != 0)
+        return NOT_HEARTBEAT;
+    if (n - sn > COORD_INSTANCE_ID_MAX)
+        return ID_TOO_LONG;
+    memcpy(id, rest, n - sn);
+    id[n - sn] = '\0';
+    return ID_OK;
+}
+
+static void unknown_instance(lmc_http_reply *out, const char *id)
+{
+    lmc_http_reply_json(out, 404, id ? json_pack("{s:s++}", "error", "unknown instance ", id,
+                                                 "; re-register")
+                                     : json_pack("{s:s}", "error", "unknown instance; "
+                                                 "re-register"));
+}
+
+/* PUT /instances/{id}/heartbeat; arg: the prefix "/instances/".  PUT of
+ * anything else under it is not a route (405, DELETE removes one). */
+void coordinator_ep_heartbeat(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                              const char *arg)
+{
+    lmc_coord *co = ctx;
+    char id[COORD_INSTANCE_ID_MAX + 1];
+    heartbeat_path shape = heartbeat_id(rq->path + strlen(arg), id);
+    if (shape == NOT_HEARTBEAT)
+        return coordinator_reply_not_allowed(out, "DELETE");
+    if (shape == ID_TOO_LONG)
+        return unknown_instance(out, NULL);
     pthread_mutex_lock(&co->mu);
     coordinator_member *m = coordinator_member_find(co, id);
     if (m)
         m->heartbeat_mono = coordinator_now_mono();
     pthread_mutex_unlock(&co->mu);
     if (!m)
-        return coordinator_reply_json(out, 404, json_pack("{s:s++}", "error", "unknown instance ", id,
-                                                    "; re-register"));
-    coordinator_reply_json(out, 200, json_pack("{s:s}", "instance_id", id));
+        return unknown_instance(out, id);
+    lmc_http_reply_json(out, 200, json_pack("{s:s}", "instance_id", id));
 }
 
-/* A server gone for good: its L1 is gone with it, and its stream starts
- * afresh if it ever comes back. */
-void coordinator_ep_deregister(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out, const char *id)
+/* DELETE /instances/{id}; arg: the prefix.  A server gone for good: its
+ * L1 is gone with it, and its stream starts afresh if it ever comes back. */
+void coordinator_ep_deregister(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                               const char *arg)
 {
-    (void)rq;
+    lmc_coord *co = ctx;
+    const char *id = rq->path + strlen(arg);
+    char heartbeat_of[COORD_INSTANCE_ID_MAX + 1];
+    heartbeat_path shape = heartbeat_id(id, heartbeat_of);
+    if (shape == ID_TOO_LONG)
+        return unknown_instance(out, NULL);
+    if (shape == ID_OK) /* a heartbeat path is PUT only */
+        return coordinator_reply_not_allowed(out, "PUT");
     pthread_mutex_lock(&co->mu);
     for (size_t i = 0; i < co->n_members; i++)
         if (strcmp(co->members[i]->id, id) == 0)
@@ -203,11 +248,14 @@ void coordinator_ep_deregister(lmc_coord *co, const coordinator_request *rq, coo
         coordinator_db_del_cursor(co->db, id);
     }
     pthread_mutex_unlock(&co->mu);
-    out->status = 204;
+    lmc_http_reply_text(out, 204, "application/json", NULL);
 }
 
-void coordinator_ep_instances(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
+void coordinator_ep_instances(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                              const char *arg)
 {
+    lmc_coord *co = ctx;
+    (void)arg;
     (void)rq;
     json_t *list = json_array();
     pthread_mutex_lock(&co->mu);
@@ -221,7 +269,7 @@ void coordinator_ep_instances(lmc_coord *co, const coordinator_request *rq, coor
                                               m->mq_port));
     }
     pthread_mutex_unlock(&co->mu);
-    coordinator_reply_json(out, 200, json_pack("{s:o}", "instances", list));
+    lmc_http_reply_json(out, 200, json_pack("{s:o}", "instances", list));
 }
 
 size_t coordinator_members_sweep(lmc_coord *co, double now)

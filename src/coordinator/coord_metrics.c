@@ -8,18 +8,21 @@
 #include "coordinator/coord_internal.h"
 
 /* One family: where its value comes from, read at scrape time. */
-typedef enum { FROM_STATE, FROM_COUNTER, FROM_MEMBERS, FROM_BUFFERED } source;
+typedef enum { FROM_STATE, FROM_COUNTER, FROM_MEMBERS, FROM_HTTP, FROM_BUFFERED } source;
 typedef struct {
     const char *name, *help;
     lmc_metric_type type;
     source from;
-    size_t offset;  /* into coordinator_state (a uint32_t/uint64_t) or coordinator_counters */
+    size_t offset;  /* into coordinator_state (a uint32_t/uint64_t), coordinator_counters
+                     * or lmc_http_figures (a uint64_t) */
     bool wide;      /* the state field is a uint64_t */
 } family;
 
 #define STATE32(f) FROM_STATE, offsetof(coordinator_state, f), false
 #define STATE64(f) FROM_STATE, offsetof(coordinator_state, f), true
 #define COUNTER(f) FROM_COUNTER, offsetof(coordinator_counters, f), true
+/* The HTTP server core counts its answers and refusals itself. */
+#define HTTP(f) FROM_HTTP, offsetof(lmc_http_figures, f), true
 static const family FAMILIES[] = {
     {"lmcache_mp_coordinator_instances", "registered instances", LMC_METRIC_GAUGE, FROM_MEMBERS, 0, false},
     {"lmcache_mp_coordinator_keys_tracked", "keys the coordinator holds facts about", LMC_METRIC_GAUGE, STATE32(keys.n_live)},
@@ -38,10 +41,10 @@ static const family FAMILIES[] = {
     {"lmcache_mp_coordinator_eviction_requests_total", "DELETE /cache/objects calls", LMC_METRIC_COUNTER, COUNTER(eviction_requests)},
     {"lmcache_mp_coordinator_eviction_request_failures_total", "of which failed", LMC_METRIC_COUNTER, COUNTER(eviction_request_failures)},
     {"lmcache_mp_coordinator_resync_keys_total", "L2 keys backfilled by the startup resync", LMC_METRIC_COUNTER, COUNTER(resync_keys)},
-    {"lmcache_mp_coordinator_http_rejected_total", "requests answered 4xx", LMC_METRIC_COUNTER, COUNTER(requests_rejected)},
-    {"lmcache_mp_coordinator_http_auth_rejected_total", "requests without the bearer token", LMC_METRIC_COUNTER, COUNTER(auth_rejected)},
-    {"lmcache_mp_coordinator_http_too_large_total", "request bodies refused 413: over the route's limit or the whole budget", LMC_METRIC_COUNTER, COUNTER(bodies_too_large)},
-    {"lmcache_mp_coordinator_http_busy_total", "request bodies refused 503: the bodies held at once filled MAX_BUFFERED_MB", LMC_METRIC_COUNTER, COUNTER(bodies_over_budget)},
+    {"lmcache_mp_coordinator_http_rejected_total", "requests answered 4xx", LMC_METRIC_COUNTER, HTTP(answered_4xx)},
+    {"lmcache_mp_coordinator_http_auth_rejected_total", "requests without the bearer token", LMC_METRIC_COUNTER, HTTP(auth_rejected)},
+    {"lmcache_mp_coordinator_http_too_large_total", "request bodies refused 413: over the route's limit or the whole budget", LMC_METRIC_COUNTER, HTTP(refused_too_large)},
+    {"lmcache_mp_coordinator_http_busy_total", "request bodies refused 503: the bodies held at once filled MAX_BUFFERED_MB", LMC_METRIC_COUNTER, HTTP(refused_over_budget)},
     {"lmcache_mp_coordinator_http_buffered_bytes", "bytes of request bodies held now, all connections", LMC_METRIC_GAUGE, FROM_BUFFERED, 0, false},
 };
 #define N_FAMILIES (sizeof FAMILIES / sizeof FAMILIES[0])
@@ -52,13 +55,15 @@ struct coordinator_metrics {
     lmc_metric *plain[N_FAMILIES];
 };
 
-static double read_value(const lmc_coord *co, const family *f)
+static double read_value(const lmc_coord *co, const lmc_http_figures *http, const family *f)
 {
     switch (f->from) {
     case FROM_MEMBERS:
         return (double)co->n_members;
     case FROM_BUFFERED:
-        return (double)atomic_load(&co->buffered);
+        return (double)http->buffered_bytes;
+    case FROM_HTTP:
+        return (double)*(const uint64_t *)((const char *)http + f->offset);
     case FROM_COUNTER:
         return (double)atomic_load((const atomic_ullong *)((const char *)&co->ctr + f->offset));
     case FROM_STATE:
@@ -76,6 +81,9 @@ static void collect(lmc_metrics *r, void *user)
     coordinator_metrics *m = co->metrics;
     const coordinator_state *s = &co->st;
     pthread_mutex_lock(&co->mu);
+    lmc_http_figures http = {0};
+    if (co->http)
+        lmc_http_server_figures(co->http, &http);
     lmc_metric_set(m->placements, (const char *const[]){"l1"}, (double)s->l1_entries);
     lmc_metric_set(m->placements, (const char *const[]){"l2"}, (double)s->l2_entries);
     lmc_metric_set(m->placement_bytes, (const char *const[]){"l1"}, (double)s->l1_bytes);
@@ -87,7 +95,7 @@ static void collect(lmc_metrics *r, void *user)
                            (double)s->salt[i].l2_bytes);
     }
     for (size_t i = 0; i < N_FAMILIES; i++)
-        lmc_metric_set(m->plain[i], NULL, read_value(co, &FAMILIES[i]));
+        lmc_metric_set(m->plain[i], NULL, read_value(co, &http, &FAMILIES[i]));
     pthread_mutex_unlock(&co->mu);
 }
 
@@ -130,15 +138,16 @@ void coordinator_metrics_free(coordinator_metrics *m)
     free(m);
 }
 
-void coordinator_ep_metrics(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
+void coordinator_ep_metrics(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                            const char *arg)
 {
+    lmc_coord *co = ctx;
+    (void)arg;
     (void)rq;
     if (!co->cfg.metrics_enabled || !co->metrics)
         return coordinator_reply_detail(out, 404, "Not Found");
     char *text = lmc_metrics_render(co->metrics->registry);
     if (!text)
         return coordinator_reply_detail(out, 500, "out of memory");
-    out->status = 200;
-    out->text = text;
-    out->content_type = LMC_METRICS_CONTENT_TYPE;
+    lmc_http_reply_text(out, 200, LMC_METRICS_CONTENT_TYPE, text);
 }

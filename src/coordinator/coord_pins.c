@@ -126,8 +126,11 @@ static int pin_all(lmc_coord *co, const coordinator_token_query *q, const uint8_
     return rc < 0 ? -1 : 0;
 }
 
-void coordinator_ep_pins(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
+void coordinator_ep_pins(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                         const char *arg)
 {
+    lmc_coord *co = ctx;
+    (void)arg;
     json_t *b = coordinator_body_object(rq, out);
     if (!b)
         return;
@@ -156,7 +159,7 @@ void coordinator_ep_pins(lmc_coord *co, const coordinator_request *rq, coordinat
                                      "directory is full (LMCACHE_MP_COORDINATOR_MAX_KEYS); %zu "
                                      "keys were pinned before it ran out", affected);
     else
-        coordinator_reply_json(out, 200, json_pack("{s:I, s:I, s:s}", "requested",
+        lmc_http_reply_json(out, 200, json_pack("{s:I, s:I, s:s}", "requested",
                                              (json_int_t)(n_chunks * q.world_size), "affected",
                                              (json_int_t)affected, "status",
                                              pin ? "pinned" : "unpinned"));

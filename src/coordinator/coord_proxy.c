@@ -9,7 +9,7 @@
 
 /* The member's address; false (404 in out) when it is not registered. */
 static bool address_of(lmc_coord *co, const char *id, char *ip, size_t iplen, int *port,
-                       coordinator_reply *out)
+                       lmc_http_reply *out)
 {
     pthread_mutex_lock(&co->mu);
     coordinator_member *m = coordinator_member_find(co, id);
@@ -25,7 +25,7 @@ static bool address_of(lmc_coord *co, const char *id, char *ip, size_t iplen, in
 
 /* The server's answer: 2xx and 4xx relayed, JSON; 5xx, a failed call or
  * a non-JSON body are 502. */
-static json_t *relay(long status, char *reply, const char *err, coordinator_reply *out)
+static json_t *relay(long status, char *reply, const char *err, lmc_http_reply *out)
 {
     json_t *body = reply ? json_loads(reply, JSON_DECODE_ANY, NULL) : NULL;
     free(reply);
@@ -41,8 +41,11 @@ static json_t *relay(long status, char *reply, const char *err, coordinator_repl
     return body;
 }
 
-void coordinator_ep_prefetch(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
+void coordinator_ep_prefetch(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                             const char *arg)
 {
+    lmc_coord *co = ctx;
+    (void)arg;
     json_t *b = coordinator_body_object(rq, out);
     if (!b)
         return;
@@ -74,16 +77,18 @@ void coordinator_ep_prefetch(lmc_coord *co, const coordinator_request *rq, coord
     if (body && json_is_object(body) && st < 300)
         json_object_set_new(body, "instance_id", json_string(id));
     if (body)
-        coordinator_reply_json(out, (unsigned)st, body);
+        lmc_http_reply_json(out, (unsigned)st, body);
 done:
     free(text);
     json_decref(b);
 }
 
-void coordinator_ep_prefetch_status(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out,
-                              const char *rest)
+/* GET /cache/prefetches/{instance_id}/{request_id}; arg: the prefix. */
+void coordinator_ep_prefetch_status(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                                    const char *arg)
 {
-    (void)rq;
+    lmc_coord *co = ctx;
+    const char *rest = rq->path + strlen(arg);
     const char *slash = strchr(rest, '/');
     char id[COORD_INSTANCE_ID_MAX + 1], ip[256], err[256] = "", *reply = NULL, path[512];
     if (!slash || !slash[1] || (size_t)(slash - rest) > COORD_INSTANCE_ID_MAX ||
@@ -103,5 +108,5 @@ void coordinator_ep_prefetch_status(lmc_coord *co, const coordinator_request *rq
     long st = coordinator_call(co, "GET", ip, port, path, NULL, &reply, err, sizeof err);
     json_t *body = relay(st, reply, err, out);
     if (body)
-        coordinator_reply_json(out, (unsigned)st, body);
+        lmc_http_reply_json(out, (unsigned)st, body);
 }

@@ -10,12 +10,12 @@
 
 /* The tier of the request (query, else body, else "l2"); false with a 400
  * in out when it is not l2. */
-static bool tier_ok(const coordinator_request *rq, const json_t *body, coordinator_reply *out)
+static bool tier_ok(const lmc_http_request *rq, const json_t *body, lmc_http_reply *out)
 {
-    const char *tier = coordinator_query(rq, "tier");
+    const char *tier = lmc_http_query(rq, "tier");
     json_t *bt = json_object_get(body, "tier");
     if (!tier && bt && !json_is_string(bt))
-        return coordinator_reply_json(out, 400, json_pack("{s:s}", "error", "tier must be a str")),
+        return lmc_http_reply_json(out, 400, json_pack("{s:s}", "error", "tier must be a str")),
                false;
     if (!tier)
         tier = bt ? json_string_value(bt) : "l2";
@@ -26,7 +26,7 @@ static bool tier_ok(const coordinator_request *rq, const json_t *body, coordinat
         snprintf(msg, sizeof msg, "tier '%s' has no quota accounting; only 'l2'", tier);
     else
         snprintf(msg, sizeof msg, "unknown tier '%.64s'; only 'l2'", tier);
-    coordinator_reply_json(out, 400, json_pack("{s:s}", "error", msg));
+    lmc_http_reply_json(out, 400, json_pack("{s:s}", "error", msg));
     return false;
 }
 
@@ -42,13 +42,13 @@ static bool limit_value(const json_t *v, bool may_be_null, double *out, bool *is
     return true;
 }
 
-static json_t *body_or_400(const coordinator_request *rq, coordinator_reply *out)
+static json_t *body_or_400(const lmc_http_request *rq, lmc_http_reply *out)
 {
     json_t *b = rq->body ? json_loadb(rq->body, rq->body_len, 0, NULL) : NULL;
     if (json_is_object(b))
         return b;
     json_decref(b);
-    coordinator_reply_json(out, 400, json_pack("{s:s}", "error", "invalid quota limit: the body must "
+    lmc_http_reply_json(out, 400, json_pack("{s:s}", "error", "invalid quota limit: the body must "
                                                            "be a JSON object"));
     return NULL;
 }
@@ -60,8 +60,11 @@ static json_t *default_json(const coordinator_state *s)
                      "l2");
 }
 
-void coordinator_ep_quota_config(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
+void coordinator_ep_quota_config(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                                 const char *arg)
 {
+    lmc_coord *co = ctx;
+    (void)arg;
     json_t *b = NULL;
     if (strcmp(rq->method, "PUT") == 0 && !(b = body_or_400(rq, out)))
         return;
@@ -70,7 +73,7 @@ void coordinator_ep_quota_config(lmc_coord *co, const coordinator_request *rq, c
     if (!tier_ok(rq, b, out))
         goto done;
     if (b && !limit_value(json_object_get(b, "default_limit_gb"), true, &limit, &is_null)) {
-        coordinator_reply_json(out, 400, json_pack("{s:s}", "error", "invalid quota limit"));
+        lmc_http_reply_json(out, 400, json_pack("{s:s}", "error", "invalid quota limit"));
         goto done;
     }
     pthread_mutex_lock(&co->mu);
@@ -79,7 +82,7 @@ void coordinator_ep_quota_config(lmc_coord *co, const coordinator_request *rq, c
         co->st.default_quota_gb = is_null ? 0 : limit;
         coordinator_db_put_default(co->db, !is_null, limit);
     }
-    coordinator_reply_json(out, 200, default_json(&co->st));
+    lmc_http_reply_json(out, 200, default_json(&co->st));
     pthread_mutex_unlock(&co->mu);
 done:
     json_decref(b);
@@ -94,7 +97,7 @@ static json_t *salt_json(const coordinator_state *s, uint32_t salt, const char *
                      sa ? (double)sa->l2_bytes / COORD_GB : 0.0, "tier", "l2");
 }
 
-static void quota_put(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out, const char *salt)
+static void quota_put(lmc_coord *co, const lmc_http_request *rq, lmc_http_reply *out, const char *salt)
 {
     json_t *b = body_or_400(rq, out);
     double limit;
@@ -102,7 +105,7 @@ static void quota_put(lmc_coord *co, const coordinator_request *rq, coordinator_
     if (!b || !tier_ok(rq, b, out))
         goto done;
     if (!limit_value(json_object_get(b, "limit_gb"), false, &limit, &is_null)) {
-        coordinator_reply_json(out, 400, json_pack("{s:s}", "error", "invalid quota limit"));
+        lmc_http_reply_json(out, 400, json_pack("{s:s}", "error", "invalid quota limit"));
         goto done;
     }
     pthread_mutex_lock(&co->mu);
@@ -117,13 +120,13 @@ static void quota_put(lmc_coord *co, const coordinator_request *rq, coordinator_
     if (!sa)
         coordinator_reply_detail(out, 503, "too many salts (at most %d)", COORD_MAX_NAMES);
     else
-        coordinator_reply_json(out, 200, json_pack("{s:s, s:f, s:s, s:s}", "cache_salt", salt,
+        lmc_http_reply_json(out, 200, json_pack("{s:s, s:f, s:s, s:s}", "cache_salt", salt,
                                              "limit_gb", limit, "status", "ok", "tier", "l2"));
 done:
     json_decref(b);
 }
 
-static void quota_delete(lmc_coord *co, coordinator_reply *out, const char *salt)
+static void quota_delete(lmc_coord *co, lmc_http_reply *out, const char *salt)
 {
     pthread_mutex_lock(&co->mu);
     uint32_t id = coordinator_names_find(&co->st.salts, salt);
@@ -134,17 +137,20 @@ static void quota_delete(lmc_coord *co, coordinator_reply *out, const char *salt
         coordinator_db_put_quota(co->db, salt, -1);
     }
     pthread_mutex_unlock(&co->mu);
-    coordinator_reply_json(out, 200, json_pack("{s:s, s:f, s:s, s:s}", "cache_salt", salt, "limit_gb",
+    lmc_http_reply_json(out, 200, json_pack("{s:s, s:f, s:s, s:s}", "cache_salt", salt, "limit_gb",
                                          0.0, "status", had ? "removed" : "not_found", "tier",
                                          "l2"));
 }
 
-void coordinator_ep_quota_salt(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out,
-                         const char *path_salt)
+/* GET, PUT and DELETE /quota/{salt}; arg: the prefix "/quota/". */
+void coordinator_ep_quota_salt(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                               const char *arg)
 {
+    lmc_coord *co = ctx;
+    const char *path_salt = rq->path + strlen(arg);
     const char *salt = strcmp(path_salt, "_default") == 0 ? "" : path_salt;
     if (!lmc_cache_salt_valid(salt, strlen(salt)))
-        return coordinator_reply_json(out, 400, json_pack("{s:s}", "error", "invalid cache_salt: at "
+        return lmc_http_reply_json(out, 400, json_pack("{s:s}", "error", "invalid cache_salt: at "
                                                      "most 128 bytes, no '@', '/' or '\\'"));
     if (strcmp(rq->method, "PUT") == 0)
         return quota_put(co, rq, out, salt);
@@ -153,7 +159,7 @@ void coordinator_ep_quota_salt(lmc_coord *co, const coordinator_request *rq, coo
     if (strcmp(rq->method, "DELETE") == 0)
         return quota_delete(co, out, salt);
     pthread_mutex_lock(&co->mu);
-    coordinator_reply_json(out, 200, salt_json(&co->st, coordinator_names_find(&co->st.salts, salt), salt));
+    lmc_http_reply_json(out, 200, salt_json(&co->st, coordinator_names_find(&co->st.salts, salt), salt));
     pthread_mutex_unlock(&co->mu);
 }
 
@@ -164,8 +170,11 @@ static int by_name(const void *a, const void *b)
     return strcmp(x, y);
 }
 
-void coordinator_ep_quota_all(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
+void coordinator_ep_quota_all(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                              const char *arg)
 {
+    lmc_coord *co = ctx;
+    (void)arg;
     if (!tier_ok(rq, NULL, out))
         return;
     pthread_mutex_lock(&co->mu);
@@ -186,6 +195,6 @@ void coordinator_ep_quota_all(lmc_coord *co, const coordinator_request *rq, coor
     for (size_t i = 0; i < n; i++)
         json_array_append_new(list, rows[i]);
     free(rows);
-    coordinator_reply_json(out, 200, json_pack("{s:f, s:s, s:o}", "total_gb", total, "tier", "l2",
+    lmc_http_reply_json(out, 200, json_pack("{s:f, s:s, s:o}", "total_gb", total, "tier", "l2",
                                          "by_cache_salt", list));
 }

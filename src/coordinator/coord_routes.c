@@ -1,5 +1,6 @@
-/* The route table of the coordinator (docs/coordinator.md, "HTTP API"),
- * /events, /healthcheck and the CacheBlend routes answered 501. */
+/* The coordinator's route table (docs/coordinator.md, "HTTP API"), served
+ * by src/http's server core (coord_http.c), with /events, /healthcheck and
+ * the CacheBlend routes answered 501. */
 #include <microhttpd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,25 +9,6 @@
 #include "coordinator/coord_events.h"
 #include "coordinator/coord_internal.h"
 #include "obs/log.h"
-
-static bool is_get(const char *method)
-{
-    return strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
-}
-
-/* Reads are open, as are /healthcheck and /metrics (both GET); every
- * other method needs the token when one is configured. */
-bool coordinator_route_guarded(const char *method, const char *path)
-{
-    (void)path;
-    return !is_get(method);
-}
-
-static const char *after(const char *path, const char *prefix)
-{
-    size_t n = strlen(prefix);
-    return strncmp(path, prefix, n) == 0 && path[n] ? path + n : NULL;
-}
 
 void coordinator_warn_keys_full(lmc_coord *co)
 {
@@ -56,14 +38,31 @@ static void warn_not_saved(lmc_coord *co)
               (unsigned long long)co->not_saved);
 }
 
-static void blend_501(coordinator_reply *out)
+static void ep_blend(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                     const char *arg)
 {
-    coordinator_reply_detail(out, 501, "CacheBlend (the fleet fragment index) is not implemented in "
-                                 "this coordinator (docs/coordinator.md)");
+    (void)rq;
+    (void)ctx;
+    (void)arg;
+    coordinator_reply_detail(out, 501, "CacheBlend (the fleet fragment index) is not "
+                                       "implemented in this coordinator (docs/coordinator.md)");
 }
 
-void coordinator_ep_events(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
+/* A path served under other methods only; arg: its Allow header. */
+static void ep_not_allowed(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                           const char *arg)
 {
+    (void)rq;
+    (void)ctx;
+    coordinator_reply_not_allowed(out, arg);
+}
+
+/* POST /events: the body is scanned in place (lmc_http_request.body). */
+void coordinator_ep_events(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                           const char *arg)
+{
+    lmc_coord *co = ctx;
+    (void)arg;
     if (!rq->body)
         return coordinator_reply_detail(out, 422, "a JSON object body is required");
     coordinator_event_request r;
@@ -83,95 +82,69 @@ void coordinator_ep_events(lmc_coord *co, const coordinator_request *rq, coordin
     coordinator_events_request_free(&r);
     if (rc != 0)
         return coordinator_reply_detail(out, 503, "%s", why);
-    coordinator_reply_json(out, 200, json_pack("{s:I, s:I, s:I}", "applied", (json_int_t)res.applied,
-                                         "duplicates", (json_int_t)res.duplicates, "stale",
-                                         (json_int_t)res.stale));
+    lmc_http_reply_json(out, 200, json_pack("{s:I, s:I, s:I}", "applied", (json_int_t)res.applied,
+                                           "duplicates", (json_int_t)res.duplicates, "stale",
+                                           (json_int_t)res.stale));
 }
 
-static void healthcheck(lmc_coord *co, coordinator_reply *out)
+static void ep_healthcheck(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                           const char *arg)
 {
+    lmc_coord *co = ctx;
+    (void)rq;
+    (void)arg;
     pthread_mutex_lock(&co->mu);
     size_t n = co->n_members;
     pthread_mutex_unlock(&co->mu);
-    coordinator_reply_json(out, 200, json_pack("{s:s, s:I}", "status", "healthy", "instances",
-                                         (json_int_t)n));
+    lmc_http_reply_json(out, 200, json_pack("{s:s, s:I}", "status", "healthy", "instances",
+                                            (json_int_t)n));
 }
 
-/* Routes under /instances/. */
-static bool instance_routes(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out,
-                            const char *rest)
-{
-    const char *hb = "/heartbeat";
-    size_t n = strlen(rest), hn = strlen(hb);
-    if (n > hn && strcmp(rest + n - hn, hb) == 0) {
-        char id[COORD_INSTANCE_ID_MAX + 1];
-        if (n - hn > COORD_INSTANCE_ID_MAX)
-            return coordinator_reply_json(out, 404, json_pack("{s:s}", "error", "unknown instance; "
-                                                        "re-register")), true;
-        memcpy(id, rest, n - hn);
-        id[n - hn] = '\0';
-        if (strcmp(rq->method, "PUT") != 0)
-            return false;
-        coordinator_ep_heartbeat(co, rq, out, id);
-        return true;
-    }
-    if (strcmp(rq->method, "DELETE") != 0)
-        return false;
-    coordinator_ep_deregister(co, rq, out, rest);
-    return true;
-}
+/* Access: reads (GET, and HEAD with it) are open, as are /healthcheck and
+ * /metrics; every other method needs the token when one is configured
+ * (docs/coordinator.md, "Authentication").  Bodies: the routes that carry
+ * key or token lists (BULK) take COORD_MAX_BODY, the others
+ * COORD_MAX_SMALL_BODY (docs/coordinator.md, "Bounds"). */
+#define OPEN LMC_HTTP_OPEN
+#define TOKEN LMC_HTTP_TOKEN
+#define SMALL LMC_HTTP_BODY_JSON
+#define BULK LMC_HTTP_BODY_BULK
+#define ANY LMC_HTTP_READY_ANY
 
-/* true when a route ran; false: the path is known but not the method. */
-static bool route(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out, bool *known)
-{
-    const char *m = rq->method, *p = rq->path, *rest;
-    bool get = is_get(m), post = !strcmp(m, "POST"), put = !strcmp(m, "PUT");
-    bool del = !strcmp(m, "DELETE");
-    *known = true;
-    if (!strcmp(p, "/healthcheck"))
-        return get ? healthcheck(co, out), true : false;
-    if (!strcmp(p, "/metrics"))
-        return get ? coordinator_ep_metrics(co, rq, out), true : false;
-    if (!strcmp(p, "/instances")) {
-        if (post)
-            return coordinator_ep_register(co, rq, out), true;
-        return get ? coordinator_ep_instances(co, rq, out), true : false;
-    }
-    if ((rest = after(p, "/instances/")))
-        return instance_routes(co, rq, out, rest);
-    if (!strcmp(p, "/events"))
-        return post ? coordinator_ep_events(co, rq, out), true : false;
-    if (!strcmp(p, "/quota/config"))
-        return get || put ? coordinator_ep_quota_config(co, rq, out), true : false;
-    if (!strcmp(p, "/quota"))
-        return get ? coordinator_ep_quota_all(co, rq, out), true : false;
-    if ((rest = after(p, "/quota/")))
-        return get || put || del ? coordinator_ep_quota_salt(co, rq, out, rest), true : false;
-    if (!strcmp(p, "/cache/pins"))
-        return post || del ? coordinator_ep_pins(co, rq, out), true : false;
-    if (!strcmp(p, "/cache/prefetches"))
-        return post ? coordinator_ep_prefetch(co, rq, out), true : false;
-    if ((rest = after(p, "/cache/prefetches/")))
-        return get ? coordinator_ep_prefetch_status(co, rq, out, rest), true : false;
-    if (!strcmp(p, "/directory/lookup"))
-        return post ? coordinator_ep_dir_lookup(co, rq, out), true : false;
-    if (!strcmp(p, "/directory/keys"))
-        return get ? coordinator_ep_dir_keys(co, rq, out), true : false;
-    if (!strcmp(p, "/directory/stats"))
-        return get ? coordinator_ep_dir_stats(co, rq, out), true : false;
-    if (!strcmp(p, "/directory/blend-lookup") || after(p, "/blend/"))
-        return blend_501(out), true;
-    *known = false;
-    return false;
-}
+static const lmc_http_route coordinator_rows[] = {
+    {"GET", "/healthcheck", false, OPEN, SMALL, ANY, ep_healthcheck, NULL},
+    {"GET", "/metrics", false, OPEN, SMALL, ANY, coordinator_ep_metrics, NULL},
+    {"POST", "/instances", false, TOKEN, SMALL, ANY, coordinator_ep_register, NULL},
+    {"GET", "/instances", false, OPEN, SMALL, ANY, coordinator_ep_instances, NULL},
+    {"PUT", "/instances/", true, TOKEN, SMALL, ANY, coordinator_ep_heartbeat, "/instances/"},
+    {"DELETE", "/instances/", true, TOKEN, SMALL, ANY, coordinator_ep_deregister,
+     "/instances/"},
+    {"POST", "/events", false, TOKEN, BULK, ANY, coordinator_ep_events, NULL},
+    {"GET", "/quota/config", false, OPEN, SMALL, ANY, coordinator_ep_quota_config, NULL},
+    {"PUT", "/quota/config", false, TOKEN, SMALL, ANY, coordinator_ep_quota_config, NULL},
+    /* not the quota of a salt named "config" */
+    {"DELETE", "/quota/config", false, TOKEN, SMALL, ANY, ep_not_allowed, "GET, PUT"},
+    {"GET", "/quota", false, OPEN, SMALL, ANY, coordinator_ep_quota_all, NULL},
+    {"GET", "/quota/", true, OPEN, SMALL, ANY, coordinator_ep_quota_salt, "/quota/"},
+    {"PUT", "/quota/", true, TOKEN, SMALL, ANY, coordinator_ep_quota_salt, "/quota/"},
+    {"DELETE", "/quota/", true, TOKEN, SMALL, ANY, coordinator_ep_quota_salt, "/quota/"},
+    {"POST", "/cache/pins", false, TOKEN, BULK, ANY, coordinator_ep_pins, NULL},
+    {"DELETE", "/cache/pins", false, TOKEN, BULK, ANY, coordinator_ep_pins, NULL},
+    {"POST", "/cache/prefetches", false, TOKEN, BULK, ANY, coordinator_ep_prefetch, NULL},
+    {"GET", "/cache/prefetches/", true, OPEN, SMALL, ANY, coordinator_ep_prefetch_status,
+     "/cache/prefetches/"},
+    {"POST", "/directory/lookup", false, TOKEN, BULK, ANY, coordinator_ep_dir_lookup, NULL},
+    {"GET", "/directory/keys", false, OPEN, SMALL, ANY, coordinator_ep_dir_keys, NULL},
+    {"GET", "/directory/stats", false, OPEN, SMALL, ANY, coordinator_ep_dir_stats, NULL},
+    /* CacheBlend: 501 whatever the method */
+    {"GET", "/directory/blend-lookup", false, OPEN, SMALL, ANY, ep_blend, NULL},
+    {"*", "/directory/blend-lookup", false, TOKEN, SMALL, ANY, ep_blend, NULL},
+    {"GET", "/blend/", true, OPEN, SMALL, ANY, ep_blend, NULL},
+    {"*", "/blend/", true, TOKEN, SMALL, ANY, ep_blend, NULL},
+};
 
-void coordinator_dispatch(lmc_coord *co, const coordinator_request *rq, coordinator_reply *out)
+int coordinator_routes_add(lmc_http_routes *t, lmc_coord *co)
 {
-    bool known;
-    if (route(co, rq, out, &known))
-        return;
-    if (known)
-        coordinator_reply_detail(out, 405, "Method Not Allowed");
-    else
-        coordinator_reply_detail(out, 404, "Not Found");
+    return lmc_http_routes_add(t, coordinator_rows,
+                               sizeof coordinator_rows / sizeof coordinator_rows[0], co);
 }

@@ -70,11 +70,14 @@ bool lmc_http_body_take(lmc_http_body_state *b, lmc_http_stats *st, const char *
         lmc_http_body_refuse(b, st, 413);
         return lmc_http_body_take(b, st, data, n);
     }
-    if (!lmc_http_budget_reserve(st, n)) {
+    /* Bytes reserved from the headers on (lmc_http_options.reserve_declared)
+     * are not reserved again. */
+    size_t more = b->len + n > b->held ? b->len + n - b->held : 0;
+    if (!lmc_http_budget_reserve(st, more)) {
         lmc_http_body_refuse(b, st, 503);
         return lmc_http_body_take(b, st, data, n);
     }
-    b->held += n;
+    b->held += more;
     if (!grow(b, b->len + n + 1)) {
         lmc_http_body_refuse(b, st, 503);
         return true;

@@ -20,7 +20,8 @@ typedef struct {
     size_t len, cap;
     size_t expected;   /* declared Content-Length; 0 when chunked or absent */
     size_t limit;      /* this route's limit, already capped by the budget */
-    size_t held;       /* bytes of the upload budget this body holds */
+    size_t held;       /* bytes of the upload budget this body holds: len,
+                        * or its declared length once reserved */
     size_t discarded;  /* bytes thrown away since the refusal */
     unsigned refusal;  /* 0, or the answer once the body has been read: 413, 503 */
 } lmc_http_body_state;

@@ -20,6 +20,7 @@ typedef struct {
     atomic_ullong refused_too_large;    /* 413 */
     atomic_ullong refused_over_budget;  /* 503 */
     atomic_ullong auth_rejected;        /* 401 */
+    atomic_ullong answered_4xx;         /* routed requests answered 4xx */
 } lmc_http_stats;
 
 /* What the routes need to know about the server. */

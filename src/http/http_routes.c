@@ -440,6 +440,12 @@ static void add_allowed(char *allow, size_t len, const char *method)
     snprintf(allow + used, len - used, "%s%s", used ? ", " : "", method);
 }
 
+/* A "*" row serves every method. */
+static bool method_matches(const lmc_http_route *r, const char *method)
+{
+    return strcmp(r->method, method) == 0 || strcmp(r->method, "*") == 0;
+}
+
 static bool serves(const lmc_http_site *site, const lmc_http_route *r, const char *path)
 {
     return path_matches(r, path) && !(site->metrics_only && r->fn != ep_metrics);
@@ -469,7 +475,7 @@ lmc_http_policy lmc_http_route_policy(const lmc_http_site *site, const char *met
     size_t n = rows_of(site, &rows);
     method = routed_method(method);
     for (size_t i = 0; i < n; i++)
-        if (serves(site, &rows[i].row, path) && strcmp(rows[i].row.method, method) == 0)
+        if (serves(site, &rows[i].row, path) && method_matches(&rows[i].row, method))
             return (lmc_http_policy){rows[i].row.access, rows[i].row.body};
     return (lmc_http_policy){LMC_HTTP_OPEN, LMC_HTTP_BODY_NONE};
 }
@@ -499,7 +505,7 @@ void lmc_http_dispatch(const lmc_http_request *req, lmc_http_reply *out)
         const lmc_http_route *r = &rows[i].row;
         if (!serves(req->site, r, req->path))
             continue;
-        if (strcmp(r->method, method) == 0) {
+        if (method_matches(r, method)) {
             out->allow[0] = '\0'; /* Allow goes with a 405 only */
             if (!answer_not_ready(req, r, out))
                 r->fn(req, out, rows[i].ctx, r->arg);

@@ -43,7 +43,11 @@ typedef struct {
     const lmc_http_site *site;  /* the frontend's own (http_internal.h) */
     const char *method;  /* as received; HEAD is routed like GET */
     const char *path;    /* without the query string */
-    const char *body;    /* NUL-terminated copy; NULL when empty */
+    /* NUL-terminated, NULL when empty: the frontend's buffer for this
+     * request, freed after the handler returns, so a handler may change
+     * it in place (the coordinator's /events scanner unescapes strings
+     * where they lie rather than copy a body of up to 16 MiB). */
+    char *body;
     size_t body_len;
     struct MHD_Connection *conn;  /* NULL in tests that call dispatch directly */
 } lmc_http_request;
@@ -74,7 +78,7 @@ typedef void (*lmc_http_handler)(const lmc_http_request *req, lmc_http_reply *ou
                                  const char *arg);
 
 typedef struct {
-    const char *method;  /* "GET" also serves HEAD */
+    const char *method;  /* "GET" also serves HEAD; "*" serves every method */
     const char *path;
     bool prefix;         /* path ends in '/' and the rest must be non-empty */
     lmc_http_access access;

@@ -50,6 +50,10 @@ struct lmc_http_server {
     int port;
     size_t max_body;
     size_t max_kv_body;
+    size_t max_bulk_body;
+    bool reserve_declared;
+    char *over_budget_detail;        /* NULL = the frontend's own */
+    char *over_whole_budget_detail;  /* NULL = the route's limit */
     lmc_http_site site;
     lmc_http_auth auth;
     lmc_http_stats stats;
@@ -143,15 +147,22 @@ static enum MHD_Result queue_error(struct MHD_Connection *conn, unsigned status,
     return queue_reply(conn, &r);
 }
 
-/* 413 (over the route's limit) or 503 (over the upload budget). */
-static enum MHD_Result queue_refusal(struct MHD_Connection *conn, unsigned status, size_t limit)
+/* 413 (over the route's limit, which the budget caps) or 503 (over the
+ * upload budget), worded as the owner asked (lmc_http_options). */
+static enum MHD_Result queue_refusal(const lmc_http_server *s, struct MHD_Connection *conn,
+                                     unsigned status, size_t limit)
 {
     if (status == MHD_HTTP_CONTENT_TOO_LARGE)
-        return queue_error(conn, status, lmc_http_detail("request body exceeds %zu bytes", limit),
+        return queue_error(conn, status,
+                           limit == s->stats.upload_budget && s->over_whole_budget_detail
+                               ? lmc_http_detail("%s", s->over_whole_budget_detail)
+                               : lmc_http_detail("request body exceeds %zu bytes", limit),
                            NULL, NULL);
     return queue_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE,
-                       lmc_http_detail("the server holds too many request bodies "
-                                       "(--http-max-buffered-mb); retry later"),
+                       s->over_budget_detail
+                           ? lmc_http_detail("%s", s->over_budget_detail)
+                           : lmc_http_detail("the server holds too many request bodies "
+                                             "(--http-max-buffered-mb); retry later"),
                        MHD_HTTP_HEADER_RETRY_AFTER, RETRY_AFTER_S);
 }
 
@@ -183,7 +194,7 @@ static bool declared_length(struct MHD_Connection *conn, size_t *out)
 static size_t body_limit(const lmc_http_server *s, lmc_http_body kind)
 {
     size_t limit = kind == LMC_HTTP_BODY_KV     ? s->max_kv_body
-                   : kind == LMC_HTTP_BODY_BULK ? s->max_body * BULK_BODY_FACTOR
+                   : kind == LMC_HTTP_BODY_BULK ? s->max_bulk_body
                    : kind == LMC_HTTP_BODY_JSON ? s->max_body
                    : NO_BODY_LIMIT < s->max_body ? NO_BODY_LIMIT : s->max_body;
     return limit < s->stats.upload_budget ? limit : s->stats.upload_budget;
@@ -197,7 +208,7 @@ static enum MHD_Result refuse_early(lmc_http_server *s, struct MHD_Connection *c
     rs->replied = true;
     atomic_fetch_add(status == MHD_HTTP_CONTENT_TOO_LARGE ? &s->stats.refused_too_large
                                                           : &s->stats.refused_over_budget, 1);
-    return queue_refusal(conn, status, rs->body.limit);
+    return queue_refusal(s, conn, status, rs->body.limit);
 }
 
 /* Headers are in, no body byte has been read: refuse what can be refused
@@ -223,8 +234,11 @@ static enum MHD_Result first_call(lmc_http_server *s, struct MHD_Connection *con
         return MHD_YES;
     if (declared > rs->body.limit)
         return refuse_early(s, conn, rs, MHD_HTTP_CONTENT_TOO_LARGE);
-    if (declared > lmc_http_budget_free(&s->stats))
+    if (s->reserve_declared ? !lmc_http_budget_reserve(&s->stats, declared)
+                            : declared > lmc_http_budget_free(&s->stats))
         return refuse_early(s, conn, rs, MHD_HTTP_SERVICE_UNAVAILABLE);
+    if (s->reserve_declared)
+        rs->body.held = declared;
     rs->body.expected = declared;
     return MHD_YES;
 }
@@ -262,7 +276,7 @@ static enum MHD_Result answer(lmc_http_server *s, struct MHD_Connection *conn,
 {
     rs->replied = true;
     if (rs->body.refusal)
-        return queue_refusal(conn, rs->body.refusal, rs->body.limit);
+        return queue_refusal(s, conn, rs->body.refusal, rs->body.limit);
     lmc_http_request req = {
         .site = &s->site, .method = method, .path = url,
         .body = rs->body.len ? rs->body.body : NULL, .body_len = rs->body.len, .conn = conn,
@@ -275,6 +289,8 @@ static enum MHD_Result answer(lmc_http_server *s, struct MHD_Connection *conn,
                             lmc_http_detail("the request path and query must be UTF-8 "
                                             "(after percent-decoding)"));
     lmc_http_body_release(&rs->body, &s->stats);
+    if (reply.status >= 400 && reply.status < 500)
+        atomic_fetch_add(&s->stats.answered_4xx, 1);
     if (!reply.content_type)
         reply.content_type = "application/json";
     return queue_reply(conn, &reply);
@@ -346,7 +362,8 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 
 /* ---- start / stop ---------------------------------------------------- */
 
-static int bind_listener(const char *host, int port, int *family, char *err, size_t errlen)
+static int bind_listener(const char *host, const char *setting, int port, int *family,
+                         char *err, size_t errlen)
 {
     char service[16];
     snprintf(service, sizeof service, "%d", port);
@@ -355,7 +372,7 @@ static int bind_listener(const char *host, int port, int *family, char *err, siz
     struct addrinfo *res = NULL;
     int gai = getaddrinfo(host, service, &hints, &res);
     if (gai != 0) {
-        snprintf(err, errlen, "--http-host %s: %s", host, gai_strerror(gai));
+        snprintf(err, errlen, "%s %s: %s", setting, host, gai_strerror(gai));
         return -1;
     }
     int fd = -1, last_errno = 0;
@@ -402,9 +419,18 @@ static char *dup_or_na(const char *s)
     return strdup(s && *s ? s : "NA");
 }
 
+/* *out = a copy of text, or NULL for NULL; false out of memory. */
+static bool copy_text(char **out, const char *text)
+{
+    *out = text ? strdup(text) : NULL;
+    return !text || *out;
+}
+
 static void free_server(lmc_http_server *s)
 {
     lmc_http_auth_free(&s->auth);
+    free(s->over_budget_detail);
+    free(s->over_whole_budget_detail);
     free(s->site.version);
     free(s->site.commit);
     free(s);
@@ -426,7 +452,7 @@ static struct MHD_Daemon *start_daemon(lmc_http_server *s, const lmc_http_option
         MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(o->threads ? o->threads : DEFAULT_THREADS),
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(o->timeout_s ? o->timeout_s : DEFAULT_TIMEOUT_S),
-        MHD_OPTION_CONNECTION_LIMIT, MAX_CONNECTIONS,
+        MHD_OPTION_CONNECTION_LIMIT, o->max_connections ? o->max_connections : MAX_CONNECTIONS,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)CONNECTION_MEMORY,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_END);
@@ -445,9 +471,14 @@ static int configure(lmc_http_server *s, const lmc_http_options *opts,
     s->site.stats = &s->stats;
     s->max_body = opts->max_body_bytes ? opts->max_body_bytes : DEFAULT_MAX_BODY;
     s->max_kv_body = opts->max_kv_body_bytes ? opts->max_kv_body_bytes : DEFAULT_MAX_KV_BODY;
+    s->max_bulk_body =
+        opts->max_bulk_body_bytes ? opts->max_bulk_body_bytes : s->max_body * BULK_BODY_FACTOR;
+    s->reserve_declared = opts->reserve_declared;
     s->stats.upload_budget =
         opts->max_buffered_bytes ? opts->max_buffered_bytes : DEFAULT_UPLOAD_BUDGET;
-    if (!s->site.version || !s->site.commit) {
+    bool texts_ok = copy_text(&s->over_budget_detail, opts->over_budget_detail) &&
+                    copy_text(&s->over_whole_budget_detail, opts->over_whole_budget_detail);
+    if (!s->site.version || !s->site.commit || !texts_ok) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
@@ -486,8 +517,9 @@ int lmc_http_server_start(const lmc_http_options *opts, const lmc_http_backend *
     }
     int family = AF_INET;
     const char *host = opts->host && *opts->host ? opts->host : "0.0.0.0";
+    const char *setting = opts->host_setting ? opts->host_setting : "--http-host";
     int fd = configure(s, opts, backend, routes, err, errlen) == 0
-                 ? bind_listener(host, opts->port, &family, err, errlen)
+                 ? bind_listener(host, setting, opts->port, &family, err, errlen)
                  : -1;
     if (fd < 0) {
         free_server(s);
@@ -503,7 +535,8 @@ int lmc_http_server_start(const lmc_http_options *opts, const lmc_http_backend *
         free_server(s);
         return -1;
     }
-    announce(s, host);
+    if (!opts->owner_announces)
+        announce(s, host);
     *out = s;
     return 0;
 }
@@ -511,6 +544,23 @@ int lmc_http_server_start(const lmc_http_options *opts, const lmc_http_backend *
 int lmc_http_server_port(const lmc_http_server *s)
 {
     return s ? s->port : -1;
+}
+
+bool lmc_http_server_exposed(const lmc_http_server *s)
+{
+    return s && s->site.exposed;
+}
+
+void lmc_http_server_figures(const lmc_http_server *s, lmc_http_figures *out)
+{
+    const lmc_http_stats *st = &s->stats;
+    *out = (lmc_http_figures){
+        .answered_4xx = atomic_load(&st->answered_4xx),
+        .auth_rejected = atomic_load(&st->auth_rejected),
+        .refused_too_large = atomic_load(&st->refused_too_large),
+        .refused_over_budget = atomic_load(&st->refused_over_budget),
+        .buffered_bytes = atomic_load(&st->upload_held),
+    };
 }
 
 void lmc_http_server_stop(lmc_http_server *s)

@@ -59,7 +59,36 @@ typedef struct {
                                 * none.  Not kept: only its digest is. */
     size_t max_buffered_bytes; /* request bodies held at once over all
                                 * connections; 0 = 2 GiB */
+    /* What a server other than lmcached sets (docs/architecture.md, "HTTP
+     * routes"; the coordinator's in docs/coordinator.md, "Bounds"). */
+    size_t max_bulk_body_bytes; /* LMC_HTTP_BODY_BULK bodies; 0 = 16 x max_body_bytes */
+    unsigned max_connections;   /* connections at once; 0 = 256 */
+    bool reserve_declared;      /* a declared Content-Length holds its bytes of
+                                 * the budget from the headers on, so a body
+                                 * under way keeps its room; false = bytes are
+                                 * held as they arrive */
+    const char *host_setting;   /* named when host does not resolve; NULL =
+                                 * "--http-host" */
+    const char *over_budget_detail; /* the detail of a 503 for the budget;
+                                     * NULL = "the server holds too many request
+                                     * bodies (--http-max-buffered-mb); retry later" */
+    const char *over_whole_budget_detail; /* the detail of a 413 for a body larger
+                                           * than the whole budget; NULL = "request
+                                           * body exceeds <budget> bytes" */
+    bool owner_announces;       /* the owner logs where it listens and warns
+                                 * about a missing token itself */
 } lmc_http_options;
+
+/* What the frontend counted since it started, for the owner's metrics
+ * (a snapshot; each figure is read on its own). */
+typedef struct {
+    uint64_t answered_4xx;         /* routed requests answered 4xx (404, 405, a
+                                    * handler's 4xx); not the refusals below */
+    uint64_t auth_rejected;        /* 401 */
+    uint64_t refused_too_large;    /* 413 */
+    uint64_t refused_over_budget;  /* 503 */
+    size_t buffered_bytes;         /* of the budget, held now */
+} lmc_http_figures;
 
 typedef struct lmc_http_server lmc_http_server;
 
@@ -72,6 +101,9 @@ int lmc_http_server_start(const lmc_http_options *opts, const lmc_http_backend *
                           size_t errlen);
 /* The bound port (useful with port 0). */
 int lmc_http_server_port(const lmc_http_server *s);
+/* Whether it listens on an address other than loopback. */
+bool lmc_http_server_exposed(const lmc_http_server *s);
+void lmc_http_server_figures(const lmc_http_server *s, lmc_http_figures *out);
 /* Stops accepting, waits for running requests, frees.  NULL is a no-op. */
 void lmc_http_server_stop(lmc_http_server *s);
 

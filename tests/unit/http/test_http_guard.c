@@ -112,6 +112,29 @@ static void test_route_policy(void **state)
     lmc_http_routes_free(t);
 }
 
+/* A "*" row serves every method, after the rows of its path before it
+ * (the coordinator's CacheBlend rows: GET open, the rest guarded). */
+static void test_route_any_method(void **state)
+{
+    (void)state;
+    static const lmc_http_route rows[] = {
+        {"GET", "/blend/", true, LMC_HTTP_OPEN, LMC_HTTP_BODY_JSON, LMC_HTTP_READY_ANY,
+         never_run, NULL},
+        {"*", "/blend/", true, LMC_HTTP_TOKEN, LMC_HTTP_BODY_JSON, LMC_HTTP_READY_ANY,
+         never_run, NULL},
+    };
+    lmc_http_routes *t = lmc_http_routes_new();
+    assert_non_null(t);
+    assert_int_equal(lmc_http_routes_add(t, rows, 2, NULL), 0);
+    lmc_http_site site = {.routes = t};
+    assert_int_equal(lmc_http_route_policy(&site, "HEAD", "/blend/x").access, LMC_HTTP_OPEN);
+    assert_int_equal(lmc_http_route_policy(&site, "POST", "/blend/x").access, LMC_HTTP_TOKEN);
+    assert_int_equal(lmc_http_route_policy(&site, "OPTIONS", "/blend/x").access,
+                     LMC_HTTP_TOKEN);
+    assert_int_equal(lmc_http_route_policy(&site, "POST", "/blend/").access, LMC_HTTP_OPEN);
+    lmc_http_routes_free(t);
+}
+
 /* ---- bodies and the budget -------------------------------------------- */
 
 static void test_body_within_limits(void **state)
@@ -194,6 +217,25 @@ static void test_body_declared_length(void **state)
     lmc_http_body_release(&b, &st);
 }
 
+/* A declared length reserved at the headers (reserve_declared) is not
+ * reserved again as it arrives, and all of it comes back at the end. */
+static void test_body_reserved_ahead(void **state)
+{
+    (void)state;
+    lmc_http_stats st = {.upload_budget = 100};
+    assert_true(lmc_http_budget_reserve(&st, 60));
+    lmc_http_body_state b = {.limit = 100, .expected = 60, .held = 60};
+    char chunk[30] = {0};
+    assert_true(lmc_http_body_take(&b, &st, chunk, sizeof chunk));
+    assert_true(lmc_http_body_take(&b, &st, chunk, sizeof chunk));
+    assert_int_equal(b.refusal, 0);
+    assert_int_equal(atomic_load(&st.upload_held), 60);
+    assert_true(lmc_http_body_take(&b, &st, chunk, 10)); /* past the declared length */
+    assert_int_equal(atomic_load(&st.upload_held), 70);
+    lmc_http_body_release(&b, &st);
+    assert_int_equal(atomic_load(&st.upload_held), 0);
+}
+
 typedef struct {
     lmc_http_stats *st;
     int granted;
@@ -231,11 +273,13 @@ int main(void)
         cmocka_unit_test(test_auth_disabled),
         cmocka_unit_test(test_auth_token),
         cmocka_unit_test(test_route_policy),
+        cmocka_unit_test(test_route_any_method),
         cmocka_unit_test(test_body_within_limits),
         cmocka_unit_test(test_body_over_limit),
         cmocka_unit_test(test_body_over_budget),
         cmocka_unit_test(test_body_drain_bound),
         cmocka_unit_test(test_body_declared_length),
+        cmocka_unit_test(test_body_reserved_ahead),
         cmocka_unit_test(test_budget_concurrent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
