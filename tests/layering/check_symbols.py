@@ -21,9 +21,14 @@ BINARIES = {"lmcached": "server", "lmcached-coordinator": "coordinator", "lmcach
 
 
 def exported(archive):
+    """The archive's global definitions, less names reserved to the
+    implementation ("__"...): those the compiler adds itself, such as
+    ASan's ODR indicators (__odr_asan.<symbol>), follow our symbols and
+    are not ours to name."""
     out = subprocess.run(["nm", "-g", "--defined-only", archive], capture_output=True, text=True,
                          check=True).stdout
-    return {p[2] for p in (l.split() for l in out.splitlines()) if len(p) == 3 and p[1] in "TDBRCVW"}
+    return {p[2] for p in (l.split() for l in out.splitlines())
+            if len(p) == 3 and p[1] in "TDBRCVW" and not p[2].startswith("__")}
 
 
 def main():
