@@ -31,11 +31,6 @@ SERVER_ARGS = ("--chunk-size", str(CS))      # the srv fixture's (conftest.py)
 key = functools.partial(ipc_key, world_size=2)
 lookup = functools.partial(lmc_lookup, cs=CS, world_size=2)
 
-# tests/reliability/rel_common.py takes these short names from this module
-# (it is outside tests/e2e): the helper's ids under their old names.
-CRETR, CSTORE, END, PRETR = COMMIT_RETRIEVE, COMMIT_STORE, END_SESSION, PREPARE_RETRIEVE
-PSTORE, QUERY, WAIT = PREPARE_STORE, QUERY_PREFETCH_STATUS, WAIT_PREFETCH_STATUS
-REG = REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT
 
 
 def payload(instance_id, world_size=2, model="m", hidden=HIDDEN, layers=LAYERS, **extra):

@@ -80,8 +80,11 @@ def real_torch():
     return torch
 
 
-REG, UNREG, STORE, RETRIEVE = 1, 2, 6, 7
-LOOKUP, QUERY, FREE, END = 8, 9, 12, 13
+# The frozen op ids this script sends (docs/protocol.md; tests/e2e/lmc/ops.py
+# holds the full table, which this standalone script cannot import on the
+# device machine).
+REGISTER_KV_CACHE, UNREGISTER_KV_CACHE, STORE, RETRIEVE = 1, 2, 6, 7
+LOOKUP, QUERY_PREFETCH_STATUS, FREE_LOOKUP_LOCKS, END_SESSION = 8, 9, 12, 13
 CLEAR, NOOP = 20, 24
 
 # ---- ZMQ through ctypes ---------------------------------------------------
@@ -344,13 +347,13 @@ def lookup(srv, tokens, end, rid, model, want, timeout=10.0, d=None, retry_sleep
                 raise AssertionError("LOOKUP: no reply")
             hits = None
             while hits is None and time.monotonic() < deadline:
-                hits = unpack(d.call(QUERY, r))
+                hits = unpack(d.call(QUERY_PREFETCH_STATUS, r))
                 if hits is None:
                     time.sleep(0.02)
             if hits == want or time.monotonic() >= deadline:
                 return hits, r
-            d.call(FREE, k, 1)
-            d.call(END, r)
+            d.call(FREE_LOOKUP_LOCKS, k, 1)
+            d.call(END_SESSION, r)
             attempt += 1
             time.sleep(retry_sleep)
     finally:
@@ -490,7 +493,7 @@ def run_case(torch, srv, fmt, instance, uuid, cs):
     toks = prompt(instance, n_chunks * cs)
     d = srv.dealer()
     try:
-        frames = d.call(REG, instance, c.handles(uuid), model, 1, "vllm",
+        frames = d.call(REGISTER_KV_CACHE, instance, c.handles(uuid), model, 1, "vllm",
                         {"kv_layout": c.hint}, [], timeout_ms=60000)
         check(frames is not None and len(frames) == 2,
               f"{fmt}: REGISTER_KV_CACHE got no reply (refused): see the server log")
@@ -508,7 +511,7 @@ def run_case(torch, srv, fmt, instance, uuid, cs):
         check(isinstance(r, list) and len(r) == 2 and r[1] is True,
               f"{fmt}: STORE replied {r!r:.120}")
         wait_server_event(torch, r[0])
-        d.call(END, f"s-{fmt}")
+        d.call(END_SESSION, f"s-{fmt}")
         c.fill_blocks(src, value=0.0)     # the stored copy must live in L1 now
 
         hits, rid = lookup(srv, toks, n_chunks * cs, f"r-{fmt}", model, n_chunks)
@@ -528,7 +531,7 @@ def run_case(torch, srv, fmt, instance, uuid, cs):
             check(torch.equal(got[i], want[i]),
                   f"{fmt}: block {dst[i // c.nl]} layer {i % c.nl} differs from what "
                   f"block {src[i // c.nl]} held")
-        d.call(END, rid)
+        d.call(END_SESSION, rid)
 
         # /cache/checksums reads the blocks back from the device: upstream's
         # digest, computed here with torch from the same blocks.
@@ -554,7 +557,7 @@ def run_case(torch, srv, fmt, instance, uuid, cs):
             for j in range(1, len(dst2)):
                 check(torch.equal(c.block(l, dst2[j]), want[j * c.nl + l]),
                       f"{fmt}: block {dst2[j]} layer {l} differs after the skip")
-        d.call(END, rid)
+        d.call(END_SESSION, rid)
 
         # A RETRIEVE of chunks nobody locked: [event, false], a valid event.
         ev, h = event_handle(torch)
@@ -563,12 +566,12 @@ def run_case(torch, srv, fmt, instance, uuid, cs):
                           [dst[:bpc]], h, 0))
         check(isinstance(r, list) and r[1] is False, f"{fmt}: a miss replied {r!r:.120}")
         wait_server_event(torch, r[0])
-        d.call(END, f"miss-{fmt}")
+        d.call(END_SESSION, f"miss-{fmt}")
 
         got = c.blocks(untouched)
         check(all(torch.equal(a, b) for a, b in zip(got, keep)),
               f"{fmt}: blocks outside every list changed")
-        frames = d.call(UNREG, instance, timeout_ms=30000)
+        frames = d.call(UNREGISTER_KV_CACHE, instance, timeout_ms=30000)
         check(frames is not None and len(frames) == 2, f"{fmt}: UNREGISTER got no reply")
         print(f"  {fmt}: ok ({n_chunks} chunks stored and retrieved, skip, miss)", flush=True)
     finally:
@@ -1127,7 +1130,7 @@ def bench_round(eng, srv, d, case, instance, model, n_chunks, seed):
     srids = [f"bw{seed}-s{p}" for p in range(len(prompts))]
     st = transfer(STORE, srids, src0)
     for r in srids:
-        d.call(END, r)
+        d.call(END_SESSION, r)
     rrids = []
     for p, toks in enumerate(prompts):   # untimed; retried until the STORE is published
         hits, rid = lookup(srv, toks, PROMPT_TOKENS, f"bw{seed}-r{p}", model, PROMPT_CHUNKS,
@@ -1136,7 +1139,7 @@ def bench_round(eng, srv, d, case, instance, model, n_chunks, seed):
         rrids.append(rid)
     rt = transfer(RETRIEVE, rrids, dst0, 0)
     for r in rrids:
-        d.call(END, r)
+        d.call(END_SESSION, r)
     check(eng.settled(lambda: torch.equal(kv_blocks(case, dst0, n_blocks),
                                           kv_blocks(case, src0, n_blocks))),
           f"the {n_chunks} retrieved chunks differ from the stored blocks")
@@ -1152,7 +1155,7 @@ def bench_overhead(eng, srv, d, iters):
     alone is printed too.  Returns (STORE p50 / NOOP p50, RETRIEVE's)."""
     torch = eng.torch
     case = Case(torch, "fa_nhd", nl=1, nb=64, bs=BENCH_BS, nh=2, hs=8, alloc=eng.zeros)
-    frames = d.call(REG, 900, eng.handles(case), "small", 1, "vllm", {"kv_layout": "NHD"}, [],
+    frames = d.call(REGISTER_KV_CACHE, 900, eng.handles(case), "small", 1, "vllm", {"kv_layout": "NHD"}, [],
                     timeout_ms=60000)
     check(frames is not None and len(frames) == 2, "overhead: REGISTER_KV_CACHE refused")
     bpc = BENCH_CS // BENCH_BS
@@ -1172,7 +1175,7 @@ def bench_overhead(eng, srv, d, iters):
         check(isinstance(r, list) and len(r) == 2 and r[1] is True, f"STORE replied {r!r:.120}")
         eng.wait([eng.imported(r[0])])
         t3 = time.perf_counter()
-        d.call(END, rid)
+        d.call(END_SESSION, rid)
         hits, lrid = lookup(srv, toks, BENCH_CS, rid + "-l", "small", 1, d=d, retry_sleep=0.001)
         check(hits == 1, f"overhead: LOOKUP {i} hit {hits}")
         kv_blocks(case, 1 + bpc, bpc).zero_()
@@ -1184,14 +1187,14 @@ def bench_overhead(eng, srv, d, iters):
               f"RETRIEVE replied {r!r:.120}")
         eng.wait([eng.imported(r[0])])
         t6 = time.perf_counter()
-        d.call(END, lrid)
+        d.call(END_SESSION, lrid)
         check(eng.settled(lambda: torch.equal(kv_blocks(case, 1 + bpc, bpc),
                                               kv_blocks(case, 1, bpc))),
               f"overhead: iteration {i} retrieved other bytes")
         noop.append(t1 - t0)
         st.append(t3 - t1), st_reply.append(t2 - t1)
         rt.append(t6 - t4), rt_reply.append(t5 - t4)
-    frames = d.call(UNREG, 900, timeout_ms=30000)
+    frames = d.call(UNREGISTER_KV_CACHE, 900, timeout_ms=30000)
     check(frames is not None, "overhead: UNREGISTER got no reply")
 
     def p50(xs):
@@ -1242,7 +1245,7 @@ def bench_layout(eng, z, args, layout, baseline, label):
                     nh=BENCH_NH, hs=BENCH_HS, alloc=eng.zeros)
         instance, model = 800, f"bench-{layout.lower()}"
         t0 = time.monotonic()       # the first CUDA registration pins the L1: seconds
-        frames = d.call(REG, instance, eng.handles(case), model, 1, "vllm",
+        frames = d.call(REGISTER_KV_CACHE, instance, eng.handles(case), model, 1, "vllm",
                         {"kv_layout": layout}, [], timeout_ms=120000)
         reg_s = time.monotonic() - t0
         check(frames is not None and len(frames) == 2,
@@ -1282,7 +1285,7 @@ def bench_layout(eng, z, args, layout, baseline, label):
               f"{'s' if args.rounds > 1 else ''})", flush=True)
         if layout == "NHD" and args.iters:
             res["p50"] = bench_overhead(eng, srv, d, args.iters)
-        frames = d.call(UNREG, instance, timeout_ms=30000)
+        frames = d.call(UNREGISTER_KV_CACHE, instance, timeout_ms=30000)
         check(frames is not None and len(frames) == 2, f"bench {layout}: UNREGISTER: no reply")
         ok = True
     finally:
@@ -1415,13 +1418,13 @@ def selftest_main(args, z):
               is not None, "LOOKUP: no reply")
         hits = None
         for _ in range(100):
-            hits = unpack(d.call(QUERY, "st"))
+            hits = unpack(d.call(QUERY_PREFETCH_STATUS, "st"))
             if hits is not None:
                 break
             time.sleep(0.02)
         check(hits == 0, f"QUERY on an empty cache: {hits}")
         fake = w.cuda_ipc((2, 8, 16, 2, 8), (2048, 256, 16, 8, 1))
-        frames = d.call(REG, 5, [msgpack.ExtType(1, w.dumps(fake))], "m", 1, "vllm",
+        frames = d.call(REGISTER_KV_CACHE, 5, [msgpack.ExtType(1, w.dumps(fake))], "m", 1, "vllm",
                         {"kv_layout": "NHD"}, [], timeout_ms=5000)
         check(frames is None, "a CUDA registration without a GPU was accepted")
         deadline = time.monotonic() + 5

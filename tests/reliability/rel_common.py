@@ -19,9 +19,12 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 from conftest import LMCACHED, Dealer, Server, free_port  # noqa: E402,F401
 # Ready only once the Redis on the port is this one (tests/e2e/redis_server.py).
 from redis_server import start_redis, start_redis_fresh  # noqa: E402,F401
-from test_lookup_engine_driven import (CLEAR, CRETR, CS, CSTORE, END, LOOKUP, NOOP,  # noqa: E402,F401
-                                       OBJ, PING, PRETR, PSTORE, QUERY, REG, WAIT, Worker,
-                                       chunk_bytes, key, payload, prompt, unpack)
+from lmc.ops import (CLEAR, COMMIT_RETRIEVE, COMMIT_STORE, END_SESSION,  # noqa: E402,F401
+                     LOOKUP, NOOP, PING, PREPARE_RETRIEVE, PREPARE_STORE,
+                     QUERY_PREFETCH_STATUS, REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT,
+                     WAIT_PREFETCH_STATUS)
+from test_lookup_engine_driven import (CS, OBJ, Worker, chunk_bytes, key,  # noqa: E402,F401
+                                       payload, prompt, unpack)
 
 
 class Broken(AssertionError):
@@ -155,11 +158,11 @@ def round_trip(srv, seed, instance_id=4242, world_size=1):
         rid = f"rt-{seed}"
         check(sched.call(LOOKUP, key(toks, 0, len(toks), rid, world_size=world_size), 1)
               is not None, "LOOKUP got no reply")
-        hits = unpack(sched.call(WAIT, rid, 10.0, timeout_ms=15000))
+        hits = unpack(sched.call(WAIT_PREFETCH_STATUS, rid, 10.0, timeout_ms=15000))
         check(hits == 4, f"round trip: {hits} hits of 4")
         got = w.retrieve(toks, 0, len(toks), rid)
         check(got == [chunk_bytes(0, toks, c) for c in range(4)], "round trip: wrong bytes back")
-        sched.call(END, rid)
+        sched.call(END_SESSION, rid)
     finally:
         w.close()
         sched.close()

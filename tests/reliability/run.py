@@ -32,7 +32,8 @@ import traceback
 import msgpack
 import zmq
 
-from rel_common import (CLEAR, CS, END, LOOKUP, NOOP, PING, ROOT, WAIT, BooksWatch, Broken,
+from rel_common import (CLEAR, CS, END_SESSION, LOOKUP, NOOP, PING, ROOT,
+                        WAIT_PREFETCH_STATUS, BooksWatch, Broken,
                         Server, Worker, alive, check, chunk_bytes, ci, fd_count,
                         git_commit, have_redis, http, key, kill, l1, metrics, prompt, round_trip,
                         rss_kib, start_redis, start_redis_fresh, status, unpack)
@@ -525,7 +526,7 @@ CHILD = r"""
 import sys, time
 sys.path.insert(0, {here!r})
 import zmq
-from rel_common import PRETR, PSTORE, Dealer, Worker, prompt, unpack
+from rel_common import PREPARE_RETRIEVE, PREPARE_STORE, Dealer, Worker, prompt, unpack
 class Srv:
     ctx = zmq.Context()
     def dealer(self):
@@ -533,12 +534,12 @@ class Srv:
 w = Worker(Srv(), {iid}, 0, world_size=1)
 toks = prompt({seed})
 if {mode!r} == "store":
-    ctx_ = unpack(w.d.call(PSTORE, w.key(toks, 0, len(toks), "s"), w.id))["context"]
+    ctx_ = unpack(w.d.call(PREPARE_STORE, w.key(toks, 0, len(toks), "s"), w.id))["context"]
     for slot, idx in list(zip(ctx_["slots"], ctx_["chunk_indices"]))[: len(ctx_["slots"]) // 2]:
         w.pool[slot["offset"]:slot["offset"] + slot["length"]] = b"\xee" * slot["length"]
     print("READY", len(ctx_["slots"]), flush=True)
 else:
-    r = unpack(w.d.call(PRETR, w.key(toks, 0, len(toks), {rid!r}), w.id))
+    r = unpack(w.d.call(PREPARE_RETRIEVE, w.key(toks, 0, len(toks), {rid!r}), w.id))
     slots = r["context"].get("slots", []) if r["success"] else []
     for s in slots[: len(slots) // 2]:
         bytes(w.pool[s["offset"]:s["offset"] + s["length"]])
@@ -611,14 +612,14 @@ def sc_client_killed(quick):
             toks = prompt(seed)
             rid = f"after-store-{r}"
             sched.call(LOOKUP, key(toks, 0, len(toks), rid, world_size=1), 1)
-            hits = unpack(sched.call(WAIT, rid, 5.0, timeout_ms=10000))
+            hits = unpack(sched.call(WAIT_PREFETCH_STATUS, rid, 5.0, timeout_ms=10000))
             half_published += hits
-            sched.call(END, rid)
+            sched.call(END_SESSION, rid)
             keeper.store(toks, 0, len(toks))                # the key is writable again
             # Killed between PREPARE_RETRIEVE and COMMIT_RETRIEVE, half copied out.
             rid = f"retr-{r}"
             sched.call(LOOKUP, key(toks, 0, len(toks), rid, world_size=1), 1)
-            check(unpack(sched.call(WAIT, rid, 5.0, timeout_ms=10000)) == 4, "lookup before retrieve")
+            check(unpack(sched.call(WAIT_PREFETCH_STATUS, rid, 5.0, timeout_ms=10000)) == 4, "lookup before retrieve")
             base = leases_out(srv)
             p, nslots = spawn_child(srv, 8001 + 2 * r, seed, "retrieve", rid)
             children.append(p)
@@ -629,10 +630,10 @@ def sc_client_killed(quick):
             settle_retr.append(wait_settled(srv, base))
             rid = f"again-{r}"
             sched.call(LOOKUP, key(toks, 0, len(toks), rid, world_size=1), 1)
-            check(unpack(sched.call(WAIT, rid, 5.0, timeout_ms=10000)) == 4, "lookup after kill")
+            check(unpack(sched.call(WAIT_PREFETCH_STATUS, rid, 5.0, timeout_ms=10000)) == 4, "lookup after kill")
             got = keeper.retrieve(toks, 0, len(toks), rid)
             mismatches += got != [chunk_bytes(0, toks, c) for c in range(4)]
-            sched.call(END, rid)
+            sched.call(END_SESSION, rid)
         # Nothing pinned any more: a forced clear frees every byte.
         sched.call(CLEAR, True)
         m = l1(books.read(srv))
@@ -686,7 +687,7 @@ def wait_l2_idle(srv, n_keys, timeout=30):
 
 def lookup_hits(sched, toks, rid):
     sched.call(LOOKUP, key(toks, 0, len(toks), rid, world_size=1), 1)
-    return unpack(sched.call(WAIT, rid, 10.0, timeout_ms=15000))
+    return unpack(sched.call(WAIT_PREFETCH_STATUS, rid, 10.0, timeout_ms=15000))
 
 
 def sc_redis_killed(quick):
@@ -736,7 +737,7 @@ def sc_redis_killed(quick):
                 l1_total += 4
                 got = w.retrieve(toks, 0, h * CS, rid) if h else []
                 mismatches += got != [chunk_bytes(0, toks, c) for c in range(h)]
-                sched.call(END, rid)
+                sched.call(END_SESSION, rid)
         check(alive(srv), "lmcached stopped answering with Redis down")
         redis = start_redis(port)                           # back, empty, same port
         outage = time.monotonic() - t_down
@@ -762,7 +763,7 @@ def sc_redis_killed(quick):
                 if h:
                     got = w.retrieve(toks, 0, h * CS, rid)
                     mismatches += got != [chunk_bytes(0, toks, c) for c in range(h)]
-                sched.call(END, rid)
+                sched.call(END_SESSION, rid)
         books.read(srv)
         books.assert_ok()
         resp = st["l2_adapters"][0]
@@ -828,7 +829,7 @@ def sc_lmcached_killed_fs(quick):
                 if h:
                     got = w.retrieve(toks, 0, h * CS, rid)
                     mismatches += got != [chunk_bytes(0, toks, c) for c in range(h)]
-                sched.call(END, rid)
+                sched.call(END_SESSION, rid)
                 if r == rounds:
                     if h == 4:
                         found_full += 1

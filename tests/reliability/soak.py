@@ -3,7 +3,7 @@
 bounded time (SOAK_SECONDS, default 600), on loopback only. Issue 17.
 
 Workload, all at once:
-  * engine workers (2 processes): PREPARE/COMMIT_STORE, LOOKUP, WAIT,
+  * engine workers (2 processes): PREPARE/COMMIT_STORE, LOOKUP, WAIT_PREFETCH_STATUS,
     PREPARE/COMMIT_RETRIEVE over the shared-memory pool, every chunk read
     back compared with the bytes stored for its key;
   * an HTTP client: /status, /metrics, /healthcheck, /api/kv/lookup and
@@ -49,8 +49,9 @@ import msgpack
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from rel_common import (CRETR, CS, CSTORE, END, LOOKUP, PING, PRETR, PSTORE, REG,  # noqa: E402
-                        WAIT, BooksWatch, Dealer, Server, alive, fd_count, git_commit, http, l1,
+from rel_common import (COMMIT_RETRIEVE, CS, COMMIT_STORE, END_SESSION, LOOKUP,  # noqa: E402
+                        PING, PREPARE_RETRIEVE, PREPARE_STORE,
+                        REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, WAIT_PREFETCH_STATUS, BooksWatch, Dealer, Server, alive, fd_count, git_commit, http, l1,
                         metrics, rss_kib, status, thread_count)
 from run import HTTP_ROUTES, garbage, http_bodies, http_send  # noqa: E402
 
@@ -116,38 +117,38 @@ def engine_worker(url, iid, seed, deadline, out):
         st["errors"] += r is None
         return r
 
-    rep = reply(call(REG, reg_payload(iid)))
+    rep = reply(call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, reg_payload(iid)))
     pool = map_pool(rep)
     i = 0
     while time.time() < deadline:
         i += 1
         p = rng.randrange(PROMPTS)
         k = skey(tokens(p), CHUNKS * CS, "s", 0)
-        r = reply(call(PSTORE, k, iid))
+        r = reply(call(PREPARE_STORE, k, iid))
         if r is not None:
             c = r["context"]
             for slot, idx in zip(c["slots"], c["chunk_indices"]):
                 pool[slot["offset"]:slot["offset"] + OBJ] = exp(p, idx)
             if c["slots"]:
-                call(CSTORE, k, iid, b"")
+                call(COMMIT_STORE, k, iid, b"")
                 st["stores"] += 1
         q = rng.randrange(PROMPTS)
         rid = f"{iid}-{i}"
         call(LOOKUP, skey(tokens(q), CHUNKS * CS, rid, None), 1)
         st["lookups"] += 1
         st["requests"] += 1
-        hits = reply(d.call(WAIT, rid, 5.0, timeout_ms=REPLY_MS))
+        hits = reply(d.call(WAIT_PREFETCH_STATUS, rid, 5.0, timeout_ms=REPLY_MS))
         st["wait_timeouts"] += hits is None
         if hits:
             st["hit_chunks"] += hits
             k = skey(tokens(q), hits * CS, rid, 0)
-            r = reply(call(PRETR, k, iid))
+            r = reply(call(PREPARE_RETRIEVE, k, iid))
             if r and r["success"]:
                 for c, slot in enumerate(r["context"]["slots"]):
                     st["mismatches"] += bytes(pool[slot["offset"]:slot["offset"] + OBJ]) != exp(q, c)
                     st["retrieved_chunks"] += 1
-                call(CRETR, k, iid)
-        call(END, rid)
+                call(COMMIT_RETRIEVE, k, iid)
+        call(END_SESSION, rid)
         if i % 50 == 0:
             call(PING, iid)
         time.sleep(0.002)
@@ -244,7 +245,7 @@ def quitter(url, http_port, deadline, out):
         kind = i % 4
         if kind in (0, 1):
             d = Dealer(ctx, url)
-            rep = reply(d.call(REG, reg_payload(iid), timeout_ms=REPLY_MS))
+            rep = reply(d.call(REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, reg_payload(iid), timeout_ms=REPLY_MS))
             if rep is None:
                 st["errors"] += 1
                 d.close()
@@ -252,7 +253,7 @@ def quitter(url, http_port, deadline, out):
             pool = map_pool(rep)
             if kind == 0:            # a store never committed, on a prompt no one else stores
                 p = 1_000_000 + i
-                r = reply(d.call(PSTORE, skey(tokens(p), CHUNKS * CS, "q", 0), iid,
+                r = reply(d.call(PREPARE_STORE, skey(tokens(p), CHUNKS * CS, "q", 0), iid,
                                  timeout_ms=REPLY_MS))
                 st["errors"] += r is None
                 for slot in (r or {"context": {"slots": []}})["context"]["slots"][:2]:
@@ -262,9 +263,9 @@ def quitter(url, http_port, deadline, out):
                 q = rng.randrange(PROMPTS)
                 rid = f"q-{i}"
                 d.call(LOOKUP, skey(tokens(q), CHUNKS * CS, rid, None), 1, timeout_ms=REPLY_MS)
-                hits = reply(d.call(WAIT, rid, 5.0, timeout_ms=REPLY_MS))
+                hits = reply(d.call(WAIT_PREFETCH_STATUS, rid, 5.0, timeout_ms=REPLY_MS))
                 if hits:
-                    d.call(PRETR, skey(tokens(q), hits * CS, rid, 0), iid, timeout_ms=REPLY_MS)
+                    d.call(PREPARE_RETRIEVE, skey(tokens(q), hits * CS, rid, 0), iid, timeout_ms=REPLY_MS)
                     st["abandoned_retrieves"] += 1
             pool.close()
             d.close()                # gone: no COMMIT, no UNREGISTER, no PING
@@ -272,7 +273,7 @@ def quitter(url, http_port, deadline, out):
             d = Dealer(ctx, url)
             q = rng.randrange(PROMPTS)
             d.send(LOOKUP, skey(tokens(q), CHUNKS * CS, f"gone-{i}", None), 1)
-            d.send(WAIT, f"gone-{i}", 30.0)
+            d.send(WAIT_PREFETCH_STATUS, f"gone-{i}", 30.0)
             time.sleep(0.01)
             d.close()
             st["abandoned_lookups"] += 1
