@@ -4,8 +4,11 @@
 BUILD_DIR  ?= build
 BUILD_TYPE ?= RelWithDebInfo
 JOBS       ?= $(shell nproc)
-# Arguments for `make run`: a 1 GiB L1 with LRU eviction, ZMQ on localhost:5555.
-RUN_ARGS   ?= --l1-size-gb 1 --eviction-policy LRU
+# `make run`: RUN_DEFAULTS (a 1 GiB L1 with LRU eviction, ZMQ on
+# localhost:5555), then the operator's RUN_ARGS, which the server reads
+# last, so a flag given in both takes RUN_ARGS's value (issue 31).
+RUN_DEFAULTS ?= --l1-size-gb 1 --eviction-policy LRU
+RUN_ARGS     ?=
 
 # What building and running need...
 DEB_BUILD := build-essential cmake pkg-config libzmq3-dev libmsgpack-dev \
@@ -68,7 +71,7 @@ build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 run: build
-	./$(BUILD_DIR)/lmcached $(RUN_ARGS)
+	./$(BUILD_DIR)/lmcached $(RUN_DEFAULTS) $(RUN_ARGS)
 
 test: build deps-test
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
