@@ -242,15 +242,17 @@ json_t *lmc_warm_prefetch_submit(lmc_warm_prefetch *w, const json_t *body, unsig
     }
     if (parse_request(body, &r, status, err, errlen) != 0)
         goto out;
-    if (!lmc_layout_registry_get(w->ctx->layouts, r.model, strlen(r.model),
-                                 (uint32_t)r.world_size, &layout)) {
-        fail(status, 503, err, errlen, "no memory layout registered for this model and world_size");
-        goto out;
-    }
+    /* Fewer tokens than a chunk: nothing to look up, with or without a
+     * registered layout (docs/http.md). */
     size_t n_chunks = r.n_tokens / lmc_token_hasher_chunk_size(w->ctx->hasher), n = 0;
     if (n_chunks == 0) {
         *status = 202;
         reply = json_pack("{s:i, s:s}", "chunks", 0, "status", "noop");
+        goto out;
+    }
+    if (!lmc_layout_registry_get(w->ctx->layouts, r.model, strlen(r.model),
+                                 (uint32_t)r.world_size, &layout)) {
+        fail(status, 503, err, errlen, "no memory layout registered for this model and world_size");
         goto out;
     }
     lmc_object_key *keys = expand(w, &r, &layout, n_chunks, &n);

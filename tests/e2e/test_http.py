@@ -131,6 +131,15 @@ def test_cache_clear(http_server):
     assert st == 400 and json.loads(body) == {"detail": "tier 'l2' not supported; only 'l1'"}
 
 
+def test_a_prefetch_shorter_than_a_chunk_is_a_noop(http_server):
+    """docs/http.md: fewer tokens than one chunk is {"chunks": 0, "status":
+    "noop"}, whether or not a worker registered the model's layout yet
+    (there is nothing to look up either way; issue 31)."""
+    st, _, body = request(http_server.http_port, "POST", "/cache/prefetches",
+                          {"model_name": "never-registered", "world_size": 1, "token_ids": [1, 2, 3]})
+    assert (st, json.loads(body)) == (202, {"chunks": 0, "status": "noop"}), body
+
+
 # ---- errors ------------------------------------------------------------------
 
 
