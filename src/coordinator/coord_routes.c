@@ -100,9 +100,10 @@ static void ep_healthcheck(const lmc_http_request *rq, lmc_http_reply *out, void
                                             (json_int_t)n));
 }
 
-/* Access: reads (GET, and HEAD with it) are open, as are /healthcheck and
- * /metrics; every other method needs the token when one is configured
- * (docs/coordinator.md, "Authentication").  Bodies: the routes that carry
+/* Access: reads (GET, and HEAD with it) are open, except those that name
+ * tenants' salts or keys (the quotas, /directory/keys), which need the
+ * token as every other method does when one is configured, as lmcached
+ * guards its own GET /quota (docs/coordinator.md, "Authentication").  Bodies: the routes that carry
  * key or token lists (BULK) take COORD_MAX_BODY, the others
  * COORD_MAX_SMALL_BODY (docs/coordinator.md, "Bounds"). */
 #define OPEN LMC_HTTP_OPEN
@@ -120,12 +121,12 @@ static const lmc_http_route coordinator_rows[] = {
     {"DELETE", "/instances/", true, TOKEN, SMALL, ANY, coordinator_ep_deregister,
      "/instances/"},
     {"POST", "/events", false, TOKEN, BULK, ANY, coordinator_ep_events, NULL},
-    {"GET", "/quota/config", false, OPEN, SMALL, ANY, coordinator_ep_quota_config, NULL},
+    {"GET", "/quota/config", false, TOKEN, SMALL, ANY, coordinator_ep_quota_config, NULL},
     {"PUT", "/quota/config", false, TOKEN, SMALL, ANY, coordinator_ep_quota_config, NULL},
     /* not the quota of a salt named "config" */
     {"DELETE", "/quota/config", false, TOKEN, SMALL, ANY, ep_not_allowed, "GET, PUT"},
-    {"GET", "/quota", false, OPEN, SMALL, ANY, coordinator_ep_quota_all, NULL},
-    {"GET", "/quota/", true, OPEN, SMALL, ANY, coordinator_ep_quota_salt, "/quota/"},
+    {"GET", "/quota", false, TOKEN, SMALL, ANY, coordinator_ep_quota_all, NULL},
+    {"GET", "/quota/", true, TOKEN, SMALL, ANY, coordinator_ep_quota_salt, "/quota/"},
     {"PUT", "/quota/", true, TOKEN, SMALL, ANY, coordinator_ep_quota_salt, "/quota/"},
     {"DELETE", "/quota/", true, TOKEN, SMALL, ANY, coordinator_ep_quota_salt, "/quota/"},
     {"POST", "/cache/pins", false, TOKEN, BULK, ANY, coordinator_ep_pins, NULL},
@@ -134,7 +135,7 @@ static const lmc_http_route coordinator_rows[] = {
     {"GET", "/cache/prefetches/", true, OPEN, SMALL, ANY, coordinator_ep_prefetch_status,
      "/cache/prefetches/"},
     {"POST", "/directory/lookup", false, TOKEN, BULK, ANY, coordinator_ep_dir_lookup, NULL},
-    {"GET", "/directory/keys", false, OPEN, SMALL, ANY, coordinator_ep_dir_keys, NULL},
+    {"GET", "/directory/keys", false, TOKEN, SMALL, ANY, coordinator_ep_dir_keys, NULL},
     {"GET", "/directory/stats", false, OPEN, SMALL, ANY, coordinator_ep_dir_stats, NULL},
     /* CacheBlend: 501 whatever the method */
     {"GET", "/directory/blend-lookup", false, OPEN, SMALL, ANY, ep_blend, NULL},

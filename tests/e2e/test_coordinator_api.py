@@ -503,16 +503,21 @@ def test_auth_token(start_coordinator):
               ("POST", "/cache/pins", {"model_name": "m", "world_size": 1, "token_ids": []}),
               ("PUT", "/instances/x/heartbeat", None),
               ("DELETE", "/instances/x", None),
-              ("POST", "/directory/lookup", {"keys": []})]
+              ("POST", "/directory/lookup", {"keys": []}),
+              # reads that name tenants' salts or keys (issue 31)
+              ("GET", "/quota", None),
+              ("GET", "/quota/t", None),
+              ("GET", "/quota/config", None),
+              ("GET", "/directory/keys", None)]
     for method, path, body in writes:
         assert c.call(method, path, body)[0] == 401, path
         assert c.call(method, path, body, token="wrong")[0] == 401, path
         assert c.call(method, path, body, headers={"Authorization": "Basic s3cret"})[0] == 401
         assert c.call(method, path, body, token="s3cret")[0] != 401, path
-    for path in ("/healthcheck", "/metrics", "/instances", "/quota", "/directory/stats"):
+    for path in ("/healthcheck", "/metrics", "/instances", "/directory/stats"):
         assert c.call("GET", path)[0] == 200, path
     assert c.metric("lmcache_mp_coordinator_http_auth_rejected_total") == 3 * len(writes)
-    assert c.call("GET", "/quota/config")[1]["default_limit_gb"] == 1   # the one with a token
+    assert c.call("GET", "/quota/config", token="s3cret")[1]["default_limit_gb"] == 1
 
 
 def test_config_refusals_and_cli(tmp_path):
