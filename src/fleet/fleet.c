@@ -23,7 +23,7 @@ static double clock_s(clockid_t id)
 double lmc_fleet_wall_now(void) { return clock_s(CLOCK_REALTIME); }
 double lmc_fleet_mono_now(void) { return clock_s(CLOCK_MONOTONIC); }
 
-bool lmc_fleet_sleep(lmc_coord *c, double seconds)
+bool lmc_fleet_sleep(lmc_fleet *c, double seconds)
 {
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
@@ -63,6 +63,10 @@ void lmc_fleet_describe_failure(const char *what, const lmc_fleet_reply *r, char
 {
     if (r->status == 0)
         snprintf(buf, len, "%s: %s", what, r->error[0] ? r->error : "no reply");
+    else if (r->status == 401) /* the operator's fix, not only the code */
+        snprintf(buf, len, "%s: HTTP 401: the coordinator wants its bearer token; give this "
+                           "server the coordinator's LMCACHE_MP_COORDINATOR_AUTH_TOKEN with "
+                           "--coordinator-auth-token (docs/fleet.md)", what);
     else
         snprintf(buf, len, "%s: HTTP %ld", what, r->status);
 }
@@ -70,7 +74,7 @@ void lmc_fleet_describe_failure(const char *what, const lmc_fleet_reply *r, char
 /* ---- start and stop ------------------------------------------------------ */
 
 /* The URL without a trailing '/', and a copy without user:password. */
-static void set_urls(lmc_coord *c, const char *url)
+static void set_urls(lmc_fleet *c, const char *url)
 {
     snprintf(c->url, sizeof c->url, "%s", url);
     size_t n = strlen(c->url);
@@ -92,7 +96,7 @@ static void set_urls(lmc_coord *c, const char *url)
     curl_url_cleanup(u);
 }
 
-static void pick_l1_backend(lmc_coord *c)
+static void pick_l1_backend(lmc_fleet *c)
 {
     snprintf(c->l1_backend, sizeof c->l1_backend, "dram");
     if (!c->sm)
@@ -104,10 +108,10 @@ static void pick_l1_backend(lmc_coord *c)
     json_decref(st);
 }
 
-static lmc_coord *fleet_new(const lmc_config *cfg, int http_port, lmc_storage_manager *sm)
+static lmc_fleet *fleet_new(const lmc_config *cfg, int http_port, lmc_storage_manager *sm)
 {
     const lmc_coordinator_config *cc = &cfg->coordinator;
-    lmc_coord *c = calloc(1, sizeof *c);
+    lmc_fleet *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
     set_urls(c, cc->url);
@@ -142,11 +146,11 @@ static lmc_coord *fleet_new(const lmc_config *cfg, int http_port, lmc_storage_ma
     return c;
 }
 
-lmc_coord *lmc_fleet_start(const lmc_config *cfg, int http_port, lmc_storage_manager *sm)
+lmc_fleet *lmc_fleet_start(const lmc_config *cfg, int http_port, lmc_storage_manager *sm)
 {
     if (!cfg->coordinator.url || !cfg->coordinator.url[0])
         return NULL;
-    lmc_coord *c = fleet_new(cfg, http_port, sm);
+    lmc_fleet *c = fleet_new(cfg, http_port, sm);
     if (!c) {
         LMC_ERROR("coordinator: out of memory; this server does not register");
         return NULL;
@@ -165,7 +169,7 @@ lmc_coord *lmc_fleet_start(const lmc_config *cfg, int http_port, lmc_storage_man
     return c;
 }
 
-void lmc_fleet_stop(lmc_coord *c)
+void lmc_fleet_stop(lmc_fleet *c)
 {
     if (!c || c->stopped)
         return;
@@ -187,7 +191,7 @@ void lmc_fleet_stop(lmc_coord *c)
     lmc_fleet_detach_sources(c);
 }
 
-void lmc_fleet_free(lmc_coord *c)
+void lmc_fleet_free(lmc_fleet *c)
 {
     if (!c)
         return;
@@ -208,7 +212,7 @@ void lmc_fleet_free(lmc_coord *c)
 
 /* ---- status and metrics ------------------------------------------------- */
 
-static json_t *events_status(lmc_coord *c)
+static json_t *events_status(lmc_fleet *c)
 {
     if (!c->events)
         return json_pack("{s:b}", "enabled", false);
@@ -226,7 +230,7 @@ static json_t *events_status(lmc_coord *c)
                      (json_int_t)st.capacity_revision, "capacity_pending", st.capacity_pending);
 }
 
-static json_t *l2_usage_status(lmc_coord *c)
+static json_t *l2_usage_status(lmc_fleet *c)
 {
     pthread_mutex_lock(&c->l2_mu);
     json_t *o = json_pack("{s:b, s:I, s:I, s:I, s:I, s:I}", "enabled", c->l2_usage_on, "seq",
@@ -238,7 +242,7 @@ static json_t *l2_usage_status(lmc_coord *c)
     return o;
 }
 
-json_t *lmc_fleet_status(lmc_coord *c)
+json_t *lmc_fleet_status(lmc_fleet *c)
 {
     json_t *events = events_status(c);
     lmc_fleet_event_stats st = c->events ? lmc_fleet_event_batcher_stats(c->events) : (lmc_fleet_event_stats){0};

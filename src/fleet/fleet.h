@@ -14,26 +14,26 @@
 #include "obs/metrics.h"
 #include "storage/storage_manager.h"
 
-typedef struct lmc_fleet lmc_coord;
+typedef struct lmc_fleet lmc_fleet;
 
 /* Starts the registrar (and the event streams the configuration asks
  * for) for a server whose HTTP frontend listens on `http_port`.  `sm` may
  * be NULL (no events then).  NULL when cfg has no coordinator URL, or on
  * allocation failure (logged; the server runs without). */
-lmc_coord *lmc_fleet_start(const lmc_config *cfg, int http_port, lmc_storage_manager *sm);
+lmc_fleet *lmc_fleet_start(const lmc_config *cfg, int http_port, lmc_storage_manager *sm);
 /* Stops the threads (a last event flush, then DELETE of the
  * registration, each bounded by a short timeout) and unsubscribes from the
  * storage manager, which must still be open.  NULL is a no-op. */
-void lmc_fleet_stop(lmc_coord *c);
+void lmc_fleet_stop(lmc_fleet *c);
 /* After the storage manager is closed: a listener call that began before
  * the stop may land until then.  Stops first if stop was not called (the
  * storage manager must then still be open). */
-void lmc_fleet_free(lmc_coord *c);
+void lmc_fleet_free(lmc_fleet *c);
 
 /* The "coordinator" object of /status.  New reference. */
-json_t *lmc_fleet_status(lmc_coord *c);
+json_t *lmc_fleet_status(lmc_fleet *c);
 /* lmc_metrics_collect_fn: the lmcache_mp_coordinator_* families
- * (docs/metrics.md); `user` is the lmc_coord. */
+ * (docs/metrics.md); `user` is the lmc_fleet. */
 void lmc_fleet_collect_metrics(lmc_metrics *r, void *user);
 
 #endif

@@ -92,7 +92,7 @@ struct lmc_fleet {
 double lmc_fleet_wall_now(void);
 double lmc_fleet_mono_now(void);
 /* Sleeps up to `seconds` or until stop; false once stopping. */
-bool lmc_fleet_sleep(lmc_coord *c, double seconds);
+bool lmc_fleet_sleep(lmc_fleet *c, double seconds);
 /* true when this failure should be logged (and counts it). */
 bool lmc_fleet_warn_due(warn_limiter *w);
 /* The failure streak that just ended (0 when there was none). */
@@ -101,12 +101,12 @@ uint64_t lmc_fleet_warn_reset(warn_limiter *w);
 void lmc_fleet_describe_failure(const char *what, const lmc_fleet_reply *r, char *buf, size_t len);
 
 void *lmc_fleet_registrar_main(void *arg);
-void lmc_fleet_deregister(lmc_coord *c);
+void lmc_fleet_deregister(lmc_fleet *c);
 void *lmc_fleet_reporter_main(void *arg);
 /* Subscribes to L1 and L2 placements (reporter.c); 0 or -1. */
-int lmc_fleet_attach_sources(lmc_coord *c);
-void lmc_fleet_detach_sources(lmc_coord *c);
+int lmc_fleet_attach_sources(lmc_fleet *c);
+void lmc_fleet_detach_sources(lmc_fleet *c);
 /* The capacity declaration of every compartment from the storage status. */
-void lmc_fleet_declare_capacity(lmc_coord *c);
+void lmc_fleet_declare_capacity(lmc_fleet *c);
 
 #endif

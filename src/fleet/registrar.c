@@ -56,7 +56,7 @@ done:
     return ok;
 }
 
-static void pick_advertise_ip(lmc_coord *c)
+static void pick_advertise_ip(lmc_fleet *c)
 {
     char ip[64] = "";
     if (c->advertise_ip_opt[0]) {
@@ -71,7 +71,7 @@ static void pick_advertise_ip(lmc_coord *c)
     pthread_mutex_unlock(&c->mu);
 }
 
-static void note_failure(lmc_coord *c, const char *why)
+static void note_failure(lmc_fleet *c, const char *why)
 {
     pthread_mutex_lock(&c->mu);
     snprintf(c->last_error, sizeof c->last_error, "%s", why);
@@ -86,7 +86,7 @@ static void note_failure(lmc_coord *c, const char *why)
                  (unsigned long long)streak, why);
 }
 
-static void note_success(lmc_coord *c)
+static void note_success(lmc_fleet *c)
 {
     pthread_mutex_lock(&c->mu);
     uint64_t streak = lmc_fleet_warn_reset(&c->reg_warn);
@@ -98,7 +98,7 @@ static void note_success(lmc_coord *c)
                  (unsigned long long)streak);
 }
 
-static json_t *registration_body(lmc_coord *c)
+static json_t *registration_body(lmc_fleet *c)
 {
     pthread_mutex_lock(&c->mu);
     json_t *body = json_pack("{s:s, s:s, s:i, s:s, s:i}", "instance_id", c->configured_id, "ip",
@@ -108,7 +108,7 @@ static json_t *registration_body(lmc_coord *c)
     return body;
 }
 
-static int exchange(lmc_coord *c, const char *method, const char *url, const char *body,
+static int exchange(lmc_fleet *c, const char *method, const char *url, const char *body,
                     lmc_fleet_reply *reply)
 {
     lmc_fleet_request rq = {.method = method, .url = url, .body = body,
@@ -127,7 +127,7 @@ static const char *registered_id(const lmc_fleet_reply *r, json_t **doc, bool *a
     return id && *id && strlen(id) < COORD_ID_MAX && json_is_boolean(re) ? id : NULL;
 }
 
-static void register_once(lmc_coord *c, lmc_fleet_reply *reply)
+static void register_once(lmc_fleet *c, lmc_fleet_reply *reply)
 {
     char url[COORD_URL_MAX + 32], why[COORD_ERROR_MAX];
     snprintf(url, sizeof url, "%s/instances", c->url);
@@ -162,7 +162,7 @@ static void register_once(lmc_coord *c, lmc_fleet_reply *reply)
         lmc_fleet_event_batcher_redeclare(c->events);
 }
 
-static void heartbeat_once(lmc_coord *c, const char *id, lmc_fleet_reply *reply)
+static void heartbeat_once(lmc_fleet *c, const char *id, lmc_fleet_reply *reply)
 {
     char url[COORD_URL_MAX + 2 * COORD_ID_MAX + 32], why[COORD_ERROR_MAX];
     char *escaped = curl_easy_escape(NULL, id, 0);
@@ -194,7 +194,7 @@ static void heartbeat_once(lmc_coord *c, const char *id, lmc_fleet_reply *reply)
 
 void *lmc_fleet_registrar_main(void *arg)
 {
-    lmc_coord *c = arg;
+    lmc_fleet *c = arg;
     lmc_fleet_reply *reply = malloc(sizeof *reply);   /* 64 KiB: not on the stack */
     if (!reply) {
         LMC_ERROR("coordinator: out of memory; not registering");
@@ -217,7 +217,7 @@ void *lmc_fleet_registrar_main(void *arg)
 
 /* Best-effort: errors are logged once and ignored; the stop flag is not a
  * cancel here (it is set already), the short timeout bounds it. */
-void lmc_fleet_deregister(lmc_coord *c)
+void lmc_fleet_deregister(lmc_fleet *c)
 {
     char id[COORD_ID_MAX];
     pthread_mutex_lock(&c->mu);

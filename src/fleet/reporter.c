@@ -15,25 +15,25 @@
 
 static void l1_written(void *user, const lmc_object_key *keys, size_t n)
 {
-    lmc_coord *c = user;
+    lmc_fleet *c = user;
     lmc_fleet_event_batcher_add(c->events, LMC_CEV_STORE, LMC_CEV_L1, c->l1_backend, false, keys, NULL,
                         LMC_CEV_SIZE_UNKNOWN, n);
 }
 
 static void l1_deleted(void *user, const lmc_object_key *keys, size_t n)
 {
-    lmc_coord *c = user;
+    lmc_fleet *c = user;
     lmc_fleet_event_batcher_add(c->events, LMC_CEV_DELETE, LMC_CEV_L1, c->l1_backend, false, keys, NULL,
                         0, n);
 }
 
 static void l1_accessed(void *user, const lmc_object_key *keys, size_t n)
 {
-    lmc_coord *c = user;
+    lmc_fleet *c = user;
     lmc_fleet_event_batcher_add(c->events, LMC_CEV_ACCESS, LMC_CEV_L1, "", false, keys, NULL, 0, n);
 }
 
-static void l2_usage_add(lmc_coord *c, bool is_store, const lmc_object_key *keys,
+static void l2_usage_add(lmc_fleet *c, bool is_store, const lmc_object_key *keys,
                          const uint64_t *sizes, size_t n)
 {
     pthread_mutex_lock(&c->l2_mu);
@@ -57,7 +57,7 @@ static void l2_usage_add(lmc_coord *c, bool is_store, const lmc_object_key *keys
 static void l2_placement(void *user, lmc_placement_kind kind, const char *backend, bool shared,
                          const lmc_object_key *keys, const uint64_t *sizes, size_t n)
 {
-    lmc_coord *c = user;
+    lmc_fleet *c = user;
     static const lmc_fleet_event_type types[] = {
         [LMC_PLACEMENT_STORED] = LMC_CEV_STORE,
         [LMC_PLACEMENT_DELETED] = LMC_CEV_DELETE,
@@ -70,7 +70,7 @@ static void l2_placement(void *user, lmc_placement_kind kind, const char *backen
         l2_usage_add(c, kind == LMC_PLACEMENT_STORED, keys, sizes, n);
 }
 
-int lmc_fleet_attach_sources(lmc_coord *c)
+int lmc_fleet_attach_sources(lmc_fleet *c)
 {
     if (!c->sm)
         return 0;
@@ -90,7 +90,7 @@ int lmc_fleet_attach_sources(lmc_coord *c)
     return 0;
 }
 
-void lmc_fleet_detach_sources(lmc_coord *c)
+void lmc_fleet_detach_sources(lmc_fleet *c)
 {
     if (c->sink_set)
         lmc_storage_manager_set_l2_placement_sink(c->sm, NULL);
@@ -100,7 +100,7 @@ void lmc_fleet_detach_sources(lmc_coord *c)
 }
 
 /* One compartment per L1 backend and per L2 adapter (0 = unlimited). */
-void lmc_fleet_declare_capacity(lmc_coord *c)
+void lmc_fleet_declare_capacity(lmc_fleet *c)
 {
     if (!c->events || !c->sm)
         return;
@@ -138,13 +138,13 @@ void lmc_fleet_declare_capacity(lmc_coord *c)
 
 static void resolve_l1_sizes(void *user, const lmc_object_key *keys, size_t n, uint64_t *sizes)
 {
-    lmc_coord *c = user;
+    lmc_fleet *c = user;
     lmc_storage_manager_resident_sizes(c->sm, keys, n, sizes);
 }
 
 /* Sends body; the HTTP status (0: no answer, or out of memory).  A
  * failure is logged, rate-limited, with what becomes of the post (`fate`). */
-static long post_json(lmc_coord *c, const char *path, json_t *body, warn_limiter *w,
+static long post_json(lmc_fleet *c, const char *path, json_t *body, warn_limiter *w,
                       const char *fate)
 {
     char url[COORD_URL_MAX + 32], why[COORD_ERROR_MAX];
@@ -186,7 +186,7 @@ static lmc_fleet_event_outcome outcome_of(long status)
 }
 
 /* Entries the last take could not encode, logged once a minute at most. */
-static void warn_unencodable(lmc_coord *c, uint64_t before)
+static void warn_unencodable(lmc_fleet *c, uint64_t before)
 {
     uint64_t now = lmc_fleet_event_batcher_stats(c->events).entries_unencodable;
     if (now == before)
@@ -200,7 +200,7 @@ static void warn_unencodable(lmc_coord *c, uint64_t before)
 
 /* One post, settled; true when it was a held post that went through, so
  * that what queued meanwhile can follow at once. */
-static bool post_events_once(lmc_coord *c)
+static bool post_events_once(lmc_fleet *c)
 {
     lmc_fleet_event_take taken;
     uint64_t unencodable = lmc_fleet_event_batcher_stats(c->events).entries_unencodable;
@@ -216,13 +216,13 @@ static bool post_events_once(lmc_coord *c)
     return outcome == LMC_CEV_DELIVERED && taken.retried;
 }
 
-static void flush_events(lmc_coord *c)
+static void flush_events(lmc_fleet *c)
 {
     if (post_events_once(c))
         post_events_once(c);
 }
 
-static json_t *l2_usage_body(lmc_coord *c, const l2_usage_event *ev, size_t n, uint64_t seq)
+static json_t *l2_usage_body(lmc_fleet *c, const l2_usage_event *ev, size_t n, uint64_t seq)
 {
     json_t *list = json_array();
     for (size_t i = 0; list && i < n; i++) {
@@ -239,7 +239,7 @@ static json_t *l2_usage_body(lmc_coord *c, const l2_usage_event *ev, size_t n, u
                 : NULL;
 }
 
-static void flush_l2_usage(lmc_coord *c)
+static void flush_l2_usage(lmc_fleet *c)
 {
     pthread_mutex_lock(&c->l2_mu);
     size_t n = c->l2_n;
@@ -272,7 +272,7 @@ static void flush_l2_usage(lmc_coord *c)
 
 void *lmc_fleet_reporter_main(void *arg)
 {
-    lmc_coord *c = arg;
+    lmc_fleet *c = arg;
     double now = lmc_fleet_mono_now();
     double next_events = now, next_l2 = now + c->l2_interval;
     for (;;) {

@@ -96,6 +96,8 @@ class FakeCoordinator:
             return self._reply(h, 404, b'{"error":"unknown instance; re-register"}')
         if mode == "422":
             return self._reply(h, 422, b'{"detail":"batches[0]: refused"}')
+        if mode == "401":
+            return self._reply(h, 401, b'{"detail":"missing or wrong bearer token"}')
         if mode == "garbage":
             return self._reply(h, 200, b"\x00not json{{{")
         if mode == "huge":
@@ -347,6 +349,23 @@ def test_failed_registration_is_retried_at_the_heartbeat_cadence(coord, mode):
         coord.behaviour["register"] = "ok"
         coord.wait_for("heartbeat", 1)
         assert coord_status(srv)["registered"] is True
+    finally:
+        stop_ok(srv)
+
+
+def test_a_refused_token_names_the_flag_that_gives_it(coord):
+    """A coordinator that wants a token this server was not given: the
+    error in the log and in /status names the flag to set (issue 31)."""
+    coord.behaviour["register"] = "401"
+    srv = Server(*coordinator_args(coord))
+    try:
+        coord.wait_for("register", 2)
+        hint = "--coordinator-auth-token"
+        deadline = time.monotonic() + 5
+        while hint not in (coord_status(srv)["last_error"] or "") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hint in coord_status(srv)["last_error"], coord_status(srv)
+        assert hint in srv.output()
     finally:
         stop_ok(srv)
 
