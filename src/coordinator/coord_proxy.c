@@ -23,16 +23,31 @@ static bool address_of(lmc_coord *co, const char *id, char *ip, size_t iplen, in
     return m != NULL;
 }
 
+/* The reason a server gave in its error body ({"detail": str} or
+ * {"error": str}), or "". */
+static const char *reason_of(const json_t *body)
+{
+    const char *why = json_string_value(json_object_get(body, "detail"));
+    if (!why)
+        why = json_string_value(json_object_get(body, "error"));
+    return why ? why : "";
+}
+
 /* The server's answer: 2xx and 4xx relayed, JSON; 5xx, a failed call or
- * a non-JSON body are 502. */
+ * a non-JSON body are 502, with the server's own reason when it gave one
+ * (the operator's next step is in it: docs/coordinator.md). */
 static json_t *relay(long status, char *reply, const char *err, lmc_http_reply *out)
 {
     json_t *body = reply ? json_loads(reply, JSON_DECODE_ANY, NULL) : NULL;
     free(reply);
     if (!status || status >= 500 || !body) {
-        if (status)
-            coordinator_reply_detail(out, 502, "the server answered %ld%s", status,
-                               body ? "" : " without a JSON body");
+        const char *why = reason_of(body);
+        if (status && !body)
+            coordinator_reply_detail(out, 502, "the server answered %ld without a JSON body",
+                                     status);
+        else if (status)
+            coordinator_reply_detail(out, 502, "the server answered %ld%s%.300s", status,
+                                     *why ? ": " : "", why);
         else
             coordinator_reply_detail(out, 502, "the server could not be reached: %s", err);
         json_decref(body);

@@ -713,6 +713,11 @@ def test_prefetch_proxy_and_resync(start_coordinator, tmp_path):
         assert p["status"] == "completed" and p["found_keys"] == 8
         assert c.call("GET", f"/cache/prefetches/srv/{r['request_id']}")[0] == 404  # relayed
         assert c.call("POST", "/cache/prefetches", dict(q, world_size=0))[0] == 422
+        # The server's 503 comes back as 502 with the server's own reason
+        # (issue 31): here no worker registered that model's layout.
+        st, r = c.call("POST", "/cache/prefetches", dict(q, model_name="unregistered"))
+        assert st == 502 and r["detail"] == ("the server answered 503: no memory layout "
+                                             "registered for this model and world_size"), r
         # A registered server that is gone: 502.
         c.call("POST", "/instances", {"instance_id": "dead", "ip": "127.0.0.1",
                                       "http_port": free_port()})
