@@ -5,6 +5,7 @@
 #include "config/config_internal.h"
 
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 #ifndef LMC_VERSION_STRING
@@ -67,6 +68,61 @@ static const lmc_config_flag *resolve(const char *name, bool *negated)
     return f;
 }
 
+/* Edit distance between a and b (each at most 127 bytes), '_' read as '-'. */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b), row[128];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            char ca = a[i - 1] == '_' ? '-' : a[i - 1];
+            size_t up = row[j];
+            size_t best = diag + (ca != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* The flag an unknown name most likely meant: a name it begins (--l1-size
+ * for --l1-size-gb), or one within a few typos (docs/configuration.md);
+ * NULL when none is that close. */
+static const char *nearest_flag(const char *name)
+{
+    size_t n, len = strlen(name), best = SIZE_MAX;
+    const char *found = NULL;
+    const lmc_config_flag *flags = lmc_config_flags(&n);
+    if (len < 3 || len > 127)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        const char *f = flags[i].name;
+        if (strlen(f) > 127)
+            continue;
+        size_t d = strncmp(f, name, len) == 0 ? 1 : edit_distance(name, f);
+        if (d < best) {
+            best = d;
+            found = f;
+        }
+    }
+    return best <= 2 + len / 8 ? found : NULL;
+}
+
+static int unknown_flag(parser *p, const char *arg, const char *name)
+{
+    const char *near = nearest_flag(name);
+    if (near)
+        return lmc_cfg_fail(p->e, "unrecognized argument: %s (did you mean --%s?)", arg, near);
+    return lmc_cfg_fail(p->e, "unrecognized argument: %s", arg);
+}
+
 static int parse_flag(parser *p, const char *arg)
 {
     char name[128];
@@ -79,7 +135,7 @@ static int parse_flag(parser *p, const char *arg)
     bool negated;
     const lmc_config_flag *f = resolve(name + 2, &negated);
     if (!f)
-        return lmc_cfg_fail(p->e, "unrecognized argument: %s", arg);
+        return unknown_flag(p, arg, name + 2);
     p->seen[lmc_cfg_index(f)] = true;
     const char *inline_value = eq ? eq + 1 : NULL;
     if (is_toggle(f)) {

@@ -480,6 +480,23 @@ static void test_nargs(void **state)
     lmc_config_free(&c);
 }
 
+/* A mistyped flag names the one the operator most likely meant (issue 31);
+ * one that is like none gets the plain refusal. */
+static void test_unknown_flags_suggest_the_nearest(void **state)
+{
+    (void)state;
+    PARSE_ERR("unrecognized argument: --l1-size (did you mean --l1-size-gb?)", "--l1-size", "4");
+    PARSE_ERR("unrecognized argument: --l1_size_gb (did you mean --l1-size-gb?)", "--l1_size_gb",
+              "4");
+    PARSE_ERR("unrecognized argument: --evicton-policy (did you mean --eviction-policy?)",
+              "--evicton-policy", "LRU");
+    PARSE_ERR("unrecognized argument: --chunksize=256 (did you mean --chunk-size?)",
+              "--chunksize=256");
+    lmc_config c;
+    assert_int_equal(parse_list(&c, NULL, true, ARGS("--zzzzzzzzzzzz")), LMC_CONFIG_ERROR);
+    assert_string_equal(err, "unrecognized argument: --zzzzzzzzzzzz");
+}
+
 static void test_repeatable(void **state)
 {
     (void)state;
@@ -773,6 +790,7 @@ int main(void)
         cmocka_unit_test(test_no_forms_explicit),
         cmocka_unit_test(test_nargs),
         cmocka_unit_test(test_repeatable),
+        cmocka_unit_test(test_unknown_flags_suggest_the_nearest),
         cmocka_unit_test(test_bad_syntax),
         cmocka_unit_test(test_every_flag_missing_value),
         cmocka_unit_test(test_negative_values),
