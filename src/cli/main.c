@@ -32,7 +32,8 @@ static void usage(FILE *out)
                  "options:\n"
                  "  --host HOST        server host (default localhost)\n"
                  "  --port PORT        server port (default 5555)\n"
-                 "  --timeout SECONDS  reply timeout (default 5)\n\ncommands:\n");
+                 "  --timeout SECONDS  reply timeout (default 5)\n"
+                 "  --version          print the version and the commit built from\n\ncommands:\n");
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(out, "  %-16s %s\n", commands[i].name, commands[i].help);
 }
@@ -149,6 +150,10 @@ int main(int argc, char **argv)
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
+            return 0;
+        }
+        if (strcmp(a, "--version") == 0) {
+            printf("lmcache-cli %s (commit %s)\n", LMC_VERSION_STRING, LMC_COMMIT_STRING);
             return 0;
         }
         bool takes_value = !strcmp(a, "--host") || !strcmp(a, "--port") || !strcmp(a, "--timeout");

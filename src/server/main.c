@@ -12,6 +12,13 @@
 #include "obs/log.h"
 #include "server/server.h"
 
+#ifndef LMC_VERSION_STRING
+#define LMC_VERSION_STRING "0.0.0"
+#endif
+#ifndef LMC_COMMIT_STRING
+#define LMC_COMMIT_STRING "NA"
+#endif
+
 extern char **environ;
 
 /* SIGINT/SIGTERM are blocked in every thread and read through a signalfd by
@@ -49,6 +56,9 @@ int main(int argc, char **argv)
     lmc_log_level level = LMC_LOG_INFO;
     lmc_log_level_parse(cfg.mp.log_level, &level);
     lmc_log_set_level(level);
+    /* First, so that every log an operator sends names what produced it. */
+    LMC_INFO("lmcached %s (commit %s), instance %s", LMC_VERSION_STRING, LMC_COMMIT_STRING,
+             cfg.mp.instance_id);
 
     /* A long prompt's per-request buffers (token ids, decoded frames) are a
      * few hundred KiB: glibc would mmap and unmap each one, paying page

@@ -21,6 +21,9 @@
 
 extern char **environ;
 
+#ifndef LMC_COMMIT_STRING
+#define LMC_COMMIT_STRING "NA"
+#endif
 #ifndef LMC_VERSION_STRING
 #define LMC_VERSION_STRING "0.0.0"
 #endif
@@ -182,6 +185,7 @@ static int start_http(lmc_server *s, char *err, size_t errlen)
         .host = s->cfg->http.http_host,
         .port = s->cfg->http.http_port,
         .version = LMC_VERSION_STRING,
+        .commit = LMC_COMMIT_STRING,
         .auth_token = s->cfg->http.auth_token,
         .max_buffered_bytes = (size_t)s->cfg->http.max_buffered_mb << 20,
     };
@@ -205,6 +209,7 @@ static void start_exporter(lmc_server *s)
         .host = s->cfg->http.http_host,
         .port = obs->prometheus_port,
         .version = LMC_VERSION_STRING,
+        .commit = LMC_COMMIT_STRING,
         .threads = 1,
         .metrics_only = true,
     };

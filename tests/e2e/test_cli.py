@@ -1,4 +1,7 @@
 """End-to-end: lmcache-cli against the real server, and against none."""
+import os
+import re
+import subprocess
 import time
 
 from lmc.server import free_port, run_cli
@@ -35,3 +38,17 @@ def test_cli_usage_errors():
     assert run_cli("--port", "0", "noop").returncode == 2
     r = run_cli("--help")
     assert r.returncode == 0 and "end-session" in r.stdout
+
+
+
+def test_cli_version_names_version_and_commit():
+    """lmcache-cli --version (issue 31): the version and the commit it was
+    built from, as lmcached's /version reports them."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    git = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"],
+                         capture_output=True, text=True)
+    commit = git.stdout.strip() if git.returncode == 0 else "NA"
+    r = run_cli("--version")
+    assert r.returncode == 0, r.stderr
+    assert re.fullmatch(r"lmcache-cli \d+\.\d+\.\d+ \(commit %s\)\n" % re.escape(commit),
+                        r.stdout), r.stdout

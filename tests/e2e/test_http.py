@@ -81,11 +81,24 @@ def test_memory_pressure(http_server):
         assert key in l1
 
 
+def checkout_commit():
+    """The commit this tree is at (what CMake builds in), or "" outside git."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"],
+                       capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
 def test_version(http_server):
-    v = get_json(http_server.http_port, "/version")
-    assert isinstance(v, str) and "-" in v
-    assert v.startswith(get_json(http_server.http_port, "/lmc_version") or "NA")
-    assert isinstance(get_json(http_server.http_port, "/commit_id"), str)
+    """/version is "<version>-<commit>", the commit the binary was built from
+    (issue 31: it said "NA" even from a git checkout), and the first log
+    line names version, commit and instance id."""
+    port = http_server.http_port
+    version, commit = get_json(port, "/lmc_version"), get_json(port, "/commit_id")
+    assert version and get_json(port, "/version") == f"{version}-{commit or 'NA'}"
+    assert commit == checkout_commit()
+    first = http_server.output().splitlines()[0]
+    assert f"lmcached {version} (commit {commit or 'NA'}), instance " in first, first
 
 
 @pytest.mark.parametrize("path", ["/config", "/conf"])
