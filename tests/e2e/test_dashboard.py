@@ -193,6 +193,12 @@ def test_dashboard_renders_status():
         assert text(browser, "v-l2") == "none"  # no L2 adapters in this build
         assert text(browser, "v-coord") == "off"  # no --coordinator-url
         assert text(browser, "v-l1-objects") == f"{l1['num_objects']:,}"
+        # The hit-rate chart has its denominator from the first poll, before
+        # any lookup: "no lookups yet", not "not reported" (issue 31).
+        assert status["modules"]["lookup"]["requested_chunks"] == 0
+        assert browser.wait_for("document.getElementById('note-hit').textContent"
+                                ".startsWith('hit chunks ÷ requested chunks')"), \
+            text(browser, "note-hit")
         sessions = status["modules"]["lookup"]["sessions"]
         assert text(browser, "v-sessions") == f"{sessions:,}"
         assert text(browser, "instance") == "instance " + status["instance_id"]

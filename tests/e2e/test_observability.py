@@ -263,6 +263,13 @@ def test_lookup_span_reaches_the_otlp_receiver(receiver, monkeypatch):
         sched = s.dealer()
         assert sched.call(LOOKUP, ipc_key(toks, 0, 4 * CS, "span-1", world_size=2), 1) is not None
         assert unpack(sched.call(QUERY_PREFETCH_STATUS, "span-1")) == 3
+        # The lookup module counts what was asked as well as what hit, so a
+        # hit rate has its denominator in /status (issue 31).
+        c = http.client.HTTPConnection("127.0.0.1", s.http_port, timeout=10)
+        c.request("GET", "/status")
+        lookup_status = json.loads(c.getresponse().read())["modules"]["lookup"]
+        c.close()
+        assert (lookup_status["requested_chunks"], lookup_status["hit_chunks"]) == (4, 3)
 
         def lookup_span():
             for body in receiver.bodies("/v1/traces"):

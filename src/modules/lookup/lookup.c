@@ -31,8 +31,8 @@ typedef struct {
     lmc_module_ctx *ctx;
     lmc_jobs *jobs;
     uint32_t chunk_size;
-    atomic_uint_fast64_t lookups, hit_chunks, freed_keys, waits_parked, l2_prefetches,
-        l2_hit_chunks;
+    atomic_uint_fast64_t lookups, requested_chunks, hit_chunks, freed_keys, waits_parked,
+        l2_prefetches, l2_hit_chunks;
 } lookup_mod;
 
 /* One LOOKUP's L2 prefetch in flight; owned by the prefetch callbacks. */
@@ -425,6 +425,7 @@ static void finish_lookup(void *arg)
         lmc_event_bus_publish_deferred(m->ctx->events, LMC_EVENT_LOOKUP_END, sid,
                                        lmc_event_lookup_build, event);
     atomic_fetch_add(&m->lookups, 1);
+    atomic_fetch_add(&m->requested_chunks, lmc_ipc_key_num_chunks(k, m->chunk_size));
     if (!l2_pending) {
         lmc_jobs_complete(m->jobs, k->request_id, k->request_id_len, w->id, hits);
         atomic_fetch_add(&m->hit_chunks, (uint64_t)hits);
@@ -713,13 +714,14 @@ static int lookup_create(lmc_module_ctx *ctx, void **state, char *err, size_t er
 static json_t *lookup_status(void *state)
 {
     lookup_mod *m = state;
-    return json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "is_healthy", 1,
+    return json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "is_healthy", 1,
                      "l2_prefetches", (json_int_t)atomic_load(&m->l2_prefetches),
                      "l2_hit_chunks", (json_int_t)atomic_load(&m->l2_hit_chunks), "sessions",
                      (json_int_t)lmc_sessions_count(m->ctx->sessions), "jobs",
                      (json_int_t)lmc_jobs_count(m->jobs), "parked_waits",
                      (json_int_t)lmc_jobs_waiter_count(m->jobs), "lookups",
-                     (json_int_t)atomic_load(&m->lookups), "hit_chunks",
+                     (json_int_t)atomic_load(&m->lookups), "requested_chunks",
+                     (json_int_t)atomic_load(&m->requested_chunks), "hit_chunks",
                      (json_int_t)atomic_load(&m->hit_chunks), "freed_lock_keys",
                      (json_int_t)atomic_load(&m->freed_keys), "layouts",
                      (json_int_t)lmc_layout_registry_count(m->ctx->layouts));
