@@ -10,6 +10,7 @@
 
 #include "http/http_json.h"
 #include "http/http_routes.h"
+#include "obs/log.h"
 #include "server/server_internal.h"
 #include "storage/l2/l2_service.h"
 #include "storage/quota.h"
@@ -63,8 +64,18 @@ static void ep_quota_put(const lmc_http_request *req, lmc_http_reply *out, void 
     } else if (lmc_quotas_set(quotas_of(server), salt, (uint64_t)llround(gb * GB)) != 0) {
         lmc_http_reply_json(out, MHD_HTTP_INTERNAL_SERVER_ERROR, lmc_http_detail("out of memory"));
     } else {
-        lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:s, s:f, s:s}", "cache_salt", salt,
-                                                        "limit_gb", gb, "status", "ok"));
+        /* Accepted either way (upstream does), but an operator must learn
+         * when nothing will hold the tenant to it. */
+        bool enforced = lmc_l2_enforces_quotas(((lmc_server *)server)->ctx.storage);
+        if (enforced)
+            LMC_INFO("quota: cache_salt '%s' limited to %g GB in L2", salt, gb);
+        else
+            LMC_WARN_LIMITED("quota: cache_salt '%s' limited to %g GB, but no L2 adapter runs "
+                             "IsolatedLRU eviction, which is what enforces quotas: the limit "
+                             "is kept and not enforced (docs/http.md, \"Quotas\")", salt, gb);
+        lmc_http_reply_json(out, MHD_HTTP_OK,
+                            json_pack("{s:s, s:f, s:s, s:b}", "cache_salt", salt, "limit_gb", gb,
+                                      "status", "ok", "enforced", enforced));
     }
     json_decref(body);
 }

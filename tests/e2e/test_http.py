@@ -316,8 +316,11 @@ def test_quota_api(http_server):
     p = http_server.http_port
     for base in ("/quota", "/api/quota"):
         st, _, body = request(p, "PUT", base + "/tenant-a", body={"limit_gb": 1.5})
+        # No L2 adapter runs IsolatedLRU here: the limit is kept, the reply
+        # and the log say it is not enforced (issue 31).
         assert st == 200 and json.loads(body) == {"cache_salt": "tenant-a", "limit_gb": 1.5,
-                                                  "status": "ok"}
+                                                  "status": "ok", "enforced": False}
+        assert "limited to 1.5 GB, but no L2 adapter runs IsolatedLRU" in http_server.output()
         got = get_json(p, base + "/tenant-a")
         assert got == {"cache_salt": "tenant-a", "limit_gb": 1.5, "current_usage_gb": 0.0,
                        "exists": True}

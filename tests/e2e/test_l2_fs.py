@@ -437,7 +437,7 @@ def test_isolated_lru_quota_usage_and_allowlist(tmp_path):
         return http_json(srv, method, path, body)[1]
 
     try:
-        http("PUT", "/quota/paid", {"limit_gb": 1.0})
+        assert http("PUT", "/quota/paid", {"limit_gb": 1.0})["enforced"] is True
         ws = [Worker(srv, 6001, 0), Worker(srv, 6002, 1)]
         toks = prompt(121)
         for w in ws:

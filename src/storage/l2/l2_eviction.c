@@ -407,6 +407,14 @@ json_t *lmc_l2_eviction_status(lmc_l2_eviction *e)
     return json_pack("{s:b, s:o}", "is_healthy", 1, "adapters", list);
 }
 
+bool lmc_l2_eviction_enforces_quotas(const lmc_l2_eviction *e)
+{
+    for (size_t i = 0; e && i < e->n; i++)
+        if (strcmp(e->t[i].policy, "IsolatedLRU") == 0)
+            return true;
+    return false;
+}
+
 json_t *lmc_l2_eviction_usage_by_salt(lmc_l2_eviction *e)
 {
     json_t *out = json_object();

@@ -4,6 +4,7 @@
 #define LMC_STORAGE_L2_EVICTION_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "storage/l2/l2_adapter.h"
@@ -29,5 +30,8 @@ json_t *lmc_l2_eviction_status(lmc_l2_eviction *e);
 /* {cache_salt: bytes} summed over the IsolatedLRU targets (the only ones
  * that count per salt).  New reference. */
 json_t *lmc_l2_eviction_usage_by_salt(lmc_l2_eviction *e);
+/* True when some target runs IsolatedLRU, the one policy that enforces the
+ * per-salt quotas. */
+bool lmc_l2_eviction_enforces_quotas(const lmc_l2_eviction *e);
 
 #endif

@@ -258,6 +258,12 @@ json_t *lmc_l2_usage_by_salt(lmc_storage_manager *sm)
     return s ? lmc_l2_eviction_usage_by_salt(s->eviction) : json_object();
 }
 
+bool lmc_l2_enforces_quotas(lmc_storage_manager *sm)
+{
+    l2_service *s = service_of(sm);
+    return s && lmc_l2_eviction_enforces_quotas(s->eviction);
+}
+
 int lmc_l2_find_adapter(lmc_storage_manager *sm, const char *type)
 {
     l2_service *s = service_of(sm);

@@ -65,6 +65,9 @@ lmc_quotas *lmc_l2_quotas(lmc_storage_manager *sm);
  * that track salts, i.e. those with an "eviction" config).  New reference;
  * an empty object without an L2 tier. */
 json_t *lmc_l2_usage_by_salt(lmc_storage_manager *sm);
+/* True when an L2 adapter runs IsolatedLRU eviction, the one place the
+ * per-salt quotas are enforced (docs/http.md, "Quotas"). */
+bool lmc_l2_enforces_quotas(lmc_storage_manager *sm);
 /* L2 object listing and deletion (HTTP /cache/objects).  Without an L2
  * tier find returns -1 and the others do nothing.
  * find: index of the adapter whose type name is `type` (case-insensitive;
