@@ -1,10 +1,12 @@
 /* SQLite persistence (coord_db.h). */
 #include "coordinator/coord_db_internal.h"
 
+#include <errno.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "obs/log.h"
 
@@ -39,6 +41,29 @@ static const char SCHEMA[] =
     "  grp INTEGER, count INTEGER, PRIMARY KEY(model,salt,hash,kv_rank,grp)) WITHOUT ROWID;"
     "CREATE TABLE IF NOT EXISTS l2_log(id INTEGER PRIMARY KEY, data BLOB NOT NULL);";
 
+/* Why the database file cannot be created, in the operator's terms: the
+ * directory it names is missing or not one (SQLite says only "unable to
+ * open database file").  "" when the directory is there. */
+static void describe_directory(const char *path, char *why, size_t len)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    why[0] = '\0';
+    if (!slash)
+        return;  /* the current directory */
+    if (slash == dir)
+        slash[1] = '\0';
+    else
+        *slash = '\0';
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        snprintf(why, len, "its directory %s does not exist (%s): create it, or point "
+                           "LMCACHE_MP_COORDINATOR_DB_PATH elsewhere", dir, strerror(errno));
+    else if (!S_ISDIR(st.st_mode))
+        snprintf(why, len, "%s is not a directory", dir);
+}
+
 int coordinator_db_open(const char *path, coordinator_db **out, char *err, size_t errlen)
 {
     coordinator_db *d = calloc(1, sizeof *d);
@@ -48,8 +73,10 @@ int coordinator_db_open(const char *path, coordinator_db **out, char *err, size_
     if (sqlite3_open_v2(path, &d->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
                         SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK ||
         sqlite3_exec(d->db, SCHEMA, NULL, NULL, &msg) != SQLITE_OK) {
+        char why[4200];
+        describe_directory(path, why, sizeof why);
         snprintf(err, errlen, "LMCACHE_MP_COORDINATOR_DB_PATH %s: %s", path,
-                 msg ? msg : sqlite3_errmsg(d->db));
+                 why[0] ? why : msg ? msg : sqlite3_errmsg(d->db));
         goto fail;
     }
     for (int i = 0; i < ST_COUNT; i++) {

@@ -537,6 +537,12 @@ def test_config_refusals_and_cli(tmp_path):
                            capture_output=True, text=True, timeout=10)
         assert r.returncode == 1 and P + name in r.stderr, (name, value[:40], r.stderr)
         assert len(r.stderr.splitlines()) == 1, r.stderr
+    # A database in a directory that is not there says so, not only
+    # SQLite's "unable to open database file" (issue 31).
+    missing = tmp_path / "no-such-dir"
+    r = subprocess.run([COORDINATOR], env=dict(env, **{P + "DB_PATH": str(missing / "x.db")}),
+                       capture_output=True, text=True, timeout=10)
+    assert f"its directory {missing} does not exist" in r.stderr, r.stderr
     r = subprocess.run([COORDINATOR, "--version"], capture_output=True, text=True, timeout=10)
     assert r.returncode == 0 and r.stdout.startswith("lmcached-coordinator ")
     r = subprocess.run([COORDINATOR, "--help"], capture_output=True, text=True, timeout=10)
