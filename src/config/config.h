@@ -45,6 +45,7 @@ typedef struct {
     double worker_registration_grace_seconds; /* 3600.0 */
     /* lmcached additions (documented in docs/configuration.md) */
     char *log_level;                 /* --log-level, env LMCACHE_LOG_LEVEL, "INFO" */
+    char *log_format;                /* --log-format text|json, env LMCACHE_LOG_FORMAT */
     bool rpc_error_frames;           /* --[no-]rpc-error-frames, false */
     int max_interned_strings;        /* --max-interned-strings 65536 */
     int max_queued_requests;         /* --max-queued-requests 4096 */
@@ -80,6 +81,7 @@ typedef struct {
     char *auth_token;                /* --http-auth-token / LMCACHE_HTTP_AUTH_TOKEN, or
                                       * read from --http-auth-token-file; NULL = none */
     char *auth_token_file;           /* --http-auth-token-file, nullable */
+    unsigned auth_token_file_mode;   /* its permission bits, read with the token */
     int max_buffered_mb;             /* --http-max-buffered-mb 2048 */
 } lmc_http_config;
 
@@ -102,6 +104,7 @@ typedef struct {
     lmc_opt_double l1_size_gb;       /* --l1-size-gb (float, None) */
     bool l1_use_lazy;                /* --[no-]l1-use-lazy, true */
     int l1_init_size_gb;             /* --l1-init-size-gb 20 */
+    int l1_shm_reserve_mb;           /* --l1-shm-reserve-mb, -1 = automatic (lmcached) */
     int64_t l1_align_bytes;          /* --l1-align-bytes 4096 */
     bool l1_use_hugepages;           /* --[no-]l1-use-hugepages, false */
     char *l1_devdax_path;            /* --l1-devdax-path, nullable */

@@ -9,34 +9,55 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "config/config.h"
+#include "config/config_internal.h"
 
 typedef struct {
     const char *flag;
     bool (*requested)(const lmc_config *cfg);
     const char *missing;
+    const char *help; /* what --help says instead of the upstream text */
 } unbuilt_feature;
 
 static bool wants_blend(const lmc_config *c) { return strcmp(c->mp.engine_type, "default") != 0; }
 static bool wants_segmented(const lmc_config *c) { return c->mp.enable_segmented_prefix; }
 static bool wants_scripts(const lmc_config *c) { return c->mp.script_allowed_imports.count > 0; }
 static bool wants_p2p(const lmc_config *c) { return c->p2p.advertise_url[0] != '\0'; }
-static bool wants_trace(const lmc_config *c) { return c->obs.trace_level || c->obs.trace_output; }
+static bool wants_trace_level(const lmc_config *c) { return c->obs.trace_level != NULL; }
+static bool wants_trace_output(const lmc_config *c) { return c->obs.trace_output != NULL; }
 static bool wants_extra_logging(const lmc_config *c) { return c->obs.enable_extra_logging; }
 
+#define REFUSED "Not built into this version: any value but the default is refused at start."
 static const unbuilt_feature unbuilt[] = {
-    {"--engine-type", wants_blend, "CacheBlend engines are not built into this version"},
+    {"--engine-type", wants_blend, "CacheBlend engines are not built into this version",
+     "Only 'default' is built into this version; 'blend' and 'blend_legacy' (CacheBlend) "
+     "are refused at start."},
     {"--enable-segmented-prefix", wants_segmented,
-     "segmented prefix matching is not built into this version"},
+     "segmented prefix matching is not built into this version", REFUSED},
     {"--script-allowed-imports", wants_scripts,
-     "lmcached serves no /run_script route (docs/http.md), so there is nothing to import into"},
-    {"--p2p-advertise-url", wants_p2p, "P2P between servers is not built into this version"},
-    {"--trace-level", wants_trace,
-     "replayable trace recording (--trace-level, --trace-output) is not built into this version"},
+     "lmcached serves no /run_script route (docs/http.md), so there is nothing to import into",
+     "lmcached serves no /run_script route: any value is refused at start."},
+    {"--p2p-advertise-url", wants_p2p, "P2P between servers is not built into this version",
+     "P2P is not built into this version: a non-empty URL is refused at start (the other "
+     "--p2p-* flags are parsed and unused)."},
+    {"--trace-level", wants_trace_level,
+     "replayable trace recording (--trace-level, --trace-output) is not built into this version",
+     REFUSED},
+    {"--trace-output", wants_trace_output,
+     "replayable trace recording (--trace-level, --trace-output) is not built into this version",
+     REFUSED},
     {"--enable-extra-logging", wants_extra_logging,
      "periodic extra logging is not built into this version; /metrics and /status carry the "
-     "same figures"},
+     "same figures",
+     REFUSED " /metrics and /status carry the same figures."},
 };
+
+const char *lmc_cfg_unbuilt_help(const lmc_config_flag *f)
+{
+    for (size_t i = 0; i < sizeof unbuilt / sizeof unbuilt[0]; i++)
+        if (strcmp(unbuilt[i].flag + 2, f->name) == 0)
+            return unbuilt[i].help;
+    return NULL;
+}
 
 int lmc_config_check_built(const lmc_config *cfg, char *err, size_t errlen)
 {

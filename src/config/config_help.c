@@ -3,6 +3,7 @@
 #include "config/config_internal.h"
 
 #include <ctype.h>
+#include <stdio.h>
 #include <string.h>
 
 static const char *type_name(const lmc_config_flag *f)
@@ -40,28 +41,51 @@ static void print_usage_form(FILE *out, const lmc_config_flag *f)
     fputs(f->kind == LMC_FK_NARGS ? " ...\n" : "\n", out);
 }
 
-static void print_default(FILE *out, const lmc_config_flag *f)
+static void describe_default(char *buf, size_t cap, const lmc_config_flag *f)
 {
     if (f->def_doc)
-        fprintf(out, "default: %s", f->def_doc);
+        snprintf(buf, cap, "default: %s", f->def_doc);
     else if (!f->def)
-        fputs("default: None", out);
+        snprintf(buf, cap, "default: None");
     else if (!*f->def)
-        fputs("default: \"\"", out);
+        snprintf(buf, cap, "default: \"\"");
     else
-        fprintf(out, "default: %s", f->def);
+        snprintf(buf, cap, "default: %s", f->def);
+}
+
+/* Writes text as lines of at most HELP_WIDTH columns, each indented by
+ * HELP_INDENT, breaking at spaces (a word longer than a line stays whole):
+ * --help must read in an 80-column terminal (docs/configuration.md). */
+#define HELP_WIDTH 79
+#define HELP_INDENT 8
+static void print_wrapped(FILE *out, const char *text)
+{
+    while (*text) {
+        size_t room = HELP_WIDTH - HELP_INDENT, len = strlen(text), cut = len;
+        if (len > room) {
+            cut = room;
+            while (cut > 0 && text[cut] != ' ')
+                cut--;
+            if (cut == 0) /* one long word: up to its end */
+                cut = strcspn(text, " ");
+        }
+        fprintf(out, "%*s%.*s\n", HELP_INDENT, "", (int)cut, text);
+        text += cut;
+        while (*text == ' ')
+            text++;
+    }
 }
 
 static void print_flag(FILE *out, const lmc_config_flag *f)
 {
+    char def[256], line[1024];
     print_usage_form(out, f);
-    fprintf(out, "        (%s, ", type_name(f));
-    print_default(out, f);
-    if (f->env)
-        fprintf(out, ", env %s", f->env);
-    if (f->flags & LMC_FF_ADDITION)
-        fputs(", lmcached", out);
-    fprintf(out, ") %s\n", f->help);
+    describe_default(def, sizeof def, f);
+    const char *unbuilt = lmc_cfg_unbuilt_help(f);
+    snprintf(line, sizeof line, "(%s, %s%s%s%s) %s", type_name(f), def, f->env ? ", env " : "",
+             f->env ? f->env : "", (f->flags & LMC_FF_ADDITION) ? ", lmcached" : "",
+             unbuilt ? unbuilt : f->help);
+    print_wrapped(out, line);
 }
 
 void lmc_config_print_help(FILE *out, const char *prog)
@@ -70,7 +94,13 @@ void lmc_config_print_help(FILE *out, const char *prog)
     const lmc_config_flag *flags = lmc_config_flags(&n);
     fprintf(out, "usage: %s [options]\n\nLMCache multiprocess KV-cache server (lmcached).\n\n"
                  "options:\n  -h, --help\n        show this help message and exit\n"
-                 "  --version\n        print the version and exit\n",
+                 "  --version\n        print the version and exit\n"
+                 "  --config FILE\n"
+                 "        JSON object of flag names and values; flags and environment\n"
+                 "        variables override it (docs/configuration.md)\n"
+                 "  --print-config\n"
+                 "        print the effective configuration as --config JSON, secrets as\n"
+                 "        \"***\", and exit\n",
             prog ? prog : "lmcached");
     for (int g = 0; g < LMC_FG_COUNT; g++) {
         fprintf(out, "\n%s:\n", lmc_config_group_title((lmc_flag_group)g));

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* Long enough for any generated secret, short enough for one header. */
 #define MAX_TOKEN 4096
@@ -25,13 +26,16 @@ static bool token_ok(const char *t)
 /* The file's text, one trailing "\n" or "\r\n" dropped, or "" plus
  * *too_long when it holds more than a token could; NULL with the error
  * written when it cannot be read. */
-static char *read_token_file(const char *path, bool *too_long, lmc_cfg_err *e)
+static char *read_token_file(const char *path, bool *too_long, unsigned *mode,
+                             lmc_cfg_err *e)
 {
     FILE *f = fopen(path, "re");
     if (!f) {
         lmc_cfg_fail(e, "--http-auth-token-file: cannot read '%s': %s", path, strerror(errno));
         return NULL;
     }
+    struct stat st;
+    *mode = fstat(fileno(f), &st) == 0 ? (unsigned)(st.st_mode & 07777) : 0;
     char *buf = malloc(MAX_TOKEN + 3);
     size_t n = buf ? fread(buf, 1, MAX_TOKEN + 3, f) : 0;
     int why = errno;
@@ -62,7 +66,8 @@ static int check_token_file(lmc_config *cfg, lmc_cfg_err *e)
                                "--http-auth-token (or LMCACHE_HTTP_AUTH_TOKEN): give the "
                                "token one way");
     bool too_long;
-    char *token = read_token_file(path, &too_long, e);
+    unsigned mode;
+    char *token = read_token_file(path, &too_long, &mode, e);
     if (!token)
         return -1;
     if (too_long || !token_ok(token)) {
@@ -74,6 +79,9 @@ static int check_token_file(lmc_config *cfg, lmc_cfg_err *e)
         return rc;
     }
     cfg->http.auth_token = token;
+    /* Logged at start, not refused: a Kubernetes Secret is mounted 0644
+     * unless its defaultMode says otherwise (docs/http.md). */
+    cfg->http.auth_token_file_mode = mode;
     return 0;
 }
 

@@ -39,6 +39,22 @@ bool lmc_cfg_parse_double(const char *text, double *out);
 /* Writes a random RFC 4122 version-4 UUID (36 chars + NUL) into out[37]. */
 int lmc_cfg_uuid4(char out[37]);
 
+/* The flag an unknown name most likely meant, or NULL (config_parse.c). */
+const char *lmc_cfg_nearest_flag(const char *name);
+
+/* Fills the flags not yet seen (per flag-table index) from the JSON file
+ * at path, and marks them seen (config_file.c).  0, or -1 with e filled. */
+int lmc_cfg_apply_file(lmc_config *cfg, const char *path, bool *seen, lmc_cfg_err *e);
+
+/* --print-config: every flag by name, secrets as "***", the instance id
+ * null when it was drawn at random (config_json.c).  malloc'd text, NULL
+ * when out of memory. */
+char *lmc_cfg_to_flag_json(const lmc_config *cfg, bool random_instance_id);
+
+/* What --help says of a flag whose feature this build refuses
+ * (config_built.c), or NULL for a flag that works. */
+const char *lmc_cfg_unbuilt_help(const lmc_config_flag *f);
+
 /* Post-parse checks: table-driven ranges, then the cross-field rules. */
 int lmc_cfg_validate(lmc_config *cfg, lmc_cfg_err *e);
 int lmc_cfg_check_l1_managers(const lmc_config *cfg, lmc_cfg_err *e);

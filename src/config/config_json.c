@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "obs/json_dump.h"
 
@@ -91,6 +92,27 @@ char *lmc_config_to_json(const lmc_config *cfg)
 {
     json_t *root = build(cfg);
     char *text = root ? lmc_json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(root);
+    return text;
+}
+
+/* Flat and keyed by flag name, so that the output loads back as a --config
+ * file (secrets aside: "***" is refused there).  A random instance id is
+ * null: one file may serve many servers, and each must draw its own. */
+char *lmc_cfg_to_flag_json(const lmc_config *cfg, bool random_instance_id)
+{
+    json_t *root = json_object();
+    size_t n;
+    const lmc_config_flag *flags = lmc_config_flags(&n);
+    for (size_t i = 0; root && i < n; i++) {
+        bool drawn = random_instance_id && !strcmp(flags[i].name, "instance-id");
+        json_t *v = drawn ? json_null() : flag_value(cfg, &flags[i]);
+        if (!v || json_object_set_new(root, flags[i].name, v) != 0) {
+            json_decref(root);
+            return NULL;
+        }
+    }
+    char *text = root ? lmc_json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15)) : NULL;
     json_decref(root);
     return text;
 }

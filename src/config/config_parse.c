@@ -1,7 +1,8 @@
 /* argv + environment -> lmc_config, following Python argparse conventions:
  * "--flag value" and "--flag=value", "--no-flag" for boolean toggles,
  * nargs='*' lists that run until the next "--" argument, repeatable
- * append flags.  Precedence: explicit flag > environment > default. */
+ * append flags.  Precedence: explicit flag > environment > --config's
+ * file > default (docs/configuration.md, "Configuration file"). */
 #include "config/config_internal.h"
 
 #include <stdlib.h>
@@ -19,6 +20,8 @@ typedef struct {
     char *const *argv;
     int i;                    /* index of the argument being parsed */
     lmc_cfg_err *e;
+    const char *config_file;  /* --config FILE, or NULL */
+    bool print_config;        /* --print-config */
 } parser;
 
 /* A following argument that starts with "--" is the next flag, not a value
@@ -95,7 +98,7 @@ static size_t edit_distance(const char *a, const char *b)
 /* The flag an unknown name most likely meant: a name it begins (--l1-size
  * for --l1-size-gb), or one within a few typos (docs/configuration.md);
  * NULL when none is that close. */
-static const char *nearest_flag(const char *name)
+const char *lmc_cfg_nearest_flag(const char *name)
 {
     size_t n, len = strlen(name), best = SIZE_MAX;
     const char *found = NULL;
@@ -117,7 +120,7 @@ static const char *nearest_flag(const char *name)
 
 static int unknown_flag(parser *p, const char *arg, const char *name)
 {
-    const char *near = nearest_flag(name);
+    const char *near = lmc_cfg_nearest_flag(name);
     if (near)
         return lmc_cfg_fail(p->e, "unrecognized argument: %s (did you mean --%s?)", arg, near);
     return lmc_cfg_fail(p->e, "unrecognized argument: %s", arg);
@@ -166,8 +169,11 @@ static int apply_env(parser *p, char *const envp[])
     const lmc_config_flag *flags = lmc_config_flags(&n);
     for (size_t i = 0; i < n; i++) {
         const char *value = flags[i].env ? env_lookup(envp, flags[i].env) : NULL;
-        if (value && !p->seen[i] && lmc_cfg_set(p->cfg, &flags[i], value, flags[i].env, p->e))
+        if (!value || p->seen[i])
+            continue;
+        if (lmc_cfg_set(p->cfg, &flags[i], value, flags[i].env, p->e))
             return -1;
+        p->seen[i] = true; /* over --config's file, as a flag would be */
     }
     return 0;
 }
@@ -202,12 +208,56 @@ static int parse_argv(parser *p, FILE *help_out)
             fprintf(help_out ? help_out : stdout, "lmcached %s\n", LMC_VERSION_STRING);
             return 1;
         }
+        if (strcmp(arg, "--print-config") == 0) {
+            p->print_config = true;
+            continue;
+        }
+        if (strncmp(arg, "--config", 8) == 0 && (arg[8] == '=' || arg[8] == '\0')) {
+            if (arg[8] == '=')
+                p->config_file = arg + 9;
+            else if (p->i + 1 < p->argc && !is_flag_like(p->argv[p->i + 1]))
+                p->config_file = p->argv[++p->i];
+            else
+                return lmc_cfg_fail(p->e, "--config: expected one argument");
+            continue;
+        }
         if (!is_flag_like(arg) || arg[2] == '\0')
             return lmc_cfg_fail(p->e, "unrecognized argument: %s", arg);
         if (parse_flag(p, arg) != 0)
             return -1;
     }
     return 0;
+}
+
+/* A value the file gave that validation refused ("--port: must be in
+ * [1, 65535], got 70000") is named with the file, which the operator
+ * must edit: there is no --port on the command line to look for. */
+static void name_the_file(const parser *p, const bool *seen_before_file)
+{
+    char name[128], copy[512];
+    const char *msg = p->e->buf;
+    size_t len = msg ? strcspn(msg, ":") : 0;
+    if (!msg || strncmp(msg, "--", 2) != 0 || msg[len] != ':' || len - 2 >= sizeof name)
+        return;
+    memcpy(name, msg + 2, len - 2);
+    name[len - 2] = '\0';
+    const lmc_config_flag *f = lmc_cfg_find(name);
+    if (!f || seen_before_file[lmc_cfg_index(f)] || !p->seen[lmc_cfg_index(f)])
+        return;
+    snprintf(copy, sizeof copy, "%s", msg);
+    lmc_cfg_fail(p->e, "--config %s: \"%s\"%s", p->config_file, name, copy + len);
+}
+
+/* 1 (exit 0) once printed, -1 when out of memory. */
+static int print_config(const parser *p, FILE *out)
+{
+    bool drawn = !p->seen[lmc_cfg_index(lmc_cfg_find("instance-id"))];
+    char *text = lmc_cfg_to_flag_json(p->cfg, drawn);
+    if (!text)
+        return lmc_cfg_fail(p->e, "--print-config: out of memory");
+    fprintf(out, "%s\n", text);
+    free(text);
+    return 1;
 }
 
 lmc_config_status lmc_config_parse(lmc_config *cfg, int argc, char *const argv[],
@@ -227,10 +277,24 @@ lmc_config_status lmc_config_parse(lmc_config *cfg, int argc, char *const argv[]
         return LMC_CONFIG_ERROR;
     }
     int rc = parse_argv(&p, help_out);
-    if (rc == 0 && (rc = apply_env(&p, envp)) == 0) {
+    if (rc == 0)
+        rc = apply_env(&p, envp);
+    bool *before_file = rc == 0 && p.config_file ? malloc(n * sizeof(bool)) : NULL;
+    if (rc == 0 && p.config_file) {
+        if (before_file)
+            memcpy(before_file, p.seen, n * sizeof(bool));
+        rc = before_file ? lmc_cfg_apply_file(cfg, p.config_file, p.seen, &e)
+                         : lmc_cfg_fail(&e, "out of memory");
+    }
+    if (rc == 0) {
         apply_derived(&p);
         rc = lmc_cfg_validate(cfg, &e);
+        if (rc < 0 && before_file)
+            name_the_file(&p, before_file);
     }
+    free(before_file);
+    if (rc == 0 && p.print_config)
+        rc = print_config(&p, help_out ? help_out : stdout);
     free(p.seen);
     if (rc == 0)
         return LMC_CONFIG_OK;

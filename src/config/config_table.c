@@ -24,6 +24,7 @@ static const char *const engine_choices[] = {"default", "blend", "blend_legacy",
 static const char *const cpu_layout_choices[] = {"hnd", "hint", NULL};
 static const char *const mode_choices[] = {"lmcache_driven", "engine_driven", "auto", NULL};
 static const char *const log_choices[] = {"DEBUG", "INFO", "WARNING", "ERROR", NULL};
+static const char *const log_format_choices[] = {"text", "json", NULL};
 static const char *const evict_choices[] = {"LRU", "ARC", "IsolatedLRU", "noop", NULL};
 static const char *const store_choices[] = {"default", "skip_l1", NULL};
 static const char *const prefetch_choices[] = {"default", "retain", NULL};
@@ -96,6 +97,10 @@ static const lmc_config_flag flags[] = {
      .def = "INFO", .env = "LMCACHE_LOG_LEVEL", .choices = log_choices,
      .json_name = "log_level", .flags = LMC_FF_ADDITION | LMC_FF_LOG_LEVEL,
      .help = "Log threshold (case-insensitive; WARN and OFF also accepted)."},
+    {.name = "log-format", .group = LMC_FG_MP, .kind = LMC_FK_STR, AT(mp.log_format),
+     .def = "text", .env = "LMCACHE_LOG_FORMAT", .choices = log_format_choices,
+     .json_name = "log_format", .flags = LMC_FF_ADDITION,
+     .help = "Log lines as text, or as JSON objects one per line (docs/observability.md)."},
     {.name = "rpc-error-frames", .group = LMC_FG_MP, .kind = LMC_FK_BOOL,
      AT(mp.rpc_error_frames), .def = "false", .json_name = "rpc_error_frames",
      .flags = LMC_FF_ADDITION,
@@ -228,6 +233,12 @@ static const lmc_config_flag flags[] = {
     {.name = "l1-init-size-gb", .group = LMC_FG_L1, .kind = LMC_FK_INT,
      AT(storage.l1_init_size_gb), .def = "20", .json_name = "l1_init_size_gb", GT0,
      .help = "Initially pinned GiB when lazy (clamped to the size)."},
+    {.name = "l1-shm-reserve-mb", .group = LMC_FG_L1, .kind = LMC_FK_INT,
+     AT(storage.l1_shm_reserve_mb), .def = "-1",
+     .def_doc = "-1: an eighth of /dev/shm, at most 1024", .json_name = "l1_shm_reserve_mb",
+     .flags = LMC_FF_ADDITION, .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = -1,
+     .max = 1048576,
+     .help = "MiB of /dev/shm the L1 never takes, left to the engine's processes beside it."},
     {.name = "l1-align-bytes", .group = LMC_FG_L1, .kind = LMC_FK_I64,
      AT(storage.l1_align_bytes), .def = "4096", .json_name = "l1_align_bytes",
      .help = "Allocation alignment, a power of two."},
@@ -285,7 +296,7 @@ static const lmc_config_flag flags[] = {
     {.name = "periodic-notifier-interval-ms", .group = LMC_FG_L2, .kind = LMC_FK_INT,
      AT(storage.periodic_notifier_interval_ms), .def = "5",
      .json_name = "periodic_notifier_interval_ms", GT0,
-     .help = "Tick period of the shared periodic event notifier."},
+     .help = "Accepted for compatibility; no effect (lmcached's L2 controllers wake when work arrives)."},
 
     /* --- Observability ----------------------------------------------------- */
     {.name = "disable-observability", .group = LMC_FG_OBS, .kind = LMC_FK_TRUE,

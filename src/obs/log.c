@@ -11,6 +11,23 @@
 #include "core/utf8.h"
 
 static atomic_int log_threshold = LMC_LOG_INFO;
+static atomic_int log_format = LMC_LOG_TEXT;
+
+void lmc_log_set_format(lmc_log_format format)
+{
+    atomic_store_explicit(&log_format, (int)format, memory_order_relaxed);
+}
+
+bool lmc_log_format_parse(const char *text, lmc_log_format *out)
+{
+    if (strcasecmp(text, "text") == 0)
+        *out = LMC_LOG_TEXT;
+    else if (strcasecmp(text, "json") == 0)
+        *out = LMC_LOG_JSON;
+    else
+        return false;
+    return true;
+}
 
 void lmc_log_set_level(lmc_log_level level)
 {
@@ -103,25 +120,56 @@ bool lmc_log_limit_pass(lmc_log_limit *l, unsigned long long *suppressed_before)
     return false;
 }
 
+/* ISO 8601 local time with milliseconds and the zone's offset,
+ * "2026-12-05T06:40:00.123+01:00": a log read in another zone, or merged
+ * with the engine's, still orders right. */
+static void iso8601_now(char *out, size_t cap)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    struct tm tm;
+    localtime_r(&tv.tv_sec, &tm);
+    char date[32], zone[8];
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S", &tm);
+    strftime(zone, sizeof zone, "%z", &tm); /* "+0100" */
+    unsigned ms = (unsigned)(tv.tv_usec / 1000) % 1000u;
+    snprintf(out, cap, "%s.%03u%.3s:%.2s", date, ms, zone, zone[0] ? zone + 3 : "00");
+}
+
+/* The escaped message inside a JSON string: escape() left only printable
+ * ASCII and valid UTF-8, so '"' and '\' are all that JSON still needs. */
+static void json_quote(char *dst, size_t cap, const char *src)
+{
+    size_t o = 0;
+    for (; *src && o + 3 < cap; src++) {
+        if (*src == '"' || *src == '\\')
+            dst[o++] = '\\';
+        dst[o++] = *src;
+    }
+    dst[o] = '\0';
+}
+
 void lmc_log_write(lmc_log_level level, const char *file, int line, const char *fmt, ...)
 {
-    char raw[2048], message[2048];
+    char raw[2048], message[2048], stamp[64];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
     escape(message, sizeof message, raw);
-
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    struct tm tm;
-    localtime_r(&tv.tv_sec, &tm);
-    char stamp[32];
-    strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &tm);
+    iso8601_now(stamp, sizeof stamp);
 
     const char *base = strrchr(file, '/');
     base = base ? base + 1 : file;
     /* One fprintf per record keeps lines from different threads whole. */
-    fprintf(stderr, "[%s.%03ld] %-7s %s:%d: %s\n", stamp, (long)(tv.tv_usec / 1000),
-            lmc_log_level_name(level), base, line, message);
+    if (atomic_load_explicit(&log_format, memory_order_relaxed) == LMC_LOG_JSON) {
+        char quoted[4096], source[256];
+        json_quote(quoted, sizeof quoted, message);
+        json_quote(source, sizeof source, base);
+        fprintf(stderr, "{\"time\":\"%s\",\"level\":\"%s\",\"source\":\"%s:%d\",\"message\":\"%s\"}\n",
+                stamp, lmc_log_level_name(level), source, line, quoted);
+        return;
+    }
+    fprintf(stderr, "[%s] %-7s %s:%d: %s\n", stamp, lmc_log_level_name(level), base, line,
+            message);
 }

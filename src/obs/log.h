@@ -3,9 +3,9 @@
  * part of valid UTF-8 escaped as \xNN, so that a string a client chose (a
  * model name, a request id) can never forge a line or a terminal sequence.
  *
- * The level threshold is the single piece of process-wide state outside the
- * server context: it is set once at start-up, before any thread exists, and
- * only read afterwards (relaxed atomic). */
+ * The level threshold and the format are the only process-wide state
+ * outside the server context: set once at start-up, before any thread
+ * exists, and only read afterwards (relaxed atomics). */
 #ifndef LMC_OBS_LOG_H
 #define LMC_OBS_LOG_H
 
@@ -27,6 +27,15 @@ bool lmc_log_enabled(lmc_log_level level);
  * Returns false for anything else. */
 bool lmc_log_level_parse(const char *text, lmc_log_level *out);
 const char *lmc_log_level_name(lmc_log_level level);
+
+/* text: "[2026-12-05T06:40:00.123+00:00] INFO    file.c:12: message";
+ * json: one object per line, {"time","level","source","message"}
+ * (docs/observability.md, "Logging").  Set once at start, like the level. */
+typedef enum { LMC_LOG_TEXT, LMC_LOG_JSON } lmc_log_format;
+
+void lmc_log_set_format(lmc_log_format format);
+/* Accepts "text" and "json" in any case; false for anything else. */
+bool lmc_log_format_parse(const char *text, lmc_log_format *out);
 
 void lmc_log_write(lmc_log_level level, const char *file, int line,
                    const char *fmt, ...) __attribute__((format(printf, 4, 5)));

@@ -56,9 +56,16 @@ int main(int argc, char **argv)
     lmc_log_level level = LMC_LOG_INFO;
     lmc_log_level_parse(cfg.mp.log_level, &level);
     lmc_log_set_level(level);
+    lmc_log_format format = LMC_LOG_TEXT;
+    lmc_log_format_parse(cfg.mp.log_format, &format);
+    lmc_log_set_format(format);
     /* First, so that every log an operator sends names what produced it. */
     LMC_INFO("lmcached %s (commit %s), instance %s", LMC_VERSION_STRING, LMC_COMMIT_STRING,
              cfg.mp.instance_id);
+    if (cfg.http.auth_token_file && (cfg.http.auth_token_file_mode & 0077))
+        LMC_WARN("--http-auth-token-file %s has mode %04o: other users of this machine can read "
+                 "the token; chmod 600 it (docs/http.md, \"Authentication\")",
+                 cfg.http.auth_token_file, cfg.http.auth_token_file_mode);
 
     /* A long prompt's per-request buffers (token ids, decoded frames) are a
      * few hundred KiB: glibc would mmap and unmap each one, paying page

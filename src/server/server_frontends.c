@@ -189,10 +189,8 @@ static int start_http(lmc_server *s, char *err, size_t errlen)
         .auth_token = s->cfg->http.auth_token,
         .max_buffered_bytes = (size_t)s->cfg->http.max_buffered_mb << 20,
     };
-    if (lmc_http_server_start(&opts, &backend, s->routes, &s->http, err, errlen) != 0)
-        return -1;
-    LMC_INFO("HTTP frontend on http://%s:%d", opts.host, lmc_http_server_port(s->http));
-    return 0;
+    /* lmc_http_server_start() logs where it listens, once. */
+    return lmc_http_server_start(&opts, &backend, s->routes, &s->http, err, errlen);
 }
 
 /* ZMQ-only mode (--no-http): the standalone Prometheus exporter serves

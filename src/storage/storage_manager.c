@@ -33,6 +33,9 @@ struct lmc_storage_manager {
     pthread_t grower;
     bool grower_running;
     bool grower_stop;
+    /* Why /dev/shm backs less than the configured L1, "" while it backs
+     * all of it so far (grower_mutex): /status says so (docs/storage.md). */
+    char shm_short[512];
     const lmc_storage_tier_ops *l2_ops;   /* set once before concurrent use */
     void *l2;
     lmc_quotas *quotas;                   /* per-salt L2 limits (docs/l2.md) */
@@ -137,6 +140,9 @@ static void *grower_main(void *arg)
             LMC_ERROR("L1: growth stopped at %llu of %llu bytes: %s",
                       (unsigned long long)committed, (unsigned long long)st.configured_bytes,
                       err);
+            pthread_mutex_lock(&sm->grower_mutex);
+            snprintf(sm->shm_short, sizeof sm->shm_short, "%s", err);
+            pthread_mutex_unlock(&sm->grower_mutex);
             break;
         }
         uint64_t next = lmc_l1_manager_grow(sm->l1, step);
@@ -227,6 +233,7 @@ static uint64_t back_initial(lmc_storage_manager *sm, uint64_t initial, const ch
         snprintf(err, errlen, "%s; enlarge /dev/shm (docker: --shm-size) or lower %s", why, flag);
         return 0;
     }
+    snprintf(sm->shm_short, sizeof sm->shm_short, "%s", why);
     LMC_ERROR("L1: /dev/shm can back only %llu of the %llu bytes to commit at start; serving "
               "with %llu (%s); enlarge /dev/shm (docker: --shm-size) or lower %s",
               (unsigned long long)backed, (unsigned long long)initial, (unsigned long long)backed,
@@ -239,7 +246,7 @@ static int create_l1(lmc_storage_manager *sm, char *err, size_t errlen)
     const lmc_storage_options *o = &sm->opts;
     uint64_t configured = o->l1_size_bytes & ~(o->l1_align_bytes - 1);
     lmc_l1_arena_options ao = {configured, o->shm_auto ? NULL : o->shm_name,
-                               o->l1_use_hugepages};
+                               o->l1_use_hugepages, o->l1_shm_reserve_bytes};
     sm->arena = lmc_l1_arena_create(&ao, err, errlen);
     if (!sm->arena)
         return -1;
@@ -296,6 +303,25 @@ static int create_eviction(lmc_storage_manager *sm, char *err, size_t errlen)
     return 0;
 }
 
+/* The line an operator reads for the L1's size: the bytes it can use now
+ * when /dev/shm cut the start short, not only the bytes asked for. */
+static void log_l1_ready(lmc_storage_manager *sm)
+{
+    const lmc_l1_arena_desc *d = lmc_l1_arena_describe(sm->arena);
+    lmc_l1_stats st;
+    lmc_l1_manager_stats(sm->l1, &st);
+    const char *where = d->shm_name[0] ? "shm " : "private memory";
+    if (sm->shm_short[0]) /* only create_l1 wrote it so far: no lock needed yet */
+        LMC_WARN("L1: %llu bytes configured but only %llu usable (%s%s, /dev/shm is too small: "
+                 "enlarge it, docker: --shm-size), eviction %s",
+                 (unsigned long long)d->size, (unsigned long long)st.committed_bytes, where,
+                 d->shm_name, sm->opts.eviction_policy);
+    else
+        LMC_INFO("L1: %llu bytes (%s%s, %llu of /dev/shm kept free), eviction %s",
+                 (unsigned long long)d->size, where, d->shm_name,
+                 (unsigned long long)d->shm_reserve, sm->opts.eviction_policy);
+}
+
 lmc_storage_manager *lmc_storage_manager_create(const lmc_storage_options *o,
                                                 char *err, size_t errlen)
 {
@@ -324,9 +350,7 @@ lmc_storage_manager *lmc_storage_manager_create(const lmc_storage_options *o,
         snprintf(err, errlen, "cannot start the L1 growth thread");
         goto fail;
     }
-    const lmc_l1_arena_desc *d = lmc_l1_arena_describe(sm->arena);
-    LMC_INFO("L1: %llu bytes (%s%s), eviction %s", (unsigned long long)d->size,
-             d->shm_name[0] ? "shm " : "private memory", d->shm_name, o->eviction_policy);
+    log_l1_ready(sm);
     return sm;
 fail:
     lmc_storage_manager_close(sm);
@@ -607,13 +631,20 @@ size_t lmc_storage_manager_run_eviction_once(lmc_storage_manager *sm)
     return lmc_l1_eviction_run_once(sm->eviction);
 }
 
-static json_t *arena_status(const lmc_storage_manager *sm)
+static json_t *arena_status(lmc_storage_manager *sm)
 {
     const lmc_l1_arena_desc *d = lmc_l1_arena_describe(sm->arena);
-    return json_pack("{s:s, s:I, s:b, s:b, s:I}", "shm_name", d->shm_name,
-                     "size_bytes", (json_int_t)d->size, "hugepages", d->hugepages,
-                     "lazy", sm->opts.l1_use_lazy && !sm->opts.l1_use_hugepages,
-                     "align_bytes", (json_int_t)sm->opts.l1_align_bytes);
+    lmc_l1_stats st;
+    lmc_l1_manager_stats(sm->l1, &st);
+    pthread_mutex_lock(&sm->grower_mutex);
+    json_t *shm_short = sm->shm_short[0] ? json_string(sm->shm_short) : json_null();
+    pthread_mutex_unlock(&sm->grower_mutex);
+    return json_pack("{s:s, s:I, s:I, s:b, s:b, s:I, s:I, s:o}", "shm_name", d->shm_name,
+                     "size_bytes", (json_int_t)d->size, "committed_bytes",
+                     (json_int_t)st.committed_bytes, "hugepages", d->hugepages, "lazy",
+                     sm->opts.l1_use_lazy && !sm->opts.l1_use_hugepages, "align_bytes",
+                     (json_int_t)sm->opts.l1_align_bytes, "shm_reserve_bytes",
+                     (json_int_t)d->shm_reserve, "shm_short", shm_short);
 }
 
 void lmc_storage_manager_l1_stats(lmc_storage_manager *sm, lmc_l1_stats *out)

@@ -46,6 +46,7 @@ typedef struct lmc_storage_options {
     uint64_t l1_init_bytes;          /* lazy: committed at start (rounded up to 64 MiB) */
     uint64_t l1_align_bytes;         /* power of two */
     bool l1_use_hugepages;
+    int64_t l1_shm_reserve_bytes;    /* /dev/shm left free; < 0: automatic */
     bool shm_auto;                   /* true: "lmcache_l1_pool_<pid>" */
     char shm_name[LMC_L1_SHM_NAME_MAX + 1]; /* when !shm_auto; "" = private memory */
     int l1_write_ttl_seconds;

@@ -25,6 +25,7 @@ void lmc_storage_options_defaults(lmc_storage_options *o)
     o->eviction_ratio = 0.2;
     o->eviction_period_ms = 1000;
     o->lazy_grow_step_bytes = GIB;
+    o->l1_shm_reserve_bytes = -1;
     o->check_books = LMC_L1_CHECK_BOOKS_DEFAULT;
 }
 
@@ -83,6 +84,7 @@ int lmc_storage_options_from_config(const lmc_config *cfg, lmc_storage_options *
 {
     const lmc_storage_config *s = &cfg->storage;
     lmc_storage_options_defaults(o);
+    o->l1_shm_reserve_bytes = s->l1_shm_reserve_mb < 0 ? -1 : (int64_t)s->l1_shm_reserve_mb << 20;
     o->l1_write_ttl_seconds = s->l1_write_ttl_seconds;
     o->l1_read_ttl_seconds = s->l1_read_ttl_seconds;
     o->eviction_trigger_watermark = s->eviction_trigger_watermark;

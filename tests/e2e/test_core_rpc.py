@@ -1,10 +1,12 @@
 """End-to-end: the core RPC surface of the real lmcached binary."""
+import json
 import os
 import random
 import re
 import subprocess
 import threading
 import time
+import urllib.request
 
 import msgpack
 import pytest
@@ -217,26 +219,28 @@ def _can_mount_private_tmpfs():
     return r.returncode == 0
 
 
-def _lmcached_with_dev_shm(size, port, *args):
+def _lmcached_with_dev_shm(size, port, *args, http_port=None):
     """Argv running lmcached in a private mount namespace whose /dev/shm is a
     tmpfs of `size` (the rest of the system keeps its own)."""
     script = f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec \"$@\""
     return ["unshare", "-m", "sh", "-c", script, "sh", LMCACHED, "--host", "127.0.0.1",
-            "--port", str(port), "--http-port", str(free_port()), "--l1-size-gb", "0.0625",
-            "--eviction-policy", "LRU", *args]
+            "--port", str(port), "--http-port", str(http_port or free_port()),
+            "--l1-size-gb", "0.0625", "--eviction-policy", "LRU", *args]
 
 
 def test_dev_shm_smaller_than_the_pool():
     """Docker's default /dev/shm is 64 MiB. A pool that does not fit serves with
     the part that does (upstream's default L1 needs no /dev/shm, so such a
-    deployment must keep working), saying so; with no room at all start-up
+    deployment must keep working), saying so in the line that gives the L1's
+    size and in /status; it leaves an eighth of /dev/shm to the engine's
+    processes beside it (--l1-shm-reserve-mb); with no room at all start-up
     fails with a clear message. Never SIGBUS in an engine writing its slots."""
     if not _can_mount_private_tmpfs():
         pytest.skip("needs to mount a tmpfs in a private mount namespace (root)")
-    port = free_port()
+    port, http_port = free_port(), free_port()
     log = open(f"/tmp/lmcached-e2e-shm-{port}.log", "w+b")
-    proc = subprocess.Popen(_lmcached_with_dev_shm("32m", port), stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(_lmcached_with_dev_shm("32m", port, http_port=http_port),
+                            stdout=log, stderr=subprocess.STDOUT)
     ctx = zmq.Context()
     try:
         d = Dealer(ctx, f"tcp://127.0.0.1:{port}")
@@ -246,7 +250,15 @@ def test_dev_shm_smaller_than_the_pool():
         d.close()
         log.flush()
         text = open(log.name, "rb").read().decode()
-        assert "can back only 33554432 of the 67108864 bytes" in text and "--shm-size" in text
+        # 32 MiB less the 4 MiB reserve, in whole 4 MiB granules.
+        assert "can back only 29360128 of the 67108864 bytes" in text and "--shm-size" in text
+        assert "L1: 67108864 bytes configured but only 29360128 usable" in text, text
+        assert "L1: 67108864 bytes (" not in text, text
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/status", timeout=5) as r:
+            arena = json.load(r)["storage_manager"]["l1_arena"]
+        assert arena["committed_bytes"] == 29360128 and arena["size_bytes"] == 67108864
+        assert arena["shm_reserve_bytes"] == 4 << 20
+        assert "--l1-shm-reserve-mb" in arena["shm_short"], arena
     finally:
         proc.terminate()
         assert proc.wait(20) == 0
@@ -254,6 +266,11 @@ def test_dev_shm_smaller_than_the_pool():
         log.close()
     r = subprocess.run(_lmcached_with_dev_shm("1m", free_port()), capture_output=True,
                        text=True, timeout=20)
+    assert r.returncode == 1, r.stderr
+    assert "--l1-shm-reserve-mb" in r.stderr and "--shm-size" in r.stderr, r.stderr
+    # With no reserve, the pool may take all of /dev/shm, as before.
+    r = subprocess.run(_lmcached_with_dev_shm("1m", free_port(), "--l1-shm-reserve-mb", "0"),
+                       capture_output=True, text=True, timeout=20)
     assert r.returncode == 1, r.stderr
     assert "No space left on device" in r.stderr and "--shm-size" in r.stderr, r.stderr
 

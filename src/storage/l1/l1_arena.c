@@ -53,13 +53,33 @@ static uint64_t shm_bytes_available(void)
     return (uint64_t)vfs.f_bavail * vfs.f_frsize;
 }
 
-static void warn_if_shm_too_small(uint64_t size)
+static uint64_t shm_bytes_total(void)
+{
+    struct statvfs vfs;
+    if (statvfs("/dev/shm", &vfs) != 0)
+        return 0;
+    return (uint64_t)vfs.f_blocks * vfs.f_frsize;
+}
+
+#define AUTO_RESERVE_MAX (1ull << 30)
+
+static uint64_t resolve_reserve(int64_t requested)
+{
+    if (requested >= 0)
+        return (uint64_t)requested;
+    uint64_t eighth = shm_bytes_total() / 8;
+    return eighth < AUTO_RESERVE_MAX ? eighth : AUTO_RESERVE_MAX;
+}
+
+static void warn_if_shm_too_small(uint64_t size, uint64_t reserve)
 {
     uint64_t avail = shm_bytes_available();
-    if (avail < size)
-        LMC_WARN("/dev/shm has %llu bytes available but the L1 arena is %llu bytes; "
-                 "the L1 will grow only as far as /dev/shm can back it",
-                 (unsigned long long)avail, (unsigned long long)size);
+    if (avail < size + reserve)
+        LMC_WARN("/dev/shm has %llu bytes available but the L1 arena is %llu bytes, and %llu "
+                 "stay free for other processes (--l1-shm-reserve-mb); the L1 will grow only "
+                 "as far as /dev/shm can back it",
+                 (unsigned long long)avail, (unsigned long long)size,
+                 (unsigned long long)reserve);
 }
 
 /* Every lmcached holds a shared flock on its pool, so an exclusive one is
@@ -149,7 +169,7 @@ static int map_shm(lmc_l1_arena *arena, uint64_t size, char *err, size_t errlen)
     }
     flock(fd, LOCK_SH);   /* "in use", for other servers' sweeps; kept till destroy */
     arena->shm_fd = fd;
-    warn_if_shm_too_small(size);
+    warn_if_shm_too_small(size, arena->desc.shm_reserve);
     arena->desc.base = base;
     arena->desc.size = size;
     return 0;
@@ -202,6 +222,7 @@ lmc_l1_arena *lmc_l1_arena_create(const lmc_l1_arena_options *opts, char *err, s
     }
     arena->desc.shm_name = arena->shm_name;
     bool use_shm = arena->shm_name[0] != '\0';
+    arena->desc.shm_reserve = use_shm ? resolve_reserve(opts->shm_reserve_bytes) : 0;
     if (use_shm && opts->use_hugepages) {
         snprintf(err, errlen, "hugepages cannot be combined with a shared-memory L1; "
                               "use --shm-name \"\"");
@@ -222,6 +243,15 @@ int lmc_l1_arena_commit(lmc_l1_arena *arena, uint64_t offset, uint64_t len, char
 {
     if (arena->shm_fd < 0 || len == 0)
         return 0;   /* private memory: the kernel commits it on first touch */
+    uint64_t avail = shm_bytes_available(), reserve = arena->desc.shm_reserve;
+    if (reserve > 0 && (avail < reserve || avail - reserve < len)) {
+        snprintf(err, errlen, "cannot back bytes %llu..%llu of shared-memory pool /%s: /dev/shm "
+                              "has %llu bytes available and %llu stay free for other processes "
+                              "(--l1-shm-reserve-mb)",
+                 (unsigned long long)offset, (unsigned long long)(offset + len), arena->shm_name,
+                 (unsigned long long)avail, (unsigned long long)reserve);
+        return -1;
+    }
     int rc;
     do
         rc = posix_fallocate(arena->shm_fd, (off_t)offset, (off_t)len);

@@ -34,6 +34,10 @@ typedef struct lmc_l1_arena_options {
      * the name, with LMC_L1_SHM_PREFIX prepended when missing. */
     const char *shm_name;
     bool use_hugepages;       /* private memory only (needs shm_name "") */
+    /* Bytes of /dev/shm that commits leave free for the processes beside
+     * the server (the engine's own IPC); < 0: an eighth of /dev/shm, at
+     * most 1 GiB (docs/configuration.md, --l1-shm-reserve-mb). */
+    int64_t shm_reserve_bytes;
 } lmc_l1_arena_options;
 
 typedef struct lmc_l1_arena_desc {
@@ -41,6 +45,7 @@ typedef struct lmc_l1_arena_desc {
     uint64_t size;            /* mapped bytes (hugepages: rounded up to 2 MiB) */
     const char *shm_name;     /* without leading "/"; "" when private */
     bool hugepages;
+    uint64_t shm_reserve;     /* resolved shm_reserve_bytes; 0 when private */
 } lmc_l1_arena_desc;
 
 /* Resolves the SHM segment name per the rules above for process `pid`.
@@ -55,7 +60,8 @@ lmc_l1_arena *lmc_l1_arena_create(const lmc_l1_arena_options *opts, char *err, s
 
 /* Backs [offset, offset + len) of an SHM arena with tmpfs pages now
  * (no-op for private memory).  -1 with a reason in `err` when /dev/shm (or
- * the memory limit) cannot hold them; nothing of the range is kept then.
+ * the memory limit) cannot hold them beside the reserve; nothing of the
+ * range is kept then.
  * This is also where a CUDA build will pin the range. */
 int lmc_l1_arena_commit(lmc_l1_arena *arena, uint64_t offset, uint64_t len, char *err,
                         size_t errlen);

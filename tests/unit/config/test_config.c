@@ -85,6 +85,7 @@ static void assert_mp_defaults(const lmc_config *c)
     assert_true(c->mp.worker_reap_timeout_seconds == 120.0);
     assert_true(c->mp.worker_registration_grace_seconds == 3600.0);
     assert_string_equal(c->mp.log_level, "INFO");
+    assert_string_equal(c->mp.log_format, "text");
     assert_false(c->mp.rpc_error_frames);
     assert_int_equal(c->mp.max_interned_strings, 65536);
     assert_int_equal(c->mp.max_queued_requests, 4096);
@@ -123,6 +124,7 @@ static void assert_storage_defaults(const lmc_storage_config *s)
     assert_int_equal(s->l1_manager_json.count, 0);
     assert_true(s->l1_use_lazy);
     assert_int_equal(s->l1_init_size_gb, 20);
+    assert_int_equal(s->l1_shm_reserve_mb, -1);
     assert_int_equal(s->l1_align_bytes, 4096);
     assert_false(s->l1_use_hugepages);
     assert_null(s->l1_devdax_path);
@@ -213,7 +215,7 @@ static const char *const all_args[] = {
     "--enable-segmented-prefix",
     "--shm-name", "myshm", "--script-allowed-imports", "math", "json",
     "--worker-reap-timeout-seconds", "60", "--worker-registration-grace-seconds", "90.5",
-    "--log-level", "debug", "--rpc-error-frames", "--max-interned-strings", "1000",
+    "--log-level", "debug", "--log-format", "json", "--rpc-error-frames", "--max-interned-strings", "1000",
     "--max-queued-requests", "7",
     "--runtime-plugin-locations", "/a", "/b",
     "--runtime-plugin-config", "{\"k\":1}", "--p2p-listen-url", "0.0.0.0:7000",
@@ -226,7 +228,8 @@ static const char *const all_args[] = {
     "--coordinator-l2-event-flush-interval", "0.5", "--coordinator-event-reporting",
     "--coordinator-event-flush-interval", "0.25", "--coordinator-auth-token", "ctok",
     "--l1-size-gb", "2.5",
-    "--no-l1-use-lazy", "--l1-init-size-gb", "4", "--l1-align-bytes", "8192",
+    "--no-l1-use-lazy", "--l1-init-size-gb", "4", "--l1-shm-reserve-mb", "128",
+    "--l1-align-bytes", "8192",
     "--no-gds-l1-use-direct-io", "--gds-l1-backend", "cufile", "--l1-write-ttl-seconds",
     "60", "--l1-read-ttl-seconds", "30", "--eviction-policy", "ARC",
     "--eviction-trigger-watermark", "0.9", "--eviction-ratio", "0.1", "--l2-store-policy",
@@ -264,6 +267,7 @@ static void assert_all_mp(const lmc_config *c)
     assert_true(c->mp.worker_reap_timeout_seconds == 60.0);
     assert_true(c->mp.worker_registration_grace_seconds == 90.5);
     assert_string_equal(c->mp.log_level, "DEBUG");
+    assert_string_equal(c->mp.log_format, "json");
     assert_true(c->mp.rpc_error_frames);
     assert_int_equal(c->mp.max_interned_strings, 1000);
     assert_int_equal(c->mp.max_queued_requests, 7);
@@ -303,6 +307,7 @@ static void assert_all_storage(const lmc_storage_config *s)
     assert_true(s->l1_size_gb.set && s->l1_size_gb.value == 2.5);
     assert_false(s->l1_use_lazy);
     assert_int_equal(s->l1_init_size_gb, 4);
+    assert_int_equal(s->l1_shm_reserve_mb, 128);
     assert_int_equal(s->l1_align_bytes, 8192);
     assert_false(s->gds_l1_use_direct_io);
     assert_string_equal(s->gds_l1_backend, "cufile");

@@ -553,7 +553,7 @@ static void test_unbuilt_features_refused(void **state)
     expect_unbuilt(NULL, ARGS("--p2p-advertise-url", "10.0.0.1:9000", "--coordinator-url", "http://c"),
                    "--p2p-advertise-url");
     expect_unbuilt(NULL, ARGS("--trace-level", "storage"), "--trace-level");
-    expect_unbuilt(NULL, ARGS("--trace-output", "/tmp/t.bin"), "--trace-level");
+    expect_unbuilt(NULL, ARGS("--trace-output", "/tmp/t.bin"), "--trace-output");
     expect_unbuilt(NULL, ARGS("--enable-extra-logging"), "--enable-extra-logging");
     /* Documented as having no effect, and accepted. */
     expect_unbuilt(NULL, ARGS("--enable-gc-monitor", "--periodic-notifier-interval-ms", "50"), NULL);

@@ -14,6 +14,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -70,7 +71,7 @@ static void test_shm_shared_with_second_mapping(void **state)
     (void)state;
     char name[64], err[256] = "";
     unique_name(name, sizeof(name), "share");
-    lmc_l1_arena_options o = {ARENA_BYTES, name, false};
+    lmc_l1_arena_options o = {ARENA_BYTES, name, false, 0};
     lmc_l1_arena *arena = lmc_l1_arena_create(&o, err, sizeof(err));
     assert_non_null(arena);
     const lmc_l1_arena_desc *d = lmc_l1_arena_describe(arena);
@@ -102,7 +103,7 @@ static void test_default_name_uses_pid(void **state)
 {
     (void)state;
     char err[256] = "";
-    lmc_l1_arena_options o = {1 << 20, NULL, false};
+    lmc_l1_arena_options o = {1 << 20, NULL, false, 0};
     lmc_l1_arena *arena = lmc_l1_arena_create(&o, err, sizeof(err));
     assert_non_null(arena);
     char expected[64];
@@ -122,7 +123,7 @@ static void test_stale_segment_is_replaced(void **state)
     assert_int_equal(ftruncate(fd, 4096), 0);
     assert_int_equal(write(fd, "stale!", 6), 6);
     close(fd);
-    lmc_l1_arena_options o = {ARENA_BYTES, name, false};
+    lmc_l1_arena_options o = {ARENA_BYTES, name, false, 0};
     lmc_l1_arena *arena = lmc_l1_arena_create(&o, err, sizeof(err));
     assert_non_null(arena);
     const lmc_l1_arena_desc *d = lmc_l1_arena_describe(arena);
@@ -178,7 +179,7 @@ static void test_abandoned_pools_are_swept(void **state)
     close(make_pool(alive));
     char name[64], err[256] = "";
     unique_name(name, sizeof(name), "sweeper");
-    lmc_l1_arena_options o = {1 << 20, name, false};
+    lmc_l1_arena_options o = {1 << 20, name, false, 0};
     lmc_l1_arena *arena = lmc_l1_arena_create(&o, err, sizeof(err));
     assert_non_null(arena);
     assert_false(pool_exists(gone));
@@ -207,7 +208,7 @@ static void test_live_pool_name_is_refused(void **state)
     (void)state;
     char name[64], err[256] = "";
     unique_name(name, sizeof(name), "taken");
-    lmc_l1_arena_options o = {1 << 20, name, false};
+    lmc_l1_arena_options o = {1 << 20, name, false, 0};
     lmc_l1_arena *first = lmc_l1_arena_create(&o, err, sizeof(err));
     assert_non_null(first);
     uint8_t *base = lmc_l1_arena_describe(first)->base;
@@ -242,7 +243,7 @@ static void test_commit_backs_range(void **state)
     (void)state;
     char name[64], err[256] = "";
     unique_name(name, sizeof(name), "commit");
-    lmc_l1_arena_options o = {ARENA_BYTES, name, false};
+    lmc_l1_arena_options o = {ARENA_BYTES, name, false, 0};
     lmc_l1_arena *arena = lmc_l1_arena_create(&o, err, sizeof(err));
     assert_non_null(arena);
     const char *shm = lmc_l1_arena_describe(arena)->shm_name;
@@ -253,10 +254,38 @@ static void test_commit_backs_range(void **state)
     assert_int_equal(allocated_bytes(shm), 6 << 20);
     assert_int_equal(lmc_l1_arena_commit(arena, 0, 0, err, sizeof(err)), 0);
     lmc_l1_arena_destroy(arena);
-    lmc_l1_arena_options priv = {ARENA_BYTES, "", false};
+    lmc_l1_arena_options priv = {ARENA_BYTES, "", false, 0};
     arena = lmc_l1_arena_create(&priv, err, sizeof(err));
     assert_non_null(arena);
     assert_int_equal(lmc_l1_arena_commit(arena, 0, ARENA_BYTES, err, sizeof(err)), 0);
+    lmc_l1_arena_destroy(arena);
+}
+
+/* A commit that would eat into the reserve is refused whole, naming the
+ * flag; the automatic reserve is an eighth of /dev/shm, at most 1 GiB. */
+static void test_commit_keeps_shm_reserve(void **state)
+{
+    (void)state;
+    char name[64], err[256] = "";
+    unique_name(name, sizeof(name), "reserve");
+    struct statvfs vfs;
+    assert_int_equal(statvfs("/dev/shm", &vfs), 0);
+    uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+    uint64_t total = (uint64_t)vfs.f_blocks * vfs.f_frsize;
+    lmc_l1_arena_options o = {ARENA_BYTES, name, false, (int64_t)(avail - (1 << 20))};
+    lmc_l1_arena *arena = lmc_l1_arena_create(&o, err, sizeof(err));
+    assert_non_null(arena);
+    const char *shm = lmc_l1_arena_describe(arena)->shm_name;
+    assert_int_equal(lmc_l1_arena_commit(arena, 0, 4 << 20, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "--l1-shm-reserve-mb"));
+    assert_int_equal(allocated_bytes(shm), 0);
+    lmc_l1_arena_destroy(arena);
+
+    lmc_l1_arena_options automatic = {ARENA_BYTES, name, false, -1};
+    arena = lmc_l1_arena_create(&automatic, err, sizeof(err));
+    assert_non_null(arena);
+    uint64_t expect = total / 8 < (1ull << 30) ? total / 8 : (1ull << 30);
+    assert_int_equal(lmc_l1_arena_describe(arena)->shm_reserve, expect);
     lmc_l1_arena_destroy(arena);
 }
 
@@ -264,7 +293,7 @@ static void test_private_memory(void **state)
 {
     (void)state;
     char err[256] = "";
-    lmc_l1_arena_options o = {ARENA_BYTES, "", false};
+    lmc_l1_arena_options o = {ARENA_BYTES, "", false, 0};
     lmc_l1_arena *arena = lmc_l1_arena_create(&o, err, sizeof(err));
     assert_non_null(arena);
     const lmc_l1_arena_desc *d = lmc_l1_arena_describe(arena);
@@ -293,10 +322,10 @@ static void test_hugepages(void **state)
 {
     (void)state;
     char err[256] = "";
-    lmc_l1_arena_options with_shm = {ARENA_BYTES, "x", true};
+    lmc_l1_arena_options with_shm = {ARENA_BYTES, "x", true, 0};
     assert_null(lmc_l1_arena_create(&with_shm, err, sizeof(err)));
     assert_non_null(strstr(err, "hugepages"));
-    lmc_l1_arena_options o = {3ull << 20, "", true};   /* rounded up to 4 MiB */
+    lmc_l1_arena_options o = {3ull << 20, "", true, 0};   /* rounded up to 4 MiB */
     lmc_l1_arena *arena = lmc_l1_arena_create(&o, err, sizeof(err));
     if (free_hugepages() < 2) {
         assert_null(arena);
@@ -313,9 +342,9 @@ static void test_invalid_options(void **state)
 {
     (void)state;
     char err[256] = "";
-    lmc_l1_arena_options zero = {0, "", false};
+    lmc_l1_arena_options zero = {0, "", false, 0};
     assert_null(lmc_l1_arena_create(&zero, err, sizeof(err)));
-    lmc_l1_arena_options bad_name = {4096, "a/b", false};
+    lmc_l1_arena_options bad_name = {4096, "a/b", false, 0};
     assert_null(lmc_l1_arena_create(&bad_name, err, sizeof(err)));
     assert_non_null(strstr(err, "a/b"));
 }
@@ -330,6 +359,7 @@ int main(void)
         cmocka_unit_test(test_abandoned_pools_are_swept),
         cmocka_unit_test(test_live_pool_name_is_refused),
         cmocka_unit_test(test_commit_backs_range),
+        cmocka_unit_test(test_commit_keeps_shm_reserve),
         cmocka_unit_test(test_private_memory),
         cmocka_unit_test(test_hugepages),
         cmocka_unit_test(test_invalid_options),

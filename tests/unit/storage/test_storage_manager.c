@@ -428,6 +428,7 @@ static int small_dev_shm_child(void)
     uint64_t used, total = 0;
     lmc_storage_options o = small_options();
     o.l1_size_bytes = 256 * MIB;          /* more than fits: serves with what does */
+    o.l1_shm_reserve_bytes = 0;
     lmc_storage_manager *sm = lmc_storage_manager_create(&o, err, sizeof(err));
     if (!sm)
         return 1;
@@ -437,6 +438,25 @@ static int small_dev_shm_child(void)
     /* Everything the allocator can hand out is backed: no SIGBUS here. */
     memset(lmc_storage_manager_l1_arena(sm)->base, 0x3c, total);
     lmc_storage_manager_close(sm);
+
+    /* A reserve stays free for the engine's processes, and /status says
+     * why the L1 is short of its size. */
+    o.l1_shm_reserve_bytes = 48 * MIB;
+    sm = lmc_storage_manager_create(&o, err, sizeof(err));
+    if (!sm)
+        return 8;
+    lmc_storage_manager_usage(sm, &used, &total);
+    json_t *status = lmc_storage_manager_report_status(sm);
+    json_t *arena = json_object_get(status, "l1_arena");
+    const char *short_of = json_string_value(json_object_get(arena, "shm_short"));
+    bool reported = short_of && strstr(short_of, "--l1-shm-reserve-mb") &&
+                    json_integer_value(json_object_get(arena, "committed_bytes")) ==
+                        (json_int_t)total;
+    json_decref(status);
+    lmc_storage_manager_close(sm);
+    if (total > 112 * MIB || total < 100 * MIB || !reported)
+        return 9;
+    o.l1_shm_reserve_bytes = 0;
 
     o.l1_use_lazy = true;                 /* 64 MiB now, then 64 MiB steps */
     o.l1_init_bytes = 1;
