@@ -122,6 +122,8 @@ typedef struct {
     lmc_opt_double l2_prefetch_load_timeout; /* --l2-prefetch-load-timeout (None) */
     int periodic_notifier_interval_ms; /* --periodic-notifier-interval-ms 5 */
     lmc_strlist l2_adapter_json;     /* --l2-adapter (repeatable JSON object) */
+    double l2_health_interval_s;     /* --l2-health-interval-s 10 */
+    bool health_requires_l2;         /* --health-requires-l2 */
 } lmc_storage_config;
 
 /* --- Observability (docs/observability.md, "Flags") --------------------- */

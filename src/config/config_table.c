@@ -297,6 +297,14 @@ static const lmc_config_flag flags[] = {
      AT(storage.periodic_notifier_interval_ms), .def = "5",
      .json_name = "periodic_notifier_interval_ms", GT0,
      .help = "Accepted for compatibility; no effect (lmcached's L2 controllers wake when work arrives)."},
+    {.name = "l2-health-interval-s", .group = LMC_FG_L2, .kind = LMC_FK_DBL,
+     AT(storage.l2_health_interval_s), .def = "10", .json_name = "l2_health_interval_s",
+     .flags = LMC_FF_ADDITION, GT0_FINITE,
+     .help = "Seconds between probes of each L2 adapter's backend (docs/l2.md, \"Health\")."},
+    {.name = "health-requires-l2", .group = LMC_FG_L2, .kind = LMC_FK_TRUE,
+     AT(storage.health_requires_l2), .def = "false", .json_name = "health_requires_l2",
+     .flags = LMC_FF_ADDITION,
+     .help = "GET /healthcheck answers 503 while an L2 adapter is unhealthy."},
 
     /* --- Observability ----------------------------------------------------- */
     {.name = "disable-observability", .group = LMC_FG_OBS, .kind = LMC_FK_TRUE,

@@ -104,8 +104,13 @@ static void ep_health(const lmc_http_request *req, lmc_http_reply *out, void *ct
                       const char *arg)
 {
     (void)ctx;
-    (void)req;
     (void)arg;
+    const lmc_http_backend *b = backend_of(req);
+    json_t *unhealthy = b->health ? b->health(b->user) : NULL;
+    if (unhealthy) {
+        lmc_http_reply_json(out, MHD_HTTP_SERVICE_UNAVAILABLE, unhealthy);
+        return;
+    }
     lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:s}", "status", "healthy"));
 }
 

@@ -27,6 +27,11 @@ typedef struct {
     /* false until the engine is up: engine-backed endpoints answer 503.
      * NULL = always ready. */
     bool (*ready)(void *user);
+    /* /healthcheck once ready: NULL while the server counts as healthy
+     * (200 {"status":"healthy"}); otherwise the body of a 503, e.g.
+     * {"status":"unhealthy","reason":...} (docs/http.md, "Endpoints").
+     * NULL callback = always healthy. */
+    json_t *(*health)(void *user);
     /* /status: the aggregated status object (lmc_server_report_status). */
     json_t *(*status)(void *user);
     /* /config: the grouped configuration as lmc_config_to_json() renders

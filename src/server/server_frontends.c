@@ -39,6 +39,28 @@ static json_t *http_status(void *user)
     return lmc_server_report_status(user);
 }
 
+/* /healthcheck (docs/http.md): with --health-requires-l2, an L2 adapter
+ * whose last probe failed makes it 503, naming the adapters and why. */
+static json_t *http_health(void *user)
+{
+    lmc_server *s = user;
+    if (!s->cfg->storage.health_requires_l2 || !s->ctx.storage)
+        return NULL;
+    json_t *bad = lmc_l2_unhealthy(s->ctx.storage);
+    if (json_array_size(bad) == 0) {
+        json_decref(bad);
+        return NULL;
+    }
+    json_t *first = json_array_get(bad, 0);
+    char reason[768];
+    snprintf(reason, sizeof reason, "L2 adapter %lld (%s) unhealthy: %s",
+             (long long)json_integer_value(json_object_get(first, "index")),
+             json_string_value(json_object_get(first, "type_name")),
+             json_string_value(json_object_get(first, "reason")));
+    return json_pack("{s:s, s:s, s:o}", "status", "unhealthy", "reason", reason, "l2_adapters",
+                     bad);
+}
+
 static json_t *http_config(void *user)
 {
     lmc_server *s = user;
@@ -176,8 +198,9 @@ fail:
 static int start_http(lmc_server *s, char *err, size_t errlen)
 {
     static const lmc_http_backend backend_template = {
-        .ready = http_ready, .status = http_status, .config = http_config,
-        .adapters = http_adapters, .clear = http_clear, .metrics = http_metrics,
+        .ready = http_ready, .health = http_health, .status = http_status,
+        .config = http_config, .adapters = http_adapters, .clear = http_clear,
+        .metrics = http_metrics,
     };
     lmc_http_backend backend = backend_template;
     backend.user = s;

@@ -3,6 +3,7 @@
  * per L2 adapter type, the store/load counters and usage gauges.  The
  * storage owns them: the collector reads its typed counters, so a status
  * field renamed for /status cannot change a metric. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,6 +115,23 @@ static void collect_l1(storage_metrics *sm_m)
         lmc_metric_set(sm_m->m[i], NULL, values[i]);
 }
 
+/* lmcache_mp_l2_adapter_healthy{adapter, l2_name}: one series per adapter,
+ * as adapters of one type may differ (docs/metrics.md). */
+static void collect_l2_health(lmc_metrics *r, const lmc_storage_l2_counts *c, size_t n)
+{
+    static const char *const labels[] = {"adapter", "l2_name", NULL};
+    static const family_spec spec = {
+        LMC_METRIC_GAUGE, "lmcache_mp_l2_adapter_healthy",
+        "1 when the L2 adapter's last backend probe succeeded (docs/l2.md, Health)"};
+    lmc_metric *m = family(r, &spec, labels);
+    for (size_t i = 0; m && i < n; i++) {
+        char index[24];
+        snprintf(index, sizeof index, "%zu", i);
+        const char *values[] = {index, c[i].type_name};
+        lmc_metric_set(m, values, c[i].healthy ? 1 : 0);
+    }
+}
+
 /* Several adapters of one type share the label: their figures are summed
  * per type, the series in the order the types first appear.  The families
  * are registered at the first scrape (found again at the next ones), so
@@ -146,6 +164,7 @@ static void collect_l2(lmc_metrics *r, storage_metrics *sm_m)
         for (size_t k = 0; !seen && k < N_L2_FAMILIES; k++)
             lmc_metric_set(l2[k], values, sum[k]);
     }
+    collect_l2_health(r, c, n);
     free(c);
 }
 

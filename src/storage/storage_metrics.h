@@ -6,6 +6,7 @@
 #ifndef LMC_STORAGE_STORAGE_METRICS_H
 #define LMC_STORAGE_STORAGE_METRICS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,6 +21,7 @@ typedef struct {
     uint64_t stores_completed;  /* ok + failed */
     uint64_t loads;
     uint64_t used_bytes, capacity_bytes;
+    bool healthy;               /* its backend's last probe (docs/l2.md, "Health") */
 } lmc_storage_l2_counts;
 
 /* The storage's metric families and a collector that reads the L1,

@@ -85,7 +85,11 @@ class BooksWatch:
             self.first_checks = checks
         self.last_checks = checks
         self.violations = max(self.violations, m["invariant_violations"])
-        self.unhealthy += not (st["is_healthy"] and m["is_healthy"])
+        # An L2 server killed on purpose makes its adapter, and so /status,
+        # unhealthy (docs/l2.md, "Health"); the books are what this watches.
+        l2_down = any(a.get("is_healthy") is False
+                      for a in st.get("storage_manager", {}).get("l2_adapters", []))
+        self.unhealthy += not ((st["is_healthy"] or l2_down) and m["is_healthy"])
         return st
 
     def assert_ok(self):

@@ -508,6 +508,13 @@ void lmc_l2_adapter_counts(lmc_l2_adapter *a, lmc_storage_l2_counts *out)
     };
 }
 
+int lmc_l2_adapter_probe(lmc_l2_adapter *a, char *why, size_t cap)
+{
+    if (cap)
+        why[0] = '\0';
+    return a->be->ops->probe ? a->be->ops->probe(a->be, why, cap) : 0;
+}
+
 json_t *lmc_l2_adapter_status(lmc_l2_adapter *a)
 {
     lmc_l2_usage u;

@@ -72,6 +72,11 @@ typedef struct lmc_l2_backend_ops {
      * start-up, which this process did not store, to `fn` in the order an
      * LRU should evict them; see lmc_l2_recovered_fn. */
     void (*for_each_recovered)(lmc_l2_backend *b, lmc_l2_recovered_fn fn, void *user);
+    /* Optional (NULL: nothing to reach, always healthy).  Asks the backend
+     * itself whether it can serve now (docs/l2.md, "Health"): 0, or -1
+     * with one line in why.  Blocking (a connect, a request): called only
+     * by the health monitor's thread and at start, never on a request. */
+    int (*probe)(lmc_l2_backend *b, char *why, size_t cap);
 } lmc_l2_backend_ops;
 
 /* Bits of lmc_l2_backend.split_ops: the ops whose calls on parts of a
@@ -183,8 +188,13 @@ void lmc_l2_adapter_usage(lmc_l2_adapter *a, lmc_l2_usage *u);
  * canonical key string; `cursor` is the token of the previous page. */
 json_t *lmc_l2_adapter_list_keys(lmc_l2_adapter *a, const char *model, size_t page_size,
                                  const char *cursor);
-/* {type_name, is_healthy, counters, usage, backend fields}.  New reference. */
+/* {type_name, is_healthy, counters, usage, backend fields}.  New reference.
+ * is_healthy is true here: the L2 service replaces it with its probes'
+ * verdict (l2_health.h). */
 json_t *lmc_l2_adapter_status(lmc_l2_adapter *a);
+/* The backend's probe (lmc_l2_backend_ops.probe): 0 when healthy or it
+ * has none, or -1 with one line in why. */
+int lmc_l2_adapter_probe(lmc_l2_adapter *a, char *why, size_t cap);
 /* The figures of lmc_l2_adapter_status the metrics export (typed). */
 void lmc_l2_adapter_counts(lmc_l2_adapter *a, lmc_storage_l2_counts *out);
 

@@ -14,6 +14,7 @@
 
 #include "obs/log.h"
 #include "storage/l2/l2_eviction.h"
+#include "storage/l2/l2_health.h"
 #include "storage/l2/l2_internal.h"
 #include "storage/storage_events.h"
 #include "storage/storage_tier.h"
@@ -34,6 +35,7 @@ typedef struct l2_service {
     lmc_l2_store_ctl *store;
     lmc_l2_prefetch_ctl *prefetch;
     lmc_l2_eviction *eviction;
+    lmc_l2_health *health;
 } l2_service;
 
 static json_t *svc_status(void *impl)
@@ -43,9 +45,11 @@ static json_t *svc_status(void *impl)
     bool healthy = true;
     for (size_t a = 0; list && a < s->na; a++) {
         json_t *st = lmc_l2_adapter_status(s->ad[a]);
-        healthy = healthy && !json_is_false(json_object_get(st, "is_healthy"));
-        if (st)
+        if (st) {
+            lmc_l2_health_annotate(s->health, a, st);
             json_object_set_new(st, "shared", json_boolean(s->shared[a]));
+        }
+        healthy = healthy && !json_is_false(json_object_get(st, "is_healthy"));
         json_array_append_new(list, st ? st : json_null());
     }
     return json_pack("{s:b, s:I, s:o, s:o, s:o, s:o}", "is_healthy", healthy,
@@ -59,6 +63,7 @@ static json_t *svc_status(void *impl)
 static void svc_close(void *impl)
 {
     l2_service *s = impl;
+    lmc_l2_health_free(s->health); /* its probes use the adapters */
     if (s->prefetch)
         lmc_l2_prefetch_ctl_stop(s->prefetch);
     if (s->store)
@@ -78,8 +83,12 @@ static void svc_close(void *impl)
 static size_t svc_adapter_counts(void *impl, lmc_storage_l2_counts *out, size_t max)
 {
     l2_service *s = impl;
-    for (size_t a = 0; a < s->na && a < max; a++)
+    for (size_t a = 0; a < s->na && a < max; a++) {
         lmc_l2_adapter_counts(s->ad[a], &out[a]);
+        lmc_l2_health_state h;
+        lmc_l2_health_get(s->health, a, &h);
+        out[a].healthy = h.healthy;
+    }
     return s->na;
 }
 
@@ -196,6 +205,8 @@ static int build(l2_service *s, const lmc_config *cfg, char *err, size_t errlen)
             return -1;
     attach_reporters(s);
     const lmc_storage_config *sc = &cfg->storage;
+    if (!(s->health = lmc_l2_health_new(s->ad, s->na, sc->l2_health_interval_s)))
+        return snprintf(err, errlen, "cannot start the L2 health probes"), -1;
     lmc_l2_prefetch_options po = {
         .retain = sc->l2_prefetch_policy && strcmp(sc->l2_prefetch_policy, "retain") == 0,
         .max_in_flight = (size_t)sc->l2_prefetch_max_in_flight,
@@ -262,6 +273,22 @@ bool lmc_l2_enforces_quotas(lmc_storage_manager *sm)
 {
     l2_service *s = service_of(sm);
     return s && lmc_l2_eviction_enforces_quotas(s->eviction);
+}
+
+json_t *lmc_l2_unhealthy(lmc_storage_manager *sm)
+{
+    l2_service *s = service_of(sm);
+    json_t *list = json_array();
+    for (size_t a = 0; list && s && a < s->na; a++) {
+        lmc_l2_health_state h;
+        lmc_l2_health_get(s->health, a, &h);
+        if (!h.healthy)
+            json_array_append_new(list, json_pack("{s:I, s:s, s:s, s:I}", "index", (json_int_t)a,
+                                                  "type_name", lmc_l2_adapter_type(s->ad[a]),
+                                                  "reason", h.reason, "since_ms",
+                                                  (json_int_t)h.since_ms));
+    }
+    return list;
 }
 
 int lmc_l2_find_adapter(lmc_storage_manager *sm, const char *type)

@@ -68,6 +68,13 @@ json_t *lmc_l2_usage_by_salt(lmc_storage_manager *sm);
 /* True when an L2 adapter runs IsolatedLRU eviction, the one place the
  * per-salt quotas are enforced (docs/http.md, "Quotas"). */
 bool lmc_l2_enforces_quotas(lmc_storage_manager *sm);
+/* ---- health (docs/l2.md, "Health") ---------------------------------------
+ * The adapters whose last probe failed: a new JSON array of {index,
+ * type_name, reason, since_ms}; empty when every adapter is healthy or
+ * there is no tier, NULL when out of memory.  Reads the last verdicts
+ * only: cheap enough for a liveness probe. */
+json_t *lmc_l2_unhealthy(lmc_storage_manager *sm);
+
 /* L2 object listing and deletion (HTTP /cache/objects).  Without an L2
  * tier find returns -1 and the others do nothing.
  * find: index of the adapter whose type name is `type` (case-insensitive;

@@ -141,6 +141,8 @@ static void assert_storage_defaults(const lmc_storage_config *s)
     assert_false(s->l2_prefetch_load_timeout.set);
     assert_int_equal(s->periodic_notifier_interval_ms, 5);
     assert_int_equal(s->l2_adapter_json.count, 0);
+    assert_true(s->l2_health_interval_s == 10.0);
+    assert_false(s->health_requires_l2);
 }
 
 static void assert_obs_defaults(const lmc_obs_config *o)
@@ -235,6 +237,7 @@ static const char *const all_args[] = {
     "--eviction-trigger-watermark", "0.9", "--eviction-ratio", "0.1", "--l2-store-policy",
     "skip_l1", "--l2-prefetch-policy", "retain", "--l2-prefetch-max-in-flight", "16",
     "--l2-prefetch-load-timeout", "1.5", "--periodic-notifier-interval-ms", "10",
+    "--l2-health-interval-s", "2.5", "--health-requires-l2",
     "--l2-adapter", "{\"type\":\"fs\",\"base_path\":\"/tmp/x\"}", "--l2-adapter", "{\"type\":\"resp\",\"host\":\"h\",\"port\":1}",
     "--disable-observability", "--disable-metrics", "--disable-logging", "--enable-tracing",
     "--otlp-endpoint", "http://otel:4317", "--event-bus-queue-size", "5", "--prometheus-port",
@@ -322,6 +325,8 @@ static void assert_all_storage(const lmc_storage_config *s)
     assert_true(s->l2_prefetch_load_timeout.set && s->l2_prefetch_load_timeout.value == 1.5);
     assert_int_equal(s->periodic_notifier_interval_ms, 10);
     assert_int_equal(s->l2_adapter_json.count, 2);
+    assert_true(s->l2_health_interval_s == 2.5);
+    assert_true(s->health_requires_l2);
     assert_string_equal(s->l2_adapter_json.items[0], "{\"type\":\"fs\",\"base_path\":\"/tmp/x\"}");
     assert_string_equal(s->l2_adapter_json.items[1], "{\"type\":\"resp\",\"host\":\"h\",\"port\":1}");
 }

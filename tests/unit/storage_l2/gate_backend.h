@@ -115,7 +115,7 @@ static void gate_destroy(lmc_l2_backend *b)
 
 static const lmc_l2_backend_ops gate_ops = {
     gate_store, gate_lookup, gate_load, gate_unlock, gate_remove,
-    gate_usage, gate_list, gate_status, gate_destroy, NULL,
+    gate_usage, gate_list, gate_status, gate_destroy, NULL, NULL,
 };
 
 /* Takes ownership of inner.  The caller keeps *out to read max_inside. */

@@ -430,6 +430,33 @@ static void test_auth(void **state)
     stop_redis(pid);
 }
 
+/* docs/l2.md, "Health": the probe says why in the words an operator
+ * searches for. */
+static void test_probe_reasons(void **state)
+{
+    (void)state;
+    char why[512];
+    int port;
+    pid_t pid = start_redis_fresh(&port, "--requirepass", "s3cret");
+    assert_true(pid > 0);
+    lmc_l2_backend *good = connect_backend(port, "s3cret");
+    assert_int_equal(good->ops->probe(good, why, sizeof why), 0);
+    lmc_l2_backend *wrong = connect_backend(port, "wrong");
+    assert_int_equal(wrong->ops->probe(wrong, why, sizeof why), -1);
+    assert_non_null(strstr(why, "AUTH refused: -WRONGPASS"));
+    lmc_l2_backend *none = connect_backend(port, "");
+    assert_int_equal(none->ops->probe(none, why, sizeof why), -1);
+    assert_non_null(strstr(why, "PING answered -NOAUTH"));
+    stop_redis(pid);
+    char want[64];
+    snprintf(want, sizeof want, "127.0.0.1:%d: connect: Connection refused", port);
+    assert_int_equal(good->ops->probe(good, why, sizeof why), -1);
+    assert_string_equal(why, want);
+    good->ops->destroy(good);
+    wrong->ops->destroy(wrong);
+    none->ops->destroy(none);
+}
+
 static void test_cluster_routing(void **state)
 {
     (void)state;
@@ -733,6 +760,7 @@ int main(void)
         cmocka_unit_test_teardown(test_capacity_is_enforced, stop_leftovers),
         cmocka_unit_test_teardown(test_usage_rebuilt_at_start, stop_leftovers),
         cmocka_unit_test_teardown(test_auth, stop_leftovers),
+        cmocka_unit_test_teardown(test_probe_reasons, stop_leftovers),
         cmocka_unit_test_teardown(test_cluster_routing, stop_leftovers),
         cmocka_unit_test_teardown(test_parts_of_one_task_run_in_parallel, stop_leftovers),
         cmocka_unit_test_teardown(test_split_store_over_capacity_writes_nothing, stop_leftovers),

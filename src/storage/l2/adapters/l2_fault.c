@@ -105,6 +105,14 @@ static void fault_for_each_recovered(lmc_l2_backend *b, lmc_l2_recovered_fn fn, 
         f->inner->ops->for_each_recovered(f->inner, fn, user);
 }
 
+/* Health is the inner backend's: injected faults are the test's, not an
+ * outage of the store behind them. */
+static int fault_probe(lmc_l2_backend *b, char *why, size_t cap)
+{
+    fault *f = (fault *)b;
+    return f->inner->ops->probe ? f->inner->ops->probe(f->inner, why, cap) : 0;
+}
+
 static json_t *fault_status(lmc_l2_backend *b)
 {
     fault *f = (fault *)b;
@@ -131,6 +139,7 @@ static void fault_destroy(lmc_l2_backend *b)
 static const lmc_l2_backend_ops fault_ops = {
     fault_store, fault_lookup, fault_load, fault_unlock, fault_remove,
     fault_usage, fault_list, fault_status, fault_destroy, fault_for_each_recovered,
+    fault_probe,
 };
 
 lmc_l2_backend *lmc_l2_fault_new(lmc_l2_backend *inner, const lmc_l2_fault_options *o)

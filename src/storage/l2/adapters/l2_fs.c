@@ -587,9 +587,48 @@ static void fs_for_each_recovered(lmc_l2_backend *b, lmc_l2_recovered_fn fn, voi
     free(r);
 }
 
+/* ---- health (docs/l2.md, "Health") -------------------------------------- */
+
+/* `what` (a configured path) is a directory this process may write in. */
+static int dir_usable(const char *what, const char *path, char *why, size_t cap)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return snprintf(why, cap, "%s %s: %s", what, path, strerror(errno)), -1;
+    if (!S_ISDIR(st.st_mode))
+        return snprintf(why, cap, "%s %s is not a directory", what, path), -1;
+    if (access(path, W_OK | X_OK) != 0)
+        return snprintf(why, cap, "%s %s is not writable: %s", what, path, strerror(errno)), -1;
+    return 0;
+}
+
+/* A write starts with a temp file in tmp_dir: creating one (named as
+ * write_file names them, so a crash's leftover is removed at the next
+ * start) is the probe that a full or read-only filesystem fails. */
+static int fs_probe(lmc_l2_backend *b, char *why, size_t cap)
+{
+    fs *f = (fs *)b;
+    if (dir_usable("base_path", f->base_path, why, cap) != 0 ||
+        (strcmp(f->tmp_dir, f->base_path) != 0 &&
+         dir_usable("temp dir", f->tmp_dir, why, cap) != 0))
+        return -1;
+    char path[FS_PATH_MAX];
+    int n = snprintf(path, sizeof path, "%s/.lmcache-health.%ld.0.tmp", f->tmp_dir,
+                     (long)getpid());
+    if (n < 0 || (size_t)n >= sizeof path)
+        return snprintf(why, cap, "temp dir %s: path too long", f->tmp_dir), -1;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return snprintf(why, cap, "cannot create a file in %s: %s", f->tmp_dir,
+                        strerror(errno)), -1;
+    close(fd);
+    unlink(path);
+    return 0;
+}
+
 static const lmc_l2_backend_ops fs_ops = {
     fs_store, fs_lookup, fs_load, fs_unlock, fs_remove,
-    fs_usage, fs_list, fs_status, fs_destroy, fs_for_each_recovered,
+    fs_usage, fs_list, fs_status, fs_destroy, fs_for_each_recovered, fs_probe,
 };
 
 /* ---- creation and recovery --------------------------------------------- */

@@ -185,6 +185,7 @@ static void mock_destroy(lmc_l2_backend *b)
 static const lmc_l2_backend_ops mock_ops = {
     mock_store, mock_lookup, mock_load, mock_unlock, mock_remove,
     mock_usage, mock_list, mock_status, mock_destroy, NULL, /* in memory: nothing survives */
+    NULL, /* in process: nothing to reach, always healthy */
 };
 
 lmc_l2_backend *lmc_l2_mock_new(uint64_t capacity_bytes)

@@ -135,18 +135,26 @@ static void pool_release(resp_backend *R, pool_slot *ps)
     pthread_mutex_unlock(&R->pool_lock);
 }
 
-static int authenticate(resp_backend *R, resp_conn *c)
+/* Sends AUTH with the configured credentials and reads its reply line.
+ * 0, or -1 when the connection closed. */
+static int send_auth(resp_backend *R, resp_conn *c, char *line, size_t cap)
 {
-    if (!R->password[0])
-        return 0;
     resp_arg args[3] = {{"AUTH", 4}};
     size_t n = 1;
     if (R->username[0])
         args[n++] = (resp_arg){R->username, strlen(R->username)};
     args[n++] = (resp_arg){R->password, strlen(R->password)};
+    return lmc_resp_send_command(c, args, n) == 0 && lmc_resp_read_line(c, line, cap) == 0
+               ? 0
+               : -1;
+}
+
+static int authenticate(resp_backend *R, resp_conn *c)
+{
+    if (!R->password[0])
+        return 0;
     char line[RESP_LINE_MAX];
-    if (lmc_resp_send_command(c, args, n) != 0 || lmc_resp_read_line(c, line, sizeof line) != 0 ||
-        strcmp(line, "+OK") != 0) {
+    if (send_auth(R, c, line, sizeof line) != 0 || strcmp(line, "+OK") != 0) {
         lmc_resp_conn_close(c);
         LMC_WARN("resp: AUTH refused by the server");
         return -1;
@@ -819,12 +827,59 @@ static void rebuild_key(resp_backend *R, const char *name, size_t len, int64_t s
     R->rebuild_keys++;
 }
 
+/* ---- health (docs/l2.md, "Health") ---------------------------------------- */
+
+/* One node answers PING on a connection of its own (the pool's stay with
+ * the workers): connect, AUTH when configured, PING -> +PONG. */
+static int probe_node(resp_backend *R, const char *host, int port, char *why, size_t cap)
+{
+    resp_conn c;
+    char line[RESP_LINE_MAX];
+    lmc_resp_conn_init(&c);
+    if (lmc_resp_conn_open_why(&c, host, port, R->timeout_ms, why, cap) != 0)
+        return -1;
+    int rc = -1;
+    if (R->password[0] && send_auth(R, &c, line, sizeof line) != 0)
+        snprintf(why, cap, "%s:%d: no answer to AUTH within %d ms", host, port, R->timeout_ms);
+    else if (R->password[0] && strcmp(line, "+OK") != 0)
+        snprintf(why, cap, "%s:%d: AUTH refused: %s", host, port, line);
+    else if (lmc_resp_send_command(&c, (resp_arg[]){{"PING", 4}}, 1) != 0 ||
+             lmc_resp_read_line(&c, line, sizeof line) != 0)
+        snprintf(why, cap, "%s:%d: no answer to PING within %d ms", host, port, R->timeout_ms);
+    else if (strcmp(line, "+PONG") != 0)
+        snprintf(why, cap, "%s:%d: PING answered %s", host, port, line);
+    else
+        rc = 0;
+    lmc_resp_conn_close(&c);
+    return rc;
+}
+
+/* Every node known so far (the seed, and a cluster's masters once learnt). */
+static int resp_probe(lmc_l2_backend *b, char *why, size_t cap)
+{
+    resp_backend *R = (resp_backend *)b;
+    int n = atomic_load(&R->n_nodes);
+    for (int i = 0; i < n; i++) {
+        if (probe_node(R, R->nodes[i].host, R->nodes[i].port, why, cap) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* Fills the index from what Redis holds (docs/l2.md, "Usage and capacity of
  * resp and s3"), within REBUILD_MAX_MS.  A Redis that is down leaves it
  * empty: usage then counts only what this process stores. */
 static void rebuild(resp_backend *R)
 {
     int64_t start = lmc_l2_now_ms();
+    char why[RESP_LINE_MAX + 300];
+    if (probe_node(R, R->nodes[0].host, R->nodes[0].port, why, sizeof why) != 0) {
+        R->rebuild_ms = (uint64_t)(lmc_l2_now_ms() - start);
+        LMC_WARN("resp: cannot count the objects already stored (%s): usage counts only what "
+                 "this server stores (docs/l2.md)",
+                 why);
+        return;
+    }
     pool_slot *ps = pool_acquire(R);
     learn_cluster(R, ps);
     bool complete = true;
@@ -900,6 +955,7 @@ static const lmc_l2_backend_ops resp_ops = {
     .status = resp_status,
     .destroy = resp_destroy,
     .for_each_recovered = resp_for_each_recovered,
+    .probe = resp_probe,
 };
 
 static const lmc_l2_store_batch_ops resp_batch_ops = {

@@ -30,30 +30,46 @@ static void set_timeouts(int fd, int timeout_ms)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-int lmc_resp_conn_open(resp_conn *c, const char *host, int port, int timeout_ms)
+int lmc_resp_conn_open_why(resp_conn *c, const char *host, int port, int timeout_ms, char *why,
+                           size_t cap)
 {
     char service[16];
     snprintf(service, sizeof service, "%d", port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res, *ai;
-    if (getaddrinfo(host, service, &hints, &res) != 0)
+    int gai = getaddrinfo(host, service, &hints, &res);
+    if (gai != 0) {
+        if (why)
+            snprintf(why, cap, "%s:%d: %s", host, port, gai_strerror(gai));
         return -1;
-    int fd = -1;
+    }
+    int fd = -1, last = 0;
     for (ai = res; ai && fd < 0; ai = ai->ai_next) {
         fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0)
+        if (fd < 0) {
+            last = errno;
             continue;
+        }
         set_timeouts(fd, timeout_ms); /* SO_SNDTIMEO also bounds connect() */
         if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+            last = errno == EINPROGRESS || errno == EAGAIN ? ETIMEDOUT : errno;
             close(fd);
             fd = -1;
         }
     }
     freeaddrinfo(res);
-    if (fd < 0)
+    if (fd < 0) {
+        if (why)
+            snprintf(why, cap, "%s:%d: connect: %s", host, port, strerror(last));
         return -1;
+    }
     c->fd = fd;
     c->pos = c->len = 0;
     return 0;
+}
+
+int lmc_resp_conn_open(resp_conn *c, const char *host, int port, int timeout_ms)
+{
+    return lmc_resp_conn_open_why(c, host, port, timeout_ms, NULL, 0);
 }
 
 void lmc_resp_conn_close(resp_conn *c)

@@ -23,6 +23,10 @@ typedef struct {
 
 void lmc_resp_conn_init(resp_conn *c);
 int lmc_resp_conn_open(resp_conn *c, const char *host, int port, int timeout_ms);
+/* The same, with why the connection failed in why (NULL: not wanted):
+ * "host:port: connect: Connection refused". */
+int lmc_resp_conn_open_why(resp_conn *c, const char *host, int port, int timeout_ms, char *why,
+                           size_t cap);
 void lmc_resp_conn_close(resp_conn *c);
 /* Sends one command (RESP array of bulk strings).  0, or -1 (closed). */
 int lmc_resp_send_command(resp_conn *c, const resp_arg *args, size_t n);

@@ -108,6 +108,8 @@ typedef struct {
     const char *query;         /* canonical query string or "" */
     upload *up;
     download *down;
+    CURLcode *curl_rc;         /* NULL: a failed transfer counts in http_errors;
+                                * else it is written here instead (the probe's) */
 } s3_request;
 
 static int build_auth(s3_backend *S, const s3_request *rq, const char *uri, char *amz_date,
@@ -164,6 +166,8 @@ static long perform(s3_backend *S, CURL *c, const s3_request *rq)
     long status = 0;
     if (rc == CURLE_OK)
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    else if (rq->curl_rc)
+        *rq->curl_rc = rc;
     else if (!(rq->down && rq->down->overflow))
         atomic_fetch_add(&S->http_errors, 1);
     free(sink.text);
@@ -235,7 +239,7 @@ static int64_t s3_store_part(lmc_l2_backend *b, void *batch, size_t from,
     for (size_t i = 0; i < n; i++) {
         char name[NAME_MAX_LEN];
         upload up = {bufs[i], sizes[i], 0};
-        s3_request rq = {"PUT", name, "", &up, NULL};
+        s3_request rq = {"PUT", name, "", &up, NULL, NULL};
         uint8_t written =
             object_name(&keys[i], name, sizeof name) && perform(S, slot->curl, &rq) == 200;
         lmc_l2_size_index_settle(S->index, sb, from + i, 1, &written, written);
@@ -278,7 +282,7 @@ static void s3_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uint6
     s3_slot *slot = pool_acquire(S);
     for (size_t i = 0; i < n; i++) {
         char name[NAME_MAX_LEN];
-        s3_request rq = {"HEAD", name, "", NULL, NULL};
+        s3_request rq = {"HEAD", name, "", NULL, NULL, NULL};
         found[i] = 0;
         long st = object_name(&keys[i], name, sizeof name) ? perform(S, slot->curl, &rq) : 0;
         if (st == 404)
@@ -300,7 +304,7 @@ static void s3_load(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *cons
     for (size_t i = 0; i < n; i++) {
         char name[NAME_MAX_LEN];
         download d = {.data = bufs[i], .cap = sizes[i]};
-        s3_request rq = {"GET", name, "", NULL, &d};
+        s3_request rq = {"GET", name, "", NULL, &d, NULL};
         long st = object_name(&keys[i], name, sizeof name) ? perform(S, slot->curl, &rq) : 0;
         ok[i] = st == 200 && !d.overflow && d.len == sizes[i]; /* never a short object */
         atomic_fetch_add(&S->gets, 1);
@@ -325,7 +329,7 @@ static size_t s3_remove(lmc_l2_backend *b, const lmc_object_key *keys, size_t n)
     size_t deleted = 0;
     for (size_t i = 0; i < n; i++) {
         char name[NAME_MAX_LEN];
-        s3_request rq = {"DELETE", name, "", NULL, NULL};
+        s3_request rq = {"DELETE", name, "", NULL, NULL, NULL};
         long st = object_name(&keys[i], name, sizeof name) ? perform(S, slot->curl, &rq) : 0;
         if (st / 100 == 2 || st == 404) {
             lmc_l2_size_index_forget(S->index, lmc_l2_key_id(name, strlen(name)));
@@ -456,7 +460,7 @@ static bool list_page(s3_backend *S, s3_slot *slot, const char *prefix, char *to
         return false;
     }
     download d = {0};
-    s3_request rq = {"GET", NULL, query, NULL, &d};
+    s3_request rq = {"GET", NULL, query, NULL, &d, NULL};
     if (perform(S, slot->curl, &rq) != 200 || !d.text) {
         free(d.text);
         *failed = true;
@@ -534,6 +538,41 @@ static void s3_for_each_recovered(lmc_l2_backend *b, lmc_l2_recovered_fn fn, voi
     lmc_l2_found_hand_over(&S->found, fn, user);
 }
 
+/* ---- health (docs/l2.md, "Health") ------------------------------------------- */
+
+static const char *status_hint(long st)
+{
+    switch (st) {
+    case 301: return " (the bucket is in another region or behind another endpoint)";
+    case 403: return " (access denied: check the keys)";
+    case 404: return " (no such bucket)";
+    default: return "";
+    }
+}
+
+/* HEAD bucket, signed, on a handle of its own (the pool's stay with the
+ * workers): the cheapest request that proves endpoint, keys and bucket. */
+static int s3_probe(lmc_l2_backend *b, char *why, size_t cap)
+{
+    s3_backend *S = (s3_backend *)b;
+    CURL *c = curl_easy_init();
+    if (!c)
+        return snprintf(why, cap, "out of memory"), -1;
+    CURLcode rc = CURLE_OK;
+    s3_request head = {"HEAD", NULL, "", NULL, NULL, &rc};
+    long st = perform(S, c, &head);
+    curl_easy_cleanup(c);
+    if (st == 200)
+        return 0;
+    if (st == 0)
+        snprintf(why, cap, "HEAD bucket %s at %s: %s", S->bucket, S->endpoint,
+                 rc != CURLE_OK ? curl_easy_strerror(rc) : "the request could not be signed");
+    else
+        snprintf(why, cap, "HEAD bucket %s at %s: HTTP %ld%s", S->bucket, S->endpoint, st,
+                 status_hint(st));
+    return -1;
+}
+
 /* ---- status, lifetime ------------------------------------------------------------ */
 
 static json_t *s3_status(lmc_l2_backend *b)
@@ -577,6 +616,7 @@ static const lmc_l2_backend_ops s3_ops = {
     .status = s3_status,
     .destroy = s3_destroy,
     .for_each_recovered = s3_for_each_recovered,
+    .probe = s3_probe,
 };
 
 static const lmc_l2_store_batch_ops s3_batch_ops = {
@@ -601,11 +641,11 @@ static bool host_of(const char *endpoint, char *out, size_t cap)
 static bool ensure_bucket(s3_backend *S, bool create)
 {
     s3_slot *slot = pool_acquire(S);
-    s3_request head = {"HEAD", NULL, "", NULL, NULL};
+    s3_request head = {"HEAD", NULL, "", NULL, NULL, NULL};
     long st = perform(S, slot->curl, &head);
     if (st == 404 && create) {
         upload none = {(const uint8_t *)"", 0, 0};
-        s3_request put = {"PUT", NULL, "", &none, NULL};
+        s3_request put = {"PUT", NULL, "", &none, NULL, NULL};
         st = perform(S, slot->curl, &put);
     }
     pool_release(S, slot);
