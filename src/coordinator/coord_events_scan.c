@@ -111,7 +111,8 @@ static int key_field(coordinator_json_scanner *s, const char *name, size_t len, 
     return 0;
 }
 
-static int parse_key(coordinator_json_scanner *s, coordinator_wire_key *k, char *why, size_t whylen)
+int coordinator_events_scan_key(coordinator_json_scanner *s, coordinator_wire_key *k, char *why,
+                                size_t whylen)
 {
     memset(k, 0, sizeof *k);
     k->salt = "";
@@ -163,7 +164,7 @@ static int entry_field(coordinator_json_scanner *s, const char *name, size_t len
 {
     char kwhy[160];
     if (NAME_IS("key")) {
-        if (parse_key(s, &e->key, kwhy, sizeof kwhy) != 0)
+        if (coordinator_events_scan_key(s, &e->key, kwhy, sizeof kwhy) != 0)
             return coordinator_json_failed(s) ? -1 : WHY("key: %s", kwhy);
         return 0;
     }
