@@ -124,7 +124,9 @@ int coordinator_metrics_new(lmc_coord *co)
     bool ok = m->placements && m->placement_bytes && m->l2_usage;
     for (size_t i = 0; i < N_FAMILIES && ok; i++)
         ok = (m->plain[i] = add_family(r, FAMILIES[i].type, FAMILIES[i].name, FAMILIES[i].help, NULL));
-    if (ok && lmc_metrics_add_collector(r, collect, co) == 0)
+    /* process_* as lmcached exports them (docs/metrics.md) */
+    if (ok && lmc_metrics_add_collector(r, collect, co) == 0 &&
+        lmc_metrics_add_process_collector(r) == 0)
         return 0;
 fail:
     coordinator_metrics_free(m);

@@ -142,6 +142,10 @@ static void ep_healthcheck(const lmc_http_request *rq, lmc_http_reply *out, void
 static const lmc_http_route coordinator_rows[] = {
     {"GET", "/healthcheck", false, OPEN, SMALL, ANY, ep_healthcheck, NULL},
     {"GET", "/metrics", false, OPEN, SMALL, ANY, coordinator_ep_metrics, NULL},
+    /* as lmcached answers them (docs/http.md) */
+    {"GET", "/version", false, OPEN, SMALL, ANY, lmc_http_ep_version, "both"},
+    {"GET", "/lmc_version", false, OPEN, SMALL, ANY, lmc_http_ep_version, "version"},
+    {"GET", "/commit_id", false, OPEN, SMALL, ANY, lmc_http_ep_version, "commit"},
     {"POST", "/instances", false, TOKEN, SMALL, ANY, coordinator_ep_register, NULL},
     {"GET", "/instances", false, OPEN, SMALL, ANY, coordinator_ep_instances, NULL},
     {"PUT", "/instances/", true, TOKEN, SMALL, ANY, coordinator_ep_heartbeat, "/instances/"},
