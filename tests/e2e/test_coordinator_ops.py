@@ -130,3 +130,135 @@ def test_l2_events_body_checks_and_token(tmp_path, started):
     again = started(Coordinator(tmp_path / "coord.db", AUTH_TOKEN="tok"))
     st, r = again.call("GET", "/quota/s", token="tok")
     assert r["usage_gb"] == pytest.approx(1 / 1024)
+
+
+# ---- the database's default place, the first log lines ---------------------------
+
+def bare_env(tmp_path, **extra):
+    """The environment without any coordinator setting, HOME under tmp_path."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(P) and k not in ("STATE_DIRECTORY", "XDG_STATE_HOME")}
+    env.update(HOME=str(tmp_path / "home"), **extra)
+    return env
+
+
+def run_until_healthy(args, env, cwd, port, reads=()):
+    """Starts the coordinator, waits for /healthcheck, GETs each of reads,
+    stops it: its log and the bodies read (text)."""
+    log = cwd / "coord.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([COORDINATOR, *args], env=env, cwd=cwd, stdout=out,
+                                stderr=subprocess.STDOUT)
+        try:
+            wait_for("the coordinator's health", lambda: answers(port), timeout=10)
+            bodies = [urllib.request.urlopen(f"http://127.0.0.1:{port}{path}",
+                                             timeout=10).read().decode() for path in reads]
+        finally:
+            proc.terminate()
+            assert proc.wait(20) == 0
+    return log.read_text(), bodies
+
+
+def answers(port):
+    try:
+        return http_json(port, "/healthcheck")["status"] == "healthy"
+    except OSError:
+        return False
+
+
+def test_default_database_is_not_in_the_working_directory(tmp_path):
+    """Issue 31: without DB_PATH the database went to ./lmcached-coordinator.db
+    of wherever the command ran.  Now: $XDG_STATE_HOME/lmcached, else
+    ~/.local/state/lmcached (made 0700), or systemd's $STATE_DIRECTORY; the
+    path is logged at start."""
+    from lmc.server import free_port
+    cwd = tmp_path / "checkout"
+    cwd.mkdir()
+    port = free_port()
+    env = bare_env(tmp_path, **{P + "PORT": str(port), P + "HOST": "127.0.0.1",
+                                P + "ENABLE_STARTUP_RESYNC": "false"})
+    log, _ = run_until_healthy([], env, cwd, port)
+    assert os.listdir(cwd) == ["coord.log"], os.listdir(cwd)
+    state = tmp_path / "home" / ".local" / "state" / "lmcached"
+    assert (state / "coordinator.db").is_file(), log
+    assert (os.stat(state).st_mode & 0o777) == 0o700
+    assert f"database {state / 'coordinator.db'} (from $HOME/.local/state)" in log
+    env["XDG_STATE_HOME"] = str(tmp_path / "xdg")
+    log, _ = run_until_healthy([], env, cwd, port)
+    assert (tmp_path / "xdg" / "lmcached" / "coordinator.db").is_file(), log
+    (tmp_path / "systemd").mkdir()
+    env["STATE_DIRECTORY"] = str(tmp_path / "systemd")
+    log, _ = run_until_healthy([], env, cwd, port)
+    assert (tmp_path / "systemd" / "coordinator.db").is_file(), log
+    env[P + "DB_PATH"] = str(tmp_path / "named.db")
+    log, _ = run_until_healthy([], env, cwd, port)
+    assert (tmp_path / "named.db").is_file(), log
+    assert os.listdir(cwd) == ["coord.log"], os.listdir(cwd)
+
+
+def test_version_process_metrics_and_first_log_lines(tmp_path):
+    """Issue 31: /version, /lmc_version and /commit_id as lmcached answers
+    them, process_* metrics, a first log line with version and commit, and
+    one "listening" line."""
+    from lmc.server import free_port
+    port = free_port()
+    env = bare_env(tmp_path, **{P + "PORT": str(port), P + "HOST": "127.0.0.1",
+                                P + "DB_PATH": str(tmp_path / "c.db"),
+                                P + "ENABLE_STARTUP_RESYNC": "false"})
+    before = time.time()
+    log, (version, commit, metrics) = run_until_healthy(
+        [], env, tmp_path, port, ("/version", "/commit_id", "/metrics"))
+    version, commit = json.loads(version), json.loads(commit)
+    cli = subprocess.run([COORDINATOR, "--version"], capture_output=True, text=True, timeout=10)
+    # "lmcached-coordinator 0.1.0 (commit abc123def456)"
+    ver, com = cli.stdout.split()[1], cli.stdout.split()[3].rstrip(")")
+    assert version == f"{ver}-{com}" and commit == ("" if com == "NA" else com), (version, cli)
+    lines = log.splitlines()
+    assert f"lmcached-coordinator {ver} (commit {com}), database {tmp_path / 'c.db'}" in lines[0]
+    listening = [line for line in lines if "listening" in line]
+    assert len(listening) == 1 and f"http://127.0.0.1:{port}" in listening[0], lines
+    values = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+              if line.startswith("process_")}
+    assert values["process_resident_memory_bytes"] > 1 << 20, values
+    assert 0 <= values["process_cpu_seconds_total"] < 60
+    assert 3 <= values["process_open_fds"] <= values["process_max_fds"]
+    assert before - 5 <= values["process_start_time_seconds"] <= time.time() + 1
+
+
+# ---- --config and --print-config ----------------------------------------------------
+
+def test_config_file_and_print_config(tmp_path):
+    from lmc.server import free_port
+    port = free_port()
+    conf = tmp_path / "coord.json"
+    conf.write_text(json.dumps({"port": port, "host": "127.0.0.1", "db_path": str(tmp_path / "f.db"),
+                                "auth_token": "s3cret", "eviction_ratio": 0.5,
+                                "enable_startup_resync": False}))
+    env = bare_env(tmp_path, **{P + "EVICTION_RATIO": "0.25"})
+    r = subprocess.run([COORDINATOR, "--config", str(conf), "--print-config"], env=env,
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0, r.stderr
+    printed = json.loads(r.stdout)
+    assert printed["port"] == port and printed["eviction_ratio"] == 0.25   # env over file
+    assert printed["auth_token"] == "***" and "s3cret" not in r.stdout
+    assert printed["db_path"] == str(tmp_path / "f.db")
+    assert not (tmp_path / "f.db").exists()                 # printing starts nothing
+    assert set(printed) >= {"host", "instance_timeout", "chunk_size", "hash_algorithm",
+                            "max_keys", "max_buffered_mb", "server_auth_token", "metrics_enabled"}
+    log, _ = run_until_healthy(["--config", str(conf)], env, tmp_path, port)
+    assert (tmp_path / "f.db").is_file()
+    assert f"settings from --config {conf}" in log.splitlines()[0]
+    # Refusals name the file and the key; exit 1, one line.
+    for text, why in (('{"prot": 1}', 'unknown key "prot"'),
+                      ('{"port": "9300"}', '"port" must be an integer'),
+                      ('{"port": 70000}', "port=70000 is not an integer in 0..65535"),
+                      ('{"metrics_enabled": "yes"}', '"metrics_enabled" must be a boolean'),
+                      ('{"port": 1,', "--config")):
+        conf.write_text(text)
+        r = subprocess.run([COORDINATOR, "--config", str(conf)], env=env, capture_output=True,
+                           text=True, timeout=10)
+        assert r.returncode == 1 and str(conf) in r.stderr and why in r.stderr, (text, r.stderr)
+        assert len(r.stderr.splitlines()) == 1, r.stderr
+    r = subprocess.run([COORDINATOR, "--config"], env=env, capture_output=True, text=True,
+                       timeout=10)
+    assert r.returncode == 2 and "--config needs a FILE" in r.stderr
