@@ -262,3 +262,44 @@ def test_config_file_and_print_config(tmp_path):
     r = subprocess.run([COORDINATOR, "--config"], env=env, capture_output=True, text=True,
                        timeout=10)
     assert r.returncode == 2 and "--config needs a FILE" in r.stderr
+
+
+# ---- the quota replies beside lmcached's ---------------------------------------------
+
+def test_quota_replies_carry_lmcached_field_names(tmp_path, started):
+    """Issue 31: lmcached's and the coordinator's /quota replies named the
+    same facts differently.  The coordinator keeps upstream's coordinator
+    names and carries lmcached's beside them, with the same values: every
+    field lmcached answers on a path, the coordinator answers too."""
+    import http.client
+    from lmc.server import start_http
+    srv = started(start_http())
+    coord = started(Coordinator(tmp_path / "coord.db"))
+
+    def server(method, path, body=None):
+        c = http.client.HTTPConnection("127.0.0.1", srv.http_port, timeout=10)
+        c.request(method, path, body=json.dumps(body) if body is not None else None)
+        r = c.getresponse()
+        out = (r.status, json.loads(r.read()))
+        c.close()
+        return out
+
+    calls = [("PUT", "/quota/tenant-a", {"limit_gb": 2}),
+             ("PUT", "/quota/_default", {"limit_gb": 0.5}),
+             ("GET", "/quota/tenant-a", None), ("GET", "/quota/_default", None),
+             ("GET", "/quota/nobody", None), ("GET", "/quota", None),
+             ("DELETE", "/quota/tenant-a", None), ("DELETE", "/quota/tenant-a", None)]
+    for method, path, body in calls:
+        (s1, mine), (s2, theirs) = server(method, path, body), coord.call(method, path, body)
+        assert s1 == s2 == 200, (path, mine, theirs)
+        missing = set(mine) - set(theirs)
+        assert not missing, (method, path, missing, mine, theirs)
+        for k in mine:
+            if k == "users":
+                assert theirs[k] == mine[k], (path, mine, theirs)
+            elif k != "enforced":   # lmcached: an IsolatedLRU adapter; here: the loop
+                assert theirs[k] == mine[k], (method, path, k, mine, theirs)
+    st, r = coord.call("GET", "/quota/_default")
+    assert (r["quota_limit_gb"], r["quota_exists"], r["usage_gb"]) == (0.5, True, 0.0)
+    st, r = coord.call("PUT", "/quota/x", {"limit_gb": 1})
+    assert r["enforced"] is True                        # EVICTION_CHECK_INTERVAL > 0
