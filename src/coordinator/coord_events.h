@@ -85,6 +85,16 @@ void coordinator_events_request_free(coordinator_event_request *r);
 int coordinator_events_scan_key(coordinator_json_scanner *s, coordinator_wire_key *k, char *why,
                                 size_t whylen);
 
+/* A body reader over the scanner: 0, or -1 with why (or the scanner's
+ * err, or r->out_of_memory set). */
+typedef int (*coordinator_body_reader)(coordinator_json_scanner *s, coordinator_event_request *r,
+                                       char *why, size_t whylen);
+/* Runs read over the text in place (consumed, as for
+ * coordinator_events_parse_in_place) into a request marked ungated or
+ * not: 0; -1 with the reason; -2 "out of memory"; nothing kept on failure. */
+int coordinator_events_read(char *text, size_t len, coordinator_body_reader read, bool ungated,
+                            coordinator_event_request *out, char *why, size_t whylen);
+
 #define COORD_MAX_L2_USAGE_EVENTS COORD_MAX_ENTRIES /* per POST /l2/events */
 
 /* Reads a POST /l2/events body, the older L2 usage stream:

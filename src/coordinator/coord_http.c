@@ -11,12 +11,7 @@
 #include "http/http_json.h"
 #include "obs/log.h"
 
-#ifndef LMC_VERSION_STRING
-#define LMC_VERSION_STRING "0.0.0"
-#endif
-#ifndef LMC_COMMIT_STRING
-#define LMC_COMMIT_STRING "NA"
-#endif
+/* LMC_VERSION_STRING and LMC_COMMIT_STRING come from CMake (CMakeLists.txt). */
 
 #define MAX_CONNECTIONS 512u
 #define THREADS 2u

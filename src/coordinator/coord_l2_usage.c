@@ -210,24 +210,5 @@ static int parse_body(coordinator_json_scanner *s, coordinator_event_request *r,
 int coordinator_l2_usage_parse_in_place(char *text, size_t len, coordinator_event_request *out,
                                         char *why, size_t whylen)
 {
-    memset(out, 0, sizeof *out);
-    out->ungated = true;
-    coordinator_json_scanner s;
-    coordinator_json_init(&s, text, len);
-    why[0] = '\0';
-    if (parse_body(&s, out, why, whylen) != 0) {
-        bool out_of_memory = out->out_of_memory;
-        if (out_of_memory)
-            snprintf(why, whylen, "out of memory");
-        else if (coordinator_json_failed(&s))
-            snprintf(why, whylen, "%s", s.err);
-        else if (!why[0])
-            snprintf(why, whylen, "malformed JSON");
-        coordinator_events_request_free(out);
-        return out_of_memory ? -2 : -1;
-    }
-    for (size_t i = 0; i < out->n; i++)
-        out->batches[i].entries = out->pool + out->batches[i].first;
-    out->ungated = true;
-    return 0;
+    return coordinator_events_read(text, len, parse_body, true, out, why, whylen);
 }
