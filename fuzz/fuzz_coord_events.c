@@ -11,7 +11,13 @@
  *     relies on (docs/coordinator.md, "Cache events");
  *   - applied to a fresh state, every batch is counted once (applied,
  *     duplicate or stale), the usage books add up, and applying it again
- *     admits nothing. */
+ *     admits nothing.
+ * The same bytes go to the POST /l2/events reader (coord_l2_usage.c, the
+ * older L2 usage stream): a request or a reason, the same twice; an
+ * accepted one is ungated L2 store/access batches of valid keys, each
+ * store with its size, covering the pool in order; applied twice, every
+ * batch is applied both times and the second changes neither the key
+ * count nor the bytes (a store replaces, a lookup touches). */
 #include "check.h"
 #include <jansson.h>
 #include <stddef.h>
@@ -136,8 +142,69 @@ static void apply_twice(coordinator_event_request *r)
     coordinator_state_free(&s);
 }
 
+static void check_l2_usage(const coordinator_event_request *r)
+{
+    CHECK(r->ungated && r->pool_n <= COORD_MAX_L2_USAGE_EVENTS);
+    size_t next = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        const coordinator_event_batch *b = &r->batches[i];
+        CHECK(b->l2 && (b->type == COORD_EV_STORE || b->type == COORD_EV_ACCESS));
+        CHECK(b->n >= 1 && b->first == next && b->entries == r->pool + b->first);
+        CHECK(i == 0 || r->batches[i - 1].type != b->type); /* runs are merged */
+        size_t id_len = strlen(b->instance_id);
+        CHECK(id_len >= 1 && id_len <= COORD_INSTANCE_ID_MAX && b->seq >= 0);
+        for (size_t j = 0; j < b->n; j++) {
+            check_key(&b->entries[j].key);
+            CHECK(b->entries[j].has_size == (b->type == COORD_EV_STORE));
+        }
+        next += b->n;
+    }
+    CHECK(next == r->pool_n);
+}
+
+static void l2_usage(const uint8_t *data, size_t len)
+{
+    char *t1 = malloc(len + 1), *t2 = malloc(len + 1);
+    if (!t1 || !t2)
+        goto out;
+    memcpy(t1, data, len);
+    memcpy(t2, data, len);
+    coordinator_event_request r1, r2;
+    char why1[512] = "", why2[512] = "";
+    int a = coordinator_l2_usage_parse_in_place(t1, len, &r1, why1, sizeof why1);
+    int b = coordinator_l2_usage_parse_in_place(t2, len, &r2, why2, sizeof why2);
+    CHECK(a == b && strcmp(why1, why2) == 0);
+    CHECK(a == 0 || (a == -1 && why1[0] != '\0'));
+    if (a != 0)
+        goto out;
+    CHECK(r1.n == r2.n && r1.pool_n == r2.pool_n);
+    check_l2_usage(&r1);
+    coordinator_state s;
+    if (coordinator_state_init(&s) == 0) {
+        coordinator_ingest_result res;
+        char why[512] = "";
+        if (coordinator_events_apply(&s, NULL, &r1, &res, why, sizeof why) == 0) {
+            CHECK(res.applied == r1.n && s.ingest.l2_usage_events == r1.pool_n);
+            check_usage(&s);
+            uint64_t keys = s.l2_entries, bytes = s.l2_bytes;
+            CHECK(coordinator_events_apply(&s, NULL, &r1, &res, why, sizeof why) == 0);
+            CHECK(res.applied == r1.n && s.l2_entries == keys && s.l2_bytes == bytes);
+            CHECK(s.ingest.applied == 0); /* the gated counters are not touched */
+        } else {
+            CHECK(why[0] != '\0');
+        }
+        coordinator_state_free(&s);
+    }
+    coordinator_events_request_free(&r1);
+    coordinator_events_request_free(&r2);
+out:
+    free(t1);
+    free(t2);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
 {
+    l2_usage(data, len);
     scanner_agrees_with_jansson(data, len);
     coordinator_event_request r1, r2;
     char why1[512] = "", why2[512] = "";

@@ -356,6 +356,32 @@ def coord_events():
     for name, text in raw.items():
         write("coord_events", name, text.encode("utf-8", "surrogatepass"))
     write("coord_events", "invalid_utf8", b'{"batches": [], "x": "\xc3\x28 \xed\xa0\x80"}')
+    l2_usage()
+
+
+def l2_usage():
+    """POST /l2/events bodies (the older L2 usage stream, docs/coordinator.md
+    "L2 usage events"), fed to the same target: what lmcached's reporter
+    sends, and its refusals."""
+    key = event_entry(1)["key"]
+    salted = event_entry(2, salt="tenant-x")["key"]
+    body = {"instance_id": "node-a", "seq": 1, "tier": "l2",
+            "events": [{"type": "store", "key": key, "bytes": 4096},
+                       {"type": "store", "key": salted, "bytes": 8192},
+                       {"type": "lookup", "key": key, "bytes": 0},
+                       {"type": "store", "key": key, "bytes": 2048}]}
+    bodies = {
+        "l2_usage": body,
+        "l2_usage_no_tier": {k: v for k, v in body.items() if k != "tier"},
+        "l2_usage_tier_l1": dict(body, tier="l1"),
+        "l2_usage_delete": dict(body, events=[{"type": "delete", "key": key}]),
+        "l2_usage_store_without_bytes": dict(body, events=[{"type": "store", "key": key}]),
+        "l2_usage_negative_seq": dict(body, seq=-1),
+        "l2_usage_events_object": dict(body, events={}),
+        "l2_usage_bad_key": dict(body, events=[{"type": "lookup", "key": dict(key, kv_rank=-1)}]),
+    }
+    for name, b in bodies.items():
+        write("coord_events", name, json.dumps(b))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 /* Start and stop of the coordinator (coordinator.h). */
 #include <curl/curl.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "coordinator/coord_internal.h"
@@ -45,6 +47,31 @@ int coordinator_port(const lmc_coord *co)
     return co->port;
 }
 
+/* The directory of a default database, made (0700: the database holds
+ * the tenants' salts and keys) with the missing ones above it. */
+static int make_state_dir(const char *db_path, char *err, size_t errlen)
+{
+    char dir[sizeof ((coordinator_config *)0)->db_path];
+    snprintf(dir, sizeof dir, "%s", db_path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir)
+        return 0;
+    *slash = '\0';
+    for (char *p = dir + 1;; p++) {
+        bool last = *p == '\0';
+        if (*p != '/' && !last)
+            continue;
+        *p = '\0';
+        if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+            return snprintf(err, errlen, "cannot make %s for the default database (%s); set "
+                                         "LMCACHE_MP_COORDINATOR_DB_PATH", dir,
+                            strerror(errno)), -1;
+        if (last)
+            return 0;
+        *p = '/';
+    }
+}
+
 static int open_state(lmc_coord *co, char *err, size_t errlen)
 {
     char why[256];
@@ -54,6 +81,8 @@ static int open_state(lmc_coord *co, char *err, size_t errlen)
     co->members = calloc(COORD_MAX_MEMBERS, sizeof *co->members);
     if (!co->members || coordinator_state_init(&co->st) != 0)
         return snprintf(err, errlen, "out of memory"), -1;
+    if (co->cfg.db_dir_create && make_state_dir(co->cfg.db_path, err, errlen) != 0)
+        return -1;
     if (coordinator_db_open(co->cfg.db_path, &co->db, err, errlen) != 0)
         return -1;
     if (coordinator_db_load(co->db, &co->st, why, sizeof why) != 0)

@@ -37,7 +37,7 @@ static int intern_names(coordinator_state *s, coordinator_event_request *r, char
 {
     for (size_t i = 0; i < r->n; i++) {
         const coordinator_event_batch *b = &r->batches[i];
-        if (coordinator_names_intern(&s->instances, b->instance_id) == COORD_NONE)
+        if (!r->ungated && coordinator_names_intern(&s->instances, b->instance_id) == COORD_NONE)
             return intern_failed(&s->instances, "instances", COORD_MAX_CURSORS, why, whylen);
         if (coordinator_names_intern(&s->backends, b->backend) == COORD_NONE)
             return intern_failed(&s->backends, "backends", COORD_MAX_NAMES, why, whylen);
@@ -175,10 +175,44 @@ static bool admit(coordinator_state *s, coordinator_cursor *c, uint32_t inst, co
     return true;
 }
 
+/* The entries of one admitted batch, in order. */
+static int apply_entries(coordinator_state *s, coordinator_db *db, const coordinator_event_batch *b,
+                         uint32_t inst, uint32_t backend, char *why, size_t whylen)
+{
+    for (size_t j = 0; j < b->n; j++) {
+        prefetch_ahead(s, b, j);
+        if (apply_entry(s, db, b, &b->entries[j], inst, backend) != 0)
+            return snprintf(why, whylen, "an entry of %s seq %lld could not be recorded "
+                                         "(out of memory or a database error); send the "
+                                         "batches again later", b->instance_id,
+                            (long long)b->seq), -1;
+    }
+    return 0;
+}
+
+/* The older L2 usage stream has no incarnation to gate on: every batch is
+ * applied, which is harmless twice (a store replaces, a lookup touches). */
+static int apply_ungated(coordinator_state *s, coordinator_db *db, coordinator_event_request *r,
+                         coordinator_ingest_result *res, char *why, size_t whylen)
+{
+    s->ingest.l2_usage_posts++;
+    for (size_t i = 0; i < r->n; i++) {
+        const coordinator_event_batch *b = &r->batches[i];
+        uint32_t backend = coordinator_names_find(&s->backends, b->backend);
+        if (apply_entries(s, db, b, COORD_NONE, backend, why, whylen) != 0)
+            return -1;
+        res->applied++;
+        s->ingest.l2_usage_events += b->n;
+    }
+    return 0;
+}
+
 /* The admitted batches of r, in order (names interned already). */
 static int apply_batches(coordinator_state *s, coordinator_db *db, coordinator_event_request *r,
                          coordinator_ingest_result *res, char *why, size_t whylen)
 {
+    if (r->ungated)
+        return apply_ungated(s, db, r, res, why, whylen);
     for (size_t i = 0; i < r->n; i++) {
         const coordinator_event_batch *b = &r->batches[i];
         uint32_t inst = coordinator_names_find(&s->instances, b->instance_id);
@@ -192,14 +226,8 @@ static int apply_batches(coordinator_state *s, coordinator_db *db, coordinator_e
         s->ingest.applied++;
         if (b->type == COORD_EV_CONFIG)
             record_capacity(c, b, backend);
-        for (size_t j = 0; j < b->n; j++) {
-            prefetch_ahead(s, b, j);
-            if (apply_entry(s, db, b, &b->entries[j], inst, backend) != 0)
-                return snprintf(why, whylen, "an entry of %s seq %lld could not be recorded "
-                                             "(out of memory or a database error); send the "
-                                             "batches again later", b->instance_id,
-                                (long long)b->seq), -1;
-        }
+        if (apply_entries(s, db, b, inst, backend, why, whylen) != 0)
+            return -1;
         s->ingest.entries_applied += b->n;
         if (db && coordinator_db_put_cursor(db, b->instance_id, c) != 0)
             return snprintf(why, whylen, "the cursor of %s could not be saved; send the "

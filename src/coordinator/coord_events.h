@@ -6,6 +6,7 @@
 
 #include <jansson.h>
 
+#include "coordinator/coord_json_scan.h"
 #include "coordinator/coord_state.h"
 
 #define COORD_MAX_BATCHES 4096          /* per request */
@@ -59,6 +60,10 @@ typedef struct {
     size_t pool_n, pool_cap;
     char *arena; /* coordinator_events_parse's copy of the text (what keys point to), or NULL */
     bool out_of_memory; /* set while parsing: why a parse failed */
+    /* The older L2 usage stream (POST /l2/events): no incarnation, so no
+     * gate and no cursor; every batch is applied (docs/coordinator.md,
+     * "L2 usage events"). */
+    bool ungated;
 } coordinator_event_request;
 
 /* Reads a POST /events body (JSON text) and checks every field of every
@@ -73,6 +78,34 @@ int coordinator_events_parse(const char *text, size_t len, coordinator_event_req
 int coordinator_events_parse_in_place(char *text, size_t len, coordinator_event_request *out, char *why,
                                 size_t whylen);
 void coordinator_events_request_free(coordinator_event_request *r);
+
+/* An EncodedObjectKey object at the scanner's position, checked as the
+ * /events reader checks it; 0, or -1 with why (the scanner's err set when
+ * the JSON itself is malformed). */
+int coordinator_events_scan_key(coordinator_json_scanner *s, coordinator_wire_key *k, char *why,
+                                size_t whylen);
+
+/* A body reader over the scanner: 0, or -1 with why (or the scanner's
+ * err, or r->out_of_memory set). */
+typedef int (*coordinator_body_reader)(coordinator_json_scanner *s, coordinator_event_request *r,
+                                       char *why, size_t whylen);
+/* Runs read over the text in place (consumed, as for
+ * coordinator_events_parse_in_place) into a request marked ungated or
+ * not: 0; -1 with the reason; -2 "out of memory"; nothing kept on failure. */
+int coordinator_events_read(char *text, size_t len, coordinator_body_reader read, bool ungated,
+                            coordinator_event_request *out, char *why, size_t whylen);
+
+#define COORD_MAX_L2_USAGE_EVENTS COORD_MAX_ENTRIES /* per POST /l2/events */
+
+/* Reads a POST /l2/events body, the older L2 usage stream:
+ * {"instance_id": str, "seq": int >= 0, "events": [{"type": "store" |
+ * "lookup", "key": EncodedObjectKey, "bytes": int >= 0}], "tier": "l2"}.
+ * Each run of events of one type becomes one ungated L2 batch (store, or
+ * access for a lookup).  The text is consumed as by
+ * coordinator_events_parse_in_place.  0; -1 with why (the body's fault);
+ * -2 "out of memory". */
+int coordinator_l2_usage_parse_in_place(char *text, size_t len, coordinator_event_request *out,
+                                        char *why, size_t whylen);
 
 typedef struct {
     uint64_t applied, duplicates, stale;

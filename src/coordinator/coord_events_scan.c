@@ -111,7 +111,8 @@ static int key_field(coordinator_json_scanner *s, const char *name, size_t len, 
     return 0;
 }
 
-static int parse_key(coordinator_json_scanner *s, coordinator_wire_key *k, char *why, size_t whylen)
+int coordinator_events_scan_key(coordinator_json_scanner *s, coordinator_wire_key *k, char *why,
+                                size_t whylen)
 {
     memset(k, 0, sizeof *k);
     k->salt = "";
@@ -163,7 +164,7 @@ static int entry_field(coordinator_json_scanner *s, const char *name, size_t len
 {
     char kwhy[160];
     if (NAME_IS("key")) {
-        if (parse_key(s, &e->key, kwhy, sizeof kwhy) != 0)
+        if (coordinator_events_scan_key(s, &e->key, kwhy, sizeof kwhy) != 0)
             return coordinator_json_failed(s) ? -1 : WHY("key: %s", kwhy);
         return 0;
     }
@@ -408,14 +409,15 @@ static int parse_body(coordinator_json_scanner *s, coordinator_event_request *r,
     return seen ? 0 : WHY("body must be {\"batches\": [CacheEventBatch]}");
 }
 
-int coordinator_events_parse_in_place(char *text, size_t len, coordinator_event_request *out, char *why,
-                                size_t whylen)
+int coordinator_events_read(char *text, size_t len, coordinator_body_reader read, bool ungated,
+                            coordinator_event_request *out, char *why, size_t whylen)
 {
     memset(out, 0, sizeof *out);
+    out->ungated = ungated;
     coordinator_json_scanner s;
     coordinator_json_init(&s, text, len);
     why[0] = '\0';
-    if (parse_body(&s, out, why, whylen) != 0) {
+    if (read(&s, out, why, whylen) != 0) {
         bool out_of_memory = out->out_of_memory;
         if (out_of_memory)
             snprintf(why, whylen, "out of memory");
@@ -429,6 +431,12 @@ int coordinator_events_parse_in_place(char *text, size_t len, coordinator_event_
     for (size_t i = 0; i < out->n; i++) /* no pool without an entry: NULL + 0 is undefined */
         out->batches[i].entries = out->pool ? out->pool + out->batches[i].first : NULL;
     return 0;
+}
+
+int coordinator_events_parse_in_place(char *text, size_t len, coordinator_event_request *out, char *why,
+                                size_t whylen)
+{
+    return coordinator_events_read(text, len, parse_body, false, out, why, whylen);
 }
 
 int coordinator_events_parse(const char *text, size_t len, coordinator_event_request *out, char *why,

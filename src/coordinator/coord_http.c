@@ -11,6 +11,8 @@
 #include "http/http_json.h"
 #include "obs/log.h"
 
+/* LMC_VERSION_STRING and LMC_COMMIT_STRING come from CMake (CMakeLists.txt). */
+
 #define MAX_CONNECTIONS 512u
 #define THREADS 2u
 
@@ -106,6 +108,7 @@ int coordinator_http_start(lmc_coord *co, char *err, size_t errlen)
         .max_connections = MAX_CONNECTIONS, .auth_token = co->cfg.auth_token,
         .host_setting = "LMCACHE_MP_COORDINATOR_HOST", .over_budget_detail = texts.over,
         .over_whole_budget_detail = texts.whole, .owner_announces = true,
+        .version = LMC_VERSION_STRING, .commit = LMC_COMMIT_STRING,
     };
     lmc_http_backend none = {0};
     lmc_http_server *http;

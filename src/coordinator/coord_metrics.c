@@ -33,6 +33,8 @@ static const family FAMILIES[] = {
     {"lmcache_mp_coordinator_events_stale_total", "event batches of an older incarnation", LMC_METRIC_COUNTER, STATE64(ingest.stale)},
     {"lmcache_mp_coordinator_events_gaps_total", "batches that followed missing ones", LMC_METRIC_COUNTER, STATE64(ingest.gaps)},
     {"lmcache_mp_coordinator_event_entries_applied_total", "entries of applied batches", LMC_METRIC_COUNTER, STATE64(ingest.entries_applied)},
+    {"lmcache_mp_coordinator_l2_usage_posts_total", "POST /l2/events requests applied (the older L2 usage stream)", LMC_METRIC_COUNTER, STATE64(ingest.l2_usage_posts)},
+    {"lmcache_mp_coordinator_l2_usage_events_total", "store and lookup events of the L2 usage stream applied", LMC_METRIC_COUNTER, STATE64(ingest.l2_usage_events)},
     {"lmcache_mp_coordinator_fences_total", "instance streams fenced (restart, expiry, removal)", LMC_METRIC_COUNTER, STATE64(ingest.fenced)},
     {"lmcache_mp_coordinator_health_sweeps_total", "stale-instance sweeps", LMC_METRIC_COUNTER, COUNTER(sweeps)},
     {"lmcache_mp_coordinator_instances_expired_total", "instances removed for lack of heartbeats", LMC_METRIC_COUNTER, COUNTER(instances_expired)},
@@ -122,7 +124,9 @@ int coordinator_metrics_new(lmc_coord *co)
     bool ok = m->placements && m->placement_bytes && m->l2_usage;
     for (size_t i = 0; i < N_FAMILIES && ok; i++)
         ok = (m->plain[i] = add_family(r, FAMILIES[i].type, FAMILIES[i].name, FAMILIES[i].help, NULL));
-    if (ok && lmc_metrics_add_collector(r, collect, co) == 0)
+    /* process_* as lmcached exports them (docs/metrics.md) */
+    if (ok && lmc_metrics_add_collector(r, collect, co) == 0 &&
+        lmc_metrics_add_process_collector(r) == 0)
         return 0;
 fail:
     coordinator_metrics_free(m);

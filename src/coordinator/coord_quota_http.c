@@ -88,13 +88,18 @@ done:
     json_decref(b);
 }
 
+/* Upstream's coordinator names (quota_limit_gb, quota_exists, usage_gb),
+ * which its clients read, and beside them lmcached's own /quota names
+ * (limit_gb, exists, current_usage_gb) with the same values, so that one
+ * client reads either binary (docs/coordinator.md, "Quotas"). */
 static json_t *salt_json(const coordinator_state *s, uint32_t salt, const char *name)
 {
     const coordinator_salt *sa = salt < s->salt_cap ? &s->salt[salt] : NULL;
     bool has = sa && sa->has_quota;
-    return json_pack("{s:s, s:f, s:b, s:f, s:s}", "cache_salt", name, "quota_limit_gb",
-                     has ? sa->quota_gb : 0.0, "quota_exists", has, "usage_gb",
-                     sa ? (double)sa->l2_bytes / COORD_GB : 0.0, "tier", "l2");
+    double limit = has ? sa->quota_gb : 0.0, usage = sa ? (double)sa->l2_bytes / COORD_GB : 0.0;
+    return json_pack("{s:s, s:f, s:b, s:f, s:s, s:f, s:b, s:f}", "cache_salt", name,
+                     "quota_limit_gb", limit, "quota_exists", has, "usage_gb", usage, "tier", "l2",
+                     "limit_gb", limit, "exists", has, "current_usage_gb", usage);
 }
 
 static void quota_put(lmc_coord *co, const lmc_http_request *rq, lmc_http_reply *out, const char *salt)
@@ -120,8 +125,9 @@ static void quota_put(lmc_coord *co, const lmc_http_request *rq, lmc_http_reply 
     if (!sa)
         coordinator_reply_detail(out, 503, "too many salts (at most %d)", COORD_MAX_NAMES);
     else
-        lmc_http_reply_json(out, 200, json_pack("{s:s, s:f, s:s, s:s}", "cache_salt", salt,
-                                             "limit_gb", limit, "status", "ok", "tier", "l2"));
+        lmc_http_reply_json(out, 200, json_pack("{s:s, s:f, s:s, s:s, s:b}", "cache_salt", salt,
+                                                "limit_gb", limit, "status", "ok", "tier", "l2",
+                                                "enforced", co->cfg.eviction_check_interval_s > 0));
 done:
     json_decref(b);
 }
@@ -191,10 +197,16 @@ void coordinator_ep_quota_all(const lmc_http_request *rq, lmc_http_reply *out, v
     if (!rows)
         return coordinator_reply_detail(out, 500, "out of memory");
     qsort(rows, n, sizeof *rows, by_name);
-    json_t *list = json_array();
-    for (size_t i = 0; i < n; i++)
+    json_t *list = json_array(), *users = json_object();
+    for (size_t i = 0; i < n; i++) {
+        json_object_set_new(users, json_string_value(json_object_get(rows[i], "cache_salt")),
+                            json_pack("{s:O, s:O}", "limit_gb", json_object_get(rows[i], "limit_gb"),
+                                      "current_usage_gb",
+                                      json_object_get(rows[i], "current_usage_gb")));
         json_array_append_new(list, rows[i]);
+    }
     free(rows);
-    lmc_http_reply_json(out, 200, json_pack("{s:f, s:s, s:o}", "total_gb", total, "tier", "l2",
-                                         "by_cache_salt", list));
+    /* "users" is lmcached's shape of the same list (salt_json) */
+    lmc_http_reply_json(out, 200, json_pack("{s:f, s:s, s:o, s:o}", "total_gb", total, "tier", "l2",
+                                            "by_cache_salt", list, "users", users));
 }

@@ -1,6 +1,6 @@
 /* The coordinator's route table (docs/coordinator.md, "HTTP API"), served
- * by src/http's server core (coord_http.c), with /events, /healthcheck and
- * the CacheBlend routes answered 501. */
+ * by src/http's server core (coord_http.c), with /events, /l2/events,
+ * /healthcheck and the CacheBlend routes answered 501. */
 #include <microhttpd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,34 +57,61 @@ static void ep_not_allowed(const lmc_http_request *rq, lmc_http_reply *out, void
     coordinator_reply_not_allowed(out, arg);
 }
 
-/* POST /events: the body is scanned in place (lmc_http_request.body). */
-void coordinator_ep_events(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
-                           const char *arg)
+typedef int (*parse_fn)(char *text, size_t len, coordinator_event_request *out, char *why,
+                        size_t whylen);
+
+/* Parses the body in place with parse and ingests it as one transaction;
+ * false when the reply (422 or 503) is already written. */
+static bool ingest_body(lmc_coord *co, const lmc_http_request *rq, lmc_http_reply *out,
+                        parse_fn parse, coordinator_event_request *r, coordinator_ingest_result *res)
 {
-    lmc_coord *co = ctx;
-    (void)arg;
     if (!rq->body)
-        return coordinator_reply_detail(out, 422, "a JSON object body is required");
-    coordinator_event_request r;
+        return coordinator_reply_detail(out, 422, "a JSON object body is required"), false;
     char why[512];
-    int parsed = coordinator_events_parse_in_place(rq->body, rq->body_len, &r, why, sizeof why);
+    int parsed = parse(rq->body, rq->body_len, r, why, sizeof why);
     if (parsed != 0) /* out of memory is ours, not the body's: the sender tries again */
-        return coordinator_reply_detail(out, parsed == -2 ? 503 : 422, "%s", why);
-    coordinator_ingest_result res;
+        return coordinator_reply_detail(out, parsed == -2 ? 503 : 422, "%s", why), false;
     pthread_mutex_lock(&co->mu);
     uint64_t refused = co->st.keys.refused;
-    int rc = coordinator_events_ingest(&co->st, co->db, &r, &res, why, sizeof why);
+    int rc = coordinator_events_ingest(&co->st, co->db, r, res, why, sizeof why);
     if (co->st.keys.refused != refused)
         coordinator_warn_keys_full(co);
     if (rc == -2)
         warn_not_saved(co);
     pthread_mutex_unlock(&co->mu);
-    coordinator_events_request_free(&r);
     if (rc != 0)
-        return coordinator_reply_detail(out, 503, "%s", why);
-    lmc_http_reply_json(out, 200, json_pack("{s:I, s:I, s:I}", "applied", (json_int_t)res.applied,
-                                           "duplicates", (json_int_t)res.duplicates, "stale",
-                                           (json_int_t)res.stale));
+        coordinator_reply_detail(out, 503, "%s", why);
+    return rc == 0;
+}
+
+/* POST /events: the body is scanned in place (lmc_http_request.body). */
+void coordinator_ep_events(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                           const char *arg)
+{
+    (void)arg;
+    coordinator_event_request r;
+    coordinator_ingest_result res;
+    memset(&r, 0, sizeof r);
+    if (ingest_body(ctx, rq, out, coordinator_events_parse_in_place, &r, &res))
+        lmc_http_reply_json(out, 200, json_pack("{s:I, s:I, s:I}", "applied",
+                                                (json_int_t)res.applied, "duplicates",
+                                                (json_int_t)res.duplicates, "stale",
+                                                (json_int_t)res.stale));
+    coordinator_events_request_free(&r);
+}
+
+/* POST /l2/events, the older L2 usage stream (docs/coordinator.md, "L2
+ * usage events"): {"recorded": the events applied}. */
+static void ep_l2_events(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
+                         const char *arg)
+{
+    (void)arg;
+    coordinator_event_request r;
+    coordinator_ingest_result res;
+    memset(&r, 0, sizeof r);
+    if (ingest_body(ctx, rq, out, coordinator_l2_usage_parse_in_place, &r, &res))
+        lmc_http_reply_json(out, 200, json_pack("{s:I}", "recorded", (json_int_t)r.pool_n));
+    coordinator_events_request_free(&r);
 }
 
 static void ep_healthcheck(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
@@ -115,12 +142,17 @@ static void ep_healthcheck(const lmc_http_request *rq, lmc_http_reply *out, void
 static const lmc_http_route coordinator_rows[] = {
     {"GET", "/healthcheck", false, OPEN, SMALL, ANY, ep_healthcheck, NULL},
     {"GET", "/metrics", false, OPEN, SMALL, ANY, coordinator_ep_metrics, NULL},
+    /* as lmcached answers them (docs/http.md) */
+    {"GET", "/version", false, OPEN, SMALL, ANY, lmc_http_ep_version, "both"},
+    {"GET", "/lmc_version", false, OPEN, SMALL, ANY, lmc_http_ep_version, "version"},
+    {"GET", "/commit_id", false, OPEN, SMALL, ANY, lmc_http_ep_version, "commit"},
     {"POST", "/instances", false, TOKEN, SMALL, ANY, coordinator_ep_register, NULL},
     {"GET", "/instances", false, OPEN, SMALL, ANY, coordinator_ep_instances, NULL},
     {"PUT", "/instances/", true, TOKEN, SMALL, ANY, coordinator_ep_heartbeat, "/instances/"},
     {"DELETE", "/instances/", true, TOKEN, SMALL, ANY, coordinator_ep_deregister,
      "/instances/"},
     {"POST", "/events", false, TOKEN, BULK, ANY, coordinator_ep_events, NULL},
+    {"POST", "/l2/events", false, TOKEN, BULK, ANY, ep_l2_events, NULL},
     {"GET", "/quota/config", false, TOKEN, SMALL, ANY, coordinator_ep_quota_config, NULL},
     {"PUT", "/quota/config", false, TOKEN, SMALL, ANY, coordinator_ep_quota_config, NULL},
     /* not the quota of a salt named "config" */

@@ -121,6 +121,7 @@ typedef struct {
 typedef struct {
     uint64_t applied, duplicates, stale, gaps, fenced;
     uint64_t entries_applied;
+    uint64_t l2_usage_posts, l2_usage_events; /* POST /l2/events, applied */
 } coordinator_ingest_counters;
 
 typedef struct {

@@ -19,8 +19,8 @@
  * largest kind (16 MiB), where 512 connections could otherwise hold 8 GiB. */
 #define LMC_COORD_DEFAULT_MAX_BUFFERED_MB 256L
 
-/* Settings, from the environment only (docs/coordinator.md,
- * "Configuration"). */
+/* Settings, from the environment over an optional JSON file
+ * (docs/coordinator.md, "Configuration"). */
 typedef struct {
     char host[256];
     int port;
@@ -40,8 +40,12 @@ typedef struct {
     uint32_t max_keys;            /* the key directory's bound */
     uint32_t max_buffered_mb;     /* request bodies buffered at once, all connections */
     char db_path[4096];
+    char db_path_origin[64];      /* what chose db_path, for the start-up log */
+    bool db_dir_create;           /* a default under XDG/HOME: its directory is made, 0700 */
     char auth_token[1024];        /* "" = no token */
     char server_auth_token[1024]; /* sent to lmcached servers; "" = none */
+    char otlp_endpoint[1024];     /* refused when not empty */
+    bool enable_blend_lookup;     /* refused when true */
 } coordinator_config;
 
 /* Fills `c` from the LMCACHE_MP_COORDINATOR_* variables of the process
@@ -49,6 +53,17 @@ typedef struct {
  * long, a setting this build refuses, and any unknown variable of the
  * family return -1 with one line in err naming the variable. */
 int coordinator_config_from_env(coordinator_config *c, char *err, size_t errlen);
+/* The same over the settings of `file` (NULL: none), a JSON object whose
+ * keys are the variables' names after the prefix in lower case: an
+ * unreadable file, an unknown key, a value of the wrong JSON type or one
+ * the variable would refuse return -1 naming the file and the key.  The
+ * environment overrides the file.  Without DB_PATH from either, db_path is
+ * the default place (docs/coordinator.md, "Configuration"). */
+int coordinator_config_load(coordinator_config *c, const char *file, char *err, size_t errlen);
+/* Every setting as a JSON object text (malloc'd; NULL out of memory), the
+ * tokens shown as "***" when set: what --print-config prints. */
+char *coordinator_config_print(const coordinator_config *c);
+/* The built-in defaults; db_path is left empty. */
 void coordinator_config_defaults(coordinator_config *c);
 
 typedef struct coordinator lmc_coord;

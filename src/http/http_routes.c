@@ -177,7 +177,7 @@ static void ep_pressure(const lmc_http_request *req, lmc_http_reply *out, void *
 
 /* arg: "both" (/version), "version" (/lmc_version) or "commit" (/commit_id).
  * /lmc_version and /commit_id answer "" where /version says "NA". */
-static void ep_version(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+void lmc_http_ep_version(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
                        const char *arg)
 {
     (void)ctx;
@@ -388,9 +388,9 @@ static const lmc_http_route site_routes[] = {
     {"GET", "/status", false, OPEN, NOB, ENGINE, ep_status, NULL},
     {"GET", "/api/status", false, OPEN, NOB, ENGINE, ep_status, NULL},
     {"GET", "/status/memory-pressure", false, OPEN, NOB, DETAIL, ep_pressure, NULL},
-    {"GET", "/version", false, OPEN, NOB, ANY, ep_version, "both"},
-    {"GET", "/lmc_version", false, OPEN, NOB, ANY, ep_version, "version"},
-    {"GET", "/commit_id", false, OPEN, NOB, ANY, ep_version, "commit"},
+    {"GET", "/version", false, OPEN, NOB, ANY, lmc_http_ep_version, "both"},
+    {"GET", "/lmc_version", false, OPEN, NOB, ANY, lmc_http_ep_version, "version"},
+    {"GET", "/commit_id", false, OPEN, NOB, ANY, lmc_http_ep_version, "commit"},
     {"GET", "/metrics", false, OPEN, NOB, ANY, ep_metrics, NULL},
     {"GET", "/config", false, TOKEN, NOB, CONFIGS, ep_config, NULL},
     {"GET", "/conf", false, TOKEN, NOB, CONFIGS, ep_config, NULL},

@@ -107,6 +107,12 @@ void lmc_http_routes_seal(lmc_http_routes *t);
  * /config, /cache/clear, /threads and the routes answered 501 (http_routes.c).
  * They call the lmc_http_backend the frontend was started with. */
 int lmc_http_routes_add_site(lmc_http_routes *t);
+/* GET /version ("<version>-<commit>", a JSON string), /lmc_version and
+ * /commit_id (arg "both", "version" or "commit"), from the version and
+ * commit the server was started with (lmc_http_options): a row for other
+ * route tables that answer them as the frontend does (docs/http.md). */
+void lmc_http_ep_version(const lmc_http_request *req, lmc_http_reply *out, void *ctx,
+                         const char *arg);
 
 /* Query-string argument / request header, or NULL. */
 const char *lmc_http_query(const lmc_http_request *req, const char *name);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "coordinator/coordinator.h"
@@ -14,10 +15,14 @@
 
 extern char **environ;
 
-/* Every variable of the family removed before each test. */
+/* Every variable of the family removed before each test, and the
+ * database's default place put under /tmp. */
 static int clean_env(void **state)
 {
     (void)state;
+    unsetenv("STATE_DIRECTORY");
+    unsetenv("XDG_STATE_HOME");
+    setenv("HOME", "/tmp/lmc-coord-config-home", 1);
     for (int again = 1; again;) {
         again = 0;
         for (char **e = environ; e && *e; e++) {
@@ -50,7 +55,8 @@ static void test_defaults(void **state)
     assert_string_equal(c.hash_algorithm, "blake3");
     assert_true(c.enable_startup_resync && c.metrics_enabled);
     assert_int_equal(c.resync_page_size, 1000);
-    assert_string_equal(c.db_path, "./lmcached-coordinator.db");
+    assert_string_equal(c.db_path, "/tmp/lmc-coord-config-home/.local/state/lmcached/coordinator.db");
+    assert_true(c.db_dir_create);
     assert_string_equal(c.auth_token, "");
 }
 
@@ -183,6 +189,137 @@ static void test_refusals_name_the_variable(void **state)
     assert_int_equal(coordinator_config_from_env(&c, err, sizeof err), 0);
 }
 
+/* Issue 31: the default database landed in the working directory (a
+ * stray lmcached-coordinator.db in a checkout).  It goes to systemd's
+ * state directory, else the XDG one; DB_PATH still wins. */
+static void test_default_database_place(void **state)
+{
+    (void)state;
+    coordinator_config c;
+    char err[512];
+    setenv("XDG_STATE_HOME", "/var/xdg", 1);
+    assert_int_equal(coordinator_config_from_env(&c, err, sizeof err), 0);
+    assert_string_equal(c.db_path, "/var/xdg/lmcached/coordinator.db");
+    assert_true(c.db_dir_create);
+    setenv("XDG_STATE_HOME", "relative", 1); /* ignored, as XDG says */
+    assert_int_equal(coordinator_config_from_env(&c, err, sizeof err), 0);
+    assert_string_equal(c.db_path, "/tmp/lmc-coord-config-home/.local/state/lmcached/coordinator.db");
+    setenv("STATE_DIRECTORY", "/var/lib/lmcache:/var/lib/other", 1);
+    assert_int_equal(coordinator_config_from_env(&c, err, sizeof err), 0);
+    assert_string_equal(c.db_path, "/var/lib/lmcache/coordinator.db");
+    assert_false(c.db_dir_create); /* systemd made it */
+    setenv(P "DB_PATH", "/tmp/x.db", 1);
+    assert_int_equal(coordinator_config_from_env(&c, err, sizeof err), 0);
+    assert_string_equal(c.db_path, "/tmp/x.db");
+    assert_false(c.db_dir_create);
+    unsetenv(P "DB_PATH");
+    unsetenv("STATE_DIRECTORY");
+    unsetenv("XDG_STATE_HOME");
+    unsetenv("HOME");
+    assert_int_equal(coordinator_config_from_env(&c, err, sizeof err), -1);
+    assert_non_null(strstr(err, P "DB_PATH"));
+}
+
+static const char *write_file(const char *text)
+{
+    static char path[] = "/tmp/lmc-coord-config-XXXXXX.json";
+    snprintf(path, sizeof path, "/tmp/lmc-coord-config-XXXXXX.json");
+    int fd = mkstemps(path, 5);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    return path;
+}
+
+/* --config FILE: the settings' names in lower case; the environment wins. */
+static void test_config_file(void **state)
+{
+    (void)state;
+    const char *f = write_file("{\"port\": 9555, \"eviction_ratio\": 0.5, \"db_path\": \"/tmp/f.db\", "
+                               "\"metrics_enabled\": false, \"auth_token\": \"t\", \"max_keys\": 7, "
+                               "\"instance_timeout\": 3}");
+    setenv(P "EVICTION_RATIO", "0.25", 1);
+    coordinator_config c;
+    char err[8192];
+    assert_int_equal(coordinator_config_load(&c, f, err, sizeof err), 0);
+    assert_int_equal(c.port, 9555);
+    assert_true(c.eviction_ratio == 0.25);
+    assert_string_equal(c.db_path, "/tmp/f.db");
+    assert_false(c.metrics_enabled || c.db_dir_create);
+    assert_string_equal(c.auth_token, "t");
+    assert_int_equal(c.max_keys, 7);
+    assert_true(c.instance_timeout_s == 3);
+    unlink(f);
+}
+
+static void file_refused(const char *text, const char *why1, const char *why2)
+{
+    const char *f = write_file(text);
+    coordinator_config c;
+    char err[8192] = "";
+    assert_int_equal(coordinator_config_load(&c, f, err, sizeof err), -1);
+    if (!strstr(err, f) || !strstr(err, why1) || (why2 && !strstr(err, why2)))
+        fail_msg("%s: '%s' does not name the file or say '%s' '%s'", text, err, why1,
+                 why2 ? why2 : "");
+    unlink(f);
+}
+
+static void test_config_file_refusals(void **state)
+{
+    (void)state;
+    file_refused("{\"prot\": 1}", "unknown key \"prot\"", NULL);
+    file_refused("{\"PORT\": 1}", "unknown key \"PORT\"", NULL);
+    file_refused("{\"port\": \"9300\"}", "\"port\" must be an integer", NULL);
+    file_refused("{\"port\": 9300.5}", "\"port\" must be an integer", NULL);
+    file_refused("{\"eviction_ratio\": true}", "\"eviction_ratio\" must be a number", NULL);
+    file_refused("{\"metrics_enabled\": 1}", "\"metrics_enabled\" must be a boolean", NULL);
+    file_refused("{\"host\": null}", "\"host\" must be a string", NULL);
+    file_refused("{\"port\": 70000}", "port=70000", "not an integer in 0..65535");
+    file_refused("{\"eviction_ratio\": 2}", "eviction_ratio=2", "not a number in 0..1");
+    file_refused("{\"hash_algorithm\": \"md5\"}", "hash_algorithm=md5", NULL);
+    file_refused("{\"db_path\": \"\"}", "db_path must not be empty", NULL);
+    file_refused("{\"enable_blend_lookup\": true}", "enable_blend_lookup", "not implemented");
+    file_refused("{\"otlp_endpoint\": \"http://x\"}", "otlp_endpoint", "not implemented");
+    file_refused("{\"port\": 1, \"port\": 2}", "duplicate", NULL);
+    file_refused("[1]", "must be a JSON object", NULL);
+    file_refused("{\"port\": ", "--config", NULL);
+    coordinator_config c;
+    char err[8192] = "";
+    assert_int_equal(coordinator_config_load(&c, "/nonexistent/c.json", err, sizeof err), -1);
+    assert_non_null(strstr(err, "/nonexistent/c.json"));
+}
+
+/* --print-config: every setting, the tokens redacted. */
+static void test_print_config(void **state)
+{
+    (void)state;
+    setenv(P "AUTH_TOKEN", "s3cret", 1);
+    setenv(P "PORT", "9401", 1);
+    coordinator_config c;
+    char err[512];
+    assert_int_equal(coordinator_config_from_env(&c, err, sizeof err), 0);
+    char *text = coordinator_config_print(&c);
+    assert_non_null(text);
+    assert_null(strstr(text, "s3cret"));
+    assert_non_null(strstr(text, "\"auth_token\": \"***\""));
+    assert_non_null(strstr(text, "\"server_auth_token\": \"\""));
+    assert_non_null(strstr(text, "\"port\": 9401"));
+    assert_non_null(strstr(text, "\"eviction_ratio\": 0.2,"));
+    static const char *const keys[] = {
+        "host", "port", "instance_timeout", "health_check_interval", "eviction_check_interval",
+        "eviction_ratio", "trigger_watermark", "chunk_size", "hash_algorithm",
+        "enable_startup_resync", "resync_poll_interval", "resync_max_wait", "resync_page_size",
+        "timeout_keep_alive", "metrics_enabled", "otlp_endpoint", "enable_blend_lookup",
+        "db_path", "server_auth_token", "max_keys", "max_buffered_mb"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        char q[64];
+        snprintf(q, sizeof q, "\"%s\":", keys[i]);
+        if (!strstr(text, q))
+            fail_msg("--print-config lacks %s: %s", keys[i], text);
+    }
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -192,6 +329,10 @@ int main(void)
         cmocka_unit_test_setup(test_overlong_values_are_refused, clean_env),
         cmocka_unit_test_setup(test_unopenable_database_is_refused_at_start, clean_env),
         cmocka_unit_test_setup(test_refusals_name_the_variable, clean_env),
+        cmocka_unit_test_setup(test_default_database_place, clean_env),
+        cmocka_unit_test_setup(test_config_file, clean_env),
+        cmocka_unit_test_setup(test_config_file_refusals, clean_env),
+        cmocka_unit_test_setup(test_print_config, clean_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
