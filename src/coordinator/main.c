@@ -41,7 +41,8 @@ static const char USAGE[] =
     "  LMCACHE_MP_COORDINATOR_SERVER_AUTH_TOKEN       token sent to the servers (none)\n"
     "  LMCACHE_MP_COORDINATOR_MAX_KEYS                keys the directory holds (10000000)\n"
     "  LMCACHE_MP_COORDINATOR_MAX_BUFFERED_MB         request bodies held at once, MiB (256)\n"
-    "  LMCACHE_LOG_LEVEL                              DEBUG, INFO, WARNING, ERROR (INFO)\n";
+    "  LMCACHE_LOG_LEVEL                              DEBUG, INFO, WARNING, ERROR (INFO)\n"
+    "  LMCACHE_LOG_FORMAT                             text or json, one object a line (text)\n";
 
 typedef struct {
     const char *config_file;
@@ -86,17 +87,32 @@ static int print_config(const coordinator_config *cfg)
     return 0;
 }
 
+/* The two logging variables lmcached reads too (docs/coordinator.md,
+ * "Logs"); like every other setting, a bad value refuses the start. */
+static int set_up_logging(void)
+{
+    lmc_log_level level = LMC_LOG_INFO;
+    lmc_log_format format = LMC_LOG_TEXT;
+    const char *lv = getenv("LMCACHE_LOG_LEVEL"), *lf = getenv("LMCACHE_LOG_FORMAT");
+    if (lv && !lmc_log_level_parse(lv, &level))
+        return fprintf(stderr, "lmcached-coordinator: LMCACHE_LOG_LEVEL=%.64s is not DEBUG, "
+                               "INFO, WARNING or ERROR\n", lv), -1;
+    if (lf && !lmc_log_format_parse(lf, &format))
+        return fprintf(stderr, "lmcached-coordinator: LMCACHE_LOG_FORMAT=%.64s is not text or "
+                               "json\n", lf), -1;
+    lmc_log_set_level(level);
+    lmc_log_set_format(format);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     options o = {0};
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0)
         return rc;
-    lmc_log_level level = LMC_LOG_INFO;
-    const char *lv = getenv("LMCACHE_LOG_LEVEL");
-    if (lv && !lmc_log_level_parse(lv, &level))
-        fprintf(stderr, "lmcached-coordinator: LMCACHE_LOG_LEVEL=%s is not a level; INFO\n", lv);
-    lmc_log_set_level(level);
+    if (set_up_logging() != 0)
+        return 2;
     coordinator_config cfg;
     char err[8192];
     if (coordinator_config_load(&cfg, o.config_file, err, sizeof err) != 0)

@@ -225,6 +225,31 @@ def test_version_process_metrics_and_first_log_lines(tmp_path):
     assert before - 5 <= values["process_start_time_seconds"] <= time.time() + 1
 
 
+def test_json_log_lines_and_bad_logging_variables(tmp_path):
+    """Issue 31: LMCACHE_LOG_FORMAT=json as lmcached writes it, ISO-8601 times
+    with the zone's offset in both formats; a bad level or format refuses the
+    start, naming the variable."""
+    import re
+    from lmc.server import free_port
+    iso = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d"
+    port = free_port()
+    env = bare_env(tmp_path, **{P + "PORT": str(port), P + "HOST": "127.0.0.1",
+                                P + "DB_PATH": str(tmp_path / "c.db"), "TZ": "America/New_York",
+                                P + "ENABLE_STARTUP_RESYNC": "false", "LMCACHE_LOG_FORMAT": "json"})
+    log, _ = run_until_healthy([], env, tmp_path, port)
+    records = [json.loads(line) for line in log.splitlines()]
+    assert records[0]["message"].startswith("lmcached-coordinator ")
+    assert all(re.fullmatch(iso, r["time"]) and r["time"][-6:] in ("-05:00", "-04:00")
+               for r in records), records
+    env.pop("LMCACHE_LOG_FORMAT")
+    log, _ = run_until_healthy([], env, tmp_path, port)
+    assert re.match(r"\[" + iso + r"\] INFO ", log.splitlines()[0]), log
+    for name, value in (("LMCACHE_LOG_FORMAT", "xml"), ("LMCACHE_LOG_LEVEL", "loud")):
+        r = subprocess.run([COORDINATOR], env={**env, name: value}, capture_output=True,
+                           text=True, timeout=10)
+        assert r.returncode == 2 and f"{name}={value}" in r.stderr, r
+
+
 # ---- --config and --print-config ----------------------------------------------------
 
 def test_config_file_and_print_config(tmp_path):
