@@ -106,9 +106,11 @@ static void ep_health(const lmc_http_request *req, lmc_http_reply *out, void *ct
     (void)ctx;
     (void)arg;
     const lmc_http_backend *b = backend_of(req);
-    json_t *unhealthy = b->health ? b->health(b->user) : NULL;
-    if (unhealthy) {
-        lmc_http_reply_json(out, MHD_HTTP_SERVICE_UNAVAILABLE, unhealthy);
+    json_t *verdict = b->health ? b->health(b->user) : NULL;
+    if (verdict) { /* "degraded" still serves: a probe must not restart it */
+        const char *status = json_string_value(json_object_get(verdict, "status"));
+        bool serving = status && strcmp(status, "degraded") == 0;
+        lmc_http_reply_json(out, serving ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, verdict);
         return;
     }
     lmc_http_reply_json(out, MHD_HTTP_OK, json_pack("{s:s}", "status", "healthy"));

@@ -28,7 +28,8 @@ typedef struct {
      * NULL = always ready. */
     bool (*ready)(void *user);
     /* /healthcheck once ready: NULL while the server counts as healthy
-     * (200 {"status":"healthy"}); otherwise the body of a 503, e.g.
+     * (200 {"status":"healthy"}); a body with "status":"degraded" is
+     * answered 200 (serving, with reasons); any other body is a 503's, e.g.
      * {"status":"unhealthy","reason":...} (docs/http.md, "Endpoints").
      * NULL callback = always healthy. */
     json_t *(*health)(void *user);

@@ -39,26 +39,51 @@ static json_t *http_status(void *user)
     return lmc_server_report_status(user);
 }
 
-/* /healthcheck (docs/http.md): with --health-requires-l2, an L2 adapter
- * whose last probe failed makes it 503, naming the adapters and why. */
+/* One reason per unhealthy L2 adapter, appended to `reasons`. */
+static void add_l2_reasons(json_t *reasons, json_t *bad)
+{
+    size_t i;
+    json_t *ad;
+    json_array_foreach(bad, i, ad) {
+        char reason[768];
+        snprintf(reason, sizeof reason, "L2 adapter %lld (%s) unhealthy: %s",
+                 (long long)json_integer_value(json_object_get(ad, "index")),
+                 json_string_value(json_object_get(ad, "type_name")),
+                 json_string_value(json_object_get(ad, "reason")));
+        json_array_append_new(reasons, json_string(reason));
+    }
+}
+
+/* /healthcheck (docs/http.md, "Health"): "unhealthy" (503) with
+ * --health-requires-l2 while an L2 adapter is down; "degraded" (200: it
+ * serves, a probe must not restart it) while an L2 adapter is down without
+ * that flag or /dev/shm backs less than the configured L1; NULL: healthy. */
 static json_t *http_health(void *user)
 {
     lmc_server *s = user;
-    if (!s->cfg->storage.health_requires_l2 || !s->ctx.storage)
+    if (!s->ctx.storage)
         return NULL;
-    json_t *bad = lmc_l2_unhealthy(s->ctx.storage);
-    if (json_array_size(bad) == 0) {
+    json_t *bad = lmc_l2_unhealthy(s->ctx.storage), *reasons = json_array();
+    if (!bad)
+        bad = json_array();
+    char l1_why[512];
+    if (lmc_storage_manager_l1_short(s->ctx.storage, l1_why, sizeof l1_why)) {
+        char reason[640];
+        snprintf(reason, sizeof reason, "L1 smaller than configured: %s", l1_why);
+        json_array_append_new(reasons, json_string(reason));
+    }
+    add_l2_reasons(reasons, bad);
+    if (json_array_size(reasons) == 0) {
         json_decref(bad);
+        json_decref(reasons);
         return NULL;
     }
-    json_t *first = json_array_get(bad, 0);
-    char reason[768];
-    snprintf(reason, sizeof reason, "L2 adapter %lld (%s) unhealthy: %s",
-             (long long)json_integer_value(json_object_get(first, "index")),
-             json_string_value(json_object_get(first, "type_name")),
-             json_string_value(json_object_get(first, "reason")));
-    return json_pack("{s:s, s:s, s:o}", "status", "unhealthy", "reason", reason, "l2_adapters",
-                     bad);
+    bool fail = s->cfg->storage.health_requires_l2 && json_array_size(bad) > 0;
+    /* The headline is what decided the verdict: the first L2 reason on a 503. */
+    size_t headline = fail ? json_array_size(reasons) - json_array_size(bad) : 0;
+    const char *first = json_string_value(json_array_get(reasons, headline));
+    return json_pack("{s:s, s:s, s:o, s:o}", "status", fail ? "unhealthy" : "degraded",
+                     "reason", first ? first : "", "reasons", reasons, "l2_adapters", bad);
 }
 
 static json_t *http_config(void *user)

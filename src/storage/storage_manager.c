@@ -631,6 +631,16 @@ size_t lmc_storage_manager_run_eviction_once(lmc_storage_manager *sm)
     return lmc_l1_eviction_run_once(sm->eviction);
 }
 
+bool lmc_storage_manager_l1_short(lmc_storage_manager *sm, char *why, size_t cap)
+{
+    pthread_mutex_lock(&sm->grower_mutex);
+    bool short_of = sm->shm_short[0] != '\0';
+    if (short_of && cap)
+        snprintf(why, cap, "%s", sm->shm_short);
+    pthread_mutex_unlock(&sm->grower_mutex);
+    return short_of;
+}
+
 static json_t *arena_status(lmc_storage_manager *sm)
 {
     const lmc_l1_arena_desc *d = lmc_l1_arena_describe(sm->arena);

@@ -259,6 +259,13 @@ def test_dev_shm_smaller_than_the_pool():
         assert arena["committed_bytes"] == 29360128 and arena["size_bytes"] == 67108864
         assert arena["shm_reserve_bytes"] == 4 << 20
         assert "--l1-shm-reserve-mb" in arena["shm_short"], arena
+        # Serving (200: a probe must not restart it), but not "healthy".
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthcheck",
+                                    timeout=5) as r:
+            assert r.status == 200
+            body = json.load(r)
+        assert body["status"] == "degraded", body
+        assert body["reason"].startswith("L1 smaller than configured: "), body
     finally:
         proc.terminate()
         assert proc.wait(20) == 0

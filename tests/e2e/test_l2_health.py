@@ -60,7 +60,11 @@ def test_refused_redis_is_unhealthy_and_healthcheck_follows_the_flag(servers):
     assert ad["health_since_ms"] > 0, ad
     st = get(srv, "/status")[1]
     assert st["is_healthy"] is False                   # AND over the storage's parts
-    assert get(srv, "/healthcheck") == (200, {"status": "healthy"})   # not asked for
+    # Not asked to fail: still serving (200), but it says what is wrong.
+    code, body = get(srv, "/healthcheck")
+    assert code == 200 and body["status"] == "degraded", body
+    assert body["reason"].startswith("L2 adapter 0 (resp) unhealthy: "), body
+    assert body["reasons"] == [body["reason"]] and len(body["l2_adapters"]) == 1, body
     assert metric(srv, 'lmcache_mp_l2_adapter_healthy{adapter="0",l2_name="resp"}') == 0
     log = srv.output()
     assert f"L2 adapter 0 (resp) unhealthy: 127.0.0.1:{spec['port']}: connect: " \
@@ -143,7 +147,8 @@ def test_s3_endpoint_outage_and_return(servers, s3):
     try:
         ad = wait_health(srv, False)
         assert "connect" in ad["health_reason"].lower(), ad
-        assert get(srv, "/healthcheck") == (200, {"status": "healthy"})   # not asked for
+        code, body = get(srv, "/healthcheck")           # not asked to fail: degraded
+        assert code == 200 and body["status"] == "degraded", body
     finally:
         s3.start_endpoint()
     wait_health(srv, True)
