@@ -275,3 +275,29 @@ def test_dashboard_shows_the_coordinator_registration():
         rc = s.stop()
         coord.close()
     assert rc == 0, s.output()
+
+
+@needs_chromium
+def test_dashboard_says_degraded_with_the_reason():
+    """Issue 31: an L2 backend that refuses connections leaves /healthcheck 200
+    "degraded"; the page says Degraded and why, not Healthy nor Unhealthy."""
+    from lmc.server import free_port, l2_args
+
+    s = Server(*l2_args({"type": "resp", "host": "127.0.0.1", "port": free_port()}))
+    browser = None
+    try:
+        browser = Browser()
+        for domain in ("Runtime", "Log", "Page"):
+            browser.call(f"{domain}.enable")
+        browser.call("Page.navigate", url=f"http://127.0.0.1:{s.http_port}/dashboard")
+        assert browser.wait_for("document.getElementById('v-health')?.textContent === "
+                                "'Degraded'"), (text(browser, "v-health"), browser.errors())
+        assert text(browser, "health-badge") == "degraded"
+        why = text(browser, "s-health")
+        assert why.startswith("L2 adapter 0 (resp) unhealthy: ") and "refused" in why, why
+        assert browser.errors() == []
+    finally:
+        if browser:
+            browser.close()
+        rc = s.stop()
+    assert rc == 0, s.output()
