@@ -40,7 +40,15 @@ def need(tool):
     return path
 
 
+def clean_env(**more):
+    """This environment without what an outer `make test` passes to the
+    makes the tests run (its command-line variables, its jobserver)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    return {**env, **more}
+
+
 def run(args, timeout=120, **kw):
+    kw.setdefault("env", clean_env())
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
 
 

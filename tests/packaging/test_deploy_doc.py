@@ -12,7 +12,7 @@ import subprocess
 
 import yaml
 
-from conftest import BUILD, ROOT, run, version
+from conftest import BUILD, ROOT, clean_env, run, version
 from deploy_doc import (blocks, commands, flag, one_node_server, sglang_command, sglang_file,
                         vllm_config)
 from lmc.server import free_port
@@ -64,7 +64,7 @@ def test_the_sh_blocks_run(tmp_path):
     dist = tmp_path / "dist"
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    env = {**os.environ, "BUILD_DIR": BUILD, "DIST_DIR": str(dist)}
+    env = clean_env(BUILD_DIR=BUILD, DIST_DIR=str(dist))
     # `make` as the page runs it in a clone, taking the build as it is
     # (ctest runs this beside tests that use the binaries).
     make = f'make() {{ command make -C {shlex.quote(ROOT)} -o build "$@"; }}\n'

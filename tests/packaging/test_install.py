@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import BUILD, ROOT, need, run, version
+from conftest import BUILD, ROOT, clean_env, need, run, version
 
 PREFIX = "/opt/lmc"
 
@@ -100,7 +100,7 @@ def test_units_pass_systemd_analyze_verify(deb_root, tmp_path):
     """verify: every directive known, the binaries there, the man pages of
     Documentation= found (MANPATH: the package's)."""
     analyze = need("systemd-analyze")
-    env = {**os.environ, "MANPATH": str(deb_root / "usr" / "share" / "man")}
+    env = clean_env(MANPATH=str(deb_root / "usr" / "share" / "man"))
     units = rooted_units(deb_root, tmp_path)
     r = run([analyze, "verify", *units], env=env)
     assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
