@@ -43,6 +43,8 @@ def non_root(spec, container):
     assert sc.get("runAsNonRoot") is True and sc.get("runAsUser", 0) != 0, container["name"]
     assert container["securityContext"].get("allowPrivilegeEscalation") is False
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    if container["securityContext"].get("readOnlyRootFilesystem"):
+        assert "/tmp" in [m["mountPath"] for m in container["volumeMounts"]], container["name"]
     return sc["runAsUser"]
 
 
