@@ -14,13 +14,19 @@ RUN_ARGS     ?=
 DEB_BUILD := build-essential cmake pkg-config libzmq3-dev libmsgpack-dev \
 	libjansson-dev libmicrohttpd-dev libssl-dev libcurl4-openssl-dev libsqlite3-dev \
 	librust-blake3-dev libcmocka-dev
+# What the packaging tests use (tests/packaging/, docs/deploy.md):
+# dpkg's tools and lintian for the .deb, help2man for its manual pages,
+# systemd-analyze (and man, which it runs for Documentation=) for the
+# units, yamllint and PyYAML for the manifests, curl for the page's commands.
+DEB_PACKAGING_TEST := dpkg-dev help2man lintian systemd man-db yamllint python3-yaml curl git
 # ...and what the tests and benchmarks start or drive (real servers, a browser;
 # CPU torch for the GPU check's own plumbing, tests/gpu/README.md, and for
 # upstream's clients, tests/upstream/README.md; python3-venv for the
 # environment of the tests' PyPI packages, below).
 DEB_TEST := python3 python3-zmq python3-msgpack python3-pytest python3-attr \
 	python3-prometheus-client python3-websocket python3-torch python3-venv \
-	b3sum chromium redis-server redis-tools wrk
+	b3sum chromium redis-server redis-tools wrk \
+	$(DEB_PACKAGING_TEST)
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -163,3 +169,80 @@ soak: build deps-test
 
 clean:
 	rm -rf $(BUILD_DIR) build-asan build-tsan build-fault build-fuzz
+
+# ---- Installing and packaging (docs/deploy.md) ---------------------------
+# `make install` puts the build's binaries, their man pages (help2man, from
+# each binary's --help), the systemd units and their settings files under
+# DESTDIR/PREFIX.  lmcached itself goes to LIBDIR/lmcached/ with a link in
+# BINDIR, so that liblmcached_cuda.so, where the build made one, sits
+# beside the executable, where lmcached looks for it (docs/configuration.md).
+# `make deb` makes DIST_DIR/lmcached_VERSION_ARCH.deb from the same files
+# with dpkg's own tools (packaging/debian/build-deb.sh).
+PREFIX           ?= /usr/local
+DESTDIR          ?=
+BINDIR           ?= $(PREFIX)/bin
+LIBDIR           ?= $(PREFIX)/lib
+MANDIR           ?= $(PREFIX)/share/man
+DOCDIR           ?= $(PREFIX)/share/doc/lmcached
+SYSCONFDIR       ?= $(if $(filter /usr,$(PREFIX)),/etc,$(PREFIX)/etc)
+SYSTEMD_UNIT_DIR ?= $(PREFIX)/lib/systemd/system
+INSTALL_STRIP    ?=
+DIST_DIR         ?= dist
+VERSION          := $(shell sed -n 's/^project.lmcached VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || date +%s)
+export SOURCE_DATE_EPOCH
+DEB_PACKAGING := dpkg-dev help2man
+MAN_NAMES := lmcached="LMCache multiprocess KV-cache server" \
+	lmcached-coordinator="fleet coordinator of lmcached servers" \
+	lmcache-cli="command-line client of lmcached"
+
+.PHONY: man install deb man-pages install-files deb-package
+
+# man, install and deb build first; man-pages, install-files and
+# deb-package take the build as it is (the packaging tests use them, so
+# that a test never rebuilds binaries other tests are running).
+man: build
+	@$(MAKE) --no-print-directory man-pages
+install: build
+	@$(MAKE) --no-print-directory install-files
+deb: build
+	@$(MAKE) --no-print-directory deb-package
+
+man-pages:
+	$(call install_missing,help2man)
+	@mkdir -p $(BUILD_DIR)/man
+	@for entry in $(MAN_NAMES); do \
+	  prog=$${entry%%=*}; name=$${entry#*=}; \
+	  help2man --no-info --no-discard-stderr --section=1 --name="$$name" \
+	    --output=$(BUILD_DIR)/man/$$prog.1 $(abspath $(BUILD_DIR))/$$prog || exit 1; \
+	done
+
+install-files: man-pages
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/lmcached $(DESTDIR)$(MANDIR)/man1 \
+	  $(DESTDIR)$(SYSTEMD_UNIT_DIR) $(DESTDIR)$(SYSCONFDIR)/default $(DESTDIR)$(DOCDIR)/examples
+	install -m 0755 $(INSTALL_STRIP) $(BUILD_DIR)/lmcached $(DESTDIR)$(LIBDIR)/lmcached/lmcached
+	if [ -f $(BUILD_DIR)/liblmcached_cuda.so ]; then \
+	  install -m 0644 $(INSTALL_STRIP) $(BUILD_DIR)/liblmcached_cuda.so $(DESTDIR)$(LIBDIR)/lmcached/; fi
+	ln -sfn $$(realpath -m --relative-to=$(BINDIR) $(LIBDIR)/lmcached/lmcached) \
+	  $(DESTDIR)$(BINDIR)/lmcached
+	install -m 0755 $(INSTALL_STRIP) $(BUILD_DIR)/lmcached-coordinator $(BUILD_DIR)/lmcache-cli \
+	  $(DESTDIR)$(BINDIR)/
+	for p in lmcached lmcached-coordinator lmcache-cli; do \
+	  gzip -9n < $(BUILD_DIR)/man/$$p.1 > $(DESTDIR)$(MANDIR)/man1/$$p.1.gz; done
+	for u in lmcached lmcached-coordinator; do \
+	  sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g' -e 's|@DOCDIR@|$(DOCDIR)|g' \
+	    packaging/systemd/$$u.service.in > $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$u.service; \
+	  chmod 0644 $(DESTDIR)$(SYSTEMD_UNIT_DIR)/$$u.service; \
+	  [ -e $(DESTDIR)$(SYSCONFDIR)/default/$$u ] || \
+	    install -m 0644 packaging/default/$$u $(DESTDIR)$(SYSCONFDIR)/default/$$u; \
+	done
+	install -m 0644 README.md docs/deploy.md $(DESTDIR)$(DOCDIR)/
+	install -m 0644 packaging/systemd/lmcached-same-user.conf $(DESTDIR)$(DOCDIR)/examples/
+
+deb-package:
+	$(call install_missing,$(DEB_PACKAGING))
+	rm -rf $(BUILD_DIR)/deb && mkdir -p $(BUILD_DIR)/deb/debian
+	$(MAKE) --no-print-directory install-files BUILD_DIR=$(BUILD_DIR) \
+	  DESTDIR=$(abspath $(BUILD_DIR))/deb/debian/lmcached \
+	  PREFIX=/usr SYSCONFDIR=/etc SYSTEMD_UNIT_DIR=/lib/systemd/system
+	packaging/debian/build-deb.sh $(BUILD_DIR)/deb $(VERSION) $(DIST_DIR)
