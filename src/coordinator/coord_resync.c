@@ -45,6 +45,32 @@ static size_t backfill(lmc_coord *co, const json_t *entries)
     return added;
 }
 
+/* Why a page did not come, in the words of the server's own reply where it
+ * gave one ({"detail": ...}), bounded, for the warning. */
+static void describe_failure(long status, const char *reply, const char *err, char *out,
+                             size_t cap)
+{
+    if (!status) {
+        snprintf(out, cap, "%s", err);
+        return;
+    }
+    json_t *body = reply ? json_loads(reply, 0, NULL) : NULL;
+    const char *detail = json_string_value(json_object_get(body, "detail"));
+    if (status == 200)
+        snprintf(out, cap, "its answer is not a page of objects (a JSON object)");
+    else
+        snprintf(out, cap, "HTTP %ld%s%.160s", status, detail ? ": " : "", detail ? detail : "");
+    json_decref(body);
+}
+
+/* A server with no L2 adapter answers 503 "no L2 adapters": it has nothing
+ * to resync, which is not a failure (docs/coordinator.md, "Start-up
+ * resync"). */
+static bool has_no_l2(long status, const char *reply)
+{
+    return status == 503 && reply && strstr(reply, "\"no L2 adapters\"") != NULL;
+}
+
 /* Pages through one server; 0 when every page came. */
 static int resync_from(lmc_coord *co, const char *ip, int port)
 {
@@ -60,13 +86,20 @@ static int resync_from(lmc_coord *co, const char *ip, int port)
         token = NULL;
         long st = coordinator_call(co, "GET", ip, port, path, NULL, &reply, err, sizeof err);
         json_t *page = st == 200 ? json_loads(reply, 0, NULL) : NULL;
-        free(reply);
+        if (!page && has_no_l2(st, reply)) {
+            LMC_INFO("coordinator: %s:%d has no L2 adapter: nothing to resync", ip, port);
+            free(reply);
+            return 0;
+        }
         if (!json_is_object(page)) {
-            LMC_WARN("coordinator: resync from %s:%d failed: %s", ip, port,
-                     st ? "a bad answer" : err);
+            char why[256];
+            describe_failure(st, reply, err, why, sizeof why);
+            LMC_WARN("coordinator: resync from %s:%d failed: %s", ip, port, why);
             json_decref(page);
+            free(reply);
             return -1;
         }
+        free(reply);
         total += backfill(co, json_object_get(page, "entries"));
         atomic_fetch_add(&co->ctr.resync_pages, 1);
         const char *next = json_string_value(json_object_get(page, "next_page_token"));

@@ -89,6 +89,22 @@ def test_l2_usage_stream_from_lmcached(tmp_path, started):
     assert "HTTP 404" not in srv.output()
 
 
+def test_resync_from_a_server_without_l2_is_not_a_failure(tmp_path, started):
+    """A server with no L2 answers the resync's listing 503 "no L2 adapters":
+    nothing to backfill, said once at INFO, not a warning every second
+    ("resync ... failed: a bad answer") until RESYNC_MAX_WAIT."""
+    coord = started(Coordinator(tmp_path / "coord.db", ENABLE_STARTUP_RESYNC="true",
+                                RESYNC_POLL_INTERVAL="0.2", RESYNC_MAX_WAIT="30"))
+    srv = started(Server("--instance-id", "no-l2",
+                         "--coordinator-url", f"http://127.0.0.1:{coord.port}",
+                         "--coordinator-heartbeat-interval", "0.3"))
+    wait_for("the resync's verdict", lambda: "nothing to resync" in coord.output())
+    time.sleep(0.5)   # a retry, if there were one, would come within this
+    log = coord.output()
+    assert f"127.0.0.1:{srv.http_port} has no L2 adapter: nothing to resync" in log, log
+    assert "resync from" not in log, log
+
+
 def test_l2_events_body_checks_and_token(tmp_path, started):
     coord = started(Coordinator(tmp_path / "coord.db", AUTH_TOKEN="tok"))
     key = {"chunk_hash_hex": "ab" * 16, "model_name": "m", "kv_rank": 0,
