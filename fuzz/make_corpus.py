@@ -107,6 +107,30 @@ def l2_specs():
         write("l2_json", name, json.dumps(s))
 
 
+def config_files():
+    files = {
+        "minimal": {"l1-size-gb": 0.0625, "eviction-policy": "LRU"},
+        "underscores": {"l1_size_gb": 1, "eviction_policy": "LRU", "http": False,
+                        "max_workers": 2},
+        "lists": {"l1-size-gb": 1, "eviction-policy": "LRU",
+                  "l2-adapter": [{"type": "fs", "base_path": "/tmp/x"}, {"type": "mock"}],
+                  "runtime-plugin-locations": ["/a", "/b"],
+                  "runtime-plugin-config": {"k": 1}},
+        "secret": {"l1-size-gb": 1, "eviction-policy": "LRU", "http-auth-token": "tok"},
+        "placeholder": {"http-auth-token": "***"},
+        "nulls": {"l1-size-gb": 1, "eviction-policy": "LRU", "instance-id": None,
+                  "shm-name": None},
+        "unknown_key": {"l1-sise-gb": 1},
+        "wrong_type": {"l1-size-gb": True},
+        "out_of_range": {"l1-size-gb": 1, "eviction-policy": "LRU", "port": 70000},
+        "not_an_object": [1, 2],
+    }
+    for name, obj in files.items():
+        write("config_file", name, json.dumps(obj))
+    write("config_file", "duplicate", '{"port": 1, "port": 2}')
+    write("config_file", "truncated", '{"port": 1,')
+
+
 # fuzz_rpc: records [n_frames][len16 LE, bytes]...; frames are uid, op, payload.
 REG, UNREG, PSTORE, CSTORE, PRETR, CRETR = 14, 15, 16, 17, 18, 19
 SD_REG, SD_UNREG, SD_STORE = 1, 2, 6
@@ -392,4 +416,5 @@ if __name__ == "__main__":
     msgpack_frames()
     object_keys()
     l2_specs()
+    config_files()
     rpc_flows()
