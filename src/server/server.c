@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include "modules/module.h"
+#include "modules/p2p/p2p_serve.h"
 #include "obs/log.h"
 #include "rpc/rpc.h"
 #include "fleet/fleet.h"
@@ -26,6 +27,7 @@ static const lmc_module_def *const all_modules[] = {
     &lmc_lookup_module,
     &lmc_engine_driven_module,
     &lmc_server_driven_module,
+    &lmc_p2p_serve_module,   /* always served, bounded (docs/p2p.md) */
 };
 #define N_MODULES (sizeof all_modules / sizeof all_modules[0])
 

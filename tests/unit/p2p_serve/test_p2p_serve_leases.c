@@ -1,0 +1,156 @@
+/* The P2P serving side's lease registry (docs/p2p.md, "Serving side"):
+ * what the transfer channel may read, release, expiry and the bound. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <string.h>
+
+#include "modules/p2p/lease_registry.h"
+
+static int64_t fake_now;
+
+static int64_t fake_clock(void *user)
+{
+    (void)user;
+    return fake_now;
+}
+
+static lmc_p2p_serve_held held(uint8_t tag, uint64_t offset, uint64_t size, int64_t expiry)
+{
+    lmc_p2p_serve_held h;
+    memset(&h, 0, sizeof h);
+    h.key.chunk_hash[0] = tag;
+    h.key.chunk_hash_len = 32;
+    h.key.model_name = "m";
+    h.key.cache_salt = "";
+    h.lease.kind = LMC_LEASE_COPY;
+    h.lease.offset = offset;
+    h.lease.size = (size + 63) & ~(uint64_t)63;
+    h.lease.object_size = size;
+    h.lease.shares = 1;
+    h.lease.expiry_ms = expiry;
+    return h;
+}
+
+static lmc_p2p_serve_reg *new_reg(size_t max)
+{
+    fake_now = 1000;
+    lmc_p2p_serve_reg *r = lmc_p2p_serve_reg_new(max, fake_clock, NULL);
+    assert_non_null(r);
+    return r;
+}
+
+static void test_covers_inside_one_object_only(void **st)
+{
+    (void)st;
+    lmc_p2p_serve_reg *r = new_reg(8);
+    lmc_p2p_serve_held h = held(1, 4096, 1000, 5000);
+    assert_true(lmc_p2p_serve_reg_add(r, &h, 1));
+    assert_true(lmc_p2p_serve_reg_covers(r, 4096, 1000));
+    assert_true(lmc_p2p_serve_reg_covers(r, 4100, 10));
+    assert_false(lmc_p2p_serve_reg_covers(r, 4095, 10));     /* starts before */
+    assert_false(lmc_p2p_serve_reg_covers(r, 4096, 1001));   /* runs past the object */
+    assert_false(lmc_p2p_serve_reg_covers(r, 5096, 1));      /* padding is not handed out */
+    assert_false(lmc_p2p_serve_reg_covers(r, 4096, 0));
+    assert_false(lmc_p2p_serve_reg_covers(r, UINT64_MAX - 4, 10)); /* wraps */
+    assert_false(lmc_p2p_serve_reg_covers(r, 0, 1));
+    lmc_p2p_serve_reg_free(r);
+}
+
+static void test_adjacent_and_overlapping_ranges(void **st)
+{
+    (void)st;
+    lmc_p2p_serve_reg *r = new_reg(8);
+    lmc_p2p_serve_held hs[3] = {held(1, 0, 100, 5000), held(2, 100, 100, 5000),
+                                held(3, 300, 100, 5000)};
+    assert_true(lmc_p2p_serve_reg_add(r, hs, 3));
+    assert_true(lmc_p2p_serve_reg_covers(r, 50, 100));    /* across two adjacent objects */
+    assert_true(lmc_p2p_serve_reg_covers(r, 0, 200));
+    assert_false(lmc_p2p_serve_reg_covers(r, 150, 200));  /* the gap [200, 300) */
+    assert_false(lmc_p2p_serve_reg_covers(r, 0, 400));
+    assert_true(lmc_p2p_serve_reg_covers(r, 300, 100));
+    lmc_p2p_serve_reg_free(r);
+}
+
+static void test_take_releases_one_lease_of_the_key(void **st)
+{
+    (void)st;
+    lmc_p2p_serve_reg *r = new_reg(8);
+    /* Two peers lease the same object: each unlock gives back one. */
+    lmc_p2p_serve_held hs[2] = {held(1, 0, 100, 6000), held(1, 0, 100, 5000)};
+    assert_true(lmc_p2p_serve_reg_add(r, hs, 2));
+    lmc_p2p_serve_held out;
+    assert_true(lmc_p2p_serve_reg_take(r, &hs[0].key, &out));
+    assert_int_equal(out.lease.expiry_ms, 5000);          /* the oldest first */
+    assert_true(lmc_p2p_serve_reg_covers(r, 0, 100));
+    assert_true(lmc_p2p_serve_reg_take(r, &hs[0].key, &out));
+    assert_false(lmc_p2p_serve_reg_covers(r, 0, 100));
+    assert_false(lmc_p2p_serve_reg_take(r, &hs[0].key, &out)); /* nothing left: ignored */
+    lmc_p2p_serve_held other = held(9, 0, 100, 5000);
+    assert_false(lmc_p2p_serve_reg_take(r, &other.key, &out));
+    size_t n;
+    uint64_t bytes;
+    lmc_p2p_serve_reg_counts(r, &n, &bytes);
+    assert_int_equal(n, 0);
+    assert_int_equal(bytes, 0);
+    lmc_p2p_serve_reg_free(r);
+}
+
+static void test_expired_leases_cover_nothing_and_are_taken_out(void **st)
+{
+    (void)st;
+    lmc_p2p_serve_reg *r = new_reg(8);
+    lmc_p2p_serve_held hs[2] = {held(1, 0, 100, 2000), held(2, 100, 100, 3000)};
+    assert_true(lmc_p2p_serve_reg_add(r, hs, 2));
+    lmc_p2p_serve_held out[4];
+    assert_int_equal(lmc_p2p_serve_reg_take_expired(r, out, 4), 0);
+    fake_now = 2000;
+    assert_false(lmc_p2p_serve_reg_covers(r, 0, 100));    /* lapsed at its expiry */
+    assert_true(lmc_p2p_serve_reg_covers(r, 100, 100));
+    assert_false(lmc_p2p_serve_reg_covers(r, 50, 100));
+    assert_int_equal(lmc_p2p_serve_reg_take_expired(r, out, 4), 1);
+    assert_int_equal(out[0].key.chunk_hash[0], 1);
+    fake_now = 10000;
+    assert_int_equal(lmc_p2p_serve_reg_take_expired(r, out, 4), 1);
+    assert_int_equal(lmc_p2p_serve_reg_room(r), 8);
+    lmc_p2p_serve_reg_free(r);
+}
+
+static void test_bound_is_all_or_nothing(void **st)
+{
+    (void)st;
+    lmc_p2p_serve_reg *r = new_reg(3);
+    lmc_p2p_serve_held hs[4] = {held(1, 0, 10, 5000), held(2, 10, 10, 5000),
+                                held(3, 20, 10, 5000), held(4, 30, 10, 5000)};
+    assert_false(lmc_p2p_serve_reg_add(r, hs, 4));
+    assert_int_equal(lmc_p2p_serve_reg_room(r), 3);
+    assert_false(lmc_p2p_serve_reg_covers(r, 0, 10));
+    assert_true(lmc_p2p_serve_reg_add(r, hs, 2));
+    assert_false(lmc_p2p_serve_reg_add(r, hs + 2, 2));
+    assert_true(lmc_p2p_serve_reg_add(r, hs + 2, 1));
+    assert_int_equal(lmc_p2p_serve_reg_room(r), 0);
+    size_t n;
+    uint64_t bytes;
+    lmc_p2p_serve_reg_counts(r, &n, &bytes);
+    assert_int_equal(n, 3);
+    assert_int_equal(bytes, 30);
+    lmc_p2p_serve_held out[4];
+    assert_int_equal(lmc_p2p_serve_reg_take_all(r, out, 4), 3);
+    assert_int_equal(lmc_p2p_serve_reg_room(r), 3);
+    assert_null(lmc_p2p_serve_reg_new(0, NULL, NULL));
+    lmc_p2p_serve_reg_free(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_covers_inside_one_object_only),
+        cmocka_unit_test(test_adjacent_and_overlapping_ranges),
+        cmocka_unit_test(test_take_releases_one_lease_of_the_key),
+        cmocka_unit_test(test_expired_leases_cover_nothing_and_are_taken_out),
+        cmocka_unit_test(test_bound_is_all_or_nothing),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
