@@ -238,9 +238,16 @@ static lmc_handler_result query_results(void *state, lmc_rpc_call *call)
     p2p_mod *m = state;
     const msgpack_object *a = lmc_rpc_call_arg(call, 0);
     int64_t id;
-    if (!a || a->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(a, &id))
+    uint64_t big;
+    if (!a || a->type == MSGPACK_OBJECT_BOOLEAN)
         return lmc_rpc_call_fail(call, "ValidationError",
                                  "P2P_QUERY_LOOKUP_RESULTS: task_id must be an int");
+    if (!lmc_mp_get_int(a, &id)) {
+        if (!lmc_mp_get_uint(a, &big))
+            return lmc_rpc_call_fail(call, "ValidationError",
+                                     "P2P_QUERY_LOOKUP_RESULTS: task_id must be an int");
+        id = -1;   /* over 2^63: no task of ours */
+    }
     sweep(m);
     bool found = false;
     pthread_mutex_lock(&m->lock);

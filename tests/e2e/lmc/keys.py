@@ -21,3 +21,10 @@ def coord_key(h, salt="", model="m", rank=0):
     """The coordinator's key of one object: its chunk hash h as an int."""
     return {"chunk_hash_hex": f"{h:064x}", "model_name": model, "kv_rank": rank,
             "object_group_id": 0, "cache_salt": salt}
+
+
+def object_key(chunk_hash, *, model="m", kv_rank=0, group=0, salt=""):
+    """An ObjectKey as msgpack carries it between servers (P2P ops 29-31,
+    docs/p2p.md): a map of every field, chunk_hash as bytes."""
+    return {"chunk_hash": bytes(chunk_hash), "model_name": model, "kv_rank": kv_rank,
+            "object_group_id": group, "cache_salt": salt}
