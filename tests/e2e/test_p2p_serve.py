@@ -25,6 +25,13 @@ def status(s):
         return json.loads(r.read())["modules"]["p2p_serve"]
 
 
+def metrics(s):
+    with urllib.request.urlopen(f"http://127.0.0.1:{s.http_port}/metrics", timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    return {l.split()[0]: float(l.split()[1]) for l in lines
+            if l.startswith("lmcache_mp_p2p_serve_")}
+
+
 def stored_hashes(l2_dir, toks, n_chunks, timeout=20):
     """The chunk hashes of toks' chunks, in chunk order, read off the fs
     L2's file names (docs/l2.md) once the write-behind wrote them."""
@@ -81,6 +88,9 @@ def test_lease_read_and_unlock(start_server, tmp_path):
     st = status(s)
     assert st["leases_held"] == 4 and st["leased_bytes"] == 4 * OBJ
     assert st["results_handed_out"] == 1 and st["tasks_pending"] == 0
+    m = metrics(s)
+    assert m["lmcache_mp_p2p_serve_leases"] == 4 and m["lmcache_mp_p2p_serve_results_total"] == 1
+    assert m["lmcache_mp_p2p_serve_leased_objects_total"] == 4
 
     # A plain CLEAR skips leased objects; a second peer leases the same ones.
     assert d.call(CLEAR, False) is not None
@@ -98,6 +108,8 @@ def test_lease_read_and_unlock(start_server, tmp_path):
     assert d.call(P2P_UNLOCK_OBJECTS, keys) is not None  # nothing left: ignored
     st = status(s)
     assert st["leases_held"] == 0 and st["unlocks"] == 8 and st["lease_expirations"] == 0
+    m = metrics(s)
+    assert m["lmcache_mp_p2p_serve_leases"] == 0 and m["lmcache_mp_p2p_serve_unlocked_objects_total"] == 8
     assert unpack(d.call(NOOP)) == "OK"
     w.close()
     d.close()
@@ -145,6 +157,9 @@ def test_leases_and_results_lapse_after_the_read_ttl(start_server, tmp_path):
     st = status(s)
     assert st["leases_held"] == 0 and st["lease_expirations"] == 6
     assert st["tasks_pending"] == 0 and st["tasks_expired"] == 1
+    m = metrics(s)
+    assert m["lmcache_mp_p2p_serve_expired_leases_total"] == 6
+    assert m["lmcache_mp_p2p_serve_dropped_tasks_total"] == 1
     assert query(d, unqueried) is None
     # Nothing holds them any more: a plain CLEAR frees them.
     assert d.call(CLEAR, False) is not None
