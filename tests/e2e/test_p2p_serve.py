@@ -213,3 +213,18 @@ def test_malformed_requests_are_refused(start_server):
     assert st["lookups"] == 1 and st["leases_held"] == 0 and st["tasks_pending"] == 0
     assert unpack(d.call(NOOP)) == "OK" and s.alive()
     d.close()
+
+
+def test_unqueried_results_are_bounded(start_server):
+    s = start_server("--chunk-size", str(CS))
+    d = s.dealer()
+    absent = [object_key(b"\x03" * 32, kv_rank=RANK1)]
+    first = lock(d, absent)
+    for _ in range(1024):                  # the table holds 1024 results
+        last = lock(d, absent)
+    assert query(d, first) is None         # the oldest made room
+    assert query(d, last) == [MISS]
+    st = status(s)
+    assert st["tasks_dropped"] == 1 and st["tasks_pending"] == 1023
+    assert st["max_tasks"] == 1024 and st["max_result_addresses"] == 1 << 20
+    d.close()

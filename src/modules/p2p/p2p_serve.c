@@ -15,41 +15,23 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "modules/p2p/lease_registry.h"
 #include "modules/p2p/p2p_wire.h"
+#include "modules/p2p/tasks.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
 #include "storage/storage_manager.h"
 
-typedef struct {
-    int64_t offset;   /* -1: a miss */
-    uint64_t size;
-} p2p_addr;
-
-typedef struct {
-    uint64_t id;      /* 0: a free slot */
-    int64_t created_ms;
-    size_t n;
-    p2p_addr *addrs;
-} p2p_task;
+typedef lmc_p2p_serve_addr p2p_addr;
 
 typedef struct {
     lmc_module_ctx *ctx;
     lmc_p2p_serve_reg *reg;
-    int64_t ttl_ms;
-    pthread_mutex_t lock;   /* the task table; one lookup at a time leases */
-    p2p_task tasks[LMC_P2P_SERVE_MAX_TASKS];
-    uint64_t next_id;
-    atomic_uint_fast64_t lookups, lookup_keys, hits, results, unlocks, expirations,
-        tasks_expired, tasks_dropped;
+    lmc_p2p_serve_tasks *tasks;
+    pthread_mutex_t lock;   /* one lookup at a time leases (the registry's room) */
+    atomic_uint_fast64_t lookups, lookup_keys, hits, results, unlocks, expirations;
 } p2p_mod;
-
-static int64_t now_ms(void)
-{
-    return lmc_monotonic_ms(NULL);
-}
 
 /* ---- leases ------------------------------------------------------------ */
 
@@ -71,17 +53,7 @@ static void sweep(p2p_mod *m)
         give_back_held(m, out, got);
         atomic_fetch_add(&m->expirations, got);
     }
-    int64_t now = now_ms();
-    pthread_mutex_lock(&m->lock);
-    for (size_t i = 0; i < LMC_P2P_SERVE_MAX_TASKS; i++) {
-        p2p_task *t = &m->tasks[i];
-        if (t->id && now - t->created_ms >= m->ttl_ms) {
-            free(t->addrs);
-            memset(t, 0, sizeof *t);
-            atomic_fetch_add(&m->tasks_expired, 1);
-        }
-    }
-    pthread_mutex_unlock(&m->lock);
+    lmc_p2p_serve_tasks_sweep(m->tasks);
 }
 
 /* ---- decoding ---------------------------------------------------------- */
@@ -124,7 +96,8 @@ static lmc_object_key *decode_keys(p2p_mod *m, const msgpack_object *o, size_t *
 
 /* ---- P2P_LOOKUP_AND_LOCK ----------------------------------------------- */
 
-/* The size group g's layout gives, or 0 when the request named none. */
+/* Whether an object of `size` bytes fits group `group`'s layout (any size
+ * when the request named no layouts). */
 static bool size_fits(const lmc_p2p_serve_group_size *gs, size_t n_gs, uint32_t group,
                       uint64_t size)
 {
@@ -167,23 +140,6 @@ static size_t lease_prefix(p2p_mod *m, const lmc_object_key *keys, size_t n,
     return hits;
 }
 
-/* A slot for a new task: a free one, else the oldest task's (dropped: the
- * table is bounded, docs/p2p.md "Bounds").  Caller locks. */
-static p2p_task *task_slot(p2p_mod *m)
-{
-    p2p_task *oldest = &m->tasks[0];
-    for (size_t i = 0; i < LMC_P2P_SERVE_MAX_TASKS; i++) {
-        if (!m->tasks[i].id)
-            return &m->tasks[i];
-        if (m->tasks[i].id < oldest->id)
-            oldest = &m->tasks[i];
-    }
-    free(oldest->addrs);
-    memset(oldest, 0, sizeof *oldest);
-    atomic_fetch_add(&m->tasks_dropped, 1);
-    return oldest;
-}
-
 static lmc_handler_result lookup_and_lock(void *state, lmc_rpc_call *call)
 {
     p2p_mod *m = state;
@@ -207,11 +163,13 @@ static lmc_handler_result lookup_and_lock(void *state, lmc_rpc_call *call)
     }
     pthread_mutex_lock(&m->lock);
     size_t hits = lease_prefix(m, keys, n, gs, n_gs, addrs);
-    p2p_task *t = task_slot(m);
-    *t = (p2p_task){.id = ++m->next_id, .created_ms = now_ms(), .n = n, .addrs = addrs};
-    uint64_t id = t->id;
     pthread_mutex_unlock(&m->lock);
     drop_keys(keys, n);
+    /* n <= LMC_P2P_SERVE_MAX_KEYS, under the table's bound: 0 only when out
+     * of memory, and the peer then unlocks what it never learnt of by TTL. */
+    uint64_t id = lmc_p2p_serve_tasks_add(m->tasks, addrs, n);
+    if (!id)
+        return lmc_rpc_call_fail(call, "MemoryError", "P2P_LOOKUP_AND_LOCK: out of memory");
     atomic_fetch_add(&m->lookups, 1);
     atomic_fetch_add(&m->lookup_keys, n);
     atomic_fetch_add(&m->hits, hits);
@@ -221,15 +179,15 @@ static lmc_handler_result lookup_and_lock(void *state, lmc_rpc_call *call)
 
 /* ---- P2P_QUERY_LOOKUP_RESULTS ------------------------------------------ */
 
-static void pack_addrs(msgpack_packer *pk, const p2p_task *t)
+static void pack_addrs(msgpack_packer *pk, const p2p_addr *addrs, size_t n)
 {
-    msgpack_pack_array(pk, (uint32_t)t->n);
-    for (size_t i = 0; i < t->n; i++) {
+    msgpack_pack_array(pk, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) {
         msgpack_pack_map(pk, 2);
         lmc_mp_pack_cstr(pk, "offset");
-        msgpack_pack_int64(pk, t->addrs[i].offset);
+        msgpack_pack_int64(pk, addrs[i].offset);
         lmc_mp_pack_cstr(pk, "size");
-        msgpack_pack_uint64(pk, t->addrs[i].size);
+        msgpack_pack_uint64(pk, addrs[i].size);
     }
 }
 
@@ -249,20 +207,12 @@ static lmc_handler_result query_results(void *state, lmc_rpc_call *call)
         id = -1;   /* over 2^63: no task of ours */
     }
     sweep(m);
-    bool found = false;
-    pthread_mutex_lock(&m->lock);
-    for (size_t i = 0; id > 0 && i < LMC_P2P_SERVE_MAX_TASKS && !found; i++) {
-        p2p_task *t = &m->tasks[i];
-        if (t->id != (uint64_t)id)
-            continue;
-        pack_addrs(lmc_rpc_call_reply(call), t);   /* handed out once */
-        free(t->addrs);
-        memset(t, 0, sizeof *t);
-        found = true;
-    }
-    pthread_mutex_unlock(&m->lock);
-    if (!found)
-        return LMC_HANDLER_VOID;
+    p2p_addr *addrs;
+    size_t n;
+    if (id <= 0 || !lmc_p2p_serve_tasks_take(m->tasks, (uint64_t)id, &addrs, &n))
+        return LMC_HANDLER_VOID;   /* pending, unknown, consumed or lapsed: None */
+    pack_addrs(lmc_rpc_call_reply(call), addrs, n);
+    free(addrs);
     atomic_fetch_add(&m->results, 1);
     return LMC_HANDLER_REPLY;
 }
@@ -277,6 +227,7 @@ static lmc_handler_result unlock_objects(void *state, lmc_rpc_call *call)
     lmc_object_key *keys = decode_keys(m, lmc_rpc_call_arg(call, 0), &n, err, sizeof err);
     if (!keys)
         return lmc_rpc_call_fail(call, "ValidationError", "P2P_UNLOCK_OBJECTS: %s", err);
+    sweep(m);   /* a lease that lapsed counts as expired, not unlocked */
     size_t released = 0;
     for (size_t i = 0; i < n; i++) {
         lmc_p2p_serve_held h;
@@ -287,7 +238,6 @@ static lmc_handler_result unlock_objects(void *state, lmc_rpc_call *call)
     }
     drop_keys(keys, n);
     atomic_fetch_add(&m->unlocks, released);
-    sweep(m);
     return LMC_HANDLER_VOID;
 }
 
@@ -310,30 +260,27 @@ static const lmc_rpc_handler_spec p2p_handlers[] = {
 
 static int p2p_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen)
 {
+    /* Results live as long as the leases they name (docs/p2p.md). */
+    int ttl = ctx->config->storage.l1_read_ttl_seconds;
     p2p_mod *m = calloc(1, sizeof *m);
-    if (m)
+    if (m) {
         m->reg = lmc_p2p_serve_reg_new(LMC_P2P_SERVE_MAX_LEASES, NULL, NULL);
-    if (!m || !m->reg) {
+        m->tasks = lmc_p2p_serve_tasks_new(LMC_P2P_SERVE_MAX_TASKS, LMC_P2P_SERVE_MAX_RESULTS,
+                                           1000LL * (ttl > 0 ? ttl : 1), NULL, NULL);
+    }
+    if (!m || !m->reg || !m->tasks) {
+        if (m) {
+            lmc_p2p_serve_reg_free(m->reg);
+            lmc_p2p_serve_tasks_free(m->tasks);
+        }
         free(m);
         snprintf(err, errlen, "p2p_serve: out of memory");
         return -1;
     }
     m->ctx = ctx;
-    int ttl = ctx->config->storage.l1_read_ttl_seconds;
-    m->ttl_ms = 1000LL * (ttl > 0 ? ttl : 1);
     pthread_mutex_init(&m->lock, NULL);
     *state = m;
     return 0;
-}
-
-static size_t tasks_pending(p2p_mod *m)
-{
-    size_t n = 0;
-    pthread_mutex_lock(&m->lock);
-    for (size_t i = 0; i < LMC_P2P_SERVE_MAX_TASKS; i++)
-        n += m->tasks[i].id != 0;
-    pthread_mutex_unlock(&m->lock);
-    return n;
 }
 
 static json_t *p2p_status(void *state)
@@ -342,20 +289,23 @@ static json_t *p2p_status(void *state)
     sweep(m);
     size_t leases;
     uint64_t bytes;
+    lmc_p2p_serve_task_counts tc;
     lmc_p2p_serve_reg_counts(m->reg, &leases, &bytes);
-    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+    lmc_p2p_serve_tasks_counts(m->tasks, &tc);
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
                      "leases_held", (json_int_t)leases, "leased_bytes", (json_int_t)bytes,
-                     "tasks_pending", (json_int_t)tasks_pending(m),
+                     "tasks_pending", (json_int_t)tc.pending,
                      "lookups", (json_int_t)atomic_load(&m->lookups),
                      "lookup_keys", (json_int_t)atomic_load(&m->lookup_keys),
                      "hits", (json_int_t)atomic_load(&m->hits),
                      "results_handed_out", (json_int_t)atomic_load(&m->results),
                      "unlocks", (json_int_t)atomic_load(&m->unlocks),
                      "lease_expirations", (json_int_t)atomic_load(&m->expirations),
-                     "tasks_expired", (json_int_t)atomic_load(&m->tasks_expired),
-                     "tasks_dropped", (json_int_t)atomic_load(&m->tasks_dropped),
+                     "tasks_expired", (json_int_t)tc.expired,
+                     "tasks_dropped", (json_int_t)tc.dropped,
                      "max_leases", (json_int_t)LMC_P2P_SERVE_MAX_LEASES,
                      "max_tasks", (json_int_t)LMC_P2P_SERVE_MAX_TASKS,
+                     "max_result_addresses", (json_int_t)LMC_P2P_SERVE_MAX_RESULTS,
                      "max_keys_per_request", (json_int_t)LMC_P2P_SERVE_MAX_KEYS);
 }
 
@@ -367,8 +317,7 @@ static void p2p_close(void *state)
     while ((got = lmc_p2p_serve_reg_take_all(m->reg, out, 64)) > 0)
         give_back_held(m, out, got);
     lmc_p2p_serve_reg_free(m->reg);
-    for (size_t i = 0; i < LMC_P2P_SERVE_MAX_TASKS; i++)
-        free(m->tasks[i].addrs);
+    lmc_p2p_serve_tasks_free(m->tasks);
     pthread_mutex_destroy(&m->lock);
     free(m);
 }
@@ -410,16 +359,18 @@ static void p2p_collect(lmc_metrics *r, void *user)
     p2p_mod *m = pm->m;
     size_t leases;
     uint64_t bytes;
+    lmc_p2p_serve_task_counts tc;
     lmc_p2p_serve_reg_counts(m->reg, &leases, &bytes);
+    lmc_p2p_serve_tasks_counts(m->tasks, &tc);
     const double values[N_M] = {
         [M_LOOKUPS] = (double)atomic_load(&m->lookups),
         [M_HITS] = (double)atomic_load(&m->hits),
         [M_RESULTS] = (double)atomic_load(&m->results),
         [M_UNLOCKS] = (double)atomic_load(&m->unlocks),
         [M_EXPIRED] = (double)atomic_load(&m->expirations),
-        [M_DROPPED] = (double)(atomic_load(&m->tasks_expired) + atomic_load(&m->tasks_dropped)),
+        [M_DROPPED] = (double)(tc.expired + tc.dropped),
         [M_LEASES] = (double)leases,
-        [M_TASKS] = (double)tasks_pending(m),
+        [M_TASKS] = (double)tc.pending,
     };
     for (size_t i = 0; i < N_M; i++)
         lmc_metric_set(pm->family[i], NULL, values[i]);

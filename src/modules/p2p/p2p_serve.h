@@ -17,6 +17,7 @@ extern const lmc_module_def lmc_p2p_serve_module;
 #define LMC_P2P_SERVE_MAX_KEYS 16384         /* keys in one request */
 #define LMC_P2P_SERVE_MAX_LEASES 65536       /* objects leased to peers at once */
 #define LMC_P2P_SERVE_MAX_TASKS 1024         /* lookup results not yet queried */
+#define LMC_P2P_SERVE_MAX_RESULTS (1u << 20) /* their addresses, all together (16 MiB) */
 #define LMC_P2P_SERVE_MAX_GROUPS 256         /* entries of group_layout_descs */
 
 /* The transfer channel's read check, to hand to it with the module's state
