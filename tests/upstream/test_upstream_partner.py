@@ -162,7 +162,7 @@ def test_management_ops_through_upstream_client(lmcached, up):
 
 def test_ops_lmcached_does_not_serve_are_dropped_and_logged(lmcached, up):
     """Upstream 0.5.6's contract has ops lmcached does not serve (CacheBlend,
-    P2P, Q caches, the KV event stream, server modules:
+    Q caches, the KV event stream, server modules:
     docs/compatibility.md).  Each gets upstream's own answer to an op it
     has no handler for: none, the op logged; the server keeps serving."""
     served = {"register_kv_cache", "unregister_kv_cache", "store", "retrieve", "lookup",
@@ -170,12 +170,12 @@ def test_ops_lmcached_does_not_serve_are_dropped_and_logged(lmcached, up):
               "end_session", "register_kv_cache_engine_driven_context",
               "unregister_kv_cache_engine_driven_context", "prepare_store", "commit_store",
               "prepare_retrieve", "commit_retrieve", "clear", "get_chunk_size", "ping",
-              "report_block_allocation", "noop", "get_experimental"}
+              "report_block_allocation", "noop", "get_experimental", "p2p_lookup_and_lock",
+              "p2p_query_lookup_results", "p2p_unlock_objects"}
     specs = up.get_rpc_specs()
     unserved = sorted(set(specs) - served)
     assert unserved == ["cb_protocol_handshake", "cb_register_rope", "cb_reorder_plan",
                         "cb_retrieve_pre_computed", "cb_unified_lookup", "cb_unregister_rope",
-                        "p2p_lookup_and_lock", "p2p_query_lookup_results", "p2p_unlock_objects",
                         "register_q_cache", "server_module_call", "store_q",
                         "subscribe_kv_events", "unregister_q_cache"]
     srv = lmcached()
@@ -197,6 +197,38 @@ def test_ops_lmcached_does_not_serve_are_dropped_and_logged(lmcached, up):
         shown = f"{wire}" if wire is not None else f"'{name}'"
         assert f"no handler registered for request type {shown}\n" in log, (name, log[-3000:])
     c.close()
+
+
+def test_p2p_serving_ops_with_upstreams_own_types(lmcached, up, tmp_path):
+    """Upstream's P2P requester calls (its client, ObjectKey and
+    MemoryLayoutDesc encoders, its TransferChannelAddress decoder) against
+    lmcached's serving side (docs/p2p.md, "Serving side"): the leased
+    objects' addresses decode, point at the stored bytes, and unlock."""
+    from lmcache.v1.distributed.api import MemoryLayoutDesc, ObjectKey
+    from test_lookup_engine_driven import CS as ECS, HIDDEN, LAYERS, OBJ, chunk_bytes
+    from test_p2p_serve import RANK1, status, store_prompt
+    from lmc.server import l2_fs_args
+    srv = lmcached("--chunk-size", str(ECS), *l2_fs_args(tmp_path))
+    w, toks, wire_keys = store_prompt(srv, tmp_path, 11, n_chunks=2)
+    keys = [ObjectKey(chunk_hash=k["chunk_hash"], model_name="m", kv_rank=RANK1)
+            for k in wire_keys]
+    keys.append(ObjectKey(chunk_hash=b"\x07" * 32, model_name="m", kv_rank=RANK1))
+    desc = MemoryLayoutDesc(shapes=[up.torch.Size([2, LAYERS, ECS, HIDDEN])],
+                            dtypes=[up.torch.float16])
+    c = client(up, srv)
+    task = c.p2p_lookup_and_lock(keys, {0: desc}).result(timeout=5)
+    assert isinstance(task, int)
+    addrs = c.p2p_query_lookup_results(task).result(timeout=5)
+    assert [a.is_valid() for a in addrs] == [True, True, False]
+    for chunk, a in enumerate(addrs[:2]):
+        assert a.size == OBJ
+        assert w.pool[a.offset:a.offset + a.size] == chunk_bytes(0, toks, chunk)
+    assert c.p2p_query_lookup_results(task).result(timeout=5) is None
+    assert status(srv)["leases_held"] == 2
+    assert c.p2p_unlock_objects(keys).result(timeout=5) is None
+    assert status(srv)["leases_held"] == 0
+    c.close()
+    w.close()
 
 
 def test_descriptors_are_byte_for_byte_what_upstream_encodes(up):
