@@ -4,8 +4,8 @@
  * over the transfer channel and unlocks them.
  *
  * The lookup is synchronous, so its task is complete when its id is
- * answered; the results wait in a bounded table until queried once or
- * until the lease TTL passes.  The leases are COPY leases taking one read
+ * answered; the results wait in a bounded table (tasks.h) until queried
+ * once or until the lease TTL passes.  The leases are COPY leases taking one read
  * share each: eviction cannot take the objects and a forced clear cannot
  * free their bytes while a peer may be reading them (docs/storage.md,
  * "Leases").  They go back on P2P_UNLOCK_OBJECTS, or after the TTL when
@@ -19,7 +19,6 @@
 #include "modules/p2p/lease_registry.h"
 #include "modules/p2p/p2p_wire.h"
 #include "modules/p2p/tasks.h"
-#include "obs/log.h"
 #include "rpc/wire.h"
 #include "storage/storage_manager.h"
 
