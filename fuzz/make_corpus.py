@@ -135,6 +135,7 @@ def config_files():
 REG, UNREG, PSTORE, CSTORE, PRETR, CRETR = 14, 15, 16, 17, 18, 19
 SD_REG, SD_UNREG, SD_STORE = 1, 2, 6
 LOOKUP, QUERY, WAIT, HITS, FREE, END, CLEAR, GET_CS, PING, REPORT = 8, 9, 10, 11, 12, 13, 20, 21, 22, 23
+P2P_LOCK, P2P_QUERY, P2P_UNLOCK = 29, 30, 31
 
 
 def message(uid, op, *payload):
@@ -196,6 +197,8 @@ def rpc_flows():
     sched = key(toks, 0, 4 * CHUNK, "q")
     w0 = key(toks, 0, 4 * CHUNK, "q", worker_id=0)
     w1 = key(toks, 0, 2 * CHUNK, "q", worker_id=1)
+    p2p_keys = [{"chunk_hash": bytes([c]) * 32, "model_name": "m", "kv_rank": 0x01000100,
+                 "object_group_id": 0, "cache_salt": ""} for c in range(4)]
     flows = {
         "store_lookup_retrieve": [
             message(1, REG, registration(7)), message(2, PSTORE, w0, 7),
@@ -238,6 +241,18 @@ def rpc_flows():
             message(4, CLEAR), message(5, REPORT, 7, "m",
                                        [{"req_id": "q", "new_block_ids": [1, 2],
                                          "new_token_ids": toks[:4]}])],
+        # docs/p2p.md, "Serving side": the chunk hashes are not this
+        # server's (blake3 of the tokens), so mutations find the hits.
+        "p2p_lease_query_unlock": [
+            message(1, REG, registration(12, world_size=1)),
+            message(2, PSTORE, key(toks, 0, 4 * CHUNK, "p", worker_id=0, world_size=1), 12),
+            message(3, CSTORE, key(toks, 0, 4 * CHUNK, "p", worker_id=0, world_size=1), 12,
+                    b""),
+            message(4, P2P_LOCK, p2p_keys, {0: {"shapes": [[2, 2, CHUNK, 8]],
+                                                "dtypes": ["float16"]}}),
+            message(5, P2P_QUERY, 1), message(6, P2P_QUERY, 1),
+            message(7, P2P_LOCK, p2p_keys[:1], None), message(8, P2P_UNLOCK, p2p_keys),
+            message(9, P2P_LOCK, [{"chunk_hash": "x"}], [1]), message(10, P2P_QUERY, "1")],
         "op_by_name_and_bad_frames": [
             message(1, "lookup", sched, 1), bytes([1, 1, 0, 0x01]),
             bytes([2, 1, 0, 0x05, 1, 0, 0xc1]), message(b"raw-uid", 24)],
