@@ -139,6 +139,8 @@ def test_prefix_misses_and_layouts(start_server, tmp_path):
     assert d.call(P2P_UNLOCK_OBJECTS, keys + [absent]) is not None
     assert d.call(P2P_UNLOCK_OBJECTS, keys[:1] * 2) is not None
     assert status(s)["leases_held"] == 0
+    # Left held: the server gives it back at shutdown and exits 0 (finish()).
+    assert query(d, lock(d, keys[:1]))[0]["size"] == OBJ
     w.close()
     d.close()
 
