@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "modules/p2p/lease_registry.h"
@@ -143,6 +145,50 @@ static void test_bound_is_all_or_nothing(void **st)
     lmc_p2p_serve_reg_free(r);
 }
 
+/* The transfer channel asks while lookups add and unlocks take: every
+ * answer is one of the two states the range can be in, and the books add
+ * up afterwards (run under TSan by the thread build). */
+typedef struct {
+    lmc_p2p_serve_reg *r;
+    atomic_bool stop;
+    atomic_int wrong;
+} race;
+
+static void *reader(void *arg)
+{
+    race *rc = arg;
+    while (!atomic_load(&rc->stop)) {
+        if (!lmc_p2p_serve_reg_covers(rc->r, 0, 100))   /* always leased */
+            atomic_fetch_add(&rc->wrong, 1);
+        if (lmc_p2p_serve_reg_covers(rc->r, 0, 1000))   /* never all of it */
+            atomic_fetch_add(&rc->wrong, 1);
+        (void)lmc_p2p_serve_reg_covers(rc->r, 100, 100);
+    }
+    return NULL;
+}
+
+static void test_concurrent_readers(void **st)
+{
+    (void)st;
+    race rc = {.r = new_reg(64)};
+    lmc_p2p_serve_held always = held(1, 0, 100, 1 << 30);
+    assert_true(lmc_p2p_serve_reg_add(rc.r, &always, 1));
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, reader, &rc), 0);
+    lmc_p2p_serve_held churn = held(2, 100, 100, 1 << 30), out;
+    for (int i = 0; i < 20000; i++) {
+        assert_true(lmc_p2p_serve_reg_add(rc.r, &churn, 1));
+        assert_true(lmc_p2p_serve_reg_take(rc.r, &churn.key, &out));
+    }
+    atomic_store(&rc.stop, true);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    assert_int_equal(atomic_load(&rc.wrong), 0);
+    assert_int_equal(lmc_p2p_serve_reg_room(rc.r), 63);
+    lmc_p2p_serve_reg_free(rc.r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -151,6 +197,7 @@ int main(void)
         cmocka_unit_test(test_take_releases_one_lease_of_the_key),
         cmocka_unit_test(test_expired_leases_cover_nothing_and_are_taken_out),
         cmocka_unit_test(test_bound_is_all_or_nothing),
+        cmocka_unit_test(test_concurrent_readers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
