@@ -145,6 +145,44 @@ static void test_bound_is_all_or_nothing(void **st)
     lmc_p2p_serve_reg_free(r);
 }
 
+/* Many leases, taken out in a scrambled order, some by expiry: after each
+ * step the registry answers as a plain list of what is left would. */
+static void test_indexes_follow_every_removal(void **st)
+{
+    (void)st;
+    enum { N = 2000 };
+    lmc_p2p_serve_reg *r = new_reg(N);
+    static lmc_p2p_serve_held hs[N];
+    static bool left[N];
+    for (int i = 0; i < N; i++) {
+        hs[i] = held((uint8_t)i, (uint64_t)i * 128, 100, i % 7 == 0 ? 1500 : 1 << 30);
+        hs[i].key.chunk_hash[1] = (uint8_t)(i >> 8);
+        left[i] = true;
+    }
+    assert_true(lmc_p2p_serve_reg_add(r, hs, N / 2));
+    assert_true(lmc_p2p_serve_reg_add(r, hs + N / 2, N / 2));
+    lmc_p2p_serve_held out[N];
+    fake_now = 2000;   /* every 7th has lapsed */
+    size_t lapsed = lmc_p2p_serve_reg_take_expired(r, out, N);
+    assert_int_equal(lapsed, (N + 6) / 7);
+    for (size_t j = 0; j < lapsed; j++)
+        left[(out[j].key.chunk_hash[1] << 8) | out[j].key.chunk_hash[0]] = false;
+    for (int step = 0; step < N; step++) {
+        int i = (step * 7919) % N;   /* 7919 is prime to N: every index once */
+        lmc_p2p_serve_held got;
+        assert_int_equal(lmc_p2p_serve_reg_take(r, &hs[i].key, &got), left[i]);
+        if (left[i])
+            assert_int_equal(got.lease.offset, hs[i].lease.offset);
+        left[i] = false;
+        if (step % 97 == 0) {
+            for (int k = 0; k < N; k++)
+                assert_int_equal(lmc_p2p_serve_reg_covers(r, hs[k].lease.offset, 100), left[k]);
+        }
+    }
+    assert_int_equal(lmc_p2p_serve_reg_room(r), N);
+    lmc_p2p_serve_reg_free(r);
+}
+
 /* The transfer channel asks while lookups add and unlocks take: every
  * answer is one of the two states the range can be in, and the books add
  * up afterwards (run under TSan by the thread build). */
@@ -197,6 +235,7 @@ int main(void)
         cmocka_unit_test(test_take_releases_one_lease_of_the_key),
         cmocka_unit_test(test_expired_leases_cover_nothing_and_are_taken_out),
         cmocka_unit_test(test_bound_is_all_or_nothing),
+        cmocka_unit_test(test_indexes_follow_every_removal),
         cmocka_unit_test(test_concurrent_readers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
