@@ -145,6 +145,26 @@ def test_prefix_misses_and_layouts(start_server, tmp_path):
     d.close()
 
 
+def test_a_peer_unlocks_only_its_own_leases(start_server, tmp_path):
+    s = start_server("--chunk-size", str(CS), *l2_fs_args(tmp_path))
+    w, toks, keys = store_prompt(s, tmp_path, 4, n_chunks=2)
+    a, b = s.dealer(), s.dealer()             # two peers, two connections
+    assert len(query(a, lock(a, keys))) == 2
+    for _ in range(3):                         # b never leased: nothing to give back
+        assert b.call(P2P_UNLOCK_OBJECTS, keys) is not None
+    st = status(s)
+    assert st["leases_held"] == 2 and st["unlocks"] == 0
+    assert query(b, lock(b, keys[:1]))[0]["size"] == OBJ
+    assert a.call(P2P_UNLOCK_OBJECTS, keys) is not None
+    assert a.call(P2P_UNLOCK_OBJECTS, keys) is not None   # b's lease stays
+    assert status(s)["leases_held"] == 1
+    assert b.call(P2P_UNLOCK_OBJECTS, keys) is not None
+    assert status(s)["leases_held"] == 0
+    w.close()
+    a.close()
+    b.close()
+
+
 def test_leases_and_results_lapse_after_the_read_ttl(start_server, tmp_path):
     s = start_server("--chunk-size", str(CS), "--l1-read-ttl-seconds", "1",
                      *l2_fs_args(tmp_path))

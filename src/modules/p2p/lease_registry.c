@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define NONE UINT32_MAX
 
@@ -152,8 +153,24 @@ static void remove_at(lmc_p2p_serve_reg *r, size_t i, lmc_p2p_serve_held *out)
     r->n--;
 }
 
+void lmc_p2p_serve_owner_set(lmc_p2p_serve_owner *o, const uint8_t *id, size_t len)
+{
+    memset(o, 0, sizeof *o);
+    uint64_t h = 0xcbf29ce484222325ULL;   /* FNV-1a */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ id[i]) * 0x100000001b3ULL;
+    o->hash = h;
+    o->len = (uint8_t)(len > 255 ? 255 : len);
+    memcpy(o->head, id, len < LMC_P2P_SERVE_OWNER_HEAD ? len : LMC_P2P_SERVE_OWNER_HEAD);
+}
+
+bool lmc_p2p_serve_owner_equal(const lmc_p2p_serve_owner *a, const lmc_p2p_serve_owner *b)
+{
+    return a->hash == b->hash && a->len == b->len && memcmp(a->head, b->head, sizeof a->head) == 0;
+}
+
 bool lmc_p2p_serve_reg_take(lmc_p2p_serve_reg *r, const lmc_object_key *key,
-                            lmc_p2p_serve_held *out)
+                            const lmc_p2p_serve_owner *owner, lmc_p2p_serve_held *out)
 {
     lmc_p2p_serve_held probe = {.key = *key};
     pthread_mutex_lock(&r->lock);
@@ -161,6 +178,7 @@ bool lmc_p2p_serve_reg_take(lmc_p2p_serve_reg *r, const lmc_object_key *key,
     for (uint32_t i = r->heads[BY_KEY][bucket_of(r, &probe, BY_KEY)]; i != NONE;
          i = r->items[i].next[BY_KEY])
         if (lmc_object_key_equal(&r->items[i].h.key, key) &&
+            (!owner || lmc_p2p_serve_owner_equal(&r->items[i].h.owner, owner)) &&
             (best == NONE || r->items[i].h.lease.expiry_ms < r->items[best].h.lease.expiry_ms))
             best = i;
     bool found = best != NONE;

@@ -19,12 +19,26 @@
 #include "storage/object_key.h"
 #include "storage/ttl_lock.h"
 
+/* Who took a lease: the requesting connection's routing id on the
+ * message-queue socket, kept whole up to 32 bytes (ZMQ's own ids are 5)
+ * and beyond that by its first 32 bytes, length and hash. */
+#define LMC_P2P_SERVE_OWNER_HEAD 32
+typedef struct lmc_p2p_serve_owner {
+    uint64_t hash;
+    uint8_t len;   /* of the whole id, capped at 255 */
+    uint8_t head[LMC_P2P_SERVE_OWNER_HEAD];
+} lmc_p2p_serve_owner;
+
+void lmc_p2p_serve_owner_set(lmc_p2p_serve_owner *o, const uint8_t *id, size_t len);
+bool lmc_p2p_serve_owner_equal(const lmc_p2p_serve_owner *a, const lmc_p2p_serve_owner *b);
+
 /* One leased object: its key (holding a reference on its strings when
- * interned) and the storage lease behind it.  [lease.offset,
+ * interned), the storage lease behind it and who took it.  [lease.offset,
  * lease.offset + lease.object_size) is the range the peer was handed. */
 typedef struct lmc_p2p_serve_held {
     lmc_object_key key;
     lmc_lease lease;
+    lmc_p2p_serve_owner owner;
 } lmc_p2p_serve_held;
 
 typedef struct lmc_p2p_serve_reg lmc_p2p_serve_reg;
@@ -42,10 +56,11 @@ size_t lmc_p2p_serve_reg_room(lmc_p2p_serve_reg *r);
  * keeps its own).  Records nothing and returns false when they do not all
  * fit or memory ran out. */
 bool lmc_p2p_serve_reg_add(lmc_p2p_serve_reg *r, const lmc_p2p_serve_held *held, size_t n);
-/* Takes out one lease of `key` (the oldest), handing its reference over to
- * the caller; false when none is held (an unknown key). */
+/* Takes out one lease of `key` that `owner` took (NULL: anyone), the
+ * oldest, handing its reference over to the caller; false when none is
+ * held (an unknown key, or only other owners' leases). */
 bool lmc_p2p_serve_reg_take(lmc_p2p_serve_reg *r, const lmc_object_key *key,
-                            lmc_p2p_serve_held *out);
+                            const lmc_p2p_serve_owner *owner, lmc_p2p_serve_held *out);
 /* Takes out up to `cap` leases whose expiry has passed; returns how many. */
 size_t lmc_p2p_serve_reg_take_expired(lmc_p2p_serve_reg *r, lmc_p2p_serve_held *out, size_t cap);
 /* Takes out up to `cap` leases, expired or not (shutdown). */

@@ -109,9 +109,11 @@ static bool size_fits(const lmc_p2p_serve_group_size *gs, size_t n_gs, uint32_t 
 }
 
 /* Leases the leading run of keys[0..n) (at most the registry's room) and
- * records it; fills addrs for all n.  Returns the hits.  Caller locks. */
+ * records it as owner's; fills addrs for all n.  Returns the hits.  Caller
+ * locks. */
 static size_t lease_prefix(p2p_mod *m, const lmc_object_key *keys, size_t n,
-                           const lmc_p2p_serve_group_size *gs, size_t n_gs, p2p_addr *addrs)
+                           const lmc_p2p_serve_group_size *gs, size_t n_gs,
+                           const lmc_p2p_serve_owner *owner, p2p_addr *addrs)
 {
     size_t k = 0, room = lmc_p2p_serve_reg_room(m->reg);
     while (k < n && k < room && keys[k].model_name)
@@ -126,7 +128,7 @@ static size_t lease_prefix(p2p_mod *m, const lmc_object_key *keys, size_t n,
                size_fits(gs, n_gs, keys[hits].object_group_id, leases[hits].object_size))
             hits++;
         for (size_t i = 0; i < hits; i++)
-            held[i] = (lmc_p2p_serve_held){.key = keys[i], .lease = leases[i]};
+            held[i] = (lmc_p2p_serve_held){.key = keys[i], .lease = leases[i], .owner = *owner};
         if (!lmc_p2p_serve_reg_add(m->reg, held, hits))
             hits = 0;
         lmc_storage_manager_give_back(m->ctx->storage, keys + hits, leases + hits, k - hits);
@@ -137,6 +139,15 @@ static size_t lease_prefix(p2p_mod *m, const lmc_object_key *keys, size_t n,
     free(held);
     free(leases);
     return hits;
+}
+
+/* The requesting connection: its unlock gives back only what it leased,
+ * so one peer cannot cut another's read short (docs/p2p.md, "Leases"). */
+static void caller_of(lmc_rpc_call *call, lmc_p2p_serve_owner *owner)
+{
+    size_t len = 0;
+    const uint8_t *id = lmc_rpc_call_identity(call, &len);
+    lmc_p2p_serve_owner_set(owner, id, id ? len : 0);
 }
 
 static lmc_handler_result lookup_and_lock(void *state, lmc_rpc_call *call)
@@ -160,8 +171,10 @@ static lmc_handler_result lookup_and_lock(void *state, lmc_rpc_call *call)
         drop_keys(keys, n);
         return lmc_rpc_call_fail(call, "MemoryError", "P2P_LOOKUP_AND_LOCK: out of memory");
     }
+    lmc_p2p_serve_owner owner;
+    caller_of(call, &owner);
     pthread_mutex_lock(&m->lock);
-    size_t hits = lease_prefix(m, keys, n, gs, n_gs, addrs);
+    size_t hits = lease_prefix(m, keys, n, gs, n_gs, &owner, addrs);
     pthread_mutex_unlock(&m->lock);
     drop_keys(keys, n);
     /* n <= LMC_P2P_SERVE_MAX_KEYS, under the table's bound: 0 only when out
@@ -227,10 +240,12 @@ static lmc_handler_result unlock_objects(void *state, lmc_rpc_call *call)
     if (!keys)
         return lmc_rpc_call_fail(call, "ValidationError", "P2P_UNLOCK_OBJECTS: %s", err);
     sweep(m);   /* a lease that lapsed counts as expired, not unlocked */
+    lmc_p2p_serve_owner owner;
+    caller_of(call, &owner);
     size_t released = 0;
     for (size_t i = 0; i < n; i++) {
         lmc_p2p_serve_held h;
-        if (keys[i].model_name && lmc_p2p_serve_reg_take(m->reg, &keys[i], &h)) {
+        if (keys[i].model_name && lmc_p2p_serve_reg_take(m->reg, &keys[i], &owner, &h)) {
             give_back_held(m, &h, 1);
             released++;
         }

@@ -84,19 +84,49 @@ static void test_take_releases_one_lease_of_the_key(void **st)
     lmc_p2p_serve_held hs[2] = {held(1, 0, 100, 6000), held(1, 0, 100, 5000)};
     assert_true(lmc_p2p_serve_reg_add(r, hs, 2));
     lmc_p2p_serve_held out;
-    assert_true(lmc_p2p_serve_reg_take(r, &hs[0].key, &out));
+    assert_true(lmc_p2p_serve_reg_take(r, &hs[0].key, NULL, &out));
     assert_int_equal(out.lease.expiry_ms, 5000);          /* the oldest first */
     assert_true(lmc_p2p_serve_reg_covers(r, 0, 100));
-    assert_true(lmc_p2p_serve_reg_take(r, &hs[0].key, &out));
+    assert_true(lmc_p2p_serve_reg_take(r, &hs[0].key, NULL, &out));
     assert_false(lmc_p2p_serve_reg_covers(r, 0, 100));
-    assert_false(lmc_p2p_serve_reg_take(r, &hs[0].key, &out)); /* nothing left: ignored */
+    assert_false(lmc_p2p_serve_reg_take(r, &hs[0].key, NULL, &out)); /* nothing left: ignored */
     lmc_p2p_serve_held other = held(9, 0, 100, 5000);
-    assert_false(lmc_p2p_serve_reg_take(r, &other.key, &out));
+    assert_false(lmc_p2p_serve_reg_take(r, &other.key, NULL, &out));
     size_t n;
     uint64_t bytes;
     lmc_p2p_serve_reg_counts(r, &n, &bytes);
     assert_int_equal(n, 0);
     assert_int_equal(bytes, 0);
+    lmc_p2p_serve_reg_free(r);
+}
+
+static void test_take_gives_back_only_the_owners_lease(void **st)
+{
+    (void)st;
+    lmc_p2p_serve_reg *r = new_reg(8);
+    lmc_p2p_serve_owner a, b, a_again, long_a, long_b;
+    lmc_p2p_serve_owner_set(&a, (const uint8_t *)"\x00\x01\x02\x03\x04", 5);
+    lmc_p2p_serve_owner_set(&b, (const uint8_t *)"\x00\x01\x02\x03\x05", 5);
+    lmc_p2p_serve_owner_set(&a_again, (const uint8_t *)"\x00\x01\x02\x03\x04", 5);
+    uint8_t id[40];
+    memset(id, 'x', sizeof id);
+    lmc_p2p_serve_owner_set(&long_a, id, sizeof id);
+    id[39] = 'y';   /* differs past the head: told apart by the hash */
+    lmc_p2p_serve_owner_set(&long_b, id, sizeof id);
+    assert_false(lmc_p2p_serve_owner_equal(&long_a, &long_b));
+    lmc_p2p_serve_held hs[2] = {held(1, 0, 100, 5000), held(1, 0, 100, 6000)};
+    hs[0].owner = a;
+    hs[1].owner = long_a;
+    assert_true(lmc_p2p_serve_reg_add(r, hs, 2));
+    lmc_p2p_serve_held out;
+    assert_false(lmc_p2p_serve_reg_take(r, &hs[0].key, &b, &out));
+    assert_false(lmc_p2p_serve_reg_take(r, &hs[0].key, &long_b, &out));
+    assert_true(lmc_p2p_serve_reg_take(r, &hs[0].key, &long_a, &out));
+    assert_int_equal(out.lease.expiry_ms, 6000);          /* its own, not the oldest */
+    assert_false(lmc_p2p_serve_reg_take(r, &hs[0].key, &long_a, &out));
+    assert_true(lmc_p2p_serve_reg_covers(r, 0, 100));     /* a's is still held */
+    assert_true(lmc_p2p_serve_reg_take(r, &hs[0].key, &a_again, &out));
+    assert_false(lmc_p2p_serve_reg_covers(r, 0, 100));
     lmc_p2p_serve_reg_free(r);
 }
 
@@ -170,7 +200,7 @@ static void test_indexes_follow_every_removal(void **st)
     for (int step = 0; step < N; step++) {
         int i = (step * 7919) % N;   /* 7919 is prime to N: every index once */
         lmc_p2p_serve_held got;
-        assert_int_equal(lmc_p2p_serve_reg_take(r, &hs[i].key, &got), left[i]);
+        assert_int_equal(lmc_p2p_serve_reg_take(r, &hs[i].key, NULL, &got), left[i]);
         if (left[i])
             assert_int_equal(got.lease.offset, hs[i].lease.offset);
         left[i] = false;
@@ -217,7 +247,7 @@ static void test_concurrent_readers(void **st)
     lmc_p2p_serve_held churn = held(2, 100, 100, 1 << 30), out;
     for (int i = 0; i < 20000; i++) {
         assert_true(lmc_p2p_serve_reg_add(rc.r, &churn, 1));
-        assert_true(lmc_p2p_serve_reg_take(rc.r, &churn.key, &out));
+        assert_true(lmc_p2p_serve_reg_take(rc.r, &churn.key, NULL, &out));
     }
     atomic_store(&rc.stop, true);
     for (int i = 0; i < 2; i++)
@@ -233,6 +263,7 @@ int main(void)
         cmocka_unit_test(test_covers_inside_one_object_only),
         cmocka_unit_test(test_adjacent_and_overlapping_ranges),
         cmocka_unit_test(test_take_releases_one_lease_of_the_key),
+        cmocka_unit_test(test_take_gives_back_only_the_owners_lease),
         cmocka_unit_test(test_expired_leases_cover_nothing_and_are_taken_out),
         cmocka_unit_test(test_bound_is_all_or_nothing),
         cmocka_unit_test(test_indexes_follow_every_removal),
