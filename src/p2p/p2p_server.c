@@ -65,7 +65,8 @@ static int answer(const lmc_p2p_chan_server_opts *o, int fd, int stop_fd, uint32
                   uint32_t n, const uint8_t *raw, uint8_t *mask, atomic_stats *st)
 {
     size_t mlen = lmc_p2p_wire_mask_len(n);
-    memset(mask, 0, mlen);
+    if (mlen)   /* an empty request is answered too, with no mask (and no buffer yet) */
+        memset(mask, 0, mlen);
     for (uint32_t i = 0; i < n; i++) {
         uint64_t off, len;
         lmc_p2p_wire_req_item(raw + (size_t)i * LMC_P2P_REQ_ITEM, &off, &len);
