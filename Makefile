@@ -101,6 +101,7 @@ bench: build deps-test
 	./$(BUILD_DIR)/l2_bench --dir $(BUILD_DIR)/l2_bench.dir --odirect
 	./$(BUILD_DIR)/l2_lookup_bench --dir $(BUILD_DIR)/l2_lookup_bench.dir
 	./bench/l2_net_bench.sh 3 $(BUILD_DIR)/l2_bench
+	./$(BUILD_DIR)/p2p_chan_bench --chunks 256 --rounds 10
 
 # lmcached beside upstream LMCache's own server, one workload, one run
 # (bench/upstream_bench.py, BENCHMARKS.md).  Upstream's server needs PyPI's
