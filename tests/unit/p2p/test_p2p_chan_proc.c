@@ -145,54 +145,45 @@ static void *kill_later(void *arg)
     return NULL;
 }
 
-static void two_items(lmc_p2p_chan_item it[2])
+/* Reads two 4 KiB items from the half server with `timeout_ms`, killing it
+ * 300 ms in when `kill_it`; the first item must arrive, the second fail.
+ * Returns how long the read took. */
+static double half_read(int timeout_ms, bool kill_it)
 {
-    it[0] = (lmc_p2p_chan_item){0, 4096, malloc(4096)};
-    it[1] = (lmc_p2p_chan_item){4096, 4096, malloc(4096)};
+    int port;
+    pid_t pid = spawn_half_server(&port);
+    lmc_p2p_chan_client *c = client_for(port);
+    uint8_t *a = malloc(4096), *b = malloc(4096);
+    lmc_p2p_chan_item it[2] = {{0, 4096, a}, {4096, 4096, b}};
+    bool ok[2];
+    pthread_t th;
+    if (kill_it)
+        pthread_create(&th, NULL, kill_later, &pid);
+    double t0 = now_s();
+    assert_int_equal(lmc_p2p_chan_client_read(c, it, 2, timeout_ms, ok), 1);
+    double took = now_s() - t0;
+    if (kill_it)
+        pthread_join(th, NULL);
+    reap(pid);
+    assert_true(ok[0] && !ok[1]);
+    assert_memory_equal(a, g_arena, 4096);
+    free(a);
+    free(b);
+    lmc_p2p_chan_client_close(c);
+    return took;
 }
 
 static void server_killed_mid_reply(void **state)
 {
     (void)state;
-    int port;
-    pid_t pid = spawn_half_server(&port);
-    lmc_p2p_chan_client *c = client_for(port);
-    lmc_p2p_chan_item it[2];
-    two_items(it);
-    bool ok[2];
-    pthread_t th;
-    pthread_create(&th, NULL, kill_later, &pid);
-    double t0 = now_s();
-    assert_int_equal(lmc_p2p_chan_client_read(c, it, 2, 20000, ok), 1);
-    double took = now_s() - t0;
-    pthread_join(th, NULL);
-    waitpid(pid, NULL, 0);
-    assert_true(ok[0] && !ok[1]);
-    assert_memory_equal(it[0].dst, g_arena, 4096);
-    assert_true(took < 5.0);   /* the death is seen, not waited out */
-    free(it[0].dst);
-    free(it[1].dst);
-    lmc_p2p_chan_client_close(c);
+    assert_true(half_read(20000, true) < 5.0);   /* the death is seen, not waited out */
 }
 
 static void server_stalled_mid_reply(void **state)
 {
     (void)state;
-    int port;
-    pid_t pid = spawn_half_server(&port);
-    lmc_p2p_chan_client *c = client_for(port);
-    lmc_p2p_chan_item it[2];
-    two_items(it);
-    bool ok[2];
-    double t0 = now_s();
-    assert_int_equal(lmc_p2p_chan_client_read(c, it, 2, 500, ok), 1);
-    double took = now_s() - t0;
-    reap(pid);
-    assert_true(ok[0] && !ok[1]);
+    double took = half_read(500, false);
     assert_true(took >= 0.45 && took < 2.0);
-    free(it[0].dst);
-    free(it[1].dst);
-    lmc_p2p_chan_client_close(c);
 }
 
 int main(void)
