@@ -13,7 +13,7 @@ RUN_ARGS     ?=
 # What building and running need...
 DEB_BUILD := build-essential cmake pkg-config libzmq3-dev libmsgpack-dev \
 	libjansson-dev libmicrohttpd-dev libssl-dev libcurl4-openssl-dev libsqlite3-dev \
-	librust-blake3-dev libcmocka-dev
+	librust-blake3-dev libcmocka-dev libucx-dev
 # What the packaging tests use (tests/packaging/, docs/deploy.md):
 # dpkg's tools and lintian for the .deb, help2man for its manual pages,
 # systemd-analyze (and man, which it runs for Documentation=) for the

@@ -4,7 +4,9 @@
  * connection loop (handshake, requests) over a 4 KiB arena; odd, the rest is
  * everything a server answers to a client's three-item read.  A socketpair
  * carries the bytes, so that the very code the sockets run is fuzzed; ASan
- * catches any read past the arena or write past a destination. */
+ * catches any write past a destination, the lease check any range past the
+ * arena.  The same bytes also go through the ucx engine's bootstrap header
+ * decoder (src/p2p/p2p_ucx_wire.h). */
 #include "check.h"
 #include <pthread.h>
 #include <stddef.h>
@@ -15,6 +17,7 @@
 #include <unistd.h>
 
 #include "p2p/p2p_chan.h"
+#include "p2p/p2p_ucx_wire.h"
 
 static uint8_t arena[4096];
 
@@ -74,6 +77,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
 {
     if (len < 1)
         return 0;
+    lmc_p2p_ucx_hdr h;   /* the ucx engine's bootstrap header, on the same bytes */
+    if (len - 1 >= LMC_P2P_UCX_HDR && lmc_p2p_ucx_wire_hdr(data + 1, &h) == 0)
+        CHECK(h.addr_len >= 1 && h.addr_len <= LMC_P2P_UCX_MAX_PART && h.rkey_len >= 1 &&
+              h.rkey_len <= LMC_P2P_UCX_MAX_PART);
     int sv[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
     if (data[0] % 2 == 0)

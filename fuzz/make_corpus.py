@@ -435,6 +435,10 @@ def p2p_wire():
     write("p2p_wire", "client_wrong_id", b"\1" + magic + resp(9, 3, 0x7, body))
     write("p2p_wire", "client_short", b"\1" + magic + resp(0, 3, 0x7, body[:50]))
     write("p2p_wire", "client_bad_magic", b"\1LMTCPXXX" + resp(0, 3, 0x7, body))
+    # The ucx engine's bootstrap answer (docs/p2p.md, "ucx"), as a client
+    # would read it: base, size, worker address and remote key lengths.
+    write("p2p_wire", "ucx_bootstrap",
+          b"\1LMUCX001" + struct.pack("<QQII", 1 << 40, 1 << 30, 5, 3) + b"addrsrk")
 
 
 if __name__ == "__main__":

@@ -90,48 +90,13 @@ static void drop(lmc_p2p_chan_client *c)
     c->handshaken = false;
 }
 
-/* A non-blocking connect to the first address that answers by the deadline. */
-static int dial(const lmc_p2p_chan_client *c, int64_t deadline)
-{
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
-    if (getaddrinfo(c->host, c->port, &hints, &res) != 0)
-        return -1;
-    int fd = -1;
-    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
-        fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (fd < 0)
-            continue;
-        int r = connect(fd, a->ai_addr, a->ai_addrlen);
-        if (r < 0 && errno == EINPROGRESS) {
-            int64_t left = deadline - lmc_p2p_io_now_ms();
-            struct pollfd pf = {.fd = fd, .events = POLLOUT};
-            int e = 0;
-            socklen_t el = sizeof e;
-            r = left > 0 && poll(&pf, 1, (int)(left > 1 << 30 ? 1 << 30 : left)) == 1 &&
-                        getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) == 0 && e == 0
-                    ? 0
-                    : -1;
-        }
-        if (r < 0) {
-            close(fd);
-            fd = -1;
-        }
-    }
-    freeaddrinfo(res);
-    if (fd >= 0) {
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    }
-    return fd;
-}
-
 static int ensure_connected(lmc_p2p_chan_client *c, int64_t deadline)
 {
     if (c->fd >= 0 && c->handshaken)
         return 0;
     if (c->fd < 0) {
         int64_t cd = lmc_p2p_io_now_ms() + c->o.connect_timeout_ms;
-        c->fd = dial(c, cd < deadline ? cd : deadline);
+        c->fd = lmc_p2p_io_dial(c->host, c->port, cd < deadline ? cd : deadline);
         if (c->fd < 0)
             return -1;
     }

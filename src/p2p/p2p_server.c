@@ -247,38 +247,6 @@ static void *accept_main(void *arg)
     return NULL;
 }
 
-static int listen_on(const char *url, int *port_out, char *err, size_t errlen)
-{
-    char host[256], port[8];
-    if (!lmc_p2p_io_split_url(url, host, sizeof host, port, sizeof port)) {
-        snprintf(err, errlen, "p2p channel: listen URL '%s' is not host:port", url ? url : "");
-        return -1;
-    }
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE}, *res;
-    int gr = getaddrinfo(host[0] ? host : NULL, port, &hints, &res);
-    if (gr != 0) {
-        snprintf(err, errlen, "p2p channel: listen URL '%s': %s", url, gai_strerror(gr));
-        return -1;
-    }
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), one = 1;
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) ||
-        bind(fd, res->ai_addr, res->ai_addrlen) || listen(fd, 64)) {
-        snprintf(err, errlen, "p2p channel: cannot listen on '%s': %s", url, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        freeaddrinfo(res);
-        return -1;
-    }
-    freeaddrinfo(res);
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    getsockname(fd, (struct sockaddr *)&ss, &sl);
-    *port_out = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                               : ((struct sockaddr_in *)&ss)->sin_port);
-    return fd;
-}
-
 lmc_p2p_chan_server *lmc_p2p_chan_server_start(const lmc_p2p_chan_server_opts *o, char *err,
                                                size_t errlen)
 {
@@ -302,7 +270,7 @@ lmc_p2p_chan_server *lmc_p2p_chan_server_start(const lmc_p2p_chan_server_opts *o
     }
     for (unsigned i = 0; i < s->o.max_conns; i++)
         s->slots[i].srv = s;
-    s->listen_fd = listen_on(o->listen_url, &s->port, err, errlen);
+    s->listen_fd = lmc_p2p_io_listen(o->listen_url, &s->port, err, errlen);
     if (s->listen_fd < 0)
         goto fail;
     if (pthread_create(&s->acceptor, NULL, accept_main, s) != 0) {

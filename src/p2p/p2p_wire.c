@@ -1,5 +1,9 @@
 /* The tcp transfer channel's framing (p2p_wire.h, docs/p2p.md). */
 #include "p2p/p2p_wire.h"
+#include "p2p/p2p_ucx_wire.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 
 static void put32(uint8_t *p, uint32_t v)
@@ -77,4 +81,37 @@ lmc_p2p_wire_status lmc_p2p_wire_resp_header(const uint8_t in[LMC_P2P_RESP_HDR],
         get32(in + 12) != (uint32_t)lmc_p2p_wire_mask_len(n))
         return LMC_P2P_WIRE_MISMATCH;
     return LMC_P2P_WIRE_OK;
+}
+
+uint8_t *lmc_p2p_ucx_wire_blob(uint64_t base, uint64_t size, const void *addr, size_t addr_len,
+                               const void *rkey, size_t rkey_len, size_t *len)
+{
+    if (addr_len > LMC_P2P_UCX_MAX_PART || rkey_len > LMC_P2P_UCX_MAX_PART)
+        return NULL;
+    *len = LMC_P2P_UCX_HDR + addr_len + rkey_len;
+    uint8_t *b = malloc(*len);
+    if (!b)
+        return NULL;
+    memcpy(b, LMC_P2P_UCX_MAGIC, 8);
+    put64(b + 8, base);
+    put64(b + 16, size);
+    put32(b + 24, (uint32_t)addr_len);
+    put32(b + 28, (uint32_t)rkey_len);
+    memcpy(b + LMC_P2P_UCX_HDR, addr, addr_len);
+    memcpy(b + LMC_P2P_UCX_HDR + addr_len, rkey, rkey_len);
+    return b;
+}
+
+int lmc_p2p_ucx_wire_hdr(const uint8_t in[LMC_P2P_UCX_HDR], lmc_p2p_ucx_hdr *out)
+{
+    if (memcmp(in, LMC_P2P_UCX_MAGIC, 8) != 0)
+        return -1;
+    out->base = get64(in + 8);
+    out->size = get64(in + 16);
+    out->addr_len = get32(in + 24);
+    out->rkey_len = get32(in + 28);
+    if (out->addr_len == 0 || out->addr_len > LMC_P2P_UCX_MAX_PART ||
+        out->rkey_len == 0 || out->rkey_len > LMC_P2P_UCX_MAX_PART)
+        return -1;
+    return 0;
 }
