@@ -1,7 +1,8 @@
 /* The P2P transfer channel against a plain TCP copy of the same bytes
  * (docs/p2p.md, "Transfer channel"; BENCHMARKS.md, "P2P transfer channel").
  *
- *   p2p_chan_bench [--chunks N] [--rounds R]      (defaults 256 and 10)
+ *   p2p_chan_bench [--chunks N] [--rounds R] [--ucx-tcp-tls T] [--ucx-shm-tls S]
+ *   (defaults 256, 10, "tcp", "shm,self": the UCX_TLS of the two ucx runs)
  *
  * A child process serves an arena of N chunks of 2 MiB over the tcp channel
  * on loopback; the parent reads all N chunks, one request of N items, into
@@ -11,7 +12,10 @@
  * which goes first alternating; the first round of each (a new connection,
  * its buffers growing) is printed apart from the median of the rest.  Every channel round's
  * bytes are checked against the arena.  The machine's memcpy of the same
- * bytes is printed beside them.  GiB/s are 2^30 bytes per second. */
+ * bytes is printed beside them.  Then the ucx engine, the same reads from a
+ * child serving with UCX_TLS=tcp (beside the plain socket's median) and
+ * with UCX_TLS=shm,self (beside memcpy's), each in rounds of its own after
+ * the others.  GiB/s are 2^30 bytes per second. */
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -28,6 +32,7 @@
 #include <unistd.h>
 
 #include "p2p/p2p_chan.h"
+#include "p2p/p2p_ucx.h"
 
 #define CHUNK ((size_t)2 << 20)
 #define MAX_ROUNDS 64
@@ -149,6 +154,59 @@ static double channel_round(lmc_p2p_chan_client *c, lmc_p2p_chan_item *it, size_
     return t;
 }
 
+/* The ucx engine: a child serving the arena with UCX_TLS=tls, the parent
+ * reading it all `rounds` times; the round times in t[]. */
+static void ucx_rounds(const char *tls, const uint8_t *arena, size_t size, lmc_p2p_chan_item *it,
+                       size_t n, bool *ok, uint8_t *dst, int rounds, double *t)
+{
+    setenv("UCX_TLS", tls, 1);
+    int p[2];
+    if (pipe(p))
+        exit(1);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        lmc_p2p_chan_server_opts o = {.listen_url = "127.0.0.1:0", .arena = arena,
+                                      .arena_size = size};
+        char err[256];
+        lmc_p2p_ucx_server *s = lmc_p2p_ucx_server_start(&o, err, sizeof err);
+        int pt = s ? lmc_p2p_ucx_server_port(s) : -1;
+        if (!s)
+            fprintf(stderr, "%s\n", err);
+        if (write(p[1], &pt, sizeof pt) != sizeof pt)
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    close(p[1]);
+    int port;
+    if (read(p[0], &port, sizeof port) != sizeof port || port <= 0)
+        exit(1);
+    close(p[0]);
+    char url[64], err[256];
+    snprintf(url, sizeof url, "127.0.0.1:%d", port);
+    lmc_p2p_chan_client_opts co = {.url = url, .max_request_bytes = size};
+    lmc_p2p_ucx_client *c = lmc_p2p_ucx_client_open(&co, err, sizeof err);
+    if (!c) {
+        fprintf(stderr, "%s\n", err);
+        exit(1);
+    }
+    for (int r = 0; r < rounds; r++) {
+        memset(dst, 0, size);
+        double t0 = now_s();
+        size_t got = lmc_p2p_ucx_client_read(c, it, n, 60000, ok);
+        t[r] = now_s() - t0;
+        if (got != n || memcmp(dst, arena, size) != 0) {
+            fprintf(stderr, "p2p_chan_bench: ucx (%s): %zu of %zu chunks, or bytes differ\n", tls,
+                    got, n);
+            exit(1);
+        }
+    }
+    lmc_p2p_ucx_client_close(c);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
 static double memcpy_round(uint8_t *dst, const uint8_t *src, size_t size)
 {
     double t0 = now_s();
@@ -161,15 +219,20 @@ int main(int argc, char **argv)
 {
     size_t n = 256;
     int rounds = 10;
+    const char *tcp_tls = "tcp", *shm_tls = "shm,self";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--chunks"))
             n = strtoul(argv[i + 1], NULL, 10);
         else if (!strcmp(argv[i], "--rounds"))
             rounds = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--ucx-tcp-tls"))
+            tcp_tls = argv[i + 1];
+        else if (!strcmp(argv[i], "--ucx-shm-tls"))
+            shm_tls = argv[i + 1];
     }
     if (n < 1 || n > 4096 || rounds < 2 || rounds > MAX_ROUNDS) {
-        fprintf(stderr, "usage: p2p_chan_bench [--chunks 1..4096] [--rounds 2..%d]\n",
-                MAX_ROUNDS);
+        fprintf(stderr, "usage: p2p_chan_bench [--chunks 1..4096] [--rounds 2..%d]"
+                " [--ucx-tcp-tls UCX_TLS] [--ucx-shm-tls UCX_TLS]\n", MAX_ROUNDS);
         return 2;
     }
     size_t size = n * CHUNK;
@@ -213,6 +276,16 @@ int main(int argc, char **argv)
     printf("  steady state: tcp channel %6.2f GiB/s   plain TCP %6.2f GiB/s   ratio %.2f"
            " (median of %d)\n", gib / mc, gib / mp, mp / mc, rounds - 1);
     printf("  memcpy of the same bytes: %6.2f GiB/s (median of %d)\n", gib / mm, rounds);
+    double tu[MAX_ROUNDS];
+    ucx_rounds(tcp_tls, arena, size, it, n, ok, dst, rounds, tu);
+    double fu = tu[0], mu = median(tu + 1, rounds - 1);
+    printf("  ucx over tcp: first %6.2f GiB/s, steady %6.2f GiB/s, ratio to plain TCP's"
+           " steady state %.2f\n", gib / fu, gib / mu, mp / mu);
+    ucx_rounds(shm_tls, arena, size, it, n, ok, dst, rounds, tu);
+    fu = tu[0];
+    mu = median(tu + 1, rounds - 1);
+    printf("  ucx over shm: first %6.2f GiB/s, steady %6.2f GiB/s, ratio to memcpy %.2f\n",
+           gib / fu, gib / mu, mm / mu);
     lmc_p2p_chan_client_close(c);
     close(pfd);
     kill(cpid, SIGKILL);
