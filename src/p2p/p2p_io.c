@@ -46,6 +46,9 @@ int lmc_p2p_io_full(int fd, void *buf, size_t len, bool sending, int stop_fd, in
         if (r > 0) {
             p += r;
             len -= (size_t)r;
+            /* The deadline holds while bytes flow too. */
+            if (len > 0 && deadline >= 0 && lmc_p2p_io_now_ms() > deadline)
+                return -1;
             continue;
         }
         if (r == 0 && !sending)
