@@ -9,13 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <ucp/api/ucp.h>
 
 #include "obs/log.h"
 #include "p2p/p2p_io.h"
+#include "p2p/p2p_ucx_api.h"
 #include "p2p/p2p_ucx_wire.h"
 
 struct lmc_p2p_ucx_client {
+    lmc_p2p_ucx_api api;
     lmc_p2p_chan_client_opts o;
     char host[256], port[8];
     pthread_mutex_t mu;
@@ -34,19 +35,19 @@ static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     ((lmc_p2p_ucx_client *)arg)->failed = true;
 }
 
-/* Waits for a request of this worker, at most until the deadline (-1:
+/* Waits for a request of the client's worker, at most until the deadline (-1:
  * until done); its final status, or UCS_ERR_TIMED_OUT. */
-static ucs_status_t wait_req(ucp_worker_h w, void *req, int64_t deadline)
+static ucs_status_t wait_req(lmc_p2p_ucx_client *c, void *req, int64_t deadline)
 {
     if (!UCS_PTR_IS_PTR(req))
         return UCS_PTR_STATUS(req);
     ucs_status_t st;
-    while ((st = ucp_request_check_status(req)) == UCS_INPROGRESS) {
+    while ((st = c->api.ucp_request_check_status(req)) == UCS_INPROGRESS) {
         if (deadline >= 0 && lmc_p2p_io_now_ms() > deadline)
             return UCS_ERR_TIMED_OUT;
-        ucp_worker_progress(w);
+        c->api.ucp_worker_progress(c->worker);
     }
-    ucp_request_free(req);
+    c->api.ucp_request_free(req);
     return st;
 }
 
@@ -58,20 +59,20 @@ static void renew_worker(lmc_p2p_ucx_client *c)
 {
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_SINGLE};
-    ucp_worker_destroy(c->worker);
-    if (ucp_worker_create(c->ctx, &wp, &c->worker) != UCS_OK)
+    c->api.ucp_worker_destroy(c->worker);
+    if (c->api.ucp_worker_create(c->ctx, &wp, &c->worker) != UCS_OK)
         c->worker = NULL;
 }
 
 static void disconnect(lmc_p2p_ucx_client *c)
 {
     if (c->rkey)
-        ucp_rkey_destroy(c->rkey);
+        c->api.ucp_rkey_destroy(c->rkey);
     c->rkey = NULL;
     if (c->ep) {
         ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                  .flags = UCP_EP_CLOSE_FLAG_FORCE};
-        if (wait_req(c->worker, ucp_ep_close_nbx(c->ep, &p), lmc_p2p_io_now_ms() + 1000) ==
+        if (wait_req(c, c->api.ucp_ep_close_nbx(c->ep, &p), lmc_p2p_io_now_ms() + 1000) ==
             UCS_ERR_TIMED_OUT)
             renew_worker(c);
     }
@@ -114,19 +115,19 @@ static int connect_peer(lmc_p2p_ucx_client *c, int64_t deadline)
                           .address = (const ucp_address_t *)blob,
                           .err_mode = UCP_ERR_HANDLING_MODE_PEER,
                           .err_handler = {.cb = ep_error, .arg = c}};
-    ucs_status_t st = ucp_ep_create(c->worker, &ep, &c->ep);
+    ucs_status_t st = c->api.ucp_ep_create(c->worker, &ep, &c->ep);
     if (st != UCS_OK) {
         /* UCX's shared-memory transports have no peer failure detection;
          * there the read's deadline alone bounds a dead peer. */
         ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-        st = ucp_ep_create(c->worker, &ep, &c->ep);
+        st = c->api.ucp_ep_create(c->worker, &ep, &c->ep);
     }
     if (st == UCS_OK)
-        st = ucp_ep_rkey_unpack(c->ep, blob + h.addr_len, &c->rkey);
+        st = c->api.ucp_ep_rkey_unpack(c->ep, blob + h.addr_len, &c->rkey);
     free(blob);
     if (st != UCS_OK) {
         LMC_WARN_LIMITED("p2p channel (ucx): cannot reach %s:%s: %s", c->host, c->port,
-                         ucs_status_string(st));
+                         c->api.ucs_status_string(st));
         disconnect(c);
         return -1;
     }
@@ -145,7 +146,7 @@ static void issue(lmc_p2p_ucx_client *c, const lmc_p2p_chan_item *it, void **req
         it->len > c->size - it->remote_off)
         return;   /* outside the peer's arena: fails here */
     ucp_request_param_t p = {.op_attr_mask = 0};
-    void *r = ucp_get_nbx(c->ep, it->dst, it->len, c->base + it->remote_off, c->rkey, &p);
+    void *r = c->api.ucp_get_nbx(c->ep, it->dst, it->len, c->base + it->remote_off, c->rkey, &p);
     if (UCS_PTR_IS_PTR(r))
         *req = r;
     else
@@ -161,15 +162,15 @@ static size_t progress_all(lmc_p2p_ucx_client *c, void **reqs, size_t n, int64_t
     for (size_t i = 0; i < n; i++)
         pending += reqs[i] != NULL;
     while (pending && !c->failed && lmc_p2p_io_now_ms() <= deadline) {
-        ucp_worker_progress(c->worker);
+        c->api.ucp_worker_progress(c->worker);
         for (size_t i = 0; i < n; i++) {
             if (!reqs[i])
                 continue;
-            ucs_status_t st = ucp_request_check_status(reqs[i]);
+            ucs_status_t st = c->api.ucp_request_check_status(reqs[i]);
             if (st == UCS_INPROGRESS)
                 continue;
             ok[i] = st == UCS_OK;
-            ucp_request_free(reqs[i]);
+            c->api.ucp_request_free(reqs[i]);
             reqs[i] = NULL;
             pending--;
         }
@@ -238,14 +239,19 @@ lmc_p2p_ucx_client *lmc_p2p_ucx_client_open(const lmc_p2p_chan_client_opts *o, c
         c->o.max_items = 65536;
     if (!c->o.max_request_bytes)
         c->o.max_request_bytes = 1ull << 30;
+    if (lmc_p2p_ucx_api_load(&c->api, err, errlen)) {
+        free(c);
+        return NULL;
+    }
     ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_RMA};
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_SINGLE};
-    ucs_status_t st = ucp_init(&p, NULL, &c->ctx);
-    if (st == UCS_OK && (st = ucp_worker_create(c->ctx, &wp, &c->worker)) != UCS_OK)
-        ucp_cleanup(c->ctx);
+    ucs_status_t st = c->api.ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, &p, NULL, &c->ctx);
+    if (st == UCS_OK && (st = c->api.ucp_worker_create(c->ctx, &wp, &c->worker)) != UCS_OK)
+        c->api.ucp_cleanup(c->ctx);
     if (st != UCS_OK) {
-        snprintf(err, errlen, "p2p channel (ucx): %s", ucs_status_string(st));
+        snprintf(err, errlen, "p2p channel (ucx): %s", c->api.ucs_status_string(st));
+        lmc_p2p_ucx_api_unload(&c->api);
         free(c);
         return NULL;
     }
@@ -259,8 +265,9 @@ void lmc_p2p_ucx_client_close(lmc_p2p_ucx_client *c)
         return;
     disconnect(c);
     if (c->worker)
-        ucp_worker_destroy(c->worker);
-    ucp_cleanup(c->ctx);
+        c->api.ucp_worker_destroy(c->worker);
+    c->api.ucp_cleanup(c->ctx);
+    lmc_p2p_ucx_api_unload(&c->api);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }

@@ -13,12 +13,13 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <ucp/api/ucp.h>
 
 #include "p2p/p2p_io.h"
+#include "p2p/p2p_ucx_api.h"
 #include "p2p/p2p_ucx_wire.h"
 
 struct lmc_p2p_ucx_server {
+    lmc_p2p_ucx_api api;
     int listen_fd, port, io_timeout_ms;
     int stop_pipe[2];
     pthread_t th;
@@ -43,11 +44,11 @@ static void *server_main(void *arg)
 {
     lmc_p2p_ucx_server *s = arg;
     int efd = -1;
-    ucp_worker_get_efd(s->worker, &efd);
+    s->api.ucp_worker_get_efd(s->worker, &efd);
     for (;;) {
-        while (ucp_worker_progress(s->worker)) {
+        while (s->api.ucp_worker_progress(s->worker)) {
         }
-        if (ucp_worker_arm(s->worker) == UCS_ERR_BUSY)
+        if (s->api.ucp_worker_arm(s->worker) == UCS_ERR_BUSY)
             continue;
         struct pollfd pf[3] = {{.fd = s->stop_pipe[0], .events = POLLIN},
                                {.fd = s->listen_fd, .events = POLLIN},
@@ -76,35 +77,36 @@ static int ucx_setup(lmc_p2p_ucx_server *s, const lmc_p2p_chan_server_opts *o, c
     size_t rkey_len = 0;
     ucp_address_t *addr = NULL;
     size_t addr_len = 0;
-    ucs_status_t st = ucp_init(&p, NULL, &s->ctx);
-    if (st == UCS_OK && (st = ucp_worker_create(s->ctx, &wp, &s->worker)) == UCS_OK &&
-        (st = ucp_mem_map(s->ctx, &mp, &s->memh)) == UCS_OK &&
-        (st = ucp_rkey_pack(s->ctx, s->memh, &rkey, &rkey_len)) == UCS_OK &&
-        (st = ucp_worker_get_address(s->worker, &addr, &addr_len)) == UCS_OK) {
+    ucs_status_t st = s->api.ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, &p, NULL, &s->ctx);
+    if (st == UCS_OK && (st = s->api.ucp_worker_create(s->ctx, &wp, &s->worker)) == UCS_OK &&
+        (st = s->api.ucp_mem_map(s->ctx, &mp, &s->memh)) == UCS_OK &&
+        (st = s->api.ucp_rkey_pack(s->ctx, s->memh, &rkey, &rkey_len)) == UCS_OK &&
+        (st = s->api.ucp_worker_get_address(s->worker, &addr, &addr_len)) == UCS_OK) {
         s->blob = lmc_p2p_ucx_wire_blob((uintptr_t)o->arena, o->arena_size, addr, addr_len,
                                         rkey, rkey_len, &s->blob_len);
         if (!s->blob)
             st = UCS_ERR_NO_MEMORY;
     }
     if (rkey)
-        ucp_rkey_buffer_release(rkey);
+        s->api.ucp_rkey_buffer_release(rkey);
     if (addr)
-        ucp_worker_release_address(s->worker, addr);
+        s->api.ucp_worker_release_address(s->worker, addr);
     if (st != UCS_OK)
         snprintf(err, errlen, "p2p channel (ucx): %s (UCX_TLS and the other UCX_ variables "
-                 "choose the transports)", ucs_status_string(st));
+                 "choose the transports)", s->api.ucs_status_string(st));
     return st == UCS_OK ? 0 : -1;
 }
 
 static void ucx_teardown(lmc_p2p_ucx_server *s)
 {
     if (s->memh)
-        ucp_mem_unmap(s->ctx, s->memh);
+        s->api.ucp_mem_unmap(s->ctx, s->memh);
     if (s->worker)
-        ucp_worker_destroy(s->worker);
+        s->api.ucp_worker_destroy(s->worker);
     if (s->ctx)
-        ucp_cleanup(s->ctx);
+        s->api.ucp_cleanup(s->ctx);
     free(s->blob);
+    lmc_p2p_ucx_api_unload(&s->api);
 }
 
 lmc_p2p_ucx_server *lmc_p2p_ucx_server_start(const lmc_p2p_chan_server_opts *o, char *err,
@@ -121,6 +123,10 @@ lmc_p2p_ucx_server *lmc_p2p_ucx_server_start(const lmc_p2p_chan_server_opts *o, 
     }
     s->listen_fd = s->stop_pipe[0] = s->stop_pipe[1] = -1;
     s->io_timeout_ms = o->io_timeout_ms > 0 ? o->io_timeout_ms : 30000;
+    if (lmc_p2p_ucx_api_load(&s->api, err, errlen)) {
+        free(s);
+        return NULL;
+    }
     if (ucx_setup(s, o, err, errlen))
         goto fail;
     if (pipe2(s->stop_pipe, O_CLOEXEC)) {
