@@ -56,7 +56,14 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-static pid_t child_channel_server(const uint8_t *arena, size_t size, int *port)
+typedef struct {
+    const uint8_t *arena;
+    size_t size;
+} served;
+
+/* A child that runs start(arg), a server whose port it returns (-1:
+ * failed), sends the port back and waits to be killed. */
+static pid_t child_server(int (*start)(const served *), const served *arg, int *port)
 {
     int p[2];
     if (pipe(p))
@@ -64,13 +71,7 @@ static pid_t child_channel_server(const uint8_t *arena, size_t size, int *port)
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        lmc_p2p_chan_server_opts o = {.listen_url = "127.0.0.1:0", .arena = arena,
-                                      .arena_size = size};
-        char err[256];
-        lmc_p2p_chan_server *s = lmc_p2p_chan_server_start(&o, err, sizeof err);
-        int pt = s ? lmc_p2p_chan_server_port(s) : -1;
-        if (!s)
-            fprintf(stderr, "%s\n", err);
+        int pt = start(arg);
         if (write(p[1], &pt, sizeof pt) != sizeof pt)
             _exit(1);
         for (;;)
@@ -81,6 +82,28 @@ static pid_t child_channel_server(const uint8_t *arena, size_t size, int *port)
         exit(1);
     close(p[0]);
     return pid;
+}
+
+static int start_tcp(const served *a)
+{
+    lmc_p2p_chan_server_opts o = {.listen_url = "127.0.0.1:0", .arena = a->arena,
+                                  .arena_size = a->size};
+    char err[256];
+    lmc_p2p_chan_server *s = lmc_p2p_chan_server_start(&o, err, sizeof err);
+    if (!s)
+        fprintf(stderr, "%s\n", err);
+    return s ? lmc_p2p_chan_server_port(s) : -1;
+}
+
+static int start_ucx(const served *a)
+{
+    lmc_p2p_chan_server_opts o = {.listen_url = "127.0.0.1:0", .arena = a->arena,
+                                  .arena_size = a->size};
+    char err[256];
+    lmc_p2p_ucx_server *s = lmc_p2p_ucx_server_start(&o, err, sizeof err);
+    if (!s)
+        fprintf(stderr, "%s\n", err);
+    return s ? lmc_p2p_ucx_server_port(s) : -1;
 }
 
 /* The baseline's sender: for every byte it reads, sends the whole arena,
@@ -160,29 +183,8 @@ static void ucx_rounds(const char *tls, const uint8_t *arena, size_t size, lmc_p
                        size_t n, bool *ok, uint8_t *dst, int rounds, double *t)
 {
     setenv("UCX_TLS", tls, 1);
-    int p[2];
-    if (pipe(p))
-        exit(1);
-    pid_t pid = fork();
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        lmc_p2p_chan_server_opts o = {.listen_url = "127.0.0.1:0", .arena = arena,
-                                      .arena_size = size};
-        char err[256];
-        lmc_p2p_ucx_server *s = lmc_p2p_ucx_server_start(&o, err, sizeof err);
-        int pt = s ? lmc_p2p_ucx_server_port(s) : -1;
-        if (!s)
-            fprintf(stderr, "%s\n", err);
-        if (write(p[1], &pt, sizeof pt) != sizeof pt)
-            _exit(1);
-        for (;;)
-            pause();
-    }
-    close(p[1]);
     int port;
-    if (read(p[0], &port, sizeof port) != sizeof port || port <= 0)
-        exit(1);
-    close(p[0]);
+    pid_t pid = child_server(start_ucx, &(served){arena, size}, &port);
     char url[64], err[256];
     snprintf(url, sizeof url, "127.0.0.1:%d", port);
     lmc_p2p_chan_client_opts co = {.url = url, .max_request_bytes = size};
@@ -243,7 +245,7 @@ int main(int argc, char **argv)
         arena[i] = (uint8_t)(i * 2654435761u >> 13);
     memset(dst, 1, size);
     int cport, pport;
-    pid_t cpid = child_channel_server(arena, size, &cport);
+    pid_t cpid = child_server(start_tcp, &(served){arena, size}, &cport);
     pid_t ppid = child_plain_sender(arena, size, &pport);
     char url[64], err[256];
     snprintf(url, sizeof url, "127.0.0.1:%d", cport);

@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #define ARENA_SIZE (64ull << 20)
 
@@ -37,6 +40,33 @@ static inline double now_s(void)
 static inline void sleep_ms(long ms)
 {
     nanosleep(&(struct timespec){.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000}, NULL);
+}
+
+/* Forks a child that runs start(arg), which starts a server and returns its
+ * port (-1: failed), sends that port to the parent and waits to be killed
+ * (by the parent, or with it).  The child's pid; *port is -1 when it
+ * failed. */
+static inline pid_t spawn_port_child(int (*start)(void *), void *arg, int *port)
+{
+    int p[2];
+    *port = -1;
+    if (pipe(p))
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(p[0]);
+        int pt = start(arg);
+        if (write(p[1], &pt, sizeof pt) != sizeof pt)
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    close(p[1]);
+    if (pid > 0 && read(p[0], port, sizeof *port) != sizeof *port)
+        *port = -1;
+    close(p[0]);
+    return pid;
 }
 
 #endif

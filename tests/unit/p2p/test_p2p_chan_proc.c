@@ -24,31 +24,21 @@
 
 static uint8_t *g_arena;
 
-/* A child serving the arena; its port comes back on a pipe, and it ends
- * when the parent kills it. */
+/* In the child: the tcp server over the arena, its port. */
+static int start_tcp(void *arg)
+{
+    (void)arg;
+    lmc_p2p_chan_server_opts o = {.listen_url = "127.0.0.1:0", .arena = g_arena,
+                                  .arena_size = ARENA_SIZE};
+    char err[256];
+    lmc_p2p_chan_server *s = lmc_p2p_chan_server_start(&o, err, sizeof err);
+    return s ? lmc_p2p_chan_server_port(s) : -1;
+}
+
 static pid_t spawn_server(int *port)
 {
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);   /* a failed assertion in the parent ends it too */
-        close(p[0]);
-        lmc_p2p_chan_server_opts o = {.listen_url = "127.0.0.1:0", .arena = g_arena,
-                                      .arena_size = ARENA_SIZE};
-        char err[256];
-        lmc_p2p_chan_server *s = lmc_p2p_chan_server_start(&o, err, sizeof err);
-        int port_c = s ? lmc_p2p_chan_server_port(s) : -1;
-        if (write(p[1], &port_c, sizeof port_c) != sizeof port_c)
-            _exit(1);
-        for (;;)
-            pause();
-    }
-    close(p[1]);
-    assert_int_equal(read(p[0], port, sizeof *port), sizeof *port);
-    close(p[0]);
-    assert_true(*port > 0);
+    pid_t pid = spawn_port_child(start_tcp, NULL, port);
+    assert_true(pid > 0 && *port > 0);
     return pid;
 }
 

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -21,39 +20,25 @@
 
 static uint8_t *g_arena;
 
-static pid_t spawn_ucx_server(int *port)
+/* In the child: the ucx server over the arena, its bootstrap port. */
+static int start_ucx(void *arg)
 {
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        close(p[0]);
-        lmc_p2p_chan_server_opts o = {.listen_url = "127.0.0.1:0", .arena = g_arena,
-                                      .arena_size = ARENA_SIZE};
-        char err[256];
-        lmc_p2p_ucx_server *s = lmc_p2p_ucx_server_start(&o, err, sizeof err);
-        if (!s)
-            fprintf(stderr, "%s\n", err);
-        int pt = s ? lmc_p2p_ucx_server_port(s) : -1;
-        if (write(p[1], &pt, sizeof pt) != sizeof pt)
-            _exit(1);
-        for (;;)
-            pause();
-    }
-    close(p[1]);
-    assert_int_equal(read(p[0], port, sizeof *port), sizeof *port);
-    close(p[0]);
-    assert_true(*port > 0);
-    return pid;
+    (void)arg;
+    lmc_p2p_chan_server_opts o = {.listen_url = "127.0.0.1:0", .arena = g_arena,
+                                  .arena_size = ARENA_SIZE};
+    char err[256];
+    lmc_p2p_ucx_server *s = lmc_p2p_ucx_server_start(&o, err, sizeof err);
+    if (!s)
+        fprintf(stderr, "%s\n", err);
+    return s ? lmc_p2p_ucx_server_port(s) : -1;
 }
 
 static void reads_over(const char *tls)
 {
     setenv("UCX_TLS", tls, 1);
     int port;
-    pid_t pid = spawn_ucx_server(&port);
+    pid_t pid = spawn_port_child(start_ucx, NULL, &port);
+    assert_true(pid > 0 && port > 0);
     char url[64], err[256];
     snprintf(url, sizeof url, "127.0.0.1:%d", port);
     lmc_p2p_chan_client_opts co = {.url = url};
