@@ -13,7 +13,7 @@ RUN_ARGS     ?=
 # What building and running need...
 DEB_BUILD := build-essential cmake pkg-config libzmq3-dev libmsgpack-dev \
 	libjansson-dev libmicrohttpd-dev libssl-dev libcurl4-openssl-dev libsqlite3-dev \
-	librust-blake3-dev libcmocka-dev
+	librust-blake3-dev libcmocka-dev libucx-dev
 # What the packaging tests use (tests/packaging/, docs/deploy.md):
 # dpkg's tools and lintian for the .deb, help2man for its manual pages,
 # systemd-analyze (and man, which it runs for Documentation=) for the
@@ -101,6 +101,7 @@ bench: build deps-test
 	./$(BUILD_DIR)/l2_bench --dir $(BUILD_DIR)/l2_bench.dir --odirect
 	./$(BUILD_DIR)/l2_lookup_bench --dir $(BUILD_DIR)/l2_lookup_bench.dir
 	./bench/l2_net_bench.sh 3 $(BUILD_DIR)/l2_bench
+	./$(BUILD_DIR)/p2p_chan_bench --chunks 256 --rounds 10
 
 # lmcached beside upstream LMCache's own server, one workload, one run
 # (bench/upstream_bench.py, BENCHMARKS.md).  Upstream's server needs PyPI's
@@ -144,7 +145,7 @@ alloc-fault: deps
 # libFuzzer over every fuzz/ target, FUZZ_SECONDS each, starting from a copy
 # of the checked-in corpus (docs/fuzzing.md).  Findings land in build-fuzz/.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := ipc_key msgpack object_key l2_json config_file rpc http pickle kv_geometry coord_events
+FUZZ_TARGETS := ipc_key msgpack object_key l2_json config_file rpc http pickle kv_geometry coord_events p2p_wire
 fuzz: deps
 	$(call install_missing,clang libclang-rt-14-dev)
 	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DLMC_FUZZ=ON

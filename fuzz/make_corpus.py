@@ -423,7 +423,41 @@ def l2_usage():
         write("coord_events", name, json.dumps(b))
 
 
+def p2p_wire():
+    """fuzz_p2p_wire: byte 0 even, a client's bytes to the server (its
+    arena is 4 KiB, 16 items a request); odd, a server's answer to the
+    client's three-item read of 1, 17 and 100 bytes (docs/p2p.md)."""
+    import struct
+    magic = b"LMTCP001"
+
+    def req(rid, items):
+        return struct.pack("<III", 1, rid, len(items)) + b"".join(
+            struct.pack("<qq", o, n) for o, n in items)
+
+    def resp(rid, n, mask, body):
+        return struct.pack("<IIII", 2, rid, n, (n + 7) // 8) + bytes([mask]) + body
+
+    write("p2p_wire", "server_two_requests",
+          b"\0" + magic + req(1, [(0, 16), (64, 100)]) + req(2, [(4000, 96), (1, 8)]))
+    write("p2p_wire", "server_refusals",
+          b"\0" + magic + req(3, [(4090, 16), (-1, 4), (2, 1 << 62), (0, 0), (10, 2)]))
+    write("p2p_wire", "server_bad_magic", b"\0LMTCP002" + req(1, [(0, 1)]))
+    write("p2p_wire", "server_too_many", b"\0" + magic + req(1, [(0, 1)] * 17))
+    write("p2p_wire", "server_short_items", b"\0" + magic + req(1, [(0, 1), (8, 8)])[:30])
+    body = bytes(range(118))
+    write("p2p_wire", "client_all", b"\1" + magic + resp(0, 3, 0x7, body))
+    write("p2p_wire", "client_some", b"\1" + magic + resp(0, 3, 0x5, body[:101]))
+    write("p2p_wire", "client_wrong_id", b"\1" + magic + resp(9, 3, 0x7, body))
+    write("p2p_wire", "client_short", b"\1" + magic + resp(0, 3, 0x7, body[:50]))
+    write("p2p_wire", "client_bad_magic", b"\1LMTCPXXX" + resp(0, 3, 0x7, body))
+    # The ucx engine's bootstrap answer (docs/p2p.md, "ucx"), as a client
+    # would read it: base, size, worker address and remote key lengths.
+    write("p2p_wire", "ucx_bootstrap",
+          b"\1LMUCX001" + struct.pack("<QQII", 1 << 40, 1 << 30, 5, 3) + b"addrsrk")
+
+
 if __name__ == "__main__":
+    p2p_wire()
     coord_events()
     pickles()
     http_requests()
