@@ -311,7 +311,8 @@ static void log_l1_ready(lmc_storage_manager *sm)
     lmc_l1_stats st;
     lmc_l1_manager_stats(sm->l1, &st);
     const char *where = d->shm_name[0] ? "shm " : "private memory";
-    if (sm->shm_short[0]) /* only create_l1 wrote it so far: no lock needed yet */
+    char why[sizeof sm->shm_short];
+    if (lmc_storage_manager_l1_short(sm, why, sizeof why)) /* the grower may write it */
         LMC_WARN("L1: %llu bytes configured but only %llu usable (%s%s, /dev/shm is too small: "
                  "enlarge it, docker: --shm-size), eviction %s",
                  (unsigned long long)d->size, (unsigned long long)st.committed_bytes, where,
