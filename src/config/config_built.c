@@ -21,7 +21,6 @@ typedef struct {
 static bool wants_blend(const lmc_config *c) { return strcmp(c->mp.engine_type, "default") != 0; }
 static bool wants_segmented(const lmc_config *c) { return c->mp.enable_segmented_prefix; }
 static bool wants_scripts(const lmc_config *c) { return c->mp.script_allowed_imports.count > 0; }
-static bool wants_p2p(const lmc_config *c) { return c->p2p.advertise_url[0] != '\0'; }
 static bool wants_trace_level(const lmc_config *c) { return c->obs.trace_level != NULL; }
 static bool wants_trace_output(const lmc_config *c) { return c->obs.trace_output != NULL; }
 static bool wants_extra_logging(const lmc_config *c) { return c->obs.enable_extra_logging; }
@@ -36,9 +35,6 @@ static const unbuilt_feature unbuilt[] = {
     {"--script-allowed-imports", wants_scripts,
      "lmcached serves no /run_script route (docs/http.md), so there is nothing to import into",
      "lmcached serves no /run_script route: any value is refused at start."},
-    {"--p2p-advertise-url", wants_p2p, "P2P between servers is not built into this version",
-     "P2P is not built into this version: a non-empty URL is refused at start (the other "
-     "--p2p-* flags are parsed and unused)."},
     {"--trace-level", wants_trace_level,
      "replayable trace recording (--trace-level, --trace-output) is not built into this version",
      REFUSED},

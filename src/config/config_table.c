@@ -142,7 +142,7 @@ static const lmc_config_flag flags[] = {
      .help = "Seconds to wait for a peer transfer to finish."},
     {.name = "p2p-transfer-engine", .group = LMC_FG_P2P, .kind = LMC_FK_STR,
      AT(p2p.transfer_engine), .def = "nixl", .json_name = "p2p_transfer_engine",
-     .help = "Transfer channel engine (nixl, verbs)."},
+     .help = "Transfer channel engine: tcp, ucx (nixl and verbs: served by ucx)."},
     {.name = "p2p-rdma-device", .group = LMC_FG_P2P, .kind = LMC_FK_STR,
      AT(p2p.rdma_device), .def = "", .json_name = "p2p_rdma_device",
      .help = "verbs: comma list of unique HCA names (required for verbs)."},

@@ -121,8 +121,7 @@ static int create_modules(lmc_server *s, char *err, size_t errlen)
     return 0;
 }
 
-/* The state of def's instance, or NULL when the configuration left it out. */
-static void *state_of(const lmc_server *s, const lmc_module_def *def)
+void *lmc_server_module_state(const lmc_server *s, const lmc_module_def *def)
 {
     for (size_t i = 0; i < s->n_modules; i++)
         if (s->modules[i].def == def)
@@ -134,7 +133,7 @@ void lmc_server_add_module_routes(lmc_server *s)
 {
     for (size_t i = 0; i < N_MODULES; i++) {
         const lmc_module_def *def = all_modules[i];
-        if (def->register_http && def->register_http(state_of(s, def), s->routes) != 0)
+        if (def->register_http && def->register_http(lmc_server_module_state(s, def), s->routes) != 0)
             LMC_WARN("module %s: HTTP routes not added (the route table is full)", def->name);
     }
 }
@@ -143,7 +142,7 @@ int lmc_server_add_module_metrics(lmc_server *s)
 {
     for (size_t i = 0; i < N_MODULES; i++) {
         const lmc_module_def *def = all_modules[i];
-        if (def->register_metrics && def->register_metrics(state_of(s, def), s->metrics) != 0)
+        if (def->register_metrics && def->register_metrics(lmc_server_module_state(s, def), s->metrics) != 0)
             return -1;
     }
     return 0;
@@ -185,7 +184,8 @@ int lmc_server_new(const lmc_config *cfg, lmc_server **out, char *err, size_t er
     }
     s->cfg = cfg;
     char url[512];
-    if (resolve_bind_url(cfg->mp.host, cfg->mp.port, url, sizeof url, err, errlen) != 0) {
+    if (lmc_server_check_p2p(cfg, err, errlen) != 0 ||
+        resolve_bind_url(cfg->mp.host, cfg->mp.port, url, sizeof url, err, errlen) != 0) {
         free(s);
         return -1;
     }
@@ -199,7 +199,8 @@ int lmc_server_new(const lmc_config *cfg, lmc_server **out, char *err, size_t er
     /* Bind first: a busy port fails before any memory is committed. */
     if (lmc_rpc_server_new(&ro, &s->rpc, err, errlen) != 0 ||
         lmc_server_start_frontends(s, err, errlen) != 0 ||
-        create_services(s, err, errlen) != 0 || create_modules(s, err, errlen) != 0) {
+        create_services(s, err, errlen) != 0 || create_modules(s, err, errlen) != 0 ||
+        lmc_server_start_p2p(s, err, errlen) != 0) {
         lmc_server_free(s);
         return -1;
     }
@@ -269,6 +270,7 @@ void lmc_server_free(lmc_server *s)
     lmc_server_stop_frontends(s); /* no HTTP callback runs after this */
     if (s->rpc)
         lmc_rpc_server_join_workers(s->rpc);
+    lmc_server_stop_p2p(s); /* its may_read reads the p2p_serve module's state */
     for (size_t i = s->n_modules; i-- > 0;)
         s->modules[i].def->close(s->modules[i].state);
     lmc_rpc_server_free(s->rpc);

@@ -40,6 +40,8 @@ struct lmc_server {
     atomic_bool ready;           /* HTTP answers 503 until modules are up */
     struct lmc_warm_prefetch *warm; /* HTTP warm prefetch (/cache/prefetches) */
     struct lmc_fleet *fleet;     /* --coordinator-url (docs/fleet.md); NULL when unset */
+    struct lmc_p2p_chan_server *p2p_tcp; /* --p2p-advertise-url, tcp engine; else NULL */
+    struct lmc_p2p_ucx_server *p2p_ucx;  /* --p2p-advertise-url, ucx engine; else NULL */
 };
 
 /* Metrics registry and HTTP listener; before storage so that a busy HTTP
@@ -63,6 +65,15 @@ int lmc_server_add_kv_routes(lmc_server *s, lmc_http_routes *routes);
 /* Stops the runtime plugins, the OTLP exporter (after a last export) and
  * the HTTP listeners (no callback runs after it returns). */
 void lmc_server_stop_frontends(lmc_server *s);
+/* The state of def's instance, or NULL when the configuration left it out. */
+void *lmc_server_module_state(const lmc_server *s, const lmc_module_def *def);
+/* P2P (server_p2p.c, docs/p2p.md "Running the channel").  check: before
+ * any thread starts, refuses an engine or --p2p-rdma-* value that cannot be
+ * honoured.  start: after the modules, the channel server over the L1
+ * arena.  stop: before the modules and the storage go.  0 or -1. */
+int lmc_server_check_p2p(const lmc_config *cfg, char *err, size_t errlen);
+int lmc_server_start_p2p(lmc_server *s, char *err, size_t errlen);
+void lmc_server_stop_p2p(lmc_server *s);
 /* After the event bus is freed: the subscribers' state and the registry. */
 void lmc_server_free_metrics(lmc_server *s);
 

@@ -306,8 +306,6 @@ def test_bad_flags_exit_2_with_a_message_naming_the_flag():
         (["--engine-type", "blend"], "--engine-type"),
         # The coordinator is only used with the HTTP frontend (docs/fleet.md).
         (["--coordinator-url", "http://127.0.0.1:9", "--no-http"], "--coordinator-url"),
-        (["--p2p-advertise-url", "127.0.0.1:7000", "--coordinator-url", "http://127.0.0.1:9"],
-         "--p2p-advertise-url"),
         (["--enable-segmented-prefix"], "--enable-segmented-prefix"),
         (["--script-allowed-imports", "os"], "--script-allowed-imports"),
         (["--trace-level", "events"], "--trace-level"),

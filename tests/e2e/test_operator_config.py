@@ -158,7 +158,7 @@ def test_help_fits_a_terminal_and_says_which_flags_are_refused():
         elif line.startswith("        ") and blocks:
             blocks[flag] += " " + line.strip()
     for flag in ("--enable-segmented-prefix", "--trace-level", "--trace-output",
-                 "--enable-extra-logging", "--script-allowed-imports", "--p2p-advertise-url"):
+                 "--enable-extra-logging", "--script-allowed-imports"):
         assert "refused at start" in blocks[flag], (flag, blocks[flag])
     assert "'blend' and 'blend_legacy' (CacheBlend) are refused at start" in \
         blocks["--engine-type"]

@@ -550,8 +550,9 @@ static void test_unbuilt_features_refused(void **state)
                    "--coordinator-url");
     expect_unbuilt(env, ARGS("--no-http"), "--coordinator-url");
     expect_unbuilt(NULL, ARGS("--no-http"), NULL);
+    /* P2P is built (docs/p2p.md, "Running the channel"). */
     expect_unbuilt(NULL, ARGS("--p2p-advertise-url", "10.0.0.1:9000", "--coordinator-url", "http://c"),
-                   "--p2p-advertise-url");
+                   NULL);
     expect_unbuilt(NULL, ARGS("--trace-level", "storage"), "--trace-level");
     expect_unbuilt(NULL, ARGS("--trace-output", "/tmp/t.bin"), "--trace-output");
     expect_unbuilt(NULL, ARGS("--enable-extra-logging"), "--enable-extra-logging");

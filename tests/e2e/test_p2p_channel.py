@@ -1,0 +1,105 @@
+"""The P2P transfer channel of a running server (docs/p2p.md, "Running
+the channel"): with --p2p-advertise-url, lmcached lends its L1 arena at
+the listen URL; a peer reads exactly the ranges leased to it with ops
+29/30 and nothing else, in upstream's LMTCP001 framing (docs/p2p.md,
+"Framing (tcp)"), read here by a client written from that table."""
+import socket
+import struct
+
+from lmc.ops import P2P_UNLOCK_OBJECTS
+from lmc.server import free_port, l2_fs_args, run_lmcached
+from test_coordinator_api import start_coordinator  # noqa: F401 (fixture)
+from test_lookup_engine_driven import CS, OBJ, chunk_bytes
+from test_p2p_serve import lock, query, store_prompt
+
+
+def recv_exact(sock, n):
+    out = bytearray()
+    while len(out) < n:
+        got = sock.recv(n - len(out))
+        assert got, "the channel closed mid-reply"
+        out += got
+    return bytes(out)
+
+
+class Channel:
+    """A tcp-engine client: handshake, then (offset, length) requests."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.sock.sendall(b"LMTCP001")
+        assert recv_exact(self.sock, 8) == b"LMTCP001"
+        self.rid = 0
+
+    def read(self, items):
+        """One request; per item its bytes, or None when refused."""
+        self.rid += 1
+        req = struct.pack("<III", 1, self.rid, len(items))
+        req += b"".join(struct.pack("<qq", off, ln) for off, ln in items)
+        self.sock.sendall(req)
+        typ, rid, n, mlen = struct.unpack("<IIII", recv_exact(self.sock, 16))
+        assert (typ, rid, n, mlen) == (2, self.rid, len(items), (len(items) + 7) // 8)
+        mask = recv_exact(self.sock, mlen)
+        return [recv_exact(self.sock, ln) if mask[i // 8] >> (i % 8) & 1 else None
+                for i, (_, ln) in enumerate(items)]
+
+    def close(self):
+        self.sock.close()
+
+
+def p2p_args(coord, port, engine="tcp"):
+    return ("--p2p-advertise-url", f"127.0.0.1:{port}", "--p2p-transfer-engine", engine,
+            "--coordinator-url", f"http://127.0.0.1:{coord.port}", "--chunk-size", str(CS))
+
+
+def test_channel_serves_leased_ranges_only(start_server, start_coordinator, tmp_path):
+    coord = start_coordinator()
+    port = free_port()
+    s = start_server(*p2p_args(coord, port), *l2_fs_args(tmp_path))
+    assert "P2P transfer channel (tcp) on 127.0.0.1:" in s.output()
+    w, toks, keys = store_prompt(s, tmp_path, 1, n_chunks=2)
+    d = s.dealer()
+    addrs = query(d, lock(d, keys[:1]))
+    ch = Channel(port)
+    leased = (addrs[0]["offset"], OBJ)
+    # keys[1] is stored but not leased: its bytes are refused.
+    other = chunk1_offset(w, toks)
+    assert ch.read([leased]) == [chunk_bytes(0, toks, 0)]
+    got = ch.read([leased, (other, OBJ), (leased[0], OBJ // 2), (1 << 62, 8)])
+    assert got == [chunk_bytes(0, toks, 0), None, chunk_bytes(0, toks, 0)[:OBJ // 2], None]
+    assert d.call(P2P_UNLOCK_OBJECTS, keys[:1]) is not None
+    assert ch.read([leased]) == [None]                 # unlocked: refused
+    ch.close()
+    d.close()
+    w.close()
+
+
+def chunk1_offset(w, toks):
+    """The arena offset of chunk 1 of toks, found in the worker's view of
+    the SHM pool (the same arena the channel lends)."""
+    body = chunk_bytes(0, toks, 1)
+    off = bytes(w.pool).find(body)
+    assert off >= 0
+    return off
+
+
+def test_unservable_engine_values_are_refused_naming_the_flag(start_coordinator):
+    coord = start_coordinator()
+    base = ("--l1-size-gb", "0.0625", "--eviction-policy", "LRU", "--port", str(free_port()),
+            "--http-port", str(free_port()))
+    for extra, flag in [
+        (("--p2p-transfer-engine", "rdma9"), "--p2p-transfer-engine"),
+        (("--p2p-transfer-engine", "verbs", "--p2p-rdma-device", "mlx5_0",
+          "--p2p-rdma-gid-index", "3"), "--p2p-rdma-gid-index"),
+        (("--p2p-transfer-engine", "verbs", "--p2p-rdma-device", "mlx5_0",
+          "--p2p-rdma-queue-depth", "64"), "--p2p-rdma-queue-depth"),
+    ]:
+        args = p2p_args(coord, free_port())[:2] + extra + p2p_args(coord, 0)[4:]
+        r = run_lmcached(*base, *args)
+        assert r.returncode == 1 and flag in r.stderr, (extra, r.returncode, r.stderr)
+    # A listen URL that is taken fails the start, naming the flag.
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        r = run_lmcached(*base, *p2p_args(coord, busy.getsockname()[1]))
+        assert r.returncode == 1 and "--p2p-listen-url" in r.stderr, r.stderr
