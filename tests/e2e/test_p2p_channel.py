@@ -103,3 +103,17 @@ def test_unservable_engine_values_are_refused_naming_the_flag(start_coordinator)
         busy.listen()
         r = run_lmcached(*base, *p2p_args(coord, busy.getsockname()[1]))
         assert r.returncode == 1 and "--p2p-listen-url" in r.stderr, r.stderr
+
+
+def test_nixl_is_served_by_the_ucx_engine(start_server, start_coordinator):
+    """Upstream's default engine name runs the ucx engine: a connection to
+    the listen URL gets its bootstrap (docs/p2p.md, "Bootstrap (ucx)")."""
+    coord = start_coordinator()
+    port = free_port()
+    s = start_server(*p2p_args(coord, port, engine="nixl"),
+                     env={"UCX_TLS": "tcp", "UCX_MEM_MMAP_HOOK_MODE": "none"})
+    out = s.output()
+    assert "--p2p-transfer-engine nixl: served by the ucx engine" in out
+    assert "P2P transfer channel (ucx) on 127.0.0.1:" in out
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+        assert recv_exact(c, 8) == b"LMUCX001"
