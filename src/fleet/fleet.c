@@ -127,6 +127,11 @@ static lmc_fleet *fleet_new(const lmc_config *cfg, int http_port, lmc_storage_ma
     c->l2_usage_on = cc->l2_event_reporting && sm;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->l2_mu, NULL);
+    pthread_mutex_init(&c->p2p_mu, NULL);
+    if (cfg->p2p.advertise_url && cfg->p2p.advertise_url[0]) {
+        snprintf(c->p2p_url, sizeof c->p2p_url, "%s", cfg->p2p.advertise_url);
+        c->mq_port = cfg->mp.port;
+    }
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -137,6 +142,8 @@ static lmc_fleet *fleet_new(const lmc_config *cfg, int http_port, lmc_storage_ma
     if (ok && cc->event_reporting && sm)
         ok = (c->events = lmc_fleet_event_batcher_new(c->configured_id, c->incarnation,
                                               COORD_EVENT_RING)) != NULL;
+    if (ok && c->p2p_url[0])
+        ok = (c->peers = calloc(COORD_P2P_PEERS_MAX, sizeof *c->peers)) != NULL;
     if (ok && c->l2_usage_on)
         ok = (c->l2_buf = malloc(COORD_L2_USAGE_MAX * sizeof *c->l2_buf)) != NULL;
     if (!ok) {
@@ -161,8 +168,11 @@ lmc_fleet *lmc_fleet_start(const lmc_config *cfg, int http_port, lmc_storage_man
     c->registrar_running = pthread_create(&c->registrar, NULL, lmc_fleet_registrar_main, c) == 0;
     if (c->events || c->l2_usage_on)
         c->reporter_running = pthread_create(&c->reporter, NULL, lmc_fleet_reporter_main, c) == 0;
-    if (!c->registrar_running)
-        LMC_ERROR("coordinator: cannot start the registrar thread");
+    if (c->p2p_url[0])
+        c->discovery_running =
+            pthread_create(&c->discovery, NULL, lmc_fleet_discovery_main, c) == 0;
+    if (!c->registrar_running || (c->p2p_url[0] && !c->discovery_running))
+        LMC_ERROR("coordinator: cannot start the registrar or P2P discovery thread");
     LMC_INFO("coordinator %s: registering every %.3g s%s%s", c->shown_url,
              c->heartbeat_interval, c->events ? ", cache events on" : "",
              c->l2_usage_on ? ", L2 usage events on" : "");
@@ -183,7 +193,9 @@ void lmc_fleet_stop(lmc_fleet *c)
     lmc_fleet_deregister(c);
     if (c->reporter_running)
         pthread_join(c->reporter, NULL);
-    c->registrar_running = c->reporter_running = false;
+    if (c->discovery_running)
+        pthread_join(c->discovery, NULL);
+    c->registrar_running = c->reporter_running = c->discovery_running = false;
     c->stopped = true;
     /* Nothing reports any more.  A listener call already under way may
      * still land in the buffer: `c` lives until lmc_fleet_free, after the
@@ -200,6 +212,7 @@ void lmc_fleet_free(lmc_fleet *c)
     if (c->l2_buf)
         fleet_drop_l2_events(c->l2_buf, c->l2_n);
     free(c->l2_buf);
+    free(c->peers);
     if (c->auth_token) {
         memset(c->auth_token, 0, strlen(c->auth_token));
         free(c->auth_token);
@@ -207,6 +220,7 @@ void lmc_fleet_free(lmc_fleet *c)
     pthread_cond_destroy(&c->wake);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->l2_mu);
+    pthread_mutex_destroy(&c->p2p_mu);
     free(c);
 }
 

@@ -32,6 +32,9 @@ void lmc_fleet_free(lmc_fleet *c);
 
 /* The "coordinator" object of /status.  New reference. */
 json_t *lmc_fleet_status(lmc_fleet *c);
+/* {p2p_enabled, p2p_state, p2p_peer_count, p2p_peers, p2p_discovery} for
+ * /status (docs/p2p.md, "Discovery"); c may be NULL (P2P off). */
+json_t *lmc_fleet_p2p_status(lmc_fleet *c);
 /* lmc_metrics_collect_fn: the lmcache_mp_coordinator_* families
  * (docs/metrics.md); `user` is the lmc_fleet. */
 void lmc_fleet_collect_metrics(lmc_metrics *r, void *user);

@@ -22,6 +22,20 @@
 #define COORD_EVENT_RING 65536         /* cache-event entries held at most */
 #define COORD_L2_USAGE_MAX 65536       /* L2 usage events held at most */
 #define COORD_WARN_EVERY_S 60.0        /* repeated failures: one warning a minute */
+#define COORD_P2P_PEERS_MAX 256        /* P2P peers held at most (docs/p2p.md, "Discovery") */
+#define COORD_P2P_MISS_LIMIT 3         /* polls a peer may be missing before it is dropped */
+
+enum { COORD_P2P_DISCONNECTED, COORD_P2P_UNREGISTERED, COORD_P2P_REGISTERED };
+
+/* A P2P peer as GET /instances lists it. */
+typedef struct lmc_fleet_p2p_peer {
+    char instance_id[COORD_ID_MAX];
+    char ip[256];
+    char url[1025];                /* its p2p_advertised_url */
+    int mq_port;
+    unsigned misses;               /* polls in a row that did not list it */
+    bool seen;                     /* listed by the poll under way */
+} lmc_fleet_p2p_peer;
 
 /* The older L2 usage stream's buffer (docs/fleet.md, "L2 usage stream"). */
 typedef struct l2_usage_event {
@@ -60,8 +74,8 @@ struct lmc_fleet {
     atomic_bool stop;
     pthread_mutex_t mu;            /* guards the registration state and wakes sleepers */
     pthread_cond_t wake;
-    pthread_t registrar, reporter;
-    bool registrar_running, reporter_running, stopped;
+    pthread_t registrar, reporter, discovery;
+    bool registrar_running, reporter_running, discovery_running, stopped;
 
     /* Registration state (mu). */
     char advertise_ip[64];
@@ -87,6 +101,15 @@ struct lmc_fleet {
     size_t l2_n;
     uint64_t l2_seq, l2_batches_sent, l2_batches_dropped, l2_events_dropped;
     warn_limiter l2_warn;          /* reporter thread only */
+
+    /* P2P (p2p_url "" = off); registration sends p2p_url and mq_port. */
+    char p2p_url[1025];
+    int mq_port;
+    pthread_mutex_t p2p_mu;        /* guards what follows */
+    int p2p_state;
+    lmc_fleet_p2p_peer *peers;     /* COORD_P2P_PEERS_MAX of them */
+    size_t n_peers;
+    uint64_t p2p_polls, peers_added, peers_replaced, peers_removed, peers_refused;
 };
 
 double lmc_fleet_wall_now(void);
@@ -103,6 +126,7 @@ void lmc_fleet_describe_failure(const char *what, const lmc_fleet_reply *r, char
 void *lmc_fleet_registrar_main(void *arg);
 void lmc_fleet_deregister(lmc_fleet *c);
 void *lmc_fleet_reporter_main(void *arg);
+void *lmc_fleet_discovery_main(void *arg);
 /* Subscribes to L1 and L2 placements (reporter.c); 0 or -1. */
 int lmc_fleet_attach_sources(lmc_fleet *c);
 void lmc_fleet_detach_sources(lmc_fleet *c);

@@ -73,6 +73,7 @@ int lmc_fleet_http(const lmc_fleet_request *rq, lmc_fleet_reply *reply)
     reply->len = 0;
     reply->body[0] = '\0';
     reply->too_large = false;
+    reply->timed_out = false;
     reply->error[0] = '\0';
     CURL *c = curl_easy_init();
     struct curl_slist *headers = c ? headers_for(rq) : NULL;
@@ -82,6 +83,7 @@ int lmc_fleet_http(const lmc_fleet_request *rq, lmc_fleet_reply *reply)
     }
     set_options(c, rq, reply, headers);
     CURLcode rc = curl_easy_perform(c);
+    reply->timed_out = rc == CURLE_OPERATION_TIMEDOUT;
     if (rc == CURLE_OK)
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &reply->status);
     else if (reply->too_large)

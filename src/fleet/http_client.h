@@ -26,6 +26,7 @@ typedef struct lmc_fleet_reply {
     char body[LMC_FLEET_MAX_REPLY + 1];   /* NUL-terminated */
     size_t len;
     bool too_large;
+    bool timed_out;              /* no reply within timeout_s */
     char error[160];             /* why there is no status (never holds the token) */
 } lmc_fleet_reply;
 

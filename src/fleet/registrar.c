@@ -103,7 +103,7 @@ static json_t *registration_body(lmc_fleet *c)
     pthread_mutex_lock(&c->mu);
     json_t *body = json_pack("{s:s, s:s, s:i, s:s, s:i}", "instance_id", c->configured_id, "ip",
                              c->advertise_ip, "http_port", c->http_port, "p2p_advertised_url",
-                             "", "mq_port", 0);
+                             c->p2p_url, "mq_port", c->mq_port);
     pthread_mutex_unlock(&c->mu);
     return body;
 }

@@ -259,6 +259,7 @@ json_t *lmc_server_report_status(lmc_server *s)
                                   (json_int_t)lmc_key_interner_evicted(s->ctx.interner)));
     if (s->fleet)
         json_object_set_new(status, "coordinator", lmc_fleet_status(s->fleet));
+    json_object_update_new(status, lmc_fleet_p2p_status(s->fleet));
     json_object_set_new(status, "is_healthy", json_boolean(healthy));
     return status;
 }

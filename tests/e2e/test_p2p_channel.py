@@ -3,7 +3,10 @@ the channel"): with --p2p-advertise-url, lmcached lends its L1 arena at
 the listen URL; a peer reads exactly the ranges leased to it with ops
 29/30 and nothing else, in upstream's LMTCP001 framing (docs/p2p.md,
 "Framing (tcp)"), read here by a client written from that table."""
+import json
 import socket
+import time
+import urllib.request
 import struct
 
 from lmc.ops import P2P_UNLOCK_OBJECTS
@@ -117,3 +120,68 @@ def test_nixl_is_served_by_the_ucx_engine(start_server, start_coordinator):
     assert "P2P transfer channel (ucx) on 127.0.0.1:" in out
     with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
         assert recv_exact(c, 8) == b"LMUCX001"
+
+
+# ---- discovery (docs/p2p.md, "Discovery") ------------------------------------
+
+BEAT = 0.2
+
+
+def p2p_status(s):
+    with urllib.request.urlopen(f"http://127.0.0.1:{s.http_port}/status", timeout=5) as r:
+        st = json.loads(r.read())
+    return {k: v for k, v in st.items() if k.startswith("p2p_")}
+
+
+def wait_for(what, probe, timeout=15):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = probe()
+        if what(got):
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"never happened; last: {got}")
+
+
+def p2p_node(start_server, coord, name):
+    port = free_port()
+    return start_server(*p2p_args(coord, port), "--instance-id", name,
+                        "--coordinator-advertise-ip", "127.0.0.1",
+                        "--coordinator-heartbeat-interval", str(BEAT)), port
+
+
+def test_two_servers_discover_each_other(start_server, start_coordinator):
+    coord = start_coordinator()
+    a, a_port = p2p_node(start_server, coord, "node-a")
+    b, b_port = p2p_node(start_server, coord, "node-b")
+    st = wait_for(lambda st: st["p2p_peer_count"] == 1, lambda: p2p_status(a))
+    assert st["p2p_enabled"] is True and st["p2p_state"] == "registered"
+    peer = st["p2p_peers"][0]
+    assert peer == {"instance_id": "node-b", "ip": "127.0.0.1", "mq_port": b.port,
+                    "p2p_advertised_url": f"127.0.0.1:{b_port}", "misses": 0}
+    wait_for(lambda st: st["p2p_peers"] and st["p2p_peers"][0]["instance_id"] == "node-a",
+             lambda: p2p_status(b))
+    # A registration that changes its address replaces the peer; one
+    # without a channel URL or mq port is no peer.
+    fake = {"instance_id": "node-c", "ip": "127.0.0.9", "http_port": 1,
+            "p2p_advertised_url": "127.0.0.9:1", "mq_port": 7}
+    assert coord.call("POST", "/instances", fake)[0] == 200
+    wait_for(lambda st: st["p2p_peer_count"] == 2, lambda: p2p_status(a))
+    assert coord.call("POST", "/instances", dict(fake, mq_port=8))[0] == 200
+    st = wait_for(lambda st: st["p2p_discovery"]["peers_replaced"] == 1, lambda: p2p_status(a))
+    assert {p["instance_id"]: p["mq_port"] for p in st["p2p_peers"]} == {"node-b": b.port,
+                                                                        "node-c": 8}
+    assert coord.call("POST", "/instances", dict(fake, instance_id="node-d", mq_port=0))[0] == 200
+    # A peer gone from the list is dropped after more than 3 polls miss it.
+    assert coord.call("DELETE", "/instances/node-c")[0] == 204
+    t0 = time.monotonic()
+    st = wait_for(lambda st: st["p2p_peer_count"] == 1, lambda: p2p_status(a))
+    assert time.monotonic() - t0 >= 3 * BEAT
+    assert st["p2p_discovery"]["peers_removed"] == 1
+    assert [p["instance_id"] for p in st["p2p_peers"]] == ["node-b"]
+
+
+def test_status_without_p2p(start_server):
+    st = p2p_status(start_server())
+    assert st == {"p2p_enabled": False, "p2p_state": "disabled", "p2p_peer_count": 0,
+                  "p2p_peers": []}
