@@ -51,6 +51,13 @@ static const field_spec s3_fields[] = {
     {"s3_create_bucket", F_BOOL}, {"num_workers", F_INT_GT0}, {NULL, F_STR},
 };
 
+/* A peer's L1, read-only (docs/p2p.md, "Requesting side"). */
+static const field_spec p2p_fields[] = {
+    {"peer_mq_server_url", F_STR}, {"peer_transfer_channel_server_url", F_STR},
+    {"lookup_timeout", F_NUM_GE0}, {"load_timeout", F_NUM_GE0}, {"num_workers", F_INT_GT0},
+    {NULL, F_STR},
+};
+
 static const struct {
     const char *type;
     const field_spec *fields;
@@ -61,6 +68,7 @@ static const struct {
     {"fs", fs_fields, "base_path"},
     {"resp", resp_fields, NULL},
     {"s3", s3_fields, "s3_endpoint"},
+    {"p2p", p2p_fields, "peer_mq_server_url"},
 };
 #define N_L2_TYPES (sizeof l2_types / sizeof l2_types[0])
 
@@ -199,7 +207,7 @@ static int check_json(const json_t *o, bool strict, int depth, char *err, size_t
     while (t < N_L2_TYPES && strcmp(l2_types[t].type, type) != 0)
         t++;
     if (t == N_L2_TYPES && strict) {
-        snprintf(err, errlen, "unknown L2 adapter type '%s' (known: mock, fault_inject, fs, resp, s3)",
+        snprintf(err, errlen, "unknown L2 adapter type '%s' (known: mock, fault_inject, fs, resp, s3, p2p)",
                  type);
         return -1;
     }

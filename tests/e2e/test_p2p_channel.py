@@ -9,10 +9,11 @@ import time
 import urllib.request
 import struct
 
-from lmc.ops import P2P_UNLOCK_OBJECTS
+from lmc.client import lookup
+from lmc.ops import NOOP, P2P_UNLOCK_OBJECTS
 from lmc.server import free_port, l2_fs_args, run_lmcached
 from test_coordinator_api import start_coordinator  # noqa: F401 (fixture)
-from test_lookup_engine_driven import CS, OBJ, chunk_bytes
+from test_lookup_engine_driven import CS, OBJ, Worker, chunk_bytes, prompt
 from test_p2p_serve import lock, query, store_prompt
 
 
@@ -185,3 +186,49 @@ def test_status_without_p2p(start_server):
     st = p2p_status(start_server())
     assert st == {"p2p_enabled": False, "p2p_state": "disabled", "p2p_peer_count": 0,
                   "p2p_peers": []}
+
+
+# ---- the requesting side: a `p2p` L2 adapter (docs/p2p.md, "Requesting side") --
+
+def p2p_adapter_args(a, a_chan_port, **extra):
+    spec = {"type": "p2p", "peer_mq_server_url": f"tcp://127.0.0.1:{a.port}",
+            "peer_transfer_channel_server_url": f"127.0.0.1:{a_chan_port}",
+            "lookup_timeout": 3, "load_timeout": 3, **extra}
+    return ("--l2-adapter", json.dumps(spec))
+
+
+def l2_status(s):
+    with urllib.request.urlopen(f"http://127.0.0.1:{s.http_port}/status", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def test_lookup_and_retrieve_on_b_read_a_s_l1(start_server, start_coordinator):
+    coord = start_coordinator()
+    a_chan = free_port()
+    a = start_server(*p2p_args(coord, a_chan))
+    b = start_server("--chunk-size", str(CS), *p2p_adapter_args(a, a_chan))
+    wa = Worker(a, 3001, 0, world_size=1)
+    toks = prompt(5)
+    wa.store(toks, 0, 4 * CS)
+    wb = Worker(b, 3002, 0, world_size=1)
+    assert lookup(b, toks, "r1", cs=CS, world_size=1, wait=True) == 4
+    assert wb.retrieve(toks, 0, 4 * CS, "r1", world_size=1) == \
+        [chunk_bytes(0, toks, c) for c in range(4)]
+    # The leases on A went back once B's load was done.
+    wait_for(lambda st: st["leases_held"] == 0,
+             lambda: l2_status(a)["modules"]["p2p_serve"])
+    # What only B's L1 now holds is B's own: a lookup of a prompt A never
+    # stored misses on both.
+    assert lookup(b, prompt(6), "r2", cs=CS, world_size=1, wait=True) == 0
+    wa.close()
+    wb.close()
+
+
+def test_a_peer_that_is_down_is_a_miss(start_server):
+    b = start_server("--chunk-size", str(CS),
+                     *p2p_adapter_args(type("A", (), {"port": free_port()}), free_port(),
+                                       lookup_timeout=0.5))
+    assert lookup(b, prompt(7), "r1", cs=CS, world_size=1, wait=True) == 0
+    d = b.dealer()
+    assert d.call(NOOP) is not None
+    d.close()

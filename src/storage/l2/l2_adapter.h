@@ -145,6 +145,13 @@ typedef struct lmc_l2_fault_options {
     uint32_t delay_ms;
     uint64_t seed;
 } lmc_l2_fault_options;
+/* A peer lmcached's L1, read-only (docs/p2p.md, "Requesting side"). */
+typedef struct lmc_l2_p2p_options {
+    const char *peer_mq_server_url;               /* "tcp://ip:port": ops 29-31 */
+    const char *peer_transfer_channel_server_url; /* "host:port": the tcp channel */
+    double lookup_timeout_s, load_timeout_s;      /* > 0 */
+} lmc_l2_p2p_options;
+lmc_l2_backend *lmc_l2_p2p_new(const lmc_l2_p2p_options *o, char *err, size_t errlen);
 /* Takes ownership of `inner`. */
 lmc_l2_backend *lmc_l2_fault_new(lmc_l2_backend *inner, const lmc_l2_fault_options *o);
 

@@ -115,6 +115,29 @@ static lmc_l2_backend *make_s3(const json_t *o, bool evicted, size_t *num_worker
     return lmc_l2_s3_new(&so, err, errlen);
 }
 
+static double seconds_or(const json_t *o, const char *k, double def)
+{
+    const json_t *v = json_object_get(o, k);
+    return json_is_number(v) && json_number_value(v) > 0 ? json_number_value(v) : def;
+}
+
+static lmc_l2_backend *make_p2p(const json_t *o, size_t *num_workers, char *err, size_t errlen)
+{
+    const char *chan = json_string_value(json_object_get(o, "peer_transfer_channel_server_url"));
+    if (!chan || !*chan) {
+        snprintf(err, errlen, "p2p: peer_transfer_channel_server_url is required");
+        return NULL;
+    }
+    *num_workers = workers_or(o, 2);
+    lmc_l2_p2p_options po = {
+        .peer_mq_server_url = json_string_value(json_object_get(o, "peer_mq_server_url")),
+        .peer_transfer_channel_server_url = chan,
+        .lookup_timeout_s = seconds_or(o, "lookup_timeout", 30.0),
+        .load_timeout_s = seconds_or(o, "load_timeout", 30.0),
+    };
+    return lmc_l2_p2p_new(&po, err, errlen);
+}
+
 static lmc_l2_backend *make(const json_t *o, bool evicted, size_t *num_workers, char *err,
                             size_t errlen)
 {
@@ -129,6 +152,8 @@ static lmc_l2_backend *make(const json_t *o, bool evicted, size_t *num_workers, 
         return make_resp(o, evicted, num_workers, err, errlen);
     if (strcmp(type, "s3") == 0)
         return make_s3(o, evicted, num_workers, err, errlen);
+    if (strcmp(type, "p2p") == 0)
+        return make_p2p(o, num_workers, err, errlen);
     if (strcmp(type, "mock") == 0) {
         *num_workers = workers_or(o, 2);
         b = lmc_l2_mock_new(capacity_of(o));

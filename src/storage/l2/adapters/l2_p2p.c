@@ -1,0 +1,375 @@
+/* "p2p" backend: a peer lmcached's L1, read-only (docs/p2p.md, "Requesting
+ * side").  Lookup leases the leading hits on the peer (op 29, then op 30
+ * until a result or the lookup timeout) and remembers each hit's place in
+ * the peer's arena; load reads those ranges over the transfer channel into
+ * the local buffers; unlock gives the leases back (op 31, not waited for).
+ * Stores are 0-byte successes.  Every failure is a miss, never fatal. */
+#include <msgpack.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "p2p/p2p_chan.h"
+#include "rpc/client.h"
+#include "storage/key_table.h"
+#include "storage/l2/l2_adapter.h"
+
+#define OP_LOOKUP_AND_LOCK 29
+#define OP_QUERY_RESULTS 30
+#define OP_UNLOCK 31
+#define RPC_DEADLINE_MS 3000        /* one op's reply (docs/p2p.md) */
+
+typedef struct leased {
+    lmc_object_key key;             /* strings interned in p2p.interner */
+    uint64_t offset, size;          /* in the peer's arena */
+    uint32_t count;                 /* lookups that leased it, not yet unlocked */
+} leased;
+
+typedef struct p2p {
+    lmc_l2_backend base;            /* first */
+    pthread_mutex_t mu;             /* the RPC client, the table, the counters */
+    lmc_client *rpc;
+    lmc_p2p_chan_client *chan;      /* reads serialise on their own */
+    lmc_key_table table;
+    lmc_key_interner *interner;
+    char *mq_url, *chan_url;
+    int lookup_timeout_ms, load_timeout_ms;
+    uint64_t lookups, lookup_failures, hits, loads, loaded, load_failures, unlocks;
+} p2p;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+    size_t n = strlen(s);
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+/* [ObjectKey] as docs/p2p.md, "The ops", gives it. */
+static void pack_keys(msgpack_packer *pk, const lmc_object_key *keys, size_t n)
+{
+    msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < n; i++) {
+        const lmc_object_key *k = &keys[i];
+        msgpack_pack_map(pk, 5);
+        pack_str(pk, "chunk_hash");
+        msgpack_pack_bin(pk, k->chunk_hash_len);
+        msgpack_pack_bin_body(pk, k->chunk_hash, k->chunk_hash_len);
+        pack_str(pk, "model_name");
+        pack_str(pk, k->model_name);
+        pack_str(pk, "kv_rank");
+        msgpack_pack_uint32(pk, k->kv_rank);
+        pack_str(pk, "object_group_id");
+        msgpack_pack_uint32(pk, k->object_group_id);
+        pack_str(pk, "cache_salt");
+        pack_str(pk, k->cache_salt);
+    }
+}
+
+/* A reply and its unpacked form, whose strings point into the reply. */
+typedef struct answer {
+    lmc_client_reply r;
+    msgpack_unpacked u;
+} answer;
+
+static void answer_free(answer *a)
+{
+    msgpack_unpacked_destroy(&a->u);
+    lmc_client_reply_free(&a->r);
+}
+
+/* One op with one argument frame; 0 with *a filled (nil for None; the
+ * caller frees it), or -1.  Under mu. */
+static int call(p2p *p, int op, msgpack_sbuffer *arg, int timeout_ms, answer *a)
+{
+    memset(a, 0, sizeof *a);
+    msgpack_unpacked_init(&a->u);
+    if (lmc_client_call(p->rpc, op, arg, 1, timeout_ms, &a->r) == LMC_CLIENT_OK &&
+        (!a->r.has_response ||
+         msgpack_unpack_next(&a->u, (const char *)a->r.data, a->r.len, NULL) ==
+             MSGPACK_UNPACK_SUCCESS))
+        return 0;
+    answer_free(a);
+    return -1;
+}
+
+/* The lease result's list, polled until it arrives or the deadline; -1
+ * when it never did.  Under mu. */
+static int lease(p2p *p, const lmc_object_key *keys, size_t n, answer *result)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pack_keys(&pk, keys, n);
+    answer got;
+    int rc = call(p, OP_LOOKUP_AND_LOCK, &sb, RPC_DEADLINE_MS, &got);
+    msgpack_sbuffer_destroy(&sb);
+    if (rc != 0)
+        return -1;
+    bool is_id = got.u.data.type == MSGPACK_OBJECT_POSITIVE_INTEGER;
+    uint64_t task = got.u.data.via.u64;
+    answer_free(&got);
+    if (!is_id)
+        return -1;
+    double deadline = now_ms() + p->lookup_timeout_ms;
+    for (double left; (left = deadline - now_ms()) > 0;) {
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_uint64(&pk, task);
+        rc = call(p, OP_QUERY_RESULTS, &sb, left < RPC_DEADLINE_MS ? (int)left + 1
+                                                                   : RPC_DEADLINE_MS, result);
+        msgpack_sbuffer_destroy(&sb);
+        if (rc == 0 && result->u.data.type == MSGPACK_OBJECT_ARRAY &&
+            result->u.data.via.array.size == n)
+            return 0;
+        if (rc == 0)
+            answer_free(result);
+        nanosleep(&(struct timespec){0, 5000000}, NULL);   /* 5 ms between polls */
+    }
+    return -1;
+}
+
+static bool address_of(const msgpack_object *o, uint64_t *off, uint64_t *size)
+{
+    if (o->type != MSGPACK_OBJECT_MAP)
+        return false;
+    int64_t v[2] = {-1, 0};
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+        const msgpack_object_kv *kv = &o->via.map.ptr[i];
+        if (kv->key.type != MSGPACK_OBJECT_STR)
+            continue;
+        int which = kv->key.via.str.size == 6 && !memcmp(kv->key.via.str.ptr, "offset", 6) ? 0
+                    : kv->key.via.str.size == 4 && !memcmp(kv->key.via.str.ptr, "size", 4) ? 1
+                                                                                          : -1;
+        if (which >= 0 && kv->val.type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+            v[which] = (int64_t)kv->val.via.u64;
+    }
+    *off = (uint64_t)v[0];
+    *size = (uint64_t)v[1];
+    return v[0] >= 0 && v[1] > 0;
+}
+
+static int remember(p2p *p, const lmc_object_key *k, uint64_t off, uint64_t size)
+{
+    leased *it = lmc_key_table_find(&p->table, k);
+    if (it) {
+        it->offset = off;   /* the same object, or the peer moved it: the newest place */
+        it->size = size;
+        it->count++;
+        return 0;
+    }
+    it = calloc(1, sizeof *it);
+    if (!it)
+        return -1;
+    it->key = *k;
+    it->key.model_name = lmc_intern(p->interner, k->model_name, strlen(k->model_name));
+    it->key.cache_salt = lmc_intern(p->interner, k->cache_salt, strlen(k->cache_salt));
+    it->key.interned = 0;
+    it->offset = off;
+    it->size = size;
+    it->count = 1;
+    if (!it->key.model_name || !it->key.cache_salt || lmc_key_table_insert(&p->table, it) != 0) {
+        free(it);
+        return -1;
+    }
+    return 0;
+}
+
+static void send_unlock(p2p *p, const lmc_object_key *keys, size_t n)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pack_keys(&pk, keys, n);
+    lmc_client_send(p->rpc, OP_UNLOCK, &sb, 1);   /* its reply is dropped by the next call */
+    msgpack_sbuffer_destroy(&sb);
+    p->unlocks += n;
+}
+
+static void p2p_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uint64_t *sizes,
+                       size_t n, uint8_t *found)
+{
+    p2p *p = (p2p *)b;
+    memset(found, 0, n);
+    pthread_mutex_lock(&p->mu);
+    p->lookups++;
+    answer res;
+    if (n == 0 || lease(p, keys, n, &res) != 0) {
+        p->lookup_failures += n > 0;
+        pthread_mutex_unlock(&p->mu);
+        return;
+    }
+    size_t leased_n = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t off, size;
+        if (!address_of(&res.u.data.via.array.ptr[i], &off, &size))
+            break;
+        leased_n = i + 1;
+        if ((sizes && sizes[i] != size) || remember(p, &keys[i], off, size) != 0)
+            break;
+        found[i] = 1;
+        p->hits++;
+    }
+    answer_free(&res);
+    /* Leased on the peer but not taken here (a size this server would not
+     * accept, no memory): given back at once. */
+    size_t taken = 0;
+    while (taken < n && found[taken])
+        taken++;
+    if (leased_n > taken)
+        send_unlock(p, keys + taken, leased_n - taken);
+    memset(found + taken, 0, n - taken);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void p2p_load(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
+                     const uint64_t *sizes, size_t n, uint8_t *ok)
+{
+    p2p *p = (p2p *)b;
+    memset(ok, 0, n);
+    lmc_p2p_chan_item *items = calloc(n ? n : 1, sizeof *items);
+    size_t *which = calloc(n ? n : 1, sizeof *which);
+    bool *got = calloc(n ? n : 1, sizeof *got);
+    size_t m = 0;
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; items && which && got && i < n; i++) {
+        const leased *it = lmc_key_table_find(&p->table, &keys[i]);
+        if (it && it->size == sizes[i]) {
+            items[m] = (lmc_p2p_chan_item){it->offset, it->size, bufs[i]};
+            which[m++] = i;
+        }
+    }
+    p->loads++;
+    pthread_mutex_unlock(&p->mu);
+    size_t read = m ? lmc_p2p_chan_client_read(p->chan, items, m, p->load_timeout_ms, got) : 0;
+    uint64_t bytes = 0;
+    for (size_t j = 0; j < m; j++) {
+        ok[which[j]] = got[j];
+        bytes += got[j] ? items[j].len : 0;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->loaded += bytes;
+    p->load_failures += n - read;
+    pthread_mutex_unlock(&p->mu);
+    free(items);
+    free(which);
+    free(got);
+}
+
+static void p2p_unlock(lmc_l2_backend *b, const lmc_object_key *keys, size_t n)
+{
+    p2p *p = (p2p *)b;
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; i < n; i++) {
+        leased *it = lmc_key_table_find(&p->table, &keys[i]);
+        if (it && --it->count == 0)
+            free(lmc_key_table_remove(&p->table, &keys[i]));
+    }
+    if (n)
+        send_unlock(p, keys, n);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static int64_t p2p_store(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
+                         const uint64_t *sizes, size_t n)
+{
+    (void)b, (void)keys, (void)bufs, (void)sizes, (void)n;
+    return 0;   /* read-only: a store is a 0-byte success (docs/p2p.md) */
+}
+
+static size_t p2p_remove(lmc_l2_backend *b, const lmc_object_key *keys, size_t n)
+{
+    (void)b, (void)keys, (void)n;
+    return 0;
+}
+
+static void p2p_usage(lmc_l2_backend *b, lmc_l2_usage *u)
+{
+    (void)b;
+    *u = (lmc_l2_usage){0};
+}
+
+static void p2p_list(lmc_l2_backend *b, const char *model, json_t *entries)
+{
+    (void)b, (void)model, (void)entries;   /* the peer's keys are not ours to list */
+}
+
+static json_t *p2p_status(lmc_l2_backend *b)
+{
+    p2p *p = (p2p *)b;
+    pthread_mutex_lock(&p->mu);
+    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "peer_mq_server_url",
+                          p->mq_url, "peer_transfer_channel_server_url", p->chan_url, "lookups",
+                          (json_int_t)p->lookups, "lookup_failures",
+                          (json_int_t)p->lookup_failures, "hits", (json_int_t)p->hits, "loads",
+                          (json_int_t)p->loads, "loaded_bytes", (json_int_t)p->loaded,
+                          "load_failures", (json_int_t)p->load_failures, "unlocks",
+                          (json_int_t)p->unlocks);
+    pthread_mutex_unlock(&p->mu);
+    return o;
+}
+
+static void p2p_destroy(lmc_l2_backend *b)
+{
+    p2p *p = (p2p *)b;
+    for (size_t i = 0; i < p->table.capacity; i++)
+        free(lmc_key_table_slot_item(&p->table, i));
+    lmc_key_table_destroy(&p->table);
+    lmc_key_interner_free(p->interner);
+    if (p->chan)
+        lmc_p2p_chan_client_close(p->chan);
+    if (p->rpc)
+        lmc_client_close(p->rpc);
+    free(p->mq_url);
+    free(p->chan_url);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+static const lmc_l2_backend_ops p2p_ops = {
+    p2p_store, p2p_lookup, p2p_load, p2p_unlock, p2p_remove, p2p_usage, p2p_list, p2p_status,
+    p2p_destroy, NULL, /* nothing of ours to recover */
+    NULL,              /* a peer that is down is a miss, not an unhealthy tier */
+};
+
+lmc_l2_backend *lmc_l2_p2p_new(const lmc_l2_p2p_options *o, char *err, size_t errlen)
+{
+    p2p *p = calloc(1, sizeof *p);
+    if (!p) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    p->base = (lmc_l2_backend){&p2p_ops, "p2p", 0};
+    pthread_mutex_init(&p->mu, NULL);
+    p->lookup_timeout_ms = (int)(o->lookup_timeout_s * 1000);
+    p->load_timeout_ms = (int)(o->load_timeout_s * 1000);
+    p->mq_url = strdup(o->peer_mq_server_url);
+    p->chan_url = strdup(o->peer_transfer_channel_server_url);
+    p->interner = lmc_key_interner_new();
+    lmc_p2p_chan_client_opts co = {.url = o->peer_transfer_channel_server_url};
+    if (!p->mq_url || !p->chan_url || !p->interner ||
+        lmc_key_table_init(&p->table, offsetof(leased, key), 64) != 0) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    p->chan = lmc_p2p_chan_client_open(&co, err, errlen);
+    p->rpc = p->chan ? lmc_client_connect(o->peer_mq_server_url) : NULL;
+    if (p->chan && !p->rpc)
+        snprintf(err, errlen, "peer_mq_server_url: cannot connect to '%s'",
+                 o->peer_mq_server_url);
+    if (!p->rpc)
+        goto fail;
+    return &p->base;
+fail:
+    p2p_destroy(&p->base);
+    return NULL;
+}
