@@ -46,6 +46,12 @@ static lmc_fleet_p2p_peer *find_peer(lmc_fleet *c, const char *id)
     return NULL;
 }
 
+static void tell(lmc_fleet *c, const lmc_fleet_p2p_peer *p, bool present)
+{
+    if (c->peer_fn)
+        c->peer_fn(c->peer_user, p->instance_id, p->ip, p->mq_port, p->url, present);
+}
+
 static void see_peer(lmc_fleet *c, const lmc_fleet_p2p_peer *p)
 {
     lmc_fleet_p2p_peer *known = find_peer(c, p->instance_id);
@@ -60,6 +66,7 @@ static void see_peer(lmc_fleet *c, const lmc_fleet_p2p_peer *p)
         *known = *p;
         known->seen = true;
         c->peers_replaced++;
+        tell(c, known, true);
         return;
     }
     if (c->n_peers == COORD_P2P_PEERS_MAX) {
@@ -69,6 +76,7 @@ static void see_peer(lmc_fleet *c, const lmc_fleet_p2p_peer *p)
     c->peers[c->n_peers] = *p;
     c->peers[c->n_peers++].seen = true;
     c->peers_added++;
+    tell(c, p, true);
     LMC_INFO("P2P peer %s added: %s (mq tcp://%s:%d)", p->instance_id, p->url, p->ip,
              p->mq_port);
 }
@@ -83,6 +91,7 @@ static void age_peers(lmc_fleet *c)
             LMC_INFO("P2P peer %s dropped: not listed %u times in a row", p->instance_id,
                      p->misses);
             c->peers_removed++;
+            tell(c, p, false);
             continue;
         }
         p->seen = false;
@@ -151,6 +160,18 @@ void *lmc_fleet_discovery_main(void *arg)
         poll_once(c, reply);
     free(reply);
     return NULL;
+}
+
+void lmc_fleet_set_peer_listener(lmc_fleet *c, lmc_fleet_peer_fn fn, void *user)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->p2p_mu);
+    c->peer_fn = fn;
+    c->peer_user = user;
+    for (size_t i = 0; i < c->n_peers; i++)
+        tell(c, &c->peers[i], true);
+    pthread_mutex_unlock(&c->p2p_mu);
 }
 
 json_t *lmc_fleet_p2p_status(lmc_fleet *c)

@@ -35,6 +35,12 @@ json_t *lmc_fleet_status(lmc_fleet *c);
 /* {p2p_enabled, p2p_state, p2p_peer_count, p2p_peers, p2p_discovery} for
  * /status (docs/p2p.md, "Discovery"); c may be NULL (P2P off). */
 json_t *lmc_fleet_p2p_status(lmc_fleet *c);
+/* Told of every P2P peer discovery adds or replaces (present) and drops
+ * (!present), from the discovery thread; the peers known when it is set
+ * are told at once.  Not called after lmc_fleet_stop returned. */
+typedef void (*lmc_fleet_peer_fn)(void *user, const char *instance_id, const char *ip,
+                                  int mq_port, const char *url, bool present);
+void lmc_fleet_set_peer_listener(lmc_fleet *c, lmc_fleet_peer_fn fn, void *user);
 /* lmc_metrics_collect_fn: the lmcache_mp_coordinator_* families
  * (docs/metrics.md); `user` is the lmc_fleet. */
 void lmc_fleet_collect_metrics(lmc_metrics *r, void *user);

@@ -110,6 +110,8 @@ struct lmc_fleet {
     lmc_fleet_p2p_peer *peers;     /* COORD_P2P_PEERS_MAX of them */
     size_t n_peers;
     uint64_t p2p_polls, peers_added, peers_replaced, peers_removed, peers_refused;
+    lmc_fleet_peer_fn peer_fn;
+    void *peer_user;
 };
 
 double lmc_fleet_wall_now(void);

@@ -364,6 +364,22 @@ static void start_otlp(lmc_server *s)
                  s->spans ? " (metrics and traces)" : "");
 }
 
+/* Discovery's peers become the p2p L2 adapter's (docs/p2p.md,
+ * "Requesting side"). */
+static void on_p2p_peer(void *user, const char *id, const char *ip, int mq_port,
+                        const char *url, bool present)
+{
+    lmc_server *s = user;
+    if (!present) {
+        lmc_l2_p2p_peer_drop(s->ctx.storage, id);
+        return;
+    }
+    char mq[300], err[256];
+    snprintf(mq, sizeof mq, strchr(ip, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d", ip, mq_port);
+    if (lmc_l2_p2p_peer_set(s->ctx.storage, id, mq, url, err, sizeof err) != 0)
+        LMC_WARN("P2P peer %s is not read from: %s", id, err);
+}
+
 /* With the HTTP frontend only: the coordinator calls us back on it. */
 static void start_coordinator(lmc_server *s)
 {
@@ -374,6 +390,7 @@ static void start_coordinator(lmc_server *s)
     if (!s->http)
         return;
     s->fleet = lmc_fleet_start(s->cfg, lmc_http_server_port(s->http), s->ctx.storage);
+    lmc_fleet_set_peer_listener(s->fleet, on_p2p_peer, s);
     if (s->fleet && !s->cfg->obs.disable_metrics &&
         lmc_metrics_add_collector(s->metrics, lmc_fleet_collect_metrics, s->fleet) != 0)
         LMC_WARN("coordinator metrics are not exported: cannot register the collector");

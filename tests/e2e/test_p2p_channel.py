@@ -232,3 +232,25 @@ def test_a_peer_that_is_down_is_a_miss(start_server):
     d = b.dealer()
     assert d.call(NOOP) is not None
     d.close()
+
+
+def test_discovered_peers_are_read_from(start_server, start_coordinator):
+    """No --l2-adapter: B finds A through the coordinator and reads A's L1."""
+    coord = start_coordinator()
+    a, _ = p2p_node(start_server, coord, "node-a")
+    b, _ = p2p_node(start_server, coord, "node-b")
+    wa = Worker(a, 4001, 0, world_size=1)
+    toks = prompt(8)
+    wa.store(toks, 0, 4 * CS)
+    wb = Worker(b, 4002, 0, world_size=1)
+    wait_for(lambda st: st["p2p_peer_count"] == 1, lambda: p2p_status(b))
+    assert lookup(b, toks, "r1", cs=CS, world_size=1, wait=True) == 4
+    assert wb.retrieve(toks, 0, 4 * CS, "r1", world_size=1) == \
+        [chunk_bytes(0, toks, c) for c in range(4)]
+    wait_for(lambda st: st["leases_held"] == 0,
+             lambda: l2_status(a)["modules"]["p2p_serve"])
+    peers = l2_status(b)["storage_manager"]["l2_adapters"][-1]
+    assert peers["type_name"] == "p2p" and peers["peers"][0]["instance_id"] == "node-a"
+    assert peers["peers"][0]["hits"] >= 4
+    wa.close()
+    wb.close()

@@ -152,6 +152,12 @@ typedef struct lmc_l2_p2p_options {
     double lookup_timeout_s, load_timeout_s;      /* > 0 */
 } lmc_l2_p2p_options;
 lmc_l2_backend *lmc_l2_p2p_new(const lmc_l2_p2p_options *o, char *err, size_t errlen);
+/* The discovered peers as one "p2p" backend (l2_p2p_peers.c): set adds or
+ * replaces peer `id` (0, or -1 with err), drop removes it. */
+lmc_l2_backend *lmc_l2_p2p_peers_new(double lookup_timeout_s, double load_timeout_s);
+int lmc_l2_p2p_peers_set(lmc_l2_backend *b, const char *id, const char *mq_url,
+                         const char *chan_url, char *err, size_t errlen);
+void lmc_l2_p2p_peers_drop(lmc_l2_backend *b, const char *id);
 /* Takes ownership of `inner`. */
 lmc_l2_backend *lmc_l2_fault_new(lmc_l2_backend *inner, const lmc_l2_fault_options *o);
 

@@ -36,6 +36,7 @@ typedef struct l2_service {
     lmc_l2_prefetch_ctl *prefetch;
     lmc_l2_eviction *eviction;
     lmc_l2_health *health;
+    lmc_l2_backend *p2p_peers;     /* the last adapter's backend with P2P on, else NULL */
 } l2_service;
 
 static json_t *svc_status(void *impl)
@@ -132,7 +133,7 @@ static int start_eviction(l2_service *s, const lmc_strlist *l)
     json_t **docs = calloc(s->na ? s->na : 1, sizeof *docs);
     const json_t **ev = calloc(s->na ? s->na : 1, sizeof *ev);
     int rc = docs && ev ? 0 : -1;
-    for (size_t i = 0; rc == 0 && i < s->na; i++) {
+    for (size_t i = 0; rc == 0 && i < l->count; i++) {  /* the p2p peers: no eviction */
         /* The text was validated at start: NULL here is memory, and an
          * adapter must not start without the eviction its JSON asked for. */
         docs[i] = json_loads(l->items[i], 0, NULL);
@@ -144,7 +145,7 @@ static int start_eviction(l2_service *s, const lmc_strlist *l)
                                           s->sm, 0);
         rc = s->eviction ? 0 : -1;
     }
-    for (size_t i = 0; docs && i < s->na; i++)
+    for (size_t i = 0; docs && i < l->count; i++)
         json_decref(docs[i]);
     free(docs);
     free(ev);
@@ -190,19 +191,43 @@ static void attach_reporters(l2_service *s)
     }
 }
 
+static bool p2p_on(const lmc_config *cfg)
+{
+    return cfg->p2p.advertise_url && cfg->p2p.advertise_url[0];
+}
+
+/* With P2P on, the discovered peers are one more adapter, the last
+ * (docs/p2p.md, "Requesting side"): lowest priority, after every L2 the
+ * operator configured. */
+static int add_p2p_peers(l2_service *s, const lmc_config *cfg, uint8_t *base, char *err,
+                         size_t errlen)
+{
+    s->p2p_peers = lmc_l2_p2p_peers_new(cfg->p2p.lookup_timeout, cfg->p2p.load_timeout);
+    lmc_l2_backend *be = s->p2p_peers;
+    if (be && (s->ad[s->na] = lmc_l2_adapter_new(be, base, 2))) {
+        s->na++;
+        return 0;
+    }
+    s->p2p_peers = NULL;   /* lmc_l2_adapter_new destroyed it */
+    return snprintf(err, errlen, "out of memory"), -1;
+}
+
 static int build(l2_service *s, const lmc_config *cfg, char *err, size_t errlen)
 {
     const lmc_strlist *l = &cfg->storage.l2_adapter_json;
     uint8_t *base = lmc_storage_manager_l1_arena(s->sm)->base;
-    s->ad = calloc(l->count, sizeof *s->ad);
-    s->shared = calloc(l->count, sizeof *s->shared);
-    s->reporters = calloc(l->count ? l->count : 1, sizeof *s->reporters);
+    size_t total = l->count + p2p_on(cfg);
+    s->ad = calloc(total, sizeof *s->ad);
+    s->shared = calloc(total, sizeof *s->shared);
+    s->reporters = calloc(total ? total : 1, sizeof *s->reporters);
     if (!s->ad || !s->shared || !s->reporters)
         return snprintf(err, errlen, "out of memory"), -1;
     for (; s->na < l->count; s->na++)
         if (!(s->ad[s->na] = adapter_from_text(l->items[s->na], s->na, base, &s->shared[s->na],
                                                err, errlen)))
             return -1;
+    if (p2p_on(cfg) && add_p2p_peers(s, cfg, base, err, errlen) != 0)
+        return -1;
     attach_reporters(s);
     const lmc_storage_config *sc = &cfg->storage;
     if (!(s->health = lmc_l2_health_new(s->ad, s->na, sc->l2_health_interval_s)))
@@ -225,7 +250,7 @@ static int build(l2_service *s, const lmc_config *cfg, char *err, size_t errlen)
 
 int lmc_l2_attach(lmc_storage_manager *sm, const lmc_config *cfg, char *err, size_t errlen)
 {
-    if (cfg->storage.l2_adapter_json.count == 0)
+    if (cfg->storage.l2_adapter_json.count == 0 && !p2p_on(cfg))
         return 0;
     l2_service *s = calloc(1, sizeof *s);
     if (!s)
@@ -238,6 +263,22 @@ int lmc_l2_attach(lmc_storage_manager *sm, const lmc_config *cfg, char *err, siz
     lmc_storage_manager_attach_tier(sm, &svc_ops, s);
     LMC_INFO("L2: %zu adapter(s)", s->na);
     return 0;
+}
+
+int lmc_l2_p2p_peer_set(lmc_storage_manager *sm, const char *id, const char *mq_url,
+                        const char *chan_url, char *err, size_t errlen)
+{
+    l2_service *s = service_of(sm);
+    if (!s || !s->p2p_peers)
+        return snprintf(err, errlen, "P2P is off"), -1;
+    return lmc_l2_p2p_peers_set(s->p2p_peers, id, mq_url, chan_url, err, errlen);
+}
+
+void lmc_l2_p2p_peer_drop(lmc_storage_manager *sm, const char *id)
+{
+    l2_service *s = service_of(sm);
+    if (s && s->p2p_peers)
+        lmc_l2_p2p_peers_drop(s->p2p_peers, id);
 }
 
 bool lmc_l2_attached(const lmc_storage_manager *sm)

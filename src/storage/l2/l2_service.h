@@ -21,6 +21,12 @@
  * reason in err (unknown type or field, unusable base_path, ...). */
 int lmc_l2_attach(lmc_storage_manager *sm, const lmc_config *cfg, char *err, size_t errlen);
 bool lmc_l2_attached(const lmc_storage_manager *sm);
+/* With P2P on (--p2p-advertise-url), the discovered peers the last L2
+ * adapter reads from (docs/p2p.md, "Requesting side"): set adds or
+ * replaces peer `id` (0, or -1 with err), drop removes it.  Thread-safe. */
+int lmc_l2_p2p_peer_set(lmc_storage_manager *sm, const char *id, const char *mq_url,
+                        const char *chan_url, char *err, size_t errlen);
+void lmc_l2_p2p_peer_drop(lmc_storage_manager *sm, const char *id);
 
 /* ---- prefetch -----------------------------------------------------------
  * A prefetch request: keys[0..n) are the L1 misses after the caller's L1
