@@ -55,7 +55,7 @@ static const field_spec s3_fields[] = {
 static const field_spec p2p_fields[] = {
     {"peer_mq_server_url", F_STR}, {"peer_transfer_channel_server_url", F_STR},
     {"lookup_timeout", F_NUM_GE0}, {"load_timeout", F_NUM_GE0}, {"num_workers", F_INT_GT0},
-    {NULL, F_STR},
+    {"transfer_engine", F_STR}, {NULL, F_STR},
 };
 
 static const struct {

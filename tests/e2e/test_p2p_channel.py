@@ -7,6 +7,8 @@ import json
 import socket
 import time
 import urllib.request
+
+import pytest
 import struct
 
 from lmc.client import lookup
@@ -144,11 +146,15 @@ def wait_for(what, probe, timeout=15):
     raise AssertionError(f"never happened; last: {got}")
 
 
-def p2p_node(start_server, coord, name):
+UCX_ENV = {"UCX_TLS": "tcp", "UCX_MEM_MMAP_HOOK_MODE": "none"}
+
+
+def p2p_node(start_server, coord, name, engine="tcp"):
     port = free_port()
-    return start_server(*p2p_args(coord, port), "--instance-id", name,
+    return start_server(*p2p_args(coord, port, engine), "--instance-id", name,
                         "--coordinator-advertise-ip", "127.0.0.1",
-                        "--coordinator-heartbeat-interval", str(BEAT)), port
+                        "--coordinator-heartbeat-interval", str(BEAT),
+                        env=None if engine == "tcp" else UCX_ENV), port
 
 
 def test_two_servers_discover_each_other(start_server, start_coordinator):
@@ -234,11 +240,13 @@ def test_a_peer_that_is_down_is_a_miss(start_server):
     d.close()
 
 
-def test_discovered_peers_are_read_from(start_server, start_coordinator):
-    """No --l2-adapter: B finds A through the coordinator and reads A's L1."""
+@pytest.mark.parametrize("engine", ["tcp", "nixl"])
+def test_discovered_peers_are_read_from(start_server, start_coordinator, engine):
+    """No --l2-adapter: B finds A through the coordinator and reads A's L1,
+    over the engine both run (nixl: the ucx engine)."""
     coord = start_coordinator()
-    a, _ = p2p_node(start_server, coord, "node-a")
-    b, _ = p2p_node(start_server, coord, "node-b")
+    a, _ = p2p_node(start_server, coord, "node-a", engine)
+    b, _ = p2p_node(start_server, coord, "node-b", engine)
     wa = Worker(a, 4001, 0, world_size=1)
     toks = prompt(8)
     wa.store(toks, 0, 4 * CS)
@@ -252,5 +260,6 @@ def test_discovered_peers_are_read_from(start_server, start_coordinator):
     peers = l2_status(b)["storage_manager"]["l2_adapters"][-1]
     assert peers["type_name"] == "p2p" and peers["peers"][0]["instance_id"] == "node-a"
     assert peers["peers"][0]["hits"] >= 4
+    assert peers["peers"][0]["transfer_engine"] == ("tcp" if engine == "tcp" else "ucx")
     wa.close()
     wb.close()

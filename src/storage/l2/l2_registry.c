@@ -135,6 +135,12 @@ static lmc_l2_backend *make_p2p(const json_t *o, size_t *num_workers, char *err,
         .lookup_timeout_s = seconds_or(o, "lookup_timeout", 30.0),
         .load_timeout_s = seconds_or(o, "load_timeout", 30.0),
     };
+    const char *engine = json_string_value(json_object_get(o, "transfer_engine"));
+    if (engine && strcmp(engine, "tcp") != 0 && strcmp(engine, "ucx") != 0) {
+        snprintf(err, errlen, "p2p: transfer_engine must be tcp or ucx, got '%s'", engine);
+        return NULL;
+    }
+    po.ucx = engine && strcmp(engine, "ucx") == 0;
     return lmc_l2_p2p_new(&po, err, errlen);
 }
 

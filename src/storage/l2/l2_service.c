@@ -202,7 +202,10 @@ static bool p2p_on(const lmc_config *cfg)
 static int add_p2p_peers(l2_service *s, const lmc_config *cfg, uint8_t *base, char *err,
                          size_t errlen)
 {
-    s->p2p_peers = lmc_l2_p2p_peers_new(cfg->p2p.lookup_timeout, cfg->p2p.load_timeout);
+    /* Every node of a fleet runs one engine: the peers serve ours
+     * (docs/p2p.md, "Running the channel"). */
+    bool ucx = strcmp(cfg->p2p.transfer_engine, "tcp") != 0;
+    s->p2p_peers = lmc_l2_p2p_peers_new(cfg->p2p.lookup_timeout, cfg->p2p.load_timeout, ucx);
     lmc_l2_backend *be = s->p2p_peers;
     if (be && (s->ad[s->na] = lmc_l2_adapter_new(be, base, 2))) {
         s->na++;

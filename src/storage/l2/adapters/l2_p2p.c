@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "p2p/p2p_chan.h"
+#include "p2p/p2p_ucx.h"
 #include "rpc/client.h"
 #include "storage/key_table.h"
 #include "storage/l2/l2_adapter.h"
@@ -30,7 +31,8 @@ typedef struct p2p {
     lmc_l2_backend base;            /* first */
     pthread_mutex_t mu;             /* the RPC client, the table, the counters */
     lmc_client *rpc;
-    lmc_p2p_chan_client *chan;      /* reads serialise on their own */
+    lmc_p2p_chan_client *chan;      /* engine tcp; reads serialise on their own */
+    lmc_p2p_ucx_client *ucx;        /* engine ucx */
     lmc_key_table table;
     lmc_key_interner *interner;
     char *mq_url, *chan_url;
@@ -250,7 +252,9 @@ static void p2p_load(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *con
     }
     p->loads++;
     pthread_mutex_unlock(&p->mu);
-    size_t read = m ? lmc_p2p_chan_client_read(p->chan, items, m, p->load_timeout_ms, got) : 0;
+    size_t read = !m     ? 0
+                  : p->chan ? lmc_p2p_chan_client_read(p->chan, items, m, p->load_timeout_ms, got)
+                            : lmc_p2p_ucx_client_read(p->ucx, items, m, p->load_timeout_ms, got);
     uint64_t bytes = 0;
     for (size_t j = 0; j < m; j++) {
         ok[which[j]] = got[j];
@@ -307,8 +311,9 @@ static json_t *p2p_status(lmc_l2_backend *b)
 {
     p2p *p = (p2p *)b;
     pthread_mutex_lock(&p->mu);
-    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "peer_mq_server_url",
-                          p->mq_url, "peer_transfer_channel_server_url", p->chan_url, "lookups",
+    json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+                          "peer_mq_server_url", p->mq_url, "peer_transfer_channel_server_url",
+                          p->chan_url, "transfer_engine", p->ucx ? "ucx" : "tcp", "lookups",
                           (json_int_t)p->lookups, "lookup_failures",
                           (json_int_t)p->lookup_failures, "hits", (json_int_t)p->hits, "loads",
                           (json_int_t)p->loads, "loaded_bytes", (json_int_t)p->loaded,
@@ -327,6 +332,8 @@ static void p2p_destroy(lmc_l2_backend *b)
     lmc_key_interner_free(p->interner);
     if (p->chan)
         lmc_p2p_chan_client_close(p->chan);
+    if (p->ucx)
+        lmc_p2p_ucx_client_close(p->ucx);
     if (p->rpc)
         lmc_client_close(p->rpc);
     free(p->mq_url);
@@ -361,9 +368,13 @@ lmc_l2_backend *lmc_l2_p2p_new(const lmc_l2_p2p_options *o, char *err, size_t er
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    p->chan = lmc_p2p_chan_client_open(&co, err, errlen);
-    p->rpc = p->chan ? lmc_client_connect(o->peer_mq_server_url) : NULL;
-    if (p->chan && !p->rpc)
+    if (o->ucx)
+        p->ucx = lmc_p2p_ucx_client_open(&co, err, errlen);
+    else
+        p->chan = lmc_p2p_chan_client_open(&co, err, errlen);
+    bool reader = p->chan || p->ucx;
+    p->rpc = reader ? lmc_client_connect(o->peer_mq_server_url) : NULL;
+    if (reader && !p->rpc)
         snprintf(err, errlen, "peer_mq_server_url: cannot connect to '%s'",
                  o->peer_mq_server_url);
     if (!p->rpc)

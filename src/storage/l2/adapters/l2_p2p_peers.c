@@ -35,6 +35,7 @@ typedef struct pool {
     lmc_key_table owners;
     lmc_key_interner *interner;
     double lookup_s, load_s;
+    bool ucx;
 } pool;
 
 static int64_t pool_store(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
@@ -253,7 +254,7 @@ static const lmc_l2_backend_ops pool_ops = {
     pool_status, pool_destroy, NULL, NULL,
 };
 
-lmc_l2_backend *lmc_l2_p2p_peers_new(double lookup_timeout_s, double load_timeout_s)
+lmc_l2_backend *lmc_l2_p2p_peers_new(double lookup_timeout_s, double load_timeout_s, bool ucx)
 {
     pool *p = calloc(1, sizeof *p);
     if (!p)
@@ -261,6 +262,7 @@ lmc_l2_backend *lmc_l2_p2p_peers_new(double lookup_timeout_s, double load_timeou
     p->base = (lmc_l2_backend){&pool_ops, "p2p", 0};
     p->lookup_s = lookup_timeout_s;
     p->load_s = load_timeout_s;
+    p->ucx = ucx;
     p->interner = lmc_key_interner_new();
     if (!p->interner || lmc_key_table_init(&p->owners, offsetof(owner, key), 64) != 0) {
         lmc_key_interner_free(p->interner);
@@ -287,7 +289,7 @@ int lmc_l2_p2p_peers_set(lmc_l2_backend *b, const char *id, const char *mq_url,
                          const char *chan_url, char *err, size_t errlen)
 {
     pool *p = (pool *)b;
-    lmc_l2_p2p_options o = {mq_url, chan_url, p->lookup_s, p->load_s};
+    lmc_l2_p2p_options o = {mq_url, chan_url, p->lookup_s, p->load_s, p->ucx};
     lmc_l2_backend *be = lmc_l2_p2p_new(&o, err, errlen);
     if (!be)
         return -1;
