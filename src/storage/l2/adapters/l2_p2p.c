@@ -29,8 +29,11 @@ typedef struct leased {
 
 typedef struct p2p {
     lmc_l2_backend base;            /* first */
-    pthread_mutex_t mu;             /* the RPC client, the table, the counters */
+    pthread_mutex_t rpc_mu;         /* the RPC client: one op at a time */
+    pthread_mutex_t mu;             /* the table, the pending unlocks, the counters */
     lmc_client *rpc;
+    msgpack_sbuffer pending;        /* ObjectKey maps to unlock, not yet sent */
+    size_t n_pending;
     lmc_p2p_chan_client *chan;      /* engine tcp; reads serialise on their own */
     lmc_p2p_ucx_client *ucx;        /* engine ucx */
     lmc_key_table table;
@@ -54,25 +57,28 @@ static void pack_str(msgpack_packer *pk, const char *s)
     msgpack_pack_str_body(pk, s, n);
 }
 
-/* [ObjectKey] as docs/p2p.md, "The ops", gives it. */
+/* An ObjectKey as docs/p2p.md, "The ops", gives it. */
+static void pack_key(msgpack_packer *pk, const lmc_object_key *k)
+{
+    msgpack_pack_map(pk, 5);
+    pack_str(pk, "chunk_hash");
+    msgpack_pack_bin(pk, k->chunk_hash_len);
+    msgpack_pack_bin_body(pk, k->chunk_hash, k->chunk_hash_len);
+    pack_str(pk, "model_name");
+    pack_str(pk, k->model_name);
+    pack_str(pk, "kv_rank");
+    msgpack_pack_uint32(pk, k->kv_rank);
+    pack_str(pk, "object_group_id");
+    msgpack_pack_uint32(pk, k->object_group_id);
+    pack_str(pk, "cache_salt");
+    pack_str(pk, k->cache_salt);
+}
+
 static void pack_keys(msgpack_packer *pk, const lmc_object_key *keys, size_t n)
 {
     msgpack_pack_array(pk, n);
-    for (size_t i = 0; i < n; i++) {
-        const lmc_object_key *k = &keys[i];
-        msgpack_pack_map(pk, 5);
-        pack_str(pk, "chunk_hash");
-        msgpack_pack_bin(pk, k->chunk_hash_len);
-        msgpack_pack_bin_body(pk, k->chunk_hash, k->chunk_hash_len);
-        pack_str(pk, "model_name");
-        pack_str(pk, k->model_name);
-        pack_str(pk, "kv_rank");
-        msgpack_pack_uint32(pk, k->kv_rank);
-        pack_str(pk, "object_group_id");
-        msgpack_pack_uint32(pk, k->object_group_id);
-        pack_str(pk, "cache_salt");
-        pack_str(pk, k->cache_salt);
-    }
+    for (size_t i = 0; i < n; i++)
+        pack_key(pk, &keys[i]);
 }
 
 /* A reply and its unpacked form, whose strings point into the reply. */
@@ -88,7 +94,7 @@ static void answer_free(answer *a)
 }
 
 /* One op with one argument frame; 0 with *a filled (nil for None; the
- * caller frees it), or -1.  Under mu. */
+ * caller frees it), or -1.  Under rpc_mu. */
 static int call(p2p *p, int op, msgpack_sbuffer *arg, int timeout_ms, answer *a)
 {
     memset(a, 0, sizeof *a);
@@ -103,7 +109,7 @@ static int call(p2p *p, int op, msgpack_sbuffer *arg, int timeout_ms, answer *a)
 }
 
 /* The lease result's list, polled until it arrives or the deadline; -1
- * when it never did.  Under mu. */
+ * when it never did.  Under rpc_mu. */
 static int lease(p2p *p, const lmc_object_key *keys, size_t n, answer *result)
 {
     msgpack_sbuffer sb;
@@ -185,16 +191,57 @@ static int remember(p2p *p, const lmc_object_key *k, uint64_t off, uint64_t size
     return 0;
 }
 
-static void send_unlock(p2p *p, const lmc_object_key *keys, size_t n)
+/* Unlocks are queued, and sent by whichever thread holds the RPC client
+ * next: an unlock (the prefetch controller's thread) never waits behind a
+ * lookup that waits for a slow peer.  They must go over this client's
+ * socket: the peer gives back only the leases that connection took
+ * (docs/p2p.md, "The ops").  Under mu. */
+static void queue_unlock(p2p *p, const lmc_object_key *keys, size_t n)
 {
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    pack_keys(&pk, keys, n);
-    lmc_client_send(p->rpc, OP_UNLOCK, &sb, 1);   /* its reply is dropped by the next call */
-    msgpack_sbuffer_destroy(&sb);
+    msgpack_packer_init(&pk, &p->pending, msgpack_sbuffer_write);
+    for (size_t i = 0; i < n; i++)
+        pack_key(&pk, &keys[i]);
+    p->n_pending += n;
+}
+
+/* Under rpc_mu: sends what is queued (its reply is dropped by the next
+ * call). */
+static void flush_unlocks(p2p *p)
+{
+    pthread_mutex_lock(&p->mu);
+    msgpack_sbuffer body = p->pending;
+    size_t n = p->n_pending;
+    msgpack_sbuffer_init(&p->pending);
+    p->n_pending = 0;
     p->unlocks += n;
+    pthread_mutex_unlock(&p->mu);
+    if (n) {
+        msgpack_sbuffer sb;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_array(&pk, n);
+        msgpack_sbuffer_write(&sb, body.data, body.size);
+        lmc_client_send(p->rpc, OP_UNLOCK, &sb, 1);
+        msgpack_sbuffer_destroy(&sb);
+    }
+    msgpack_sbuffer_destroy(&body);
+}
+
+/* Gives rpc_mu back with nothing queued behind it: an unlock queued while
+ * it was held is sent here, or by the thread that takes it next. */
+static void release_rpc(p2p *p)
+{
+    for (;;) {
+        flush_unlocks(p);
+        pthread_mutex_unlock(&p->rpc_mu);
+        pthread_mutex_lock(&p->mu);
+        bool more = p->n_pending > 0;
+        pthread_mutex_unlock(&p->mu);
+        if (!more || pthread_mutex_trylock(&p->rpc_mu) != 0)
+            return;
+    }
 }
 
 static void p2p_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uint64_t *sizes,
@@ -202,16 +249,17 @@ static void p2p_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uint
 {
     p2p *p = (p2p *)b;
     memset(found, 0, n);
+    if (n == 0)
+        return;
+    pthread_mutex_lock(&p->rpc_mu);
+    flush_unlocks(p);
+    answer res;
+    int rc = lease(p, keys, n, &res);
     pthread_mutex_lock(&p->mu);
     p->lookups++;
-    answer res;
-    if (n == 0 || lease(p, keys, n, &res) != 0) {
-        p->lookup_failures += n > 0;
-        pthread_mutex_unlock(&p->mu);
-        return;
-    }
+    p->lookup_failures += rc != 0;
     size_t leased_n = 0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; rc == 0 && i < n; i++) {
         uint64_t off, size;
         if (!address_of(&res.u.data.via.array.ptr[i], &off, &size))
             break;
@@ -221,16 +269,17 @@ static void p2p_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uint
         found[i] = 1;
         p->hits++;
     }
-    answer_free(&res);
+    if (rc == 0)
+        answer_free(&res);
     /* Leased on the peer but not taken here (a size this server would not
      * accept, no memory): given back at once. */
     size_t taken = 0;
     while (taken < n && found[taken])
         taken++;
     if (leased_n > taken)
-        send_unlock(p, keys + taken, leased_n - taken);
-    memset(found + taken, 0, n - taken);
+        queue_unlock(p, keys + taken, leased_n - taken);
     pthread_mutex_unlock(&p->mu);
+    release_rpc(p);
 }
 
 static void p2p_load(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
@@ -278,9 +327,10 @@ static void p2p_unlock(lmc_l2_backend *b, const lmc_object_key *keys, size_t n)
         if (it && --it->count == 0)
             free(lmc_key_table_remove(&p->table, &keys[i]));
     }
-    if (n)
-        send_unlock(p, keys, n);
+    queue_unlock(p, keys, n);
     pthread_mutex_unlock(&p->mu);
+    if (n && pthread_mutex_trylock(&p->rpc_mu) == 0)
+        release_rpc(p);
 }
 
 static int64_t p2p_store(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
@@ -338,6 +388,8 @@ static void p2p_destroy(lmc_l2_backend *b)
         lmc_client_close(p->rpc);
     free(p->mq_url);
     free(p->chan_url);
+    msgpack_sbuffer_destroy(&p->pending);
+    pthread_mutex_destroy(&p->rpc_mu);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }
@@ -357,6 +409,8 @@ lmc_l2_backend *lmc_l2_p2p_new(const lmc_l2_p2p_options *o, char *err, size_t er
     }
     p->base = (lmc_l2_backend){&p2p_ops, "p2p", 0};
     pthread_mutex_init(&p->mu, NULL);
+    pthread_mutex_init(&p->rpc_mu, NULL);
+    msgpack_sbuffer_init(&p->pending);
     p->lookup_timeout_ms = (int)(o->lookup_timeout_s * 1000);
     p->load_timeout_ms = (int)(o->load_timeout_s * 1000);
     p->mq_url = strdup(o->peer_mq_server_url);
