@@ -263,3 +263,20 @@ def test_discovered_peers_are_read_from(start_server, start_coordinator, engine)
     assert peers["peers"][0]["transfer_engine"] == ("tcp" if engine == "tcp" else "ucx")
     wa.close()
     wb.close()
+
+
+def test_the_p2p_adapter_reports_no_l2_placements(start_server, start_coordinator):
+    """Its 0-byte stores hold nothing: the coordinator's directory must not
+    list this server's keys in a "p2p" L2 (docs/p2p.md, "Requesting side")."""
+    coord = start_coordinator()
+    b = start_server(*p2p_args(coord, free_port()), "--instance-id", "node-b",
+                     "--coordinator-event-reporting", "--coordinator-event-flush-interval",
+                     "0.1", "--coordinator-heartbeat-interval", str(BEAT))
+    w = Worker(b, 5001, 0, world_size=1)
+    w.store(prompt(9), 0, 2 * CS)
+    l1 = wait_for(lambda r: r[1]["total"] == 2,
+                  lambda: coord.call("GET", "/directory/keys?tier=l1&instance_id=node-b"))
+    assert l1[0] == 200
+    time.sleep(0.5)                       # a later batch would carry the L2 placements
+    assert coord.call("GET", "/directory/keys?tier=l2")[1]["total"] == 0
+    w.close()

@@ -184,6 +184,10 @@ static void report_deleted(void *user, const lmc_object_key *keys, size_t n)
 static void attach_reporters(l2_service *s)
 {
     for (size_t a = 0; a < s->na; a++) {
+        /* A peer's L1 is no L2 of ours: its 0-byte stores hold nothing
+         * (docs/p2p.md, "Requesting side"), so nothing is placed there. */
+        if (strcmp(lmc_l2_adapter_type(s->ad[a]), "p2p") == 0)
+            continue;
         s->reporters[a] = (adapter_reporter){s->sm, lmc_l2_adapter_type(s->ad[a]), s->shared[a]};
         lmc_l2_observer obs = {.user = &s->reporters[a], .on_stored = report_stored,
                                .on_loaded = report_loaded, .on_deleted = report_deleted};
