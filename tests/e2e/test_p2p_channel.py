@@ -103,6 +103,13 @@ def test_unservable_engine_values_are_refused_naming_the_flag(start_coordinator)
         args = p2p_args(coord, free_port())[:2] + extra + p2p_args(coord, 0)[4:]
         r = run_lmcached(*base, *args)
         assert r.returncode == 1 and flag in r.stderr, (extra, r.returncode, r.stderr)
+    # verbs' device and port become UCX_NET_DEVICES; an environment that
+    # names other devices is refused rather than overridden.
+    r = run_lmcached(*base, *p2p_args(coord, free_port())[:2], "--p2p-transfer-engine", "verbs",
+                     "--p2p-rdma-device", "mlx5_0", *p2p_args(coord, 0)[4:],
+                     env={"UCX_NET_DEVICES": "eth9"})
+    assert r.returncode == 1 and "--p2p-rdma-device" in r.stderr and "mlx5_0:1" in r.stderr, \
+        r.stderr
     # A listen URL that is taken fails the start, naming the flag.
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
