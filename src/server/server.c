@@ -260,6 +260,9 @@ json_t *lmc_server_report_status(lmc_server *s)
     if (s->fleet)
         json_object_set_new(status, "coordinator", lmc_fleet_status(s->fleet));
     json_object_update_new(status, lmc_fleet_p2p_status(s->fleet));
+    if (up && s->fleet && json_is_true(json_object_get(status, "p2p_enabled")))
+        json_object_set_new(status, "active_p2p_lookup_jobs",
+                            json_integer((json_int_t)lmc_l2_p2p_active_lookups(s->ctx.storage)));
     json_object_set_new(status, "is_healthy", json_boolean(healthy));
     return status;
 }

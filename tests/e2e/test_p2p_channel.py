@@ -5,6 +5,7 @@ the listen URL; a peer reads exactly the ranges leased to it with ops
 "Framing (tcp)"), read here by a client written from that table."""
 import json
 import socket
+import threading
 import time
 import urllib.request
 
@@ -287,3 +288,26 @@ def test_the_p2p_adapter_reports_no_l2_placements(start_server, start_coordinato
     time.sleep(0.5)                       # a later batch would carry the L2 placements
     assert coord.call("GET", "/directory/keys?tier=l2")[1]["total"] == 0
     w.close()
+
+
+def test_a_discovered_peer_that_is_down_is_a_miss(start_server, start_coordinator):
+    """A listed peer whose mq port answers nothing costs a lookup the 3 s
+    RPC deadline, counted in active_p2p_lookup_jobs meanwhile, then misses."""
+    coord = start_coordinator()
+    b, _ = p2p_node(start_server, coord, "node-b")
+    dead = {"instance_id": "node-dead", "ip": "127.0.0.1", "http_port": 1,
+            "p2p_advertised_url": f"127.0.0.1:{free_port()}", "mq_port": free_port()}
+    assert coord.call("POST", "/instances", dead)[0] == 200
+    wait_for(lambda st: st["p2p_peer_count"] == 1, lambda: p2p_status(b))
+    assert l2_status(b)["active_p2p_lookup_jobs"] == 0
+    wb = Worker(b, 6001, 0, world_size=1)     # a lookup reaches L2 with a layout only
+    result = {}
+    t = threading.Thread(target=lambda: result.update(
+        hits=lookup(b, prompt(10), "r1", cs=CS, world_size=1, wait=True)))
+    t0 = time.monotonic()
+    t.start()
+    wait_for(lambda st: st["active_p2p_lookup_jobs"] == 1, lambda: l2_status(b), timeout=5)
+    t.join(15)
+    assert result == {"hits": 0} and 2.5 <= time.monotonic() - t0 < 10
+    assert l2_status(b)["active_p2p_lookup_jobs"] == 0
+    wb.close()

@@ -159,6 +159,8 @@ lmc_l2_backend *lmc_l2_p2p_peers_new(double lookup_timeout_s, double load_timeou
 int lmc_l2_p2p_peers_set(lmc_l2_backend *b, const char *id, const char *mq_url,
                          const char *chan_url, char *err, size_t errlen);
 void lmc_l2_p2p_peers_drop(lmc_l2_backend *b, const char *id);
+/* Lookups asking the peers now. */
+size_t lmc_l2_p2p_peers_active_lookups(lmc_l2_backend *b);
 /* Takes ownership of `inner`. */
 lmc_l2_backend *lmc_l2_fault_new(lmc_l2_backend *inner, const lmc_l2_fault_options *o);
 

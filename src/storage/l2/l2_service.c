@@ -288,6 +288,12 @@ void lmc_l2_p2p_peer_drop(lmc_storage_manager *sm, const char *id)
         lmc_l2_p2p_peers_drop(s->p2p_peers, id);
 }
 
+size_t lmc_l2_p2p_active_lookups(const lmc_storage_manager *sm)
+{
+    l2_service *s = service_of(sm);
+    return s && s->p2p_peers ? lmc_l2_p2p_peers_active_lookups(s->p2p_peers) : 0;
+}
+
 bool lmc_l2_attached(const lmc_storage_manager *sm)
 {
     return service_of(sm) != NULL;

@@ -27,6 +27,8 @@ bool lmc_l2_attached(const lmc_storage_manager *sm);
 int lmc_l2_p2p_peer_set(lmc_storage_manager *sm, const char *id, const char *mq_url,
                         const char *chan_url, char *err, size_t errlen);
 void lmc_l2_p2p_peer_drop(lmc_storage_manager *sm, const char *id);
+/* Lookups asking the peers now (0 with P2P off). */
+size_t lmc_l2_p2p_active_lookups(const lmc_storage_manager *sm);
 
 /* ---- prefetch -----------------------------------------------------------
  * A prefetch request: keys[0..n) are the L1 misses after the caller's L1

@@ -6,6 +6,7 @@
  * stays alive (retired) until the backend is destroyed, so that a task
  * under way, or a key it leased, never holds a freed peer. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +37,7 @@ typedef struct pool {
     lmc_key_interner *interner;
     double lookup_s, load_s;
     bool ucx;
+    atomic_size_t active;         /* lookups under way */
 } pool;
 
 static int64_t pool_store(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
@@ -71,6 +73,7 @@ static void pool_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uin
 {
     pool *p = (pool *)b;
     memset(found, 0, n);
+    atomic_fetch_add(&p->active, 1);
     pthread_mutex_lock(&p->mu);
     size_t np = p->n_live;
     lmc_l2_backend *bes[MAX_PEERS];
@@ -104,6 +107,12 @@ static void pool_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uin
     free(subsz);
     free(idx);
     free(hit);
+    atomic_fetch_sub(&p->active, 1);
+}
+
+size_t lmc_l2_p2p_peers_active_lookups(lmc_l2_backend *b)
+{
+    return atomic_load(&((pool *)b)->active);
 }
 
 /* Runs op for each peer over the keys it owns: gathers them into the
