@@ -6,7 +6,9 @@
  * carries the bytes, so that the very code the sockets run is fuzzed; ASan
  * catches any write past a destination, the lease check any range past the
  * arena.  The same bytes also go through the ucx engine's bootstrap header
- * decoder (src/p2p/p2p_ucx_wire.h). */
+ * decoder (src/p2p/p2p_ucx_wire.h).  First byte % 4 of 2 or 3: both sides
+ * hold a token, so the bytes meet the token handshake first
+ * (src/p2p/p2p_auth.h). */
 #include "check.h"
 #include <pthread.h>
 #include <stddef.h>
@@ -37,7 +39,7 @@ static void *drain(void *arg)
     return NULL;
 }
 
-static void as_server(const uint8_t *data, size_t len, int sv[2])
+static void as_server(const uint8_t *data, size_t len, int sv[2], const char *token)
 {
     pthread_t th;
     CHECK(send(sv[1], data, len, MSG_NOSIGNAL) == (ssize_t)len);
@@ -45,19 +47,21 @@ static void as_server(const uint8_t *data, size_t len, int sv[2])
     pthread_create(&th, NULL, drain, &sv[1]);
     lmc_p2p_chan_server_opts o = {.arena = arena, .arena_size = sizeof arena,
                                   .may_read = deny_odd_offsets, .max_items = 16,
-                                  .io_timeout_ms = 200};
+                                  .io_timeout_ms = 200, .auth_token = token};
     lmc_p2p_chan_server_stats st;
     lmc_p2p_chan_serve_fd(&o, sv[0], -1, &st);
     shutdown(sv[0], SHUT_RDWR);
     pthread_join(th, NULL);
     CHECK(st.bytes_served <= st.items_served * sizeof arena);
+    /* The proof covers the server's fresh nonce: no input can forge it. */
+    CHECK(!token || (st.items_served == 0 && st.items_refused == 0));
 }
 
-static void as_client(const uint8_t *data, size_t len, int sv[2])
+static void as_client(const uint8_t *data, size_t len, int sv[2], const char *token)
 {
     CHECK(send(sv[1], data, len, MSG_NOSIGNAL) == (ssize_t)len);
     shutdown(sv[1], SHUT_WR);
-    lmc_p2p_chan_client_opts co = {0};
+    lmc_p2p_chan_client_opts co = {.auth_token = token};
     lmc_p2p_chan_client *c = lmc_p2p_chan_client_from_fd(sv[0], &co);
     CHECK(c);
     size_t lens[3] = {1, 17, 100};
@@ -83,10 +87,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
               h.rkey_len <= LMC_P2P_UCX_MAX_PART);
     int sv[2];
     CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    /* Modes 2 and 3: the same with the token handshake first (p2p_auth.h). */
+    const char *token = data[0] % 4 >= 2 ? "fuzz-token" : NULL;
     if (data[0] % 2 == 0)
-        as_server(data + 1, len - 1, sv);
+        as_server(data + 1, len - 1, sv, token);
     else
-        as_client(data + 1, len - 1, sv);
+        as_client(data + 1, len - 1, sv, token);
     if (sv[0] >= 0)
         close(sv[0]);
     close(sv[1]);

@@ -25,6 +25,7 @@ typedef struct lmc_p2p_chan_server_opts {
     unsigned max_conns;            /* connections served at once (a thread each); 0: 16 */
     uint32_t max_items;            /* items per request; 0: 65536 */
     int io_timeout_ms;             /* a peer that stalls mid-message this long is dropped; 0: 30000 */
+    const char *auth_token;        /* non-empty: every connection proves it first (p2p_auth.h) */
 } lmc_p2p_chan_server_opts;
 
 typedef struct lmc_p2p_chan_server_stats {
@@ -35,6 +36,7 @@ typedef struct lmc_p2p_chan_server_stats {
     uint64_t conns_rejected;       /* over max_conns: closed at once */
     uint64_t conns_active;
     uint64_t protocol_errors;      /* bad handshake, message type, item count; stalls */
+    uint64_t auth_failures;        /* connections that did not prove the token */
 } lmc_p2p_chan_server_stats;
 
 typedef struct lmc_p2p_chan_server lmc_p2p_chan_server;
@@ -58,6 +60,7 @@ typedef struct lmc_p2p_chan_client_opts {
     int connect_timeout_ms;        /* 0: 3000 */
     uint32_t max_items;            /* items per request, the rest fail; 0: 65536 */
     uint64_t max_request_bytes;    /* bytes per request, the rest fail; 0: 1 GiB */
+    const char *auth_token;        /* non-empty: proved on connect (p2p_auth.h); copied */
 } lmc_p2p_chan_client_opts;
 
 typedef struct lmc_p2p_chan_item {

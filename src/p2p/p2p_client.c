@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "obs/log.h"
+#include "p2p/p2p_auth.h"
 #include "p2p/p2p_io.h"
 #include "p2p/p2p_wire.h"
 
@@ -47,6 +48,11 @@ static lmc_p2p_chan_client *client_new(const lmc_p2p_chan_client_opts *o)
         return NULL;
     c->o = *o;
     c->o.url = NULL;   /* not kept: the caller's string */
+    c->o.auth_token = lmc_p2p_auth_wanted(o->auth_token) ? strdup(o->auth_token) : NULL;
+    if (lmc_p2p_auth_wanted(o->auth_token) && !c->o.auth_token) {
+        free(c);
+        return NULL;
+    }
     client_defaults(&c->o);
     c->fd = -1;
     pthread_mutex_init(&c->mu, NULL);
@@ -101,7 +107,8 @@ static int ensure_connected(lmc_p2p_chan_client *c, int64_t deadline)
             return -1;
     }
     char magic[LMC_P2P_MAGIC_LEN];
-    if (lmc_p2p_io_full(c->fd, (void *)LMC_P2P_MAGIC, LMC_P2P_MAGIC_LEN, true, -1, deadline, -1) ||
+    if ((c->o.auth_token && lmc_p2p_auth_client(c->fd, c->o.auth_token, deadline) != 0) ||
+        lmc_p2p_io_full(c->fd, (void *)LMC_P2P_MAGIC, LMC_P2P_MAGIC_LEN, true, -1, deadline, -1) ||
         lmc_p2p_io_full(c->fd, magic, sizeof magic, false, -1, deadline, -1) ||
         memcmp(magic, LMC_P2P_MAGIC, sizeof magic) != 0) {
         drop(c);
@@ -211,5 +218,6 @@ void lmc_p2p_chan_client_close(lmc_p2p_chan_client *c)
         return;
     drop(c);
     pthread_mutex_destroy(&c->mu);
+    free((char *)c->o.auth_token);
     free(c);
 }

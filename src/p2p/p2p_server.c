@@ -19,12 +19,13 @@
 #include <unistd.h>
 
 #include "obs/log.h"
+#include "p2p/p2p_auth.h"
 #include "p2p/p2p_io.h"
 #include "p2p/p2p_wire.h"
 
 typedef struct {
     _Atomic uint64_t bytes_served, items_served, items_refused, conns_accepted, conns_rejected,
-        conns_active, protocol_errors;
+        conns_active, protocol_errors, auth_failures;
 } atomic_stats;
 
 typedef struct conn_slot {
@@ -135,6 +136,11 @@ static void serve_conn(const lmc_p2p_chan_server_opts *opts, int fd, int stop_fd
 {
     lmc_p2p_chan_server_opts o = *opts;
     defaults(&o);
+    if (lmc_p2p_auth_wanted(o.auth_token) &&
+        lmc_p2p_auth_server(fd, o.auth_token, stop_fd, lmc_p2p_io_now_ms() + o.io_timeout_ms)) {
+        add(&st->auth_failures, 1);
+        return;
+    }
     char magic[LMC_P2P_MAGIC_LEN];
     if (lmc_p2p_io_full(fd, magic, sizeof magic, false, stop_fd, -1, o.io_timeout_ms) ||
         memcmp(magic, LMC_P2P_MAGIC, sizeof magic) != 0 ||
@@ -163,6 +169,7 @@ static void stats_copy(const atomic_stats *a, lmc_p2p_chan_server_stats *out)
     out->conns_rejected = atomic_load(&a->conns_rejected);
     out->conns_active = atomic_load(&a->conns_active);
     out->protocol_errors = atomic_load(&a->protocol_errors);
+    out->auth_failures = atomic_load(&a->auth_failures);
 }
 
 void lmc_p2p_chan_serve_fd(const lmc_p2p_chan_server_opts *o, int fd, int stop_fd,
@@ -262,9 +269,11 @@ lmc_p2p_chan_server *lmc_p2p_chan_server_start(const lmc_p2p_chan_server_opts *o
     }
     s->o = *o;
     defaults(&s->o);
+    s->o.auth_token = lmc_p2p_auth_wanted(o->auth_token) ? strdup(o->auth_token) : NULL;
     s->stop_pipe[0] = s->stop_pipe[1] = -1;
     s->slots = calloc(s->o.max_conns, sizeof *s->slots);
-    if (!s->slots || pipe2(s->stop_pipe, O_CLOEXEC)) {
+    if (!s->slots || pipe2(s->stop_pipe, O_CLOEXEC) ||
+        (lmc_p2p_auth_wanted(o->auth_token) && !s->o.auth_token)) {
         snprintf(err, errlen, "p2p channel: out of memory or file descriptors");
         goto fail;
     }
@@ -285,6 +294,7 @@ fail:
         close(s->stop_pipe[1]);
     }
     free(s->slots);
+    free((char *)s->o.auth_token);
     free(s);
     return NULL;
 }
@@ -310,5 +320,6 @@ void lmc_p2p_chan_server_stop(lmc_p2p_chan_server *s)
     close(s->stop_pipe[0]);
     close(s->stop_pipe[1]);
     free(s->slots);
+    free((char *)s->o.auth_token);
     free(s);
 }

@@ -17,6 +17,8 @@ typedef struct lmc_p2p_ucx_client lmc_p2p_ucx_client;
 lmc_p2p_ucx_server *lmc_p2p_ucx_server_start(const lmc_p2p_chan_server_opts *o, char *err,
                                              size_t errlen);
 int lmc_p2p_ucx_server_port(const lmc_p2p_ucx_server *s);
+/* Bootstrap connections that did not prove the token (opts.auth_token). */
+uint64_t lmc_p2p_ucx_server_auth_failures(const lmc_p2p_ucx_server *s);
 void lmc_p2p_ucx_server_stop(lmc_p2p_ucx_server *s);
 
 /* Connects lazily, on the first read, as the tcp client. */

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "obs/log.h"
+#include "p2p/p2p_auth.h"
 #include "p2p/p2p_io.h"
 #include "p2p/p2p_ucx_api.h"
 #include "p2p/p2p_ucx_wire.h"
@@ -90,7 +91,8 @@ static int fetch_blob(lmc_p2p_ucx_client *c, int64_t deadline, lmc_p2p_ucx_hdr *
         return -1;
     uint8_t hdr[LMC_P2P_UCX_HDR];
     *blob = NULL;
-    if (lmc_p2p_io_full(fd, hdr, sizeof hdr, false, -1, deadline, -1) == 0 &&
+    if ((!c->o.auth_token || lmc_p2p_auth_client(fd, c->o.auth_token, deadline) == 0) &&
+        lmc_p2p_io_full(fd, hdr, sizeof hdr, false, -1, deadline, -1) == 0 &&
         lmc_p2p_ucx_wire_hdr(hdr, h) == 0 &&
         (*blob = malloc((size_t)h->addr_len + h->rkey_len)) != NULL &&
         lmc_p2p_io_full(fd, *blob, (size_t)h->addr_len + h->rkey_len, false, -1, deadline,
@@ -233,6 +235,12 @@ lmc_p2p_ucx_client *lmc_p2p_ucx_client_open(const lmc_p2p_chan_client_opts *o, c
     }
     c->o = *o;
     c->o.url = NULL;
+    c->o.auth_token = lmc_p2p_auth_wanted(o->auth_token) ? strdup(o->auth_token) : NULL;
+    if (lmc_p2p_auth_wanted(o->auth_token) && !c->o.auth_token) {
+        snprintf(err, errlen, "p2p channel (ucx): out of memory");
+        free(c);
+        return NULL;
+    }
     if (c->o.connect_timeout_ms <= 0)
         c->o.connect_timeout_ms = 3000;
     if (!c->o.max_items)
@@ -240,6 +248,7 @@ lmc_p2p_ucx_client *lmc_p2p_ucx_client_open(const lmc_p2p_chan_client_opts *o, c
     if (!c->o.max_request_bytes)
         c->o.max_request_bytes = 1ull << 30;
     if (lmc_p2p_ucx_api_load(&c->api, err, errlen)) {
+        free((char *)c->o.auth_token);
         free(c);
         return NULL;
     }
@@ -252,6 +261,7 @@ lmc_p2p_ucx_client *lmc_p2p_ucx_client_open(const lmc_p2p_chan_client_opts *o, c
     if (st != UCS_OK) {
         snprintf(err, errlen, "p2p channel (ucx): %s", c->api.ucs_status_string(st));
         lmc_p2p_ucx_api_unload(&c->api);
+        free((char *)c->o.auth_token);
         free(c);
         return NULL;
     }
@@ -269,5 +279,6 @@ void lmc_p2p_ucx_client_close(lmc_p2p_ucx_client *c)
     c->api.ucp_cleanup(c->ctx);
     lmc_p2p_ucx_api_unload(&c->api);
     pthread_mutex_destroy(&c->mu);
+    free((char *)c->o.auth_token);
     free(c);
 }

@@ -8,12 +8,14 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "p2p/p2p_auth.h"
 #include "p2p/p2p_io.h"
 #include "p2p/p2p_ucx_api.h"
 #include "p2p/p2p_ucx_wire.h"
@@ -22,7 +24,10 @@ struct lmc_p2p_ucx_server {
     lmc_p2p_ucx_api api;
     int listen_fd, port, io_timeout_ms;
     int stop_pipe[2];
-    pthread_t th;
+    pthread_t th, boot_th;   /* the worker's progress; the bootstraps */
+    bool boot_started;
+    char *token;             /* non-NULL: bootstraps prove it first (p2p_auth.h) */
+    _Atomic uint64_t auth_failures;
     ucp_context_h ctx;
     ucp_worker_h worker;
     ucp_mem_h memh;
@@ -30,14 +35,43 @@ struct lmc_p2p_ucx_server {
     size_t blob_len;
 };
 
+/* A client that proves no token within this long is dropped: bootstraps
+ * are served one at a time, so a silent one must not hold the next back. */
+#define AUTH_TIMEOUT_MS 2000
+
 static void answer_bootstrap(lmc_p2p_ucx_server *s)
 {
     int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0)
         return;
+    int auth_ms = s->io_timeout_ms < AUTH_TIMEOUT_MS ? s->io_timeout_ms : AUTH_TIMEOUT_MS;
+    if (s->token &&
+        lmc_p2p_auth_server(fd, s->token, s->stop_pipe[0], lmc_p2p_io_now_ms() + auth_ms)) {
+        atomic_fetch_add(&s->auth_failures, 1);
+        close(fd);
+        return;
+    }
     /* Bounded: a peer that does not take 64 KiB in io_timeout_ms is dropped. */
     lmc_p2p_io_full(fd, s->blob, s->blob_len, true, s->stop_pipe[0], -1, s->io_timeout_ms);
     close(fd);
+}
+
+/* Bootstraps on their own thread, so that a slow or hostile one never
+ * stalls the worker's progress, which serves the peers' reads. */
+static void *boot_main(void *arg)
+{
+    lmc_p2p_ucx_server *s = arg;
+    for (;;) {
+        struct pollfd pf[2] = {{.fd = s->stop_pipe[0], .events = POLLIN},
+                               {.fd = s->listen_fd, .events = POLLIN}};
+        if (poll(pf, 2, -1) < 0 && errno != EINTR)
+            break;
+        if (pf[0].revents)
+            break;
+        if (pf[1].revents & POLLIN)
+            answer_bootstrap(s);
+    }
+    return NULL;
 }
 
 static void *server_main(void *arg)
@@ -50,15 +84,12 @@ static void *server_main(void *arg)
         }
         if (s->api.ucp_worker_arm(s->worker) == UCS_ERR_BUSY)
             continue;
-        struct pollfd pf[3] = {{.fd = s->stop_pipe[0], .events = POLLIN},
-                               {.fd = s->listen_fd, .events = POLLIN},
+        struct pollfd pf[2] = {{.fd = s->stop_pipe[0], .events = POLLIN},
                                {.fd = efd, .events = POLLIN}};
-        if (poll(pf, 3, -1) < 0 && errno != EINTR)
+        if (poll(pf, 2, -1) < 0 && errno != EINTR)
             break;
         if (pf[0].revents)
             break;
-        if (pf[1].revents & POLLIN)
-            answer_bootstrap(s);
     }
     return NULL;
 }
@@ -123,7 +154,12 @@ lmc_p2p_ucx_server *lmc_p2p_ucx_server_start(const lmc_p2p_chan_server_opts *o, 
     }
     s->listen_fd = s->stop_pipe[0] = s->stop_pipe[1] = -1;
     s->io_timeout_ms = o->io_timeout_ms > 0 ? o->io_timeout_ms : 30000;
-    if (lmc_p2p_ucx_api_load(&s->api, err, errlen)) {
+    s->token = lmc_p2p_auth_wanted(o->auth_token) ? strdup(o->auth_token) : NULL;
+    if (lmc_p2p_auth_wanted(o->auth_token) && !s->token)
+        snprintf(err, errlen, "p2p channel (ucx): out of memory");
+    if ((lmc_p2p_auth_wanted(o->auth_token) && !s->token) ||
+        lmc_p2p_ucx_api_load(&s->api, err, errlen)) {
+        free(s->token);
         free(s);
         return NULL;
     }
@@ -139,6 +175,12 @@ lmc_p2p_ucx_server *lmc_p2p_ucx_server_start(const lmc_p2p_chan_server_opts *o, 
             snprintf(err, errlen, "p2p channel (ucx): cannot start its thread");
         goto fail;
     }
+    s->boot_started = pthread_create(&s->boot_th, NULL, boot_main, s) == 0;
+    if (!s->boot_started) {
+        snprintf(err, errlen, "p2p channel (ucx): cannot start its thread");
+        lmc_p2p_ucx_server_stop(s);
+        return NULL;
+    }
     return s;
 fail:
     if (s->listen_fd >= 0)
@@ -148,6 +190,7 @@ fail:
         close(s->stop_pipe[1]);
     }
     ucx_teardown(s);
+    free(s->token);
     free(s);
     return NULL;
 }
@@ -161,9 +204,17 @@ void lmc_p2p_ucx_server_stop(lmc_p2p_ucx_server *s)
     while (write(s->stop_pipe[1], "x", 1) < 0 && errno == EINTR) {
     }
     pthread_join(s->th, NULL);
+    if (s->boot_started)
+        pthread_join(s->boot_th, NULL);
     close(s->listen_fd);
     close(s->stop_pipe[0]);
     close(s->stop_pipe[1]);
     ucx_teardown(s);
+    free(s->token);
     free(s);
+}
+
+uint64_t lmc_p2p_ucx_server_auth_failures(const lmc_p2p_ucx_server *s)
+{
+    return atomic_load(&s->auth_failures);
 }

@@ -101,6 +101,7 @@ int lmc_server_start_p2p(lmc_server *s, char *err, size_t errlen)
         .arena_size = a->size,
         .may_read = lmc_p2p_serve_may_read,
         .may_read_user = lease_state,
+        .auth_token = cfg->coordinator.auth_token,
     };
     char why[256] = "";
     if (strcmp(engine, "tcp") == 0) {
@@ -116,9 +117,12 @@ int lmc_server_start_p2p(lmc_server *s, char *err, size_t errlen)
     }
     int port = s->p2p_tcp ? lmc_p2p_chan_server_port(s->p2p_tcp)
                           : lmc_p2p_ucx_server_port(s->p2p_ucx);
-    LMC_INFO("P2P transfer channel (%s) on %s (port %d), advertised as %s, lending %llu bytes",
-             s->p2p_tcp ? "tcp" : "ucx", o.listen_url, port, cfg->p2p.advertise_url,
-             (unsigned long long)a->size);
+    LMC_INFO("P2P transfer channel (%s) on %s (port %d), advertised as %s, lending %llu "
+             "bytes; %s", s->p2p_tcp ? "tcp" : "ucx", o.listen_url, port, cfg->p2p.advertise_url,
+             (unsigned long long)a->size,
+             o.auth_token && o.auth_token[0]
+                 ? "requires the token of --coordinator-auth-token (docs/p2p.md)"
+                 : "open to anyone who reaches it (no --coordinator-auth-token)");
     return 0;
 }
 

@@ -157,11 +157,11 @@ def wait_for(what, probe, timeout=15):
 UCX_ENV = {"UCX_TLS": "tcp", "UCX_MEM_MMAP_HOOK_MODE": "none"}
 
 
-def p2p_node(start_server, coord, name, engine="tcp"):
+def p2p_node(start_server, coord, name, engine="tcp", *extra):
     port = free_port()
     return start_server(*p2p_args(coord, port, engine), "--instance-id", name,
                         "--coordinator-advertise-ip", "127.0.0.1",
-                        "--coordinator-heartbeat-interval", str(BEAT),
+                        "--coordinator-heartbeat-interval", str(BEAT), *extra,
                         env=None if engine == "tcp" else UCX_ENV), port
 
 
@@ -310,4 +310,34 @@ def test_a_discovered_peer_that_is_down_is_a_miss(start_server, start_coordinato
     t.join(15)
     assert result == {"hits": 0} and 2.5 <= time.monotonic() - t0 < 10
     assert l2_status(b)["active_p2p_lookup_jobs"] == 0
+    wb.close()
+
+
+@pytest.mark.parametrize("engine", ["tcp", "nixl"])
+def test_the_channel_wants_the_coordinator_token(start_server, start_coordinator, engine):
+    """With --coordinator-auth-token the channel serves only connections
+    that prove the token (docs/p2p.md, "Trust model"): the fleet's nodes
+    read each other; a client without it gets nothing, not even the
+    handshake (tcp) or the bootstrap with the remote key (ucx)."""
+    coord = start_coordinator(AUTH_TOKEN="fleet-tok")
+    tok = ("--coordinator-auth-token", "fleet-tok")
+    a, a_port = p2p_node(start_server, coord, "node-a", engine, *tok)
+    b, _ = p2p_node(start_server, coord, "node-b", engine, *tok)
+    assert "requires the token" in a.output()
+    wa = Worker(a, 7001, 0, world_size=1)
+    toks = prompt(11)
+    wa.store(toks, 0, 4 * CS)
+    wb = Worker(b, 7002, 0, world_size=1)
+    wait_for(lambda st: st["p2p_peer_count"] == 1, lambda: p2p_status(b))
+    assert lookup(b, toks, "r1", cs=CS, world_size=1, wait=True) == 4
+    assert wb.retrieve(toks, 0, 4 * CS, "r1", world_size=1) == \
+        [chunk_bytes(0, toks, c) for c in range(4)]
+    # A client that knows no token: upstream's plain handshake (tcp), or
+    # a bare connect waiting for the bootstrap (ucx).
+    sock = socket.create_connection(("127.0.0.1", a_port), timeout=10)
+    if engine == "tcp":
+        sock.sendall(b"LMTCP001")
+    assert sock.recv(64) == b""
+    sock.close()
+    wa.close()
     wb.close()

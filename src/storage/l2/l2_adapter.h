@@ -151,11 +151,13 @@ typedef struct lmc_l2_p2p_options {
     const char *peer_transfer_channel_server_url; /* "host:port": the channel */
     double lookup_timeout_s, load_timeout_s;      /* > 0 */
     bool ucx;                                     /* the peer serves the ucx engine, else tcp */
+    const char *auth_token;                       /* the channel's token, NULL: none (copied) */
 } lmc_l2_p2p_options;
 lmc_l2_backend *lmc_l2_p2p_new(const lmc_l2_p2p_options *o, char *err, size_t errlen);
 /* The discovered peers as one "p2p" backend (l2_p2p_peers.c): set adds or
  * replaces peer `id` (0, or -1 with err), drop removes it. */
-lmc_l2_backend *lmc_l2_p2p_peers_new(double lookup_timeout_s, double load_timeout_s, bool ucx);
+lmc_l2_backend *lmc_l2_p2p_peers_new(double lookup_timeout_s, double load_timeout_s, bool ucx,
+                                     const char *auth_token);
 int lmc_l2_p2p_peers_set(lmc_l2_backend *b, const char *id, const char *mq_url,
                          const char *chan_url, char *err, size_t errlen);
 void lmc_l2_p2p_peers_drop(lmc_l2_backend *b, const char *id);

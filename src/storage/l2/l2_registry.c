@@ -134,6 +134,7 @@ static lmc_l2_backend *make_p2p(const json_t *o, size_t *num_workers, char *err,
         .peer_transfer_channel_server_url = chan,
         .lookup_timeout_s = seconds_or(o, "lookup_timeout", 30.0),
         .load_timeout_s = seconds_or(o, "load_timeout", 30.0),
+        .auth_token = json_string_value(json_object_get(o, "auth_token")),
     };
     const char *engine = json_string_value(json_object_get(o, "transfer_engine"));
     if (engine && strcmp(engine, "tcp") != 0 && strcmp(engine, "ucx") != 0) {

@@ -105,12 +105,28 @@ static l2_service *service_of(const lmc_storage_manager *sm)
     return lmc_storage_manager_tier(sm, &svc_ops);
 }
 
+/* A p2p adapter proves the fleet's coordinator token to its peer's
+ * channel (docs/p2p.md, "Trust model"): the service sets it on the parsed
+ * copy, so that it never appears in the configuration's text. */
+static void give_p2p_token(json_t *o, const char *token)
+{
+    const char *type = json_string_value(json_object_get(o, "type"));
+    if (!type || strcmp(type, "p2p") != 0)
+        return;
+    json_object_del(o, "auth_token");
+    if (token && token[0])
+        json_object_set_new(o, "auth_token", json_string(token));
+}
+
 static lmc_l2_adapter *adapter_from_text(const char *text, size_t i, uint8_t *base,
-                                         bool *shared, char *err, size_t errlen)
+                                         const char *p2p_token, bool *shared, char *err,
+                                         size_t errlen)
 {
     json_error_t jerr;
     char why[512];
     json_t *o = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    if (o)
+        give_p2p_token(o, p2p_token);
     size_t workers = 1;
     lmc_l2_backend *be = o ? lmc_l2_backend_from_json(o, &workers, why, sizeof why) : NULL;
     *shared = json_is_true(json_object_get(o, "shared"));
@@ -209,7 +225,8 @@ static int add_p2p_peers(l2_service *s, const lmc_config *cfg, uint8_t *base, ch
     /* Every node of a fleet runs one engine: the peers serve ours
      * (docs/p2p.md, "Running the channel"). */
     bool ucx = strcmp(cfg->p2p.transfer_engine, "tcp") != 0;
-    s->p2p_peers = lmc_l2_p2p_peers_new(cfg->p2p.lookup_timeout, cfg->p2p.load_timeout, ucx);
+    s->p2p_peers = lmc_l2_p2p_peers_new(cfg->p2p.lookup_timeout, cfg->p2p.load_timeout, ucx,
+                                        cfg->coordinator.auth_token);
     lmc_l2_backend *be = s->p2p_peers;
     if (be && (s->ad[s->na] = lmc_l2_adapter_new(be, base, 2))) {
         s->na++;
@@ -230,8 +247,9 @@ static int build(l2_service *s, const lmc_config *cfg, char *err, size_t errlen)
     if (!s->ad || !s->shared || !s->reporters)
         return snprintf(err, errlen, "out of memory"), -1;
     for (; s->na < l->count; s->na++)
-        if (!(s->ad[s->na] = adapter_from_text(l->items[s->na], s->na, base, &s->shared[s->na],
-                                               err, errlen)))
+        if (!(s->ad[s->na] = adapter_from_text(l->items[s->na], s->na, base,
+                                               cfg->coordinator.auth_token,
+                                               &s->shared[s->na], err, errlen)))
             return -1;
     if (p2p_on(cfg) && add_p2p_peers(s, cfg, base, err, errlen) != 0)
         return -1;

@@ -53,6 +53,45 @@ static lmc_p2p_chan_client *connect_to(const char *url)
     return lmc_p2p_chan_client_open(&co, err, sizeof err);
 }
 
+/* With a token (docs/p2p.md, "Trust model"): a client that proves it reads;
+ * one without it, with another token, or speaking upstream's plain
+ * handshake reads nothing, and each such connection is counted. */
+static void a_token_is_required_when_set(void **state)
+{
+    (void)state;
+    lmc_p2p_chan_server_opts o = {.listen_url = "127.0.0.1:0", .arena = g_arena,
+                                  .arena_size = ARENA_SIZE, .io_timeout_ms = 2000,
+                                  .auth_token = "fleet-secret"};
+    char err[256], url[64];
+    lmc_p2p_chan_server *srv = lmc_p2p_chan_server_start(&o, err, sizeof err);
+    assert_non_null(srv);
+    snprintf(url, sizeof url, "127.0.0.1:%d", lmc_p2p_chan_server_port(srv));
+    const char *tokens[] = {"fleet-secret", NULL, "", "fleet-secreT"};
+    uint8_t buf[4096];
+    for (size_t t = 0; t < sizeof tokens / sizeof *tokens; t++) {
+        lmc_p2p_chan_client_opts co = {.url = url, .auth_token = tokens[t]};
+        lmc_p2p_chan_client *c = lmc_p2p_chan_client_open(&co, err, sizeof err);
+        assert_non_null(c);
+        lmc_p2p_chan_item it = {12345, sizeof buf, buf};
+        bool ok = false;
+        size_t got = lmc_p2p_chan_client_read(c, &it, 1, 3000, &ok);
+        assert_int_equal(got, t == 0);
+        if (t == 0)
+            assert_memory_equal(buf, g_arena + 12345, sizeof buf);
+        lmc_p2p_chan_client_close(c);
+    }
+    lmc_p2p_chan_server_stats st;
+    for (int i = 0; i < 200; i++) {   /* the server's threads count after the client gave up */
+        lmc_p2p_chan_server_stats_get(srv, &st);
+        if (st.auth_failures == 3)
+            break;
+        sleep_ms(10);
+    }
+    assert_int_equal(st.auth_failures, 3);
+    assert_int_equal(st.items_served, 1);
+    lmc_p2p_chan_server_stop(srv);
+}
+
 static void random_ranges_are_byte_exact(void **state)
 {
     (void)state;
@@ -371,6 +410,7 @@ int main(void)
     g_arena = make_arena();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(random_ranges_are_byte_exact),
+        cmocka_unit_test(a_token_is_required_when_set),
         cmocka_unit_test(refused_ranges_fail_alone),
         cmocka_unit_test(client_request_bounds),
         cmocka_unit_test(wrapping_ranges_on_the_wire_are_refused),

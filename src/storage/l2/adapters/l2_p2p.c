@@ -416,7 +416,8 @@ lmc_l2_backend *lmc_l2_p2p_new(const lmc_l2_p2p_options *o, char *err, size_t er
     p->mq_url = strdup(o->peer_mq_server_url);
     p->chan_url = strdup(o->peer_transfer_channel_server_url);
     p->interner = lmc_key_interner_new();
-    lmc_p2p_chan_client_opts co = {.url = o->peer_transfer_channel_server_url};
+    lmc_p2p_chan_client_opts co = {.url = o->peer_transfer_channel_server_url,
+                                   .auth_token = o->auth_token};
     if (!p->mq_url || !p->chan_url || !p->interner ||
         lmc_key_table_init(&p->table, offsetof(leased, key), 64) != 0) {
         snprintf(err, errlen, "out of memory");

@@ -37,6 +37,7 @@ typedef struct pool {
     lmc_key_interner *interner;
     double lookup_s, load_s;
     bool ucx;
+    char *token;                  /* the channel's, NULL: none */
     atomic_size_t active;         /* lookups under way */
 } pool;
 
@@ -254,6 +255,7 @@ static void pool_destroy(lmc_l2_backend *b)
     lmc_key_table_destroy(&p->owners);
     lmc_key_interner_free(p->interner);
     free(p->retired);
+    free(p->token);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }
@@ -263,11 +265,16 @@ static const lmc_l2_backend_ops pool_ops = {
     pool_status, pool_destroy, NULL, NULL,
 };
 
-lmc_l2_backend *lmc_l2_p2p_peers_new(double lookup_timeout_s, double load_timeout_s, bool ucx)
+lmc_l2_backend *lmc_l2_p2p_peers_new(double lookup_timeout_s, double load_timeout_s, bool ucx,
+                                     const char *auth_token)
 {
     pool *p = calloc(1, sizeof *p);
     if (!p)
         return NULL;
+    if (auth_token && auth_token[0] && !(p->token = strdup(auth_token))) {
+        free(p);
+        return NULL;
+    }
     p->base = (lmc_l2_backend){&pool_ops, "p2p", 0};
     p->lookup_s = lookup_timeout_s;
     p->load_s = load_timeout_s;
@@ -275,6 +282,7 @@ lmc_l2_backend *lmc_l2_p2p_peers_new(double lookup_timeout_s, double load_timeou
     p->interner = lmc_key_interner_new();
     if (!p->interner || lmc_key_table_init(&p->owners, offsetof(owner, key), 64) != 0) {
         lmc_key_interner_free(p->interner);
+        free(p->token);
         free(p);
         return NULL;
     }
@@ -298,7 +306,7 @@ int lmc_l2_p2p_peers_set(lmc_l2_backend *b, const char *id, const char *mq_url,
                          const char *chan_url, char *err, size_t errlen)
 {
     pool *p = (pool *)b;
-    lmc_l2_p2p_options o = {mq_url, chan_url, p->lookup_s, p->load_s, p->ucx};
+    lmc_l2_p2p_options o = {mq_url, chan_url, p->lookup_s, p->load_s, p->ucx, p->token};
     lmc_l2_backend *be = lmc_l2_p2p_new(&o, err, errlen);
     if (!be)
         return -1;
