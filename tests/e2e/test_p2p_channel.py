@@ -194,6 +194,10 @@ def test_two_servers_discover_each_other(start_server, start_coordinator):
     assert time.monotonic() - t0 >= 3 * BEAT
     assert st["p2p_discovery"]["peers_removed"] == 1
     assert [p["instance_id"] for p in st["p2p_peers"]] == ["node-b"]
+    # node-c's two readers (replaced, then dropped) held no lease: both are
+    # gone, not kept until shutdown.
+    pool = l2_status(a)["storage_manager"]["l2_adapters"][-1]
+    assert (pool["retired_peers"], pool["retired_peers_freed"]) == (0, 2)
 
 
 def test_status_without_p2p(start_server):
@@ -269,6 +273,10 @@ def test_discovered_peers_are_read_from(start_server, start_coordinator, engine)
     assert peers["type_name"] == "p2p" and peers["peers"][0]["instance_id"] == "node-a"
     assert peers["peers"][0]["hits"] >= 4
     assert peers["peers"][0]["transfer_engine"] == ("tcp" if engine == "tcp" else "ucx")
+    m = metrics_text(b)
+    assert f'lmcache_mp_p2p_peer_hits_total{{peer="node-a"}} {peers["peers"][0]["hits"]}' in m
+    assert f'lmcache_mp_p2p_peer_read_bytes_total{{peer="node-a"}} {4 * OBJ}' in m
+    assert 'lmcache_mp_p2p_peer_load_failures_total{peer="node-a"} 0' in m
     wa.close()
     wb.close()
 
@@ -310,7 +318,25 @@ def test_a_discovered_peer_that_is_down_is_a_miss(start_server, start_coordinato
     t.join(15)
     assert result == {"hits": 0} and 2.5 <= time.monotonic() - t0 < 10
     assert l2_status(b)["active_p2p_lookup_jobs"] == 0
+    # The silent peer is now in its backoff: the next lookup does not ask
+    # it, and misses at once.
+    t0 = time.monotonic()
+    assert lookup(b, prompt(12), "r2", cs=CS, world_size=1, wait=True) == 0
+    assert time.monotonic() - t0 < 1.0
+    peer = l2_status(b)["storage_manager"]["l2_adapters"][-1]["peers"][0]
+    assert peer["instance_id"] == "node-dead"
+    assert (peer["lookup_timeouts"], peer["lookups_skipped"]) == (1, 1)
+    assert 0 < peer["backoff_ms"] <= 1000
+    m = metrics_text(b)
+    assert 'lmcache_mp_p2p_peer_lookup_timeouts_total{peer="node-dead"} 1' in m
+    assert 'lmcache_mp_p2p_peer_lookups_skipped_total{peer="node-dead"} 1' in m
+    assert "lmcache_mp_p2p_peers 1" in m
     wb.close()
+
+
+def metrics_text(s):
+    with urllib.request.urlopen(f"http://127.0.0.1:{s.http_port}/metrics", timeout=5) as r:
+        return r.read().decode()
 
 
 @pytest.mark.parametrize("engine", ["tcp", "nixl"])

@@ -154,6 +154,12 @@ typedef struct lmc_l2_p2p_options {
     const char *auth_token;                       /* the channel's token, NULL: none (copied) */
 } lmc_l2_p2p_options;
 lmc_l2_backend *lmc_l2_p2p_new(const lmc_l2_p2p_options *o, char *err, size_t errlen);
+/* One peer reader's books (its /status entry, docs/p2p.md). */
+typedef struct lmc_l2_p2p_stats {
+    uint64_t lookups, lookup_failures, lookup_timeouts, bad_answers, lookups_skipped, hits;
+    uint64_t loads, loaded_bytes, load_failures, unlocks;
+} lmc_l2_p2p_stats;
+void lmc_l2_p2p_stats_get(lmc_l2_backend *b, lmc_l2_p2p_stats *out);
 /* The discovered peers as one "p2p" backend (l2_p2p_peers.c): set adds or
  * replaces peer `id` (0, or -1 with err), drop removes it. */
 lmc_l2_backend *lmc_l2_p2p_peers_new(double lookup_timeout_s, double load_timeout_s, bool ucx,
@@ -163,6 +169,13 @@ int lmc_l2_p2p_peers_set(lmc_l2_backend *b, const char *id, const char *mq_url,
 void lmc_l2_p2p_peers_drop(lmc_l2_backend *b, const char *id);
 /* Lookups asking the peers now. */
 size_t lmc_l2_p2p_peers_active_lookups(lmc_l2_backend *b);
+/* Each live peer's books, summed over the readers it had (moves); at most
+ * cap, in no particular order; returns how many were written. */
+typedef struct lmc_l2_p2p_peer_stats {
+    char id[256];
+    lmc_l2_p2p_stats st;
+} lmc_l2_p2p_peer_stats;
+size_t lmc_l2_p2p_peers_stats(lmc_l2_backend *b, lmc_l2_p2p_peer_stats *out, size_t cap);
 /* Takes ownership of `inner`. */
 lmc_l2_backend *lmc_l2_fault_new(lmc_l2_backend *inner, const lmc_l2_fault_options *o);
 

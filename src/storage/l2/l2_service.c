@@ -312,6 +312,84 @@ size_t lmc_l2_p2p_active_lookups(const lmc_storage_manager *sm)
     return s && s->p2p_peers ? lmc_l2_p2p_peers_active_lookups(s->p2p_peers) : 0;
 }
 
+/* ---- per-peer metrics (docs/metrics.md, "P2P requesting side") -------- */
+
+enum { PM_LOOKUPS, PM_HITS, PM_BYTES, PM_LOOKUP_FAILURES, PM_TIMEOUTS, PM_LOAD_FAILURES,
+       PM_SKIPPED, N_PM };
+
+static const struct {
+    const char *name, *help;
+} peer_metric_specs[N_PM] = {
+    [PM_LOOKUPS] = {"lmcache_mp_p2p_peer_lookups_total", "Lookups this server asked the peer"},
+    [PM_HITS] = {"lmcache_mp_p2p_peer_hits_total", "Objects the peer leased to this server"},
+    [PM_BYTES] = {"lmcache_mp_p2p_peer_read_bytes_total",
+                  "Bytes read from the peer's L1 over the transfer channel"},
+    [PM_LOOKUP_FAILURES] = {"lmcache_mp_p2p_peer_lookup_failures_total",
+                            "Lookups of the peer that failed (no answer, a bad one, late)"},
+    [PM_TIMEOUTS] = {"lmcache_mp_p2p_peer_lookup_timeouts_total",
+                     "Lookups of the peer that got no answer in time"},
+    [PM_LOAD_FAILURES] = {"lmcache_mp_p2p_peer_load_failures_total",
+                          "Objects whose read from the peer failed"},
+    [PM_SKIPPED] = {"lmcache_mp_p2p_peer_lookups_skipped_total",
+                    "Lookups not sent: the peer was in its backoff after a silence"},
+};
+
+typedef struct peer_metrics {
+    l2_service *s;
+    lmc_metric *family[N_PM];
+    lmc_metric *count;
+} peer_metrics;
+
+static void collect_peers(lmc_metrics *r, void *user)
+{
+    (void)r;
+    peer_metrics *pm = user;
+    lmc_l2_p2p_peer_stats *st = calloc(256, sizeof *st);
+    size_t n = st ? lmc_l2_p2p_peers_stats(pm->s->p2p_peers, st, 256) : 0;
+    for (size_t k = 0; k < N_PM; k++)
+        lmc_metric_clear(pm->family[k]);   /* a dropped peer's series go */
+    for (size_t i = 0; i < n; i++) {
+        const lmc_l2_p2p_stats *c = &st[i].st;
+        const double v[N_PM] = {
+            [PM_LOOKUPS] = (double)c->lookups, [PM_HITS] = (double)c->hits,
+            [PM_BYTES] = (double)c->loaded_bytes,
+            [PM_LOOKUP_FAILURES] = (double)c->lookup_failures,
+            [PM_TIMEOUTS] = (double)c->lookup_timeouts,
+            [PM_LOAD_FAILURES] = (double)c->load_failures,
+            [PM_SKIPPED] = (double)c->lookups_skipped,
+        };
+        const char *labels[] = {st[i].id};
+        for (size_t k = 0; k < N_PM; k++)
+            lmc_metric_set(pm->family[k], labels, v[k]);
+    }
+    lmc_metric_set(pm->count, NULL, (double)n);
+    free(st);
+}
+
+int lmc_l2_p2p_register_metrics(lmc_storage_manager *sm, lmc_metrics *r)
+{
+    static const char *const labels[] = {"peer", NULL};
+    l2_service *s = service_of(sm);
+    if (!s || !s->p2p_peers)
+        return 0;
+    peer_metrics *pm = calloc(1, sizeof *pm);
+    if (!pm)
+        return -1;
+    pm->s = s;
+    for (size_t k = 0; k < N_PM; k++)
+        if (!(pm->family[k] = lmc_metrics_counter(r, peer_metric_specs[k].name,
+                                                  peer_metric_specs[k].help, labels)))
+            goto fail;
+    pm->count = lmc_metrics_gauge(r, "lmcache_mp_p2p_peers", "Peers discovered and asked now",
+                                  NULL);
+    if (!pm->count)
+        goto fail;
+    return lmc_metrics_add_owned_collector(r, collect_peers, pm);
+fail:
+    free(pm);
+    return -1;
+}
+
 bool lmc_l2_attached(const lmc_storage_manager *sm)
 {
     return service_of(sm) != NULL;

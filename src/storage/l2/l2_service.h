@@ -15,6 +15,7 @@
 
 #include "config/config.h"
 #include "storage/quota.h"
+#include "obs/metrics.h"
 #include "storage/storage_manager.h"
 
 /* No --l2-adapter: attaches nothing and returns 0.  -1 with a one-line
@@ -29,6 +30,10 @@ int lmc_l2_p2p_peer_set(lmc_storage_manager *sm, const char *id, const char *mq_
 void lmc_l2_p2p_peer_drop(lmc_storage_manager *sm, const char *id);
 /* Lookups asking the peers now (0 with P2P off). */
 size_t lmc_l2_p2p_active_lookups(const lmc_storage_manager *sm);
+/* With P2P on, the per-peer families lmcache_mp_p2p_peer_* (docs/metrics.md,
+ * "P2P requesting side"), one series per live peer; 0 and nothing with
+ * P2P off. */
+int lmc_l2_p2p_register_metrics(lmc_storage_manager *sm, lmc_metrics *r);
 
 /* ---- prefetch -----------------------------------------------------------
  * A prefetch request: keys[0..n) are the L1 misses after the caller's L1

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <zmq.h>
 
 #include "p2p/p2p_chan.h"
 #include "p2p/p2p_ucx.h"
@@ -39,9 +40,18 @@ typedef struct p2p {
     lmc_key_table table;
     lmc_key_interner *interner;
     char *mq_url, *chan_url;
+    bool authenticated;             /* the channel proves a token (docs/p2p.md, "Trust model") */
     int lookup_timeout_ms, load_timeout_ms;
-    uint64_t lookups, lookup_failures, hits, loads, loaded, load_failures, unlocks;
+    double down_until_ms;           /* a peer that did not answer: skipped until then */
+    int backoff_ms;                 /* the last skip's length; 0 while the peer answers */
+    lmc_l2_p2p_stats st;
 } p2p;
+
+/* A peer that answered no op is skipped for 1 s, then 2, 4... 30 s while
+ * it stays silent, so that a dead peer costs one lookup its deadline per
+ * backoff, not every lookup (docs/p2p.md, "Requesting side"). */
+#define BACKOFF_FIRST_MS 1000
+#define BACKOFF_MAX_MS 30000
 
 static double now_ms(void)
 {
@@ -108,9 +118,17 @@ static int call(p2p *p, int op, msgpack_sbuffer *arg, int timeout_ms, answer *a)
     return -1;
 }
 
-/* The lease result's list, polled until it arrives or the deadline; -1
- * when it never did.  Under rpc_mu. */
-static int lease(p2p *p, const lmc_object_key *keys, size_t n, answer *result)
+/* How a lease attempt ended. */
+typedef enum {
+    LEASE_OK,          /* *result holds a list of one address per key */
+    LEASE_SILENT,      /* the peer answered no op by its deadline: down or stalled */
+    LEASE_BAD,         /* an answer that is not the protocol's: the peer lies */
+    LEASE_LATE,        /* it answered, but no result came within the lookup timeout */
+} lease_end;
+
+/* The lease result's list, polled until it arrives or the deadline.
+ * Under rpc_mu. */
+static lease_end lease(p2p *p, const lmc_object_key *keys, size_t n, answer *result)
 {
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
@@ -118,15 +136,16 @@ static int lease(p2p *p, const lmc_object_key *keys, size_t n, answer *result)
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     pack_keys(&pk, keys, n);
     answer got;
-    int rc = call(p, OP_LOOKUP_AND_LOCK, &sb, RPC_DEADLINE_MS, &got);
+    int first = p->lookup_timeout_ms < RPC_DEADLINE_MS ? p->lookup_timeout_ms : RPC_DEADLINE_MS;
+    int rc = call(p, OP_LOOKUP_AND_LOCK, &sb, first, &got);
     msgpack_sbuffer_destroy(&sb);
     if (rc != 0)
-        return -1;
+        return LEASE_SILENT;
     bool is_id = got.u.data.type == MSGPACK_OBJECT_POSITIVE_INTEGER;
     uint64_t task = got.u.data.via.u64;
     answer_free(&got);
     if (!is_id)
-        return -1;
+        return LEASE_BAD;
     double deadline = now_ms() + p->lookup_timeout_ms;
     for (double left; (left = deadline - now_ms()) > 0;) {
         msgpack_sbuffer_init(&sb);
@@ -135,14 +154,17 @@ static int lease(p2p *p, const lmc_object_key *keys, size_t n, answer *result)
         rc = call(p, OP_QUERY_RESULTS, &sb, left < RPC_DEADLINE_MS ? (int)left + 1
                                                                    : RPC_DEADLINE_MS, result);
         msgpack_sbuffer_destroy(&sb);
-        if (rc == 0 && result->u.data.type == MSGPACK_OBJECT_ARRAY &&
-            result->u.data.via.array.size == n)
-            return 0;
-        if (rc == 0)
-            answer_free(result);
+        if (rc != 0)
+            return LEASE_SILENT;
+        msgpack_object_type t = result->u.data.type;
+        if (t == MSGPACK_OBJECT_ARRAY && result->u.data.via.array.size == n)
+            return LEASE_OK;
+        answer_free(result);
+        if (t != MSGPACK_OBJECT_NIL)   /* only None means "not yet" */
+            return LEASE_BAD;
         nanosleep(&(struct timespec){0, 5000000}, NULL);   /* 5 ms between polls */
     }
-    return -1;
+    return LEASE_LATE;
 }
 
 static bool address_of(const msgpack_object *o, uint64_t *off, uint64_t *size)
@@ -214,7 +236,7 @@ static void flush_unlocks(p2p *p)
     size_t n = p->n_pending;
     msgpack_sbuffer_init(&p->pending);
     p->n_pending = 0;
-    p->unlocks += n;
+    p->st.unlocks += n;
     pthread_mutex_unlock(&p->mu);
     if (n) {
         msgpack_sbuffer sb;
@@ -244,22 +266,48 @@ static void release_rpc(p2p *p)
     }
 }
 
+/* Whether the peer is in its backoff now (the lookup then misses at once). */
+static bool skipped(p2p *p)
+{
+    pthread_mutex_lock(&p->mu);
+    bool skip = now_ms() < p->down_until_ms;
+    p->st.lookups_skipped += skip;
+    pthread_mutex_unlock(&p->mu);
+    return skip;
+}
+
+/* Under mu: the books after a lease attempt. */
+static void count_lease(p2p *p, lease_end end)
+{
+    p->st.lookups++;
+    p->st.lookup_failures += end != LEASE_OK;
+    p->st.lookup_timeouts += end == LEASE_SILENT || end == LEASE_LATE;
+    p->st.bad_answers += end == LEASE_BAD;
+    if (end == LEASE_SILENT) {
+        p->backoff_ms = p->backoff_ms ? p->backoff_ms * 2 : BACKOFF_FIRST_MS;
+        if (p->backoff_ms > BACKOFF_MAX_MS)
+            p->backoff_ms = BACKOFF_MAX_MS;
+        p->down_until_ms = now_ms() + p->backoff_ms;
+    } else {
+        p->backoff_ms = 0;
+    }
+}
+
 static void p2p_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uint64_t *sizes,
                        size_t n, uint8_t *found)
 {
     p2p *p = (p2p *)b;
     memset(found, 0, n);
-    if (n == 0)
+    if (n == 0 || skipped(p))
         return;
     pthread_mutex_lock(&p->rpc_mu);
     flush_unlocks(p);
     answer res;
-    int rc = lease(p, keys, n, &res);
+    lease_end end = lease(p, keys, n, &res);
     pthread_mutex_lock(&p->mu);
-    p->lookups++;
-    p->lookup_failures += rc != 0;
+    count_lease(p, end);
     size_t leased_n = 0;
-    for (size_t i = 0; rc == 0 && i < n; i++) {
+    for (size_t i = 0; end == LEASE_OK && i < n; i++) {
         uint64_t off, size;
         if (!address_of(&res.u.data.via.array.ptr[i], &off, &size))
             break;
@@ -267,9 +315,9 @@ static void p2p_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uint
         if ((sizes && sizes[i] != size) || remember(p, &keys[i], off, size) != 0)
             break;
         found[i] = 1;
-        p->hits++;
+        p->st.hits++;
     }
-    if (rc == 0)
+    if (end == LEASE_OK)
         answer_free(&res);
     /* Leased on the peer but not taken here (a size this server would not
      * accept, no memory): given back at once. */
@@ -299,7 +347,7 @@ static void p2p_load(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *con
             which[m++] = i;
         }
     }
-    p->loads++;
+    p->st.loads++;
     pthread_mutex_unlock(&p->mu);
     size_t read = !m     ? 0
                   : p->chan ? lmc_p2p_chan_client_read(p->chan, items, m, p->load_timeout_ms, got)
@@ -310,8 +358,8 @@ static void p2p_load(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *con
         bytes += got[j] ? items[j].len : 0;
     }
     pthread_mutex_lock(&p->mu);
-    p->loaded += bytes;
-    p->load_failures += n - read;
+    p->st.loaded_bytes += bytes;
+    p->st.load_failures += n - read;
     pthread_mutex_unlock(&p->mu);
     free(items);
     free(which);
@@ -357,25 +405,53 @@ static void p2p_list(lmc_l2_backend *b, const char *model, json_t *entries)
     (void)b, (void)model, (void)entries;   /* the peer's keys are not ours to list */
 }
 
-static json_t *p2p_status(lmc_l2_backend *b)
+void lmc_l2_p2p_stats_get(lmc_l2_backend *b, lmc_l2_p2p_stats *out)
 {
     p2p *p = (p2p *)b;
     pthread_mutex_lock(&p->mu);
-    json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
-                          "peer_mq_server_url", p->mq_url, "peer_transfer_channel_server_url",
-                          p->chan_url, "transfer_engine", p->ucx ? "ucx" : "tcp", "lookups",
-                          (json_int_t)p->lookups, "lookup_failures",
-                          (json_int_t)p->lookup_failures, "hits", (json_int_t)p->hits, "loads",
-                          (json_int_t)p->loads, "loaded_bytes", (json_int_t)p->loaded,
-                          "load_failures", (json_int_t)p->load_failures, "unlocks",
-                          (json_int_t)p->unlocks);
+    *out = p->st;
     pthread_mutex_unlock(&p->mu);
-    return o;
+}
+
+static json_t *p2p_status(lmc_l2_backend *b)
+{
+    p2p *p = (p2p *)b;
+    lmc_l2_p2p_stats st;
+    lmc_l2_p2p_stats_get(b, &st);
+    pthread_mutex_lock(&p->mu);
+    double down_ms = p->down_until_ms - now_ms();
+    pthread_mutex_unlock(&p->mu);
+    return json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+                     "s:b}",
+                     "peer_mq_server_url", p->mq_url, "peer_transfer_channel_server_url",
+                     p->chan_url, "transfer_engine", p->ucx ? "ucx" : "tcp", "lookups",
+                     (json_int_t)st.lookups, "lookup_failures", (json_int_t)st.lookup_failures,
+                     "lookup_timeouts", (json_int_t)st.lookup_timeouts, "bad_answers",
+                     (json_int_t)st.bad_answers, "lookups_skipped",
+                     (json_int_t)st.lookups_skipped, "hits", (json_int_t)st.hits, "loads",
+                     (json_int_t)st.loads, "loaded_bytes", (json_int_t)st.loaded_bytes,
+                     "load_failures", (json_int_t)st.load_failures, "unlocks",
+                     (json_int_t)st.unlocks, "backoff_ms",
+                     (json_int_t)(down_ms > 0 ? down_ms : 0), "authenticated",
+                     p->authenticated);
+}
+
+/* What is still queued goes out before the socket closes, given a moment
+ * to leave: a peer then gives its leases back now rather than at their TTL
+ * (a retired peer's last unlock, or shutdown). */
+static void send_last_unlocks(p2p *p)
+{
+    if (!p->rpc || p->n_pending == 0)
+        return;
+    flush_unlocks(p);
+    int linger_ms = 200;
+    zmq_setsockopt(lmc_client_socket(p->rpc), ZMQ_LINGER, &linger_ms, sizeof linger_ms);
 }
 
 static void p2p_destroy(lmc_l2_backend *b)
 {
     p2p *p = (p2p *)b;
+    send_last_unlocks(p);
     for (size_t i = 0; i < p->table.capacity; i++)
         free(lmc_key_table_slot_item(&p->table, i));
     lmc_key_table_destroy(&p->table);
@@ -413,6 +489,7 @@ lmc_l2_backend *lmc_l2_p2p_new(const lmc_l2_p2p_options *o, char *err, size_t er
     msgpack_sbuffer_init(&p->pending);
     p->lookup_timeout_ms = (int)(o->lookup_timeout_s * 1000);
     p->load_timeout_ms = (int)(o->load_timeout_s * 1000);
+    p->authenticated = o->auth_token && o->auth_token[0];
     p->mq_url = strdup(o->peer_mq_server_url);
     p->chan_url = strdup(o->peer_transfer_channel_server_url);
     p->interner = lmc_key_interner_new();

@@ -15,24 +15,34 @@
 
 #define MAX_PEERS 256
 
-typedef struct peer {
-    char id[256];
+/* One peer's reader, shared by reference: the live list holds one, each
+ * key it leased (an owner) one, each call under way one.  A peer dropped
+ * or replaced leaves the live list; its reader goes when the last
+ * reference does, so that its unlocks are still sent and nothing under way
+ * ever holds a freed peer. */
+typedef struct reader {
     lmc_l2_backend *be;
-} peer;
+    char id[256];
+    unsigned refs;                /* under pool.mu */
+    bool retired;                 /* off the live list */
+    lmc_l2_p2p_stats carried;     /* the books of the readers it replaced */
+    struct reader *next;          /* every reader alive, for destroy */
+} reader;
 
 typedef struct owner {            /* a hit key and the peer that leased it */
     lmc_object_key key;           /* strings interned in pool.interner */
-    lmc_l2_backend *be;
+    reader *rd;                   /* holds a reference */
     uint32_t count;
 } owner;
 
 typedef struct pool {
     lmc_l2_backend base;          /* first */
     pthread_mutex_t mu;           /* everything below */
-    peer live[MAX_PEERS];
+    reader *live[MAX_PEERS];
     size_t n_live;
-    lmc_l2_backend **retired;
-    size_t n_retired;
+    reader *all;
+    size_t n_retired_alive;
+    uint64_t n_retired_freed;
     lmc_key_table owners;
     lmc_key_interner *interner;
     double lookup_s, load_s;
@@ -41,6 +51,60 @@ typedef struct pool {
     atomic_size_t active;         /* lookups under way */
 } pool;
 
+/* Under mu. */
+static reader *hold(reader *r)
+{
+    if (r)
+        r->refs++;
+    return r;
+}
+
+/* Under mu: drops a reference; the reader, when it was the last, is
+ * unlinked and returned for the caller to destroy outside mu. */
+static reader *unref(pool *p, reader *r)
+{
+    if (!r || --r->refs > 0)
+        return NULL;
+    for (reader **at = &p->all; *at; at = &(*at)->next)
+        if (*at == r) {
+            *at = r->next;
+            break;
+        }
+    if (r->retired) {
+        p->n_retired_alive--;
+        p->n_retired_freed++;
+    }
+    return r;
+}
+
+static void reader_free(reader *r)
+{
+    if (r) {
+        r->be->ops->destroy(r->be);   /* sends what unlocks it still has queued */
+        free(r);
+    }
+}
+
+/* Drops n references, destroying the readers that were the last. */
+static void release(pool *p, reader **rs, size_t n)
+{
+    reader *gone = NULL;
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; i < n; i++) {
+        reader *r = unref(p, rs[i]);
+        if (r) {
+            r->next = gone;
+            gone = r;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    while (gone) {
+        reader *next = gone->next;
+        reader_free(gone);
+        gone = next;
+    }
+}
+
 static int64_t pool_store(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
                           const uint64_t *sizes, size_t n)
 {
@@ -48,11 +112,13 @@ static int64_t pool_store(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t
     return 0;   /* read-only: a 0-byte success (docs/p2p.md) */
 }
 
-static void own(pool *p, const lmc_object_key *k, lmc_l2_backend *be)
+/* Under mu: key k was leased by reader r; its load and unlock go there. */
+static void own(pool *p, const lmc_object_key *k, reader *r, reader **dropped)
 {
     owner *o = lmc_key_table_find(&p->owners, k);
     if (o) {
-        o->be = be;
+        *dropped = unref(p, o->rd);
+        o->rd = hold(r);
         o->count++;
         return;
     }
@@ -63,10 +129,46 @@ static void own(pool *p, const lmc_object_key *k, lmc_l2_backend *be)
     o->key.model_name = lmc_intern(p->interner, k->model_name, strlen(k->model_name));
     o->key.cache_salt = lmc_intern(p->interner, k->cache_salt, strlen(k->cache_salt));
     o->key.interned = 0;
-    o->be = be;
     o->count = 1;
-    if (!o->key.model_name || !o->key.cache_salt || lmc_key_table_insert(&p->owners, o) != 0)
+    if (!o->key.model_name || !o->key.cache_salt || lmc_key_table_insert(&p->owners, o) != 0) {
         free(o);
+        return;
+    }
+    o->rd = hold(r);
+}
+
+/* Asks reader r for the keys not found yet; records its hits. */
+static void ask(pool *p, reader *r, const lmc_object_key *keys, const uint64_t *sizes, size_t n,
+                uint8_t *found, lmc_object_key *sub, uint64_t *subsz, size_t *idx, uint8_t *hit)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!found[i]) {
+            sub[m] = keys[i];
+            subsz[m] = sizes ? sizes[i] : 0;
+            idx[m++] = i;
+        }
+    if (m == 0)
+        return;
+    r->be->ops->lookup_and_lock(r->be, sub, sizes ? subsz : NULL, m, hit);
+    reader *dropped = NULL;
+    pthread_mutex_lock(&p->mu);
+    for (size_t j = 0; j < m; j++)
+        if (hit[j]) {
+            found[idx[j]] = 1;
+            reader *d = NULL;
+            own(p, &sub[j], r, &d);
+            if (d) {   /* the key's earlier peer lost its last reference */
+                d->next = dropped;
+                dropped = d;
+            }
+        }
+    pthread_mutex_unlock(&p->mu);
+    while (dropped) {
+        reader *next = dropped->next;
+        reader_free(dropped);
+        dropped = next;
+    }
 }
 
 static void pool_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uint64_t *sizes,
@@ -75,39 +177,24 @@ static void pool_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uin
     pool *p = (pool *)b;
     memset(found, 0, n);
     atomic_fetch_add(&p->active, 1);
+    reader *rs[MAX_PEERS];
     pthread_mutex_lock(&p->mu);
     size_t np = p->n_live;
-    lmc_l2_backend *bes[MAX_PEERS];
     for (size_t i = 0; i < np; i++)
-        bes[i] = p->live[i].be;
+        rs[i] = hold(p->live[i]);
     pthread_mutex_unlock(&p->mu);
-    lmc_object_key *sub = malloc((n ? n : 1) * sizeof *sub);
-    uint64_t *subsz = malloc((n ? n : 1) * sizeof *subsz);
-    size_t *idx = malloc((n ? n : 1) * sizeof *idx);
-    uint8_t *hit = malloc(n ? n : 1);
-    for (size_t pi = 0; sub && subsz && idx && hit && pi < np; pi++) {
-        size_t m = 0;
-        for (size_t i = 0; i < n; i++)
-            if (!found[i]) {
-                sub[m] = keys[i];
-                subsz[m] = sizes ? sizes[i] : 0;
-                idx[m++] = i;
-            }
-        if (m == 0)
-            break;
-        bes[pi]->ops->lookup_and_lock(bes[pi], sub, sizes ? subsz : NULL, m, hit);
-        pthread_mutex_lock(&p->mu);
-        for (size_t j = 0; j < m; j++)
-            if (hit[j]) {
-                found[idx[j]] = 1;
-                own(p, &sub[j], bes[pi]);
-            }
-        pthread_mutex_unlock(&p->mu);
-    }
+    size_t k = n ? n : 1;
+    lmc_object_key *sub = malloc(k * sizeof *sub);
+    uint64_t *subsz = malloc(k * sizeof *subsz);
+    size_t *idx = malloc(k * sizeof *idx);
+    uint8_t *hit = malloc(k);
+    for (size_t pi = 0; sub && subsz && idx && hit && pi < np; pi++)
+        ask(p, rs[pi], keys, sizes, n, found, sub, subsz, idx, hit);
     free(sub);
     free(subsz);
     free(idx);
     free(hit);
+    release(p, rs, np);
     atomic_fetch_sub(&p->active, 1);
 }
 
@@ -116,40 +203,43 @@ size_t lmc_l2_p2p_peers_active_lookups(lmc_l2_backend *b)
     return atomic_load(&((pool *)b)->active);
 }
 
-/* Runs op for each peer over the keys it owns: gathers them into the
- * scratch arrays, op(be, keys, idx, m).  Under no lock: owners are read
- * under mu first. */
+/* Runs fn for each peer over the keys it owns (gathered into scratch
+ * arrays): fn(be, keys, idx, m, ctx), under no lock, each peer held for
+ * the call. */
 typedef void (*per_peer_fn)(lmc_l2_backend *be, const lmc_object_key *keys, const size_t *idx,
                             size_t m, void *ctx);
 
 static void for_each_peer(pool *p, const lmc_object_key *keys, size_t n, per_peer_fn fn,
                           void *ctx)
 {
-    lmc_l2_backend **who = calloc(n ? n : 1, sizeof *who);
+    reader **who = calloc(n ? n : 1, sizeof *who);
+    reader **held = calloc(n ? n : 1, sizeof *held);
     lmc_object_key *sub = malloc((n ? n : 1) * sizeof *sub);
     size_t *idx = malloc((n ? n : 1) * sizeof *idx);
-    if (who && sub && idx) {
+    if (who && held && sub && idx) {
         pthread_mutex_lock(&p->mu);
         for (size_t i = 0; i < n; i++) {
             const owner *o = lmc_key_table_find(&p->owners, &keys[i]);
-            who[i] = o ? o->be : NULL;
+            who[i] = held[i] = o ? hold(o->rd) : NULL;
         }
         pthread_mutex_unlock(&p->mu);
         for (size_t i = 0; i < n; i++) {
-            lmc_l2_backend *be = who[i];
-            if (!be)
+            reader *r = who[i];
+            if (!r)
                 continue;
             size_t m = 0;
             for (size_t j = i; j < n; j++)
-                if (who[j] == be) {
+                if (who[j] == r) {
                     sub[m] = keys[j];
                     idx[m++] = j;
                     who[j] = NULL;
                 }
-            fn(be, sub, idx, m, ctx);
+            fn(r->be, sub, idx, m, ctx);
         }
+        release(p, held, n);
     }
     free(who);
+    free(held);
     free(sub);
     free(idx);
 }
@@ -200,13 +290,23 @@ static void pool_unlock(lmc_l2_backend *b, const lmc_object_key *keys, size_t n)
 {
     pool *p = (pool *)b;
     for_each_peer(p, keys, n, unlock_at, NULL);
+    reader **gone = calloc(n ? n : 1, sizeof *gone);
     pthread_mutex_lock(&p->mu);
     for (size_t i = 0; i < n; i++) {
         owner *o = lmc_key_table_find(&p->owners, &keys[i]);
-        if (o && --o->count == 0)
-            free(lmc_key_table_remove(&p->owners, &keys[i]));
+        if (o && --o->count == 0) {
+            lmc_key_table_remove(&p->owners, &keys[i]);
+            if (gone)
+                gone[i] = o->rd;   /* its reference, dropped below */
+            else
+                unref(p, o->rd);   /* no memory: a retired reader may outlive its use */
+            free(o);
+        }
     }
     pthread_mutex_unlock(&p->mu);
+    if (gone)
+        release(p, gone, n);
+    free(gone);
 }
 
 static size_t pool_remove(lmc_l2_backend *b, const lmc_object_key *keys, size_t n)
@@ -232,29 +332,32 @@ static json_t *pool_status(lmc_l2_backend *b)
     json_t *peers = json_array();
     pthread_mutex_lock(&p->mu);
     for (size_t i = 0; peers && i < p->n_live; i++) {
-        json_t *st = p->live[i].be->ops->status(p->live[i].be);
+        json_t *st = p->live[i]->be->ops->status(p->live[i]->be);
         if (st)
-            json_object_set_new(st, "instance_id", json_string(p->live[i].id));
+            json_object_set_new(st, "instance_id", json_string(p->live[i]->id));
         json_array_append_new(peers, st ? st : json_null());
     }
-    json_t *o = json_pack("{s:o?, s:I}", "peers", peers, "retired_peers",
-                          (json_int_t)p->n_retired);
+    json_t *o = json_pack("{s:o?, s:I, s:I}", "peers", peers, "retired_peers",
+                          (json_int_t)p->n_retired_alive, "retired_peers_freed",
+                          (json_int_t)p->n_retired_freed);
     pthread_mutex_unlock(&p->mu);
     return o;
 }
 
+/* At shutdown every reference is dropped: each reader sends the unlocks it
+ * still has queued (l2_p2p.c) and goes. */
 static void pool_destroy(lmc_l2_backend *b)
 {
     pool *p = (pool *)b;
-    for (size_t i = 0; i < p->n_live; i++)
-        p->live[i].be->ops->destroy(p->live[i].be);
-    for (size_t i = 0; i < p->n_retired; i++)
-        p->retired[i]->ops->destroy(p->retired[i]);
+    while (p->all) {
+        reader *r = p->all;
+        p->all = r->next;
+        reader_free(r);
+    }
     for (size_t i = 0; i < p->owners.capacity; i++)
         free(lmc_key_table_slot_item(&p->owners, i));
     lmc_key_table_destroy(&p->owners);
     lmc_key_interner_free(p->interner);
-    free(p->retired);
     free(p->token);
     pthread_mutex_destroy(&p->mu);
     free(p);
@@ -290,16 +393,29 @@ lmc_l2_backend *lmc_l2_p2p_peers_new(double lookup_timeout_s, double load_timeou
     return &p->base;
 }
 
-/* Under mu: moves live[i] to the retired list (false: no memory, kept). */
-static bool retire(pool *p, size_t i)
+static void stats_add(lmc_l2_p2p_stats *to, const lmc_l2_p2p_stats *a)
 {
-    lmc_l2_backend **r = realloc(p->retired, (p->n_retired + 1) * sizeof *r);
-    if (!r)
-        return false;
-    p->retired = r;
-    p->retired[p->n_retired++] = p->live[i].be;
+    to->lookups += a->lookups;
+    to->lookup_failures += a->lookup_failures;
+    to->lookup_timeouts += a->lookup_timeouts;
+    to->bad_answers += a->bad_answers;
+    to->lookups_skipped += a->lookups_skipped;
+    to->hits += a->hits;
+    to->loads += a->loads;
+    to->loaded_bytes += a->loaded_bytes;
+    to->load_failures += a->load_failures;
+    to->unlocks += a->unlocks;
+}
+
+/* Under mu: takes live[i] off the live list; the caller drops its
+ * reference (outside mu). */
+static reader *retire(pool *p, size_t i)
+{
+    reader *r = p->live[i];
+    r->retired = true;
+    p->n_retired_alive++;
     p->live[i] = p->live[--p->n_live];
-    return true;
+    return r;
 }
 
 int lmc_l2_p2p_peers_set(lmc_l2_backend *b, const char *id, const char *mq_url,
@@ -307,34 +423,65 @@ int lmc_l2_p2p_peers_set(lmc_l2_backend *b, const char *id, const char *mq_url,
 {
     pool *p = (pool *)b;
     lmc_l2_p2p_options o = {mq_url, chan_url, p->lookup_s, p->load_s, p->ucx, p->token};
-    lmc_l2_backend *be = lmc_l2_p2p_new(&o, err, errlen);
-    if (!be)
+    reader *r = calloc(1, sizeof *r);
+    if (!r || !(r->be = lmc_l2_p2p_new(&o, err, errlen))) {
+        if (!r)
+            snprintf(err, errlen, "out of memory");
+        free(r);
         return -1;
+    }
+    snprintf(r->id, sizeof r->id, "%s", id);
+    r->refs = 1;
+    reader *old = NULL;
     pthread_mutex_lock(&p->mu);
     for (size_t i = 0; i < p->n_live; i++)
-        if (strcmp(p->live[i].id, id) == 0 && !retire(p, i))
-            goto full;
-    if (p->n_live == MAX_PEERS)
-        goto full;
-    snprintf(p->live[p->n_live].id, sizeof p->live[p->n_live].id, "%s", id);
-    p->live[p->n_live++].be = be;
+        if (strcmp(p->live[i]->id, id) == 0) {
+            old = retire(p, i);
+            /* The peer's books go on across its moves (metrics are counters). */
+            lmc_l2_p2p_stats now;
+            lmc_l2_p2p_stats_get(old->be, &now);
+            r->carried = old->carried;
+            stats_add(&r->carried, &now);
+            break;
+        }
+    bool room = p->n_live < MAX_PEERS;
+    if (room) {
+        p->live[p->n_live++] = r;
+        r->next = p->all;
+        p->all = r;
+    }
     pthread_mutex_unlock(&p->mu);
+    release(p, &old, old != NULL);
+    if (!room) {
+        reader_free(r);
+        snprintf(err, errlen, "no room for peer %s", id);
+        return -1;
+    }
     return 0;
-full:
-    pthread_mutex_unlock(&p->mu);
-    be->ops->destroy(be);
-    snprintf(err, errlen, "no room for peer %s", id);
-    return -1;
 }
 
 void lmc_l2_p2p_peers_drop(lmc_l2_backend *b, const char *id)
 {
     pool *p = (pool *)b;
+    reader *old = NULL;
     pthread_mutex_lock(&p->mu);
-    for (size_t i = 0; i < p->n_live; i++)
-        if (strcmp(p->live[i].id, id) == 0) {
-            retire(p, i);
-            break;
-        }
+    for (size_t i = 0; i < p->n_live && !old; i++)
+        if (strcmp(p->live[i]->id, id) == 0)
+            old = retire(p, i);
     pthread_mutex_unlock(&p->mu);
+    release(p, &old, old != NULL);
+}
+
+size_t lmc_l2_p2p_peers_stats(lmc_l2_backend *b, lmc_l2_p2p_peer_stats *out, size_t cap)
+{
+    pool *p = (pool *)b;
+    pthread_mutex_lock(&p->mu);
+    size_t n = p->n_live < cap ? p->n_live : cap;
+    for (size_t i = 0; i < n; i++) {
+        snprintf(out[i].id, sizeof out[i].id, "%s", p->live[i]->id);
+        lmc_l2_p2p_stats_get(p->live[i]->be, &out[i].st);
+        stats_add(&out[i].st, &p->live[i]->carried);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return n;
 }
