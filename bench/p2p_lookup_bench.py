@@ -69,7 +69,8 @@ def status(srv):
 
 
 def node(coord, name, l1_gb, engine, *more):
-    return Server(*more, "--p2p-advertise-url", f"127.0.0.1:{free_port()}", "--p2p-transfer-engine", engine,
+    return Server(*more, "--p2p-advertise-url", f"127.0.0.1:{free_port()}",
+                  "--p2p-transfer-engine", engine,
                   "--coordinator-url", f"http://127.0.0.1:{coord.port}", "--instance-id", name,
                   "--coordinator-advertise-ip", "127.0.0.1", "--coordinator-heartbeat-interval",
                   "0.2", "--chunk-size", str(CS), "--l1-size-gb", str(l1_gb),
@@ -124,7 +125,7 @@ def channel_read(sock, rid, addrs, buf):
     t0 = time.perf_counter()
     sock.sendall(req)
     recv_into(sock, memoryview(head))
-    if any(b != 0xFF for b in head[16:16 + len(addrs) // 8]):
+    if not all(head[16 + i // 8] >> (i % 8) & 1 for i in range(len(addrs))):
         raise SystemExit("p2p_lookup_bench: the channel refused a range")
     view, at = memoryview(buf), 0
     for a in addrs:
