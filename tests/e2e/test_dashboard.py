@@ -20,6 +20,7 @@ import pytest
 
 from lmc.ops import NOOP
 from lmc.server import ROOT, Server
+from test_coordinator_api import start_coordinator  # noqa: F401 (fixture)
 
 ARTIFACTS = os.path.join(ROOT, "test-artifacts")
 
@@ -157,6 +158,17 @@ def text(browser, elem_id):
     return browser.evaluate(f"document.getElementById({json.dumps(elem_id)}).textContent")
 
 
+def open_dashboard(s):
+    """A browser on s's /dashboard once its first poll is rendered."""
+    browser = Browser()
+    for domain in ("Runtime", "Log", "Page"):
+        browser.call(f"{domain}.enable")
+    browser.call("Page.navigate", url=f"http://127.0.0.1:{s.http_port}/dashboard")
+    assert browser.wait_for("document.getElementById('conn')?.textContent === 'Connected'"), \
+        browser.errors()
+    return browser
+
+
 def test_generated_source_is_current():
     """dashboard_html.c must be what gen_dashboard.py makes of dashboard.html."""
     gen = os.path.join(ROOT, "src", "http", "gen_dashboard.py")
@@ -173,12 +185,7 @@ def test_dashboard_renders_status():
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{s.http_port}/status", timeout=10) as r:
             status = json.load(r)
-        browser = Browser()
-        for domain in ("Runtime", "Log", "Page"):
-            browser.call(f"{domain}.enable")
-        browser.call("Page.navigate", url=f"http://127.0.0.1:{s.http_port}/dashboard")
-        assert browser.wait_for("document.getElementById('conn')?.textContent === 'Connected'"), \
-            browser.errors()
+        browser = open_dashboard(s)
 
         assert text(browser, "v-chunk_size") == f"{status['chunk_size']:,}"
         assert text(browser, "v-hash_algorithm") == status["hash_algorithm"]
@@ -192,6 +199,10 @@ def test_dashboard_renders_status():
         assert text(browser, "l1-used") == fmt_bytes(l1["used"])
         assert text(browser, "v-l2") == "none"  # no L2 adapters in this build
         assert text(browser, "v-coord") == "off"  # no --coordinator-url
+        assert status["p2p_enabled"] is False
+        assert text(browser, "v-p2p") == "off"    # no --p2p-advertise-url
+        assert text(browser, "s-p2p") == "no --p2p-advertise-url"
+        assert browser.evaluate("document.querySelectorAll('#p2p-peers li').length") == 0
         assert text(browser, "v-l1-objects") == f"{l1['num_objects']:,}"
         # The hit-rate chart has its denominator from the first poll, before
         # any lookup: "no lookups yet", not "not reported" (issue 31).
@@ -301,3 +312,70 @@ def test_dashboard_says_degraded_with_the_reason():
             browser.close()
         rc = s.stop()
     assert rc == 0, s.output()
+
+
+@needs_chromium
+def test_dashboard_p2p_tile(start_server, start_coordinator):
+    """docs/http.md, "Dashboard": with P2P on, the P2P tile shows the
+    discovery state, the peers and, per peer, what this server read from
+    it; the locks held for peers come from the serving side."""
+    from test_lookup_engine_driven import CS, OBJ, Worker, prompt
+    from test_p2p_channel import l2_status, p2p_node, p2p_status, wait_for
+    from lmc.client import lookup
+
+    coord = start_coordinator()
+    a, _ = p2p_node(start_server, coord, "node-a")
+    b, _ = p2p_node(start_server, coord, "node-b")
+    browser = None
+    wa = Worker(a, 7001, 0, world_size=1)
+    wb = Worker(b, 7002, 0, world_size=1)   # a lookup reaches L2 with a layout only
+    try:
+        toks = prompt(21)
+        wa.store(toks, 0, 4 * CS)
+        wait_for(lambda st: st["p2p_peer_count"] == 1, lambda: p2p_status(b))
+        browser = open_dashboard(b)
+        assert browser.wait_for("document.getElementById('v-p2p').textContent === "
+                                "'Registered'"), text(browser, "v-p2p")
+        assert text(browser, "s-p2p") == "1 peer · 0 locks held for peers"
+        assert lookup(b, toks, "r1", cs=CS, world_size=1, wait=True) == 4
+        peer = l2_status(b)["storage_manager"]["l2_adapters"][-1]["peers"][0]
+        assert peer["hits"] >= 4 and peer["loaded_bytes"] >= 4 * OBJ
+        want = (f"node-a · {peer['hits']:,} hits · {fmt_bytes(peer['loaded_bytes'])} read · "
+                f"{peer['lookup_failures'] + peer['load_failures']} failures")
+        row = "document.querySelector('#p2p-peers [data-peer=\"node-a\"]')?.textContent"
+        assert browser.wait_for(f"{row} === {json.dumps(want)}"), browser.evaluate(row)
+        # A's side of the same tile: what it holds locked for B until B unlocks.
+        browser.close()
+        browser = open_dashboard(a)
+        wait_for(lambda st: st["leases_held"] == 0, lambda: l2_status(a)["modules"]["p2p_serve"])
+        assert browser.wait_for("document.getElementById('s-p2p').textContent === "
+                                "'1 peer · 0 locks held for peers'"), text(browser, "s-p2p")
+        row_b = row.replace("node-a", "node-b")
+        assert browser.wait_for(f"{row_b} === 'node-b · 0 hits · 0 B read · 0 failures'"), \
+            browser.evaluate(row_b)
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        browser.screenshot(os.path.join(ARTIFACTS, "dashboard-p2p.png"))
+        # Older or partial field sets render as "–", never throw.
+        shown = browser.evaluate("""(() => {
+            const out = [];
+            for (const st of [{p2p_enabled: true},
+                              {p2p_enabled: true, p2p_state: 'unregistered', p2p_peers: [{}],
+                               storage_manager: {l2_adapters: [{type_name: 'p2p', peers: null}]}},
+                              {p2p_enabled: true, p2p_state: 'registered', p2p_peer_count: 1,
+                               storage_manager: {l2_adapters: [{type_name: 'p2p',
+                                 peers: [{instance_id: 'x', hits: 2}]}]}}]) {
+              renderP2P(st);
+              out.push([$('v-p2p').textContent, $('s-p2p').textContent,
+                        [...document.querySelectorAll('#p2p-peers li')].map((l) => l.textContent)]);
+            }
+            return out; })()""")
+        assert shown == [
+            ["–", "0 peers · – locks held for peers", ["no peer discovered"]],
+            ["Not registered", "1 peer · – locks held for peers", ["? · – hits · – read · – failures"]],
+            ["Registered", "1 peer · – locks held for peers", ["x · 2 hits · – read · – failures"]]]
+        assert browser.errors() == []
+    finally:
+        if browser:
+            browser.close()
+        wa.close()
+        wb.close()
