@@ -12,9 +12,12 @@
 #include <stdint.h>
 
 /* Whether a peer may read [off, off+len) of the arena now (the lease check
- * of the serving side).  Called from the connection threads, concurrently,
- * for ranges already known to lie inside the arena. */
-typedef bool (*lmc_p2p_may_read_fn)(void *user, uint64_t off, uint64_t len);
+ * of the serving side).  holder: the lease holder the connection named in
+ * the token handshake (p2p_auth.h; possibly empty, then it holds nothing),
+ * NULL without a token (anyone's leases count).  Called from the connection threads, concurrently, for
+ * ranges already known to lie inside the arena. */
+typedef bool (*lmc_p2p_may_read_fn)(void *user, const uint8_t *holder, size_t holder_len,
+                                    uint64_t off, uint64_t len);
 
 typedef struct lmc_p2p_chan_server_opts {
     const char *listen_url;        /* "host:port" ("tcp://" prefix, "[v6]" allowed); port 0 picks one */
@@ -61,6 +64,8 @@ typedef struct lmc_p2p_chan_client_opts {
     uint32_t max_items;            /* items per request, the rest fail; 0: 65536 */
     uint64_t max_request_bytes;    /* bytes per request, the rest fail; 0: 1 GiB */
     const char *auth_token;        /* non-empty: proved on connect (p2p_auth.h); copied */
+    const uint8_t *holder;         /* with a token: the lease holder named to the server */
+    size_t holder_len;             /* 0..64 (p2p_auth.h; longer is cut); copied */
 } lmc_p2p_chan_client_opts;
 
 typedef struct lmc_p2p_chan_item {

@@ -29,6 +29,7 @@ struct lmc_p2p_chan_client {
     int fd;                  /* -1: not connected */
     bool handshaken;
     uint32_t next_id;
+    uint8_t holder[LMC_P2P_AUTH_MAX_HOLDER];   /* o.holder's copy */
 };
 
 static void client_defaults(lmc_p2p_chan_client_opts *o)
@@ -54,6 +55,11 @@ static lmc_p2p_chan_client *client_new(const lmc_p2p_chan_client_opts *o)
         return NULL;
     }
     client_defaults(&c->o);
+    if (c->o.holder_len > LMC_P2P_AUTH_MAX_HOLDER)
+        c->o.holder_len = LMC_P2P_AUTH_MAX_HOLDER;
+    if (c->o.holder_len)
+        memcpy(c->holder, o->holder, c->o.holder_len);
+    c->o.holder = NULL;   /* not kept: the caller's bytes */
     c->fd = -1;
     pthread_mutex_init(&c->mu, NULL);
     return c;
@@ -107,7 +113,7 @@ static int ensure_connected(lmc_p2p_chan_client *c, int64_t deadline)
             return -1;
     }
     char magic[LMC_P2P_MAGIC_LEN];
-    if ((c->o.auth_token && lmc_p2p_auth_client(c->fd, c->o.auth_token, deadline) != 0) ||
+    if ((c->o.auth_token && lmc_p2p_auth_client(c->fd, c->o.auth_token, c->holder, c->o.holder_len, deadline) != 0) ||
         lmc_p2p_io_full(c->fd, (void *)LMC_P2P_MAGIC, LMC_P2P_MAGIC_LEN, true, -1, deadline, -1) ||
         lmc_p2p_io_full(c->fd, magic, sizeof magic, false, -1, deadline, -1) ||
         memcmp(magic, LMC_P2P_MAGIC, sizeof magic) != 0) {

@@ -60,10 +60,19 @@ static void add(_Atomic uint64_t *counter, uint64_t v)
     atomic_fetch_add_explicit(counter, v, memory_order_relaxed);
 }
 
+/* Who reads on a connection: the lease holder it named in the token
+ * handshake, if any (p2p_chan.h, lmc_p2p_may_read_fn). */
+typedef struct reader_id {
+    uint8_t id[LMC_P2P_AUTH_MAX_HOLDER];
+    size_t len;
+    bool named;
+} reader_id;
+
 /* Answers one request whose n items are in `raw`: the mask, then the
  * bytes of every range the arena holds and the lease allows. */
-static int answer(const lmc_p2p_chan_server_opts *o, int fd, int stop_fd, uint32_t req_id,
-                  uint32_t n, const uint8_t *raw, uint8_t *mask, atomic_stats *st)
+static int answer(const lmc_p2p_chan_server_opts *o, int fd, int stop_fd, const reader_id *who,
+                  uint32_t req_id, uint32_t n, const uint8_t *raw, uint8_t *mask,
+                  atomic_stats *st)
 {
     size_t mlen = lmc_p2p_wire_mask_len(n);
     if (mlen)   /* an empty request is answered too, with no mask (and no buffer yet) */
@@ -72,7 +81,8 @@ static int answer(const lmc_p2p_chan_server_opts *o, int fd, int stop_fd, uint32
         uint64_t off, len;
         lmc_p2p_wire_req_item(raw + (size_t)i * LMC_P2P_REQ_ITEM, &off, &len);
         bool ok = lmc_p2p_wire_range_ok(off, len, o->arena_size) &&
-                  (!o->may_read || o->may_read(o->may_read_user, off, len));
+                  (!o->may_read || o->may_read(o->may_read_user, who->named ? who->id : NULL,
+                                               who->len, off, len));
         if (ok)
             mask[i / 8] |= (uint8_t)(1u << (i % 8));
         else
@@ -99,7 +109,8 @@ static int answer(const lmc_p2p_chan_server_opts *o, int fd, int stop_fd, uint32
 /* One request: its header (waited for without bound: an idle connection is
  * a peer's persistent channel), its items within the stall bound, the
  * answer.  1: served, 0: the peer closed or stop, -1: a protocol error. */
-static int serve_one(const lmc_p2p_chan_server_opts *o, int fd, int stop_fd, uint8_t **raw,
+static int serve_one(const lmc_p2p_chan_server_opts *o, int fd, int stop_fd,
+                     const reader_id *who, uint8_t **raw,
                      uint8_t **mask, uint32_t *cap, atomic_stats *st)
 {
     uint8_t hdr[LMC_P2P_REQ_HDR];
@@ -128,7 +139,7 @@ static int serve_one(const lmc_p2p_chan_server_opts *o, int fd, int stop_fd, uin
     if (lmc_p2p_io_full(fd, *raw, (size_t)n * LMC_P2P_REQ_ITEM, false, stop_fd, -1,
                         o->io_timeout_ms))
         return -1;
-    return answer(o, fd, stop_fd, req_id, n, *raw, *mask, st) ? -1 : 1;
+    return answer(o, fd, stop_fd, who, req_id, n, *raw, *mask, st) ? -1 : 1;
 }
 
 static void serve_conn(const lmc_p2p_chan_server_opts *opts, int fd, int stop_fd,
@@ -136,10 +147,14 @@ static void serve_conn(const lmc_p2p_chan_server_opts *opts, int fd, int stop_fd
 {
     lmc_p2p_chan_server_opts o = *opts;
     defaults(&o);
-    if (lmc_p2p_auth_wanted(o.auth_token) &&
-        lmc_p2p_auth_server(fd, o.auth_token, stop_fd, lmc_p2p_io_now_ms() + o.io_timeout_ms)) {
-        add(&st->auth_failures, 1);
-        return;
+    reader_id who = {.named = false};
+    if (lmc_p2p_auth_wanted(o.auth_token)) {
+        if (lmc_p2p_auth_server(fd, o.auth_token, stop_fd, lmc_p2p_io_now_ms() + o.io_timeout_ms,
+                                who.id, &who.len)) {
+            add(&st->auth_failures, 1);
+            return;
+        }
+        who.named = true;   /* an empty holder owns nothing: it reads nothing */
     }
     char magic[LMC_P2P_MAGIC_LEN];
     if (lmc_p2p_io_full(fd, magic, sizeof magic, false, stop_fd, -1, o.io_timeout_ms) ||
@@ -152,7 +167,7 @@ static void serve_conn(const lmc_p2p_chan_server_opts *opts, int fd, int stop_fd
     uint8_t *raw = NULL, *mask = NULL;
     uint32_t cap = 0;
     int r;
-    while ((r = serve_one(&o, fd, stop_fd, &raw, &mask, &cap, st)) == 1) {
+    while ((r = serve_one(&o, fd, stop_fd, &who, &raw, &mask, &cap, st)) == 1) {
     }
     if (r < 0)
         add(&st->protocol_errors, 1);

@@ -19,6 +19,7 @@
 struct lmc_p2p_ucx_client {
     lmc_p2p_ucx_api api;
     lmc_p2p_chan_client_opts o;
+    uint8_t holder[LMC_P2P_AUTH_MAX_HOLDER];   /* o.holder's copy */
     char host[256], port[8];
     pthread_mutex_t mu;
     ucp_context_h ctx;
@@ -91,7 +92,7 @@ static int fetch_blob(lmc_p2p_ucx_client *c, int64_t deadline, lmc_p2p_ucx_hdr *
         return -1;
     uint8_t hdr[LMC_P2P_UCX_HDR];
     *blob = NULL;
-    if ((!c->o.auth_token || lmc_p2p_auth_client(fd, c->o.auth_token, deadline) == 0) &&
+    if ((!c->o.auth_token || lmc_p2p_auth_client(fd, c->o.auth_token, c->holder, c->o.holder_len, deadline) == 0) &&
         lmc_p2p_io_full(fd, hdr, sizeof hdr, false, -1, deadline, -1) == 0 &&
         lmc_p2p_ucx_wire_hdr(hdr, h) == 0 &&
         (*blob = malloc((size_t)h->addr_len + h->rkey_len)) != NULL &&
@@ -241,6 +242,11 @@ lmc_p2p_ucx_client *lmc_p2p_ucx_client_open(const lmc_p2p_chan_client_opts *o, c
         free(c);
         return NULL;
     }
+    if (c->o.holder_len > LMC_P2P_AUTH_MAX_HOLDER)
+        c->o.holder_len = LMC_P2P_AUTH_MAX_HOLDER;
+    if (c->o.holder_len)
+        memcpy(c->holder, o->holder, c->o.holder_len);
+    c->o.holder = NULL;
     if (c->o.connect_timeout_ms <= 0)
         c->o.connect_timeout_ms = 3000;
     if (!c->o.max_items)

@@ -45,8 +45,10 @@ static void answer_bootstrap(lmc_p2p_ucx_server *s)
     if (fd < 0)
         return;
     int auth_ms = s->io_timeout_ms < AUTH_TIMEOUT_MS ? s->io_timeout_ms : AUTH_TIMEOUT_MS;
-    if (s->token &&
-        lmc_p2p_auth_server(fd, s->token, s->stop_pipe[0], lmc_p2p_io_now_ms() + auth_ms)) {
+    uint8_t holder[LMC_P2P_AUTH_MAX_HOLDER];   /* one-sided reads pass no lease check */
+    size_t holder_len;
+    if (s->token && lmc_p2p_auth_server(fd, s->token, s->stop_pipe[0],
+                                        lmc_p2p_io_now_ms() + auth_ms, holder, &holder_len)) {
         atomic_fetch_add(&s->auth_failures, 1);
         close(fd);
         return;

@@ -13,6 +13,11 @@ struct lmc_client {
 
 lmc_client *lmc_client_connect(const char *url)
 {
+    return lmc_client_connect_as(url, NULL, 0);
+}
+
+lmc_client *lmc_client_connect_as(const char *url, const uint8_t *id, size_t id_len)
+{
     lmc_client *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
@@ -25,6 +30,8 @@ lmc_client *lmc_client_connect(const char *url)
     zmq_setsockopt(c->socket, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(c->socket, ZMQ_CONNECT_TIMEOUT, &connect_timeout, sizeof connect_timeout);
     zmq_setsockopt(c->socket, ZMQ_RECONNECT_IVL_MAX, &reconnect_max, sizeof reconnect_max);
+    if (id_len && zmq_setsockopt(c->socket, ZMQ_ROUTING_ID, id, id_len) != 0)
+        goto fail;
     if (zmq_connect(c->socket, url) != 0)
         goto fail;
     return c;

@@ -26,6 +26,10 @@ typedef struct {
 
 /* `url` like "tcp://localhost:5555".  NULL on failure. */
 lmc_client *lmc_client_connect(const char *url);
+/* The same with the socket's routing id set (1..255 bytes, the first not
+ * 0, as ZMQ wants), so that the server knows this connection by a name
+ * the caller chose (docs/p2p.md: the lease holder). */
+lmc_client *lmc_client_connect_as(const char *url, const uint8_t *id, size_t id_len);
 void lmc_client_close(lmc_client *c);
 
 /* Sends op `op_id` with `nargs` pre-encoded msgpack payload frames and waits

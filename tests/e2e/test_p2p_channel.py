@@ -3,7 +3,9 @@ the channel"): with --p2p-advertise-url, lmcached lends its L1 arena at
 the listen URL; a peer reads exactly the ranges leased to it with ops
 29/30 and nothing else, in upstream's LMTCP001 framing (docs/p2p.md,
 "Framing (tcp)"), read here by a client written from that table."""
+import hmac
 import json
+import os
 import socket
 import threading
 import time
@@ -29,11 +31,28 @@ def recv_exact(sock, n):
     return bytes(out)
 
 
+def prove_token(sock, token, holder):
+    """The client's side of the channel's token handshake, written from
+    the table of docs/p2p.md, "Trust model"."""
+    cn = os.urandom(16)
+    sock.sendall(b"LMP2PA01" + cn)
+    answer = recv_exact(sock, 8 + 16 + 32)
+    assert answer[:8] == b"LMP2PA01"
+    sn = answer[8:24]
+    key = token.encode()
+    assert answer[24:] == hmac.new(key, b"lmcached p2p server" + cn + sn, "sha256").digest()
+    named = bytes([len(holder)]) + holder
+    sock.sendall(named + hmac.new(key, b"lmcached p2p client" + cn + sn + named,
+                                  "sha256").digest())
+
+
 class Channel:
     """A tcp-engine client: handshake, then (offset, length) requests."""
 
-    def __init__(self, port):
+    def __init__(self, port, token=None, holder=b""):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        if token is not None:
+            prove_token(self.sock, token, holder)
         self.sock.sendall(b"LMTCP001")
         assert recv_exact(self.sock, 8) == b"LMTCP001"
         self.rid = 0
@@ -367,3 +386,34 @@ def test_the_channel_wants_the_coordinator_token(start_server, start_coordinator
     sock.close()
     wa.close()
     wb.close()
+
+
+def test_with_the_token_a_peer_reads_only_its_own_leases(start_server, start_coordinator,
+                                                        tmp_path):
+    """With the token, the holder a connection names (the routing id of the
+    message-queue connection that took the leases) is checked: a range
+    leased to peer X is served to X, refused to Y and to a connection that
+    names no holder, which holds nothing (docs/p2p.md, "Trust model")."""
+    coord = start_coordinator(AUTH_TOKEN="fleet-tok")
+    port = free_port()
+    s = start_server(*p2p_args(coord, port), *l2_fs_args(tmp_path),
+                     "--coordinator-auth-token", "fleet-tok")
+    w, toks, keys = store_prompt(s, tmp_path, 2, n_chunks=2)
+    dx = s.dealer(routing_id=b"peer-x")
+    dy = s.dealer(routing_id=b"peer-y")
+    x_range = (query(dx, lock(dx, keys[:1]))[0]["offset"], OBJ)
+    y_range = (query(dy, lock(dy, keys[1:2]))[0]["offset"], OBJ)
+    as_x = Channel(port, "fleet-tok", b"peer-x")
+    as_y = Channel(port, "fleet-tok", b"peer-y")
+    nobody = Channel(port, "fleet-tok")
+    assert as_x.read([x_range, y_range]) == [chunk_bytes(0, toks, 0), None]
+    assert as_y.read([x_range, y_range]) == [None, chunk_bytes(0, toks, 1)]
+    assert nobody.read([x_range, y_range]) == [None, None]
+    # Y cannot give back X's lease either: X's range stays readable to X.
+    assert dy.call(P2P_UNLOCK_OBJECTS, keys[:1]) is not None
+    assert as_x.read([x_range]) == [chunk_bytes(0, toks, 0)]
+    for c in (as_x, as_y, nobody):
+        c.close()
+    dx.close()
+    dy.close()
+    w.close()

@@ -222,23 +222,35 @@ static bool live_holds(const lmc_lease *l, uint64_t pos, int64_t now)
 /* The end of a live leased range holding byte `pos`, or 0 when none does:
  * one starting at pos through the offset index, else by a scan.  Caller
  * locks. */
-static uint64_t live_end_at(const lmc_p2p_serve_reg *r, uint64_t pos, int64_t now)
+static bool owned_by(const lmc_p2p_serve_held *h, const lmc_p2p_serve_owner *owner)
+{
+    return !owner || lmc_p2p_serve_owner_equal(&h->owner, owner);
+}
+
+static uint64_t live_end_at(const lmc_p2p_serve_reg *r, const lmc_p2p_serve_owner *owner,
+                            uint64_t pos, int64_t now)
 {
     for (uint32_t i = r->heads[BY_OFFSET][bucket_of_offset(r, pos)]; i != NONE;
          i = r->items[i].next[BY_OFFSET]) {
         const lmc_lease *l = &r->items[i].h.lease;
-        if (l->offset == pos && live_holds(l, pos, now))
+        if (l->offset == pos && live_holds(l, pos, now) && owned_by(&r->items[i].h, owner))
             return l->offset + l->object_size;
     }
     for (size_t i = 0; i < r->n; i++) {
         const lmc_lease *l = &r->items[i].h.lease;
-        if (live_holds(l, pos, now))
+        if (live_holds(l, pos, now) && owned_by(&r->items[i].h, owner))
             return l->offset + l->object_size;
     }
     return 0;
 }
 
 bool lmc_p2p_serve_reg_covers(lmc_p2p_serve_reg *r, uint64_t offset, uint64_t len)
+{
+    return lmc_p2p_serve_reg_covers_for(r, NULL, offset, len);
+}
+
+bool lmc_p2p_serve_reg_covers_for(lmc_p2p_serve_reg *r, const lmc_p2p_serve_owner *owner,
+                                  uint64_t offset, uint64_t len)
 {
     if (len == 0 || offset + len < offset)
         return false;
@@ -247,7 +259,7 @@ bool lmc_p2p_serve_reg_covers(lmc_p2p_serve_reg *r, uint64_t offset, uint64_t le
     int64_t now = r->clock(r->clock_user);
     uint64_t pos = offset;
     while (pos < end) {
-        uint64_t next = live_end_at(r, pos, now);
+        uint64_t next = live_end_at(r, owner, pos, now);
         if (next == 0)
             break;
         pos = next;

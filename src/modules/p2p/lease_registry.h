@@ -70,6 +70,9 @@ size_t lmc_p2p_serve_reg_take_all(lmc_p2p_serve_reg *r, lmc_p2p_serve_held *out,
  * now and not expired (adjacent leased objects cover a range across them).
  * len 0, or a range that wraps around, is never covered. */
 bool lmc_p2p_serve_reg_covers(lmc_p2p_serve_reg *r, uint64_t offset, uint64_t len);
+/* The same, counting only the leases `owner` took (NULL: anyone's). */
+bool lmc_p2p_serve_reg_covers_for(lmc_p2p_serve_reg *r, const lmc_p2p_serve_owner *owner,
+                                  uint64_t offset, uint64_t len);
 
 /* Leases held (expired ones not yet taken out included) and their bytes. */
 void lmc_p2p_serve_reg_counts(lmc_p2p_serve_reg *r, size_t *leases, uint64_t *bytes);

@@ -257,10 +257,17 @@ static lmc_handler_result unlock_objects(void *state, lmc_rpc_call *call)
 
 /* ---- the transfer channel's check -------------------------------------- */
 
-bool lmc_p2p_serve_may_read(void *user, uint64_t offset, uint64_t len)
+bool lmc_p2p_serve_may_read(void *user, const uint8_t *holder, size_t holder_len,
+                            uint64_t offset, uint64_t len)
 {
     p2p_mod *m = user;
-    return m && lmc_p2p_serve_reg_covers(m->reg, offset, len);
+    if (!m)
+        return false;
+    if (!holder)
+        return lmc_p2p_serve_reg_covers(m->reg, offset, len);
+    lmc_p2p_serve_owner owner;
+    lmc_p2p_serve_owner_set(&owner, holder, holder_len);
+    return lmc_p2p_serve_reg_covers_for(m->reg, &owner, offset, len);
 }
 
 /* ---- module ------------------------------------------------------------ */

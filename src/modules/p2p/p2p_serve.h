@@ -6,6 +6,7 @@
 #define LMC_MODULES_P2P_P2P_SERVE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "modules/module.h"
@@ -24,8 +25,12 @@ extern const lmc_module_def lmc_p2p_serve_module;
  * as `user`: true when every byte of [offset, offset + len) of the L1 arena
  * lies inside objects that P2P_LOOKUP_AND_LOCK leased to peers and that
  * were neither unlocked nor outlived their lease (the L1 read-lock TTL).
- * Thread-safe, never blocks for long; false for a NULL user (the module is
- * not loaded), len 0 or a range that wraps around. */
-bool lmc_p2p_serve_may_read(void *user, uint64_t offset, uint64_t len);
+ * With a holder (the routing id a peer's message-queue connection uses,
+ * named by that peer on the channel: docs/p2p.md, "Trust model"), only the
+ * leases that connection took count; NULL: anyone's.  Thread-safe, never
+ * blocks for long; false for a NULL user (the module is not loaded), len 0
+ * or a range that wraps around. */
+bool lmc_p2p_serve_may_read(void *user, const uint8_t *holder, size_t holder_len,
+                            uint64_t offset, uint64_t len);
 
 #endif

@@ -12,9 +12,11 @@ from lmc.ops import LOOKUP, QUERY_PREFETCH_STATUS, WAIT_PREFETCH_STATUS
 class Dealer:
     """A DEALER socket speaking the MP framing: [uid, op, payload...]."""
 
-    def __init__(self, ctx, url):
+    def __init__(self, ctx, url, routing_id=None):
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if routing_id is not None:
+            self.sock.setsockopt(zmq.ROUTING_ID, routing_id)
         self.sock.connect(url)
         self.uid = 0
 

@@ -74,8 +74,8 @@ class Server:
         finally:
             d.close()
 
-    def dealer(self):
-        return Dealer(self.ctx, self.url)
+    def dealer(self, routing_id=None):
+        return Dealer(self.ctx, self.url, routing_id)
 
     def output(self):
         if not self.log.closed:

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -25,9 +26,10 @@ typedef struct {
     char url[64];
 } fixture;
 
-static bool deny_first_mib(void *user, uint64_t off, uint64_t len)
+static bool deny_first_mib(void *user, const uint8_t *holder, size_t holder_len, uint64_t off,
+                           uint64_t len)
 {
-    (void)len;
+    (void)len, (void)holder, (void)holder_len;
     *(int *)user += 1;
     return off >= (1u << 20);
 }
@@ -89,6 +91,46 @@ static void a_token_is_required_when_set(void **state)
     }
     assert_int_equal(st.auth_failures, 3);
     assert_int_equal(st.items_served, 1);
+    lmc_p2p_chan_server_stop(srv);
+}
+
+/* The holder a client names in the token handshake reaches the lease
+ * check: a client reads only under the name it proved. */
+static bool only_peer_x(void *user, const uint8_t *holder, size_t holder_len, uint64_t off,
+                        uint64_t len)
+{
+    (void)user, (void)off, (void)len;
+    assert_non_null(holder);   /* with a token, even an empty name is passed */
+    return holder_len == 6 && memcmp(holder, "peer-x", 6) == 0;
+}
+
+static void the_named_holder_reaches_the_lease_check(void **state)
+{
+    (void)state;
+    lmc_p2p_chan_server_opts o = {.listen_url = "127.0.0.1:0", .arena = g_arena,
+                                  .arena_size = ARENA_SIZE, .io_timeout_ms = 2000,
+                                  .auth_token = "fleet-secret", .may_read = only_peer_x};
+    char err[256], url[64];
+    lmc_p2p_chan_server *srv = lmc_p2p_chan_server_start(&o, err, sizeof err);
+    assert_non_null(srv);
+    snprintf(url, sizeof url, "127.0.0.1:%d", lmc_p2p_chan_server_port(srv));
+    const char *names[] = {"peer-x", "peer-y", ""};
+    uint8_t buf[512];
+    for (size_t t = 0; t < 3; t++) {
+        lmc_p2p_chan_client_opts co = {.url = url, .auth_token = "fleet-secret",
+                                       .holder = (const uint8_t *)names[t],
+                                       .holder_len = strlen(names[t])};
+        lmc_p2p_chan_client *c = lmc_p2p_chan_client_open(&co, err, sizeof err);
+        assert_non_null(c);
+        lmc_p2p_chan_item it = {4096, sizeof buf, buf};
+        bool ok = false;
+        assert_int_equal(lmc_p2p_chan_client_read(c, &it, 1, 3000, &ok), t == 0);
+        lmc_p2p_chan_client_close(c);
+    }
+    lmc_p2p_chan_server_stats st;
+    lmc_p2p_chan_server_stats_get(srv, &st);
+    assert_int_equal(st.auth_failures, 0);
+    assert_int_equal(st.items_refused, 2);
     lmc_p2p_chan_server_stop(srv);
 }
 
@@ -411,6 +453,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(random_ranges_are_byte_exact),
         cmocka_unit_test(a_token_is_required_when_set),
+        cmocka_unit_test(the_named_holder_reaches_the_lease_check),
         cmocka_unit_test(refused_ranges_fail_alone),
         cmocka_unit_test(client_request_bounds),
         cmocka_unit_test(wrapping_ranges_on_the_wire_are_refused),

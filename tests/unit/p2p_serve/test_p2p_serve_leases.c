@@ -130,6 +130,33 @@ static void test_take_gives_back_only_the_owners_lease(void **st)
     lmc_p2p_serve_reg_free(r);
 }
 
+/* A range counts for an owner only through that owner's leases: adjacent
+ * objects of two peers cover the range for neither. */
+static void test_covers_for_counts_the_owners_leases_only(void **st)
+{
+    (void)st;
+    lmc_p2p_serve_reg *r = new_reg(8);
+    lmc_p2p_serve_owner a, b, c;
+    lmc_p2p_serve_owner_set(&a, (const uint8_t *)"peer-a", 6);
+    lmc_p2p_serve_owner_set(&b, (const uint8_t *)"peer-b", 6);
+    lmc_p2p_serve_owner_set(&c, (const uint8_t *)"peer-c", 6);
+    lmc_p2p_serve_held hs[3] = {held(1, 0, 100, 5000), held(2, 100, 100, 5000),
+                                held(3, 200, 100, 5000)};
+    hs[0].owner = a;
+    hs[1].owner = a;
+    hs[2].owner = b;
+    assert_true(lmc_p2p_serve_reg_add(r, hs, 3));
+    assert_true(lmc_p2p_serve_reg_covers_for(r, &a, 0, 200));
+    assert_true(lmc_p2p_serve_reg_covers_for(r, &a, 150, 20));    /* inside its object */
+    assert_false(lmc_p2p_serve_reg_covers_for(r, &a, 150, 100));  /* into b's */
+    assert_true(lmc_p2p_serve_reg_covers_for(r, &b, 200, 100));
+    assert_false(lmc_p2p_serve_reg_covers_for(r, &b, 0, 100));
+    assert_false(lmc_p2p_serve_reg_covers_for(r, &c, 0, 100));
+    assert_true(lmc_p2p_serve_reg_covers_for(r, NULL, 0, 300));   /* anyone's */
+    assert_true(lmc_p2p_serve_reg_covers(r, 0, 300));
+    lmc_p2p_serve_reg_free(r);
+}
+
 static void test_expired_leases_cover_nothing_and_are_taken_out(void **st)
 {
     (void)st;
@@ -264,6 +291,7 @@ int main(void)
         cmocka_unit_test(test_adjacent_and_overlapping_ranges),
         cmocka_unit_test(test_take_releases_one_lease_of_the_key),
         cmocka_unit_test(test_take_gives_back_only_the_owners_lease),
+        cmocka_unit_test(test_covers_for_counts_the_owners_leases_only),
         cmocka_unit_test(test_expired_leases_cover_nothing_and_are_taken_out),
         cmocka_unit_test(test_bound_is_all_or_nothing),
         cmocka_unit_test(test_indexes_follow_every_removal),

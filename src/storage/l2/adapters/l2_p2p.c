@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <zmq.h>
 
@@ -41,6 +42,7 @@ typedef struct p2p {
     lmc_key_interner *interner;
     char *mq_url, *chan_url;
     bool authenticated;             /* the channel proves a token (docs/p2p.md, "Trust model") */
+    uint8_t holder[16];             /* the routing id of rpc: whose leases the channel reads */
     int lookup_timeout_ms, load_timeout_ms;
     double down_until_ms;           /* a peer that did not answer: skipped until then */
     int backoff_ms;                 /* the last skip's length; 0 while the peer answers */
@@ -493,8 +495,17 @@ lmc_l2_backend *lmc_l2_p2p_new(const lmc_l2_p2p_options *o, char *err, size_t er
     p->mq_url = strdup(o->peer_mq_server_url);
     p->chan_url = strdup(o->peer_transfer_channel_server_url);
     p->interner = lmc_key_interner_new();
+    /* A random routing id (the first byte not 0, as ZMQ wants), named to the
+     * channel too, so that the peer serves this reader only the leases its
+     * own lookups took (docs/p2p.md, "Trust model"). */
+    if (getrandom(p->holder, sizeof p->holder, 0) != (ssize_t)sizeof p->holder) {
+        snprintf(err, errlen, "getrandom failed");
+        goto fail;
+    }
+    p->holder[0] |= 1;
     lmc_p2p_chan_client_opts co = {.url = o->peer_transfer_channel_server_url,
-                                   .auth_token = o->auth_token};
+                                   .auth_token = o->auth_token, .holder = p->holder,
+                                   .holder_len = sizeof p->holder};
     if (!p->mq_url || !p->chan_url || !p->interner ||
         lmc_key_table_init(&p->table, offsetof(leased, key), 64) != 0) {
         snprintf(err, errlen, "out of memory");
@@ -505,7 +516,8 @@ lmc_l2_backend *lmc_l2_p2p_new(const lmc_l2_p2p_options *o, char *err, size_t er
     else
         p->chan = lmc_p2p_chan_client_open(&co, err, errlen);
     bool reader = p->chan || p->ucx;
-    p->rpc = reader ? lmc_client_connect(o->peer_mq_server_url) : NULL;
+    p->rpc = reader ? lmc_client_connect_as(o->peer_mq_server_url, p->holder, sizeof p->holder)
+                    : NULL;
     if (reader && !p->rpc)
         snprintf(err, errlen, "peer_mq_server_url: cannot connect to '%s'",
                  o->peer_mq_server_url);
