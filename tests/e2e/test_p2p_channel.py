@@ -417,3 +417,37 @@ def test_with_the_token_a_peer_reads_only_its_own_leases(start_server, start_coo
     dx.close()
     dy.close()
     w.close()
+
+
+def test_a_lookup_sent_to_a_dead_peer_is_not_delivered_when_it_returns(start_server):
+    """ZMQ would hold a lookup sent while the peer is down and deliver it
+    when the peer comes back, leasing objects no one unlocks; the reader
+    drops it by redialling after the silence (docs/p2p.md, "Requesting
+    side")."""
+    import zmq
+    mq_port = free_port()
+    ctx = zmq.Context.instance()
+
+    def peer():
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(f"tcp://127.0.0.1:{mq_port}")
+        return sock
+
+    f = peer()                                   # up, so that B's socket connects
+    b = start_server("--chunk-size", str(CS),
+                     *p2p_adapter_args(type("A", (), {"port": mq_port}), free_port(),
+                                       lookup_timeout=0.5))
+    wb = Worker(b, 8001, 0, world_size=1)
+    time.sleep(0.3)
+    f.close()                                    # the peer dies
+    assert lookup(b, prompt(13), "r1", cs=CS, world_size=1, wait=True) == 0
+    f = peer()                                   # and comes back on its port
+    seen = []
+    deadline = time.monotonic() + 2.0            # B's own reconnect takes up to 1 s
+    while time.monotonic() < deadline:
+        if f.poll(50):
+            seen.append(f.recv_multipart())
+    f.close()
+    assert seen == []
+    wb.close()

@@ -268,6 +268,20 @@ static void release_rpc(p2p *p)
     }
 }
 
+/* A fresh socket (same routing id) after a peer fell silent: ZMQ keeps
+ * what was sent to a peer that is down and delivers it when the peer comes
+ * back, and a lookup delivered then would lease objects on the restarted
+ * peer that no one queries or unlocks until their TTL.  Closing the socket
+ * (linger 0) drops them.  Under rpc_mu; on failure the old socket stays. */
+static void redial(p2p *p)
+{
+    lmc_client *fresh = lmc_client_connect_as(p->mq_url, p->holder, sizeof p->holder);
+    if (!fresh)
+        return;
+    lmc_client_close(p->rpc);
+    p->rpc = fresh;
+}
+
 /* Whether the peer is in its backoff now (the lookup then misses at once). */
 static bool skipped(p2p *p)
 {
@@ -306,6 +320,8 @@ static void p2p_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uint
     flush_unlocks(p);
     answer res;
     lease_end end = lease(p, keys, n, &res);
+    if (end == LEASE_SILENT)
+        redial(p);
     pthread_mutex_lock(&p->mu);
     count_lease(p, end);
     size_t leased_n = 0;
