@@ -324,16 +324,20 @@ static void p2p_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uint
         redial(p);
     pthread_mutex_lock(&p->mu);
     count_lease(p, end);
+    /* The peer leased the leading run of keys with an address; this server
+     * takes the leading run of those with the size it expects. */
     size_t leased_n = 0;
+    bool taking = true;
     for (size_t i = 0; end == LEASE_OK && i < n; i++) {
         uint64_t off, size;
         if (!address_of(&res.u.data.via.array.ptr[i], &off, &size))
             break;
         leased_n = i + 1;
-        if ((sizes && sizes[i] != size) || remember(p, &keys[i], off, size) != 0)
-            break;
-        found[i] = 1;
-        p->st.hits++;
+        taking = taking && (!sizes || sizes[i] == size) && remember(p, &keys[i], off, size) == 0;
+        if (taking) {
+            found[i] = 1;
+            p->st.hits++;
+        }
     }
     if (end == LEASE_OK)
         answer_free(&res);
