@@ -223,6 +223,28 @@ def test_a_lying_peer_is_a_miss(start_server, start_coordinator):
     fake.close()
 
 
+def test_leases_of_objects_b_does_not_take_are_given_back(start_server, start_coordinator):
+    """A and B run the same model name with objects of different sizes: A
+    leases its four hits to B's lookup, B takes none (docs/p2p.md,
+    "Requesting side": "Keys the peer leased but that are not taken here
+    (another size) are unlocked at once"), so A holds no lease after it."""
+    coord = start_coordinator()
+    a = start_server(*node_args(coord, "node-a", free_port()))
+    b = start_server(*node_args(coord, "node-b", free_port()))
+    wa = Worker(a, 7201, 0, world_size=1)
+    wb = Worker(b, 7202, 0, world_size=1, hidden=16)     # objects of 2 x OBJ bytes
+    toks = prompt(31, 4)
+    wa.store(toks, 0, 4 * CS)
+    wait_for(lambda st: st["p2p_peer_count"] == 1, lambda: p2p_status(b))
+    assert lookup(b, toks, "r1", cs=CS, world_size=1, wait=True) == 0
+    served = l2_status(a)["modules"]["p2p_serve"]
+    assert served["hits"] == 4                    # A leased all four
+    wait_for(lambda st: st["leases_held"] == 0,
+             lambda: l2_status(a)["modules"]["p2p_serve"], timeout=5)
+    wa.close()
+    wb.close()
+
+
 # ---- 3. churn ------------------------------------------------------------------
 
 class Reader(threading.Thread):
