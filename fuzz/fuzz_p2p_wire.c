@@ -23,9 +23,10 @@
 
 static uint8_t arena[4096];
 
-static bool deny_odd_offsets(void *user, uint64_t off, uint64_t len)
+static bool deny_odd_offsets(void *user, const uint8_t *holder, size_t holder_len, uint64_t off,
+                             uint64_t len)
 {
-    (void)user;
+    (void)user, (void)holder, (void)holder_len;
     CHECK(off < sizeof arena && len <= sizeof arena - off && len > 0);
     return off % 2 == 0;
 }
