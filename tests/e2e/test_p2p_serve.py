@@ -250,3 +250,28 @@ def test_unqueried_results_are_bounded(start_server):
     assert st["tasks_dropped"] == 1 and st["tasks_pending"] == 1023
     assert st["max_tasks"] == 1024 and st["max_result_addresses"] == 1 << 20
     d.close()
+
+
+def test_an_unqueried_result_gives_its_leases_back(start_server, tmp_path):
+    """A result dropped before anyone queried it (here: for room) names
+    leases no peer learnt of, so none would unlock them: they go back at
+    once, not at the read-lock TTL (docs/p2p.md, "Bounds")."""
+    s = start_server("--chunk-size", str(CS), *l2_fs_args(tmp_path))
+    w, toks, keys = store_prompt(s, tmp_path, 5, n_chunks=2)
+    d = s.dealer()
+    first = lock(d, keys)                  # two leases, never queried
+    other = s.dealer()
+    kept = lock(other, keys[:1])           # another peer's lease on the same object
+    absent = [object_key(b"\x03" * 32, kv_rank=RANK1)]
+    for _ in range(1023):                  # the table holds 1024 results
+        lock(d, absent)
+    assert query(d, first) is None         # dropped for room
+    st = status(s)
+    assert st["abandoned_leases_returned"] == 2
+    assert st["leases_held"] == 1          # the other peer's stays
+    assert st["result_life_ms"] == 60000
+    got = query(other, kept)               # the other peer's result is whole
+    assert len(got) == 1 and got[0]["size"] == OBJ
+    d.close()
+    other.close()
+    w.close()

@@ -37,6 +37,8 @@ static size_t bucket_of(const lmc_p2p_serve_reg *r, const lmc_p2p_serve_held *h,
     return (size_t)((v * 0x9e3779b97f4a7c15ULL) >> (64 - r->bits));
 }
 
+static bool owned_by(const lmc_p2p_serve_held *h, const lmc_p2p_serve_owner *owner);
+
 static size_t bucket_of_offset(const lmc_p2p_serve_reg *r, uint64_t offset)
 {
     lmc_p2p_serve_held probe = {.lease.offset = offset};
@@ -186,6 +188,21 @@ bool lmc_p2p_serve_reg_take(lmc_p2p_serve_reg *r, const lmc_object_key *key,
         remove_at(r, best, out);
     pthread_mutex_unlock(&r->lock);
     return found;
+}
+
+bool lmc_p2p_serve_reg_take_at(lmc_p2p_serve_reg *r, uint64_t offset,
+                               const lmc_p2p_serve_owner *owner, lmc_p2p_serve_held *out)
+{
+    pthread_mutex_lock(&r->lock);
+    uint32_t hit = NONE;
+    for (uint32_t i = r->heads[BY_OFFSET][bucket_of_offset(r, offset)]; i != NONE && hit == NONE;
+         i = r->items[i].next[BY_OFFSET])
+        if (r->items[i].h.lease.offset == offset && owned_by(&r->items[i].h, owner))
+            hit = i;
+    if (hit != NONE)
+        remove_at(r, hit, out);
+    pthread_mutex_unlock(&r->lock);
+    return hit != NONE;
 }
 
 static size_t take_where(lmc_p2p_serve_reg *r, lmc_p2p_serve_held *out, size_t cap,

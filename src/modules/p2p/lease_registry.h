@@ -61,6 +61,11 @@ bool lmc_p2p_serve_reg_add(lmc_p2p_serve_reg *r, const lmc_p2p_serve_held *held,
  * held (an unknown key, or only other owners' leases). */
 bool lmc_p2p_serve_reg_take(lmc_p2p_serve_reg *r, const lmc_object_key *key,
                             const lmc_p2p_serve_owner *owner, lmc_p2p_serve_held *out);
+/* Takes out one lease `owner` took on the object at arena offset `offset`
+ * (NULL owner: anyone's); false when there is none.  For a lookup result
+ * that was never handed out (tasks.h): its addresses name the leases. */
+bool lmc_p2p_serve_reg_take_at(lmc_p2p_serve_reg *r, uint64_t offset,
+                               const lmc_p2p_serve_owner *owner, lmc_p2p_serve_held *out);
 /* Takes out up to `cap` leases whose expiry has passed; returns how many. */
 size_t lmc_p2p_serve_reg_take_expired(lmc_p2p_serve_reg *r, lmc_p2p_serve_held *out, size_t cap);
 /* Takes out up to `cap` leases, expired or not (shutdown). */

@@ -29,7 +29,8 @@ typedef struct {
     lmc_p2p_serve_reg *reg;
     lmc_p2p_serve_tasks *tasks;
     pthread_mutex_t lock;   /* one lookup at a time leases (the registry's room) */
-    atomic_uint_fast64_t lookups, lookup_keys, hits, results, unlocks, expirations;
+    int64_t result_life_ms; /* an unqueried result's life: min(result bound, lease TTL) */
+    atomic_uint_fast64_t lookups, lookup_keys, hits, results, unlocks, expirations, abandoned;
 } p2p_mod;
 
 /* ---- leases ------------------------------------------------------------ */
@@ -42,8 +43,24 @@ static void give_back_held(p2p_mod *m, lmc_p2p_serve_held *h, size_t n)
     }
 }
 
-/* Gives back the leases whose TTL passed and drops the results nobody
- * queried within it. */
+/* A result dropped unqueried: the peer never learnt where its leases are,
+ * so it will not unlock them; they go back now rather than at their TTL
+ * (docs/p2p.md, "Bounds"). */
+static void give_back_abandoned(void *user, const lmc_p2p_serve_owner *owner,
+                                const lmc_p2p_serve_addr *addrs, size_t n)
+{
+    p2p_mod *m = user;
+    for (size_t i = 0; i < n && addrs[i].offset >= 0; i++) {
+        lmc_p2p_serve_held h;
+        if (lmc_p2p_serve_reg_take_at(m->reg, (uint64_t)addrs[i].offset, owner, &h)) {
+            give_back_held(m, &h, 1);
+            atomic_fetch_add(&m->abandoned, 1);
+        }
+    }
+}
+
+/* Gives back the leases whose TTL passed, drops the results nobody
+ * queried within their life and gives back those results' leases. */
 static void sweep(p2p_mod *m)
 {
     lmc_p2p_serve_held out[64];
@@ -53,6 +70,7 @@ static void sweep(p2p_mod *m)
         atomic_fetch_add(&m->expirations, got);
     }
     lmc_p2p_serve_tasks_sweep(m->tasks);
+    lmc_p2p_serve_tasks_reap(m->tasks, give_back_abandoned, m);
 }
 
 /* ---- decoding ---------------------------------------------------------- */
@@ -179,7 +197,8 @@ static lmc_handler_result lookup_and_lock(void *state, lmc_rpc_call *call)
     drop_keys(keys, n);
     /* n <= LMC_P2P_SERVE_MAX_KEYS, under the table's bound: 0 only when out
      * of memory, and the peer then unlocks what it never learnt of by TTL. */
-    uint64_t id = lmc_p2p_serve_tasks_add(m->tasks, addrs, n);
+    uint64_t id = lmc_p2p_serve_tasks_add(m->tasks, &owner, addrs, n);
+    lmc_p2p_serve_tasks_reap(m->tasks, give_back_abandoned, m);   /* any dropped for room */
     if (!id)
         return lmc_rpc_call_fail(call, "MemoryError", "P2P_LOOKUP_AND_LOCK: out of memory");
     atomic_fetch_add(&m->lookups, 1);
@@ -281,13 +300,19 @@ static const lmc_rpc_handler_spec p2p_handlers[] = {
 
 static int p2p_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen)
 {
-    /* Results live as long as the leases they name (docs/p2p.md). */
+    /* A requester queries its result at once (it polls until its lookup
+     * timeout); one left longer is abandoned and its leases go back
+     * (docs/p2p.md, "Bounds").  Never longer than the leases themselves. */
     int ttl = ctx->config->storage.l1_read_ttl_seconds;
+    int64_t lease_ms = 1000LL * (ttl > 0 ? ttl : 1);
+    int64_t life_ms = lease_ms < LMC_P2P_SERVE_RESULT_LIFE_MS ? lease_ms
+                                                              : LMC_P2P_SERVE_RESULT_LIFE_MS;
     p2p_mod *m = calloc(1, sizeof *m);
     if (m) {
+        m->result_life_ms = life_ms;
         m->reg = lmc_p2p_serve_reg_new(LMC_P2P_SERVE_MAX_LEASES, NULL, NULL);
         m->tasks = lmc_p2p_serve_tasks_new(LMC_P2P_SERVE_MAX_TASKS, LMC_P2P_SERVE_MAX_RESULTS,
-                                           1000LL * (ttl > 0 ? ttl : 1), NULL, NULL);
+                                           life_ms, NULL, NULL);
     }
     if (!m || !m->reg || !m->tasks) {
         if (m) {
@@ -313,7 +338,8 @@ static json_t *p2p_status(void *state)
     lmc_p2p_serve_task_counts tc;
     lmc_p2p_serve_reg_counts(m->reg, &leases, &bytes);
     lmc_p2p_serve_tasks_counts(m->tasks, &tc);
-    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+                     "s:I, s:I}",
                      "leases_held", (json_int_t)leases, "leased_bytes", (json_int_t)bytes,
                      "tasks_pending", (json_int_t)tc.pending,
                      "lookups", (json_int_t)atomic_load(&m->lookups),
@@ -324,6 +350,8 @@ static json_t *p2p_status(void *state)
                      "lease_expirations", (json_int_t)atomic_load(&m->expirations),
                      "tasks_expired", (json_int_t)tc.expired,
                      "tasks_dropped", (json_int_t)tc.dropped,
+                     "abandoned_leases_returned", (json_int_t)atomic_load(&m->abandoned),
+                     "result_life_ms", (json_int_t)m->result_life_ms,
                      "max_leases", (json_int_t)LMC_P2P_SERVE_MAX_LEASES,
                      "max_tasks", (json_int_t)LMC_P2P_SERVE_MAX_TASKS,
                      "max_result_addresses", (json_int_t)LMC_P2P_SERVE_MAX_RESULTS,

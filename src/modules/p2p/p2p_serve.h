@@ -20,6 +20,7 @@ extern const lmc_module_def lmc_p2p_serve_module;
 #define LMC_P2P_SERVE_MAX_TASKS 1024         /* lookup results not yet queried */
 #define LMC_P2P_SERVE_MAX_RESULTS (1u << 20) /* their addresses, all together (16 MiB) */
 #define LMC_P2P_SERVE_MAX_GROUPS 256         /* entries of group_layout_descs */
+#define LMC_P2P_SERVE_RESULT_LIFE_MS 60000   /* an unqueried result (or the lease TTL) */
 
 /* The transfer channel's read check, to hand to it with the module's state
  * as `user`: true when every byte of [offset, offset + len) of the L1 arena

@@ -5,11 +5,13 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-typedef struct {
+typedef struct task {
     uint64_t id;   /* 0: a free slot */
     int64_t created_ms;
     size_t n;
     lmc_p2p_serve_addr *addrs;
+    lmc_p2p_serve_owner owner;
+    struct task *next;   /* on the abandoned list */
 } task;
 
 struct lmc_p2p_serve_tasks {
@@ -18,6 +20,7 @@ struct lmc_p2p_serve_tasks {
     size_t max_tasks, max_entries, entries;
     int64_t ttl_ms;
     uint64_t next_id, expired, dropped;
+    task *abandoned;     /* dropped unqueried, their leases not yet given back */
     lmc_clock_ms_fn clock;
     void *clock_user;
 };
@@ -52,12 +55,33 @@ static void forget(lmc_p2p_serve_tasks *t, task *s)
     *s = (task){0};
 }
 
+/* Frees slot s, moving its result to the abandoned list (forgotten outright
+ * when there is no memory: its leases then lapse at their TTL).  Caller
+ * locks. */
+static void abandon(lmc_p2p_serve_tasks *t, task *s)
+{
+    task *a = malloc(sizeof *a);
+    if (a) {
+        *a = *s;
+        a->next = t->abandoned;
+        t->abandoned = a;
+        s->addrs = NULL;
+    }
+    forget(t, s);
+}
+
 void lmc_p2p_serve_tasks_free(lmc_p2p_serve_tasks *t)
 {
     if (!t)
         return;
     for (size_t i = 0; i < t->max_tasks; i++)
         free(t->slots[i].addrs);
+    while (t->abandoned) {
+        task *a = t->abandoned;
+        t->abandoned = a->next;
+        free(a->addrs);
+        free(a);
+    }
     pthread_mutex_destroy(&t->lock);
     free(t->slots);
     free(t);
@@ -78,12 +102,13 @@ static task *make_room(lmc_p2p_serve_tasks *t, size_t n)
         }
         if (free_slot && t->entries + n <= t->max_entries)
             return free_slot;
-        forget(t, oldest);   /* non-NULL: the table holds something */
+        abandon(t, oldest);   /* non-NULL: the table holds something */
         t->dropped++;
     }
 }
 
-uint64_t lmc_p2p_serve_tasks_add(lmc_p2p_serve_tasks *t, lmc_p2p_serve_addr *addrs, size_t n)
+uint64_t lmc_p2p_serve_tasks_add(lmc_p2p_serve_tasks *t, const lmc_p2p_serve_owner *owner,
+                                 lmc_p2p_serve_addr *addrs, size_t n)
 {
     if (n > t->max_entries) {
         free(addrs);
@@ -92,7 +117,7 @@ uint64_t lmc_p2p_serve_tasks_add(lmc_p2p_serve_tasks *t, lmc_p2p_serve_addr *add
     pthread_mutex_lock(&t->lock);
     task *s = make_room(t, n);
     *s = (task){.id = ++t->next_id, .created_ms = t->clock(t->clock_user), .n = n,
-                .addrs = addrs};
+                .addrs = addrs, .owner = *owner};
     t->entries += n;
     uint64_t id = s->id;
     pthread_mutex_unlock(&t->lock);
@@ -127,7 +152,7 @@ size_t lmc_p2p_serve_tasks_sweep(lmc_p2p_serve_tasks *t)
     for (size_t i = 0; i < t->max_tasks; i++) {
         task *s = &t->slots[i];
         if (s->id && now - s->created_ms >= t->ttl_ms) {
-            forget(t, s);
+            abandon(t, s);
             dropped++;
         }
     }
@@ -145,4 +170,23 @@ void lmc_p2p_serve_tasks_counts(lmc_p2p_serve_tasks *t, lmc_p2p_serve_task_count
     *out = (lmc_p2p_serve_task_counts){.pending = pending, .entries = t->entries,
                                         .expired = t->expired, .dropped = t->dropped};
     pthread_mutex_unlock(&t->lock);
+}
+
+size_t lmc_p2p_serve_tasks_reap(lmc_p2p_serve_tasks *t, lmc_p2p_serve_abandoned_fn fn,
+                                void *user)
+{
+    pthread_mutex_lock(&t->lock);
+    task *list = t->abandoned;
+    t->abandoned = NULL;
+    pthread_mutex_unlock(&t->lock);
+    size_t n = 0;
+    while (list) {
+        task *a = list;
+        list = a->next;
+        fn(user, &a->owner, a->addrs, a->n);
+        free(a->addrs);
+        free(a);
+        n++;
+    }
+    return n;
 }

@@ -157,6 +157,35 @@ static void test_covers_for_counts_the_owners_leases_only(void **st)
     lmc_p2p_serve_reg_free(r);
 }
 
+/* take_at finds the lease by its object's offset and owner only. */
+static void test_take_at_takes_the_owners_lease_at_the_offset(void **st)
+{
+    (void)st;
+    lmc_p2p_serve_reg *r = new_reg(8);
+    lmc_p2p_serve_owner a, b;
+    lmc_p2p_serve_owner_set(&a, (const uint8_t *)"peer-a", 6);
+    lmc_p2p_serve_owner_set(&b, (const uint8_t *)"peer-b", 6);
+    lmc_p2p_serve_held hs[3] = {held(1, 0, 100, 5000), held(1, 0, 100, 5000),
+                                held(2, 128, 100, 5000)};
+    hs[0].owner = a;
+    hs[1].owner = b;
+    hs[2].owner = a;
+    assert_true(lmc_p2p_serve_reg_add(r, hs, 3));
+    lmc_p2p_serve_held out;
+    assert_false(lmc_p2p_serve_reg_take_at(r, 50, &a, &out));      /* not an object's start */
+    assert_false(lmc_p2p_serve_reg_take_at(r, 128, &b, &out));     /* a's, not b's */
+    assert_true(lmc_p2p_serve_reg_take_at(r, 0, &b, &out));
+    assert_memory_equal(out.owner.head, "peer-b", 6);
+    assert_false(lmc_p2p_serve_reg_take_at(r, 0, &b, &out));
+    assert_true(lmc_p2p_serve_reg_covers_for(r, &a, 0, 100));      /* a's stays */
+    assert_true(lmc_p2p_serve_reg_take_at(r, 128, NULL, &out));
+    size_t n;
+    uint64_t bytes;
+    lmc_p2p_serve_reg_counts(r, &n, &bytes);
+    assert_int_equal(n, 1);
+    lmc_p2p_serve_reg_free(r);
+}
+
 static void test_expired_leases_cover_nothing_and_are_taken_out(void **st)
 {
     (void)st;
@@ -292,6 +321,7 @@ int main(void)
         cmocka_unit_test(test_take_releases_one_lease_of_the_key),
         cmocka_unit_test(test_take_gives_back_only_the_owners_lease),
         cmocka_unit_test(test_covers_for_counts_the_owners_leases_only),
+        cmocka_unit_test(test_take_at_takes_the_owners_lease_at_the_offset),
         cmocka_unit_test(test_expired_leases_cover_nothing_and_are_taken_out),
         cmocka_unit_test(test_bound_is_all_or_nothing),
         cmocka_unit_test(test_indexes_follow_every_removal),

@@ -2,6 +2,7 @@
  * out once, lapsing after the TTL, bounded in count and in addresses. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
@@ -10,6 +11,7 @@
 #include "modules/p2p/tasks.h"
 
 static int64_t fake_now;
+static lmc_p2p_serve_owner g_owner;   /* every test's results are this peer's */
 
 static int64_t fake_clock(void *user)
 {
@@ -51,8 +53,8 @@ static void test_handed_out_once(void **st)
 {
     (void)st;
     lmc_p2p_serve_tasks *t = new_tasks(4, 100);
-    uint64_t a = lmc_p2p_serve_tasks_add(t, addrs_of(3, 10), 3);
-    uint64_t b = lmc_p2p_serve_tasks_add(t, addrs_of(0, 0), 0);
+    uint64_t a = lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(3, 10), 3);
+    uint64_t b = lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(0, 0), 0);
     assert_true(a > 0 && b > a);
     int64_t first;
     assert_true(has(t, a, &first));
@@ -66,7 +68,7 @@ static void test_handed_out_once(void **st)
     assert_int_equal(c.pending, 0);
     assert_int_equal(c.entries, 0);
     /* Ids are never reused. */
-    assert_true(lmc_p2p_serve_tasks_add(t, addrs_of(1, 0), 1) > b);
+    assert_true(lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(1, 0), 1) > b);
     lmc_p2p_serve_tasks_free(t);
 }
 
@@ -74,9 +76,9 @@ static void test_results_lapse_after_the_ttl(void **st)
 {
     (void)st;
     lmc_p2p_serve_tasks *t = new_tasks(4, 100);
-    uint64_t a = lmc_p2p_serve_tasks_add(t, addrs_of(2, 0), 2);
+    uint64_t a = lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(2, 0), 2);
     fake_now += 400;
-    uint64_t b = lmc_p2p_serve_tasks_add(t, addrs_of(2, 0), 2);
+    uint64_t b = lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(2, 0), 2);
     assert_int_equal(lmc_p2p_serve_tasks_sweep(t), 0);
     fake_now += 100;                            /* a is 500 ms old: lapsed */
     assert_false(has(t, a, NULL));
@@ -96,7 +98,7 @@ static void test_count_bound_drops_the_oldest(void **st)
     lmc_p2p_serve_tasks *t = new_tasks(3, 100);
     uint64_t ids[4];
     for (int i = 0; i < 4; i++)
-        ids[i] = lmc_p2p_serve_tasks_add(t, addrs_of(1, i), 1);
+        ids[i] = lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(1, i), 1);
     assert_false(has(t, ids[0], NULL));
     lmc_p2p_serve_task_counts c;
     lmc_p2p_serve_tasks_counts(t, &c);
@@ -111,9 +113,9 @@ static void test_entry_bound_drops_the_oldest(void **st)
 {
     (void)st;
     lmc_p2p_serve_tasks *t = new_tasks(16, 10);
-    uint64_t a = lmc_p2p_serve_tasks_add(t, addrs_of(4, 0), 4);
-    uint64_t b = lmc_p2p_serve_tasks_add(t, addrs_of(4, 0), 4);
-    uint64_t c_id = lmc_p2p_serve_tasks_add(t, addrs_of(6, 0), 6);   /* 14 > 10: a goes */
+    uint64_t a = lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(4, 0), 4);
+    uint64_t b = lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(4, 0), 4);
+    uint64_t c_id = lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(6, 0), 6);   /* 14 > 10: a goes */
     assert_true(c_id > 0);
     lmc_p2p_serve_task_counts c;
     lmc_p2p_serve_tasks_counts(t, &c);
@@ -123,11 +125,58 @@ static void test_entry_bound_drops_the_oldest(void **st)
     assert_true(has(t, b, NULL));
     assert_true(has(t, c_id, NULL));
     /* One result over the whole bound is refused, and drops nothing. */
-    uint64_t d = lmc_p2p_serve_tasks_add(t, addrs_of(2, 0), 2);
-    assert_int_equal(lmc_p2p_serve_tasks_add(t, addrs_of(11, 0), 11), 0);
+    uint64_t d = lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(2, 0), 2);
+    assert_int_equal(lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(11, 0), 11), 0);
     assert_true(has(t, d, NULL));
     assert_null(lmc_p2p_serve_tasks_new(0, 1, 1, NULL, NULL));
     assert_null(lmc_p2p_serve_tasks_new(1, 1, 0, NULL, NULL));
+    lmc_p2p_serve_tasks_free(t);
+}
+
+/* What was dropped unqueried (lapsed or for room) is handed to the reaper
+ * once, with its owner and addresses; what was handed out never is. */
+typedef struct {
+    size_t calls, addrs;
+    int64_t first[4];
+    bool owner_ok;
+} reaped;
+
+static void on_abandoned(void *user, const lmc_p2p_serve_owner *owner,
+                         const lmc_p2p_serve_addr *addrs, size_t n)
+{
+    reaped *r = user;
+    if (r->calls < 4)
+        r->first[r->calls] = n ? addrs[0].offset : -1;
+    r->calls++;
+    r->addrs += n;
+    r->owner_ok = lmc_p2p_serve_owner_equal(owner, &g_owner);
+}
+
+static void test_abandoned_results_are_reaped_once(void **st)
+{
+    (void)st;
+    lmc_p2p_serve_owner_set(&g_owner, (const uint8_t *)"peer-a", 6);
+    lmc_p2p_serve_tasks *t = new_tasks(2, 100);
+    uint64_t a = lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(3, 100), 3);
+    uint64_t b = lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(2, 200), 2);
+    assert_true(has(t, b, NULL));                       /* handed out: never reaped */
+    lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(1, 300), 1);
+    lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(1, 400), 1);   /* room: a goes */
+    reaped r = {0};
+    assert_int_equal(lmc_p2p_serve_tasks_reap(t, on_abandoned, &r), 1);
+    assert_true(r.owner_ok);
+    assert_int_equal(r.first[0], 100);
+    assert_int_equal(r.addrs, 3);
+    assert_false(has(t, a, NULL));
+    fake_now += 500;                                    /* the other two lapse */
+    assert_int_equal(lmc_p2p_serve_tasks_sweep(t), 2);
+    assert_int_equal(lmc_p2p_serve_tasks_reap(t, on_abandoned, &r), 2);
+    assert_int_equal(r.addrs, 5);
+    assert_int_equal(lmc_p2p_serve_tasks_reap(t, on_abandoned, &r), 0);
+    /* Dropped but not yet reaped: freed with the table. */
+    lmc_p2p_serve_tasks_add(t, &g_owner, addrs_of(1, 0), 1);
+    fake_now += 500;
+    lmc_p2p_serve_tasks_sweep(t);
     lmc_p2p_serve_tasks_free(t);
 }
 
@@ -138,6 +187,7 @@ int main(void)
         cmocka_unit_test(test_results_lapse_after_the_ttl),
         cmocka_unit_test(test_count_bound_drops_the_oldest),
         cmocka_unit_test(test_entry_bound_drops_the_oldest),
+        cmocka_unit_test(test_abandoned_results_are_reaped_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
