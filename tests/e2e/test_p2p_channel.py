@@ -271,6 +271,20 @@ def test_a_peer_that_is_down_is_a_miss(start_server):
     d.close()
 
 
+def b_reads_what_a_stored(a, b, seed, worker_id):
+    """A stores 4 chunks; B, once it lists A, finds all 4 and retrieves A's
+    bytes.  Returns the two workers."""
+    wa = Worker(a, worker_id, 0, world_size=1)
+    toks = prompt(seed)
+    wa.store(toks, 0, 4 * CS)
+    wb = Worker(b, worker_id + 1, 0, world_size=1)
+    wait_for(lambda st: st["p2p_peer_count"] == 1, lambda: p2p_status(b))
+    assert lookup(b, toks, "r1", cs=CS, world_size=1, wait=True) == 4
+    assert wb.retrieve(toks, 0, 4 * CS, "r1", world_size=1) == \
+        [chunk_bytes(0, toks, c) for c in range(4)]
+    return wa, wb
+
+
 @pytest.mark.parametrize("engine", ["tcp", "nixl"])
 def test_discovered_peers_are_read_from(start_server, start_coordinator, engine):
     """No --l2-adapter: B finds A through the coordinator and reads A's L1,
@@ -278,14 +292,7 @@ def test_discovered_peers_are_read_from(start_server, start_coordinator, engine)
     coord = start_coordinator()
     a, _ = p2p_node(start_server, coord, "node-a", engine)
     b, _ = p2p_node(start_server, coord, "node-b", engine)
-    wa = Worker(a, 4001, 0, world_size=1)
-    toks = prompt(8)
-    wa.store(toks, 0, 4 * CS)
-    wb = Worker(b, 4002, 0, world_size=1)
-    wait_for(lambda st: st["p2p_peer_count"] == 1, lambda: p2p_status(b))
-    assert lookup(b, toks, "r1", cs=CS, world_size=1, wait=True) == 4
-    assert wb.retrieve(toks, 0, 4 * CS, "r1", world_size=1) == \
-        [chunk_bytes(0, toks, c) for c in range(4)]
+    wa, wb = b_reads_what_a_stored(a, b, 8, 4001)
     wait_for(lambda st: st["leases_held"] == 0,
              lambda: l2_status(a)["modules"]["p2p_serve"])
     peers = l2_status(b)["storage_manager"]["l2_adapters"][-1]
@@ -369,14 +376,7 @@ def test_the_channel_wants_the_coordinator_token(start_server, start_coordinator
     a, a_port = p2p_node(start_server, coord, "node-a", engine, *tok)
     b, _ = p2p_node(start_server, coord, "node-b", engine, *tok)
     assert "requires the token" in a.output()
-    wa = Worker(a, 7001, 0, world_size=1)
-    toks = prompt(11)
-    wa.store(toks, 0, 4 * CS)
-    wb = Worker(b, 7002, 0, world_size=1)
-    wait_for(lambda st: st["p2p_peer_count"] == 1, lambda: p2p_status(b))
-    assert lookup(b, toks, "r1", cs=CS, world_size=1, wait=True) == 4
-    assert wb.retrieve(toks, 0, 4 * CS, "r1", world_size=1) == \
-        [chunk_bytes(0, toks, c) for c in range(4)]
+    wa, wb = b_reads_what_a_stored(a, b, 11, 7001)
     # A client that knows no token: upstream's plain handshake (tcp), or
     # a bare connect waiting for the bootstrap (ucx).
     sock = socket.create_connection(("127.0.0.1", a_port), timeout=10)

@@ -130,6 +130,15 @@ static void test_take_gives_back_only_the_owners_lease(void **st)
     lmc_p2p_serve_reg_free(r);
 }
 
+/* Records hs[0..n), hs[i] taken by owners[i]. */
+static void add_owned(lmc_p2p_serve_reg *r, lmc_p2p_serve_held *hs,
+                      const lmc_p2p_serve_owner *const *owners, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        hs[i].owner = *owners[i];
+    assert_true(lmc_p2p_serve_reg_add(r, hs, n));
+}
+
 /* A range counts for an owner only through that owner's leases: adjacent
  * objects of two peers cover the range for neither. */
 static void test_covers_for_counts_the_owners_leases_only(void **st)
@@ -142,10 +151,7 @@ static void test_covers_for_counts_the_owners_leases_only(void **st)
     lmc_p2p_serve_owner_set(&c, (const uint8_t *)"peer-c", 6);
     lmc_p2p_serve_held hs[3] = {held(1, 0, 100, 5000), held(2, 100, 100, 5000),
                                 held(3, 200, 100, 5000)};
-    hs[0].owner = a;
-    hs[1].owner = a;
-    hs[2].owner = b;
-    assert_true(lmc_p2p_serve_reg_add(r, hs, 3));
+    add_owned(r, hs, (const lmc_p2p_serve_owner *[]){&a, &a, &b}, 3);
     assert_true(lmc_p2p_serve_reg_covers_for(r, &a, 0, 200));
     assert_true(lmc_p2p_serve_reg_covers_for(r, &a, 150, 20));    /* inside its object */
     assert_false(lmc_p2p_serve_reg_covers_for(r, &a, 150, 100));  /* into b's */
@@ -167,10 +173,7 @@ static void test_take_at_takes_the_owners_lease_at_the_offset(void **st)
     lmc_p2p_serve_owner_set(&b, (const uint8_t *)"peer-b", 6);
     lmc_p2p_serve_held hs[3] = {held(1, 0, 100, 5000), held(1, 0, 100, 5000),
                                 held(2, 128, 100, 5000)};
-    hs[0].owner = a;
-    hs[1].owner = b;
-    hs[2].owner = a;
-    assert_true(lmc_p2p_serve_reg_add(r, hs, 3));
+    add_owned(r, hs, (const lmc_p2p_serve_owner *[]){&a, &b, &a}, 3);
     lmc_p2p_serve_held out;
     assert_false(lmc_p2p_serve_reg_take_at(r, 50, &a, &out));      /* not an object's start */
     assert_false(lmc_p2p_serve_reg_take_at(r, 128, &b, &out));     /* a's, not b's */

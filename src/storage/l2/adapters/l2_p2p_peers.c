@@ -85,24 +85,34 @@ static void reader_free(reader *r)
     }
 }
 
+/* Under mu: r (NULL: nothing) goes on the list of readers to destroy. */
+static void doom(reader **list, reader *r)
+{
+    if (r) {
+        r->next = *list;
+        *list = r;
+    }
+}
+
+/* Outside mu: destroys the readers of the list. */
+static void free_doomed(reader *list)
+{
+    while (list) {
+        reader *next = list->next;
+        reader_free(list);
+        list = next;
+    }
+}
+
 /* Drops n references, destroying the readers that were the last. */
 static void release(pool *p, reader **rs, size_t n)
 {
     reader *gone = NULL;
     pthread_mutex_lock(&p->mu);
-    for (size_t i = 0; i < n; i++) {
-        reader *r = unref(p, rs[i]);
-        if (r) {
-            r->next = gone;
-            gone = r;
-        }
-    }
+    for (size_t i = 0; i < n; i++)
+        doom(&gone, unref(p, rs[i]));
     pthread_mutex_unlock(&p->mu);
-    while (gone) {
-        reader *next = gone->next;
-        reader_free(gone);
-        gone = next;
-    }
+    free_doomed(gone);
 }
 
 static int64_t pool_store(lmc_l2_backend *b, const lmc_object_key *keys, uint8_t *const *bufs,
@@ -158,17 +168,10 @@ static void ask(pool *p, reader *r, const lmc_object_key *keys, const uint64_t *
             found[idx[j]] = 1;
             reader *d = NULL;
             own(p, &sub[j], r, &d);
-            if (d) {   /* the key's earlier peer lost its last reference */
-                d->next = dropped;
-                dropped = d;
-            }
+            doom(&dropped, d);   /* the key's earlier peer lost its last reference */
         }
     pthread_mutex_unlock(&p->mu);
-    while (dropped) {
-        reader *next = dropped->next;
-        reader_free(dropped);
-        dropped = next;
-    }
+    free_doomed(dropped);
 }
 
 static void pool_lookup(lmc_l2_backend *b, const lmc_object_key *keys, const uint64_t *sizes,
