@@ -3,6 +3,7 @@ import json
 import os
 import random
 import re
+from pathlib import Path
 import subprocess
 import threading
 import time
@@ -317,6 +318,22 @@ def test_bad_flags_exit_2_with_a_message_naming_the_flag():
         lines = [line for line in r.stderr.splitlines() if line.strip()]
         assert len(lines) == 1, (extra, r.stderr)
         assert flag in lines[0], (extra, lines[0])
+
+
+def test_refused_flags_say_so_in_the_flag_tables():
+    """Each flag of docs/configuration.md, "Flags refused by this version",
+    says "refused" in its row of the flag tables too, not another flag's
+    text (a replacement once gave five of them the P2P row's)."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    before, rest = doc.split("## Flags refused by this version", 1)
+    section, after = rest.split("\n## ", 1)
+    refused = set(re.findall(r"`(--[a-z0-9-]+)", section.split("`--help` says", 1)[0]))
+    assert {"--engine-type", "--enable-segmented-prefix", "--trace-level"} <= refused
+    tables = (before + after).splitlines()
+    for flag in sorted(refused):
+        rows = [line for line in tables if line.startswith(f"| `{flag}` |")]
+        assert len(rows) == 1, (flag, rows)
+        assert "efused" in rows[0].rsplit("|", 2)[1], (flag, rows[0])
 
 
 def test_help_lists_groups():
