@@ -8,13 +8,10 @@
 #include "storage/storage_events.h"
 #include "storage/storage_manager.h"
 
-/* A record and everything it points at, in one allocation. */
-typedef struct {
-    lmc_kv_event pub;   /* first: the public pointer is the record's */
-    atomic_uint refs;
-} record;
-
+/* A chunk's tokens and parent, shared by the bindings table (while it
+ * remembers the chunk) and the stored records that carry them. */
 typedef struct binding {
+    atomic_uint refs;
     struct binding *next;              /* bucket chain */
     struct binding *older, *newer;     /* LRU list */
     uint8_t hash[LMC_CHUNK_HASH_MAX];
@@ -24,6 +21,14 @@ typedef struct binding {
     uint32_t n_tokens;
     uint32_t tokens[];
 } binding;
+
+/* A record with its model name and hashes in one allocation; a stored
+ * record's tokens are its binding's. */
+typedef struct {
+    lmc_kv_event pub;   /* first: the public pointer is the record's */
+    atomic_uint refs;
+    binding *tokens_of; /* referenced, or NULL */
+} record;
 
 struct lmc_kv_events {
     pthread_mutex_t lock;
@@ -44,10 +49,18 @@ struct lmc_kv_events {
     lmc_l2_placement_sink l2;
 };
 
+static void binding_unref(binding *b)
+{
+    if (b && atomic_fetch_sub(&b->refs, 1) == 1)
+        free(b);
+}
+
 static void record_unref(record *r)
 {
-    if (r && atomic_fetch_sub(&r->refs, 1) == 1)
+    if (r && atomic_fetch_sub(&r->refs, 1) == 1) {
+        binding_unref(r->tokens_of);
         free(r);
+    }
 }
 
 lmc_kv_events *lmc_kv_events_new(size_t capacity, size_t max_bindings, uint64_t incarnation)
@@ -84,7 +97,7 @@ void lmc_kv_events_free(lmc_kv_events *ev)
         record_unref(ev->ring[i]);
     for (binding *b = ev->oldest, *n; b; b = n) {
         n = b->newer;
-        free(b);
+        binding_unref(b);
     }
     free(ev->ring);
     free(ev->buckets);
@@ -121,23 +134,20 @@ void lmc_kv_events_mark_lost(lmc_kv_events *ev)
 }
 
 static record *record_new(lmc_kv_event_kind kind, lmc_kv_event_medium medium, const char *model,
-                          size_t n_hashes, size_t hash_len, size_t n_tokens)
+                          size_t n_hashes, size_t hash_len)
 {
     size_t model_len = strlen(model);
-    size_t size = sizeof(record) + n_tokens * sizeof(uint32_t) + n_hashes * hash_len +
-                  model_len + 1;
-    record *r = malloc(size);
+    record *r = malloc(sizeof(record) + n_hashes * hash_len + model_len + 1);
     if (!r)
         return NULL;
-    uint32_t *tokens = (uint32_t *)(r + 1);   /* record's alignment covers uint32_t */
-    uint8_t *hashes = (uint8_t *)(tokens + n_tokens);
+    uint8_t *hashes = (uint8_t *)(r + 1);
     char *name = (char *)(hashes + n_hashes * hash_len);
     memcpy(name, model, model_len + 1);
     r->pub = (lmc_kv_event){.kind = kind, .medium = medium, .model = name,
                             .model_len = model_len, .hashes = hashes,
-                            .n_hashes = (uint32_t)n_hashes, .hash_len = (uint32_t)hash_len,
-                            .tokens = tokens, .n_tokens = (uint32_t)n_tokens};
+                            .n_hashes = (uint32_t)n_hashes, .hash_len = (uint32_t)hash_len};
     atomic_init(&r->refs, 1);
+    r->tokens_of = NULL;
     return r;
 }
 
@@ -181,7 +191,7 @@ static void forget_oldest_locked(lmc_kv_events *ev)
     *p = b->next;
     lru_unlink(ev, b);
     ev->n_bindings--;
-    free(b);
+    binding_unref(b);   /* records logged with it keep it */
 }
 
 static void bind_one_locked(lmc_kv_events *ev, const uint8_t *hash, size_t hash_len,
@@ -200,6 +210,7 @@ static void bind_one_locked(lmc_kv_events *ev, const uint8_t *hash, size_t hash_
         forget_oldest_locked(ev);
         p = find_slot(ev, hash, hash_len);
     }
+    atomic_init(&b->refs, 1);
     memcpy(b->hash, hash, hash_len);
     b->hash_len = (uint8_t)hash_len;
     b->has_parent = parent != NULL;
@@ -250,10 +261,16 @@ static bool same_chunk(const lmc_object_key *x, const lmc_object_key *y)
            (x->model_name == y->model_name || strcmp(x->model_name, y->model_name) == 0);
 }
 
-/* keys sorted by (model, hash, position); NULL when out of memory. */
-static const lmc_object_key **sorted_keys(const lmc_object_key *keys, size_t n)
+/* Calls of up to SMALL keys (a store request's chunks, ranks and groups)
+ * sort on the stack. */
+#define SMALL 64
+
+/* keys sorted by (model, hash, position), in `small` when they fit; NULL
+ * when out of memory. */
+static const lmc_object_key **sorted_keys(const lmc_object_key *keys, size_t n,
+                                          const lmc_object_key **small)
 {
-    const lmc_object_key **s = malloc(n * sizeof *s);
+    const lmc_object_key **s = n <= SMALL ? small : malloc(n * sizeof *s);
     if (!s)
         return NULL;
     for (size_t i = 0; i < n; i++)
@@ -270,15 +287,17 @@ static void log_stored_locked(lmc_kv_events *ev, lmc_kv_event_medium medium,
         ev->unbound_stores++;
         return;
     }
-    const binding *b = *p;
-    record *r = record_new(LMC_KV_EVENT_STORED, medium, k->model_name, 1, b->hash_len,
-                           b->n_tokens);
+    binding *b = *p;
+    record *r = record_new(LMC_KV_EVENT_STORED, medium, k->model_name, 1, b->hash_len);
     if (!r) {
         append_locked(ev, NULL);
         return;
     }
     memcpy((uint8_t *)r->pub.hashes, b->hash, b->hash_len);
-    memcpy((uint32_t *)r->pub.tokens, b->tokens, b->n_tokens * sizeof(uint32_t));
+    atomic_fetch_add(&b->refs, 1);
+    r->tokens_of = b;
+    r->pub.tokens = b->tokens;
+    r->pub.n_tokens = b->n_tokens;
     r->pub.has_parent = b->has_parent;
     memcpy(r->pub.parent, b->parent, sizeof r->pub.parent);
     append_locked(ev, r);
@@ -289,8 +308,10 @@ void lmc_kv_events_stored(lmc_kv_events *ev, lmc_kv_event_medium medium,
 {
     if (n == 0)
         return;
-    const lmc_object_key **s = sorted_keys(keys, n);
-    bool *first = calloc(n, sizeof *first);
+    const lmc_object_key *small_s[SMALL];
+    bool small_first[SMALL] = {0};
+    const lmc_object_key **s = sorted_keys(keys, n, small_s);
+    bool *first = n <= SMALL ? small_first : calloc(n, sizeof *first);
     if (s && first) /* keys[i] is logged when it is its chunk's first */
         for (size_t i = 0; i < n; i++)
             if (i == 0 || !same_chunk(s[i - 1], s[i]))
@@ -303,8 +324,10 @@ void lmc_kv_events_stored(lmc_kv_events *ev, lmc_kv_event_medium medium,
             if (first[i])
                 log_stored_locked(ev, medium, &keys[i]);
     pthread_mutex_unlock(&ev->lock);
-    free(first);
-    free(s);
+    if (first != small_first)
+        free(first);
+    if (s != small_s)
+        free(s);
 }
 
 /* One removed record of s[0..n), the sorted keys of one model. */
@@ -313,7 +336,7 @@ static record *removed_record(lmc_kv_event_medium medium, const lmc_object_key *
     size_t distinct = 0, hash_len = s[0]->chunk_hash_len;
     for (size_t i = 0; i < n; i++)
         distinct += i == 0 || !same_chunk(s[i - 1], s[i]);
-    record *r = record_new(LMC_KV_EVENT_REMOVED, medium, s[0]->model_name, distinct, hash_len, 0);
+    record *r = record_new(LMC_KV_EVENT_REMOVED, medium, s[0]->model_name, distinct, hash_len);
     if (!r)
         return NULL;
     uint8_t *out = (uint8_t *)r->pub.hashes;
@@ -330,11 +353,13 @@ void lmc_kv_events_removed(lmc_kv_events *ev, lmc_kv_event_medium medium,
 {
     if (n == 0)
         return;
-    const lmc_object_key **s = sorted_keys(keys, n);
+    const lmc_object_key *small_s[SMALL];
+    record *small_recs[SMALL];
+    const lmc_object_key **s = sorted_keys(keys, n, small_s);
     /* Build the records before taking the lock: a model's keys run
      * together in s, of one hash length (the server's algorithm). */
     size_t models = 0;
-    record **recs = s ? malloc(n * sizeof *recs) : NULL;
+    record **recs = !s ? NULL : n <= SMALL ? small_recs : malloc(n * sizeof *recs);
     bool failed = !recs;
     for (size_t i = 0; recs && i < n;) {
         size_t j = i + 1;
@@ -352,8 +377,10 @@ void lmc_kv_events_removed(lmc_kv_events *ev, lmc_kv_event_medium medium,
     if (failed)
         append_locked(ev, NULL);
     pthread_mutex_unlock(&ev->lock);
-    free(recs);
-    free(s);
+    if (recs != small_recs)
+        free(recs);
+    if (s != small_s)
+        free(s);
 }
 
 /* ---- reading ------------------------------------------------------------ */
