@@ -12,7 +12,9 @@ from lmc.client import unpack
 from lmc.ops import CLEAR, GET_EXPERIMENTAL, NOOP, POLL_KV_EVENTS
 from lmc.server import l2_fs_args, run_lmcached
 from test_l2_fs import metric
+from paged_kv import PagedKV
 from test_lookup_engine_driven import CS, Worker, prompt
+from test_server_driven import ZEROS, Engine
 
 # sha256_cbor with a fixed seed, so that the test computes the chunk
 # hashes on its own (docs/hashing.md, "sha256_cbor").
@@ -124,6 +126,24 @@ def test_store_logs_stored_records_with_tokens_and_parents(start_server):
     assert st["unbound_stores"] == 0 and st["incarnation"] == r["incarnation"]
     assert metric(srv, "lmcache_mp_kv_events_log_depth") == 4
     w.close()
+    d.close()
+
+
+def test_server_driven_store_logs_stored_records(start_server):
+    srv = start(start_server, "--cpu-kv-layout", "hint")   # test_server_driven's hint_srv
+    d = srv.dealer()
+    g = PagedKV("kvev", "fa_nhd", nl=2, nb=8, bs=CS, nh=2, hs=8)
+    e = Engine(srv, 31, [g])
+    toks = prompt(6)
+    hashes = chunk_hashes(toks)
+    assert e.store(toks, 0, 2 * CS, [[1, 2]]) == [ZEROS, True]
+    assert e.store(toks, 2 * CS, 3 * CS, [[3]]) == [ZEROS, True]
+    ev = poll(d)["events"]
+    assert [(e["kind"], e["medium"]) for e in ev] == [("stored", "CPU")] * 3
+    assert [e["block_hashes"] for e in ev] == [[h] for h in hashes[:3]]
+    assert [e["parent_block_hash"] for e in ev] == [None, hashes[0], hashes[1]]
+    assert [e["token_ids"] for e in ev] == [toks[c * CS:(c + 1) * CS] for c in range(3)]
+    e.close()
     d.close()
 
 
