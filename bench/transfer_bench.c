@@ -27,7 +27,11 @@
  * does beside a real engine (separate address spaces, allocators and page
  * tables); server CPU is then the child's CPU clock.
  *
+ * --kv-event-log-size N passes that flag on (docs/kv_events.md; 0 for the
+ * log's A/B).
+ *
  *   transfer_bench [--chunks N] [--iters M] [--batch B] [--server-process]
+ *                  [--kv-event-log-size N]
  *                                   (defaults 256, 2000, 16 chunks per request) */
 #include <fcntl.h>
 #include <malloc.h>
@@ -861,6 +865,7 @@ int main(int argc, char **argv)
     mallopt(M_TRIM_THRESHOLD, 256 << 20);
     size_t chunks = 256, iters = 2000, batch = BATCH;
     bool server_process = false;
+    const char *kv_log = "32768";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--server-process") == 0)
             server_process = true;
@@ -870,12 +875,15 @@ int main(int argc, char **argv)
             iters = strtoul(argv[++i], NULL, 10);
         else if (i + 1 < argc && strcmp(argv[i], "--batch") == 0)
             batch = strtoul(argv[++i], NULL, 10);
+        else if (i + 1 < argc && strcmp(argv[i], "--kv-event-log-size") == 0)
+            kv_log = argv[++i];
         else
             batch = 0;   /* unknown argument: usage */
     }
     if (batch < 1 || batch > MAX_BATCH || chunks < batch || iters < 2) {
         fprintf(stderr, "usage: transfer_bench [--chunks N>=batch] [--iters M>=2] "
-                        "[--batch 1..%d] [--server-process]\n", MAX_BATCH);
+                        "[--batch 1..%d] [--server-process] [--kv-event-log-size N]\n",
+                MAX_BATCH);
         return 1;
     }
     chunks = chunks / batch * batch;
@@ -887,7 +895,7 @@ int main(int argc, char **argv)
     char *args[] = {"lmcached", "--host", "127.0.0.1", "--port", port, "--chunk-size", "256",
                     "--l1-size-gb", l1, "--eviction-policy", "LRU", "--log-level", "WARNING",
                     "--max-workers", "2", "--http-host", "127.0.0.1", "--http-port", http_port,
-                    NULL};
+                    "--kv-event-log-size", (char *)kv_log, NULL};
     lmc_config cfg;
     char err[256];
     servers sv = {.child = server_process};

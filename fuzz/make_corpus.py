@@ -136,6 +136,7 @@ REG, UNREG, PSTORE, CSTORE, PRETR, CRETR = 14, 15, 16, 17, 18, 19
 SD_REG, SD_UNREG, SD_STORE = 1, 2, 6
 LOOKUP, QUERY, WAIT, HITS, FREE, END, CLEAR, GET_CS, PING, REPORT = 8, 9, 10, 11, 12, 13, 20, 21, 22, 23
 P2P_LOCK, P2P_QUERY, P2P_UNLOCK = 29, 30, 31
+GET_EXP, POLL_KV = 32, 34
 
 
 def message(uid, op, *payload):
@@ -253,6 +254,15 @@ def rpc_flows():
             message(5, P2P_QUERY, 1), message(6, P2P_QUERY, 1),
             message(7, P2P_LOCK, p2p_keys[:1], None), message(8, P2P_UNLOCK, p2p_keys),
             message(9, P2P_LOCK, [{"chunk_hash": "x"}], [1]), message(10, P2P_QUERY, "1")],
+        # docs/kv_events.md: a store the log records, then polls good and bad.
+        "kv_events_store_poll": [
+            message(1, REG, registration(13, world_size=1)),
+            message(2, PSTORE, key(toks, 0, 4 * CHUNK, "k", worker_id=0, world_size=1), 13),
+            message(3, CSTORE, key(toks, 0, 4 * CHUNK, "k", worker_id=0, world_size=1), 13,
+                    b""),
+            message(4, GET_EXP), message(5, POLL_KV, "m", 0, 2), message(6, POLL_KV, "m", 2, 1024),
+            message(7, POLL_KV, "m", 99, 1), message(8, POLL_KV, "m", -1, 0),
+            message(9, "poll_kv_events", "x", 0, 10**12)],
         "op_by_name_and_bad_frames": [
             message(1, "lookup", sched, 1), bytes([1, 1, 0, 0x01]),
             bytes([2, 1, 0, 0x05, 1, 0, 0xc1]), message(b"raw-uid", 24)],

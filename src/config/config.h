@@ -49,6 +49,7 @@ typedef struct {
     bool rpc_error_frames;           /* --[no-]rpc-error-frames, false */
     int max_interned_strings;        /* --max-interned-strings 65536 */
     int max_queued_requests;         /* --max-queued-requests 4096 */
+    int kv_event_log_size;           /* --kv-event-log-size 32768 (0 = off) */
 } lmc_mp_config;
 
 /* --- Runtime plugins ---------------------------------------------------- */

@@ -118,6 +118,11 @@ static const lmc_config_flag flags[] = {
      .max = 1048576,
      .help = "Requests waiting per worker queue; past it a request gets its op's "
              "overload answer at once."},
+    {.name = "kv-event-log-size", .group = LMC_FG_MP, .kind = LMC_FK_INT,
+     AT(mp.kv_event_log_size), .def = "32768", .json_name = "kv_event_log_size",
+     .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = 0, .max = 16777216,
+     .help = "Records the KV event log keeps for POLL_KV_EVENTS (docs/kv_events.md); "
+             "0 disables it."},
 
     /* --- Runtime plugins -------------------------------------------------- */
     {.name = "runtime-plugin-locations", .group = LMC_FG_PLUGINS, .kind = LMC_FK_NARGS,

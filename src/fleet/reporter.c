@@ -84,7 +84,8 @@ int lmc_fleet_attach_sources(lmc_fleet *c)
     }
     if (c->events || c->l2_usage_on) {
         c->sink = (lmc_l2_placement_sink){.fn = l2_placement, .user = c};
-        lmc_storage_manager_set_l2_placement_sink(c->sm, &c->sink);
+        if (lmc_storage_manager_add_l2_placement_sink(c->sm, &c->sink) != 0)
+            return -1;
         c->sink_set = true;
     }
     return 0;
@@ -93,7 +94,7 @@ int lmc_fleet_attach_sources(lmc_fleet *c)
 void lmc_fleet_detach_sources(lmc_fleet *c)
 {
     if (c->sink_set)
-        lmc_storage_manager_set_l2_placement_sink(c->sm, NULL);
+        lmc_storage_manager_remove_l2_placement_sink(c->sm, &c->sink);
     if (c->l1_listening)
         lmc_storage_manager_remove_listener(c->sm, &c->l1_listener);
     c->sink_set = c->l1_listening = false;

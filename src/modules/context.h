@@ -12,6 +12,7 @@
 #include "storage/object_key.h"
 
 typedef struct lmc_storage_manager lmc_storage_manager;
+typedef struct lmc_kv_events lmc_kv_events;
 
 typedef struct lmc_module_ctx {
     const lmc_config *config;
@@ -22,6 +23,7 @@ typedef struct lmc_module_ctx {
     lmc_key_interner *interner;     /* model names and salts of object keys */
     lmc_layout_registry *layouts;   /* (model, world_size) -> object layout */
     lmc_sessions *sessions;         /* per request id: hash chain, lookup locks */
+    lmc_kv_events *kv_events;       /* NULL with --kv-event-log-size 0 (docs/kv_events.md) */
 } lmc_module_ctx;
 
 #endif

@@ -29,10 +29,18 @@ static lmc_handler_result noop(void *state, lmc_rpc_call *call)
     return LMC_HANDLER_REPLY;
 }
 
+/* Capabilities a worker checks before it sends their ops: an older server
+ * drops a connection on an op it does not know (docs/kv_events.md). */
 static lmc_handler_result get_experimental(void *state, lmc_rpc_call *call)
 {
-    (void)state;
-    msgpack_pack_array(lmc_rpc_call_reply(call), 0);
+    management *m = state;
+    msgpack_packer *pk = lmc_rpc_call_reply(call);
+    if (m->ctx->kv_events) {
+        msgpack_pack_array(pk, 1);
+        lmc_mp_pack_cstr(pk, "kv_events");
+    } else {
+        msgpack_pack_array(pk, 0);
+    }
     return LMC_HANDLER_REPLY;
 }
 

@@ -42,6 +42,7 @@ typedef struct lmc_module_def {
 } lmc_module_def;
 
 extern const lmc_module_def lmc_management_module;
+extern const lmc_module_def lmc_kv_events_module;
 extern const lmc_module_def lmc_lookup_module;
 extern const lmc_module_def lmc_engine_driven_module;
 extern const lmc_module_def lmc_server_driven_module;

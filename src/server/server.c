@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
+#include "modules/kv_events.h"
 #include "modules/module.h"
 #include "modules/p2p/p2p_serve.h"
 #include "obs/log.h"
@@ -24,6 +26,7 @@
  * "disabled" from module_enabled() when the configuration leaves it out. */
 static const lmc_module_def *const all_modules[] = {
     &lmc_management_module,
+    &lmc_kv_events_module,   /* POLL_KV_EVENTS answers "disabled" without a log */
     &lmc_lookup_module,
     &lmc_engine_driven_module,
     &lmc_server_driven_module,
@@ -44,6 +47,24 @@ static bool module_enabled(const lmc_module_def *def, const lmc_config *cfg)
     if (def == &lmc_server_driven_module)
         return strcmp(cfg->mp.supported_transfer_mode, "engine_driven") != 0;
     return true;
+}
+
+/* The KV event log hears the storage from its first write; its
+ * incarnation is this start's wall-clock time (docs/kv_events.md). */
+static int create_kv_events(lmc_server *s, char *err, size_t errlen)
+{
+    if (s->cfg->mp.kv_event_log_size <= 0)
+        return 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    s->ctx.kv_events = lmc_kv_events_new((size_t)s->cfg->mp.kv_event_log_size,
+                                         LMC_KV_EVENTS_MAX_BINDINGS,
+                                         (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
+    if (!s->ctx.kv_events || lmc_kv_events_attach(s->ctx.kv_events, s->ctx.storage) != 0) {
+        snprintf(err, errlen, "--kv-event-log-size: cannot create the KV event log");
+        return -1;
+    }
+    return 0;
 }
 
 static int create_services(lmc_server *s, char *err, size_t errlen)
@@ -94,6 +115,8 @@ static int create_services(lmc_server *s, char *err, size_t errlen)
     if (s->ctx.events)
         lmc_storage_manager_set_event_bus(s->ctx.storage, s->ctx.events,
                                           cfg->obs.metrics_sample_rate);
+    if (create_kv_events(s, err, errlen) != 0)
+        return -1;
     /* The storage manager owns the L2 tier from here (closed with it). */
     return lmc_l2_attach(s->ctx.storage, cfg, err, errlen);
 }
@@ -281,6 +304,7 @@ void lmc_server_free(lmc_server *s)
     if (s->ctx.storage)
         lmc_storage_manager_close(s->ctx.storage);
     lmc_fleet_free(s->fleet); /* its listeners heard the storage until it closed */
+    lmc_kv_events_free(s->ctx.kv_events); /* so did the KV event log */
     lmc_event_bus_free(s->ctx.events);
     lmc_server_free_metrics(s); /* after the bus: its subscriber points here */
     lmc_sessions_free(s->ctx.sessions);

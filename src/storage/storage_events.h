@@ -39,7 +39,7 @@ json_t *lmc_storage_keys_by_salt(const lmc_object_key *keys, size_t n);
  * back into L1 (an access; sizes NULL), named by the adapter's type and its
  * "shared" flag.  Reported on adapter worker threads or the deleting
  * thread, never with a lock held; the sink must be quick and must not
- * block.  Without a sink a report costs one atomic load. */
+ * block.  Without a sink a report costs one atomic load per slot. */
 typedef enum lmc_placement_kind {
     LMC_PLACEMENT_STORED,
     LMC_PLACEMENT_DELETED,
@@ -50,10 +50,15 @@ typedef struct lmc_l2_placement_sink {
                const lmc_object_key *keys, const uint64_t *sizes, size_t n);
     void *user;
 } lmc_l2_placement_sink;
-/* `sink` (NULL: none) must outlive the storage manager's L2 threads, or be
- * unset before it goes away. */
-void lmc_storage_manager_set_l2_placement_sink(lmc_storage_manager *sm,
-                                               const lmc_l2_placement_sink *sink);
+/* Up to LMC_STORAGE_MAX_PLACEMENT_SINKS sinks (the fleet reporter, the KV
+ * event log) hear every report; 0, or -1 when every slot is taken.  A sink
+ * must outlive the storage manager's L2 threads, or be removed before it
+ * goes away. */
+#define LMC_STORAGE_MAX_PLACEMENT_SINKS 4
+int lmc_storage_manager_add_l2_placement_sink(lmc_storage_manager *sm,
+                                              const lmc_l2_placement_sink *sink);
+void lmc_storage_manager_remove_l2_placement_sink(lmc_storage_manager *sm,
+                                                  const lmc_l2_placement_sink *sink);
 void lmc_storage_manager_report_l2_placement(lmc_storage_manager *sm, lmc_placement_kind kind,
                                              const char *backend, bool shared,
                                              const lmc_object_key *keys, const uint64_t *sizes,

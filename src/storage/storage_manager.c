@@ -40,7 +40,8 @@ struct lmc_storage_manager {
     void *l2;
     lmc_quotas *quotas;                   /* per-salt L2 limits (docs/l2.md) */
     lmc_storage_telemetry *telemetry;     /* events for the metrics */
-    _Atomic(const lmc_l2_placement_sink *) placement_sink;   /* docs/fleet.md */
+    /* docs/fleet.md and docs/kv_events.md; a free slot is NULL */
+    _Atomic(const lmc_l2_placement_sink *) placement_sinks[LMC_STORAGE_MAX_PLACEMENT_SINKS];
 };
 
 /* ---- listeners --------------------------------------------------------- */
@@ -580,10 +581,24 @@ long lmc_storage_manager_clear(lmc_storage_manager *sm, bool force)
     return lmc_l1_manager_clear(sm->l1, force);
 }
 
-void lmc_storage_manager_set_l2_placement_sink(lmc_storage_manager *sm,
-                                               const lmc_l2_placement_sink *sink)
+int lmc_storage_manager_add_l2_placement_sink(lmc_storage_manager *sm,
+                                              const lmc_l2_placement_sink *sink)
 {
-    atomic_store(&sm->placement_sink, sink);
+    for (size_t i = 0; i < LMC_STORAGE_MAX_PLACEMENT_SINKS; i++) {
+        const lmc_l2_placement_sink *none = NULL;
+        if (atomic_compare_exchange_strong(&sm->placement_sinks[i], &none, sink))
+            return 0;
+    }
+    return -1;
+}
+
+void lmc_storage_manager_remove_l2_placement_sink(lmc_storage_manager *sm,
+                                                  const lmc_l2_placement_sink *sink)
+{
+    for (size_t i = 0; i < LMC_STORAGE_MAX_PLACEMENT_SINKS; i++) {
+        const lmc_l2_placement_sink *expected = sink;
+        atomic_compare_exchange_strong(&sm->placement_sinks[i], &expected, NULL);
+    }
 }
 
 void lmc_storage_manager_report_l2_placement(lmc_storage_manager *sm, lmc_placement_kind kind,
@@ -591,9 +606,11 @@ void lmc_storage_manager_report_l2_placement(lmc_storage_manager *sm, lmc_placem
                                              const lmc_object_key *keys, const uint64_t *sizes,
                                              size_t n)
 {
-    const lmc_l2_placement_sink *sink = atomic_load(&sm->placement_sink);
-    if (sink && n > 0)
-        sink->fn(sink->user, kind, backend, shared, keys, sizes, n);
+    for (size_t i = 0; n > 0 && i < LMC_STORAGE_MAX_PLACEMENT_SINKS; i++) {
+        const lmc_l2_placement_sink *sink = atomic_load(&sm->placement_sinks[i]);
+        if (sink)
+            sink->fn(sink->user, kind, backend, shared, keys, sizes, n);
+    }
 }
 
 void lmc_storage_manager_resident_sizes(lmc_storage_manager *sm, const lmc_object_key *keys,

@@ -35,8 +35,8 @@ def test_byte_examples_from_the_spec(server):
     assert d.call(PING, None) == [b"\x01", b"\x16", b"\xc3"]
     # GET_CHUNK_SIZE 256 -> cd 01 00
     assert d.call(GET_CHUNK_SIZE) == [b"\x02", b"\x15", b"\xcd\x01\x00"]
-    # GET_EXPERIMENTAL -> [] = 90
-    assert d.call(GET_EXPERIMENTAL) == [b"\x03", b"\x20", b"\x90"]
+    # GET_EXPERIMENTAL -> ["kv_events"] = 91 a9 "kv_events" (the log is on by default)
+    assert d.call(GET_EXPERIMENTAL) == [b"\x03", b"\x20", b"\x91\xa9kv_events"]
     d.close()
 
 

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "modules/kv_events.h"
 #include "rpc/wire.h"
 
 bool lmc_transfer_instance_arg(lmc_rpc_call *call, size_t index, int64_t *id)
@@ -46,6 +47,24 @@ static lmc_transfer_keys_result build_keys(lmc_key_interner *in, const lmc_ipc_k
     return lmc_key_interner_full(in) ? LMC_TRANSFER_KEYS_FULL : LMC_TRANSFER_KEYS_NO_MEMORY;
 }
 
+/* A store's chunks with their tokens, for the KV event log's stored
+ * records (docs/kv_events.md, "Tokens"); the parent of the first chunk of a
+ * range that starts past the prompt's first comes from the same session
+ * chain, which holds it already. */
+static void bind_store_tokens(const lmc_module_ctx *ctx, const lmc_ipc_key *key, size_t n,
+                              const uint8_t *hashes)
+{
+    size_t cs = (size_t)ctx->config->mp.chunk_size;
+    uint8_t parent[LMC_TOKEN_HASH_LEN];
+    bool has_parent = key->start >= cs;
+    if (has_parent && lmc_sessions_hash_range(ctx->sessions, key->request_id, key->request_id_len,
+                                              key->tokens, key->n_tokens, key->start - cs,
+                                              key->start, parent) != LMC_HASH_OK)
+        return;
+    lmc_kv_events_bind(ctx->kv_events, hashes, n, LMC_TOKEN_HASH_LEN, key->tokens + key->start,
+                       cs, has_parent ? parent : NULL);
+}
+
 int lmc_transfer_chunk_keys(const lmc_module_ctx *ctx, const lmc_ipc_key *key, size_t n,
                             uint32_t groups, bool intern, lmc_transfer_keys *out,
                             char *err, size_t errlen)
@@ -62,6 +81,8 @@ int lmc_transfer_chunk_keys(const lmc_module_ctx *ctx, const lmc_ipc_key *key, s
         snprintf(err, errlen, "hashing failed: %s", lmc_hash_strerror(rc));
         return rc == LMC_HASH_ENOMEM ? -2 : -1;
     }
+    if (intern && ctx->kv_events)
+        bind_store_tokens(ctx, key, n, out->hashes);
     out->result = build_keys(ctx->interner, key, out->hashes, n, groups, intern, out->keys);
     return 0;
 }

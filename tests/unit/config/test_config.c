@@ -89,6 +89,7 @@ static void assert_mp_defaults(const lmc_config *c)
     assert_false(c->mp.rpc_error_frames);
     assert_int_equal(c->mp.max_interned_strings, 65536);
     assert_int_equal(c->mp.max_queued_requests, 4096);
+    assert_int_equal(c->mp.kv_event_log_size, 32768);
     assert_int_equal(c->plugins.locations.count, 0);
     assert_string_equal(c->plugins.extra_config_json, "{}");
 }
@@ -218,7 +219,7 @@ static const char *const all_args[] = {
     "--shm-name", "myshm", "--script-allowed-imports", "math", "json",
     "--worker-reap-timeout-seconds", "60", "--worker-registration-grace-seconds", "90.5",
     "--log-level", "debug", "--log-format", "json", "--rpc-error-frames", "--max-interned-strings", "1000",
-    "--max-queued-requests", "7",
+    "--max-queued-requests", "7", "--kv-event-log-size", "9",
     "--runtime-plugin-locations", "/a", "/b",
     "--runtime-plugin-config", "{\"k\":1}", "--p2p-listen-url", "0.0.0.0:7000",
     "--p2p-lookup-timeout", "2.5", "--p2p-load-timeout", "3.5", "--p2p-transfer-engine",
@@ -274,6 +275,7 @@ static void assert_all_mp(const lmc_config *c)
     assert_true(c->mp.rpc_error_frames);
     assert_int_equal(c->mp.max_interned_strings, 1000);
     assert_int_equal(c->mp.max_queued_requests, 7);
+    assert_int_equal(c->mp.kv_event_log_size, 9);
     assert_int_equal(c->plugins.locations.count, 2);
     assert_string_equal(c->plugins.locations.items[0], "/a");
     assert_string_equal(c->plugins.extra_config_json, "{\"k\":1}");

@@ -22,6 +22,7 @@
 
 #include "obs/metrics.h"
 #include "storage/storage_config.h"
+#include "storage/storage_events.h"
 #include "storage/storage_metrics.h"
 #include "storage/storage_manager.h"
 #include "storage/storage_manager_testing.h"
@@ -497,6 +498,41 @@ static int small_dev_shm_child(void)
  * error; never SIGBUS in whichever process touches a page beyond it.
  * Needs to mount a tmpfs in a private mount namespace (root); skipped
  * elsewhere. */
+static void count_placements(void *user, lmc_placement_kind kind, const char *backend,
+                             bool shared, const lmc_object_key *keys, const uint64_t *sizes,
+                             size_t n)
+{
+    (void)kind, (void)backend, (void)shared, (void)keys, (void)sizes;
+    *(size_t *)user += n;
+}
+
+/* Every L2 placement sink hears every report (the fleet reporter and the
+ * KV event log listen side by side), until it is removed. */
+static void test_l2_placement_sinks(void **state)
+{
+    (void)state;
+    lmc_storage_options o = small_options();
+    lmc_storage_manager *sm = create(&o);
+    size_t heard[LMC_STORAGE_MAX_PLACEMENT_SINKS + 1] = {0};
+    lmc_l2_placement_sink sinks[LMC_STORAGE_MAX_PLACEMENT_SINKS + 1];
+    for (size_t i = 0; i <= LMC_STORAGE_MAX_PLACEMENT_SINKS; i++) {
+        sinks[i] = (lmc_l2_placement_sink){.fn = count_placements, .user = &heard[i]};
+        assert_int_equal(lmc_storage_manager_add_l2_placement_sink(sm, &sinks[i]),
+                         i < LMC_STORAGE_MAX_PLACEMENT_SINKS ? 0 : -1);
+    }
+    lmc_object_key k[2] = {make_key(1), make_key(2)};
+    lmc_storage_manager_report_l2_placement(sm, LMC_PLACEMENT_STORED, "fs", false, k, NULL, 2);
+    lmc_storage_manager_remove_l2_placement_sink(sm, &sinks[0]);
+    lmc_storage_manager_report_l2_placement(sm, LMC_PLACEMENT_DELETED, "fs", false, k, NULL, 1);
+    assert_int_equal(heard[0], 2);
+    for (size_t i = 1; i < LMC_STORAGE_MAX_PLACEMENT_SINKS; i++)
+        assert_int_equal(heard[i], 3);
+    assert_int_equal(heard[LMC_STORAGE_MAX_PLACEMENT_SINKS], 0);
+    /* the freed slot takes a sink again */
+    assert_int_equal(lmc_storage_manager_add_l2_placement_sink(sm, &sinks[0]), 0);
+    lmc_storage_manager_close(sm);
+}
+
 static void test_small_dev_shm(void **state)
 {
     (void)state;
@@ -625,6 +661,7 @@ int main(void)
         cmocka_unit_test(test_invalid_options),
         cmocka_unit_test(test_options_from_legacy_flags),
         cmocka_unit_test(test_options_from_l1_manager_json),
+        cmocka_unit_test(test_l2_placement_sinks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
