@@ -19,6 +19,7 @@
 #define QUALNAME_PREFIX "lmcache.v1.distributed.storage_manager.StorageManager"
 #define STACK_FRAME 4096
 #define WRITER_POLL_MS 100
+#define WAKE_FRACTION 4   /* a ring a quarter full wakes the writer */
 
 struct lmc_storage_trace {
     int fd;
@@ -260,11 +261,14 @@ static void enqueue(lmc_storage_trace *t, const uint8_t *frame, size_t len)
     memcpy(t->ring + t->head, frame, first);
     memcpy(t->ring, frame + first, len - first);
     t->head = (t->head + len) % t->cap;
-    bool was_empty = t->used == 0;
+    /* The writer wakes every WRITER_POLL_MS anyway; a wake-up (and a
+     * write) per record would cost each STORE a context switch, so only
+     * a ring filling up wakes it early (docs/trace.md, "Bounds"). */
+    bool filling = t->used < t->cap / WAKE_FRACTION && t->used + len >= t->cap / WAKE_FRACTION;
     t->used += len;
     t->queued_records++;
     pthread_mutex_unlock(&t->mu);
-    if (was_empty)
+    if (filling)
         pthread_cond_signal(&t->wake);
 }
 
