@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "obs/log.h"
 #include "server/server_internal.h"
 #include "storage/storage_events.h"
 #include "storage/storage_trace.h"
@@ -42,8 +43,11 @@ static char *storage_config_json(const lmc_config *cfg)
 int lmc_server_start_trace(lmc_server *s, char *err, size_t errlen)
 {
     const lmc_config *cfg = s->cfg;
-    if (!cfg->obs.trace_level)
-        return 0;   /* --trace-output alone records nothing, as upstream */
+    if (!cfg->obs.trace_level) {
+        if (cfg->obs.trace_output)   /* records nothing, as upstream */
+            LMC_WARN("--trace-output is ignored without --trace-level (docs/trace.md)");
+        return 0;
+    }
     char path[4096];
     if (cfg->obs.trace_output)
         snprintf(path, sizeof path, "%s", cfg->obs.trace_output);

@@ -216,3 +216,24 @@ def test_bad_level_and_unwritable_output_are_refused(tmp_path):
                      "--trace-output", str(bad))
     assert r.returncode != 0
     assert "--trace-output" in r.stderr and str(bad) in r.stderr, r.stderr
+
+
+def test_default_output_is_under_tmpdir(start_server, tmp_path):
+    srv = start_server(*SERVER_ARGS, "--trace-level", "storage",
+                       env={"PYTHONHASHSEED": SEED, "TMPDIR": str(tmp_path)})
+    made = list(tmp_path.glob(f"lmcache-trace-{srv.proc.pid}-*.lct"))
+    assert len(made) == 1, list(tmp_path.iterdir())
+    stamp = made[0].name.split("-", 3)[3][:-len(".lct")]
+    assert len(stamp) == 15 and stamp[8] == "-" and stamp.replace("-", "").isdigit(), stamp
+    assert status(srv)["trace"]["output"] == str(made[0])
+    assert (made[0].stat().st_mode & 0o777) == 0o600
+
+
+def test_output_without_level_records_nothing_and_says_so(start_server, tmp_path):
+    out = tmp_path / "t.lct"
+    srv = start_server(*SERVER_ARGS, "--trace-output", str(out))
+    store_and_retrieve(srv)
+    st = status(srv)["trace"]
+    assert st["level"] is None and st["output"] is None and st["records_written"] == 0
+    assert not out.exists()
+    assert "--trace-output is ignored without --trace-level" in srv.output()
