@@ -28,10 +28,11 @@
  * tables); server CPU is then the child's CPU clock.
  *
  * --kv-event-log-size N passes that flag on (docs/kv_events.md; 0 for the
- * log's A/B).
+ * log's A/B).  --trace-output FILE runs the server with --trace-level
+ * storage writing FILE (docs/trace.md; the trace's A/B).
  *
  *   transfer_bench [--chunks N] [--iters M] [--batch B] [--server-process]
- *                  [--kv-event-log-size N]
+ *                  [--kv-event-log-size N] [--trace-output FILE]
  *                                   (defaults 256, 2000, 16 chunks per request) */
 #include <fcntl.h>
 #include <malloc.h>
@@ -866,6 +867,7 @@ int main(int argc, char **argv)
     size_t chunks = 256, iters = 2000, batch = BATCH;
     bool server_process = false;
     const char *kv_log = "32768";
+    const char *trace_output = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--server-process") == 0)
             server_process = true;
@@ -877,12 +879,15 @@ int main(int argc, char **argv)
             batch = strtoul(argv[++i], NULL, 10);
         else if (i + 1 < argc && strcmp(argv[i], "--kv-event-log-size") == 0)
             kv_log = argv[++i];
+        else if (i + 1 < argc && strcmp(argv[i], "--trace-output") == 0)
+            trace_output = argv[++i];
         else
             batch = 0;   /* unknown argument: usage */
     }
     if (batch < 1 || batch > MAX_BATCH || chunks < batch || iters < 2) {
         fprintf(stderr, "usage: transfer_bench [--chunks N>=batch] [--iters M>=2] "
-                        "[--batch 1..%d] [--server-process] [--kv-event-log-size N]\n",
+                        "[--batch 1..%d] [--server-process] [--kv-event-log-size N] "
+                        "[--trace-output FILE]\n",
                 MAX_BATCH);
         return 1;
     }
@@ -895,12 +900,19 @@ int main(int argc, char **argv)
     char *args[] = {"lmcached", "--host", "127.0.0.1", "--port", port, "--chunk-size", "256",
                     "--l1-size-gb", l1, "--eviction-policy", "LRU", "--log-level", "WARNING",
                     "--max-workers", "2", "--http-host", "127.0.0.1", "--http-port", http_port,
-                    "--kv-event-log-size", (char *)kv_log, NULL};
+                    "--kv-event-log-size", (char *)kv_log, NULL, NULL, NULL, NULL, NULL};
+    int nargs = 21;
+    if (trace_output) {
+        args[nargs++] = "--trace-level";
+        args[nargs++] = "storage";
+        args[nargs++] = "--trace-output";
+        args[nargs++] = (char *)trace_output;
+    }
     lmc_config cfg;
     char err[256];
     servers sv = {.child = server_process};
     bench b = {.batch = batch};
-    if (lmc_config_parse(&cfg, (int)(sizeof args / sizeof args[0]) - 1, args, NULL, stdout, err,
+    if (lmc_config_parse(&cfg, nargs, args, NULL, stdout, err,
                          sizeof err) != LMC_CONFIG_OK) {
         fprintf(stderr, "transfer_bench: %s\n", err);
         return 1;

@@ -19,6 +19,7 @@
 #include "storage/storage_config.h"
 #include "storage/storage_events.h"
 #include "storage/storage_manager.h"
+#include "storage/storage_trace.h"
 
 #define DRAIN_MS 5000
 
@@ -115,7 +116,7 @@ static int create_services(lmc_server *s, char *err, size_t errlen)
     if (s->ctx.events)
         lmc_storage_manager_set_event_bus(s->ctx.storage, s->ctx.events,
                                           cfg->obs.metrics_sample_rate);
-    if (create_kv_events(s, err, errlen) != 0)
+    if (create_kv_events(s, err, errlen) != 0 || lmc_server_start_trace(s, err, errlen) != 0)
         return -1;
     /* The storage manager owns the L2 tier from here (closed with it). */
     return lmc_l2_attach(s->ctx.storage, cfg, err, errlen);
@@ -286,6 +287,7 @@ json_t *lmc_server_report_status(lmc_server *s)
     if (up && s->fleet && json_is_true(json_object_get(status, "p2p_enabled")))
         json_object_set_new(status, "active_p2p_lookup_jobs",
                             json_integer((json_int_t)lmc_l2_p2p_active_lookups(s->ctx.storage)));
+    json_object_set_new(status, "trace", lmc_server_trace_status(s));
     json_object_set_new(status, "is_healthy", json_boolean(healthy));
     return status;
 }
@@ -305,6 +307,7 @@ void lmc_server_free(lmc_server *s)
         lmc_storage_manager_close(s->ctx.storage);
     lmc_fleet_free(s->fleet); /* its listeners heard the storage until it closed */
     lmc_kv_events_free(s->ctx.kv_events); /* so did the KV event log */
+    lmc_storage_trace_close(s->trace);    /* and the trace recorder: flushed here */
     lmc_event_bus_free(s->ctx.events);
     lmc_server_free_metrics(s); /* after the bus: its subscriber points here */
     lmc_sessions_free(s->ctx.sessions);

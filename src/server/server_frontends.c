@@ -208,7 +208,7 @@ static int register_owner_metrics(lmc_server *s)
                                     "1 when every module and the storage report healthy", NULL);
     if (!sm->healthy || lmc_storage_manager_register_metrics(s->ctx.storage, s->metrics) != 0 ||
         lmc_l2_p2p_register_metrics(s->ctx.storage, s->metrics) != 0 ||
-        lmc_server_add_module_metrics(s) != 0)
+        lmc_server_add_module_metrics(s) != 0 || lmc_server_register_trace_metrics(s) != 0)
         goto fail;
     sm->target_info = lmc_metrics_gauge(s->metrics, "target_info",
                                         "Target metadata: the server's --instance-id",

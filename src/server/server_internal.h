@@ -42,7 +42,16 @@ struct lmc_server {
     struct lmc_fleet *fleet;     /* --coordinator-url (docs/fleet.md); NULL when unset */
     struct lmc_p2p_chan_server *p2p_tcp; /* --p2p-advertise-url, tcp engine; else NULL */
     struct lmc_p2p_ucx_server *p2p_ucx;  /* --p2p-advertise-url, ucx engine; else NULL */
+    struct lmc_storage_trace *trace;     /* --trace-level (docs/trace.md); else NULL */
 };
+
+/* --trace-level: opens the trace file and attaches the recorder to the
+ * storage manager (server_trace.c); 0 without the flag. */
+int lmc_server_start_trace(lmc_server *s, char *err, size_t errlen);
+/* /status "trace": {level, output, records_written, records_dropped,
+ * bytes_written}, nulls and zeros without a recorder. */
+json_t *lmc_server_trace_status(lmc_server *s);
+int lmc_server_register_trace_metrics(lmc_server *s);
 
 /* Metrics registry and HTTP listener; before storage so that a busy HTTP
  * port fails before memory is committed. */

@@ -23,6 +23,13 @@
 void lmc_storage_manager_set_event_bus(lmc_storage_manager *sm, lmc_event_bus *bus,
                                        double sample_rate);
 bool lmc_storage_manager_events_enabled(const lmc_storage_manager *sm);
+
+/* ---- the trace recorder (docs/trace.md) --------------------------------
+ * Every reserve/finish/abort of a write is recorded into `trace` from here
+ * on.  Call once, before concurrent use; close the trace after the
+ * storage manager. */
+struct lmc_storage_trace;
+void lmc_storage_manager_set_trace(lmc_storage_manager *sm, struct lmc_storage_trace *trace);
 /* Publishes (steals `metadata`); a no-op without a bus.  For the modules
  * and the L2 tier, whose events belong to the storage's metrics. */
 void lmc_storage_manager_publish(lmc_storage_manager *sm, const char *type, json_t *metadata);

@@ -16,6 +16,7 @@
 #include "storage/storage_manager_testing.h"
 #include "storage/storage_telemetry.h"
 #include "storage/storage_tier.h"
+#include "storage/storage_trace.h"
 
 #define LAZY_COMMIT_GRANULE (64ull << 20)   /* initial commit rounds up to 64 MiB */
 #define FALLBACK_COMMIT_GRANULE (4ull << 20) /* steps of a start-up commit /dev/shm cuts short */
@@ -42,6 +43,7 @@ struct lmc_storage_manager {
     lmc_storage_telemetry *telemetry;     /* events for the metrics */
     /* docs/fleet.md and docs/kv_events.md; a free slot is NULL */
     _Atomic(const lmc_l2_placement_sink *) placement_sinks[LMC_STORAGE_MAX_PLACEMENT_SINKS];
+    lmc_storage_trace *trace;             /* --trace-level storage, else NULL */
 };
 
 /* ---- listeners --------------------------------------------------------- */
@@ -451,6 +453,10 @@ int lmc_storage_manager_lease_write(lmc_storage_manager *sm, const lmc_object_ke
                                     const char *writer_tag, lmc_lease *leases,
                                     lmc_l1_result *results)
 {
+    bool prefetch = writer_tag && strcmp(writer_tag, LMC_STORAGE_L2_PREFETCH_TAG) == 0;
+    if (sm->trace && !prefetch)   /* upstream's prefetch reserves nothing */
+        lmc_storage_trace_record(sm->trace, LMC_STORAGE_TRACE_RESERVE_WRITE, keys, n,
+                                 object_size);
     bool *temporary = NULL;
     lmc_l1_result *r = results_or_scratch(results, n);
     if (is_temporary && r) {
@@ -464,7 +470,6 @@ int lmc_storage_manager_lease_write(lmc_storage_manager *sm, const lmc_object_ke
                                         tag_or_default(writer_tag), leases, r);
     free(temporary);
     if (rc == 0) {
-        bool prefetch = writer_tag && strcmp(writer_tag, LMC_STORAGE_L2_PREFETCH_TAG) == 0;
         lmc_storage_telemetry_write_outcome(sm->telemetry, keys, n, r,
                                             prefetch ? "l2_prefetch" : "l1_store");
     }
@@ -476,6 +481,8 @@ int lmc_storage_manager_publish_writes(lmc_storage_manager *sm, const lmc_object
                                        lmc_lease *leases, size_t n, uint32_t readers,
                                        lmc_l1_result *results)
 {
+    if (sm->trace && readers == 0)   /* readers: an L2 prefetch's load */
+        lmc_storage_trace_record(sm->trace, LMC_STORAGE_TRACE_FINISH_WRITE, keys, n, 0);
     lmc_l1_result *r = results_or_scratch(results, n);
     if (!r)
         return -1;
@@ -514,15 +521,44 @@ size_t lmc_storage_manager_lease_copy(lmc_storage_manager *sm, const lmc_object_
     return granted;
 }
 
+/* The WRITE leases among those given back were never published: upstream's
+ * abort_write of their keys (docs/trace.md). */
+static void trace_aborted_writes(lmc_storage_trace *trace, const lmc_object_key *keys,
+                                 const lmc_lease *leases, size_t n)
+{
+    lmc_object_key stack[64], *aborted = stack;
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++)
+        count += leases[i].kind == LMC_LEASE_WRITE;
+    if (count == 0)
+        return;
+    if (count > sizeof stack / sizeof stack[0] && !(aborted = malloc(count * sizeof *aborted)))
+        return;
+    count = 0;
+    for (size_t i = 0; i < n; i++)
+        if (leases[i].kind == LMC_LEASE_WRITE)
+            aborted[count++] = keys[i];
+    lmc_storage_trace_record(trace, LMC_STORAGE_TRACE_ABORT_WRITE, aborted, count, 0);
+    if (aborted != stack)
+        free(aborted);
+}
+
 void lmc_storage_manager_give_back(lmc_storage_manager *sm, const lmc_object_key *keys,
                                    lmc_lease *leases, size_t n)
 {
+    if (sm->trace)
+        trace_aborted_writes(sm->trace, keys, leases, n);
     lmc_l1_manager_give_back(sm->l1, keys, leases, n);
 }
 
 void lmc_storage_manager_lease_counts(lmc_storage_manager *sm, lmc_lease_counts *out)
 {
     lmc_l1_manager_lease_counts(sm->l1, out);
+}
+
+void lmc_storage_manager_set_trace(lmc_storage_manager *sm, lmc_storage_trace *trace)
+{
+    sm->trace = trace;
 }
 
 /* ---- L2 tier ----------------------------------------------------------- */

@@ -157,7 +157,7 @@ def test_help_fits_a_terminal_and_says_which_flags_are_refused():
             blocks[flag] = ""
         elif line.startswith("        ") and blocks:
             blocks[flag] += " " + line.strip()
-    for flag in ("--enable-segmented-prefix", "--trace-level", "--trace-output",
+    for flag in ("--enable-segmented-prefix", "--trace-level",
                  "--enable-extra-logging", "--script-allowed-imports"):
         assert "refused at start" in blocks[flag], (flag, blocks[flag])
     assert "'blend' and 'blend_legacy' (CacheBlend) are refused at start" in \

@@ -34,8 +34,9 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-#include "obs/log.h"
 #include "core/hex.h"
+#include "core/write_all.h"
+#include "obs/log.h"
 #include "storage/key_table.h"
 #include "storage/l2/l2_adapter.h"
 #include "storage/l2/l2_hasher.h"
@@ -133,20 +134,6 @@ static int open_io(const fs *f, const char *path, int flags, const void *buf, ui
     return open(path, flags | O_CLOEXEC, 0644);
 }
 
-static int write_all(int fd, const uint8_t *p, uint64_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        p += w;
-        n -= (uint64_t)w;
-    }
-    return 0;
-}
-
 /* Reads exactly n bytes.  The first read asks for read_ahead_size bytes
  * only, so the kernel starts read-ahead early (upstream's option); with a
  * checksum job, each HASH_PIECE read is handed to the pool and hashed while
@@ -215,7 +202,7 @@ static int publish(fs *f, const lmc_object_key *k, const char *final, const char
                        (unsigned long long)seq);
     int fd = len > 0 && (size_t)len < sizeof tmp
                  ? open_io(f, tmp, O_WRONLY | O_CREAT | O_TRUNC, p, n) : -1;
-    int rc = fd < 0 ? -1 : write_all(fd, p, n);
+    int rc = fd < 0 ? -1 : lmc_core_write_all(fd, p, n);
     if (job && rc == 0)
         rc = attach_checksum(f, k, name, fd, job);
     else if (job)

@@ -17,6 +17,7 @@
 #include "rpc/client.h"
 #include "storage/key_table.h"
 #include "storage/l2/l2_adapter.h"
+#include "storage/object_key_msgpack.h"
 
 #define OP_LOOKUP_AND_LOCK 29
 #define OP_QUERY_RESULTS 30
@@ -62,35 +63,11 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static void pack_str(msgpack_packer *pk, const char *s)
-{
-    size_t n = strlen(s);
-    msgpack_pack_str(pk, n);
-    msgpack_pack_str_body(pk, s, n);
-}
-
-/* An ObjectKey as docs/p2p.md, "The ops", gives it. */
-static void pack_key(msgpack_packer *pk, const lmc_object_key *k)
-{
-    msgpack_pack_map(pk, 5);
-    pack_str(pk, "chunk_hash");
-    msgpack_pack_bin(pk, k->chunk_hash_len);
-    msgpack_pack_bin_body(pk, k->chunk_hash, k->chunk_hash_len);
-    pack_str(pk, "model_name");
-    pack_str(pk, k->model_name);
-    pack_str(pk, "kv_rank");
-    msgpack_pack_uint32(pk, k->kv_rank);
-    pack_str(pk, "object_group_id");
-    msgpack_pack_uint32(pk, k->object_group_id);
-    pack_str(pk, "cache_salt");
-    pack_str(pk, k->cache_salt);
-}
-
 static void pack_keys(msgpack_packer *pk, const lmc_object_key *keys, size_t n)
 {
     msgpack_pack_array(pk, n);
     for (size_t i = 0; i < n; i++)
-        pack_key(pk, &keys[i]);
+        lmc_object_key_pack_msgpack(pk, &keys[i]);
 }
 
 /* A reply and its unpacked form, whose strings point into the reply. */
@@ -225,7 +202,7 @@ static void queue_unlock(p2p *p, const lmc_object_key *keys, size_t n)
     msgpack_packer pk;
     msgpack_packer_init(&pk, &p->pending, msgpack_sbuffer_write);
     for (size_t i = 0; i < n; i++)
-        pack_key(&pk, &keys[i]);
+        lmc_object_key_pack_msgpack(&pk, &keys[i]);
     p->n_pending += n;
 }
 
