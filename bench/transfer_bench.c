@@ -294,8 +294,11 @@ static double server_cpu(const bench *b)
 
 typedef struct {
     double wall, server_cpu;
+    double p50;    /* one request, PREPARE + copy + COMMIT */
     long faults;   /* minor page faults of the whole process (client copies included) */
 } phase;
+
+static int cmp_double(const void *a, const void *b);
 
 static long minor_faults(void)
 {
@@ -307,15 +310,25 @@ static long minor_faults(void)
 /* Runs all requests of one direction; returns wall time and server CPU. */
 static int run_phase(bench *b, uint64_t *toks, size_t reqs, uint8_t *data, bool store, phase *ph)
 {
+    double *lat = malloc((reqs ? reqs : 1) * sizeof *lat);
+    if (!lat)
+        return -1;
     double p0 = server_cpu(b), t0 = now_s();
     long f0 = minor_faults();
     char rid[32];
     for (size_t r = 0; r < reqs; r++) {
         snprintf(rid, sizeof rid, "req-%zu", r);
-        if (transfer(b, toks + r * b->batch * CS, rid, data + r * b->batch * OBJ, store) != 0)
+        double r0 = now_s();
+        if (transfer(b, toks + r * b->batch * CS, rid, data + r * b->batch * OBJ, store) != 0) {
+            free(lat);
             return -1;
+        }
+        lat[r] = now_s() - r0;
     }
     ph->wall = now_s() - t0;
+    qsort(lat, reqs, sizeof *lat, cmp_double);
+    ph->p50 = reqs ? lat[(reqs - 1) / 2] : 0;
+    free(lat);
     ph->faults = minor_faults() - f0;
     ph->server_cpu = server_cpu(b) - p0;
     return 0;
@@ -592,6 +605,8 @@ static int bandwidth(bench *b, size_t chunks)
            st_copy * 1e6 / reqs, b->rpc_s * 1e6 / reqs, b->copy_s * 1e6 / reqs);
     printf("PREPARE_STORE of %zu cached chunks (no slots): p50 %.0f us\n", b->batch,
            cached_p50 * 1e6);
+    printf("STORE request p50 (PREPARE + copy + COMMIT of %zu chunks): %.0f us; "
+           "RETRIEVE: %.0f us\n", b->batch, st.p50 * 1e6, rt.p50 * 1e6);
     printf("page faults per chunk: store %.1f, retrieve %.1f\n",
            (double)st.faults / (reqs * b->batch), (double)rt.faults / (reqs * b->batch));
     printf("server CPU per chunk: store %.2f us, retrieve %.2f us (pipelined: %.2f, %.2f)\n",
