@@ -50,6 +50,10 @@ typedef struct {
     int max_interned_strings;        /* --max-interned-strings 65536 */
     int max_queued_requests;         /* --max-queued-requests 4096 */
     int kv_event_log_size;           /* --kv-event-log-size 32768 (0 = off) */
+    char *kv_events_publish_endpoint; /* --kv-events-publish-endpoint, "" = off */
+    char *kv_events_replay_endpoint; /* --kv-events-replay-endpoint, "" = none */
+    char *kv_events_topic;           /* --kv-events-topic, "" */
+    int kv_events_buffer_steps;      /* --kv-events-buffer-steps 10000 */
 } lmc_mp_config;
 
 /* --- Runtime plugins ---------------------------------------------------- */

@@ -123,6 +123,26 @@ static const lmc_config_flag flags[] = {
      .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = 0, .max = 16777216,
      .help = "Records the KV event log keeps for POLL_KV_EVENTS (docs/kv_events.md); "
              "0 disables it."},
+    {.name = "kv-events-publish-endpoint", .group = LMC_FG_MP, .kind = LMC_FK_STR,
+     AT(mp.kv_events_publish_endpoint), .def = "",
+     .env = "LMCACHE_KV_EVENTS_PUBLISH_ENDPOINT", .json_name = "kv_events_publish_endpoint",
+     .flags = LMC_FF_ADDITION,
+     .help = "ZMQ PUB endpoint bound to publish the KV event log in vLLM's format "
+             "(docs/kv_events.md); \"\" = off."},
+    {.name = "kv-events-replay-endpoint", .group = LMC_FG_MP, .kind = LMC_FK_STR,
+     AT(mp.kv_events_replay_endpoint), .def = "",
+     .env = "LMCACHE_KV_EVENTS_REPLAY_ENDPOINT", .json_name = "kv_events_replay_endpoint",
+     .flags = LMC_FF_ADDITION,
+     .help = "ZMQ ROUTER endpoint bound to replay published batches; \"\" = none."},
+    {.name = "kv-events-topic", .group = LMC_FG_MP, .kind = LMC_FK_STR,
+     AT(mp.kv_events_topic), .def = "", .env = "LMCACHE_KV_EVENTS_TOPIC",
+     .json_name = "kv_events_topic", .flags = LMC_FF_ADDITION,
+     .help = "Topic frame of every published KV event batch."},
+    {.name = "kv-events-buffer-steps", .group = LMC_FG_MP, .kind = LMC_FK_INT,
+     AT(mp.kv_events_buffer_steps), .def = "10000", .env = "LMCACHE_KV_EVENTS_BUFFER_STEPS",
+     .json_name = "kv_events_buffer_steps", .flags = LMC_FF_ADDITION,
+     .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = 1, .max = 1000000,
+     .help = "Published batches kept for the replay socket."},
 
     /* --- Runtime plugins -------------------------------------------------- */
     {.name = "runtime-plugin-locations", .group = LMC_FG_PLUGINS, .kind = LMC_FK_NARGS,

@@ -415,7 +415,8 @@ int lmc_kv_events_read(lmc_kv_events *ev, const char *model, size_t model_len, u
             drop_entries(page);
             continue;
         }
-        if (r->pub.model_len != model_len || memcmp(r->pub.model, model, model_len) != 0)
+        if (model && (r->pub.model_len != model_len ||
+                      memcmp(r->pub.model, model, model_len) != 0))
             continue;
         atomic_fetch_add(&r->refs, 1);
         page->entries[page->n++] = (lmc_kv_events_entry){seq, &r->pub};

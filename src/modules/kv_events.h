@@ -95,7 +95,8 @@ typedef struct {
     lmc_kv_events_entry *entries;
 } lmc_kv_events_page;
 
-/* max_events >= 1 (capped at LMC_KV_EVENTS_MAX_POLL).  0, or -1 when
+/* model NULL: every model's records (the publisher's follower).
+ * max_events >= 1 (capped at LMC_KV_EVENTS_MAX_POLL).  0, or -1 when
  * memory ran out (nothing to free). */
 int lmc_kv_events_read(lmc_kv_events *ev, const char *model, size_t model_len, uint64_t cursor,
                        size_t max_events, lmc_kv_events_page *page);

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "modules/kv_events.h"
+#include "modules/kv_events_publisher.h"
 #include "modules/module.h"
 #include "rpc/wire.h"
 
@@ -13,6 +14,7 @@ typedef struct {
     lmc_kv_events *log;        /* NULL: disabled */
     uint64_t incarnation;
     uint32_t block_size;
+    lmc_kv_events_publisher *pub; /* NULL: --kv-events-publish-endpoint "" */
 } kv_events_mod;
 
 static void pack_key(msgpack_packer *pk, const char *key)
@@ -123,6 +125,37 @@ static const lmc_rpc_handler_spec kv_events_handlers[] = {
     {LMC_OP_POLL_KV_EVENTS, NULL, LMC_POOL_SYNC, poll_kv_events, false, NULL, NULL, false},
 };
 
+static bool set(const char *s)
+{
+    return s && *s;
+}
+
+/* docs/kv_events.md, "Publishing to routers". */
+static int start_publisher(lmc_module_ctx *ctx, kv_events_mod *m, char *err, size_t errlen)
+{
+    const lmc_mp_config *mp = &ctx->config->mp;
+    if (!set(mp->kv_events_publish_endpoint)) {
+        if (!set(mp->kv_events_replay_endpoint))
+            return 0;
+        snprintf(err, errlen, "--kv-events-replay-endpoint needs --kv-events-publish-endpoint");
+        return -1;
+    }
+    if (!m->log) {
+        snprintf(err, errlen, "--kv-events-publish-endpoint needs the KV event log: "
+                              "--kv-event-log-size must be > 0");
+        return -1;
+    }
+    lmc_kv_events_publisher_opts o = {
+        .endpoint = mp->kv_events_publish_endpoint,
+        .replay_endpoint = mp->kv_events_replay_endpoint,
+        .topic = mp->kv_events_topic,
+        .buffer_steps = (size_t)mp->kv_events_buffer_steps,
+        .block_size = m->block_size,
+    };
+    m->pub = lmc_kv_events_publisher_start(m->log, &o, err, errlen);
+    return m->pub ? 0 : -1;
+}
+
 static int kv_events_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen)
 {
     kv_events_mod *m = calloc(1, sizeof *m);
@@ -139,6 +172,10 @@ static int kv_events_create(lmc_module_ctx *ctx, void **state, char *err, size_t
         clock_gettime(CLOCK_REALTIME, &ts);
         m->incarnation = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
     }
+    if (start_publisher(ctx, m, err, errlen) != 0) {
+        free(m);
+        return -1;
+    }
     *state = m;
     return 0;
 }
@@ -149,11 +186,12 @@ static json_t *kv_events_status(void *state)
     lmc_kv_events_stats st = {0};
     if (m->log)
         lmc_kv_events_get_stats(m->log, &st);
-    return json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:I}", "enabled", m->log != NULL,
+    return json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:o}", "enabled", m->log != NULL,
                      "incarnation", (json_int_t)m->incarnation, "log_depth",
                      (json_int_t)st.log_depth, "log_capacity", (json_int_t)st.log_capacity,
                      "next_seq", (json_int_t)(m->log ? st.next_seq : 1), "lost_markers",
-                     (json_int_t)st.lost_markers, "unbound_stores", (json_int_t)st.unbound_stores);
+                     (json_int_t)st.lost_markers, "unbound_stores", (json_int_t)st.unbound_stores,
+                     "publisher", m->pub ? lmc_kv_events_publisher_status(m->pub) : json_null());
 }
 
 /* ---- metrics (docs/metrics.md, "KV events") ------------------------------ */
@@ -191,7 +229,9 @@ static int kv_events_register_metrics(void *state, lmc_metrics *r)
 
 static void kv_events_close(void *state)
 {
-    free(state);
+    kv_events_mod *m = state;
+    lmc_kv_events_publisher_stop(m->pub); /* before the server frees the log */
+    free(m);
 }
 
 const lmc_module_def lmc_kv_events_module = {

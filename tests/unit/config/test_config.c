@@ -90,6 +90,10 @@ static void assert_mp_defaults(const lmc_config *c)
     assert_int_equal(c->mp.max_interned_strings, 65536);
     assert_int_equal(c->mp.max_queued_requests, 4096);
     assert_int_equal(c->mp.kv_event_log_size, 32768);
+    assert_string_equal(c->mp.kv_events_publish_endpoint, "");
+    assert_string_equal(c->mp.kv_events_replay_endpoint, "");
+    assert_string_equal(c->mp.kv_events_topic, "");
+    assert_int_equal(c->mp.kv_events_buffer_steps, 10000);
     assert_int_equal(c->plugins.locations.count, 0);
     assert_string_equal(c->plugins.extra_config_json, "{}");
 }
@@ -220,6 +224,8 @@ static const char *const all_args[] = {
     "--worker-reap-timeout-seconds", "60", "--worker-registration-grace-seconds", "90.5",
     "--log-level", "debug", "--log-format", "json", "--rpc-error-frames", "--max-interned-strings", "1000",
     "--max-queued-requests", "7", "--kv-event-log-size", "9",
+    "--kv-events-publish-endpoint", "tcp://*:5557", "--kv-events-replay-endpoint",
+    "tcp://*:5558", "--kv-events-topic", "kv-events", "--kv-events-buffer-steps", "12",
     "--runtime-plugin-locations", "/a", "/b",
     "--runtime-plugin-config", "{\"k\":1}", "--p2p-listen-url", "0.0.0.0:7000",
     "--p2p-lookup-timeout", "2.5", "--p2p-load-timeout", "3.5", "--p2p-transfer-engine",
@@ -276,6 +282,10 @@ static void assert_all_mp(const lmc_config *c)
     assert_int_equal(c->mp.max_interned_strings, 1000);
     assert_int_equal(c->mp.max_queued_requests, 7);
     assert_int_equal(c->mp.kv_event_log_size, 9);
+    assert_string_equal(c->mp.kv_events_publish_endpoint, "tcp://*:5557");
+    assert_string_equal(c->mp.kv_events_replay_endpoint, "tcp://*:5558");
+    assert_string_equal(c->mp.kv_events_topic, "kv-events");
+    assert_int_equal(c->mp.kv_events_buffer_steps, 12);
     assert_int_equal(c->plugins.locations.count, 2);
     assert_string_equal(c->plugins.locations.items[0], "/a");
     assert_string_equal(c->plugins.extra_config_json, "{\"k\":1}");
