@@ -29,10 +29,13 @@
  *
  * --kv-event-log-size N passes that flag on (docs/kv_events.md; 0 for the
  * log's A/B).  --trace-output FILE runs the server with --trace-level
- * storage writing FILE (docs/trace.md; the trace's A/B).
+ * storage writing FILE (docs/trace.md; the trace's A/B).  --kv-events-publish
+ * URL also publishes the log there (docs/kv_events.md, "Publishing to
+ * routers"; the publisher's A/B).
  *
  *   transfer_bench [--chunks N] [--iters M] [--batch B] [--server-process]
  *                  [--kv-event-log-size N] [--trace-output FILE]
+ *                  [--kv-events-publish URL]
  *                                   (defaults 256, 2000, 16 chunks per request) */
 #include <fcntl.h>
 #include <malloc.h>
@@ -882,7 +885,7 @@ int main(int argc, char **argv)
     size_t chunks = 256, iters = 2000, batch = BATCH;
     bool server_process = false;
     const char *kv_log = "32768";
-    const char *trace_output = NULL;
+    const char *trace_output = NULL, *publish = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--server-process") == 0)
             server_process = true;
@@ -896,13 +899,15 @@ int main(int argc, char **argv)
             kv_log = argv[++i];
         else if (i + 1 < argc && strcmp(argv[i], "--trace-output") == 0)
             trace_output = argv[++i];
+        else if (i + 1 < argc && strcmp(argv[i], "--kv-events-publish") == 0)
+            publish = argv[++i];
         else
             batch = 0;   /* unknown argument: usage */
     }
     if (batch < 1 || batch > MAX_BATCH || chunks < batch || iters < 2) {
         fprintf(stderr, "usage: transfer_bench [--chunks N>=batch] [--iters M>=2] "
                         "[--batch 1..%d] [--server-process] [--kv-event-log-size N] "
-                        "[--trace-output FILE]\n",
+                        "[--trace-output FILE] [--kv-events-publish URL]\n",
                 MAX_BATCH);
         return 1;
     }
@@ -915,13 +920,18 @@ int main(int argc, char **argv)
     char *args[] = {"lmcached", "--host", "127.0.0.1", "--port", port, "--chunk-size", "256",
                     "--l1-size-gb", l1, "--eviction-policy", "LRU", "--log-level", "WARNING",
                     "--max-workers", "2", "--http-host", "127.0.0.1", "--http-port", http_port,
-                    "--kv-event-log-size", (char *)kv_log, NULL, NULL, NULL, NULL, NULL};
+                    "--kv-event-log-size", (char *)kv_log, NULL, NULL, NULL, NULL, NULL,
+                    NULL, NULL, NULL};
     int nargs = 21;
     if (trace_output) {
         args[nargs++] = "--trace-level";
         args[nargs++] = "storage";
         args[nargs++] = "--trace-output";
         args[nargs++] = (char *)trace_output;
+    }
+    if (publish) {
+        args[nargs++] = "--kv-events-publish-endpoint";
+        args[nargs++] = (char *)publish;
     }
     lmc_config cfg;
     char err[256];
