@@ -306,7 +306,10 @@ def test_token_never_shown(tmp_path):
     secret = "tok-" + os.urandom(12).hex()
     plugins = tmp_path / "plugins"
     plugins.mkdir()
-    (plugins / "dump.sh").write_text('echo "AUTHCFG $LMCACHE_RUNTIME_PLUGIN_CONFIG"\n'
+    # One line per JSON member: the whole configuration is longer than the
+    # 4096 bytes the server keeps of one plugin line (docs/plugins.md).
+    (plugins / "dump.sh").write_text('echo "$LMCACHE_RUNTIME_PLUGIN_CONFIG" | tr , "\\n" | '
+                                     'sed "s/^/AUTHCFG /"\n'
                                      'exec sleep 300\n')
     s = start_http("--http-auth-token", secret, "--log-level", "DEBUG",
               "--runtime-plugin-locations", str(plugins))
