@@ -160,6 +160,13 @@ static const char *op_method(lmc_storage_trace_op op)
     switch (op) {
     case LMC_STORAGE_TRACE_RESERVE_WRITE: return QUALNAME_PREFIX ".reserve_write";
     case LMC_STORAGE_TRACE_FINISH_WRITE: return QUALNAME_PREFIX ".finish_write";
+    case LMC_STORAGE_TRACE_SUBMIT_PREFETCH_TASK: return QUALNAME_PREFIX ".submit_prefetch_task";
+    case LMC_STORAGE_TRACE_FINISH_READ_PREFETCHED:
+        return QUALNAME_PREFIX ".finish_read_prefetched";
+    case LMC_STORAGE_TRACE_READ_PREFETCHED_ENTER:
+        return QUALNAME_PREFIX ".read_prefetched_results.__enter__";
+    case LMC_STORAGE_TRACE_READ_PREFETCHED_EXIT:
+        return QUALNAME_PREFIX ".read_prefetched_results.__exit__";
     default: return QUALNAME_PREFIX ".abort_write";
     }
 }

@@ -28,6 +28,11 @@ typedef enum {
     LMC_STORAGE_TRACE_RESERVE_WRITE,
     LMC_STORAGE_TRACE_FINISH_WRITE,
     LMC_STORAGE_TRACE_ABORT_WRITE,
+    LMC_STORAGE_TRACE_SUBMIT_PREFETCH_TASK,
+    LMC_STORAGE_TRACE_FINISH_READ_PREFETCHED,
+    LMC_STORAGE_TRACE_READ_PREFETCHED_ENTER,   /* read_prefetched_results.__enter__ */
+    LMC_STORAGE_TRACE_READ_PREFETCHED_EXIT,    /* read_prefetched_results.__exit__ */
+    LMC_STORAGE_TRACE_UNKNOWN,                 /* a reader's name for any other qualname */
 } lmc_storage_trace_op;
 
 typedef struct lmc_storage_trace lmc_storage_trace;
