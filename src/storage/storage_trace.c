@@ -229,23 +229,30 @@ static const char *op_method(lmc_storage_trace_op op)
     }
 }
 
+/* A Record's frame up to its "args" key; the caller packs the args. */
+static void start_record(frame_buf *f, msgpack_packer *pk, uint8_t *buf, size_t cap,
+                         double t_mono, double t_wall, const char *qualname)
+{
+    start_frame(f, pk, buf, cap);
+    msgpack_pack_map(pk, 5);
+    pack_cstr(pk, "type");
+    pack_cstr(pk, "record");
+    pack_cstr(pk, "t_mono");
+    msgpack_pack_double(pk, t_mono);
+    pack_cstr(pk, "t_wall");
+    msgpack_pack_double(pk, t_wall);
+    pack_cstr(pk, "qualname");
+    pack_cstr(pk, qualname);
+    pack_cstr(pk, "args");
+}
+
 size_t lmc_storage_trace_encode_record(uint8_t *buf, size_t cap, double t_mono, double t_wall,
                                        lmc_storage_trace_op op, const lmc_object_key *keys,
                                        size_t n, uint64_t object_size)
 {
     frame_buf f;
     msgpack_packer pk;
-    start_frame(&f, &pk, buf, cap);
-    msgpack_pack_map(&pk, 5);
-    pack_cstr(&pk, "type");
-    pack_cstr(&pk, "record");
-    pack_cstr(&pk, "t_mono");
-    msgpack_pack_double(&pk, t_mono);
-    pack_cstr(&pk, "t_wall");
-    msgpack_pack_double(&pk, t_wall);
-    pack_cstr(&pk, "qualname");
-    pack_cstr(&pk, op_method(op));
-    pack_cstr(&pk, "args");
+    start_record(&f, &pk, buf, cap, t_mono, t_wall, op_method(op));
     bool layout = op == LMC_STORAGE_TRACE_RESERVE_WRITE;
     msgpack_pack_map(&pk, layout ? 2 : 1);
     pack_cstr(&pk, "keys");
@@ -265,17 +272,7 @@ size_t lmc_storage_trace_encode_json_record(uint8_t *buf, size_t cap, double t_m
 {
     frame_buf f;
     msgpack_packer pk;
-    start_frame(&f, &pk, buf, cap);
-    msgpack_pack_map(&pk, 5);
-    pack_cstr(&pk, "type");
-    pack_cstr(&pk, "record");
-    pack_cstr(&pk, "t_mono");
-    msgpack_pack_double(&pk, t_mono);
-    pack_cstr(&pk, "t_wall");
-    msgpack_pack_double(&pk, t_wall);
-    pack_cstr(&pk, "qualname");
-    pack_cstr(&pk, qualname);
-    pack_cstr(&pk, "args");
+    start_record(&f, &pk, buf, cap, t_mono, t_wall, qualname);
     pack_json(&pk, args, 0);
     return finish_frame(&f);
 }
