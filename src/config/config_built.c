@@ -2,8 +2,8 @@
  *
  * Parsing and validation follow upstream, so a configuration that upstream
  * accepts parses here too.  But a flag that parses and then does nothing
- * would let an operator believe a feature is on (an events trace that
- * is never written), so the server refuses
+ * would let an operator believe a feature is on (a blend engine that
+ * never blends), so the server refuses
  * such a value at start, naming the flag.  The list shrinks as features
  * land; docs/configuration.md, "Flags refused by this version", keeps it. */
 #include <stdio.h>
@@ -21,10 +21,6 @@ typedef struct {
 static bool wants_blend(const lmc_config *c) { return strcmp(c->mp.engine_type, "default") != 0; }
 static bool wants_segmented(const lmc_config *c) { return c->mp.enable_segmented_prefix; }
 static bool wants_scripts(const lmc_config *c) { return c->mp.script_allowed_imports.count > 0; }
-static bool wants_trace_events(const lmc_config *c)
-{
-    return c->obs.trace_level && strcmp(c->obs.trace_level, "events") == 0;
-}
 static bool wants_extra_logging(const lmc_config *c) { return c->obs.enable_extra_logging; }
 
 #define REFUSED "Not built into this version: any value but the default is refused at start."
@@ -37,11 +33,6 @@ static const unbuilt_feature unbuilt[] = {
     {"--script-allowed-imports", wants_scripts,
      "lmcached serves no /run_script route (docs/http.md), so there is nothing to import into",
      "lmcached serves no /run_script route: any value is refused at start."},
-    {"--trace-level", wants_trace_events,
-     "'events' (recording the cache-event stream) is not built into this version; "
-     "'storage' is",
-     "'storage' records the storage manager's write calls (docs/trace.md); 'events' is "
-     "refused at start: not built into this version."},
     {"--enable-extra-logging", wants_extra_logging,
      "periodic extra logging is not built into this version; /metrics and /status carry the "
      "same figures",

@@ -108,13 +108,18 @@ static void pick_l1_backend(lmc_fleet *c)
     json_decref(st);
 }
 
-static lmc_fleet *fleet_new(const lmc_config *cfg, int http_port, lmc_storage_manager *sm)
+static lmc_fleet *fleet_new(const lmc_config *cfg, int http_port, lmc_storage_manager *sm,
+                            const lmc_fleet_tap *tap)
 {
     const lmc_coordinator_config *cc = &cfg->coordinator;
     lmc_fleet *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
-    set_urls(c, cc->url);
+    c->posting = cc->url && cc->url[0];
+    if (tap)
+        c->tap = *tap;
+    if (c->posting)
+        set_urls(c, cc->url);
     snprintf(c->configured_id, sizeof c->configured_id, "%s", cfg->mp.instance_id);
     snprintf(c->advertise_ip_opt, sizeof c->advertise_ip_opt, "%s",
              cc->advertise_ip ? cc->advertise_ip : "");
@@ -124,11 +129,11 @@ static lmc_fleet *fleet_new(const lmc_config *cfg, int http_port, lmc_storage_ma
     c->l2_interval = cc->l2_event_flush_interval;
     c->incarnation = (int64_t)time(NULL);
     c->sm = sm;
-    c->l2_usage_on = cc->l2_event_reporting && sm;
+    c->l2_usage_on = c->posting && cc->l2_event_reporting && sm;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->l2_mu, NULL);
     pthread_mutex_init(&c->p2p_mu, NULL);
-    if (cfg->p2p.advertise_url && cfg->p2p.advertise_url[0]) {
+    if (c->posting && cfg->p2p.advertise_url && cfg->p2p.advertise_url[0]) {
         snprintf(c->p2p_url, sizeof c->p2p_url, "%s", cfg->p2p.advertise_url);
         c->mq_port = cfg->mp.port;
     }
@@ -139,7 +144,7 @@ static lmc_fleet *fleet_new(const lmc_config *cfg, int http_port, lmc_storage_ma
     pthread_condattr_destroy(&ca);
     pick_l1_backend(c);
     bool ok = !cc->auth_token || (c->auth_token = strdup(cc->auth_token));
-    if (ok && cc->event_reporting && sm)
+    if (ok && ((c->posting && cc->event_reporting) || c->tap.fn) && sm)
         ok = (c->events = lmc_fleet_event_batcher_new(c->configured_id, c->incarnation,
                                               COORD_EVENT_RING)) != NULL;
     if (ok && c->p2p_url[0])
@@ -153,18 +158,43 @@ static lmc_fleet *fleet_new(const lmc_config *cfg, int http_port, lmc_storage_ma
     return c;
 }
 
-lmc_fleet *lmc_fleet_start(const lmc_config *cfg, int http_port, lmc_storage_manager *sm)
+/* The events trace's lifecycle marks (docs/trace.md, "The events level"). */
+static void tap_lifecycle(lmc_fleet *c, bool start)
 {
-    if (!cfg->coordinator.url || !cfg->coordinator.url[0])
+    if (!c->tap.fn)
+        return;
+    json_t *args = start ? json_pack("{s:s, s:s, s:I, s:s, s:i, s:i}", "phase", "start",
+                                     "instance_id", c->configured_id, "incarnation",
+                                     (json_int_t)c->incarnation, "ip", c->advertise_ip_opt,
+                                     "http_port", c->http_port, "mq_port", c->mq_port)
+                         : json_pack("{s:s, s:s}", "phase", "stop", "instance_id",
+                                     c->configured_id);
+    if (args)
+        c->tap.fn(c->tap.user, LMC_FLEET_TAP_LIFECYCLE, args);
+    json_decref(args);
+}
+
+lmc_fleet *lmc_fleet_start(const lmc_config *cfg, int http_port, lmc_storage_manager *sm,
+                           const lmc_fleet_tap *tap)
+{
+    bool url = cfg->coordinator.url && cfg->coordinator.url[0];
+    if (!url && !(tap && tap->fn && sm))
         return NULL;
-    lmc_fleet *c = fleet_new(cfg, http_port, sm);
+    lmc_fleet *c = fleet_new(cfg, http_port, sm, tap);
     if (!c) {
         LMC_ERROR("coordinator: out of memory; this server does not register");
         return NULL;
     }
+    tap_lifecycle(c, true);
     lmc_fleet_declare_capacity(c);
     if (lmc_fleet_attach_sources(c) != 0)
         LMC_WARN("coordinator: too many storage listeners; L1 events are not reported");
+    if (c->events && !c->posting)
+        c->reporter_running = pthread_create(&c->reporter, NULL, lmc_fleet_reporter_main, c) == 0;
+    if (!c->posting) {
+        LMC_INFO("cache events: recorded into the events trace, not posted (no coordinator)");
+        return c;
+    }
     c->registrar_running = pthread_create(&c->registrar, NULL, lmc_fleet_registrar_main, c) == 0;
     if (c->events || c->l2_usage_on)
         c->reporter_running = pthread_create(&c->reporter, NULL, lmc_fleet_reporter_main, c) == 0;
@@ -197,6 +227,7 @@ void lmc_fleet_stop(lmc_fleet *c)
         pthread_join(c->discovery, NULL);
     c->registrar_running = c->reporter_running = c->discovery_running = false;
     c->stopped = true;
+    tap_lifecycle(c, false);   /* after the reporter's last flush: no batch follows */
     /* Nothing reports any more.  A listener call already under way may
      * still land in the buffer: `c` lives until lmc_fleet_free, after the
      * storage manager is closed. */

@@ -16,11 +16,26 @@
 
 typedef struct lmc_fleet lmc_fleet;
 
+/* A copy of the cache-event stream for the events trace (docs/trace.md,
+ * "The events level"): `fn` gets each batch once, in the wire form of
+ * `POST /events` (on the reporter thread, before the post), and the
+ * start and stop marks of the stream (on the thread that starts or stops
+ * the fleet).  `args` is borrowed for the call. */
+typedef enum { LMC_FLEET_TAP_BATCH, LMC_FLEET_TAP_LIFECYCLE } lmc_fleet_tap_kind;
+typedef struct lmc_fleet_tap {
+    void (*fn)(void *user, lmc_fleet_tap_kind kind, const json_t *args);
+    void *user;
+} lmc_fleet_tap;
+
 /* Starts the registrar (and the event streams the configuration asks
  * for) for a server whose HTTP frontend listens on `http_port`.  `sm` may
- * be NULL (no events then).  NULL when cfg has no coordinator URL, or on
- * allocation failure (logged; the server runs without). */
-lmc_fleet *lmc_fleet_start(const lmc_config *cfg, int http_port, lmc_storage_manager *sm);
+ * be NULL (no events then).  With a tap (NULL: none) the cache-event
+ * stream is built whatever --coordinator-event-reporting says, and
+ * without a coordinator URL it is only tapped: nothing registers or
+ * posts.  NULL when there is neither a URL nor a tap, or on allocation
+ * failure (logged; the server runs without). */
+lmc_fleet *lmc_fleet_start(const lmc_config *cfg, int http_port, lmc_storage_manager *sm,
+                           const lmc_fleet_tap *tap);
 /* Stops the threads (a last event flush, then DELETE of the
  * registration, each bounded by a short timeout) and unsubscribes from the
  * storage manager, which must still be open.  NULL is a no-op. */

@@ -69,6 +69,8 @@ struct lmc_fleet {
     double heartbeat_interval, event_interval, l2_interval;
     int64_t incarnation;
     lmc_storage_manager *sm;
+    bool posting;                  /* a coordinator URL: register and post */
+    lmc_fleet_tap tap;             /* fn NULL: none */
     char l1_backend[LMC_CEV_BACKEND_MAX];
 
     atomic_bool stop;

@@ -209,9 +209,17 @@ static bool post_events_once(lmc_fleet *c)
     warn_unencodable(c, unencodable);
     if (!body)
         return false;
-    lmc_fleet_event_outcome outcome = outcome_of(post_json(
-        c, "/events", body, &c->event_warn,
-        "the post is kept and sent again at the next flush (or dropped if refused)"));
+    if (c->tap.fn && !taken.retried) {   /* each batch once, as first built */
+        size_t i;
+        json_t *batch;
+        json_array_foreach(json_object_get(body, "batches"), i, batch)
+            c->tap.fn(c->tap.user, LMC_FLEET_TAP_BATCH, batch);
+    }
+    lmc_fleet_event_outcome outcome =
+        !c->posting ? LMC_CEV_DELIVERED
+                    : outcome_of(post_json(c, "/events", body, &c->event_warn,
+                                           "the post is kept and sent again at the next flush "
+                                           "(or dropped if refused)"));
     lmc_fleet_event_batcher_settle(c->events, &taken, outcome);
     json_decref(body);
     return outcome == LMC_CEV_DELIVERED && taken.retried;

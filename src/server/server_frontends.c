@@ -388,9 +388,12 @@ static void start_coordinator(lmc_server *s)
     if (!cc->url[0] && (cc->event_reporting || cc->l2_event_reporting))
         LMC_WARN("--coordinator-event-reporting / --coordinator-l2-event-reporting: no "
                  "--coordinator-url, so no events are reported (docs/fleet.md)");
-    if (!s->http)
+    lmc_fleet_tap tap;
+    bool tapped = lmc_server_trace_fleet_tap(s, &tap);
+    if (!s->http && !tapped)
         return;
-    s->fleet = lmc_fleet_start(s->cfg, lmc_http_server_port(s->http), s->ctx.storage);
+    s->fleet = lmc_fleet_start(s->cfg, s->http ? lmc_http_server_port(s->http) : 0,
+                               s->ctx.storage, tapped ? &tap : NULL);
     lmc_fleet_set_peer_listener(s->fleet, on_p2p_peer, s);
     if (s->fleet && !s->cfg->obs.disable_metrics &&
         lmc_metrics_add_collector(s->metrics, lmc_fleet_collect_metrics, s->fleet) != 0)

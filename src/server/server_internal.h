@@ -51,6 +51,10 @@ int lmc_server_start_trace(lmc_server *s, char *err, size_t errlen);
 /* /status "trace": {level, output, records_written, records_dropped,
  * bytes_written}, nulls and zeros without a recorder. */
 json_t *lmc_server_trace_status(lmc_server *s);
+/* --trace-level events: the tap that records the cache-event stream into
+ * the trace (false at any other level). */
+struct lmc_fleet_tap;
+bool lmc_server_trace_fleet_tap(lmc_server *s, struct lmc_fleet_tap *out);
 int lmc_server_register_trace_metrics(lmc_server *s);
 
 /* Metrics registry and HTTP listener; before storage so that a busy HTTP

@@ -7,10 +7,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fleet/fleet.h"
 #include "obs/log.h"
 #include "server/server_internal.h"
 #include "storage/storage_events.h"
 #include "storage/storage_trace.h"
+
+#ifndef LMC_VERSION_STRING
+#define LMC_VERSION_STRING "0.0.0"
+#endif
 
 /* Upstream's default: $TMPDIR/lmcache-trace-<pid>-<UTC stamp>.lct. */
 static void default_path(char *out, size_t cap)
@@ -53,18 +58,44 @@ int lmc_server_start_trace(lmc_server *s, char *err, size_t errlen)
         snprintf(path, sizeof path, "%s", cfg->obs.trace_output);
     else
         default_path(path, sizeof path);
+    bool events = strcmp(cfg->obs.trace_level, "events") == 0;
     char *json = storage_config_json(cfg);
-    if (!json) {
+    /* The events level names its emitter, as upstream's does; the cache
+     * event schema's number is not written (docs/trace.md). */
+    json_t *meta = events ? json_pack("{s:s, s:s}", "instance_id", cfg->mp.instance_id,
+                                      "lmcache_version", LMC_VERSION_STRING)
+                          : NULL;
+    if (!json || (events && !meta)) {
+        free(json);
+        json_decref(meta);
         snprintf(err, errlen, "--trace-level: out of memory");
         return -1;
     }
-    s->trace = lmc_storage_trace_open(path, cfg->obs.trace_level, json,
-                                      LMC_STORAGE_TRACE_RING_BYTES, err, errlen);
+    s->trace = lmc_storage_trace_open_meta(path, cfg->obs.trace_level, json, meta,
+                                           LMC_STORAGE_TRACE_RING_BYTES, err, errlen);
     free(json);
+    json_decref(meta);
     if (!s->trace)
         return -1;
-    lmc_storage_manager_set_trace(s->ctx.storage, s->trace);
+    if (!events)   /* the events level records the cache-event stream instead */
+        lmc_storage_manager_set_trace(s->ctx.storage, s->trace);
     return 0;
+}
+
+/* Upstream's record names for the events level (docs/trace.md). */
+static void record_fleet_event(void *user, lmc_fleet_tap_kind kind, const json_t *args)
+{
+    lmc_storage_trace_record_json(user, kind == LMC_FLEET_TAP_BATCH ? "events.batch"
+                                                                    : "events.lifecycle",
+                                  args);
+}
+
+bool lmc_server_trace_fleet_tap(lmc_server *s, lmc_fleet_tap *out)
+{
+    if (!s->trace || strcmp(lmc_storage_trace_level(s->trace), "events") != 0)
+        return false;
+    *out = (lmc_fleet_tap){.fn = record_fleet_event, .user = s->trace};
+    return true;
 }
 
 json_t *lmc_server_trace_status(lmc_server *s)

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <msgpack.h>
 #include <openssl/evp.h>
 #include <pthread.h>
@@ -25,6 +26,7 @@ struct lmc_storage_trace {
     int fd;
     char *path;
     char *level;
+    json_t *level_meta;       /* the header's level_meta, NULL: left out */
     double t_mono_start;
     pthread_t writer;
     pthread_mutex_t mu;       /* guards everything below */
@@ -123,16 +125,68 @@ static void sha256_hex(const char *s, char out[65])
         snprintf(out + 2 * i, 3, "%02x", i < len ? md[i] : 0);
 }
 
+/* JSON as msgpack, type for type (an events batch is recorded in the wire
+ * form the coordinator is posted, docs/trace.md "The events level").
+ * Deeper than JSON_PACK_DEPTH packs nil: our own batches are 4 deep. */
+#define JSON_PACK_DEPTH 32
+
+static void pack_json(msgpack_packer *pk, const json_t *v, int depth)
+{
+    if (depth > JSON_PACK_DEPTH) {
+        msgpack_pack_nil(pk);
+        return;
+    }
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        msgpack_pack_map(pk, json_object_size(v));
+        const char *k;
+        json_t *e;
+        json_object_foreach((json_t *)v, k, e) {
+            pack_cstr(pk, k);
+            pack_json(pk, e, depth + 1);
+        }
+        break;
+    }
+    case JSON_ARRAY: {
+        msgpack_pack_array(pk, json_array_size(v));
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e)
+            pack_json(pk, e, depth + 1);
+        break;
+    }
+    case JSON_STRING:
+        msgpack_pack_str(pk, json_string_length(v));
+        msgpack_pack_str_body(pk, json_string_value(v), json_string_length(v));
+        break;
+    case JSON_INTEGER: msgpack_pack_int64(pk, json_integer_value(v)); break;
+    case JSON_REAL: msgpack_pack_double(pk, json_real_value(v)); break;
+    case JSON_TRUE: msgpack_pack_true(pk); break;
+    case JSON_FALSE: msgpack_pack_false(pk); break;
+    default: msgpack_pack_nil(pk); break;
+    }
+}
+
 size_t lmc_storage_trace_encode_header(uint8_t *buf, size_t cap, const char *level,
                                        double t_mono_start, double t_wall_start,
                                        const char *sm_config_json)
+{
+    return lmc_storage_trace_encode_header_meta(buf, cap, level, t_mono_start, t_wall_start,
+                                                sm_config_json, NULL);
+}
+
+size_t lmc_storage_trace_encode_header_meta(uint8_t *buf, size_t cap, const char *level,
+                                            double t_mono_start, double t_wall_start,
+                                            const char *sm_config_json,
+                                            const json_t *level_meta)
 {
     frame_buf f;
     msgpack_packer pk;
     char digest[65];
     sha256_hex(sm_config_json, digest);
     start_frame(&f, &pk, buf, cap);
-    msgpack_pack_map(&pk, 9);
+    bool meta = level_meta && json_object_size(level_meta) > 0;
+    msgpack_pack_map(&pk, meta ? 10 : 9);
     pack_cstr(&pk, "type");
     pack_cstr(&pk, "header");
     pack_cstr(&pk, "magic");
@@ -152,6 +206,10 @@ size_t lmc_storage_trace_encode_header(uint8_t *buf, size_t cap, const char *lev
     pack_cstr(&pk, sm_config_json);
     pack_cstr(&pk, "sm_config_digest");
     pack_cstr(&pk, digest);
+    if (meta) {
+        pack_cstr(&pk, "level_meta");
+        pack_json(&pk, level_meta, 0);
+    }
     return finish_frame(&f);
 }
 
@@ -171,23 +229,30 @@ static const char *op_method(lmc_storage_trace_op op)
     }
 }
 
+/* A Record's frame up to its "args" key; the caller packs the args. */
+static void start_record(frame_buf *f, msgpack_packer *pk, uint8_t *buf, size_t cap,
+                         double t_mono, double t_wall, const char *qualname)
+{
+    start_frame(f, pk, buf, cap);
+    msgpack_pack_map(pk, 5);
+    pack_cstr(pk, "type");
+    pack_cstr(pk, "record");
+    pack_cstr(pk, "t_mono");
+    msgpack_pack_double(pk, t_mono);
+    pack_cstr(pk, "t_wall");
+    msgpack_pack_double(pk, t_wall);
+    pack_cstr(pk, "qualname");
+    pack_cstr(pk, qualname);
+    pack_cstr(pk, "args");
+}
+
 size_t lmc_storage_trace_encode_record(uint8_t *buf, size_t cap, double t_mono, double t_wall,
                                        lmc_storage_trace_op op, const lmc_object_key *keys,
                                        size_t n, uint64_t object_size)
 {
     frame_buf f;
     msgpack_packer pk;
-    start_frame(&f, &pk, buf, cap);
-    msgpack_pack_map(&pk, 5);
-    pack_cstr(&pk, "type");
-    pack_cstr(&pk, "record");
-    pack_cstr(&pk, "t_mono");
-    msgpack_pack_double(&pk, t_mono);
-    pack_cstr(&pk, "t_wall");
-    msgpack_pack_double(&pk, t_wall);
-    pack_cstr(&pk, "qualname");
-    pack_cstr(&pk, op_method(op));
-    pack_cstr(&pk, "args");
+    start_record(&f, &pk, buf, cap, t_mono, t_wall, op_method(op));
     bool layout = op == LMC_STORAGE_TRACE_RESERVE_WRITE;
     msgpack_pack_map(&pk, layout ? 2 : 1);
     pack_cstr(&pk, "keys");
@@ -198,6 +263,17 @@ size_t lmc_storage_trace_encode_record(uint8_t *buf, size_t cap, double t_mono, 
         pack_cstr(&pk, "layout_desc");
         pack_layout(&pk, object_size);
     }
+    return finish_frame(&f);
+}
+
+size_t lmc_storage_trace_encode_json_record(uint8_t *buf, size_t cap, double t_mono,
+                                            double t_wall, const char *qualname,
+                                            const json_t *args)
+{
+    frame_buf f;
+    msgpack_packer pk;
+    start_record(&f, &pk, buf, cap, t_mono, t_wall, qualname);
+    pack_json(&pk, args, 0);
     return finish_frame(&f);
 }
 
@@ -279,6 +355,18 @@ static void enqueue(lmc_storage_trace *t, const uint8_t *frame, size_t len)
         pthread_cond_signal(&t->wake);
 }
 
+/* buf NULL: its allocation failed.  A frame over 4 GiB has no prefix. */
+static void enqueue_or_drop(lmc_storage_trace *t, const uint8_t *buf, size_t len)
+{
+    if (buf && len - 4 <= UINT32_MAX) {
+        enqueue(t, buf, len);
+        return;
+    }
+    pthread_mutex_lock(&t->mu);
+    t->stats.records_dropped++;
+    pthread_mutex_unlock(&t->mu);
+}
+
 void lmc_storage_trace_record(lmc_storage_trace *t, lmc_storage_trace_op op,
                               const lmc_object_key *keys, size_t n, uint64_t object_size)
 {
@@ -294,13 +382,27 @@ void lmc_storage_trace_record(lmc_storage_trace *t, lmc_storage_trace_op op,
         if (buf)
             lmc_storage_trace_encode_record(buf, len, mono, wall, op, keys, n, object_size);
     }
-    if (buf && len - 4 <= UINT32_MAX) {
-        enqueue(t, buf, len);
-    } else {
-        pthread_mutex_lock(&t->mu);
-        t->stats.records_dropped++;
-        pthread_mutex_unlock(&t->mu);
+    enqueue_or_drop(t, buf, len);
+    if (buf != stack)
+        free(buf);
+}
+
+void lmc_storage_trace_record_json(lmc_storage_trace *t, const char *qualname,
+                                   const json_t *args)
+{
+    if (!t || !json_is_object(args))
+        return;
+    uint8_t stack[STACK_FRAME], *buf = stack;
+    double mono = clock_seconds(CLOCK_MONOTONIC) - t->t_mono_start;
+    double wall = clock_seconds(CLOCK_REALTIME);
+    size_t len = lmc_storage_trace_encode_json_record(buf, sizeof stack, mono, wall, qualname,
+                                                      args);
+    if (len > sizeof stack) {
+        buf = malloc(len);
+        if (buf)
+            lmc_storage_trace_encode_json_record(buf, len, mono, wall, qualname, args);
     }
+    enqueue_or_drop(t, buf, len);
     if (buf != stack)
         free(buf);
 }
@@ -310,11 +412,13 @@ void lmc_storage_trace_record(lmc_storage_trace *t, lmc_storage_trace_op op,
 static int write_header(lmc_storage_trace *t, const char *json)
 {
     double wall = clock_seconds(CLOCK_REALTIME);
-    size_t len = lmc_storage_trace_encode_header(NULL, 0, t->level, t->t_mono_start, wall, json);
+    size_t len = lmc_storage_trace_encode_header_meta(NULL, 0, t->level, t->t_mono_start, wall,
+                                                      json, t->level_meta);
     uint8_t *buf = malloc(len);
     if (!buf)
         return -1;
-    lmc_storage_trace_encode_header(buf, len, t->level, t->t_mono_start, wall, json);
+    lmc_storage_trace_encode_header_meta(buf, len, t->level, t->t_mono_start, wall, json,
+                                         t->level_meta);
     int rc = lmc_core_write_all(t->fd, buf, len);
     free(buf);
     if (rc == 0)
@@ -326,12 +430,22 @@ lmc_storage_trace *lmc_storage_trace_open(const char *path, const char *level,
                                           const char *sm_config_json, size_t ring_bytes,
                                           char *err, size_t errlen)
 {
+    return lmc_storage_trace_open_meta(path, level, sm_config_json, NULL, ring_bytes, err,
+                                       errlen);
+}
+
+lmc_storage_trace *lmc_storage_trace_open_meta(const char *path, const char *level,
+                                               const char *sm_config_json,
+                                               json_t *level_meta, size_t ring_bytes,
+                                               char *err, size_t errlen)
+{
     lmc_storage_trace *t = calloc(1, sizeof *t);
     if (!t || !(t->path = strdup(path)) || !(t->level = strdup(level)) ||
         !(t->ring = malloc(t->cap = ring_bytes ? ring_bytes : 1))) {
         snprintf(err, errlen, "--trace-output: out of memory");
         goto fail_alloc;
     }
+    t->level_meta = json_incref(level_meta);
     t->t_mono_start = clock_seconds(CLOCK_MONOTONIC);
     /* 0600: model names and chunk hashes are the operator's (docs/trace.md). */
     t->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -353,6 +467,7 @@ fail_file:
         close(t->fd);
 fail_alloc:
     if (t) {
+        json_decref(t->level_meta);
         free(t->ring);
         free(t->level);
         free(t->path);
@@ -374,6 +489,7 @@ void lmc_storage_trace_close(lmc_storage_trace *t)
     close(t->fd);
     pthread_cond_destroy(&t->wake);
     pthread_mutex_destroy(&t->mu);
+    json_decref(t->level_meta);
     free(t->ring);
     free(t->level);
     free(t->path);

@@ -11,6 +11,7 @@
 #ifndef LMC_STORAGE_STORAGE_TRACE_H
 #define LMC_STORAGE_STORAGE_TRACE_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -50,6 +51,12 @@ typedef struct {
 lmc_storage_trace *lmc_storage_trace_open(const char *path, const char *level,
                                           const char *sm_config_json, size_t ring_bytes,
                                           char *err, size_t errlen);
+/* The same with the header's `level_meta` (a JSON object, left out when
+ * NULL or empty; held by the recorder): the events level's identity. */
+lmc_storage_trace *lmc_storage_trace_open_meta(const char *path, const char *level,
+                                               const char *sm_config_json,
+                                               json_t *level_meta, size_t ring_bytes,
+                                               char *err, size_t errlen);
 /* Writes what the ring holds, syncs and closes the file.  NULL: no-op. */
 void lmc_storage_trace_close(lmc_storage_trace *t);
 
@@ -57,6 +64,11 @@ void lmc_storage_trace_close(lmc_storage_trace *t);
  * otherwise).  Never blocks on the file; drops and counts when full. */
 void lmc_storage_trace_record(lmc_storage_trace *t, lmc_storage_trace_op op,
                               const lmc_object_key *keys, size_t n, uint64_t object_size);
+
+/* Records a call whose args are a JSON object, packed type for type (the
+ * events level's batches and lifecycle marks).  Same bounds as above. */
+void lmc_storage_trace_record_json(lmc_storage_trace *t, const char *qualname,
+                                   const json_t *args);
 
 void lmc_storage_trace_get_stats(lmc_storage_trace *t, lmc_storage_trace_stats *out);
 const char *lmc_storage_trace_path(const lmc_storage_trace *t);
@@ -69,6 +81,13 @@ const char *lmc_storage_trace_level(const lmc_storage_trace *t);
 size_t lmc_storage_trace_encode_header(uint8_t *buf, size_t cap, const char *level,
                                        double t_mono_start, double t_wall_start,
                                        const char *sm_config_json);
+size_t lmc_storage_trace_encode_header_meta(uint8_t *buf, size_t cap, const char *level,
+                                            double t_mono_start, double t_wall_start,
+                                            const char *sm_config_json,
+                                            const json_t *level_meta);
+size_t lmc_storage_trace_encode_json_record(uint8_t *buf, size_t cap, double t_mono,
+                                            double t_wall, const char *qualname,
+                                            const json_t *args);
 size_t lmc_storage_trace_encode_record(uint8_t *buf, size_t cap, double t_mono, double t_wall,
                                        lmc_storage_trace_op op, const lmc_object_key *keys,
                                        size_t n, uint64_t object_size);

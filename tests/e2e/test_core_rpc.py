@@ -309,7 +309,6 @@ def test_bad_flags_exit_2_with_a_message_naming_the_flag():
         (["--coordinator-url", "http://127.0.0.1:9", "--no-http"], "--coordinator-url"),
         (["--enable-segmented-prefix"], "--enable-segmented-prefix"),
         (["--script-allowed-imports", "os"], "--script-allowed-imports"),
-        (["--trace-level", "events"], "--trace-level"),
         (["--enable-extra-logging"], "--enable-extra-logging"),
     ]
     for extra, flag in cases:
@@ -328,7 +327,7 @@ def test_refused_flags_say_so_in_the_flag_tables():
     before, rest = doc.split("## Flags refused by this version", 1)
     section, after = rest.split("\n## ", 1)
     refused = set(re.findall(r"`(--[a-z0-9-]+)", section.split("`--help` says", 1)[0]))
-    assert {"--engine-type", "--enable-segmented-prefix", "--trace-level"} <= refused
+    assert {"--engine-type", "--enable-segmented-prefix"} <= refused
     tables = (before + after).splitlines()
     for flag in sorted(refused):
         rows = [line for line in tables if line.startswith(f"| `{flag}` |")]
