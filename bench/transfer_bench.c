@@ -31,11 +31,13 @@
  * log's A/B).  --trace-output FILE runs the server with --trace-level
  * storage writing FILE (docs/trace.md; the trace's A/B).  --kv-events-publish
  * URL also publishes the log there (docs/kv_events.md, "Publishing to
- * routers"; the publisher's A/B).
+ * routers"; the publisher's A/B); with --kv-events-block-size N it
+ * publishes vLLM's block hashes over N-token blocks, seed "0" (docs/kv_events.md,
+ * "vLLM block hashes"; their A/B).
  *
  *   transfer_bench [--chunks N] [--iters M] [--batch B] [--server-process]
  *                  [--kv-event-log-size N] [--trace-output FILE]
- *                  [--kv-events-publish URL]
+ *                  [--kv-events-publish URL [--kv-events-block-size N]]
  *                                   (defaults 256, 2000, 16 chunks per request) */
 #include <fcntl.h>
 #include <malloc.h>
@@ -885,7 +887,7 @@ int main(int argc, char **argv)
     size_t chunks = 256, iters = 2000, batch = BATCH;
     bool server_process = false;
     const char *kv_log = "32768";
-    const char *trace_output = NULL, *publish = NULL;
+    const char *trace_output = NULL, *publish = NULL, *vllm_block = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--server-process") == 0)
             server_process = true;
@@ -901,13 +903,17 @@ int main(int argc, char **argv)
             trace_output = argv[++i];
         else if (i + 1 < argc && strcmp(argv[i], "--kv-events-publish") == 0)
             publish = argv[++i];
+        else if (i + 1 < argc && strcmp(argv[i], "--kv-events-block-size") == 0)
+            vllm_block = argv[++i];
         else
             batch = 0;   /* unknown argument: usage */
     }
-    if (batch < 1 || batch > MAX_BATCH || chunks < batch || iters < 2) {
+    if (batch < 1 || batch > MAX_BATCH || chunks < batch || iters < 2 ||
+        (vllm_block && !publish)) {
         fprintf(stderr, "usage: transfer_bench [--chunks N>=batch] [--iters M>=2] "
                         "[--batch 1..%d] [--server-process] [--kv-event-log-size N] "
-                        "[--trace-output FILE] [--kv-events-publish URL]\n",
+                        "[--trace-output FILE] "
+                        "[--kv-events-publish URL [--kv-events-block-size N]]\n",
                 MAX_BATCH);
         return 1;
     }
@@ -921,7 +927,7 @@ int main(int argc, char **argv)
                     "--l1-size-gb", l1, "--eviction-policy", "LRU", "--log-level", "WARNING",
                     "--max-workers", "2", "--http-host", "127.0.0.1", "--http-port", http_port,
                     "--kv-event-log-size", (char *)kv_log, NULL, NULL, NULL, NULL, NULL,
-                    NULL, NULL, NULL};
+                    NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     int nargs = 21;
     if (trace_output) {
         args[nargs++] = "--trace-level";
@@ -932,6 +938,12 @@ int main(int argc, char **argv)
     if (publish) {
         args[nargs++] = "--kv-events-publish-endpoint";
         args[nargs++] = (char *)publish;
+    }
+    if (vllm_block) {
+        args[nargs++] = "--kv-events-block-size";
+        args[nargs++] = (char *)vllm_block;
+        args[nargs++] = "--kv-events-hash-seed";
+        args[nargs++] = "0";
     }
     lmc_config cfg;
     char err[256];

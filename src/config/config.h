@@ -54,6 +54,8 @@ typedef struct {
     char *kv_events_replay_endpoint; /* --kv-events-replay-endpoint, "" = none */
     char *kv_events_topic;           /* --kv-events-topic, "" */
     int kv_events_buffer_steps;      /* --kv-events-buffer-steps 10000 */
+    int kv_events_block_size;        /* --kv-events-block-size 0 (0 = chunk hashes) */
+    char *kv_events_hash_seed;       /* --kv-events-hash-seed, nullable (NULL = $PYTHONHASHSEED) */
 } lmc_mp_config;
 
 /* --- Runtime plugins ---------------------------------------------------- */

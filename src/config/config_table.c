@@ -143,6 +143,18 @@ static const lmc_config_flag flags[] = {
      .json_name = "kv_events_buffer_steps", .flags = LMC_FF_ADDITION,
      .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = 1, .max = 1000000,
      .help = "Published batches kept for the replay socket."},
+    {.name = "kv-events-block-size", .group = LMC_FG_MP, .kind = LMC_FK_INT,
+     AT(mp.kv_events_block_size), .def = "0", .env = "LMCACHE_KV_EVENTS_BLOCK_SIZE",
+     .json_name = "kv_events_block_size", .flags = LMC_FF_ADDITION,
+     .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = 0, .max = 1048576,
+     .help = "vLLM's --block-size: publish vLLM's sha256_cbor block hashes over blocks of "
+             "this many tokens (a divisor of --chunk-size); 0 = LMCache chunk hashes."},
+    {.name = "kv-events-hash-seed", .group = LMC_FG_MP, .kind = LMC_FK_NSTR,
+     AT(mp.kv_events_hash_seed), .def_doc = "None ($PYTHONHASHSEED)",
+     .env = "LMCACHE_KV_EVENTS_HASH_SEED", .json_name = "kv_events_hash_seed",
+     .flags = LMC_FF_ADDITION,
+     .help = "vLLM's PYTHONHASHSEED for --kv-events-block-size; unset = $PYTHONHASHSEED, "
+             "one of the two is required."},
 
     /* --- Runtime plugins -------------------------------------------------- */
     {.name = "runtime-plugin-locations", .group = LMC_FG_PLUGINS, .kind = LMC_FK_NARGS,

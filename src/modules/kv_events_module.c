@@ -130,16 +130,50 @@ static bool set(const char *s)
     return s && *s;
 }
 
+/* The flags that only the publisher reads, refused without it. */
+static int check_publisher_only(const lmc_mp_config *mp, char *err, size_t errlen)
+{
+    const char *flag = set(mp->kv_events_replay_endpoint) ? "--kv-events-replay-endpoint"
+                       : mp->kv_events_block_size         ? "--kv-events-block-size"
+                       : mp->kv_events_hash_seed          ? "--kv-events-hash-seed"
+                                                          : NULL;
+    if (!flag)
+        return 0;
+    snprintf(err, errlen, "%s needs --kv-events-publish-endpoint", flag);
+    return -1;
+}
+
+/* vLLM's block size and seed (docs/kv_events.md, "vLLM block hashes"): the
+ * flag's seed, else $PYTHONHASHSEED as vLLM reads it; one is required. */
+static int vllm_hash_opts(const lmc_mp_config *mp, lmc_kv_events_publisher_opts *o, char *err,
+                          size_t errlen)
+{
+    if (!mp->kv_events_block_size) {
+        if (!mp->kv_events_hash_seed)
+            return 0;
+        snprintf(err, errlen, "--kv-events-hash-seed needs --kv-events-block-size");
+        return -1;
+    }
+    if (mp->chunk_size % mp->kv_events_block_size != 0) {
+        snprintf(err, errlen, "--kv-events-block-size %d must divide --chunk-size %d",
+                 mp->kv_events_block_size, mp->chunk_size);
+        return -1;
+    }
+    o->vllm_block_size = (uint32_t)mp->kv_events_block_size;
+    o->hash_seed = mp->kv_events_hash_seed ? mp->kv_events_hash_seed : getenv("PYTHONHASHSEED");
+    if (o->hash_seed)
+        return 0;
+    snprintf(err, errlen, "--kv-events-block-size needs --kv-events-hash-seed or PYTHONHASHSEED: "
+                          "vLLM's hashes without a seed start from random bytes");
+    return -1;
+}
+
 /* docs/kv_events.md, "Publishing to routers". */
 static int start_publisher(lmc_module_ctx *ctx, kv_events_mod *m, char *err, size_t errlen)
 {
     const lmc_mp_config *mp = &ctx->config->mp;
-    if (!set(mp->kv_events_publish_endpoint)) {
-        if (!set(mp->kv_events_replay_endpoint))
-            return 0;
-        snprintf(err, errlen, "--kv-events-replay-endpoint needs --kv-events-publish-endpoint");
-        return -1;
-    }
+    if (!set(mp->kv_events_publish_endpoint))
+        return check_publisher_only(mp, err, errlen);
     if (!m->log) {
         snprintf(err, errlen, "--kv-events-publish-endpoint needs the KV event log: "
                               "--kv-event-log-size must be > 0");
@@ -152,6 +186,8 @@ static int start_publisher(lmc_module_ctx *ctx, kv_events_mod *m, char *err, siz
         .buffer_steps = (size_t)mp->kv_events_buffer_steps,
         .block_size = m->block_size,
     };
+    if (vllm_hash_opts(mp, &o, err, errlen) != 0)
+        return -1;
     m->pub = lmc_kv_events_publisher_start(m->log, &o, err, errlen);
     return m->pub ? 0 : -1;
 }

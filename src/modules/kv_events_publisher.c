@@ -12,6 +12,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "modules/kv_events_vllm.h"
 #include "rpc/wire.h"
 
 #define WAKE_MS 10
@@ -27,7 +28,8 @@ struct lmc_kv_events_publisher {
     lmc_kv_events *log;
     void *zctx, *pub, *router;
     char *endpoint, *topic;
-    uint32_t block_size;
+    uint32_t block_size, vllm_block_size;
+    lmc_kv_events_vllm *vllm;       /* NULL: LMCache chunk hashes */
     uint64_t cursor;                /* the last log seq published */
     kept_batch *kept;               /* ring of buffer_steps */
     size_t n_kept, cap_kept, first_kept;
@@ -42,21 +44,12 @@ static void put_be64(uint8_t out[8], uint64_t v)
         out[i] = (uint8_t)v;
 }
 
-/* vLLM's int block hash (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES, its default):
- * the hash's last 8 bytes read big-endian (docs/kv_events.md). */
-static uint64_t int_hash(const uint8_t *h, uint32_t len)
-{
-    uint64_t v = 0;
-    for (uint32_t i = len > 8 ? len - 8 : 0; i < len; i++)
-        v = v << 8 | h[i];
-    return v;
-}
-
 static void pack_hashes(msgpack_packer *pk, const lmc_kv_event *r)
 {
     msgpack_pack_array(pk, r->n_hashes);
     for (uint32_t i = 0; i < r->n_hashes; i++)
-        msgpack_pack_uint64(pk, int_hash(r->hashes + (size_t)i * r->hash_len, r->hash_len));
+        msgpack_pack_uint64(pk, lmc_kv_events_vllm_int(r->hashes + (size_t)i * r->hash_len,
+                                                       r->hash_len));
 }
 
 static void pack_medium(msgpack_packer *pk, const lmc_kv_event *r)
@@ -64,62 +57,166 @@ static void pack_medium(msgpack_packer *pk, const lmc_kv_event *r)
     lmc_mp_pack_cstr(pk, r->medium == LMC_KV_MEDIUM_CPU ? "CPU" : "STORAGE");
 }
 
-/* One event as vLLM's tagged KVCacheEvent structs encode: a map with "type". */
-static void pack_event(msgpack_packer *pk, const lmc_kv_event *r, uint32_t block_size)
+static void pack_ints(msgpack_packer *pk, const uint64_t *v, size_t n)
 {
-    if (r->kind == LMC_KV_EVENT_REMOVED) {
-        msgpack_pack_map(pk, 3);
-        lmc_mp_pack_cstr(pk, "type");
-        lmc_mp_pack_cstr(pk, "BlockRemoved");
-        lmc_mp_pack_cstr(pk, "block_hashes");
-        pack_hashes(pk, r);
-        lmc_mp_pack_cstr(pk, "medium");
-        pack_medium(pk, r);
-        return;
-    }
+    msgpack_pack_array(pk, (uint32_t)n);
+    for (size_t i = 0; i < n; i++)
+        msgpack_pack_uint64(pk, v[i]);
+}
+
+/* What one stored event says: its hashes, parent, tokens and block size. */
+typedef struct {
+    const lmc_kv_event *r;
+    const uint64_t *vllm;   /* NULL: the record's chunk hashes */
+    size_t n_vllm;
+    bool has_parent;
+    uint64_t parent;
+    uint32_t n_tokens, block_size;
+} stored_view;
+
+/* BlockStored as vLLM's tagged KVCacheEvent structs encode: a map with "type". */
+static void pack_stored(msgpack_packer *pk, const stored_view *v)
+{
     msgpack_pack_map(pk, 8);
     lmc_mp_pack_cstr(pk, "type");
     lmc_mp_pack_cstr(pk, "BlockStored");
     lmc_mp_pack_cstr(pk, "block_hashes");
-    pack_hashes(pk, r);
+    if (v->vllm)
+        pack_ints(pk, v->vllm, v->n_vllm);
+    else
+        pack_hashes(pk, v->r);
     lmc_mp_pack_cstr(pk, "parent_block_hash");
-    if (r->has_parent)
-        msgpack_pack_uint64(pk, int_hash(r->parent, r->hash_len));
+    if (v->has_parent)
+        msgpack_pack_uint64(pk, v->parent);
     else
         msgpack_pack_nil(pk);
     lmc_mp_pack_cstr(pk, "token_ids");
-    msgpack_pack_array(pk, r->n_tokens);
-    for (uint32_t i = 0; i < r->n_tokens; i++)
-        msgpack_pack_uint32(pk, r->tokens[i]);
+    msgpack_pack_array(pk, v->n_tokens);
+    for (uint32_t i = 0; i < v->n_tokens; i++)
+        msgpack_pack_uint32(pk, v->r->tokens[i]);
     lmc_mp_pack_cstr(pk, "block_size");
-    msgpack_pack_uint32(pk, block_size);
+    msgpack_pack_uint32(pk, v->block_size);
     lmc_mp_pack_cstr(pk, "lora_id");
     msgpack_pack_nil(pk);
     lmc_mp_pack_cstr(pk, "medium");
-    pack_medium(pk, r);
+    pack_medium(pk, v->r);
     lmc_mp_pack_cstr(pk, "lora_name");
     msgpack_pack_nil(pk);
 }
 
-/* A KVEventBatch as map (docs/compatibility.md, "KV event publisher"). */
-static void pack_batch(msgpack_packer *pk, const lmc_kv_events_page *page, uint32_t block_size)
+/* A stored record as one BlockStored; false when it is skipped (its vLLM
+ * blocks unknown, docs/kv_events.md "vLLM block hashes"). */
+static bool pack_stored_record(lmc_kv_events_publisher *p, msgpack_packer *pk,
+                               const lmc_kv_event *r)
 {
+    stored_view v = {.r = r, .n_tokens = r->n_tokens, .block_size = p->block_size};
+    if (!p->vllm) {
+        v.has_parent = r->has_parent;
+        v.parent = r->has_parent ? lmc_kv_events_vllm_int(r->parent, r->hash_len) : 0;
+        pack_stored(pk, &v);
+        return true;
+    }
+    lmc_kv_events_vllm_blocks b;
+    if (r->n_hashes != 1 ||
+        !lmc_kv_events_vllm_stored(p->vllm, r->hashes, r->hash_len,
+                                   r->has_parent ? r->parent : NULL, r->tokens, r->n_tokens, &b))
+        return false;
+    v.vllm = b.hashes;
+    v.n_vllm = b.n;
+    v.has_parent = b.has_parent;
+    v.parent = b.parent;
+    v.block_size = p->vllm_block_size;
+    v.n_tokens = (uint32_t)(b.n * p->vllm_block_size);
+    pack_stored(pk, &v);
+    return true;
+}
+
+/* The vLLM block ints of a removed record's chunks, those remembered. */
+static size_t removed_ints(lmc_kv_events_publisher *p, const lmc_kv_event *r, uint64_t **out)
+{
+    size_t n = 0, cap = 0;
+    *out = NULL;
+    for (uint32_t i = 0; i < r->n_hashes; i++) {
+        size_t k;
+        const uint64_t *ints =
+            lmc_kv_events_vllm_removed(p->vllm, r->hashes + (size_t)i * r->hash_len,
+                                       r->hash_len, &k);
+        if (!ints)
+            continue;
+        if (n + k > cap) {
+            size_t ncap = (n + k) * 2;
+            uint64_t *g = realloc(*out, ncap * sizeof **out);
+            if (!g)
+                break;
+            *out = g;
+            cap = ncap;
+        }
+        memcpy(*out + n, ints, k * sizeof **out);
+        n += k;
+    }
+    return n;
+}
+
+/* A removed record as one BlockRemoved; false when none of its chunks is known. */
+static bool pack_removed_record(lmc_kv_events_publisher *p, msgpack_packer *pk,
+                                const lmc_kv_event *r)
+{
+    uint64_t *ints = NULL;
+    size_t n = p->vllm ? removed_ints(p, r, &ints) : 0;
+    if (p->vllm && n == 0) {
+        free(ints);
+        return false;
+    }
+    msgpack_pack_map(pk, 3);
+    lmc_mp_pack_cstr(pk, "type");
+    lmc_mp_pack_cstr(pk, "BlockRemoved");
+    lmc_mp_pack_cstr(pk, "block_hashes");
+    if (p->vllm)
+        pack_ints(pk, ints, n);
+    else
+        pack_hashes(pk, r);
+    lmc_mp_pack_cstr(pk, "medium");
+    pack_medium(pk, r);
+    free(ints);
+    return true;
+}
+
+/* A KVEventBatch as map (docs/compatibility.md, "KV event publisher").
+ * The events are packed first, since some records may publish nothing.
+ * Returns the number of events. */
+static size_t pack_batch(lmc_kv_events_publisher *p, msgpack_sbuffer *sb,
+                         const lmc_kv_events_page *page)
+{
+    msgpack_sbuffer evs;
+    msgpack_sbuffer_init(&evs);
+    msgpack_packer epk, pk;
+    msgpack_packer_init(&epk, &evs, msgpack_sbuffer_write);
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    size_t n = 0;
+    if (page->lost) {   /* subscribers drop what they knew and resync */
+        msgpack_pack_map(&epk, 1);
+        lmc_mp_pack_cstr(&epk, "type");
+        lmc_mp_pack_cstr(&epk, "AllBlocksCleared");
+        n++;
+    }
+    for (size_t i = 0; i < page->n; i++) {
+        const lmc_kv_event *r = page->entries[i].event;
+        n += r->kind == LMC_KV_EVENT_REMOVED ? pack_removed_record(p, &epk, r)
+                                             : pack_stored_record(p, &epk, r);
+    }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    msgpack_pack_map(pk, 3);
-    lmc_mp_pack_cstr(pk, "ts");
-    msgpack_pack_double(pk, (double)ts.tv_sec + (double)ts.tv_nsec / 1e9);
-    lmc_mp_pack_cstr(pk, "events");
-    msgpack_pack_array(pk, (uint32_t)(page->n + page->lost));
-    if (page->lost) {   /* subscribers drop what they knew and resync */
-        msgpack_pack_map(pk, 1);
-        lmc_mp_pack_cstr(pk, "type");
-        lmc_mp_pack_cstr(pk, "AllBlocksCleared");
-    }
-    for (size_t i = 0; i < page->n; i++)
-        pack_event(pk, page->entries[i].event, block_size);
-    lmc_mp_pack_cstr(pk, "data_parallel_rank");
-    msgpack_pack_nil(pk);
+    msgpack_pack_map(&pk, 3);
+    lmc_mp_pack_cstr(&pk, "ts");
+    msgpack_pack_double(&pk, (double)ts.tv_sec + (double)ts.tv_nsec / 1e9);
+    lmc_mp_pack_cstr(&pk, "events");
+    msgpack_pack_array(&pk, (uint32_t)n);
+    if (evs.size)
+        msgpack_sbuffer_write(sb, evs.data, evs.size);
+    lmc_mp_pack_cstr(&pk, "data_parallel_rank");
+    msgpack_pack_nil(&pk);
+    msgpack_sbuffer_destroy(&evs);
+    return n;
 }
 
 /* Keeps (seq, payload) for replay, the oldest going first; takes payload. */
@@ -149,16 +246,19 @@ static bool publish_next(lmc_kv_events_publisher *p)
     }
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    pack_batch(&pk, &page, p->block_size);
+    size_t n_events = pack_batch(p, &sb, &page);
+    if (n_events == 0) {   /* every record skipped: nothing to announce */
+        msgpack_sbuffer_destroy(&sb);
+        lmc_kv_events_page_free(&page);
+        return full;
+    }
     uint64_t seq = atomic_load(&p->next_seq);
     uint8_t be[8];
     put_be64(be, seq);
     zmq_send(p->pub, p->topic, strlen(p->topic), ZMQ_SNDMORE);
     zmq_send(p->pub, be, 8, ZMQ_SNDMORE);
     zmq_send(p->pub, sb.data, sb.size, 0);
-    atomic_fetch_add(&p->events, page.n + page.lost);
+    atomic_fetch_add(&p->events, n_events);
     atomic_fetch_add(&p->batches, 1);
     atomic_store(&p->next_seq, seq + 1);
     if (sb.data)
@@ -263,6 +363,7 @@ static void destroy(lmc_kv_events_publisher *p)
     for (size_t i = 0; i < p->n_kept; i++)
         free(p->kept[(p->first_kept + i) % p->cap_kept].payload);
     free(p->kept);
+    lmc_kv_events_vllm_free(p->vllm);
     free(p->endpoint);
     free(p->topic);
     free(p);
@@ -284,6 +385,11 @@ lmc_kv_events_publisher *lmc_kv_events_publisher_start(lmc_kv_events *log,
     p->zctx = zmq_ctx_new();
     if (!p->kept || !p->endpoint || !p->topic || !p->zctx)
         goto oom;
+    p->vllm_block_size = o->vllm_block_size;
+    if (o->vllm_block_size &&
+        !(p->vllm = lmc_kv_events_vllm_new(o->vllm_block_size, o->block_size, o->hash_seed, err,
+                                           errlen)))
+        goto fail;
     p->pub = bind_socket(p, ZMQ_PUB, o->endpoint, "kv-events-publish-endpoint", err, errlen);
     if (!p->pub)
         goto fail;
@@ -315,11 +421,22 @@ void lmc_kv_events_publisher_stop(lmc_kv_events_publisher *p)
     destroy(p);
 }
 
+static json_t *vllm_status(lmc_kv_events_publisher *p)
+{
+    if (!p->vllm)
+        return json_null();
+    lmc_kv_events_vllm_stats st;
+    lmc_kv_events_vllm_get_stats(p->vllm, &st);
+    return json_pack("{s:I, s:I, s:I, s:I}", "block_size", (json_int_t)p->vllm_block_size,
+                     "chunks_remembered", (json_int_t)st.chunks, "unchained_skipped",
+                     (json_int_t)st.unchained, "unknown_removed", (json_int_t)st.unknown_removed);
+}
+
 json_t *lmc_kv_events_publisher_status(lmc_kv_events_publisher *p)
 {
-    return json_pack("{s:s, s:I, s:I, s:I, s:I}", "endpoint", p->endpoint, "batches_published",
-                     (json_int_t)atomic_load(&p->batches), "events_published",
-                     (json_int_t)atomic_load(&p->events), "replay_requests",
+    return json_pack("{s:s, s:I, s:I, s:I, s:I, s:o}", "endpoint", p->endpoint,
+                     "batches_published", (json_int_t)atomic_load(&p->batches),
+                     "events_published", (json_int_t)atomic_load(&p->events), "replay_requests",
                      (json_int_t)atomic_load(&p->replays), "next_seq",
-                     (json_int_t)atomic_load(&p->next_seq));
+                     (json_int_t)atomic_load(&p->next_seq), "vllm_hashes", vllm_status(p));
 }

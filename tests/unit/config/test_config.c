@@ -94,6 +94,8 @@ static void assert_mp_defaults(const lmc_config *c)
     assert_string_equal(c->mp.kv_events_replay_endpoint, "");
     assert_string_equal(c->mp.kv_events_topic, "");
     assert_int_equal(c->mp.kv_events_buffer_steps, 10000);
+    assert_int_equal(c->mp.kv_events_block_size, 0);
+    assert_null(c->mp.kv_events_hash_seed);
     assert_int_equal(c->plugins.locations.count, 0);
     assert_string_equal(c->plugins.extra_config_json, "{}");
 }
@@ -226,6 +228,7 @@ static const char *const all_args[] = {
     "--max-queued-requests", "7", "--kv-event-log-size", "9",
     "--kv-events-publish-endpoint", "tcp://*:5557", "--kv-events-replay-endpoint",
     "tcp://*:5558", "--kv-events-topic", "kv-events", "--kv-events-buffer-steps", "12",
+    "--kv-events-block-size", "16", "--kv-events-hash-seed", "7",
     "--runtime-plugin-locations", "/a", "/b",
     "--runtime-plugin-config", "{\"k\":1}", "--p2p-listen-url", "0.0.0.0:7000",
     "--p2p-lookup-timeout", "2.5", "--p2p-load-timeout", "3.5", "--p2p-transfer-engine",
@@ -286,6 +289,8 @@ static void assert_all_mp(const lmc_config *c)
     assert_string_equal(c->mp.kv_events_replay_endpoint, "tcp://*:5558");
     assert_string_equal(c->mp.kv_events_topic, "kv-events");
     assert_int_equal(c->mp.kv_events_buffer_steps, 12);
+    assert_int_equal(c->mp.kv_events_block_size, 16);
+    assert_string_equal(c->mp.kv_events_hash_seed, "7");
     assert_int_equal(c->plugins.locations.count, 2);
     assert_string_equal(c->plugins.locations.items[0], "/a");
     assert_string_equal(c->plugins.extra_config_json, "{\"k\":1}");
