@@ -25,6 +25,7 @@ struct lmc_trace_scratch {
     msgpack_zone zone;
     lmc_object_key *keys;
     size_t cap_keys;
+    size_t n_held;               /* keys[0, n_held) hold references on their strings */
     char qualname[256];
 };
 
@@ -217,6 +218,7 @@ void lmc_trace_scratch_free(lmc_trace_scratch *s)
     if (!s)
         return;
     msgpack_zone_destroy(&s->zone);
+    lmc_keys_drop(s->keys, s->n_held);
     free(s->keys);
     free(s);
 }
@@ -247,6 +249,43 @@ static const char *intern_str(lmc_trace_scratch *s, const msgpack_object *o)
     return lmc_intern(s->in, o->via.str.size ? o->via.str.ptr : "", o->via.str.size);
 }
 
+static bool same_str(const msgpack_object *o, const char *interned)
+{
+    return o->via.str.size == strlen(interned) &&
+           memcmp(o->via.str.ptr, interned, o->via.str.size) == 0;
+}
+
+/* The strings of key i: the previous key's when the bytes are the same
+ * (the keys of one record nearly always share model and salt), else
+ * validated and interned.  The key holds one reference on each until the
+ * scratch's next decode, so a bounded interner keeps them meanwhile. */
+static int key_strings(lmc_trace_scratch *s, const msgpack_object *model,
+                       const msgpack_object *salt, size_t i, lmc_object_key *k, char *err,
+                       size_t errlen)
+{
+    static const msgpack_object no_salt = {.type = MSGPACK_OBJECT_STR};
+    if (!salt)
+        salt = &no_salt;
+    const lmc_object_key *prev = i > 0 ? &s->keys[i - 1] : NULL;
+    if (prev && same_str(model, prev->model_name) && same_str(salt, prev->cache_salt)) {
+        lmc_object_key_set_strings(k, prev->model_name, prev->cache_salt);
+        lmc_keys_hold(k, 1);
+        return 0;
+    }
+    if (!lmc_model_name_valid(model->via.str.ptr, model->via.str.size))
+        return failf(err, errlen, "keys[%zu]: %s", i, LMC_MODEL_NAME_RULE);
+    if (!lmc_cache_salt_valid(salt->via.str.size ? salt->via.str.ptr : "", salt->via.str.size))
+        return failf(err, errlen, "keys[%zu]: %s", i, LMC_CACHE_SALT_RULE);
+    const char *m = intern_str(s, model), *c = intern_str(s, salt);
+    if (!m || !c) {
+        lmc_intern_release(m);
+        lmc_intern_release(c);
+        return failf(err, errlen, "keys[%zu]: out of memory, or the interner is full", i);
+    }
+    lmc_object_key_set_strings(k, m, c);
+    return 0;
+}
+
 static int decode_key(lmc_trace_scratch *s, const msgpack_object *o, size_t i,
                       lmc_object_key *k, char *err, size_t errlen)
 {
@@ -260,29 +299,16 @@ static int decode_key(lmc_trace_scratch *s, const msgpack_object *o, size_t i,
         hash->via.bin.size > LMC_CHUNK_HASH_MAX)
         return failf(err, errlen, "keys[%zu]: chunk_hash must be bin of 1 to %d bytes", i,
                      LMC_CHUNK_HASH_MAX);
-    if (!model || model->type != MSGPACK_OBJECT_STR ||
-        !lmc_model_name_valid(model->via.str.ptr, model->via.str.size))
+    if (!model || model->type != MSGPACK_OBJECT_STR)
         return failf(err, errlen, "keys[%zu]: %s", i, LMC_MODEL_NAME_RULE);
-    if (salt && (salt->type != MSGPACK_OBJECT_STR ||
-                 !lmc_cache_salt_valid(salt->via.str.ptr, salt->via.str.size)))
+    if (salt && salt->type != MSGPACK_OBJECT_STR)
         return failf(err, errlen, "keys[%zu]: %s", i, LMC_CACHE_SALT_RULE);
     if (!as_u32(map_get(v, "kv_rank"), &k->kv_rank) ||
         !as_u32(map_get(v, "object_group_id"), &k->object_group_id))
         return failf(err, errlen, "keys[%zu]: kv_rank and object_group_id must be uint32", i);
     memcpy(k->chunk_hash, hash->via.bin.ptr, hash->via.bin.size);
     k->chunk_hash_len = (uint8_t)hash->via.bin.size;
-    const char *m = intern_str(s, model);
-    const char *c = salt ? intern_str(s, salt) : lmc_intern(s->in, "", 0);
-    if (!m || !c) {
-        lmc_intern_release(m);
-        lmc_intern_release(c);
-        return failf(err, errlen, "out of memory");
-    }
-    /* The reader's interner has no bound: its strings live as long as it. */
-    lmc_object_key_set_strings(k, m, c);
-    lmc_intern_release(m);
-    lmc_intern_release(c);
-    return 0;
+    return key_strings(s, model, salt, i, k, err, errlen);
 }
 
 static int decode_keys(lmc_trace_scratch *s, const msgpack_object *args, lmc_trace_record *rec,
@@ -301,7 +327,7 @@ static int decode_keys(lmc_trace_scratch *s, const msgpack_object *args, lmc_tra
         s->keys = grown;
         s->cap_keys = n;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++, s->n_held++) {
         if (decode_key(s, &keys->via.array.ptr[i], i, &s->keys[i], err, errlen) != 0)
             return -1;
     }
@@ -407,6 +433,8 @@ int lmc_trace_decode_record(lmc_trace_scratch *s, const uint8_t *body, size_t le
     rec->keys = s->keys;
     rec->frame = body;
     rec->frame_len = len;
+    lmc_keys_drop(s->keys, s->n_held);
+    s->n_held = 0;
     msgpack_zone_clear(&s->zone);
     if (unpack_whole(&s->zone, body, len, &obj, err, errlen) != 0 ||
         record_fields(s, &obj, rec, err, errlen) != 0) {

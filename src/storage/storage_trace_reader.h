@@ -60,8 +60,10 @@ int lmc_trace_reader_next(lmc_trace_reader *r, lmc_trace_record *rec, char *err,
 void lmc_trace_reader_close(lmc_trace_reader *r);
 
 /* Decodes one record body (no length prefix) into *rec, interning key
- * strings in `in`.  rec's pointers stay valid until the next call with
- * the same `scratch`.  0 or -1 with a reason in err. */
+ * strings in `in` (bounded or not).  rec's pointers stay valid until the
+ * next call with the same `scratch`; its keys hold one reference on their
+ * strings until then (a copy kept longer takes its own, lmc_keys_hold).
+ * 0 or -1 with a reason in err. */
 typedef struct lmc_trace_scratch lmc_trace_scratch;
 lmc_trace_scratch *lmc_trace_scratch_new(lmc_key_interner *in);
 void lmc_trace_scratch_free(lmc_trace_scratch *s);
