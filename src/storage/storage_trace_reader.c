@@ -97,15 +97,97 @@ static const msgpack_object *tagged(const msgpack_object *o, const char *tag)
     return t && str_is(t, tag) ? map_get(o, "v") : NULL;
 }
 
+static uint64_t be(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* What follows a type byte: the bytes of its length field, fixed payload
+ * and type byte (ext), and how many of its bytes are a length. */
+typedef struct {
+    uint8_t fixed;       /* payload bytes that follow (after any length) */
+    uint8_t len_bytes;   /* str/bin/ext/array/map length field */
+    uint8_t kind;        /* 0 scalar, 1 bytes of `len`, 2 array of len, 3 map of len */
+} mp_shape;
+
+static bool shape_of(uint8_t b, mp_shape *s)
+{
+    *s = (mp_shape){0};
+    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
+        return true;
+    if (b <= 0x8f || (b >= 0x90 && b <= 0x9f))
+        return true;   /* fixmap, fixarray: counted by the caller */
+    if (b <= 0xbf)
+        return true;   /* fixstr */
+    static const mp_shape table[0x20] = {
+        [0x04] = {0, 1, 1}, [0x05] = {0, 2, 1}, [0x06] = {0, 4, 1},   /* bin */
+        [0x07] = {1, 1, 1}, [0x08] = {1, 2, 1}, [0x09] = {1, 4, 1},   /* ext */
+        [0x0a] = {4, 0, 0}, [0x0b] = {8, 0, 0},                       /* float */
+        [0x0c] = {1, 0, 0}, [0x0d] = {2, 0, 0}, [0x0e] = {4, 0, 0}, [0x0f] = {8, 0, 0},
+        [0x10] = {1, 0, 0}, [0x11] = {2, 0, 0}, [0x12] = {4, 0, 0}, [0x13] = {8, 0, 0},
+        [0x14] = {2, 0, 0}, [0x15] = {3, 0, 0}, [0x16] = {5, 0, 0}, [0x17] = {9, 0, 0},
+        [0x18] = {17, 0, 0},                                          /* fixext */
+        [0x19] = {0, 1, 1}, [0x1a] = {0, 2, 1}, [0x1b] = {0, 4, 1},   /* str */
+        [0x1c] = {0, 2, 2}, [0x1d] = {0, 4, 2}, [0x1e] = {0, 2, 3}, [0x1f] = {0, 4, 3},
+    };
+    if (b == 0xc1)
+        return false;
+    *s = table[b - 0xc0];
+    return true;
+}
+
+/* msgpack-c allocates an array's or map's elements as its header claims,
+ * before it reads them: a 10-byte frame could ask for gigabytes.  So the
+ * frame is first walked without allocating: every value must lie inside
+ * it, every claimed element must have at least its one byte left, and the
+ * values are at most LMC_TRACE_OBJECTS_MAX in all. */
+static int prescan(const uint8_t *p, size_t len, char *err, size_t errlen)
+{
+    uint64_t pending = 1, objects = 0;
+    size_t at = 0;
+    while (pending > 0) {
+        mp_shape s;
+        if (at >= len || !shape_of(p[at], &s))
+            return failf(err, errlen, "not one msgpack value");
+        if (++objects > LMC_TRACE_OBJECTS_MAX)
+            return failf(err, errlen, "more than %u msgpack values", LMC_TRACE_OBJECTS_MAX);
+        uint8_t b = p[at++];
+        uint64_t n = 0;
+        pending--;
+        if (s.len_bytes) {
+            if (len - at < s.len_bytes)
+                return failf(err, errlen, "not one msgpack value");
+            n = be(p + at, s.len_bytes);
+            at += s.len_bytes;
+        } else if ((b >= 0x80 && b <= 0x8f) || (b >= 0x90 && b <= 0x9f)) {
+            n = b & 0x0f;
+            s.kind = b <= 0x8f ? 3 : 2;
+        } else if (b >= 0xa0 && b <= 0xbf) {
+            n = b & 0x1f;
+            s.kind = 1;
+        }
+        uint64_t skip = s.fixed + (s.kind == 1 ? n : 0);
+        pending += s.kind == 2 ? n : s.kind == 3 ? 2 * n : 0;
+        if (skip > len - at || pending > len - at - skip)
+            return failf(err, errlen, "not one msgpack value");
+        at += skip;
+    }
+    return at == len ? 0 : failf(err, errlen, "bytes after the msgpack value");
+}
+
 /* Unpacks exactly `len` bytes into one object of the zone. */
 static int unpack_whole(msgpack_zone *zone, const uint8_t *body, size_t len, msgpack_object *obj,
                         char *err, size_t errlen)
 {
     size_t off = 0;
+    if (prescan(body, len, err, errlen) != 0)
+        return -1;
     msgpack_unpack_return rc = msgpack_unpack((const char *)body, len, &off, zone, obj);
-    bool whole = rc == MSGPACK_UNPACK_SUCCESS || rc == MSGPACK_UNPACK_EXTRA_BYTES;
-    if (!whole || off != len)
-        return failf(err, errlen, whole ? "bytes after the msgpack value" : "not one msgpack value");
+    if (rc != MSGPACK_UNPACK_SUCCESS || off != len)
+        return failf(err, errlen, "not one msgpack value");
     if (obj->type != MSGPACK_OBJECT_MAP)
         return failf(err, errlen, "not a msgpack map");
     return 0;
@@ -252,7 +334,7 @@ static const char *intern_str(lmc_trace_scratch *s, const msgpack_object *o)
 static bool same_str(const msgpack_object *o, const char *interned)
 {
     return o->via.str.size == strlen(interned) &&
-           memcmp(o->via.str.ptr, interned, o->via.str.size) == 0;
+           (o->via.str.size == 0 || memcmp(o->via.str.ptr, interned, o->via.str.size) == 0);
 }
 
 /* The strings of key i: the previous key's when the bytes are the same

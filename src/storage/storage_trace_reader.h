@@ -22,6 +22,8 @@
 
 #define LMC_TRACE_FRAME_MAX (64u << 20)
 #define LMC_TRACE_KEYS_MAX 65536u
+/* msgpack values in one frame: 32 per key of a record of the most keys. */
+#define LMC_TRACE_OBJECTS_MAX (LMC_TRACE_KEYS_MAX * 32u)
 
 typedef struct {
     int format_version;          /* 1 */

@@ -280,6 +280,33 @@ static void test_header_schema_1_and_refusals(void **state)
     msgpack_sbuffer_destroy(&sb);
 }
 
+/* msgpack-c allocates what a container claims before reading it: a frame
+ * is walked first, so a short frame that claims billions of elements, or
+ * one of more than LMC_TRACE_OBJECTS_MAX small values, is refused by
+ * counting, not by an allocation that fails or succeeds. */
+static void test_container_claims(void **state)
+{
+    (void)state;
+    char err[256];
+    lmc_key_interner *in = lmc_key_interner_new();
+    lmc_trace_scratch *scr = lmc_trace_scratch_new(in);
+    lmc_trace_record rec = {0};
+    static const uint8_t claim[] = {0x81, 0xa1, 'k', 0xdd, 0xff, 0xff, 0xff, 0xf0, 0xc0};
+    assert_int_equal(lmc_trace_decode_record(scr, claim, sizeof claim, &rec, err, sizeof err), -1);
+    assert_non_null(strstr(err, "not one msgpack value"));
+    size_t n = LMC_TRACE_OBJECTS_MAX + 1;
+    uint8_t *many = malloc(5 + n);
+    many[0] = 0xdd;
+    many[1] = (uint8_t)(n >> 24), many[2] = (uint8_t)(n >> 16);
+    many[3] = (uint8_t)(n >> 8), many[4] = (uint8_t)n;
+    memset(many + 5, 0xc0, n);
+    assert_int_equal(lmc_trace_decode_record(scr, many, 5 + n, &rec, err, sizeof err), -1);
+    assert_non_null(strstr(err, "more than"));
+    free(many);
+    lmc_trace_scratch_free(scr);
+    lmc_key_interner_free(in);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -304,6 +331,7 @@ int main(void)
         cmocka_unit_test(test_cut_short_and_corrupted),
         cmocka_unit_test(test_record_bounds),
         cmocka_unit_test(test_header_schema_1_and_refusals),
+        cmocka_unit_test(test_container_claims),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
