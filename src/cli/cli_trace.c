@@ -163,6 +163,10 @@ static int parse_list(const char *list, whatif_args *a, uint64_t *sizes, size_t 
         if (policies) {
             if (!lmc_storage_whatif_policy_known(tok) || a->n_policies == MAX_POLICIES)
                 return -1;
+            for (size_t i = 0; i < a->n_policies; i++) {
+                if (strcmp(a->policies[i], tok) == 0)
+                    return -1;   /* one curve a policy */
+            }
             snprintf(a->policies[a->n_policies++], sizeof a->policies[0], "%s", tok);
         } else if (*n_sizes == MAX_SIZES || !parse_size(tok, &sizes[(*n_sizes)++])) {
             return -1;
@@ -221,7 +225,7 @@ static int whatif_parse(int argc, char **argv, whatif_args *a)
     if (!a->sizes)
         return usage_error("whatif: %s", "--l1-size is missing");
     if (parse_list(policy, a, NULL, NULL, true) != 0)
-        return usage_error("whatif: --policy '%s': a comma-separated list of LRU and noop",
+        return usage_error("whatif: --policy '%s': a comma-separated list of LRU and noop, each once",
                            policy);
     return 0;
 }

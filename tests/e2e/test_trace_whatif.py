@@ -229,6 +229,7 @@ def test_whatif_refusals_name_the_flag(tmp_path):
     cyclic_trace(trace)
     for args, flag in ((["--l1-size", "12XB"], "--l1-size"), (["--l1-size", "0"], "--l1-size"),
                        (["--l1-size", "1GiB", "--policy", "ARC"], "--policy"),
+                       (["--l1-size", "1GiB", "--policy", "LRU,LRU"], "--policy"),
                        (["--l1-size", "1GiB", "--eviction-ratio", "2"], "--eviction-ratio"),
                        ([], "--l1-size")):
         r = run_cli("trace", "whatif", str(trace), *args)
