@@ -171,6 +171,37 @@ static const char *op_method(lmc_storage_trace_op op)
     }
 }
 
+/* The args each method is recorded with: upstream's parameter names with
+ * their defaults applied (docs/trace.md, "What is recorded").  keys come
+ * first in every one. */
+static void pack_args(msgpack_packer *pk, lmc_storage_trace_op op, const lmc_object_key *keys,
+                      size_t n, uint64_t object_size)
+{
+    bool submit = op == LMC_STORAGE_TRACE_SUBMIT_PREFETCH_TASK;
+    bool layout = submit || op == LMC_STORAGE_TRACE_RESERVE_WRITE;
+    bool extra = submit || op == LMC_STORAGE_TRACE_FINISH_READ_PREFETCHED;
+    msgpack_pack_map(pk, 1 + layout + extra + 2 * submit);
+    pack_cstr(pk, "keys");
+    msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < n; i++)
+        pack_object_key(pk, &keys[i]);
+    if (layout) {
+        pack_cstr(pk, "layout_desc");
+        pack_layout(pk, object_size);
+    }
+    if (extra) {
+        pack_cstr(pk, "extra_count");
+        msgpack_pack_int(pk, 0);
+    }
+    if (submit) {
+        pack_cstr(pk, "external_request_id");
+        pack_cstr(pk, "");
+        pack_cstr(pk, "policy");
+        pack_tagged(pk, "TrimPolicy");
+        pack_cstr(pk, "PREFIX");
+    }
+}
+
 size_t lmc_storage_trace_encode_record(uint8_t *buf, size_t cap, double t_mono, double t_wall,
                                        lmc_storage_trace_op op, const lmc_object_key *keys,
                                        size_t n, uint64_t object_size)
@@ -188,16 +219,7 @@ size_t lmc_storage_trace_encode_record(uint8_t *buf, size_t cap, double t_mono, 
     pack_cstr(&pk, "qualname");
     pack_cstr(&pk, op_method(op));
     pack_cstr(&pk, "args");
-    bool layout = op == LMC_STORAGE_TRACE_RESERVE_WRITE;
-    msgpack_pack_map(&pk, layout ? 2 : 1);
-    pack_cstr(&pk, "keys");
-    msgpack_pack_array(&pk, n);
-    for (size_t i = 0; i < n; i++)
-        pack_object_key(&pk, &keys[i]);
-    if (layout) {
-        pack_cstr(&pk, "layout_desc");
-        pack_layout(&pk, object_size);
-    }
+    pack_args(&pk, op, keys, n, object_size);
     return finish_frame(&f);
 }
 

@@ -75,6 +75,13 @@ def store_and_retrieve(srv):
     return toks
 
 
+# What store_and_retrieve records: the STORE's reserve and publish, the
+# LOOKUP's read leases, the RETRIEVE's copy out and its give-back
+# (docs/trace.md, "What is recorded").
+STORE_AND_RETRIEVE = [".reserve_write", ".finish_write", ".submit_prefetch_task",
+                      ".read_prefetched_results.__enter__", ".read_prefetched_results.__exit__"]
+
+
 def test_a_store_is_recorded_in_upstreams_format(start_server, tmp_path):
     srv, out = traced(start_server, tmp_path)
     toks = store_and_retrieve(srv)
@@ -90,7 +97,7 @@ def test_a_store_is_recorded_in_upstreams_format(start_server, tmp_path):
     assert "l1_size_gb" in json.loads(cfg)
     assert isinstance(header["t_mono_start"], float) and header["t_wall_start"] > 1.7e9
     names = [r["qualname"] for r in records]
-    assert names == [PREFIX + ".reserve_write", PREFIX + ".finish_write"], names
+    assert names == [PREFIX + m for m in STORE_AND_RETRIEVE], names
     want = chunk_hashes(toks)
     for r in records:
         assert r["type"] == "record" and 0 <= r["t_mono"] < 600
@@ -99,10 +106,14 @@ def test_a_store_is_recorded_in_upstreams_format(start_server, tmp_path):
         assert [k["v"]["chunk_hash"] for k in keys] == want
         assert {k["v"]["model_name"] for k in keys} == {"m"}
         assert {k["v"]["cache_salt"] for k in keys} == {""}
-    layout = records[0]["args"]["layout_desc"]
-    assert layout == {"__t__": "MemoryLayoutDesc",
-                      "v": {"shapes": [[OBJ]], "dtypes": ["torch.uint8"]}}
-    assert records[0]["t_mono"] <= records[1]["t_mono"]
+    layout = {"__t__": "MemoryLayoutDesc", "v": {"shapes": [[OBJ]], "dtypes": ["torch.uint8"]}}
+    assert records[0]["args"] == {"keys": records[0]["args"]["keys"], "layout_desc": layout}
+    # The LOOKUP: upstream's submit_prefetch_task with its defaults applied.
+    assert records[2]["args"] == {"keys": records[2]["args"]["keys"], "layout_desc": layout,
+                                  "extra_count": 0, "external_request_id": "",
+                                  "policy": {"__t__": "TrimPolicy", "v": "PREFIX"}}
+    assert [sorted(r["args"]) for r in records[3:]] == [["keys"], ["keys"]]
+    assert [r["t_mono"] for r in records] == sorted(r["t_mono"] for r in records)
     assert st["records_dropped"] == 0
 
 
@@ -111,14 +122,15 @@ def test_status_and_metrics_count_what_was_written(start_server, tmp_path):
     store_and_retrieve(srv)
     # The writer thread drains within its poll interval (docs/trace.md).
     deadline = time.monotonic() + 10
-    while status(srv)["trace"]["records_written"] < 2 and time.monotonic() < deadline:
+    n = len(STORE_AND_RETRIEVE)
+    while status(srv)["trace"]["records_written"] < n and time.monotonic() < deadline:
         time.sleep(0.05)
     st = status(srv)["trace"]
-    assert st["records_written"] == 2 and st["records_dropped"] == 0
+    assert st["records_written"] == n and st["records_dropped"] == 0
     assert st["bytes_written"] == out.stat().st_size
     with urllib.request.urlopen(f"http://127.0.0.1:{srv.http_port}/metrics", timeout=10) as r:
         text = r.read().decode()
-    assert "lmcache_mp_trace_records_written_total 2" in text
+    assert f"lmcache_mp_trace_records_written_total {n}" in text
     assert "lmcache_mp_trace_records_dropped_total 0" in text
     assert f"lmcache_mp_trace_bytes_written_total {st['bytes_written']}" in text
 
@@ -186,8 +198,8 @@ def test_upstreams_decoders_read_the_file(start_server, tmp_path):
     got = json.loads(r.stdout)
     assert got["magic"] == "LMCT" and got["format_version"] == 1 and got["schema"] == 2
     want = [h.hex() for h in chunk_hashes(toks)]
-    assert got["records"] == [{"qualname": PREFIX + ".reserve_write", "hashes": want},
-                              {"qualname": PREFIX + ".finish_write", "hashes": want}]
+    assert got["records"] == [{"qualname": PREFIX + m, "hashes": want}
+                              for m in STORE_AND_RETRIEVE]
 
 
 def test_a_trace_cut_short_ends_in_an_incomplete_frame(start_server, tmp_path):
