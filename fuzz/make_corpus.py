@@ -466,7 +466,60 @@ def p2p_wire():
           b"\1LMUCX001" + struct.pack("<QQII", 1 << 40, 1 << 30, 5, 3) + b"addrsrk")
 
 
+def trace_frames():
+    """fuzz_trace: one frame body each, headers and records in upstream's
+    trace format (docs/trace.md)."""
+    import hashlib
+    prefix = "lmcache.v1.distributed.storage_manager.StorageManager."
+
+    def key(i, salt=""):
+        v = {"chunk_hash": hashlib.sha256(b"%d" % i).digest(), "model_name": "org/m",
+             "kv_rank": 0x02000200, "object_group_id": i % 2}
+        if salt is not None:
+            v["cache_salt"] = salt
+        return {"__t__": "ObjectKey", "v": v}
+
+    def layout(shapes, dtypes):
+        return {"__t__": "MemoryLayoutDesc", "v": {"shapes": shapes, "dtypes": dtypes}}
+
+    def rec(method, **args):
+        return msgpack.packb({"type": "record", "t_mono": 0.5, "t_wall": 1.7e9,
+                              "qualname": prefix + method, "args": args}, use_bin_type=True)
+
+    hdr = {"type": "header", "magic": b"LMCT", "format_version": 1, "level": "storage",
+           "trace_schema_version": 2, "t_mono_start": 1.5, "t_wall_start": 2.0,
+           "sm_config_json": "{}", "sm_config_digest": hashlib.sha256(b"{}").hexdigest()}
+    write("trace", "header_schema2", msgpack.packb(hdr, use_bin_type=True))
+    old = {k: v for k, v in hdr.items() if k != "trace_schema_version"}
+    old["lmcache_version"] = "0.3.9"
+    write("trace", "header_schema1", msgpack.packb(old, use_bin_type=True))
+    write("trace", "header_bad_magic", msgpack.packb(dict(hdr, magic=b"LMCX"),
+                                                     use_bin_type=True))
+    ks = [key(i) for i in range(3)]
+    write("trace", "reserve_write", rec("reserve_write", keys=ks,
+                                        layout_desc=layout([[4, 8], [16]],
+                                                           ["torch.bfloat16", "torch.int64"])))
+    write("trace", "reserve_overflow", rec("reserve_write", keys=ks[:1],
+                                           layout_desc=layout([[2**40, 2**30]], ["torch.float64"])))
+    write("trace", "reserve_bad_dtype", rec("reserve_write", keys=ks[:1],
+                                            layout_desc=layout([[4]], ["torch.complex64"])))
+    write("trace", "finish_write_schema1", rec("finish_write", keys=[key(1, None)]))
+    write("trace", "abort_write", rec("abort_write", keys=ks[1:]))
+    write("trace", "submit_prefetch_task",
+          rec("submit_prefetch_task", keys=ks, layout_desc=layout([[8]], ["torch.uint8"]),
+              extra_count=0, external_request_id="r1",
+              policy={"__t__": "TrimPolicy", "v": "PREFIX"}))
+    write("trace", "finish_read_prefetched", rec("finish_read_prefetched", keys=ks,
+                                                 extra_count=1))
+    write("trace", "read_enter", rec("read_prefetched_results.__enter__", keys=ks))
+    write("trace", "read_exit", rec("read_prefetched_results.__exit__", keys=ks))
+    write("trace", "other_method", rec("close"))
+    write("trace", "bad_key", rec("finish_write", keys=[{"__t__": "ObjectKey",
+                                                         "v": {"chunk_hash": b"x" * 33}}]))
+
+
 if __name__ == "__main__":
+    trace_frames()
     p2p_wire()
     coord_events()
     pickles()

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_trace.h"
 #include "rpc/client.h"
 #include "rpc/wire.h"
 
@@ -36,6 +37,8 @@ static void usage(FILE *out)
                  "  --version          print the version and the commit built from\n\ncommands:\n");
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(out, "  %-16s %s\n", commands[i].name, commands[i].help);
+    fprintf(out, "  %-16s %s\n", "trace info", "TRACE: a storage trace's header and counts");
+    fprintf(out, "  %-16s %s\n", "trace whatif", "TRACE --l1-size SIZES: the miss-ratio curve");
 }
 
 static const cli_command *find_command(const char *name)
@@ -146,6 +149,8 @@ int main(int argc, char **argv)
     double port = 5555, timeout_s = 5;
     char *positional[8];
     int npos = 0;
+    if (argc >= 2 && strcmp(argv[1], "trace") == 0)   /* no server: docs/cli.md, "trace" */
+        return lmc_cli_trace_main(argc - 2, argv + 2);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {

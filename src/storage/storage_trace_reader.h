@@ -7,7 +7,10 @@
  * whose header is not an LMCT header of format 1 and schema 1 or 2, a
  * frame that is cut short, and a frame that does not decode as a Record.
  * Every size from the file is bounded before it is used: a frame is at
- * most LMC_TRACE_FRAME_MAX bytes, a record at most LMC_TRACE_KEYS_MAX keys. */
+ * most LMC_TRACE_FRAME_MAX bytes, a record at most LMC_TRACE_KEYS_MAX keys,
+ * a chunk hash at most 32 bytes, a layout's size must fit 64 bits.
+ * Upstream's reader skips a record frame that does not decode; this one
+ * refuses the file there (docs/trace.md, "Reading a trace"). */
 #ifndef LMC_STORAGE_STORAGE_TRACE_READER_H
 #define LMC_STORAGE_STORAGE_TRACE_READER_H
 
@@ -19,6 +22,8 @@
 
 #define LMC_TRACE_FRAME_MAX (64u << 20)
 #define LMC_TRACE_KEYS_MAX 65536u
+/* msgpack values in one frame: 32 per key of a record of the most keys. */
+#define LMC_TRACE_OBJECTS_MAX (LMC_TRACE_KEYS_MAX * 32u)
 
 typedef struct {
     int format_version;          /* 1 */
@@ -57,12 +62,21 @@ int lmc_trace_reader_next(lmc_trace_reader *r, lmc_trace_record *rec, char *err,
 void lmc_trace_reader_close(lmc_trace_reader *r);
 
 /* Decodes one record body (no length prefix) into *rec, interning key
- * strings in `in`.  rec's pointers stay valid until the next call with
- * the same `scratch`.  0 or -1 with a reason in err. */
+ * strings in `in` (bounded or not).  rec's pointers stay valid until the
+ * next call with the same `scratch`; its keys hold one reference on their
+ * strings until then (a copy kept longer takes its own, lmc_keys_hold).
+ * 0 or -1 with a reason in err. */
 typedef struct lmc_trace_scratch lmc_trace_scratch;
 lmc_trace_scratch *lmc_trace_scratch_new(lmc_key_interner *in);
 void lmc_trace_scratch_free(lmc_trace_scratch *s);
 int lmc_trace_decode_record(lmc_trace_scratch *s, const uint8_t *body, size_t len,
                             lmc_trace_record *rec, char *err, size_t errlen);
+
+/* Decodes a header body (no length prefix) into *out; 0, or -1 with a
+ * reason in err (out then owns nothing).  lmc_trace_header_clear frees
+ * what a decoded header owns. */
+int lmc_trace_decode_header(const uint8_t *body, size_t len, lmc_trace_header *out, char *err,
+                            size_t errlen);
+void lmc_trace_header_clear(lmc_trace_header *h);
 
 #endif

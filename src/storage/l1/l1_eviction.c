@@ -17,10 +17,9 @@ struct lmc_l1_eviction {
     double last_usage_ratio;
 };
 
-static void feed_policy(void *user, lmc_l1_event_kind kind, const lmc_object_key *keys,
-                        size_t n)
+void lmc_l1_eviction_feed(lmc_eviction_policy *policy, lmc_l1_event_kind kind,
+                          const lmc_object_key *keys, size_t n)
 {
-    lmc_eviction_policy *policy = user;
     switch (kind) {
     case LMC_L1_EVENT_WRITE_RESERVED:
     case LMC_L1_EVENT_WRITE_FINISHED:
@@ -36,6 +35,12 @@ static void feed_policy(void *user, lmc_l1_event_kind kind, const lmc_object_key
     default:
         break;
     }
+}
+
+static void feed_policy(void *user, lmc_l1_event_kind kind, const lmc_object_key *keys,
+                        size_t n)
+{
+    lmc_l1_eviction_feed(user, kind, keys, n);
 }
 
 static lmc_l1_evictability ask_l1(void *user, const lmc_object_key *key)
@@ -62,8 +67,16 @@ fail:
     return NULL;
 }
 
-static size_t victim_target(size_t tracked, double ratio)
+bool lmc_l1_eviction_triggered(uint64_t used, uint64_t total, double trigger_watermark)
 {
+    return total > 0 && (double)used / (double)total >= trigger_watermark;
+}
+
+size_t lmc_l1_eviction_plan(uint64_t used, uint64_t total, size_t tracked,
+                            double trigger_watermark, double ratio)
+{
+    if (!lmc_l1_eviction_triggered(used, total, trigger_watermark))
+        return 0;
     if (tracked == 0 || ratio <= 0)
         return 0;
     size_t target = (size_t)((double)tracked * ratio);   /* floor: both >= 0 */
@@ -118,11 +131,11 @@ size_t lmc_l1_eviction_run_once(lmc_l1_eviction *e)
     uint64_t used, total;
     lmc_l1_manager_usage(e->l1, &used, &total);
     double ratio = total ? (double)used / (double)total : 0.0;
-    bool triggered = total > 0 && ratio >= e->opts.trigger_watermark;
+    bool triggered = lmc_l1_eviction_triggered(used, total, e->opts.trigger_watermark);
     size_t evicted = 0;
     if (triggered) {
-        size_t target = victim_target(e->policy->ops->num_tracked(e->policy),
-                                      e->opts.eviction_ratio);
+        size_t target = lmc_l1_eviction_plan(used, total, e->policy->ops->num_tracked(e->policy),
+                                             e->opts.trigger_watermark, e->opts.eviction_ratio);
         if (target > 0)
             evicted = evict_victims(e, target);
         LMC_DEBUG("L1 eviction: usage %.3f >= %.3f, evicted %zu of %zu targeted", ratio,

@@ -59,6 +59,17 @@ typedef struct {
 lmc_l1_eviction_counts lmc_l1_eviction_get_counts(lmc_l1_eviction *e);
 const char *lmc_l1_eviction_policy_name(const lmc_l1_eviction *e);
 double lmc_l1_eviction_trigger_watermark(const lmc_l1_eviction *e);
+/* The controller's rules as pure functions, for whoever replays an L1
+ * without one (the trace what-if, docs/trace.md, "What-if"):
+ *  - feed: what an L1 event tells the policy (added, accessed, removed);
+ *  - triggered: whether a cycle at this usage evicts (used/total >= watermark);
+ *  - plan: how many victims that cycle asks for, floor(tracked x ratio),
+ *    at least 1, at most tracked; 0 when not triggered. */
+void lmc_l1_eviction_feed(lmc_eviction_policy *policy, lmc_l1_event_kind kind,
+                          const lmc_object_key *keys, size_t n);
+bool lmc_l1_eviction_triggered(uint64_t used, uint64_t total, double trigger_watermark);
+size_t lmc_l1_eviction_plan(uint64_t used, uint64_t total, size_t tracked,
+                            double trigger_watermark, double ratio);
 /* Stops the thread, unregisters the listener and frees the policy. */
 void lmc_l1_eviction_free(lmc_l1_eviction *e);
 
