@@ -15,7 +15,8 @@ import msgpack
 import pytest
 
 from lmc.client import unpack
-from lmc.ops import UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT
+from lmc.keys import ipc_key
+from lmc.ops import FREE_LOOKUP_LOCKS, UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT
 from lmc.server import ROOT, free_port, run_lmcached
 from test_kv_events import SEED, chunk_hashes
 from test_lookup_engine_driven import CS, OBJ, Worker, lookup, prompt
@@ -239,6 +240,35 @@ def test_default_output_is_under_tmpdir(start_server, tmp_path):
     assert len(stamp) == 15 and stamp[8] == "-" and stamp.replace("-", "").isdigit(), stamp
     assert status(srv)["trace"]["output"] == str(made[0])
     assert (made[0].stat().st_mode & 0o777) == 0o600
+
+
+def test_freed_lookup_locks_are_recorded(start_server, tmp_path):
+    """A LOOKUP nobody retrieves, its read locks freed by FREE_LOOKUP_LOCKS:
+    submit_prefetch_task, then finish_read_prefetched of the freed keys,
+    which upstream's decoders read as well."""
+    srv, out = traced(start_server, tmp_path)
+    toks = prompt(7)
+    w = Worker(srv, 3003, 0, world_size=1)
+    w.store(toks, 0, 64)
+    w.close()
+    sched = srv.dealer()
+    assert lookup(sched, toks, "r2", world_size=1) == 4
+    assert sched.call(FREE_LOOKUP_LOCKS, ipc_key(toks, 0, 32, "r2"), 1) is not None
+    sched.close()
+    assert srv.stop() == 0
+    _, records = decode(out.read_bytes())
+    names = [r["qualname"].rsplit(".", 1)[1] for r in records]
+    assert names == ["reserve_write", "finish_write", "submit_prefetch_task",
+                     "finish_read_prefetched"], names
+    freed = records[3]["args"]
+    assert [k["v"]["chunk_hash"] for k in freed["keys"]] == chunk_hashes(toks)[:2]
+    assert freed["extra_count"] == 0 and sorted(freed) == ["extra_count", "keys"]
+    if os.path.exists(UPSTREAM_PYTHON):
+        r = subprocess.run([UPSTREAM_PYTHON, "-c", UPSTREAM_READ, str(out)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert [x["qualname"] for x in json.loads(r.stdout)["records"]][3] == \
+            PREFIX + ".finish_read_prefetched"
 
 
 def test_output_without_level_records_nothing_and_says_so(start_server, tmp_path):
