@@ -27,7 +27,7 @@
 /* Bounds of one batch and of what a replay holds (docs/trace.md,
  * "Replaying a trace"); the body's own bound is the frontend's bulk limit. */
 #define LMC_TRACE_REPLAY_MAX_RECORDS 4096u
-#define LMC_TRACE_REPLAY_MAX_HELD ((size_t)1 << 20)
+#define LMC_TRACE_REPLAY_MAX_HELD ((size_t)1 << 18)
 #define LMC_TRACE_REPLAY_MAX_OBJECT ((uint64_t)1 << 30)
 
 /* One held lease and the key it is of (a reference held on its strings). */
