@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli/cli_trace.h"
+#include "cli/cli_trace_replay.h"
 #include "rpc/client.h"
 #include "rpc/wire.h"
 
@@ -39,6 +40,7 @@ static void usage(FILE *out)
         fprintf(out, "  %-16s %s\n", commands[i].name, commands[i].help);
     fprintf(out, "  %-16s %s\n", "trace info", "TRACE: a storage trace's header and counts");
     fprintf(out, "  %-16s %s\n", "trace whatif", "TRACE --l1-size SIZES: the miss-ratio curve");
+    fprintf(out, "  %-16s %s\n", "trace replay", "TRACE --server URL: replay a storage trace");
 }
 
 static const cli_command *find_command(const char *name)
@@ -149,6 +151,8 @@ int main(int argc, char **argv)
     double port = 5555, timeout_s = 5;
     char *positional[8];
     int npos = 0;
+    if (argc >= 3 && !strcmp(argv[1], "trace") && !strcmp(argv[2], "replay"))
+        return lmc_cli_trace_replay_main(argc - 3, argv + 3);
     if (argc >= 2 && strcmp(argv[1], "trace") == 0)   /* no server: docs/cli.md, "trace" */
         return lmc_cli_trace_main(argc - 2, argv + 2);
     for (int i = 1; i < argc; i++) {

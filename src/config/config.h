@@ -154,6 +154,7 @@ typedef struct {
     double extra_logging_interval;   /* --extra-logging-interval 10.0, > 0 */
     char *trace_level;               /* --trace-level storage|events, nullable */
     char *trace_output;              /* --trace-output, nullable */
+    bool allow_trace_replay;         /* --allow-trace-replay: POST /api/trace/replay */
 } lmc_obs_config;
 
 typedef struct lmc_config {

@@ -404,6 +404,9 @@ static const lmc_config_flag flags[] = {
     {.name = "trace-output", .group = LMC_FG_OBS, .kind = LMC_FK_NSTR,
      AT(obs.trace_output), .json_name = "trace_output",
      .help = "Trace file path (unset = timestamped file under $TMPDIR)."},
+    {.name = "allow-trace-replay", .group = LMC_FG_OBS, .kind = LMC_FK_TRUE,
+     AT(obs.allow_trace_replay), .def = "false", .json_name = "allow_trace_replay",
+     .help = "Serve POST /api/trace/replay, which writes a trace's objects into this cache."},
 };
 
 const lmc_config_flag *lmc_config_flags(size_t *count)

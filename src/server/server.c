@@ -116,7 +116,8 @@ static int create_services(lmc_server *s, char *err, size_t errlen)
     if (s->ctx.events)
         lmc_storage_manager_set_event_bus(s->ctx.storage, s->ctx.events,
                                           cfg->obs.metrics_sample_rate);
-    if (create_kv_events(s, err, errlen) != 0 || lmc_server_start_trace(s, err, errlen) != 0)
+    if (create_kv_events(s, err, errlen) != 0 || lmc_server_start_trace(s, err, errlen) != 0 ||
+        lmc_server_start_trace_replay(s, err, errlen) != 0)
         return -1;
     /* The storage manager owns the L2 tier from here (closed with it). */
     return lmc_l2_attach(s->ctx.storage, cfg, err, errlen);
@@ -297,6 +298,7 @@ void lmc_server_free(lmc_server *s)
     if (!s)
         return;
     lmc_server_stop_frontends(s); /* no HTTP callback runs after this */
+    lmc_server_stop_trace_replay(s);
     if (s->rpc)
         lmc_rpc_server_join_workers(s->rpc);
     lmc_server_stop_p2p(s); /* its may_read reads the p2p_serve module's state */

@@ -168,7 +168,8 @@ static int add_server_routes(lmc_server *s)
     return s->routes && lmc_http_routes_add_site(s->routes) == 0 &&
                    lmc_server_add_object_routes(s, s->routes) == 0 &&
                    lmc_server_add_quota_routes(s, s->routes) == 0 &&
-                   lmc_server_add_kv_routes(s, s->routes) == 0
+                   lmc_server_add_kv_routes(s, s->routes) == 0 &&
+                   lmc_server_add_trace_replay_routes(s, s->routes) == 0
                ? 0
                : -1;
 }

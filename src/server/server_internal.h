@@ -43,6 +43,7 @@ struct lmc_server {
     struct lmc_p2p_chan_server *p2p_tcp; /* --p2p-advertise-url, tcp engine; else NULL */
     struct lmc_p2p_ucx_server *p2p_ucx;  /* --p2p-advertise-url, ucx engine; else NULL */
     struct lmc_storage_trace *trace;     /* --trace-level (docs/trace.md); else NULL */
+    struct lmc_trace_replay *replay;     /* --allow-trace-replay; else NULL */
 };
 
 /* --trace-level: opens the trace file and attaches the recorder to the
@@ -56,6 +57,15 @@ json_t *lmc_server_trace_status(lmc_server *s);
 struct lmc_fleet_tap;
 bool lmc_server_trace_fleet_tap(lmc_server *s, struct lmc_fleet_tap *out);
 int lmc_server_register_trace_metrics(lmc_server *s);
+
+/* --allow-trace-replay (server_trace_replay.c, docs/trace.md): the state
+ * of POST /api/trace/replay, whose row is always there and answers 403
+ * without the flag.  Stop gives back every lease a replay still holds:
+ * after the frontends stopped, before the storage manager closes. */
+typedef struct lmc_trace_replay lmc_trace_replay;
+int lmc_server_start_trace_replay(lmc_server *s, char *err, size_t errlen);
+void lmc_server_stop_trace_replay(lmc_server *s);
+int lmc_server_add_trace_replay_routes(lmc_server *s, lmc_http_routes *routes);
 
 /* Metrics registry and HTTP listener; before storage so that a busy HTTP
  * port fails before memory is committed. */

@@ -54,6 +54,8 @@ typedef struct lmc_lease {
     int64_t expiry_ms;        /* monotonic ms when the lock behind it lapsed or will */
     uint32_t shares;          /* READ, COPY: read shares it gives back */
     uint8_t kind;             /* lmc_lease_kind */
+    uint8_t retrieve;         /* COPY carrying a LOOKUP's share: a RETRIEVE's read, traced
+                               * as read_prefetched_results (docs/trace.md) */
 } lmc_lease;
 
 const char *lmc_lease_kind_name(lmc_lease_kind kind);

@@ -496,6 +496,9 @@ size_t lmc_storage_manager_lease_read(lmc_storage_manager *sm, const lmc_object_
                                       const lmc_object_sizes *want, lmc_lease *leases,
                                       lmc_l1_result *results)
 {
+    if (sm->trace)   /* every READ lease is a lookup's (docs/trace.md) */
+        lmc_storage_trace_record(sm->trace, LMC_STORAGE_TRACE_SUBMIT_PREFETCH_TASK, keys, n,
+                                 want && want->count ? want->sizes[0] : 0);
     lmc_l1_result *r = results_or_scratch(results, n);
     if (!r)
         return 0;
@@ -515,39 +518,61 @@ size_t lmc_storage_manager_lease_copy(lmc_storage_manager *sm, const lmc_object_
     lmc_l1_result *r = results_or_scratch(results, n);
     if (!r)
         return 0;
+    bool retrieve = share == LMC_COPY_CARRIES_SHARE;
+    if (sm->trace && retrieve)
+        lmc_storage_trace_record(sm->trace, LMC_STORAGE_TRACE_READ_PREFETCHED_ENTER, keys, n, 0);
     size_t granted = lmc_l1_manager_lease_copy(sm->l1, keys, n, share, all_or_none, want,
                                                leases, r);
+    for (size_t i = 0; retrieve && i < n; i++)
+        leases[i].retrieve = leases[i].kind == LMC_LEASE_COPY;
     release_results(r, results);
     return granted;
 }
 
-/* The WRITE leases among those given back were never published: upstream's
- * abort_write of their keys (docs/trace.md). */
-static void trace_aborted_writes(lmc_storage_trace *trace, const lmc_object_key *keys,
-                                 const lmc_lease *leases, size_t n)
+/* The op a lease given back is traced as (docs/trace.md, "What is
+ * recorded"): a WRITE never published is abort_write, a lookup's READ
+ * finish_read_prefetched, a RETRIEVE's COPY read_prefetched_results'
+ * exit; other COPY leases are no storage-manager call upstream. */
+static lmc_storage_trace_op given_back_as(const lmc_lease *l)
 {
-    lmc_object_key stack[64], *aborted = stack;
+    switch (l->kind) {
+    case LMC_LEASE_WRITE: return LMC_STORAGE_TRACE_ABORT_WRITE;
+    case LMC_LEASE_READ: return LMC_STORAGE_TRACE_FINISH_READ_PREFETCHED;
+    case LMC_LEASE_COPY:
+        return l->retrieve ? LMC_STORAGE_TRACE_READ_PREFETCHED_EXIT : LMC_STORAGE_TRACE_UNKNOWN;
+    default: return LMC_STORAGE_TRACE_UNKNOWN;
+    }
+}
+
+/* One record of the keys of the leases given back as `op`. */
+static void trace_given_back(lmc_storage_trace *trace, lmc_storage_trace_op op,
+                             const lmc_object_key *keys, const lmc_lease *leases, size_t n)
+{
+    lmc_object_key stack[64], *picked = stack;
     size_t count = 0;
     for (size_t i = 0; i < n; i++)
-        count += leases[i].kind == LMC_LEASE_WRITE;
+        count += given_back_as(&leases[i]) == op;
     if (count == 0)
         return;
-    if (count > sizeof stack / sizeof stack[0] && !(aborted = malloc(count * sizeof *aborted)))
+    if (count > sizeof stack / sizeof stack[0] && !(picked = malloc(count * sizeof *picked)))
         return;
     count = 0;
     for (size_t i = 0; i < n; i++)
-        if (leases[i].kind == LMC_LEASE_WRITE)
-            aborted[count++] = keys[i];
-    lmc_storage_trace_record(trace, LMC_STORAGE_TRACE_ABORT_WRITE, aborted, count, 0);
-    if (aborted != stack)
-        free(aborted);
+        if (given_back_as(&leases[i]) == op)
+            picked[count++] = keys[i];
+    lmc_storage_trace_record(trace, op, picked, count, 0);
+    if (picked != stack)
+        free(picked);
 }
 
 void lmc_storage_manager_give_back(lmc_storage_manager *sm, const lmc_object_key *keys,
                                    lmc_lease *leases, size_t n)
 {
-    if (sm->trace)
-        trace_aborted_writes(sm->trace, keys, leases, n);
+    if (sm->trace) {
+        trace_given_back(sm->trace, LMC_STORAGE_TRACE_ABORT_WRITE, keys, leases, n);
+        trace_given_back(sm->trace, LMC_STORAGE_TRACE_FINISH_READ_PREFETCHED, keys, leases, n);
+        trace_given_back(sm->trace, LMC_STORAGE_TRACE_READ_PREFETCHED_EXIT, keys, leases, n);
+    }
     lmc_l1_manager_give_back(sm->l1, keys, leases, n);
 }
 

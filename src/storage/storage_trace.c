@@ -246,6 +246,73 @@ static void start_record(frame_buf *f, msgpack_packer *pk, uint8_t *buf, size_t 
     pack_cstr(pk, "args");
 }
 
+static bool same_but_hash(const lmc_object_key *a, const lmc_object_key *b)
+{
+    return a->model_name == b->model_name && a->cache_salt == b->cache_salt &&
+           a->kv_rank == b->kv_rank && a->object_group_id == b->object_group_id &&
+           a->chunk_hash_len == b->chunk_hash_len;
+}
+
+/* The keys of one call differ, mostly, in their hash alone (one request's
+ * chunks): such a key's bytes are the previous key's with its own hash,
+ * copied rather than packed field by field, which kept a LOOKUP of 128
+ * chunks within its budget (BENCHMARKS.md, "Storage trace").  Interned
+ * strings: equal names share a pointer (storage/object_key.h). */
+static void pack_keys(msgpack_packer *pk, const lmc_object_key *keys, size_t n)
+{
+    frame_buf *f = pk->data;
+    size_t start = 0, len = 0, hash_at = 0;
+    for (size_t i = 0; i < n; i++) {
+        const lmc_object_key *k = &keys[i];
+        if (i == 0 || !same_but_hash(k, &keys[i - 1])) {
+            start = f->len;
+            pack_object_key(pk, k);
+            len = f->len - start;
+            /* the tag's map, "__t__", "ObjectKey", "v", the key's map,
+             * "chunk_hash" and the bin's header come before the hash */
+            uint32_t h = k->chunk_hash_len;
+            hash_at = 1 + 6 + 10 + 2 + 1 + 11 + (h < 256 ? 2 : h < 65536 ? 3 : 5);
+            continue;
+        }
+        if (start + len <= f->cap && f->len + len <= f->cap) {
+            memcpy(f->buf + f->len, f->buf + start, len);
+            memcpy(f->buf + f->len + hash_at, k->chunk_hash, k->chunk_hash_len);
+            start = f->len;
+        }
+        f->len += len;
+    }
+}
+
+/* The args each method is recorded with: upstream's parameter names with
+ * their defaults applied (docs/trace.md, "What is recorded").  keys come
+ * first in every one. */
+static void pack_args(msgpack_packer *pk, lmc_storage_trace_op op, const lmc_object_key *keys,
+                      size_t n, uint64_t object_size)
+{
+    bool submit = op == LMC_STORAGE_TRACE_SUBMIT_PREFETCH_TASK;
+    bool layout = submit || op == LMC_STORAGE_TRACE_RESERVE_WRITE;
+    bool extra = submit || op == LMC_STORAGE_TRACE_FINISH_READ_PREFETCHED;
+    msgpack_pack_map(pk, 1 + layout + extra + 2 * submit);
+    pack_cstr(pk, "keys");
+    msgpack_pack_array(pk, n);
+    pack_keys(pk, keys, n);
+    if (layout) {
+        pack_cstr(pk, "layout_desc");
+        pack_layout(pk, object_size);
+    }
+    if (extra) {
+        pack_cstr(pk, "extra_count");
+        msgpack_pack_int(pk, 0);
+    }
+    if (submit) {
+        pack_cstr(pk, "external_request_id");
+        pack_cstr(pk, "");
+        pack_cstr(pk, "policy");
+        pack_tagged(pk, "TrimPolicy");
+        pack_cstr(pk, "PREFIX");
+    }
+}
+
 size_t lmc_storage_trace_encode_record(uint8_t *buf, size_t cap, double t_mono, double t_wall,
                                        lmc_storage_trace_op op, const lmc_object_key *keys,
                                        size_t n, uint64_t object_size)
@@ -253,16 +320,7 @@ size_t lmc_storage_trace_encode_record(uint8_t *buf, size_t cap, double t_mono, 
     frame_buf f;
     msgpack_packer pk;
     start_record(&f, &pk, buf, cap, t_mono, t_wall, op_method(op));
-    bool layout = op == LMC_STORAGE_TRACE_RESERVE_WRITE;
-    msgpack_pack_map(&pk, layout ? 2 : 1);
-    pack_cstr(&pk, "keys");
-    msgpack_pack_array(&pk, n);
-    for (size_t i = 0; i < n; i++)
-        pack_object_key(&pk, &keys[i]);
-    if (layout) {
-        pack_cstr(&pk, "layout_desc");
-        pack_layout(&pk, object_size);
-    }
+    pack_args(&pk, op, keys, n, object_size);
     return finish_frame(&f);
 }
 
@@ -332,10 +390,11 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
+/* Queues the frame, or drops and counts it (ring full, or no frame). */
 static void enqueue(lmc_storage_trace *t, const uint8_t *frame, size_t len)
 {
     pthread_mutex_lock(&t->mu);
-    if (t->stop || len > t->cap - t->used) {
+    if (!frame || t->stop || len > t->cap - t->used) {
         t->stats.records_dropped++;
         pthread_mutex_unlock(&t->mu);
         return;
@@ -358,13 +417,7 @@ static void enqueue(lmc_storage_trace *t, const uint8_t *frame, size_t len)
 /* buf NULL: its allocation failed.  A frame over 4 GiB has no prefix. */
 static void enqueue_or_drop(lmc_storage_trace *t, const uint8_t *buf, size_t len)
 {
-    if (buf && len - 4 <= UINT32_MAX) {
-        enqueue(t, buf, len);
-        return;
-    }
-    pthread_mutex_lock(&t->mu);
-    t->stats.records_dropped++;
-    pthread_mutex_unlock(&t->mu);
+    enqueue(t, buf && len - 4 <= UINT32_MAX ? buf : NULL, len);
 }
 
 void lmc_storage_trace_record(lmc_storage_trace *t, lmc_storage_trace_op op,
@@ -446,6 +499,12 @@ lmc_storage_trace *lmc_storage_trace_open_meta(const char *path, const char *lev
         goto fail_alloc;
     }
     t->level_meta = json_incref(level_meta);
+    /* Touched now, a byte per page (a memset of zeros after malloc may
+     * become a calloc that touches nothing): the start pays the page
+     * faults of the ring's first fill, 8 per LOOKUP of 128 chunks,
+     * instead of the requests (BENCHMARKS.md, "Storage trace"). */
+    for (size_t i = 0; i < t->cap; i += 4096)
+        ((volatile uint8_t *)t->ring)[i] = 0;
     t->t_mono_start = clock_seconds(CLOCK_MONOTONIC);
     /* 0600: model names and chunk hashes are the operator's (docs/trace.md). */
     t->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);

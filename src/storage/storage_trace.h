@@ -60,8 +60,9 @@ lmc_storage_trace *lmc_storage_trace_open_meta(const char *path, const char *lev
 /* Writes what the ring holds, syncs and closes the file.  NULL: no-op. */
 void lmc_storage_trace_close(lmc_storage_trace *t);
 
-/* Records one call.  object_size: reserve_write's layout (ignored
- * otherwise).  Never blocks on the file; drops and counts when full. */
+/* Records one call.  object_size: the layout of reserve_write and
+ * submit_prefetch_task (ignored otherwise).  Never blocks on the file;
+ * drops and counts when full. */
 void lmc_storage_trace_record(lmc_storage_trace *t, lmc_storage_trace_op op,
                               const lmc_object_key *keys, size_t n, uint64_t object_size);
 

@@ -64,6 +64,7 @@ ROUTES = [
     ("POST", "/api/kv/store", b"\0" * 64, KV_HEADERS, "token"),
     ("POST", "/api/kv/retrieve", KV_JSON, None, "token"),
     ("POST", "/api/kv/lookup", KV_JSON, None, "token"),
+    ("POST", "/api/trace/replay", b"", {"Content-Type": "application/octet-stream"}, "token"),
     ("GET", "/reconfigure/l1", None, None, "token"),
     ("POST", "/reconfigure/l1", {}, None, "token"),
 ]

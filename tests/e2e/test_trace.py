@@ -15,7 +15,8 @@ import msgpack
 import pytest
 
 from lmc.client import unpack
-from lmc.ops import UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT
+from lmc.keys import ipc_key
+from lmc.ops import FREE_LOOKUP_LOCKS, UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT
 from lmc.server import ROOT, free_port, run_lmcached
 from test_kv_events import SEED, chunk_hashes
 from test_lookup_engine_driven import CS, OBJ, Worker, lookup, prompt
@@ -75,6 +76,13 @@ def store_and_retrieve(srv):
     return toks
 
 
+# What store_and_retrieve records: the STORE's reserve and publish, the
+# LOOKUP's read leases, the RETRIEVE's copy out and its give-back
+# (docs/trace.md, "What is recorded").
+STORE_AND_RETRIEVE = [".reserve_write", ".finish_write", ".submit_prefetch_task",
+                      ".read_prefetched_results.__enter__", ".read_prefetched_results.__exit__"]
+
+
 def test_a_store_is_recorded_in_upstreams_format(start_server, tmp_path):
     srv, out = traced(start_server, tmp_path)
     toks = store_and_retrieve(srv)
@@ -90,7 +98,7 @@ def test_a_store_is_recorded_in_upstreams_format(start_server, tmp_path):
     assert "l1_size_gb" in json.loads(cfg)
     assert isinstance(header["t_mono_start"], float) and header["t_wall_start"] > 1.7e9
     names = [r["qualname"] for r in records]
-    assert names == [PREFIX + ".reserve_write", PREFIX + ".finish_write"], names
+    assert names == [PREFIX + m for m in STORE_AND_RETRIEVE], names
     want = chunk_hashes(toks)
     for r in records:
         assert r["type"] == "record" and 0 <= r["t_mono"] < 600
@@ -99,10 +107,14 @@ def test_a_store_is_recorded_in_upstreams_format(start_server, tmp_path):
         assert [k["v"]["chunk_hash"] for k in keys] == want
         assert {k["v"]["model_name"] for k in keys} == {"m"}
         assert {k["v"]["cache_salt"] for k in keys} == {""}
-    layout = records[0]["args"]["layout_desc"]
-    assert layout == {"__t__": "MemoryLayoutDesc",
-                      "v": {"shapes": [[OBJ]], "dtypes": ["torch.uint8"]}}
-    assert records[0]["t_mono"] <= records[1]["t_mono"]
+    layout = {"__t__": "MemoryLayoutDesc", "v": {"shapes": [[OBJ]], "dtypes": ["torch.uint8"]}}
+    assert records[0]["args"] == {"keys": records[0]["args"]["keys"], "layout_desc": layout}
+    # The LOOKUP: upstream's submit_prefetch_task with its defaults applied.
+    assert records[2]["args"] == {"keys": records[2]["args"]["keys"], "layout_desc": layout,
+                                  "extra_count": 0, "external_request_id": "",
+                                  "policy": {"__t__": "TrimPolicy", "v": "PREFIX"}}
+    assert [sorted(r["args"]) for r in records[3:]] == [["keys"], ["keys"]]
+    assert [r["t_mono"] for r in records] == sorted(r["t_mono"] for r in records)
     assert st["records_dropped"] == 0
 
 
@@ -111,14 +123,15 @@ def test_status_and_metrics_count_what_was_written(start_server, tmp_path):
     store_and_retrieve(srv)
     # The writer thread drains within its poll interval (docs/trace.md).
     deadline = time.monotonic() + 10
-    while status(srv)["trace"]["records_written"] < 2 and time.monotonic() < deadline:
+    n = len(STORE_AND_RETRIEVE)
+    while status(srv)["trace"]["records_written"] < n and time.monotonic() < deadline:
         time.sleep(0.05)
     st = status(srv)["trace"]
-    assert st["records_written"] == 2 and st["records_dropped"] == 0
+    assert st["records_written"] == n and st["records_dropped"] == 0
     assert st["bytes_written"] == out.stat().st_size
     with urllib.request.urlopen(f"http://127.0.0.1:{srv.http_port}/metrics", timeout=10) as r:
         text = r.read().decode()
-    assert "lmcache_mp_trace_records_written_total 2" in text
+    assert f"lmcache_mp_trace_records_written_total {n}" in text
     assert "lmcache_mp_trace_records_dropped_total 0" in text
     assert f"lmcache_mp_trace_bytes_written_total {st['bytes_written']}" in text
 
@@ -186,8 +199,8 @@ def test_upstreams_decoders_read_the_file(start_server, tmp_path):
     got = json.loads(r.stdout)
     assert got["magic"] == "LMCT" and got["format_version"] == 1 and got["schema"] == 2
     want = [h.hex() for h in chunk_hashes(toks)]
-    assert got["records"] == [{"qualname": PREFIX + ".reserve_write", "hashes": want},
-                              {"qualname": PREFIX + ".finish_write", "hashes": want}]
+    assert got["records"] == [{"qualname": PREFIX + m, "hashes": want}
+                              for m in STORE_AND_RETRIEVE]
 
 
 def test_a_trace_cut_short_ends_in_an_incomplete_frame(start_server, tmp_path):
@@ -225,6 +238,35 @@ def test_default_output_is_under_tmpdir(start_server, tmp_path):
     assert len(stamp) == 15 and stamp[8] == "-" and stamp.replace("-", "").isdigit(), stamp
     assert status(srv)["trace"]["output"] == str(made[0])
     assert (made[0].stat().st_mode & 0o777) == 0o600
+
+
+def test_freed_lookup_locks_are_recorded(start_server, tmp_path):
+    """A LOOKUP nobody retrieves, its read locks freed by FREE_LOOKUP_LOCKS:
+    submit_prefetch_task, then finish_read_prefetched of the freed keys,
+    which upstream's decoders read as well."""
+    srv, out = traced(start_server, tmp_path)
+    toks = prompt(7)
+    w = Worker(srv, 3003, 0, world_size=1)
+    w.store(toks, 0, 64)
+    w.close()
+    sched = srv.dealer()
+    assert lookup(sched, toks, "r2", world_size=1) == 4
+    assert sched.call(FREE_LOOKUP_LOCKS, ipc_key(toks, 0, 32, "r2"), 1) is not None
+    sched.close()
+    assert srv.stop() == 0
+    _, records = decode(out.read_bytes())
+    names = [r["qualname"].rsplit(".", 1)[1] for r in records]
+    assert names == ["reserve_write", "finish_write", "submit_prefetch_task",
+                     "finish_read_prefetched"], names
+    freed = records[3]["args"]
+    assert [k["v"]["chunk_hash"] for k in freed["keys"]] == chunk_hashes(toks)[:2]
+    assert freed["extra_count"] == 0 and sorted(freed) == ["extra_count", "keys"]
+    if os.path.exists(UPSTREAM_PYTHON):
+        r = subprocess.run([UPSTREAM_PYTHON, "-c", UPSTREAM_READ, str(out)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert [x["qualname"] for x in json.loads(r.stdout)["records"]][3] == \
+            PREFIX + ".finish_read_prefetched"
 
 
 def test_output_without_level_records_nothing_and_says_so(start_server, tmp_path):

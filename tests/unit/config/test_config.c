@@ -173,6 +173,7 @@ static void assert_obs_defaults(const lmc_obs_config *o)
     assert_true(o->extra_logging_interval == 10.0);
     assert_null(o->trace_level);
     assert_null(o->trace_output);
+    assert_false(o->allow_trace_replay);
 }
 
 static void test_defaults_parse(void **state)
@@ -256,7 +257,7 @@ static const char *const all_args[] = {
     "1000", "--lookup-hash-log-max-files", "3", "--enable-gc-monitor",
     "--gc-monitor-min-pause-ms", "2.5", "--gc-monitor-top-objects", "5",
     "--enable-extra-logging", "--extra-logging-interval", "2", "--trace-level", "events",
-    "--trace-output", "/tmp/t.bin", NULL};
+    "--trace-output", "/tmp/t.bin", "--allow-trace-replay", NULL};
 
 static void assert_all_mp(const lmc_config *c)
 {
@@ -367,6 +368,7 @@ static void assert_all_obs(const lmc_obs_config *o)
     assert_true(o->extra_logging_interval == 2.0);
     assert_string_equal(o->trace_level, "events");
     assert_string_equal(o->trace_output, "/tmp/t.bin");
+    assert_true(o->allow_trace_replay);
 }
 
 static void test_every_flag_parses(void **state)
