@@ -400,7 +400,8 @@ static const lmc_config_flag flags[] = {
      GT0_FINITE, .help = "Seconds between extra-logging lines."},
     {.name = "trace-level", .group = LMC_FG_OBS, .kind = LMC_FK_NSTR, AT(obs.trace_level),
      .choices = trace_choices, .json_name = "trace_level",
-     .help = "Record a replayable binary trace at this level."},
+     .help = "Record a replayable binary trace at this level: 'storage' the storage "
+             "manager's calls, 'events' the cache-event stream (docs/trace.md)."},
     {.name = "trace-output", .group = LMC_FG_OBS, .kind = LMC_FK_NSTR,
      AT(obs.trace_output), .json_name = "trace_output",
      .help = "Trace file path (unset = timestamped file under $TMPDIR)."},

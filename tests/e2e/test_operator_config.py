@@ -157,9 +157,12 @@ def test_help_fits_a_terminal_and_says_which_flags_are_refused():
             blocks[flag] = ""
         elif line.startswith("        ") and blocks:
             blocks[flag] += " " + line.strip()
-    for flag in ("--enable-segmented-prefix", "--trace-level",
+    for flag in ("--enable-segmented-prefix",
                  "--enable-extra-logging", "--script-allowed-imports"):
         assert "refused at start" in blocks[flag], (flag, blocks[flag])
+    # Both trace levels are built (docs/trace.md).
+    assert "refused" not in blocks["--trace-level"], blocks["--trace-level"]
+    assert "'events' the cache-event stream" in blocks["--trace-level"], blocks["--trace-level"]
     assert "'blend' and 'blend_legacy' (CacheBlend) are refused at start" in \
         blocks["--engine-type"]
     notifier = blocks["--periodic-notifier-interval-ms"]
