@@ -32,6 +32,7 @@ typedef struct lmc_engine_group_info {
                                    * for each engine (manager) block */
     bool has_null_block;          /* false: null_block_id was None */
     int64_t null_block_id;        /* 0 unless the info names another */
+    bool recurrent_state;         /* Mamba/GDN state snapshots, not attention KV */
 } lmc_engine_group_info;
 
 typedef enum lmc_engine_type {
@@ -70,6 +71,8 @@ typedef struct lmc_kv_kernel_group {
     int64_t null_block_id;        /* an engine block id: a physical id is null
                                    * when floor(id / physical_per_engine)
                                    * equals it */
+    bool recurrent_state;         /* state snapshots: an object group of its own
+                                   * whose window is the last chunk */
     uint32_t object_group;
     uint64_t entry_offset;        /* bytes into its object group's object */
     uint64_t entry_bytes;         /* kv_size * nl * slots * nh * hs * element_size */
