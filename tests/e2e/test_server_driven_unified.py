@@ -187,6 +187,31 @@ def test_hybrid_without_a_state_checkpoint_falls_back(start_server):
     w.close()
 
 
+def test_a_local_hit_inside_a_chunk_is_skipped(start_server):
+    """The connector's RETRIEVE after a local hit of 20 tokens: the range
+    starts at chunk 1, attention lists lead with null ids for the 4 tokens
+    the engine has (skip_first_n_tokens 4), the state list is not padded.
+    The skipped block and every block outside the window stay as they
+    were."""
+    s = start_server("--chunk-size", str(CS))
+    groups, store, _, _ = model("hybrid", "sk")
+    w = Worker(s, 650, groups)
+    toks = prompt(13)
+    assert w.store(toks, store, "st") == [ZEROS, True]
+    assert lmc_lookup(s, toks, "r", cs=CS, model="u") == 3
+    full, swa, st = groups
+    load = [[0] + list(range(20, 27)), [0] + list(range(20, 27)), [6, 7]]
+    before = [g.snapshot() for g in groups]
+    key = w.key(toks, CS, 3 * CS, "r")
+    assert unpack(w.d.call(RETRIEVE, key, w.id, load, ZEROS, 4)) == [ZEROS, True]
+    pairs = [(full, list(range(20, 27)), list(range(6, 13))), (swa, [25, 26], [7, 8]),
+             (st, [7], [4])]
+    for (g, dst, src), old in zip(pairs, before):
+        assert [g.object_bytes([b]) for b in dst] == [g.object_bytes([b]) for b in src]
+        assert_only_written(g, old, set(dst))
+    w.close()
+
+
 def refused(srv, instance, groups, reason, hints=UNIFIED, infos_=None):
     d = srv.dealer()
     frames = d.call(REGISTER_KV_CACHE, instance, handles(groups), "u", 1, "sglang", hints,
