@@ -68,11 +68,13 @@ typedef struct lmc_kv_kernel_group {
     uint32_t keep_blocks;         /* the last ones a chunk stores (sub-chunk window) */
     uint32_t slots;               /* stored slots per chunk: keep_blocks * bs */
     bool has_null_block;
+    bool recurrent_state;         /* state snapshots: an object group of its own
+                                   * whose window is the last chunk (in the padding
+                                   * before null_block_id: the CUDA library's
+                                   * layout of this struct is unchanged) */
     int64_t null_block_id;        /* an engine block id: a physical id is null
                                    * when floor(id / physical_per_engine)
                                    * equals it */
-    bool recurrent_state;         /* state snapshots: an object group of its own
-                                   * whose window is the last chunk */
     uint32_t object_group;
     uint64_t entry_offset;        /* bytes into its object group's object */
     uint64_t entry_bytes;         /* kv_size * nl * slots * nh * hs * element_size */
