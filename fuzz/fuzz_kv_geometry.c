@@ -145,6 +145,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
         info.tokens_per_block = number(&r);
         info.sw_size_tokens = number(&r);
         info.physical_per_engine = number(&r);
+        info.recurrent_state = engine & 0x10;   /* SGLang unified state groups */
         o.infos = &info;
         o.n_infos = 1;
     }

@@ -18,7 +18,9 @@
 
 #include "kv/kv_plan.h"
 
-#define LMC_CUDA_ABI_VERSION 3
+/* 4: format NL_X_NB_BS_NH_HS (SGLang unified), whose offsets a library
+ * of ABI 3 would not know. */
+#define LMC_CUDA_ABI_VERSION 4
 #define LMC_CUDA_LIB_NAME "liblmcached_cuda.so"
 #define LMC_CUDA_ENTRY "lmc_cuda_transfer_ops"   /* const lmc_cuda_ops *(void) */
 #define LMC_CUDA_EVENT_HANDLE_BYTES 64

@@ -12,6 +12,7 @@ static bool token_major(lmc_kv_format f)
     case LMC_KV_NL_X_NB_TWO_BS_NH_HS:
     case LMC_KV_NL_X_NB_BS_HS:
     case LMC_KV_NL_X_NB_BS_NH_TWO_HS:
+    case LMC_KV_NL_X_NB_BS_NH_HS:
     case LMC_KV_TWO_X_NL_X_NB_BS_NH_HS:
         return true;
     default:

@@ -12,7 +12,7 @@ const char *lmc_kv_format_name(lmc_kv_format f)
         "NB_NL_TWO_BS_NH_HS", "NL_X_TWO_NB_BS_NH_HS", "NL_X_TWO_NB_NH_BS_HS",
         "NL_X_NB_TWO_BS_NH_HS", "NL_X_NB_TWO_NH_BS_HS", "NL_X_NB_BS_HS",
         "NL_X_NB_BS_NH_TWO_HS", "NL_X_NB_NH_BS_TWO_HS", "NB_NL_TWO_NH_BS_HS",
-        "TWO_X_NL_X_NB_BS_NH_HS",
+        "TWO_X_NL_X_NB_BS_NH_HS", "NL_X_NB_BS_NH_HS",
     };
     return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "unknown";
 }
@@ -173,7 +173,7 @@ int lmc_kv_detect_sglang(const lmc_shared_tensor *t, size_t n, const lmc_kv_hint
     if (n == 0 || n > UINT32_MAX)
         return lmc_err(err, errlen, "no tensors registered");
     if (h->kv_list_layout == LMC_KV_LIST_UNIFIED)
-        return lmc_err(err, errlen, "SGLang's kv_list_layout \"unified\" is not supported yet");
+        return lmc_kv_detect_unified(t, n, false, out, err, errlen);
     const int64_t *s = t->shape;
     int64_t tpb = h->tokens_per_block;
     if (t->ndim != 3)
@@ -196,6 +196,27 @@ int lmc_kv_detect_sglang(const lmc_shared_tensor *t, size_t n, const lmc_kv_hint
         return lmc_err(err, errlen, "SGLang tensors with %lld heads need kv_list_layout \"k_v\"",
                        (long long)s[1]);
     }
+    return finish(t, n, out, false, err, errlen);
+}
+
+int lmc_kv_detect_unified(const lmc_shared_tensor *t, size_t n, bool recurrent,
+                          lmc_kv_geometry *out, char *err, size_t errlen)
+{
+    if (n == 0 || n > UINT32_MAX)
+        return lmc_err(err, errlen, "no tensors registered");
+    const int64_t *s = t->shape;
+    if (recurrent && (t->ndim != 4 || s[1] != 1 || s[2] != 1))
+        return lmc_err(err, errlen, "a recurrent_state group's tensors must be opaque state "
+                                    "views [blocks, 1, 1, elements]; got %u dimensions%s",
+                       t->ndim, t->ndim == 4 ? " with slots or heads above 1" : "");
+    if (t->ndim == 4)          /* attention, or opaque state: one slot, one "head" */
+        *out = geometry(LMC_KV_NL_X_NB_BS_NH_HS, 1, n, s[0], s[1], s[2], s[3]);
+    else if (t->ndim == 3)     /* MLA: latent + rope per slot */
+        *out = geometry(LMC_KV_NL_X_NB_BS_HS, 1, n, s[0], s[1], 1, s[2]);
+    else
+        return lmc_err(err, errlen, "kv_list_layout \"unified\" tensors are [blocks, slots, "
+                                    "heads, head size], [blocks, slots, head size] or "
+                                    "[blocks, 1, 1, elements]; got %u dimensions", t->ndim);
     return finish(t, n, out, false, err, errlen);
 }
 

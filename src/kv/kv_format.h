@@ -32,6 +32,8 @@ typedef enum lmc_kv_format {
     LMC_KV_NB_NL_TWO_NH_BS_HS,       /* TRT-LLM cross-layer: one [NB, NL, 2, NH, BS, HS] */
     LMC_KV_TWO_X_NL_X_NB_BS_NH_HS,   /* SGLang: NL K tensors, then NL V tensors,
                                       * each [NB, BS, NH, HS] (registered [NB*BS, NH, HS]) */
+    LMC_KV_NL_X_NB_BS_NH_HS,         /* SGLang unified: every K, V or state tensor its own
+                                      * single-plane [NB, BS, NH, HS] "layer" */
 } lmc_kv_format;
 
 /* Whether one tensor holds every layer (the offsets then take the layer),
@@ -81,10 +83,18 @@ typedef struct lmc_kv_hints {
 
 /* SGLang: K tensors then V tensors [NB*BS, NH, HS] (kv_list_layout "k_v",
  * or older adapters' lists with NH > 1), split into blocks of
- * tokens_per_block; or MLA layers [NB*BS, 1, HS].  Same contract as the
- * vLLM detector. */
+ * tokens_per_block; or MLA layers [NB*BS, 1, HS]; kv_list_layout
+ * "unified" goes to lmc_kv_detect_unified (no state).  Same contract as
+ * the vLLM detector. */
 int lmc_kv_detect_sglang(const lmc_shared_tensor *tensors, size_t n, const lmc_kv_hints *h,
                          lmc_kv_geometry *out, char *err, size_t errlen);
+/* SGLang's kv_list_layout "unified" (docs/protocol.md, "SGLang unified
+ * layout"): `n` tensors of one kernel group, each its own block view:
+ * attention [NB, BS, NH, HS], MLA [NB, BS, HS], or, for a group whose
+ * EngineGroupInfo says recurrent_state, opaque state [NB, 1, 1, E].  Same
+ * contract as the vLLM detector. */
+int lmc_kv_detect_unified(const lmc_shared_tensor *tensors, size_t n, bool recurrent,
+                          lmc_kv_geometry *out, char *err, size_t errlen);
 /* TRT-LLM: one pool, [NB, NL, 2, NH*BS*HS] with the num_kv_heads,
  * tokens_per_block and head_dim hints, or already [NB, NL, 2, NH, BS, HS]. */
 int lmc_kv_detect_trtllm(const lmc_shared_tensor *tensors, size_t n, const lmc_kv_hints *h,
@@ -117,6 +127,7 @@ LMC_KV_INLINE uint64_t lmc_kv_paged_offset(const lmc_kv_geometry *g, uint32_t kv
     case LMC_KV_NB_NL_TWO_NH_BS_HS:
         return (((b * g->nl + layer) * 2 + kv) * nh + h) * bs * hs + s * hs + e;
     case LMC_KV_TWO_X_NL_X_NB_BS_NH_HS:
+    case LMC_KV_NL_X_NB_BS_NH_HS:
         return (b * bs + s) * nh * hs + h * hs + e;
     }
     return 0;

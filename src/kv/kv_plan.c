@@ -40,6 +40,13 @@ typedef struct {
     const lmc_engine_group_info *info;   /* NULL without infos */
 } draft;
 
+/* SGLang's unified layout: every tensor its own block view, grouped by
+ * EngineGroupInfo like vLLM's per-layer lists (docs/protocol.md). */
+static bool unified(const lmc_kv_plan_options *o)
+{
+    return o->engine == LMC_ENGINE_SGLANG && o->hints.kv_list_layout == LMC_KV_LIST_UNIFIED;
+}
+
 static int detect(const lmc_shared_tensor *tensors, const draft *d,
                   const lmc_kv_plan_options *o, lmc_kv_geometry *g, char *err, size_t errlen)
 {
@@ -48,7 +55,9 @@ static int detect(const lmc_shared_tensor *tensors, const draft *d,
         return -2;
     for (uint32_t i = 0; i < d->n; i++)
         subset[i] = tensors[d->layers[i]];
-    int rc = o->engine == LMC_ENGINE_SGLANG
+    bool recurrent = d->info && d->info->recurrent_state;
+    int rc = unified(o) ? lmc_kv_detect_unified(subset, d->n, recurrent, g, err, errlen)
+             : o->engine == LMC_ENGINE_SGLANG
                  ? lmc_kv_detect_sglang(subset, d->n, &o->hints, g, err, errlen)
              : o->engine == LMC_ENGINE_TRTLLM
                  ? lmc_kv_detect_trtllm(subset, d->n, &o->hints, g, err, errlen)
@@ -137,6 +146,13 @@ static int make_group(const lmc_shared_tensor *tensors, const draft *d,
     g->sw_size_tokens = i && i->sw_size_tokens > 0 ? i->sw_size_tokens : -1;
     g->has_null_block = i ? i->has_null_block : true;
     g->null_block_id = i ? i->null_block_id : 0;
+    g->recurrent_state = i && i->recurrent_state;
+    /* A state snapshot has no window: only the last chunk's is restored. */
+    if (g->recurrent_state && g->sw_size_tokens > 0)
+        return lmc_err(err, errlen, "kernel group of layer %u: recurrent_state and "
+                                    "sw_size_tokens %lld exclude each other (state has no "
+                                    "sliding window; send -1)", g->tensors[0],
+                       (long long)g->sw_size_tokens);
     return shape_group(g, o->chunk_size, err, errlen);
 }
 
@@ -202,6 +218,8 @@ static int drafts_by_info(const lmc_shared_tensor *t, size_t n, const lmc_kv_pla
     return rc;
 }
 
+#define RECURRENT_BUCKET (-2)   /* -1 is full attention, > 0 a window in chunks */
+
 /* Buckets kernel groups into object groups and lays their entries out. */
 static int object_groups(lmc_kv_plan *p, const lmc_kv_plan_options *o, char *err, size_t errlen)
 {
@@ -213,6 +231,14 @@ static int object_groups(lmc_kv_plan *p, const lmc_kv_plan_options *o, char *err
         bucket_of[k] = !o->separate_object_groups || sw <= 0
                            ? -1
                            : (sw + o->chunk_size - 1) / o->chunk_size;
+        /* State is checkpointed at some chunks only (the others send null
+         * blocks), so it cannot share objects with attention, which every
+         * chunk has; its window is one chunk, the last (docs/protocol.md). */
+        if (g->recurrent_state && !o->separate_object_groups)
+            return lmc_err(err, errlen, "kernel group of layer %u has recurrent_state, which "
+                                        "needs --separate-object-groups", g->tensors[0]);
+        if (g->recurrent_state)
+            bucket_of[k] = RECURRENT_BUCKET;
         uint32_t og = 0;
         while (og < p->n_og && bucket_of[p->og[og].members[0]] != bucket_of[k])
             og++;
@@ -220,8 +246,9 @@ static int object_groups(lmc_kv_plan *p, const lmc_kv_plan_options *o, char *err
             if (p->n_og == LMC_KV_MAX_OBJECT_GROUPS)
                 return lmc_err(err, errlen, "more than %d object groups",
                                LMC_KV_MAX_OBJECT_GROUPS);
+            int64_t w = bucket_of[k] == RECURRENT_BUCKET ? 1 : bucket_of[k];
             p->og[p->n_og++] = (lmc_kv_object_group){
-                .chunks_in_sw = (int32_t)(bucket_of[k] > INT32_MAX ? INT32_MAX : bucket_of[k])};
+                .chunks_in_sw = (int32_t)(w > INT32_MAX ? INT32_MAX : w)};
         }
         lmc_kv_object_group *dst = &p->og[og];
         p->kg[k].object_group = og;
@@ -250,16 +277,18 @@ int lmc_kv_plan_build(const lmc_shared_tensor *t, size_t n, const lmc_kv_plan_op
     uint32_t n_d = 0, *pool = malloc(n * sizeof *pool);
     if (!pool)
         return -2;
-    /* A cross-layer tensor is every layer at once, and SGLang's and
-     * TRT-LLM's lists are one structure: their one info (if any) describes
-     * them, whatever layer indices it lists. */
-    bool whole = (n == 1 && t[0].ndim == 6) || o->engine != LMC_ENGINE_VLLM;
+    /* A cross-layer tensor is every layer at once, and SGLang's K/V or
+     * MLA lists and TRT-LLM's pool are one structure: their one info (if
+     * any) describes them, whatever layer indices it lists.  SGLang's
+     * unified views are per layer, as vLLM's. */
+    bool per_layer = o->engine == LMC_ENGINE_VLLM || unified(o);
+    bool whole = (n == 1 && t[0].ndim == 6) || !per_layer;
     if (whole && o->n_infos > 1) {
         free(pool);
         return lmc_err(err, errlen, "this registration takes at most one engine group info");
     }
     int rc = 0;
-    if (o->engine != LMC_ENGINE_VLLM) {
+    if (!per_layer) {
         for (uint32_t i = 0; i < n; i++)
             pool[i] = i;
         d[0] = (draft){.layers = pool, .n = (uint32_t)n};

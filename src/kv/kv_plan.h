@@ -32,6 +32,7 @@ typedef struct lmc_engine_group_info {
                                    * for each engine (manager) block */
     bool has_null_block;          /* false: null_block_id was None */
     int64_t null_block_id;        /* 0 unless the info names another */
+    bool recurrent_state;         /* Mamba/GDN state snapshots, not attention KV */
 } lmc_engine_group_info;
 
 typedef enum lmc_engine_type {
@@ -67,6 +68,10 @@ typedef struct lmc_kv_kernel_group {
     uint32_t keep_blocks;         /* the last ones a chunk stores (sub-chunk window) */
     uint32_t slots;               /* stored slots per chunk: keep_blocks * bs */
     bool has_null_block;
+    bool recurrent_state;         /* state snapshots: an object group of its own
+                                   * whose window is the last chunk (in the padding
+                                   * before null_block_id: the CUDA library's
+                                   * layout of this struct is unchanged) */
     int64_t null_block_id;        /* an engine block id: a physical id is null
                                    * when floor(id / physical_per_engine)
                                    * equals it */

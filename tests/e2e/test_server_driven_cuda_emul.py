@@ -347,3 +347,38 @@ def test_without_the_cuda_part_registration_is_refused(monkeypatch):
         g.close()
     finally:
         assert s.stop() == 0
+
+
+def test_sglang_unified_hybrid_through_the_stream(start_server):
+    """SGLang's unified layout as CudaIPCWrapper views (docs/protocol.md,
+    "SGLang unified layout"): full attention, a window and recurrent state
+    registered and copied by the CUDA path, byte for byte, nothing written
+    outside the blocks the RETRIEVE names."""
+    import test_server_driven_unified as u
+    s = start_server("--chunk-size", str(u.CS), env=server_env())
+    groups, store, load, writes = u.model("hybrid", "cuu")
+    d = s.dealer()
+    handles = [h for g in groups for h in cuda_handles(g)]
+    frames = d.call(REGISTER_KV_CACHE, 91, handles, "u", 1, "sglang", u.UNIFIED,
+                    u.infos(groups), timeout_ms=3000)
+    assert frames is not None and len(frames) == 2, s.output()
+    ukey = lambda toks, rid: u.ipc_key(toks, 0, len(toks), rid, model="u", worker_id=0)
+    toks = u.prompt(31)
+    _, ok = unpack(d.call(STORE, ukey(toks, "s"), 91, store, os.urandom(64)))
+    assert ok
+    assert until(lambda: u.lmc_lookup(d, toks, f"r{time.monotonic()}", cs=u.CS,
+                                      model="u") == 3)
+    assert u.lmc_lookup(d, toks, "r", cs=u.CS, model="u") == 3
+    before = [g.snapshot() for g in groups]
+    _, ok = unpack(d.call(RETRIEVE, ukey(toks, "r"), 91, load, b"", 0))
+    assert ok
+    assert until(lambda: copies_settled(s))
+    for g, src_ids, dst_ids, old, (chunks, keep) in zip(groups, store, load, before, writes):
+        src, dst = u.written(g, src_ids, chunks, keep), u.written(g, dst_ids, chunks, keep)
+        for c in chunks:
+            assert g.object_bytes(dst[c]) == g.object_bytes(src[c]), c
+        u.assert_only_written(g, old, {b for ids in dst.values() for b in ids})
+    assert len(d.call(UNREGISTER_KV_CACHE, 91)) == 2
+    d.close()
+    for g in groups:
+        g.close()

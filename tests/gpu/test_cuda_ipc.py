@@ -592,7 +592,7 @@ def dev_sync(torch):
 
 
 (F_CROSS, F_FA_NHD, F_FA_HND, F_FI_NHD, F_FI_HND, F_MLA, F_FUSED_NHD, F_FUSED_HND, F_TRT,
- F_SGLANG) = range(10)
+ F_SGLANG, F_UNIFIED) = range(11)
 
 
 class Geo(ctypes.Structure):
@@ -653,7 +653,7 @@ def load_plugin(path):
     entry = lib.lmc_cuda_transfer_ops
     entry.restype, entry.argtypes = ctypes.POINTER(CudaOps), []
     ops = entry().contents
-    check(ops.abi_version == 3, f"plugin ABI {ops.abi_version}, want 3")
+    check(ops.abi_version == 4, f"plugin ABI {ops.abi_version}, want 4")
     return lib, ops
 
 
@@ -671,7 +671,7 @@ class PGroup:
 
     def __init__(self, torch, fmt, nl, nb, bs, nh, hs, dtype, pad=0, misalign=0, seed=0):
         self.torch, self.fmt = torch, fmt
-        kv = 1 if fmt in (F_MLA, F_FUSED_NHD, F_FUSED_HND) else 2
+        kv = 1 if fmt in (F_MLA, F_FUSED_NHD, F_FUSED_HND, F_UNIFIED) else 2
         if fmt == F_MLA:
             nh = 1
         self.kv, self.nl, self.nb, self.bs, self.nh, self.hs = kv, nl, nb, bs, nh, hs
@@ -681,7 +681,8 @@ class PGroup:
                 F_FI_NHD: (nb, 2, bs, nh, hs), F_FI_HND: (nb, 2, nh, bs, hs),
                 F_MLA: (nb, bs, hs), F_FUSED_NHD: (nb, bs, nh, hs),
                 F_FUSED_HND: (nb, nh, bs, hs), F_CROSS: (nb, nl, 2, bs, nh, hs),
-                F_TRT: (nb, nl, 2, nh, bs, hs), F_SGLANG: (nb, bs, nh, hs)}[fmt]
+                F_TRT: (nb, nl, 2, nh, bs, hs), F_SGLANG: (nb, bs, nh, hs),
+                F_UNIFIED: (nb, bs, nh, hs)}[fmt]
         n_t = 1 if fmt in (F_CROSS, F_TRT) else (2 * nl if fmt == F_SGLANG else nl)
         self.block_stride = bs * hs + pad if fmt == F_MLA else bs * nh * hs
         g = torch.Generator(device=DEV)
@@ -719,7 +720,7 @@ class PGroup:
         t = ts[l]
         return {F_FA_NHD: lambda: t[kv], F_FA_HND: lambda: t[kv].permute(0, 2, 1, 3),
                 F_FI_NHD: lambda: t[:, kv], F_FI_HND: lambda: t[:, kv].permute(0, 2, 1, 3),
-                F_MLA: lambda: t.unsqueeze(2), F_FUSED_NHD: lambda: t,
+                F_MLA: lambda: t.unsqueeze(2), F_FUSED_NHD: lambda: t, F_UNIFIED: lambda: t,
                 F_FUSED_HND: lambda: t.permute(0, 2, 1, 3)}[f]()
 
     def entry(self, blocks):
@@ -877,6 +878,9 @@ def plugin_main(torch, args, uuid):
         ("cross+trt", [PGroup(torch, F_CROSS, 4, 24, 16, 2, 64, i16, seed=8),
                        PGroup(torch, F_TRT, 4, 24, 16, 2, 64, i16, seed=9)]),
         ("sglang_kv_lists", [PGroup(torch, F_SGLANG, 3, 24, 16, 2, 64, i16, seed=10)]),
+        # SGLang unified: K and V views as layers, then opaque fp32 state
+        ("sglang_unified+state", [PGroup(torch, F_UNIFIED, 4, 24, 16, 2, 64, i16, seed=16),
+                                  PGroup(torch, F_UNIFIED, 2, 24, 1, 1, 1000, i32, seed=17)]),
         ("many_heads_hnd", [PGroup(torch, F_FA_HND, 2, 24, 4, 40, 256, i16, seed=11)]),
         ("fp8_odd_rows+misaligned", [PGroup(torch, F_FA_NHD, 2, 24, 16, 3, 3, u8, seed=12),
                                      PGroup(torch, F_FA_NHD, 2, 24, 16, 2, 64, i16,

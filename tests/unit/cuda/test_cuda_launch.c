@@ -221,6 +221,9 @@ static const gcase CASES[] = {
     {"cross_nhd", LMC_KV_NB_NL_TWO_BS_NH_HS, 2, 4, 16, 2, 8, 2, 12, 4, 0, 0, 0},
     {"cross_hnd_trt", LMC_KV_NB_NL_TWO_NH_BS_HS, 2, 4, 16, 2, 8, 2, 12, 4, 0, 96, 0},
     {"sglang_kv_lists", LMC_KV_TWO_X_NL_X_NB_BS_NH_HS, 2, 3, 16, 2, 8, 2, 12, 4, 0, 0, 0},
+    /* SGLang unified: K and V views as layers; opaque fp32 state, one slot */
+    {"sglang_unified", LMC_KV_NL_X_NB_BS_NH_HS, 1, 4, 16, 2, 8, 2, 12, 4, 0, 0, 0},
+    {"sglang_unified_state", LMC_KV_NL_X_NB_BS_NH_HS, 1, 2, 1, 1, 1000, 4, 6, 1, 0, 24, 0},
     /* more heads than ty and more slots than tz: 512-byte rows, 32 lanes */
     {"many_heads_hnd", LMC_KV_NL_X_TWO_NB_NH_BS_HS, 2, 2, 4, 20, 256, 2, 6, 2, 0, 0, 0},
     {"many_heads_nhd", LMC_KV_NL_X_TWO_NB_BS_NH_HS, 2, 2, 64, 40, 64, 2, 5, 2, 0, 0, 0},

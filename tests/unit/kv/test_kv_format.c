@@ -37,7 +37,8 @@ typedef struct {
     int64_t shape[6];
     uint32_t ndim;
     bool hnd;
-    int engine;              /* 0 vLLM, 1 SGLang (tokens_per_block BS), 2 TRT-LLM */
+    int engine;              /* 0 vLLM, 1 SGLang (tokens_per_block BS), 2 TRT-LLM,
+                              * 3 SGLang unified */
 } case_t;
 
 static void indices(lmc_kv_format f, uint32_t kv, uint32_t l, uint32_t b, uint32_t s, uint32_t h,
@@ -55,6 +56,7 @@ static void indices(lmc_kv_format f, uint32_t kv, uint32_t l, uint32_t b, uint32
     case LMC_KV_NB_NL_TWO_NH_BS_HS: memcpy(idx, (int64_t[]){b, l, kv, h, s, e}, 48); break;
     /* registered [NB*BS, NH, HS]: the page index folds block and slot */
     case LMC_KV_TWO_X_NL_X_NB_BS_NH_HS: memcpy(idx, (int64_t[]){b * BS + s, h, e}, 24); break;
+    case LMC_KV_NL_X_NB_BS_NH_HS: memcpy(idx, (int64_t[]){b, s, h, e}, 32); break;
     }
 }
 
@@ -70,7 +72,9 @@ static void check_case(const case_t *c, int64_t row_pad)
     char err[256] = "";
     lmc_kv_hints hints = {.tokens_per_block = BS, .num_kv_heads = NH, .head_dim = HS,
                           .kv_list_layout = LMC_KV_LIST_K_V};
-    int rc = c->engine == 1   ? lmc_kv_detect_sglang(layers, n, &hints, &g, err, sizeof err)
+    lmc_kv_hints unified = {.kv_list_layout = LMC_KV_LIST_UNIFIED};
+    int rc = c->engine == 3   ? lmc_kv_detect_sglang(layers, n, &unified, &g, err, sizeof err)
+             : c->engine == 1 ? lmc_kv_detect_sglang(layers, n, &hints, &g, err, sizeof err)
              : c->engine == 2 ? lmc_kv_detect_trtllm(layers, n, &hints, &g, err, sizeof err)
                               : lmc_kv_detect_vllm(layers, n, c->hnd, false, &g, err, sizeof err);
     if (rc != 0)
@@ -117,6 +121,8 @@ static void test_formats_and_offsets(void **state)
         {LMC_KV_TWO_X_NL_X_NB_BS_NH_HS, {NB * BS, NH, HS}, 3, false, 1},
         {LMC_KV_NB_NL_TWO_NH_BS_HS, {NB, NL, 2, NH, BS, HS}, 6, true, 2},
         {LMC_KV_NB_NL_TWO_NH_BS_HS, {NB, NL, 2, NH * BS * HS}, 4, true, 2},
+        {LMC_KV_NL_X_NB_BS_NH_HS, {NB, BS, NH, HS}, 4, false, 3},
+        {LMC_KV_NL_X_NB_BS_HS, {NB, BS, HS}, 3, false, 3},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_case(&cases[i], 0);
@@ -217,9 +223,6 @@ static void test_sglang_and_trtllm_refusals(void **state)
     expect_refused(lmc_kv_detect_sglang(two, 1, &kv, &g, err, sizeof err), err,
                    "need as many V tensors as K tensors");
     lmc_kv_hints unset = {.tokens_per_block = BS};
-    lmc_kv_hints unified = {.tokens_per_block = BS, .kv_list_layout = LMC_KV_LIST_UNIFIED};
-    expect_refused(lmc_kv_detect_sglang(two, 2, &unified, &g, err, sizeof err), err,
-                   "\"unified\" is not supported yet");
     assert_int_equal(lmc_kv_detect_sglang(two, 2, &unset, &g, err, sizeof err), 0);  /* NH>1 */
     lmc_kv_hints mla_list = {.tokens_per_block = BS, .kv_list_layout = LMC_KV_LIST_NONE};
     lmc_shared_tensor heads = dense_tensor((int64_t[]){NB * BS, 1, HS}, 3, 0);
@@ -247,6 +250,38 @@ static void test_sglang_and_trtllm_refusals(void **state)
 
 /* The chunk object of one group: [kv_size, nl, slots, nh*hs], which for a
  * single group at full chunk is the engine-driven path's [2, L, chunk, H]. */
+/* SGLang unified: each tensor its own block view, K and V separately;
+ * opaque state only where the group says recurrent_state. */
+static void test_unified_views(void **state)
+{
+    (void)state;
+    lmc_kv_geometry g;
+    char err[256] = "";
+    lmc_shared_tensor st = dense_tensor((int64_t[]){NB, 1, 1, 1000}, 4, 0);
+    assert_int_equal(lmc_kv_detect_unified(&st, 1, true, &g, err, sizeof err), 0);
+    assert_int_equal(g.format, LMC_KV_NL_X_NB_BS_NH_HS);
+    assert_int_equal(g.kv_size, 1);
+    assert_int_equal(g.bs, 1);
+    assert_int_equal(g.nh, 1);
+    assert_int_equal(g.hs, 1000);
+    lmc_shared_tensor kv[2] = {dense_tensor((int64_t[]){NB, BS, NH, HS}, 4, 0),
+                               dense_tensor((int64_t[]){NB, BS, NH, HS}, 4, 0)};
+    assert_int_equal(lmc_kv_detect_unified(kv, 2, false, &g, err, sizeof err), 0);
+    assert_int_equal(g.nl, 2);   /* K and V: two single-plane "layers" */
+    assert_int_equal(g.kv_size, 1);
+    expect_refused(lmc_kv_detect_unified(kv, 2, true, &g, err, sizeof err), err,
+                   "recurrent_state group's tensors must be opaque state views");
+    lmc_shared_tensor mla = dense_tensor((int64_t[]){NB, BS, HS}, 3, 0);
+    expect_refused(lmc_kv_detect_unified(&mla, 1, true, &g, err, sizeof err), err,
+                   "recurrent_state group's tensors must be opaque state views");
+    lmc_shared_tensor flat = dense_tensor((int64_t[]){NB * BS, NH * HS}, 2, 0);
+    expect_refused(lmc_kv_detect_unified(&flat, 1, false, &g, err, sizeof err), err,
+                   "kv_list_layout \"unified\" tensors are [blocks, slots, heads, head size]");
+    lmc_shared_tensor padded = dense_tensor((int64_t[]){NB, BS, HS}, 3, 8);
+    expect_refused(lmc_kv_detect_unified(&padded, 1, false, &g, err, sizeof err), err,
+                   "must be dense");
+}
+
 static void test_object_offsets(void **state)
 {
     (void)state;
@@ -271,6 +306,7 @@ int main(void)
         cmocka_unit_test(test_detection_rules),
         cmocka_unit_test(test_sizes_that_overflow_are_refused),
         cmocka_unit_test(test_sglang_and_trtllm_refusals),
+        cmocka_unit_test(test_unified_views),
         cmocka_unit_test(test_object_offsets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

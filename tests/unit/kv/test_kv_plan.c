@@ -140,6 +140,119 @@ static void refused(const lmc_shared_tensor *t, size_t n, const lmc_engine_group
         fail_msg("wanted '%s', got '%s'", why, err);
 }
 
+
+/* A dense tensor of any shape (SGLang unified views). */
+static lmc_shared_tensor view(uint32_t ndim, const int64_t *shape, uint32_t itemsize)
+{
+    lmc_shared_tensor t = {.wrapper = LMC_WRAPPER_CPU_SHM, .itemsize = itemsize, .ndim = ndim};
+    strcpy(t.dtype, itemsize == 4 ? "float32" : "bfloat16");
+    int64_t acc = 1;
+    for (int d = (int)ndim - 1; d >= 0; d--) {
+        t.shape[d] = shape[d];
+        t.stride[d] = acc;
+        acc *= shape[d];
+    }
+    return t;
+}
+
+/* The hybrid of the e2e test: K0 V0 K1 V1 attention [NB, 4, 2, 8], then
+ * two layers' opaque Mamba state [NS, 1, 1, 24] checkpointed every 16
+ * tokens (docs/protocol.md, "SGLang unified layout"). */
+static int unified_hybrid(bool separate, int64_t state_sw, bool state_recurrent,
+                          lmc_kv_plan *p, char *err, size_t errlen)
+{
+    lmc_shared_tensor t[6];
+    for (int i = 0; i < 4; i++)
+        t[i] = view(4, (int64_t[]){12, 4, 2, 8}, 2);
+    t[4] = t[5] = view(4, (int64_t[]){5, 1, 1, 24}, 4);
+    static const uint32_t attn[] = {0, 1, 2, 3}, st[] = {4, 5};
+    lmc_engine_group_info infos[2] = {
+        {.engine_group_id = 0, .layers = attn, .n_layers = 4, .tokens_per_block = 4,
+         .sw_size_tokens = -1, .has_null_block = true},
+        {.engine_group_id = 1, .layers = st, .n_layers = 2, .tokens_per_block = 16,
+         .sw_size_tokens = state_sw, .has_null_block = true,
+         .recurrent_state = state_recurrent},
+    };
+    lmc_kv_plan_options o = opts(16, infos, 2, separate);
+    o.engine = LMC_ENGINE_SGLANG;
+    o.hints.kv_list_layout = LMC_KV_LIST_UNIFIED;
+    return lmc_kv_plan_build(t, 6, &o, p, err, errlen);
+}
+
+static void test_unified_hybrid(void **state)
+{
+    (void)state;
+    lmc_kv_plan p;
+    char err[256] = "";
+    if (unified_hybrid(true, -1, true, &p, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(p.n_kg, 2);
+    const lmc_kv_kernel_group *a = &p.kg[0], *s = &p.kg[1];
+    assert_int_equal(a->geo.format, LMC_KV_NL_X_NB_BS_NH_HS);
+    assert_int_equal(a->geo.kv_size, 1);
+    assert_int_equal(a->geo.nl, 4);          /* K0 V0 K1 V1, each its own plane */
+    assert_int_equal(a->n_tensors, 4);
+    assert_int_equal(a->blocks_per_chunk, 4);
+    assert_int_equal(a->slots, 16);
+    assert_int_equal(a->entry_bytes, 4 * 16 * 16 * 2);
+    assert_false(a->recurrent_state);
+    assert_true(s->recurrent_state);
+    assert_int_equal(s->geo.bs, 1);
+    assert_int_equal(s->geo.hs, 24);
+    assert_int_equal(s->blocks_per_chunk, 1);   /* one checkpoint per chunk at most */
+    assert_int_equal(s->entry_bytes, 2 * 24 * 4);
+    /* State has its own objects, of which a prefix needs the last. */
+    assert_int_equal(p.n_og, 2);
+    assert_int_equal(a->object_group, 0);
+    assert_int_equal(s->object_group, 1);
+    assert_int_equal(p.og[0].chunks_in_sw, -1);
+    assert_int_equal(p.og[1].chunks_in_sw, 1);
+    assert_int_equal(p.og[1].object_size, s->entry_bytes);
+    lmc_kv_plan_free(&p);
+    /* Without recurrent_state the same views are plain attention groups. */
+    if (unified_hybrid(false, -1, false, &p, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(p.n_og, 1);
+    assert_int_equal(p.kg[1].blocks_per_chunk, 1);
+    lmc_kv_plan_free(&p);
+}
+
+static void test_unified_mla_and_refusals(void **state)
+{
+    (void)state;
+    lmc_kv_plan p;
+    char err[256] = "";
+    lmc_shared_tensor mla[3];
+    for (int i = 0; i < 3; i++)
+        mla[i] = view(3, (int64_t[]){6, 4, 36}, 2);
+    lmc_kv_plan_options o = opts(16, NULL, 0, true);
+    o.engine = LMC_ENGINE_SGLANG;
+    o.hints.kv_list_layout = LMC_KV_LIST_UNIFIED;
+    assert_int_equal(lmc_kv_plan_build(mla, 3, &o, &p, err, sizeof err), 0);
+    assert_int_equal(p.n_kg, 1);
+    assert_int_equal(p.kg[0].geo.format, LMC_KV_NL_X_NB_BS_HS);
+    assert_int_equal(p.kg[0].geo.nl, 3);
+    assert_int_equal(p.kg[0].slots, 16);
+    assert_int_equal(p.og[0].object_size, 3 * 16 * 36 * 2);
+    lmc_kv_plan_free(&p);
+
+    assert_int_equal(unified_hybrid(false, -1, true, &p, err, sizeof err), -1);
+    assert_non_null(strstr(err, "recurrent_state, which needs --separate-object-groups"));
+    assert_int_equal(unified_hybrid(true, 32, true, &p, err, sizeof err), -1);
+    assert_non_null(strstr(err, "recurrent_state and sw_size_tokens 32 exclude each other"));
+    /* Attention views cannot be state. */
+    lmc_shared_tensor t[2] = {view(4, (int64_t[]){12, 4, 2, 8}, 2),
+                              view(4, (int64_t[]){12, 4, 2, 8}, 2)};
+    static const uint32_t l[] = {0, 1};
+    lmc_engine_group_info info = {.layers = l, .n_layers = 2, .tokens_per_block = 4,
+                                  .sw_size_tokens = -1, .has_null_block = true,
+                                  .recurrent_state = true};
+    o.infos = &info;
+    o.n_infos = 1;
+    assert_int_equal(lmc_kv_plan_build(t, 2, &o, &p, err, sizeof err), -1);
+    assert_non_null(strstr(err, "recurrent_state group's tensors must be opaque state views"));
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -195,6 +308,8 @@ int main(void)
         cmocka_unit_test(test_engine_groups_windows_and_object_groups),
         cmocka_unit_test(test_compressed_blocks),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_unified_hybrid),
+        cmocka_unit_test(test_unified_mla_and_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,6 +40,7 @@ static int block_axis(lmc_kv_format f)
     case LMC_KV_NL_X_NB_TWO_NH_BS_HS:
     case LMC_KV_NL_X_NB_BS_HS:
     case LMC_KV_NL_X_NB_BS_NH_TWO_HS:
+    case LMC_KV_NL_X_NB_BS_NH_HS:
     case LMC_KV_NL_X_NB_NH_BS_TWO_HS:
         return 0;
     default:

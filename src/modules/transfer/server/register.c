@@ -145,6 +145,10 @@ static int decode_info(const msgpack_object *o, lmc_engine_group_info *info, uin
         return snprintf(err, errlen, "physical_blocks_per_engine_block %lld must be 1, or "
                                      "divide a tokens_per_block above 0 (got %lld)",
                         (long long)*pbpe, (long long)info->tokens_per_block), -1;
+    const msgpack_object *rs = lmc_mp_map_get(o, "recurrent_state");   /* SGLang unified */
+    if (rs && !lmc_mp_is_nil(rs) && rs->type != MSGPACK_OBJECT_BOOLEAN)
+        return snprintf(err, errlen, "recurrent_state must be a bool"), -1;
+    info->recurrent_state = rs && rs->type == MSGPACK_OBJECT_BOOLEAN && rs->via.boolean;
     const msgpack_object *nb = lmc_mp_map_get(o, "null_block_id");
     info->has_null_block = !nb || !lmc_mp_is_nil(nb);
     if (nb && info->has_null_block && !int_field(o, "null_block_id", 0, &info->null_block_id))
