@@ -20,6 +20,12 @@
 
 #define LAZY_COMMIT_GRANULE (64ull << 20)   /* initial commit rounds up to 64 MiB */
 #define FALLBACK_COMMIT_GRANULE (4ull << 20) /* steps of a start-up commit /dev/shm cuts short */
+/* Committed before the server answers; the pre-fault commits the rest of
+ * the initial size behind it in steps (docs/storage.md, "Pre-fault"). */
+#define START_COMMIT (4ull << 20)
+#define PREFAULT_STEP (64ull << 20)
+/* The longest a write waits for the pre-fault to commit room for it. */
+#define PREFAULT_WAIT_MS 10000
 
 struct lmc_storage_manager {
     lmc_storage_options opts;
@@ -37,6 +43,15 @@ struct lmc_storage_manager {
     /* Why /dev/shm backs less than the configured L1, "" while it backs
      * all of it so far (grower_mutex): /status says so (docs/storage.md). */
     char shm_short[512];
+    /* The pre-fault (docs/storage.md, "Pre-fault"): the initial commit the
+     * committer thread reaches without pauses, and its progress
+     * (grower_mutex). */
+    uint64_t initial_bytes;
+    atomic_bool prefaulting;              /* writes may wait for room */
+    uint64_t populated_bytes;
+    double prefault_started, prefault_seconds;   /* monotonic s; seconds once over */
+    const char *prefault_state;           /* "running", "done", "short", "stopped" */
+    lmc_l1_populate_method populate_method;
     const lmc_storage_tier_ops *l2_ops;   /* set once before concurrent use */
     void *l2;
     lmc_quotas *quotas;                   /* per-salt L2 limits (docs/l2.md) */
@@ -125,32 +140,147 @@ static bool grower_sleep(lmc_storage_manager *sm, uint32_t ms)
     return !stop;
 }
 
-/* Commits the rest of the arena step by step: each range is backed by the
- * arena (tmpfs pages now; pinned memory in a CUDA build) before the
- * allocator may hand it out.  A /dev/shm that fills up ends the growth. */
+static double monotonic_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static bool grower_stopping(lmc_storage_manager *sm)
+{
+    pthread_mutex_lock(&sm->grower_mutex);
+    bool stop = sm->grower_stop;
+    pthread_mutex_unlock(&sm->grower_mutex);
+    return stop;
+}
+
+/* Backs [committed, committed + step) and hands it to the allocator, after
+ * faulting it into this process's mapping: the server's first write to the
+ * range then takes no page fault.  The new committed size, or `committed`
+ * with the reason in `err` when /dev/shm cannot hold the range. */
+static uint64_t commit_step(lmc_storage_manager *sm, uint64_t committed, uint64_t step,
+                            char *err, size_t errlen)
+{
+    if (lmc_l1_arena_commit(sm->arena, committed, step, err, errlen) != 0)
+        return committed;
+    lmc_l1_populate_method how = lmc_l1_arena_populate(sm->arena, committed, step);
+    uint64_t next = lmc_l1_manager_grow(sm->l1, step);
+    pthread_mutex_lock(&sm->grower_mutex);
+    sm->populate_method = how;
+    sm->populated_bytes = next;
+    pthread_mutex_unlock(&sm->grower_mutex);
+    return next;
+}
+
+static void record_short(lmc_storage_manager *sm, const char *why)
+{
+    pthread_mutex_lock(&sm->grower_mutex);
+    snprintf(sm->shm_short, sizeof sm->shm_short, "%s", why);
+    pthread_mutex_unlock(&sm->grower_mutex);
+}
+
+/* Commits the initial size without pauses, lowest offsets first: steps of
+ * PREFAULT_STEP, then, where /dev/shm runs short, of FALLBACK_COMMIT_GRANULE
+ * until not even that fits (docs/storage.md, "A small /dev/shm"). */
+static uint64_t prefault(lmc_storage_manager *sm, uint64_t committed, const char **state)
+{
+    uint64_t target = sm->initial_bytes, granule = PREFAULT_STEP;
+    char why[512] = "";
+    *state = "done";
+    while (committed < target) {
+        if (grower_stopping(sm)) {
+            *state = "stopped";
+            return committed;
+        }
+        uint64_t step = target - committed < granule ? target - committed : granule;
+        char err[512];
+        uint64_t next = commit_step(sm, committed, step, err, sizeof err);
+        if (next != committed) {
+            committed = next;
+            continue;
+        }
+        if (!why[0])
+            snprintf(why, sizeof why, "%s", err);
+        uint64_t fallback = FALLBACK_COMMIT_GRANULE > sm->opts.l1_align_bytes
+                                ? FALLBACK_COMMIT_GRANULE
+                                : sm->opts.l1_align_bytes;
+        if (granule == fallback || step <= fallback) {
+            *state = "short";
+            record_short(sm, why);
+            LMC_ERROR("L1: /dev/shm can back only %llu of the %llu bytes to commit at start; "
+                      "serving with %llu (%s); enlarge /dev/shm (docker: --shm-size) or lower "
+                      "%s", (unsigned long long)committed, (unsigned long long)target,
+                      (unsigned long long)committed, why,
+                      target < lmc_l1_arena_describe(sm->arena)->size ? "--l1-init-size-gb"
+                                                                       : "--l1-size-gb");
+            return committed;
+        }
+        granule = fallback;
+    }
+    return committed;
+}
+
+/* The line an operator reads for the L1's size: the bytes it can use now
+ * when /dev/shm cut the start short, not only the bytes asked for. */
+static void log_l1_ready(lmc_storage_manager *sm)
+{
+    const lmc_l1_arena_desc *d = lmc_l1_arena_describe(sm->arena);
+    lmc_l1_stats st;
+    lmc_l1_manager_stats(sm->l1, &st);
+    const char *where = d->shm_name[0] ? "shm " : "private memory";
+    char why[sizeof sm->shm_short];
+    if (lmc_storage_manager_l1_short(sm, why, sizeof why)) /* the grower may write it */
+        LMC_WARN("L1: %llu bytes configured but only %llu usable (%s%s, /dev/shm is too small: "
+                 "enlarge it, docker: --shm-size), eviction %s",
+                 (unsigned long long)d->size, (unsigned long long)st.committed_bytes, where,
+                 d->shm_name, sm->opts.eviction_policy);
+    else
+        LMC_INFO("L1: %llu bytes (%s%s, %llu of /dev/shm kept free), eviction %s",
+                 (unsigned long long)d->size, where, d->shm_name,
+                 (unsigned long long)d->shm_reserve, sm->opts.eviction_policy);
+}
+
+/* The committer thread: the pre-fault of the initial size, then lazy
+ * growth of the rest step by step.  Each range is backed by the arena
+ * (tmpfs pages now; pinned memory in a CUDA build) and faulted in before
+ * the allocator may hand it out.  A /dev/shm that fills up ends it. */
 static void *grower_main(void *arg)
 {
     lmc_storage_manager *sm = arg;
     lmc_l1_stats st;
     lmc_l1_manager_stats(sm->l1, &st);
     uint64_t committed = st.committed_bytes;
+    lmc_l1_populate_method how = lmc_l1_arena_populate(sm->arena, 0, committed);
+    pthread_mutex_lock(&sm->grower_mutex);
+    sm->populate_method = how;
+    sm->populated_bytes = committed;
+    pthread_mutex_unlock(&sm->grower_mutex);
+    const char *state;
+    committed = prefault(sm, committed, &state);
+    atomic_store(&sm->prefaulting, false);
+    lmc_l1_manager_set_commit_target(sm->l1, 0);   /* wakes the writes that wait */
+    pthread_mutex_lock(&sm->grower_mutex);
+    sm->prefault_state = state;
+    sm->prefault_seconds = monotonic_s() - sm->prefault_started;
+    pthread_cond_broadcast(&sm->grower_wake);   /* lmc_storage_manager_wait_prefault */
+    pthread_mutex_unlock(&sm->grower_mutex);
+    LMC_INFO("L1: pre-fault %s: %llu bytes committed and faulted in, %.3f s", state,
+             (unsigned long long)committed, sm->prefault_seconds);
+    log_l1_ready(sm);   /* now that the size it serves with is known */
     while (committed < st.configured_bytes && grower_sleep(sm, sm->opts.lazy_grow_interval_ms)) {
         uint64_t step = st.configured_bytes - committed;
         if (step > sm->opts.lazy_grow_step_bytes)
             step = sm->opts.lazy_grow_step_bytes;
         char err[512];
-        if (lmc_l1_arena_commit(sm->arena, committed, step, err, sizeof err) != 0) {
+        uint64_t next = commit_step(sm, committed, step, err, sizeof err);
+        if (next == committed) {
             LMC_ERROR("L1: growth stopped at %llu of %llu bytes: %s",
                       (unsigned long long)committed, (unsigned long long)st.configured_bytes,
                       err);
-            pthread_mutex_lock(&sm->grower_mutex);
-            snprintf(sm->shm_short, sizeof sm->shm_short, "%s", err);
-            pthread_mutex_unlock(&sm->grower_mutex);
+            record_short(sm, err);
             break;
         }
-        uint64_t next = lmc_l1_manager_grow(sm->l1, step);
-        if (next == committed)
-            break;
         committed = next;
     }
     LMC_INFO("L1: %llu of %llu bytes committed", (unsigned long long)committed,
@@ -158,14 +288,19 @@ static void *grower_main(void *arg)
     return NULL;
 }
 
+/* The committer runs whatever the sizes: even a fully committed L1 is
+ * faulted in (private memory, hugepages). */
 static int start_grower(lmc_storage_manager *sm)
 {
-    lmc_l1_stats st;
-    lmc_l1_manager_stats(sm->l1, &st);
-    if (st.committed_bytes >= st.configured_bytes)
-        return 0;
-    if (pthread_create(&sm->grower, NULL, grower_main, sm) != 0)
+    sm->prefault_state = "running";
+    sm->prefault_started = monotonic_s();
+    atomic_store(&sm->prefaulting, true);
+    lmc_l1_manager_set_commit_target(sm->l1, sm->initial_bytes);
+    if (pthread_create(&sm->grower, NULL, grower_main, sm) != 0) {
+        atomic_store(&sm->prefaulting, false);
+        lmc_l1_manager_set_commit_target(sm->l1, 0);
         return -1;
+    }
     sm->grower_running = true;
     return 0;
 }
@@ -213,35 +348,17 @@ static uint64_t initial_commit(const lmc_storage_options *o, uint64_t configured
     return init < configured ? init : configured;
 }
 
-/* Backs the first `initial` bytes of the arena for the allocator.  Where
- * /dev/shm cannot hold them all (a container's default is 64 MiB), serves
- * with the whole granules that fit, loudly, rather than refusing to start:
- * upstream's default L1 does not use /dev/shm at all, so a deployment that
- * worked with it must not fail here.  0, with `err`, if nothing fits. */
-static uint64_t back_initial(lmc_storage_manager *sm, uint64_t initial, const char *flag,
-                             char *err, size_t errlen)
+/* Backs the first bytes of the arena for the allocator: where /dev/shm
+ * cannot hold even these, the server does not start.  Where it runs short
+ * later, the pre-fault serves with what fits (docs/storage.md). */
+static int back_first(lmc_storage_manager *sm, uint64_t first, const char *flag, char *err,
+                      size_t errlen)
 {
     char why[384];
-    if (lmc_l1_arena_commit(sm->arena, 0, initial, why, sizeof why) == 0)
-        return initial;
-    uint64_t granule = FALLBACK_COMMIT_GRANULE;
-    if (granule < sm->opts.l1_align_bytes)
-        granule = sm->opts.l1_align_bytes;
-    uint64_t backed = 0;
-    char ignored[384];
-    while (backed + granule <= initial &&
-           lmc_l1_arena_commit(sm->arena, backed, granule, ignored, sizeof ignored) == 0)
-        backed += granule;
-    if (backed == 0) {
-        snprintf(err, errlen, "%s; enlarge /dev/shm (docker: --shm-size) or lower %s", why, flag);
+    if (lmc_l1_arena_commit(sm->arena, 0, first, why, sizeof why) == 0)
         return 0;
-    }
-    snprintf(sm->shm_short, sizeof sm->shm_short, "%s", why);
-    LMC_ERROR("L1: /dev/shm can back only %llu of the %llu bytes to commit at start; serving "
-              "with %llu (%s); enlarge /dev/shm (docker: --shm-size) or lower %s",
-              (unsigned long long)backed, (unsigned long long)initial, (unsigned long long)backed,
-              why, flag);
-    return backed;
+    snprintf(err, errlen, "%s; enlarge /dev/shm (docker: --shm-size) or lower %s", why, flag);
+    return -1;
 }
 
 static int create_l1(lmc_storage_manager *sm, char *err, size_t errlen)
@@ -254,11 +371,16 @@ static int create_l1(lmc_storage_manager *sm, char *err, size_t errlen)
     if (!sm->arena)
         return -1;
     uint64_t initial = initial_commit(o, configured);
-    uint64_t backed = back_initial(sm, initial,
-                                   initial < configured ? "--l1-init-size-gb" : "--l1-size-gb",
-                                   err, errlen);
-    if (backed == 0)
+    sm->initial_bytes = initial;
+    /* Only the first granule before the server answers (docs/storage.md,
+     * "Pre-fault"): not even that fitting still stops the start. */
+    uint64_t first = START_COMMIT > o->l1_align_bytes ? START_COMMIT : o->l1_align_bytes;
+    if (first > initial)
+        first = initial;
+    if (back_first(sm, first, initial < configured ? "--l1-init-size-gb" : "--l1-size-gb", err,
+                   errlen) != 0)
         return -1;
+    uint64_t backed = first;
     lmc_l1_manager_options mo = {
         .configured_bytes = configured,
         .committed_bytes = backed,
@@ -306,26 +428,6 @@ static int create_eviction(lmc_storage_manager *sm, char *err, size_t errlen)
     return 0;
 }
 
-/* The line an operator reads for the L1's size: the bytes it can use now
- * when /dev/shm cut the start short, not only the bytes asked for. */
-static void log_l1_ready(lmc_storage_manager *sm)
-{
-    const lmc_l1_arena_desc *d = lmc_l1_arena_describe(sm->arena);
-    lmc_l1_stats st;
-    lmc_l1_manager_stats(sm->l1, &st);
-    const char *where = d->shm_name[0] ? "shm " : "private memory";
-    char why[sizeof sm->shm_short];
-    if (lmc_storage_manager_l1_short(sm, why, sizeof why)) /* the grower may write it */
-        LMC_WARN("L1: %llu bytes configured but only %llu usable (%s%s, /dev/shm is too small: "
-                 "enlarge it, docker: --shm-size), eviction %s",
-                 (unsigned long long)d->size, (unsigned long long)st.committed_bytes, where,
-                 d->shm_name, sm->opts.eviction_policy);
-    else
-        LMC_INFO("L1: %llu bytes (%s%s, %llu of /dev/shm kept free), eviction %s",
-                 (unsigned long long)d->size, where, d->shm_name,
-                 (unsigned long long)d->shm_reserve, sm->opts.eviction_policy);
-}
-
 lmc_storage_manager *lmc_storage_manager_create(const lmc_storage_options *o,
                                                 char *err, size_t errlen)
 {
@@ -354,7 +456,6 @@ lmc_storage_manager *lmc_storage_manager_create(const lmc_storage_options *o,
         snprintf(err, errlen, "cannot start the L1 growth thread");
         goto fail;
     }
-    log_l1_ready(sm);
     return sm;
 fail:
     lmc_storage_manager_close(sm);
@@ -448,6 +549,59 @@ static void release_results(lmc_l1_result *mine, const lmc_l1_result *callers)
         free(mine);
 }
 
+/* While the pre-fault runs, the committed size before a write (0 when
+ * none runs: the write then never waits). */
+static uint64_t committed_now(lmc_storage_manager *sm)
+{
+    if (!atomic_load(&sm->prefaulting))
+        return 0;
+    lmc_l1_stats st;
+    lmc_l1_manager_stats(sm->l1, &st);
+    return st.committed_bytes;
+}
+
+/* The writes that found no room while the pre-fault was committing more
+ * are tried again as it commits (docs/storage.md, "Pre-fault"): room on
+ * its way is no reason to refuse a write, nor to evict for it. */
+static void wait_for_room(lmc_storage_manager *sm, const lmc_object_key *keys,
+                          const bool *temporary, size_t n, uint64_t object_size,
+                          const char *tag, lmc_lease *leases, lmc_l1_result *r, uint64_t seen)
+{
+    size_t *at = malloc((n ? n : 1) * sizeof *at);
+    lmc_object_key *sub_keys = malloc((n ? n : 1) * sizeof *sub_keys);
+    bool *sub_temp = malloc((n ? n : 1) * sizeof *sub_temp);
+    lmc_lease *sub_leases = malloc((n ? n : 1) * sizeof *sub_leases);
+    lmc_l1_result *sub_r = malloc((n ? n : 1) * sizeof *sub_r);
+    double give_up = monotonic_s() + PREFAULT_WAIT_MS / 1000.0;
+    while (at && sub_keys && sub_temp && sub_leases && sub_r) {
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            if (r[i] == LMC_L1_OUT_OF_MEMORY) {
+                at[m] = i;
+                sub_keys[m] = keys[i];
+                sub_temp[m++] = temporary && temporary[i];
+            }
+        double left = give_up - monotonic_s();
+        if (m == 0 || left <= 0 || !lmc_l1_manager_wait_growth(sm->l1, seen, (int64_t)(left * 1000)))
+            break;
+        seen = committed_now(sm);
+        if (lmc_l1_manager_lease_write(sm->l1, sub_keys, sub_temp, m, object_size, tag,
+                                       sub_leases, sub_r) != 0)
+            break;
+        for (size_t k = 0; k < m; k++) {
+            r[at[k]] = sub_r[k];
+            leases[at[k]] = sub_leases[k];
+        }
+        if (!seen)
+            break;   /* the pre-fault is over: what still finds no room is full */
+    }
+    free(at);
+    free(sub_keys);
+    free(sub_temp);
+    free(sub_leases);
+    free(sub_r);
+}
+
 int lmc_storage_manager_lease_write(lmc_storage_manager *sm, const lmc_object_key *keys,
                                     size_t n, uint64_t object_size, bool is_temporary,
                                     const char *writer_tag, lmc_lease *leases,
@@ -465,9 +619,13 @@ int lmc_storage_manager_lease_write(lmc_storage_manager *sm, const lmc_object_ke
             temporary[i] = true;
     }
     int rc = -1;
+    uint64_t seen = committed_now(sm);
     if (r && (temporary || !is_temporary))
         rc = lmc_l1_manager_lease_write(sm->l1, keys, temporary, n, object_size,
                                         tag_or_default(writer_tag), leases, r);
+    if (rc == 0 && seen)
+        wait_for_room(sm, keys, temporary, n, object_size, tag_or_default(writer_tag), leases,
+                      r, seen);
     free(temporary);
     if (rc == 0) {
         lmc_storage_telemetry_write_outcome(sm->telemetry, keys, n, r,
@@ -710,6 +868,37 @@ size_t lmc_storage_manager_run_eviction_once(lmc_storage_manager *sm)
     return lmc_l1_eviction_run_once(sm->eviction);
 }
 
+bool lmc_storage_manager_prefault_progress(lmc_storage_manager *sm, uint64_t *populated)
+{
+    pthread_mutex_lock(&sm->grower_mutex);
+    *populated = sm->populated_bytes;
+    bool running = sm->prefault_state && strcmp(sm->prefault_state, "running") == 0;
+    pthread_mutex_unlock(&sm->grower_mutex);
+    return running;
+}
+
+bool lmc_storage_manager_wait_prefault(lmc_storage_manager *sm, int timeout_ms)
+{
+    double give_up = monotonic_s() + timeout_ms / 1000.0;
+    pthread_mutex_lock(&sm->grower_mutex);
+    while (sm->prefault_state && strcmp(sm->prefault_state, "running") == 0) {
+        double left = give_up - monotonic_s();
+        if (left <= 0)
+            break;
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_nsec += (long)((left < 0.1 ? left : 0.1) * 1e9);
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&sm->grower_wake, &sm->grower_mutex, &until);
+    }
+    bool over = !sm->prefault_state || strcmp(sm->prefault_state, "running") != 0;
+    pthread_mutex_unlock(&sm->grower_mutex);
+    return over;
+}
+
 bool lmc_storage_manager_l1_short(lmc_storage_manager *sm, char *why, size_t cap)
 {
     pthread_mutex_lock(&sm->grower_mutex);
@@ -720,6 +909,24 @@ bool lmc_storage_manager_l1_short(lmc_storage_manager *sm, char *why, size_t cap
     return short_of;
 }
 
+/* /status l1 "prefault" (docs/storage.md, "Pre-fault"). */
+static json_t *prefault_status(lmc_storage_manager *sm)
+{
+    pthread_mutex_lock(&sm->grower_mutex);
+    bool running = sm->prefault_state && strcmp(sm->prefault_state, "running") == 0;
+    double seconds = running ? monotonic_s() - sm->prefault_started : sm->prefault_seconds;
+    json_t *o = json_pack("{s:s, s:I, s:I, s:f, s:s, s:s, s:b}", "state",
+                          sm->prefault_state ? sm->prefault_state : "stopped", "target_bytes",
+                          (json_int_t)sm->initial_bytes, "populated_bytes",
+                          (json_int_t)sm->populated_bytes, "seconds", seconds, "method",
+                          sm->populate_method == LMC_L1_POPULATE_TOUCH ? "touch"
+                                                                       : "madv_populate_write",
+                          "transparent_hugepages", lmc_l1_arena_thp_setting(sm->arena),
+                          "huge_pages_requested", lmc_l1_arena_thp_requested(sm->arena));
+    pthread_mutex_unlock(&sm->grower_mutex);
+    return o;
+}
+
 static json_t *arena_status(lmc_storage_manager *sm)
 {
     const lmc_l1_arena_desc *d = lmc_l1_arena_describe(sm->arena);
@@ -728,12 +935,13 @@ static json_t *arena_status(lmc_storage_manager *sm)
     pthread_mutex_lock(&sm->grower_mutex);
     json_t *shm_short = sm->shm_short[0] ? json_string(sm->shm_short) : json_null();
     pthread_mutex_unlock(&sm->grower_mutex);
-    return json_pack("{s:s, s:I, s:I, s:b, s:b, s:I, s:I, s:o}", "shm_name", d->shm_name,
+    json_t *prefault = prefault_status(sm);
+    return json_pack("{s:s, s:I, s:I, s:b, s:b, s:I, s:I, s:o, s:o}", "shm_name", d->shm_name,
                      "size_bytes", (json_int_t)d->size, "committed_bytes",
                      (json_int_t)st.committed_bytes, "hugepages", d->hugepages, "lazy",
                      sm->opts.l1_use_lazy && !sm->opts.l1_use_hugepages, "align_bytes",
                      (json_int_t)sm->opts.l1_align_bytes, "shm_reserve_bytes",
-                     (json_int_t)d->shm_reserve, "shm_short", shm_short);
+                     (json_int_t)d->shm_reserve, "shm_short", shm_short, "prefault", prefault);
 }
 
 void lmc_storage_manager_l1_stats(lmc_storage_manager *sm, lmc_l1_stats *out)

@@ -179,6 +179,9 @@ json_t *lmc_storage_manager_report_status(lmc_storage_manager *sm);
 /* Whether /dev/shm backs less than the configured L1 (docs/storage.md, "A
  * small /dev/shm"); then `why` gets the reason. */
 bool lmc_storage_manager_l1_short(lmc_storage_manager *sm, char *why, size_t cap);
+/* The pre-fault after start (docs/storage.md, "Pre-fault"): bytes
+ * committed and faulted in so far; true while it runs. */
+bool lmc_storage_manager_prefault_progress(lmc_storage_manager *sm, uint64_t *populated);
 /* {base, size, shm_name} of the L1 arena (engine SHM pool, pinning, P2P). */
 const lmc_l1_arena_desc *lmc_storage_manager_l1_arena(const lmc_storage_manager *sm);
 /* One synchronous eviction cycle; returns the number of keys evicted.  A

@@ -16,4 +16,8 @@ bool lmc_storage_manager_check_books(lmc_storage_manager *sm);
 /* How many times a check of the books found them unbalanced. */
 uint64_t lmc_storage_manager_invariant_violations(lmc_storage_manager *sm);
 
+/* Waits up to timeout_ms for the pre-fault (docs/storage.md, "Pre-fault")
+ * to be over; true when it is. */
+bool lmc_storage_manager_wait_prefault(lmc_storage_manager *sm, int timeout_ms);
+
 #endif

@@ -16,7 +16,8 @@
 enum {
     L1_USED, L1_COMMITTED, L1_CAPACITY, L1_RATIO, L1_OBJECTS, L1_LOCKED, L1_STAGING,
     L1_RETIRED, L1_VIOLATIONS, L1_EVENTS_LOST, LEASE_TWICE, LEASE_STALE, LEASE_EXPIRED,
-    SIZE_MISMATCHES, EVICTION_TICKS, EVICTION_TRIGGERED, EVICTED, N_FAMILIES
+    SIZE_MISMATCHES, EVICTION_TICKS, EVICTION_TRIGGERED, EVICTED, L1_PREFAULTED,
+    L1_PREFAULTING, N_FAMILIES
 };
 
 /* The labelled L2 families (l2_name = the adapter's type, as upstream). */
@@ -63,6 +64,10 @@ static const family_spec families[N_FAMILIES] = {
     [EVICTION_TRIGGERED] = {LMC_METRIC_COUNTER, "lmcache_mp_l1_eviction_loop_triggered_total",
                             "L1 eviction loop iterations that ran the eviction policy"},
     [EVICTED] = {LMC_METRIC_COUNTER, "lmcache_mp_l1_evicted_total", "Keys evicted from L1"},
+    [L1_PREFAULTED] = {LMC_METRIC_GAUGE, "lmcache_mp_l1_prefaulted_bytes",
+                       "L1 bytes committed and faulted into the server's mapping"},
+    [L1_PREFAULTING] = {LMC_METRIC_GAUGE, "lmcache_mp_l1_prefault_running",
+                        "1 while the L1 pre-fault after start runs, else 0"},
 };
 
 static const family_spec l2_families[N_L2_FAMILIES] = {
@@ -92,6 +97,8 @@ static void collect_l1(storage_metrics *sm_m)
     uint64_t cycles, triggered, evicted;
     lmc_storage_manager_l1_stats(sm_m->sm, &s);
     lmc_storage_manager_eviction_counts(sm_m->sm, &cycles, &triggered, &evicted);
+    uint64_t prefaulted;
+    bool prefaulting = lmc_storage_manager_prefault_progress(sm_m->sm, &prefaulted);
     const double values[N_FAMILIES] = {
         [L1_USED] = (double)s.used_bytes,
         [L1_COMMITTED] = (double)s.committed_bytes,
@@ -110,6 +117,8 @@ static void collect_l1(storage_metrics *sm_m)
         [EVICTION_TICKS] = (double)cycles,
         [EVICTION_TRIGGERED] = (double)triggered,
         [EVICTED] = (double)evicted,
+        [L1_PREFAULTED] = (double)prefaulted,
+        [L1_PREFAULTING] = prefaulting ? 1.0 : 0.0,
     };
     for (size_t i = 0; i < N_FAMILIES; i++)
         lmc_metric_set(sm_m->m[i], NULL, values[i]);

@@ -3,6 +3,8 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -18,10 +20,17 @@
 
 #define HUGEPAGE_BYTES (2ull << 20)
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23   /* Linux 5.14; older headers lack it */
+#endif
+
 struct lmc_l1_arena {
     lmc_l1_arena_desc desc;
     char shm_name[LMC_L1_SHM_NAME_MAX + 1];
     int shm_fd;   /* the SHM segment, held open with a shared flock; -1 if none */
+    char thp[16];        /* the bracketed value of the THP setting, "" unknown */
+    bool thp_requested;  /* populate asks for huge pages (MADV_HUGEPAGE) */
+    _Atomic bool populate_unsupported;   /* MADV_POPULATE_WRITE said EINVAL */
 };
 
 int lmc_l1_arena_resolve_shm_name(const char *requested, pid_t pid, char *out, size_t cap)
@@ -203,6 +212,34 @@ static int map_private(lmc_l1_arena *arena, uint64_t size, bool hugepages, char 
     return 0;
 }
 
+/* The selected value of a THP sysfs file, e.g. "always [advise] never". */
+static void read_thp_setting(const char *path, char *out, size_t cap)
+{
+    out[0] = '\0';
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return;
+    char line[256];
+    if (fgets(line, sizeof line, f)) {
+        char *open = strchr(line, '['), *close = open ? strchr(open, ']') : NULL;
+        if (open && close && (size_t)(close - open - 1) < cap)
+            snprintf(out, cap, "%.*s", (int)(close - open - 1), open + 1);
+    }
+    fclose(f);
+}
+
+/* Shared memory follows shmem_enabled, private memory `enabled`; huge
+ * pages are asked for where the setting leaves them to madvise or grants
+ * them anyway (docs/storage.md, "Pre-fault"). */
+static void probe_thp(lmc_l1_arena *arena)
+{
+    read_thp_setting(arena->shm_fd >= 0 ? "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+                                        : "/sys/kernel/mm/transparent_hugepage/enabled",
+                     arena->thp, sizeof arena->thp);
+    arena->thp_requested = !arena->desc.hugepages && arena->thp[0] &&
+                           strcmp(arena->thp, "never") != 0 && strcmp(arena->thp, "deny") != 0;
+}
+
 lmc_l1_arena *lmc_l1_arena_create(const lmc_l1_arena_options *opts, char *err, size_t errlen)
 {
     if (opts->size == 0) {
@@ -232,10 +269,44 @@ lmc_l1_arena *lmc_l1_arena_create(const lmc_l1_arena_options *opts, char *err, s
                      : map_private(arena, opts->size, opts->use_hugepages, err, errlen);
     if (rc != 0)
         goto fail;
+    probe_thp(arena);
     return arena;
 fail:
     free(arena);
     return NULL;
+}
+
+lmc_l1_populate_method lmc_l1_arena_populate(lmc_l1_arena *arena, uint64_t offset, uint64_t len)
+{
+    if (offset >= arena->desc.size)
+        return LMC_L1_POPULATE_MADVISE;
+    if (len > arena->desc.size - offset)
+        len = arena->desc.size - offset;
+    uint8_t *start = (uint8_t *)arena->desc.base + offset;
+    if (arena->thp_requested)
+        madvise(start, len, MADV_HUGEPAGE);   /* advice only: its failure changes nothing */
+    if (!atomic_load(&arena->populate_unsupported)) {
+        if (madvise(start, len, MADV_POPULATE_WRITE) == 0)
+            return LMC_L1_POPULATE_MADVISE;
+        if (errno == EINVAL)
+            atomic_store(&arena->populate_unsupported, true);
+    }
+    /* An atomic add of 0 write-faults the page without changing a byte a
+     * request may be writing at the same moment. */
+    long page = sysconf(_SC_PAGESIZE);
+    for (uint64_t at = 0; at < len; at += (uint64_t)(page > 0 ? page : 4096))
+        __atomic_fetch_add(start + at, 0, __ATOMIC_RELAXED);
+    return LMC_L1_POPULATE_TOUCH;
+}
+
+const char *lmc_l1_arena_thp_setting(const lmc_l1_arena *arena)
+{
+    return arena->thp;
+}
+
+bool lmc_l1_arena_thp_requested(const lmc_l1_arena *arena)
+{
+    return arena->thp_requested;
 }
 
 int lmc_l1_arena_commit(lmc_l1_arena *arena, uint64_t offset, uint64_t len, char *err,

@@ -66,6 +66,23 @@ lmc_l1_arena *lmc_l1_arena_create(const lmc_l1_arena_options *opts, char *err, s
 int lmc_l1_arena_commit(lmc_l1_arena *arena, uint64_t offset, uint64_t len, char *err,
                         size_t errlen);
 
+/* How lmc_l1_arena_populate faults pages in (docs/storage.md, "Pre-fault"). */
+typedef enum {
+    LMC_L1_POPULATE_MADVISE,   /* MADV_POPULATE_WRITE (Linux 5.14+) */
+    LMC_L1_POPULATE_TOUCH,     /* an atomic add of 0 to a byte of each page */
+} lmc_l1_populate_method;
+
+/* Faults [offset, offset + len) of this process's mapping in writable, so
+ * that the server's first write to a page takes no fault, and asks for
+ * transparent huge pages first where the kernel's setting allows them.
+ * The bytes are left as they are: a page a request is writing meanwhile
+ * keeps what it writes.  Returns the method used. */
+lmc_l1_populate_method lmc_l1_arena_populate(lmc_l1_arena *arena, uint64_t offset, uint64_t len);
+/* The THP setting the arena's pages follow ("advise", "never", ...; ""
+ * when unknown) and whether populate asks for huge pages. */
+const char *lmc_l1_arena_thp_setting(const lmc_l1_arena *arena);
+bool lmc_l1_arena_thp_requested(const lmc_l1_arena *arena);
+
 const lmc_l1_arena_desc *lmc_l1_arena_describe(const lmc_l1_arena *arena);
 
 /* Unmaps the arena and unlinks its SHM segment.  NULL is a no-op. */

@@ -2,6 +2,8 @@
  * balance (docs/storage.md, "Invariants").  Debug builds run the check
  * after every mutating call; release builds on each status report, and
  * count what the cheap checks on the data path find. */
+#include <errno.h>
+#include <time.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -174,15 +176,46 @@ uint64_t lmc_l1_manager_grow(lmc_l1_manager *m, uint64_t bytes)
     uint64_t room = m->configured_bytes - heap;
     if (bytes > 0)
         heap = lmc_l1_alloc_sbrk(m->alloc, bytes < room ? bytes : room);
+    pthread_cond_broadcast(&m->grown);
     pthread_mutex_unlock(&m->mutex);
     return heap;
+}
+
+void lmc_l1_manager_set_commit_target(lmc_l1_manager *m, uint64_t target)
+{
+    pthread_mutex_lock(&m->mutex);
+    m->commit_target = target < m->configured_bytes ? target : m->configured_bytes;
+    pthread_cond_broadcast(&m->grown);
+    pthread_mutex_unlock(&m->mutex);
+}
+
+bool lmc_l1_manager_wait_growth(lmc_l1_manager *m, uint64_t seen, int64_t timeout_ms)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += (time_t)(timeout_ms / 1000);
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&m->mutex);
+    uint64_t heap = lmc_l1_alloc_heap_size(m->alloc);
+    int rc = 0;
+    while (heap <= seen && heap < m->commit_target && rc != ETIMEDOUT) {
+        rc = pthread_cond_timedwait(&m->grown, &m->mutex, &deadline);
+        heap = lmc_l1_alloc_heap_size(m->alloc);
+    }
+    pthread_mutex_unlock(&m->mutex);
+    return heap > seen;
 }
 
 void lmc_l1_manager_usage(lmc_l1_manager *m, uint64_t *used, uint64_t *total)
 {
     pthread_mutex_lock(&m->mutex);
-    *total = lmc_l1_alloc_heap_size(m->alloc);
-    *used = *total - lmc_l1_alloc_free_size(m->alloc);
+    uint64_t heap = lmc_l1_alloc_heap_size(m->alloc);
+    *total = heap > m->commit_target ? heap : m->commit_target;
+    *used = heap - lmc_l1_alloc_free_size(m->alloc);
     pthread_mutex_unlock(&m->mutex);
 }
 

@@ -74,6 +74,11 @@ struct lmc_l1_manager {
     lmc_l1_alloc *alloc;
     lmc_key_table entries;
     uint64_t configured_bytes;
+    /* Bytes a pre-fault in progress will have committed (docs/storage.md,
+     * "Pre-fault"): usage counts them as capacity and writes wait for them
+     * (`grown` is signalled at each step).  0: no pre-fault. */
+    uint64_t commit_target;
+    pthread_cond_t grown;
     int64_t write_ttl_ms;
     int64_t read_ttl_ms;
     lmc_clock_ms_fn clock;

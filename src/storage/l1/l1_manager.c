@@ -231,6 +231,11 @@ lmc_l1_manager *lmc_l1_manager_new(const lmc_l1_manager_options *opts)
     m->check_books = opts->check_books;
     pthread_mutex_init(&m->mutex, NULL);
     pthread_mutex_init(&m->dispatch_mutex, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&m->grown, &ca);
+    pthread_condattr_destroy(&ca);
     return m;
 fail:
     lmc_l1_alloc_destroy(m->alloc);
@@ -268,6 +273,7 @@ void lmc_l1_manager_free(lmc_l1_manager *m)
     lmc_l1_alloc_destroy(m->alloc);
     free(m->deferred);
     pthread_mutex_destroy(&m->dispatch_mutex);
+    pthread_cond_destroy(&m->grown);
     pthread_mutex_destroy(&m->mutex);
     free(m);
 }

@@ -211,7 +211,16 @@ lmc_l1_evictability lmc_l1_manager_is_evictable(lmc_l1_manager *m, const lmc_obj
 /* Commits `bytes` more of the configured arena to the allocator (lazy
  * growth), never beyond the configured size.  Returns the committed size. */
 uint64_t lmc_l1_manager_grow(lmc_l1_manager *m, uint64_t bytes);
-/* used = committed - free; total = committed so far. */
+/* A pre-fault (docs/storage.md, "Pre-fault") will commit up to `target`
+ * bytes without delay: usage counts them as capacity already, so that no
+ * eviction runs for room that is on its way, and writes that find no room
+ * wait for them (lmc_l1_manager_wait_growth).  0 when it is over. */
+void lmc_l1_manager_set_commit_target(lmc_l1_manager *m, uint64_t target);
+/* Waits up to timeout_ms while the committed size is still `seen` and a
+ * pre-fault is to commit more; true when it grew beyond `seen`. */
+bool lmc_l1_manager_wait_growth(lmc_l1_manager *m, uint64_t seen, int64_t timeout_ms);
+/* used = committed - free; total = committed so far, or the pre-fault's
+ * target while one runs. */
 void lmc_l1_manager_usage(lmc_l1_manager *m, uint64_t *used, uint64_t *total);
 void lmc_l1_manager_stats(lmc_l1_manager *m, lmc_l1_stats *out);
 /* The books (docs/storage.md, "Invariants"): the allocator's own check;

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -1631,9 +1632,53 @@ static void test_books_catch_corruption(void **state)
     lmc_l1_manager_free(f->m);
 }
 
+/* The pre-fault's room (docs/storage.md, "Pre-fault"): while a commit
+ * target is set, usage counts it as capacity and a waiter wakes when the
+ * committed size grows; with none, or once it is reached, nobody waits. */
+typedef struct {
+    lmc_l1_manager *m;
+} grower_arg;
+
+static void *grow_later(void *arg)
+{
+    grower_arg *g = arg;
+    struct timespec pause = {0, 50 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    lmc_l1_manager_grow(g->m, 4 * PAGE);
+    return NULL;
+}
+
+static void test_commit_target_and_waiting_for_growth(void **state)
+{
+    (void)state;
+    fake_clock clock = {.now = 1000};
+    lmc_l1_manager *m = new_manager(&clock, 16 * PAGE, 4 * PAGE);
+    uint64_t used, total;
+    lmc_l1_manager_usage(m, &used, &total);
+    assert_int_equal(total, 4 * PAGE);
+    assert_false(lmc_l1_manager_wait_growth(m, 4 * PAGE, 1000));   /* no target: no wait */
+    lmc_l1_manager_set_commit_target(m, 12 * PAGE);
+    lmc_l1_manager_usage(m, &used, &total);
+    assert_int_equal(total, 12 * PAGE);
+    pthread_t th;
+    grower_arg g = {m};
+    assert_int_equal(pthread_create(&th, NULL, grow_later, &g), 0);
+    assert_true(lmc_l1_manager_wait_growth(m, 4 * PAGE, 10000));
+    pthread_join(th, NULL);
+    lmc_l1_manager_usage(m, &used, &total);
+    assert_int_equal(total, 12 * PAGE);   /* 8 committed, 12 on their way */
+    lmc_l1_manager_grow(m, 4 * PAGE);
+    assert_false(lmc_l1_manager_wait_growth(m, 12 * PAGE, 10000));   /* target reached */
+    lmc_l1_manager_set_commit_target(m, 0);
+    lmc_l1_manager_usage(m, &used, &total);
+    assert_int_equal(total, 12 * PAGE);
+    lmc_l1_manager_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_commit_target_and_waiting_for_growth),
         cmocka_unit_test_setup_teardown(test_reserve_then_finish, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reserve_conflicts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_duplicate_key_in_batch, setup, teardown),

@@ -676,6 +676,12 @@ static json_t *sd_status(void *state)
     if (o && counts)
         json_object_update(o, counts);
     json_decref(counts);
+    /* Contexts whose mappings are still being faulted in after their
+     * registration (docs/protocol.md, "CPU shared tensors"). */
+    pthread_mutex_lock(&m->instances.lock);
+    json_int_t populating = (json_int_t)m->populating;
+    pthread_mutex_unlock(&m->instances.lock);
+    json_object_set_new(o, "populating", json_integer(populating));
     return o;
 }
 
