@@ -1,6 +1,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -242,6 +243,10 @@ int lmc_rpc_server_enqueue_partial(lmc_rpc_server *s, lmc_rpc_call *call, const 
     pthread_mutex_unlock(&s->done_lock);
     if (was_empty)
         wake_socket_thread(s);
+    /* The engine waits on this reply while the handler goes on copying: on
+     * a busy machine the woken socket thread may wait for this one's CPU
+     * until its time slice ends (a millisecond and more), so offer it. */
+    sched_yield();
     return 0;
 }
 
