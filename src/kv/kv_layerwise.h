@@ -23,7 +23,8 @@ typedef struct lmc_kv_layer_ref {
 typedef struct lmc_kv_layer_batches {
     lmc_kv_layer_ref *refs;       /* owned, n_refs, ascending index */
     size_t n_refs;
-    size_t *starts;               /* owned, n_batches + 1: batch b is refs[starts[b], starts[b+1]) */
+    size_t *starts;               /* owned, n_batches + 1: batch b is
+                                   * refs[starts[b], starts[b+1]) */
     size_t n_batches;
 } lmc_kv_layer_batches;
 

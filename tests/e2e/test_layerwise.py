@@ -6,6 +6,7 @@ engine's blocks, then a final one.  Failed and abandoned retrieves give
 every lease back, and a client that stops reading holds up nobody."""
 import struct
 import time
+import urllib.request
 
 import msgpack
 import pytest
@@ -26,6 +27,15 @@ RETRIEVE_LW = "retrieve_layerwise"
 def lw_status(srv):
     st = status(srv)["modules"]["lmcache_driven_transfer"]
     return st["layerwise_retrieves_ok"], st["layerwise_retrieves_failed"]
+
+
+def finished_retrieves(srv):
+    """lmcache_mp_num_finished_retrieves_total: the RETRIEVE_END events."""
+    url = f"http://127.0.0.1:{srv.http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(l.split()[-1]) for l in lines
+               if l.startswith("lmcache_mp_num_finished_retrieves_total"))
 
 
 def copy_leases(srv):
@@ -89,6 +99,7 @@ def test_replies_arrive_per_layer_batch_in_order(start_server, how):
         assert chunk_rows(g, dst, c) == chunk_rows(g, src, c)
     assert copy_leases(s) == 0
     assert lw_status(s) == (1, 0)
+    assert finished_retrieves(s) == 1          # its RETRIEVE_START / END events
     e.close()
 
 

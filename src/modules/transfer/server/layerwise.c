@@ -21,8 +21,10 @@
 #include "modules/transfer/server/server_internal.h"
 #include "modules/transfer/transfer.h"
 #include "config/config.h"
+#include "obs/events.h"
 #include "obs/log.h"
 #include "rpc/wire.h"
+#include "storage/storage_events.h"
 #include "storage/storage_manager.h"
 
 #define EVENT_HANDLE_BYTES 64
@@ -217,11 +219,20 @@ lmc_handler_result lmc_server_driven_retrieve_layerwise(void *state, lmc_rpc_cal
     if (ok && (!keys || !leases))
         ok = !snprintf(err, sizeof err, "out of memory");
     if (ok) {
+        /* The events a RETRIEVE publishes (docs/observability.md): the
+         * transfer metrics and the trace count a layerwise one alike. */
+        lmc_transfer_publish(m->ctx->events, LMC_EVENT_RETRIEVE_START, &op.key,
+                             op.c->instance_id, "cpu", op.n, 0);
         for (uint32_t og = 0; ok && og < op.c->plan.n_og; og++)
             ok = stream_group(m, call, &op, og, skip, keys, leases, &bytes);
-        if (!ok)
+        if (!ok) {
             LMC_WARN_LIMITED("RETRIEVE_LAYERWISE: chunks missing, or naming blocks outside "
                              "their tensors");
+            lmc_storage_manager_report_read_failure(m->ctx->storage, "l1_retrieve",
+                                                    "not_found", &op.keys[0], op.n);
+        }
+        lmc_transfer_publish(m->ctx->events, LMC_EVENT_RETRIEVE_END, &op.key,
+                             op.c->instance_id, "cpu", ok ? op.n : 0, bytes);
         atomic_fetch_add(&m->chunks_retrieved, ok ? op.n : 0);
         atomic_fetch_add(&m->bytes_retrieved, bytes);
     } else {
