@@ -89,7 +89,8 @@ template <typename U>
 __global__ void __launch_bounds__(LMC_CUDA_THREADS)
     lmc_cuda_copy_kernel(const __grid_constant__ lmc_cuda_copy_params p)
 {
-    const uint32_t kv = blockIdx.x, j = p.first_block + blockIdx.y, layer = blockIdx.z;
+    const uint32_t kv = blockIdx.x, j = p.first_block + blockIdx.y,
+                   layer = p.first_layer + blockIdx.z;
     const uint32_t bs = p.geo.bs, nh = p.geo.nh, upr = p.units_per_row;
     for (uint32_t s = threadIdx.z; s < bs; s += blockDim.z) {
         for (uint32_t h = threadIdx.y; h < nh; h += blockDim.y) {
