@@ -19,6 +19,16 @@ uint32_t lmc_kv_plan_layers(const lmc_kv_plan *p)
     return n;
 }
 
+uint32_t lmc_kv_layer_pool_size(const lmc_kv_plan *p)
+{
+    uint32_t n = 0;
+    for (uint32_t g = 0; g < p->n_kg; g++)
+        for (uint32_t l = 0; l < p->kg[g].geo.nl; l++)
+            if (lmc_kv_layer_index(&p->kg[g], l) + 1 > n)
+                n = lmc_kv_layer_index(&p->kg[g], l) + 1;
+    return n;
+}
+
 static int by_index(const void *a, const void *b)
 {
     const lmc_kv_layer_ref *x = a, *y = b;

@@ -30,8 +30,11 @@ typedef struct lmc_kv_layer_batches {
 
 /* The registered-list index of layer `l` of kernel group g. */
 uint32_t lmc_kv_layer_index(const lmc_kv_kernel_group *g, uint32_t l);
-/* Every layer of the plan (what the engine's event pool must cover). */
+/* Every layer of the plan. */
 uint32_t lmc_kv_plan_layers(const lmc_kv_plan *p);
+/* The event pool a layerwise RETRIEVE indexes: the highest layer index
+ * plus one (registered layers no group copies keep their index). */
+uint32_t lmc_kv_layer_pool_size(const lmc_kv_plan *p);
 /* The batches of object group og, `batch` (>= 1) layers each, the last
  * maybe fewer.  0, or -1 out of memory. */
 int lmc_kv_layer_batches_build(const lmc_kv_plan *p, uint32_t og, uint32_t batch,

@@ -4,6 +4,7 @@ setting and one event handle per layer; RETRIEVE_LAYERWISE streams one reply
 per batch of layers, in layer order, each sent once its layers are in the
 engine's blocks, then a final one.  Failed and abandoned retrieves give
 every lease back, and a client that stops reading holds up nobody."""
+import os
 import struct
 import time
 import urllib.request
@@ -13,11 +14,11 @@ import pytest
 import zmq
 
 from lmc.client import unpack
-from lmc.ops import LOOKUP, NOOP, QUERY_PREFETCH_STATUS
+from lmc.ops import NOOP, REGISTER_KV_CACHE, STORE, UNREGISTER_KV_CACHE
 from lmc.server import run_lmcached
 from paged_kv import PagedKV
 from test_server_driven import (CS, ZEROS, Engine, chunk_rows, info, key, lookup, prompt,
-                                status)
+                                status, until)
 
 SERVER_ARGS = ("--chunk-size", str(CS))      # srv's (conftest.py)
 POOL = "register_layerwise_ipc_event_pool"
@@ -214,3 +215,43 @@ def test_bad_batch_settings_are_refused_naming_them(args, env):
     r = run_lmcached(*args, env=env)
     assert r.returncode == 2, r.stderr
     assert "layerwise-batch" in r.stderr or "LMCACHE_MP_LAYERWISE_BATCH" in r.stderr, r.stderr
+
+
+def test_cuda_contexts_stream_batches_with_pool_events(start_server):
+    """The CUDA path on the CPU stand-in of liblmcached_cuda.so
+    (tests/cuda_emul): the pool reply carries the stream's exported
+    events, one per layer; each batch's copies are enqueued and its pool
+    event recorded before its reply; the leases go back once the stream
+    has passed the copies."""
+    from test_server_driven_cuda_emul import copies_settled, cuda_handles, server_env
+    s = start_server("--chunk-size", str(CS), "--layerwise-batch", "2", env=server_env())
+    g = PagedKV("lwcu", "fa_nhd", nl=3, nb=16, bs=16, nh=2, hs=8)
+    d = s.dealer()
+    frames = d.call(REGISTER_KV_CACHE, 91, cuda_handles(g), "m", 1, "vllm",
+                    {"kv_layout": "NHD"}, [])
+    assert frames is not None and len(frames) == 2, s.output()
+    batch, handles = unpack(d.call(POOL, 91))
+    assert batch == 2 and len(handles) == 3
+    assert [h[:8] for h in handles] == [b"emulpool"] * 3
+    assert [struct.unpack("<I", h[8:12])[0] for h in handles] == [0, 1, 2]
+    assert unpack(d.call(POOL, 91)) == [2, handles]            # the same pool again
+    toks = prompt(26)
+    src, dst = [1, 2, 3, 4], [9, 10, 11, 12]
+    assert unpack(d.call(STORE, key(toks, 0, 2 * CS, "s"), 91, [src], b""))[1] is True
+    assert until(lambda: lookup(s, toks, f"p{time.monotonic()}", end=2 * CS) == 2)
+    assert lookup(s, toks, "r", end=2 * CS) == 2
+    d.send(RETRIEVE_LW, key(toks, 0, 2 * CS, "r"), 91, [dst], os.urandom(64), 0)
+    replies = []
+    while not replies or not replies[-1][1]:
+        r = d.recv(5000)
+        assert r is not None, s.output()
+        replies.append(unpack(r))
+    assert [struct.unpack(f"<{len(p) // 4}i", p) for p, _, _ in replies[:-1]] == \
+        [(0, 2, 0), (2, 1, 2)]
+    assert replies[-1] == [b"", True, True]
+    assert until(lambda: copies_settled(s))
+    for c in range(2):
+        assert chunk_rows(g, dst, c) == chunk_rows(g, src, c)
+    assert len(d.call(UNREGISTER_KV_CACHE, 91)) == 2
+    d.close()
+    g.close()

@@ -230,6 +230,7 @@ static void test_batches_of_one_group(void **state)
     lmc_kv_plan p;
     plan5(false, false, &p);
     assert_int_equal(lmc_kv_plan_layers(&p), 5);
+    assert_int_equal(lmc_kv_layer_pool_size(&p), 5);
     lmc_kv_layer_batches b;
     static const uint32_t all[] = {0, 1, 2, 3, 4};
     assert_int_equal(lmc_kv_layer_batches_build(&p, 0, 2, &b), 0);
@@ -263,6 +264,7 @@ static void test_interleaved_groups_follow_the_registration_order(void **state)
     lmc_kv_layer_batches_free(&b);
     lmc_kv_plan_free(&p);
     plan5(true, true, &p);       /* the window group is an object group of its own */
+    assert_int_equal(lmc_kv_layer_pool_size(&p), 5);
     assert_int_equal(p.n_og, 2);
     assert_int_equal(lmc_kv_layer_batches_build(&p, 1, 2, &b), 0);
     expect_batches(&b, (const uint32_t[]){1, 3}, 2, (const size_t[]){0, 2}, 1);

@@ -8,7 +8,10 @@
  *                                                    then [b"", true, ok]
  *
  * Objects keep the layout every other path reads and writes ([kv][layer]
- * per kernel group): a batch copies its layers' K rows and V rows. */
+ * per kernel group): a batch copies its layers' K rows and V rows.  On CPU
+ * shared tensors a batch's reply leaves once its bytes are in the blocks;
+ * on CUDA once its copies are enqueued and the pool event of its first
+ * layer recorded after them (cuda_plugin.c), which the engine waits on. */
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,13 +37,29 @@ static uint32_t batch_setting(const sd_mod *m)
     return (uint32_t)m->ctx->config->mp.layerwise_batch;
 }
 
-/* REGISTER_LAYERWISE_IPC_EVENT_POOL(instance_id) -> [batch, handles]: one
- * handle per layer, pool index = layer index.  A CPU context's events are
- * 64 zero bytes, nothing to wait for (the form a CUDA-less upstream server
- * sends for RETRIEVE's event).  [0, []] (layerwise off for this worker, so
- * an upstream worker sends plain RETRIEVE) when the flag is 0, the instance
- * is not registered, or its tensors are CUDA ones, whose pooled events are
- * not made yet. */
+/* The context's pool handles (layers * 64 bytes, malloc'd): a CUDA
+ * context's exported events, a CPU context's 64 zero bytes each, nothing
+ * to wait for (the form a CUDA-less upstream server sends for RETRIEVE's
+ * event).  NULL when none can be made. */
+static uint8_t *pool_handles(sd_mod *m, sd_ctx *c, uint32_t layers)
+{
+    char err[256];
+    uint8_t *h = calloc(layers, EVENT_HANDLE_BYTES);
+    if (h && c->cuda &&
+        lmc_server_driven_cuda_event_pool(m, c, layers, h, err, sizeof err) != 0) {
+        LMC_WARN_LIMITED("REGISTER_LAYERWISE_IPC_EVENT_POOL %lld: %s; layerwise off for it",
+                         (long long)c->instance_id, err);
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+/* REGISTER_LAYERWISE_IPC_EVENT_POOL(instance_id) -> [batch, handles]: pool
+ * index i is the event of the batch whose first layer has index i.  [0, []]
+ * (layerwise off for this worker, so an upstream worker sends plain
+ * RETRIEVE) when the flag is 0, the instance is not registered, or its
+ * CUDA events cannot be made. */
 lmc_handler_result lmc_server_driven_register_layerwise_pool(void *state, lmc_rpc_call *call)
 {
     sd_mod *m = state;
@@ -49,16 +68,19 @@ lmc_handler_result lmc_server_driven_register_layerwise_pool(void *state, lmc_rp
         return lmc_rpc_call_fail(call, "TypeError", "instance_id must be an int");
     sd_ctx *c = lmc_server_driven_get(m, id);
     uint32_t batch = batch_setting(m);
-    uint32_t layers = c && !c->cuda && batch ? lmc_kv_plan_layers(&c->plan) : 0;
-    static const uint8_t zeros[EVENT_HANDLE_BYTES];
+    uint32_t layers = c && batch ? lmc_kv_layer_pool_size(&c->plan) : 0;
+    uint8_t *handles = layers ? pool_handles(m, c, layers) : NULL;
+    if (!handles)
+        layers = 0;
     msgpack_packer *pk = lmc_rpc_call_reply(call);
     msgpack_pack_array(pk, 2);
     msgpack_pack_uint32(pk, layers ? batch : 0);
     msgpack_pack_array(pk, layers);
     for (uint32_t i = 0; i < layers; i++) {
         msgpack_pack_bin(pk, EVENT_HANDLE_BYTES);
-        msgpack_pack_bin_body(pk, zeros, EVENT_HANDLE_BYTES);
+        msgpack_pack_bin_body(pk, handles + (size_t)i * EVENT_HANDLE_BYTES, EVENT_HANDLE_BYTES);
     }
+    free(handles);
     if (c)
         lmc_server_driven_put(m, c);
     return LMC_HANDLER_REPLY;
@@ -166,22 +188,30 @@ static bool stream_group(sd_mod *m, lmc_rpc_call *call, const sd_op *op, uint32_
     for (size_t b = 0; ok && b < lb.n_batches; b++) {
         const lmc_kv_layer_ref *refs = lb.refs + lb.starts[b];
         size_t nr = lb.starts[b + 1] - lb.starts[b];
-        ok = scatter_batch(m, op, og, first, skip, leases, refs, nr);
+        char err[256] = "the engine's memory went away under the copy";
+        ok = op->c->cuda ? lmc_server_driven_cuda_layers(m, op, og, first, skip, leases, refs,
+                                                         nr, refs[0].index, err,
+                                                         sizeof err) == 0
+                         : scatter_batch(m, op, og, first, skip, leases, refs, nr);
         if (!ok)
-            LMC_WARN_LIMITED("RETRIEVE_LAYERWISE: instance %lld's memory went away under the "
-                             "copy", (long long)op->c->instance_id);
+            LMC_WARN_LIMITED("RETRIEVE_LAYERWISE on instance %lld: %s",
+                             (long long)op->c->instance_id, err);
         else if (!send_batch(call, refs, nr))
             LMC_WARN_LIMITED("RETRIEVE_LAYERWISE: no memory for a batch's reply");
         atomic_fetch_add(&m->layer_batches, ok ? 1 : 0);
     }
     if (ok)
         *bytes += n * p->og[og].object_size;
-    lmc_storage_manager_give_back(m->ctx->storage, keys, leases, n);
+    if (op->c->cuda)    /* copies may be in flight, failed or not */
+        lmc_server_driven_cuda_give_back_after(m, op, keys, leases, n);
+    else
+        lmc_storage_manager_give_back(m->ctx->storage, keys, leases, n);
     lmc_kv_layer_batches_free(&lb);
     return ok;
 }
 
-/* Frames 0-4 resolved for a CPU context: 0, or -1 / -2 with the reason. */
+/* Frames 0-4 resolved, and a CUDA context's stream made to wait for the
+ * engine's event: 0, or -1 / -2 with the reason. */
 static int begin(sd_mod *m, lmc_rpc_call *call, sd_op *op, uint64_t *skip, char *err,
                  size_t errlen)
 {
@@ -197,9 +227,7 @@ static int begin(sd_mod *m, lmc_rpc_call *call, sd_op *op, uint64_t *skip, char 
     if (rc == 0)
         rc = lmc_server_driven_client_event(call, &h, &hlen, err, errlen);
     if (rc == 0 && op->c->cuda)
-        return snprintf(err, errlen, "layerwise retrieve into CUDA tensors is not served "
-                                     "(REGISTER_LAYERWISE_IPC_EVENT_POOL answered 0): use "
-                                     "RETRIEVE"), -1;
+        rc = lmc_server_driven_cuda_wait(m, op, h, hlen, err, errlen);
     return rc;
 }
 
@@ -221,8 +249,9 @@ lmc_handler_result lmc_server_driven_retrieve_layerwise(void *state, lmc_rpc_cal
     if (ok) {
         /* The events a RETRIEVE publishes (docs/observability.md): the
          * transfer metrics and the trace count a layerwise one alike. */
+        const char *device = op.c->cuda ? "cuda" : "cpu";
         lmc_transfer_publish(m->ctx->events, LMC_EVENT_RETRIEVE_START, &op.key,
-                             op.c->instance_id, "cpu", op.n, 0);
+                             op.c->instance_id, device, op.n, 0);
         for (uint32_t og = 0; ok && og < op.c->plan.n_og; og++)
             ok = stream_group(m, call, &op, og, skip, keys, leases, &bytes);
         if (!ok) {
@@ -232,7 +261,7 @@ lmc_handler_result lmc_server_driven_retrieve_layerwise(void *state, lmc_rpc_cal
                                                     "not_found", &op.keys[0], op.n);
         }
         lmc_transfer_publish(m->ctx->events, LMC_EVENT_RETRIEVE_END, &op.key,
-                             op.c->instance_id, "cpu", ok ? op.n : 0, bytes);
+                             op.c->instance_id, device, ok ? op.n : 0, bytes);
         atomic_fetch_add(&m->chunks_retrieved, ok ? op.n : 0);
         atomic_fetch_add(&m->bytes_retrieved, bytes);
     } else {

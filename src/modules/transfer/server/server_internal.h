@@ -10,6 +10,7 @@
 #include "kv/cuda_transfer.h"
 #include "kv/bulk_copy.h"
 #include "modules/services/ipc_key.h"
+#include "kv/kv_layerwise.h"
 #include "kv/kv_plan.h"
 #include "modules/services/layout_registry.h"
 #include "modules/module.h"
@@ -173,6 +174,22 @@ bool lmc_server_driven_cuda_retrieve(sd_mod *m, const sd_op *op, uint64_t skip, 
 /* A recorded event for a failure reply; false when none can be made. */
 bool lmc_server_driven_cuda_failure_event(sd_mod *m, const sd_op *op,
                                uint8_t handle[LMC_CUDA_EVENT_HANDLE_BYTES]);
+
+/* Layerwise RETRIEVE on CUDA (layerwise.c): the context's event pool of n
+ * events (their handles, n * 64 bytes); the wait for the engine's event;
+ * one batch's copies of object group og's chunks [first, n) and pool event
+ * `pool` recorded after them; the leases given back once the stream has
+ * passed them.  0, or -1 with the reason. */
+int lmc_server_driven_cuda_event_pool(sd_mod *m, sd_ctx *c, uint32_t n, uint8_t *handles,
+                                      char *err, size_t errlen);
+int lmc_server_driven_cuda_wait(sd_mod *m, const sd_op *op, const uint8_t *client,
+                                size_t client_len, char *err, size_t errlen);
+int lmc_server_driven_cuda_layers(sd_mod *m, const sd_op *op, uint32_t og, size_t first,
+                                  uint64_t skip, const lmc_lease *leases,
+                                  const lmc_kv_layer_ref *refs, size_t n, uint32_t pool,
+                                  char *err, size_t errlen);
+void lmc_server_driven_cuda_give_back_after(sd_mod *m, const sd_op *op, lmc_object_key *keys,
+                                            lmc_lease *leases, size_t n);
 
 /* The context of `id` with a reference for the caller, or NULL. */
 sd_ctx *lmc_server_driven_get(sd_mod *m, int64_t id);
