@@ -221,12 +221,12 @@ static int register_worker(worker *w, bool hnd)
     return call(w->c, LMC_OP_REGISTER_KV_CACHE, a, 7, NULL);
 }
 
-/* Sends the STORE or RETRIEVE of chunks [c0, c0+n) of toks, blocks from
- * `first`; its uid, 0 when it could not be sent. */
-static uint64_t transfer_send(worker *w, const uint64_t *toks, size_t c0, size_t n, size_t first,
-                              const char *rid, bool store)
+/* The payload of a STORE, RETRIEVE or RETRIEVE_LAYERWISE of chunks
+ * [c0, c0+n) of toks, blocks from `first`: key, instance, block ids, an
+ * empty event, skip 0. */
+static void pack_transfer(msgpack_sbuffer a[5], const worker *w, const uint64_t *toks,
+                          size_t c0, size_t n, size_t first, const char *rid)
 {
-    msgpack_sbuffer a[5];
     msgpack_packer pk;
     pack_key(&a[0], w, toks, c0 * CS, (c0 + n) * CS, rid, false);
     sb_packer(&a[1], &pk), msgpack_pack_int64(&pk, w->instance);
@@ -237,6 +237,15 @@ static uint64_t transfer_send(worker *w, const uint64_t *toks, size_t c0, size_t
     static const char zeros[64];
     sb_packer(&a[3], &pk), msgpack_pack_bin(&pk, 64), msgpack_pack_bin_body(&pk, zeros, 64);
     sb_packer(&a[4], &pk), msgpack_pack_int(&pk, 0);
+}
+
+/* Sends the STORE or RETRIEVE of chunks [c0, c0+n) of toks, blocks from
+ * `first`; its uid, 0 when it could not be sent. */
+static uint64_t transfer_send(worker *w, const uint64_t *toks, size_t c0, size_t n, size_t first,
+                              const char *rid, bool store)
+{
+    msgpack_sbuffer a[5];
+    pack_transfer(a, w, toks, c0, n, first, rid);
     size_t nargs = store ? 4 : 5;
     uint64_t uid = lmc_client_send(w->c, store ? LMC_OP_STORE : LMC_OP_RETRIEVE, a, nargs);
     for (size_t i = 0; i < 5; i++)
@@ -794,15 +803,7 @@ static int layerwise_retrieve(worker *w, const uint64_t *toks, size_t n, size_t 
     static uint64_t uid = 1ull << 40;    /* apart from lmc_client's own uids */
     sb_packer(&a[0], &pk), msgpack_pack_uint64(&pk, ++uid);
     sb_packer(&a[1], &pk), lmc_mp_pack_cstr(&pk, "retrieve_layerwise");
-    pack_key(&a[2], w, toks, 0, n * CS, rid, false);
-    sb_packer(&a[3], &pk), msgpack_pack_int64(&pk, w->instance);
-    sb_packer(&a[4], &pk), msgpack_pack_array(&pk, 1);
-    msgpack_pack_array(&pk, (uint32_t)(n * CS / BS));
-    for (size_t i = 0; i < n * CS / BS; i++)
-        msgpack_pack_uint64(&pk, first + i);
-    static const char zeros[64];
-    sb_packer(&a[5], &pk), msgpack_pack_bin(&pk, 64), msgpack_pack_bin_body(&pk, zeros, 64);
-    sb_packer(&a[6], &pk), msgpack_pack_int(&pk, 0);
+    pack_transfer(a + 2, w, toks, 0, n, first, rid);
     void *sock = lmc_client_socket(w->c);
     double t0 = now_s();
     for (int i = 0; i < 7; i++)

@@ -1419,6 +1419,22 @@ def no_gpu_reason():
     return None
 
 
+def with_server(z, args, fn, *extra):
+    """fn(srv) against a fresh lmcached; its log's tail printed on failure."""
+    srv = Server(z, args.lmcached, args.lib_dir, args.cuda_lib,
+                 "--chunk-size", str(args.chunk_size), *extra)
+    ok = False
+    try:
+        fn(srv)
+        ok = True
+    finally:
+        rc = srv.stop()
+        if not ok or rc != 0 or args.verbose:
+            print("---- lmcached log (tail) ----")
+            print("\n".join(srv.output().splitlines()[-80:]))
+    check(rc == 0, f"lmcached exited {rc}")
+
+
 def gpu_main(args, z):
     torch = real_torch()
     check(torch.cuda.is_available(), "torch sees no CUDA device")
@@ -1434,31 +1450,14 @@ def gpu_main(args, z):
     if "server" in args.phases:
         t0 = time.monotonic()
         print("server: lmcached over CUDA IPC", flush=True)
-        srv = Server(z, args.lmcached, args.lib_dir, args.cuda_lib,
-                     "--chunk-size", str(args.chunk_size))
-        ok = False
-        try:
+
+        def formats(srv):
             for i, fmt in enumerate(args.formats):
                 run_case(torch, srv, fmt, 100 + i, uuid, args.chunk_size)
-            ok = True
-        finally:
-            rc = srv.stop()
-            if not ok or rc != 0 or args.verbose:
-                print("---- lmcached log (tail) ----")
-                print("\n".join(srv.output().splitlines()[-80:]))
-        check(rc == 0, f"lmcached exited {rc}")
-        srv = Server(z, args.lmcached, args.lib_dir, args.cuda_lib,
-                     "--chunk-size", str(args.chunk_size), "--layerwise-batch", "2")
-        ok = False
-        try:
-            run_layerwise_case(torch, srv, 200, uuid, args.chunk_size)
-            ok = True
-        finally:
-            rc = srv.stop()
-            if not ok or rc != 0 or args.verbose:
-                print("---- lmcached log (tail) ----")
-                print("\n".join(srv.output().splitlines()[-80:]))
-        check(rc == 0, f"lmcached exited {rc}")
+        with_server(z, args, formats)
+        with_server(z, args, lambda srv: run_layerwise_case(torch, srv, 200, uuid,
+                                                            args.chunk_size),
+                    "--layerwise-batch", "2")
         print(f"server: PASS ({time.monotonic() - t0:.1f} s)", flush=True)
     if "bench" in args.phases:      # last: only once the correctness phases passed
         torch.cuda.empty_cache()
