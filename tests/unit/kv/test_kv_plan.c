@@ -272,6 +272,32 @@ static void test_interleaved_groups_follow_the_registration_order(void **state)
     lmc_kv_plan_free(&p);
 }
 
+static void test_pool_covers_every_layer_index(void **state)
+{
+    (void)state;
+    /* Layers 1 and 3 in no group (shared KV): not copied, but the pool is
+     * indexed by registration index, so it still reaches layer 4. */
+    lmc_shared_tensor t[5];
+    for (int i = 0; i < 5; i++)
+        t[i] = fa_nhd(8, 16, 2, 8);
+    static const uint32_t even[] = {0, 2, 4};
+    lmc_engine_group_info gi = {.layers = even, .n_layers = 3, .tokens_per_block = 16,
+                                .sw_size_tokens = -1, .physical_per_engine = 1};
+    lmc_kv_plan_options o = {.engine = LMC_ENGINE_VLLM, .chunk_size = 32,
+                             .separate_object_groups = true, .infos = &gi, .n_infos = 1};
+    lmc_kv_plan p;
+    char err[256] = "";
+    if (lmc_kv_plan_build(t, 5, &o, &p, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(lmc_kv_plan_layers(&p), 3);
+    assert_int_equal(lmc_kv_layer_pool_size(&p), 5);
+    lmc_kv_layer_batches b;
+    assert_int_equal(lmc_kv_layer_batches_build(&p, 0, 2, &b), 0);
+    expect_batches(&b, (const uint32_t[]){0, 2, 4}, 3, (const size_t[]){0, 2, 3}, 2);
+    lmc_kv_layer_batches_free(&b);
+    lmc_kv_plan_free(&p);
+}
+
 static int32_t le32(const uint8_t *p)
 {
     return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
@@ -303,6 +329,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_batches_of_one_group),
         cmocka_unit_test(test_interleaved_groups_follow_the_registration_order),
+        cmocka_unit_test(test_pool_covers_every_layer_index),
         cmocka_unit_test(test_frames),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
