@@ -92,7 +92,8 @@ static void pack_frame(msgpack_packer *pk, const uint8_t *payload, size_t len, b
 {
     msgpack_pack_array(pk, 3);
     msgpack_pack_bin(pk, len);
-    msgpack_pack_bin_body(pk, payload, len);
+    if (len)
+        msgpack_pack_bin_body(pk, payload, len);
     final ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
     ok ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
 }
