@@ -15,8 +15,13 @@
  *      single-thread copy where the machine has the cores.
  *   3. Request overhead: STORE of one small new chunk and RETRIEVE of one
  *      (after its LOOKUP) p50 beside NOOP p50 in the same run.  Goal <= 2x.
+ *   4. Layerwise retrieve (--layerwise-batch 1): RETRIEVE_LAYERWISE of 16
+ *      chunks (32 MiB, 8 layers), time to its first layer's reply beside
+ *      the whole retrieve and a NOOP, p50s.  Goal: first <= whole / 8 +
+ *      NOOP.  `--layerwise-only` runs this phase alone.
  *
- *   sd_transfer_bench [--chunks N] [--iters M]      (defaults 256, 2000) */
+ *   sd_transfer_bench [--chunks N] [--iters M] [--layerwise-only]
+ *                                                   (defaults 256, 2000) */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -36,6 +41,8 @@
 #include "rpc/client.h"
 #include "rpc/wire.h"
 #include "server/server.h"
+
+#include <zmq.h>
 
 #define CS 256
 #define BS 16
@@ -214,12 +221,12 @@ static int register_worker(worker *w, bool hnd)
     return call(w->c, LMC_OP_REGISTER_KV_CACHE, a, 7, NULL);
 }
 
-/* Sends the STORE or RETRIEVE of chunks [c0, c0+n) of toks, blocks from
- * `first`; its uid, 0 when it could not be sent. */
-static uint64_t transfer_send(worker *w, const uint64_t *toks, size_t c0, size_t n, size_t first,
-                              const char *rid, bool store)
+/* The payload of a STORE, RETRIEVE or RETRIEVE_LAYERWISE of chunks
+ * [c0, c0+n) of toks, blocks from `first`: key, instance, block ids, an
+ * empty event, skip 0. */
+static void pack_transfer(msgpack_sbuffer a[5], const worker *w, const uint64_t *toks,
+                          size_t c0, size_t n, size_t first, const char *rid)
 {
-    msgpack_sbuffer a[5];
     msgpack_packer pk;
     pack_key(&a[0], w, toks, c0 * CS, (c0 + n) * CS, rid, false);
     sb_packer(&a[1], &pk), msgpack_pack_int64(&pk, w->instance);
@@ -230,6 +237,15 @@ static uint64_t transfer_send(worker *w, const uint64_t *toks, size_t c0, size_t
     static const char zeros[64];
     sb_packer(&a[3], &pk), msgpack_pack_bin(&pk, 64), msgpack_pack_bin_body(&pk, zeros, 64);
     sb_packer(&a[4], &pk), msgpack_pack_int(&pk, 0);
+}
+
+/* Sends the STORE or RETRIEVE of chunks [c0, c0+n) of toks, blocks from
+ * `first`; its uid, 0 when it could not be sent. */
+static uint64_t transfer_send(worker *w, const uint64_t *toks, size_t c0, size_t n, size_t first,
+                              const char *rid, bool store)
+{
+    msgpack_sbuffer a[5];
+    pack_transfer(a, w, toks, c0, n, first, rid);
     size_t nargs = store ? 4 : 5;
     uint64_t uid = lmc_client_send(w->c, store ? LMC_OP_STORE : LMC_OP_RETRIEVE, a, nargs);
     for (size_t i = 0; i < 5; i++)
@@ -759,6 +775,116 @@ static int overhead(worker *w, size_t iters)
     return rc;
 }
 
+/* ---- layerwise retrieve ------------------------------------------------- */
+
+static pid_t start_server(size_t chunks, int workers, const char *layerwise, char *url,
+                          size_t url_len);
+
+/* Whether a RETRIEVE_LAYERWISE reply ([payload, is_final, ok]) is the final
+ * one; *ok its success. */
+static bool final_frame(const uint8_t *data, size_t len, bool *ok)
+{
+    msgpack_zone z;
+    msgpack_object o;
+    size_t off = 0;
+    msgpack_zone_init(&z, 256);
+    bool fin = msgpack_unpack((const char *)data, len, &off, &z, &o) == MSGPACK_UNPACK_SUCCESS &&
+               o.type == MSGPACK_OBJECT_ARRAY && o.via.array.size == 3 &&
+               o.via.array.ptr[1].type == MSGPACK_OBJECT_BOOLEAN && o.via.array.ptr[1].via.boolean;
+    *ok = fin && o.via.array.ptr[2].type == MSGPACK_OBJECT_BOOLEAN &&
+          o.via.array.ptr[2].via.boolean;
+    msgpack_zone_destroy(&z);
+    return fin;
+}
+
+/* RETRIEVE_LAYERWISE of chunks [0, n) of toks into blocks from `first`,
+ * over the client's raw DEALER (the op travels by name): seconds to the
+ * first batch's reply and to the final one; 0 when that says success. */
+static int layerwise_retrieve(worker *w, const uint64_t *toks, size_t n, size_t first,
+                              const char *rid, double *t_first, double *t_whole)
+{
+    msgpack_sbuffer a[7];
+    msgpack_packer pk;
+    static uint64_t uid = 1ull << 40;    /* apart from lmc_client's own uids */
+    sb_packer(&a[0], &pk), msgpack_pack_uint64(&pk, ++uid);
+    sb_packer(&a[1], &pk), lmc_mp_pack_cstr(&pk, "retrieve_layerwise");
+    pack_transfer(a + 2, w, toks, 0, n, first, rid);
+    void *sock = lmc_client_socket(w->c);
+    double t0 = now_s();
+    for (int i = 0; i < 7; i++)
+        zmq_send(sock, a[i].data, a[i].size, i < 6 ? ZMQ_SNDMORE : 0);
+    for (int i = 0; i < 7; i++)
+        msgpack_sbuffer_destroy(&a[i]);
+    bool fin = false, ok = false;
+    *t_first = -1;
+    while (!fin) {
+        zmq_msg_t f[3];
+        int nf = 0, more = 1;
+        for (; more && nf < 3; nf++) {
+            zmq_msg_init(&f[nf]);
+            if (zmq_msg_recv(&f[nf], sock, 0) < 0)
+                return -1;
+            more = zmq_msg_more(&f[nf]);
+        }
+        if (nf == 3)
+            fin = final_frame(zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), &ok);
+        for (int i = 0; i < nf; i++)
+            zmq_msg_close(&f[i]);
+        if (!fin && *t_first < 0)
+            *t_first = now_s() - t0;
+    }
+    *t_whole = now_s() - t0;
+    return ok && *t_first >= 0 ? 0 : -1;
+}
+
+/* Phase 4: BATCH chunks (32 MiB) stored, looked up and retrieved layer by
+ * layer, `iters` times; p50s beside NOOP's. */
+static int layerwise_phase(size_t iters)
+{
+    char url[64];
+    pid_t pid = start_server(4 * BATCH, 1, "1", url, sizeof url);
+    if (pid < 0)
+        return -1;
+    worker w = {.c = lmc_client_connect(url), .instance = 300, .world = 1, .model = "lw",
+                .nb = 1 + 2 * BATCH * CS / BS, .layers = LAYERS, .hs = HS};
+    int rc = !w.c || register_worker(&w, false) != 0;
+    double *first = malloc(iters * sizeof *first), *whole = malloc(iters * sizeof *whole),
+           *noop = malloc(iters * sizeof *noop);
+    uint64_t *toks = malloc(BATCH * CS * sizeof *toks);
+    rc |= !first || !whole || !noop || !toks;
+    for (size_t i = 0; i < iters && rc == 0; i++) {
+        char rid[32];
+        snprintf(rid, sizeof rid, "lw%zu", i);
+        fill_tokens(toks, BATCH * CS, 5000 + i);
+        double t0 = now_s();
+        rc |= call(w.c, LMC_OP_NOOP, NULL, 0, NULL);
+        noop[i] = now_s() - t0;
+        rc |= transfer(&w, toks, 0, BATCH, 1, rid, true) != 0 || lookup(&w, toks, BATCH, rid) != 0;
+        rc |= layerwise_retrieve(&w, toks, BATCH, 1 + BATCH * CS / BS, rid, &first[i],
+                                 &whole[i]);
+        rc |= end_session(&w, rid) != 0;
+    }
+    if (rc == 0) {
+        qsort(first, iters, sizeof *first, cmp_double);
+        qsort(whole, iters, sizeof *whole, cmp_double);
+        qsort(noop, iters, sizeof *noop, cmp_double);
+        double f50 = first[iters / 2], w50 = whole[iters / 2], n50 = noop[iters / 2];
+        printf("layerwise retrieve, %d MiB in %d chunks, %d layers, batch 1, %zu requests:\n"
+               "  first layer's reply p50 %.1f us; whole p50 %.1f us; NOOP p50 %.1f us; "
+               "goal first <= whole/%d + NOOP = %.1f us: %s\n",
+               (int)(BATCH * OBJ >> 20), BATCH, LAYERS, iters, f50 * 1e6, w50 * 1e6, n50 * 1e6,
+               LAYERS, (w50 / LAYERS + n50) * 1e6, f50 <= w50 / LAYERS + n50 ? "met" : "NOT met");
+    }
+    free(first);
+    free(whole);
+    free(noop);
+    free(toks);
+    free_tensors(&w);
+    lmc_client_close(w.c);
+    bench_server_kill(pid);
+    return rc;
+}
+
 /* ---- the server --------------------------------------------------------- */
 
 /* Polls the server's /status (with curl) until `done` finds what it waits
@@ -813,7 +939,8 @@ static void wait_engine_mapped(void)
            wait_status(engine_mapped));
 }
 
-static pid_t start_server(size_t chunks, int workers, char *url, size_t url_len)
+static pid_t start_server(size_t chunks, int workers, const char *layerwise, char *url,
+                          size_t url_len)
 {
     char port[16], http_port[16], l1[32], gpu_workers[8];
     snprintf(port, sizeof port, "%d", 20000 + getpid() % 20000);
@@ -824,7 +951,8 @@ static pid_t start_server(size_t chunks, int workers, char *url, size_t url_len)
     char *args[] = {"lmcached", "--host", "127.0.0.1", "--port", port, "--chunk-size", "256",
                     "--l1-size-gb", l1, "--eviction-policy", "LRU", "--log-level", "WARNING",
                     "--max-workers", "2", "--max-gpu-workers", gpu_workers, "--http-host",
-                    "127.0.0.1", "--http-port", http_port, "--cpu-kv-layout", "hint", NULL};
+                    "127.0.0.1", "--http-port", http_port, "--cpu-kv-layout", "hint",
+                    "--layerwise-batch", (char *)layerwise, NULL};
     lmc_config cfg;
     char err[256];
     if (lmc_config_parse(&cfg, (int)(sizeof args / sizeof args[0]) - 1, args, NULL, stdout, err,
@@ -843,7 +971,7 @@ static pid_t start_server(size_t chunks, int workers, char *url, size_t url_len)
 static int phase(size_t chunks, size_t n_workers, bool hnd, const copy_pair *cp, size_t iters)
 {
     char url[64];
-    pid_t pid = start_server(chunks, (int)n_workers, url, sizeof url);
+    pid_t pid = start_server(chunks, (int)n_workers, "0", url, sizeof url);
     if (pid < 0)
         return -1;
     worker ws[2];
@@ -875,12 +1003,18 @@ static int phase(size_t chunks, size_t n_workers, bool hnd, const copy_pair *cp,
 int main(int argc, char **argv)
 {
     size_t chunks = 256, iters = 2000;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (strcmp(argv[i], "--chunks") == 0)
-            chunks = strtoul(argv[i + 1], NULL, 10);
-        else if (strcmp(argv[i], "--iters") == 0)
-            iters = strtoul(argv[i + 1], NULL, 10);
+    bool layerwise_only = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--layerwise-only") == 0)
+            layerwise_only = true;
+        else if (i + 1 < argc && strcmp(argv[i], "--chunks") == 0)
+            chunks = strtoul(argv[++i], NULL, 10);
+        else if (i + 1 < argc && strcmp(argv[i], "--iters") == 0)
+            iters = strtoul(argv[++i], NULL, 10);
     }
+    size_t lw_iters = iters < 200 ? iters : 200;    /* 32 MiB each */
+    if (layerwise_only)
+        return iters < 10 || layerwise_phase(lw_iters) != 0;
     if (chunks < 2 * BATCH || iters < 10) {
         fprintf(stderr, "usage: sd_transfer_bench [--chunks N>=32] [--iters M>=10]\n");
         return 1;
@@ -900,6 +1034,8 @@ int main(int argc, char **argv)
         rc = phase(chunks, 1, hnd, &cp, hnd ? 0 : iters);
     if (rc == 0)
         rc = phase(chunks, 2, false, &cp, 0);
+    if (rc == 0)
+        rc = layerwise_phase(lw_iters);
     free(cp.src);
     free(cp.dst);
     if (rc)

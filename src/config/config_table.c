@@ -71,6 +71,11 @@ static const lmc_config_flag flags[] = {
     {.name = "separate-object-groups", .group = LMC_FG_MP, .kind = LMC_FK_BOOL,
      AT(mp.separate_object_groups), .def = "true", .json_name = "separate_object_groups",
      .help = "Keep one object group per sliding-window size."},
+    /* At most 4096: LMC_KV_MAX_LAYERS, the most layers a registration has. */
+    {.name = "layerwise-batch", .group = LMC_FG_MP, .kind = LMC_FK_INT, AT(mp.layerwise_batch),
+     .def = "0", .env = "LMCACHE_MP_LAYERWISE_BATCH", .json_name = "layerwise_batch",
+     .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = 0, .max = 4096,
+     .help = "Layers per streamed reply of RETRIEVE_LAYERWISE; 0 turns layerwise retrieve off."},
     {.name = "cpu-kv-layout", .group = LMC_FG_MP, .kind = LMC_FK_STR, AT(mp.cpu_kv_layout),
      .def = "hnd", .choices = cpu_layout_choices, .json_name = "cpu_kv_layout",
      .flags = LMC_FF_ADDITION,

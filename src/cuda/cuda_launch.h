@@ -44,7 +44,7 @@
 #define LMC_CUDA_MAX_GRID_YZ 65535u   /* gridDim.y and gridDim.z limits */
 
 /* One launch: kept blocks first_block .. keep_blocks-1 of one member
- * kernel group, every kv plane and layer. */
+ * kernel group, every kv plane, its layers (or a layerwise batch's). */
 typedef struct lmc_cuda_copy_params {
     lmc_kv_geometry geo;
     uint64_t entry;            /* address of the group's entry in the staging buffer */
@@ -55,6 +55,8 @@ typedef struct lmc_cuda_copy_params {
     uint32_t unit;             /* bytes per copy unit: 16, 8, 4, 2 or 1 */
     uint32_t units_per_row;    /* hs * element_size / unit */
     uint32_t to_staging;       /* 1: blocks -> staging (STORE); 0: the reverse */
+    uint32_t first_layer;      /* layers first_layer .. first_layer+n_layers-1 */
+    uint32_t n_layers;         /* (all of them unless a layerwise RETRIEVE narrows it) */
     uint32_t reserved;
     uint64_t tensors[LMC_CUDA_MAX_TENSORS];   /* element 0 of each tensor */
     int64_t blocks[LMC_CUDA_MAX_BLOCKS];
@@ -108,7 +110,7 @@ LMC_CUDA_INLINE uint32_t lmc_cuda_copy_unit(uint64_t row_bytes, uint64_t addr_bi
     return u;
 }
 
-/* Grid (kv_size, keep_blocks - first_block, nl); block (tx, ty, tz) with
+/* Grid (kv_size, keep_blocks - first_block, n_layers); block (tx, ty, tz) with
  * tx = min(units per row, 32), ty = min(heads, THREADS / tx),
  * tz = min(slots per block, THREADS / (tx * ty)).  A grid with a zero
  * dimension means nothing to launch. */
@@ -130,7 +132,7 @@ LMC_CUDA_INLINE lmc_cuda_dims lmc_cuda_launch_dims(const lmc_cuda_copy_params *p
         tz = 1;
     d.grid[0] = p->geo.kv_size;
     d.grid[1] = p->keep_blocks > p->first_block ? p->keep_blocks - p->first_block : 0;
-    d.grid[2] = p->geo.nl;
+    d.grid[2] = p->n_layers;
     d.block[0] = tx;
     d.block[1] = ty;
     d.block[2] = tz;
@@ -228,12 +230,32 @@ static inline int lmc_cuda_params_pack(lmc_cuda_copy_params *p, const lmc_kv_ker
     p->unit = lmc_cuda_copy_unit(row, bits);
     p->units_per_row = (uint32_t)(row / p->unit);
     p->to_staging = to_staging ? 1 : 0;
+    p->first_layer = 0;
+    p->n_layers = geo->nl;
     p->reserved = 0;
     if ((uint64_t)p->units_per_row * p->unit != row) {
         snprintf(err, errlen, "a head's row of %llu bytes is too long",
                  (unsigned long long)row);
         return -1;
     }
+    return 0;
+}
+
+/* Narrows a packed launch to layers [from, to) of its group (a layerwise
+ * RETRIEVE's batch, docs/protocol.md "Layerwise retrieve"); to is clamped
+ * to the group's layers.  0, or -1 with the reason for an empty range. */
+static inline int lmc_cuda_params_layers(lmc_cuda_copy_params *p, uint32_t from, uint32_t to,
+                                         char *err, size_t errlen)
+{
+    if (to > p->geo.nl)
+        to = p->geo.nl;
+    if (from >= to) {
+        snprintf(err, errlen, "layers [%u, %u) of a group of %u: nothing to copy", from, to,
+                 p->geo.nl);
+        return -1;
+    }
+    p->first_layer = from;
+    p->n_layers = to - from;
     return 0;
 }
 

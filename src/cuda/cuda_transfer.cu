@@ -89,7 +89,8 @@ template <typename U>
 __global__ void __launch_bounds__(LMC_CUDA_THREADS)
     lmc_cuda_copy_kernel(const __grid_constant__ lmc_cuda_copy_params p)
 {
-    const uint32_t kv = blockIdx.x, j = p.first_block + blockIdx.y, layer = blockIdx.z;
+    const uint32_t kv = blockIdx.x, j = p.first_block + blockIdx.y,
+                   layer = p.first_layer + blockIdx.z;
     const uint32_t bs = p.geo.bs, nh = p.geo.nh, upr = p.units_per_row;
     for (uint32_t s = threadIdx.z; s < bs; s += blockDim.z) {
         for (uint32_t h = threadIdx.y; h < nh; h += blockDim.y) {
@@ -333,6 +334,9 @@ struct lmc_cuda_stream {
     exported *ring;            /* circular: head, count, cap */
     size_t head, count, cap;
     uint64_t exported_total;
+    cudaEvent_t *pool;         /* layerwise RETRIEVE's events, pool_n of them */
+    uint8_t *pool_handles;
+    uint32_t pool_n;
 };
 
 static lmc_cuda_stream *cu_stream_new(int device, uint64_t staging_bytes, char *err,
@@ -409,8 +413,12 @@ static void cu_stream_free(lmc_cuda_stream *s)
         if (s->staging)
             (void)cudaFree(s->staging);
     }
+    for (uint32_t i = 0; i < s->pool_n; i++)
+        (void)cudaEventDestroy(s->pool[i]);
     (void)cudaGetLastError();
     pthread_mutex_destroy(&s->lock);
+    free(s->pool);
+    free(s->pool_handles);
     free(s->ring);
     free(s->params);
     free(s);
@@ -496,6 +504,116 @@ static int cu_copy_object(lmc_cuda_stream *s, const lmc_cuda_object *obj, void *
                 rc = copy_members(s, obj, blocks, skip_blocks, false, true, err, errlen);
         }
     }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+/* ---- layerwise RETRIEVE -------------------------------------------------- */
+
+static int make_pool(lmc_cuda_stream *s, uint32_t n, char *err, size_t errlen)
+{
+    s->pool = (cudaEvent_t *)calloc(n, sizeof *s->pool);
+    s->pool_handles = (uint8_t *)malloc((size_t)n * LMC_CUDA_EVENT_HANDLE_BYTES);
+    if (!s->pool || !s->pool_handles)
+        return fail(err, errlen, "out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        CK(cudaEventCreateWithFlags(&s->pool[i], cudaEventDisableTiming | cudaEventInterprocess),
+           "cudaEventCreateWithFlags");
+        s->pool_n = i + 1;   /* destroyed with the stream from here on */
+        cudaIpcEventHandle_t h;
+        CK(cudaIpcGetEventHandle(&h, s->pool[i]), "cudaIpcGetEventHandle");
+        memcpy(s->pool_handles + (size_t)i * LMC_CUDA_EVENT_HANDLE_BYTES, &h, sizeof h);
+    }
+    return 0;
+}
+
+static int cu_event_pool(lmc_cuda_stream *s, uint32_t n, uint8_t *handles, char *err,
+                         size_t errlen)
+{
+    if (n == 0 || !handles)
+        return fail(err, errlen, "event_pool: an empty pool");
+    pthread_mutex_lock(&s->lock);
+    int rc = check(cudaSetDevice(s->device), "cudaSetDevice", err, errlen);
+    if (rc == 0 && !s->pool_handles)
+        rc = make_pool(s, n, err, errlen);
+    else if (rc == 0 && s->pool_n != n)
+        rc = fail(err, errlen, "the stream's event pool has %u events, not %u", s->pool_n, n);
+    if (rc == 0)
+        memcpy(handles, s->pool_handles, (size_t)n * LMC_CUDA_EVENT_HANDLE_BYTES);
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+static int cu_record_pool_event(lmc_cuda_stream *s, uint32_t i, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&s->lock);
+    int rc = i < s->pool_n ? check(cudaSetDevice(s->device), "cudaSetDevice", err, errlen)
+                           : fail(err, errlen, "pool event %u of %u", i, s->pool_n);
+    if (rc == 0)
+        rc = check(cudaEventRecord(s->pool[i], s->stream), "cudaEventRecord", err, errlen);
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+/* Packs member i's launch for layers [from, to); false with the reason. */
+static int pack_layers(lmc_cuda_stream *s, const lmc_cuda_object *obj, uint32_t i,
+                       const int64_t *const *blocks, const uint32_t *skip_blocks, uint32_t from,
+                       uint32_t to, char *err, size_t errlen)
+{
+    const lmc_kv_kernel_group *g = obj->groups[i];
+    if (g->entry_offset > obj->object_size || g->entry_bytes > obj->object_size - g->entry_offset)
+        return fail(err, errlen, "member %u's entry is outside the object", i);
+    uint64_t entry = (uint64_t)(uintptr_t)s->staging + g->entry_offset;
+    if (lmc_cuda_params_pack(s->params, g, obj->tensors[i], blocks[i],
+                             skip_blocks ? skip_blocks[i] : 0, entry, false, err, errlen) != 0)
+        return -1;
+    return lmc_cuda_params_layers(s->params, from, to, err, errlen);
+}
+
+/* The K and V rows of member i's layers [from, to), host -> staging: one
+ * run per plane in the object's [kv][layer][slot][head] entry. */
+static int stage_layers(lmc_cuda_stream *s, const lmc_kv_kernel_group *g, const uint8_t *host,
+                        uint32_t from, uint32_t to, char *err, size_t errlen)
+{
+    const lmc_kv_geometry *geo = &g->geo;
+    size_t run = (size_t)(to - from) * g->slots * geo->nh * geo->hs * geo->element_size;
+    for (uint32_t kv = 0; kv < geo->kv_size; kv++) {
+        size_t off = (size_t)(g->entry_offset +
+                              lmc_kv_object_offset(geo, g->slots, kv, from, 0, 0, 0) *
+                                  geo->element_size);
+        CK(cudaMemcpyAsync((uint8_t *)s->staging + off, host + off, run, cudaMemcpyHostToDevice,
+                           s->stream),
+           "cudaMemcpyAsync (host to staging)");
+    }
+    return 0;
+}
+
+static int cu_copy_layers(lmc_cuda_stream *s, const lmc_cuda_object *obj, void *host,
+                          const int64_t *const *blocks, const uint32_t *skip_blocks,
+                          const uint32_t *from, const uint32_t *to, char *err, size_t errlen)
+{
+    if (!obj || !host || !from || !to ||
+        (obj->n_groups > 0 && (!obj->groups || !obj->tensors || !blocks)))
+        return fail(err, errlen, "copy_layers: missing arguments");
+    if (obj->object_size == 0 || obj->object_size > s->staging_bytes)
+        return fail(err, errlen, "an object of %llu bytes does not fit the staging buffer",
+                    (unsigned long long)obj->object_size);
+    pthread_mutex_lock(&s->lock);
+    int rc = check(cudaSetDevice(s->device), "cudaSetDevice", err, errlen);
+    /* Every member checked before anything is enqueued, then each staged
+     * and scattered. */
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t i = 0; rc == 0 && i < obj->n_groups; i++) {
+            if (from[i] >= to[i])
+                continue;
+            rc = pack_layers(s, obj, i, blocks, skip_blocks, from[i], to[i], err, errlen);
+            if (rc == 0 && pass == 1 && s->params->first_block < s->params->keep_blocks) {
+                rc = stage_layers(s, obj->groups[i], (const uint8_t *)host, s->params->first_layer,
+                                  s->params->first_layer + s->params->n_layers, err, errlen);
+                if (rc == 0)
+                    rc = launch(s->params, s->stream, err, errlen);
+            }
+        }
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
@@ -590,6 +708,9 @@ static const lmc_cuda_ops g_ops = {
     cu_then,
     cu_sync,
     cu_read,
+    cu_event_pool,
+    cu_record_pool_event,
+    cu_copy_layers,
 };
 
 LMC_CUDA_EXPORT const lmc_cuda_ops *lmc_cuda_transfer_ops(void)

@@ -19,8 +19,9 @@
 #include "kv/kv_plan.h"
 
 /* 4: format NL_X_NB_BS_NH_HS (SGLang unified), whose offsets a library
- * of ABI 3 would not know. */
-#define LMC_CUDA_ABI_VERSION 4
+ * of ABI 3 would not know; 5: the layerwise entries (event_pool,
+ * record_pool_event, copy_layers). */
+#define LMC_CUDA_ABI_VERSION 5
 #define LMC_CUDA_LIB_NAME "liblmcached_cuda.so"
 #define LMC_CUDA_ENTRY "lmc_cuda_transfer_ops"   /* const lmc_cuda_ops *(void) */
 #define LMC_CUDA_EVENT_HANDLE_BYTES 64
@@ -89,6 +90,22 @@ typedef struct lmc_cuda_ops {
      * and returns when they are there: /cache/checksums reads blocks with
      * it, on its own thread and outside any context's stream. */
     int (*read)(int device, uint64_t src, void *host, uint64_t bytes, char *err, size_t errlen);
+    /* ---- layerwise RETRIEVE (ABI 5; docs/protocol.md, "Layerwise
+     * retrieve") ---- */
+    /* Makes the stream's pool of n interprocess events, once, and writes
+     * their exported handles (64 bytes each) to handles[0 .. n*64).  A
+     * later call with the same n writes the same handles; another n fails. */
+    int (*event_pool)(lmc_cuda_stream *s, uint32_t n, uint8_t *handles, char *err,
+                      size_t errlen);
+    /* Records pool event i on the stream (it completes when everything
+     * enqueued before it has). */
+    int (*record_pool_event)(lmc_cuda_stream *s, uint32_t i, char *err, size_t errlen);
+    /* copy_object's RETRIEVE narrowed to layers [from[i], to[i]) of member
+     * i (from[i] == to[i]: none): host -> staging of those layers' K and V
+     * rows, then the scatter of those layers. */
+    int (*copy_layers)(lmc_cuda_stream *s, const lmc_cuda_object *obj, void *host,
+                       const int64_t *const *blocks, const uint32_t *skip_blocks,
+                       const uint32_t *from, const uint32_t *to, char *err, size_t errlen);
 } lmc_cuda_ops;
 
 #endif

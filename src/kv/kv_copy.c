@@ -71,12 +71,12 @@ static void copy_transposed(const lmc_kv_chunk_copy *c, uint32_t kv, uint32_t l,
         lmc_bulk_copy_transpose(c->method, p, o, row, g->bs, g->nh, true);
 }
 
-static void copy_chunk(const lmc_kv_chunk_copy *c, bool gather)
+static void copy_chunk(const lmc_kv_chunk_copy *c, bool gather, uint32_t from, uint32_t to)
 {
     const lmc_kv_geometry *g = &c->g->geo;
     bool runs = token_major(g->format);
     for (uint32_t kv = 0; kv < g->kv_size; kv++)
-        for (uint32_t l = 0; l < g->nl; l++)
+        for (uint32_t l = from; l < to; l++)
             for (uint32_t j = c->skip_blocks; j < c->g->keep_blocks;)
                 if (runs)
                     j += copy_run(c, kv, l, j, gather);
@@ -87,10 +87,15 @@ static void copy_chunk(const lmc_kv_chunk_copy *c, bool gather)
 
 void lmc_kv_gather_chunk(const lmc_kv_chunk_copy *c)
 {
-    copy_chunk(c, true);
+    copy_chunk(c, true, 0, c->g->geo.nl);
 }
 
 void lmc_kv_scatter_chunk(const lmc_kv_chunk_copy *c)
 {
-    copy_chunk(c, false);
+    copy_chunk(c, false, 0, c->g->geo.nl);
+}
+
+void lmc_kv_scatter_layers(const lmc_kv_chunk_copy *c, uint32_t from, uint32_t to)
+{
+    copy_chunk(c, false, from, to < c->g->geo.nl ? to : c->g->geo.nl);
 }

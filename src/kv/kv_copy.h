@@ -26,5 +26,7 @@ typedef struct lmc_kv_chunk_copy {
 void lmc_kv_gather_chunk(const lmc_kv_chunk_copy *c);
 /* Object entry -> paged blocks (RETRIEVE). */
 void lmc_kv_scatter_chunk(const lmc_kv_chunk_copy *c);
+/* Layers [from, to) of it only (a layerwise RETRIEVE's batch). */
+void lmc_kv_scatter_layers(const lmc_kv_chunk_copy *c, uint32_t from, uint32_t to);
 
 #endif

@@ -189,3 +189,10 @@ void lmc_rpc_call_complete(lmc_rpc_call *call, lmc_handler_result result)
     call->result = result;
     lmc_rpc_server_enqueue_done(call->server, call);
 }
+
+int lmc_rpc_call_send_partial(lmc_rpc_call *call, const void *doc, size_t len)
+{
+    if (!call->pooled)
+        return -1;   /* the socket thread would send the final reply first */
+    return lmc_rpc_server_enqueue_partial(call->server, call, doc, len);
+}

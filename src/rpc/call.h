@@ -39,6 +39,7 @@ struct lmc_rpc_call {
     msgpack_packer packer;
     lmc_handler_result result;
     bool overloaded;               /* answered at once: its pool queue was full */
+    bool pooled;                   /* running on a pool thread: may stream replies */
     char error_type[64];
     char error_message[512];
     void (*then_fn)(void *arg);    /* lmc_rpc_call_then; cleared once run */
@@ -59,6 +60,9 @@ lmc_handler_result lmc_call_settle(lmc_rpc_call *call, lmc_handler_result result
 const char *lmc_call_error_body(const lmc_rpc_call *call, msgpack_sbuffer *sb, size_t *len);
 /* Runs and clears the call's lmc_rpc_call_then work, if any. */
 void lmc_call_run_then(lmc_rpc_call *call);
+/* Hands a streaming reply of a pooled call to the socket thread (server.c). */
+int lmc_rpc_server_enqueue_partial(lmc_rpc_server *server, lmc_rpc_call *call, const void *doc,
+                                   size_t len);
 /* Hands a finished call to the socket thread (server.c). */
 void lmc_rpc_server_enqueue_done(lmc_rpc_server *server, lmc_rpc_call *call);
 

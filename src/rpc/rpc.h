@@ -111,6 +111,15 @@ lmc_handler_result lmc_rpc_call_fail(lmc_rpc_call *call, const char *error_type,
  * a LMC_HANDLER_DEFERRED call, `fn` runs on the socket thread once the
  * deferred reply has been sent. */
 void lmc_rpc_call_then(lmc_rpc_call *call, void (*fn)(void *arg), void *arg);
+/* A streaming reply (docs/protocol.md, "Streaming replies"): sends the
+ * `len` bytes of one msgpack document as an extra reply to this call now,
+ * [identity, uid, op, doc] like any reply, ahead of its final one.  Only
+ * from a handler running on a pool thread (so never for a SYNC op or one
+ * that may run inline), before the call completes.  The socket thread hands
+ * it to ZMQ in order and never waits for the client: a client that stops
+ * reading costs at most LMC_RPC_SNDHWM queued messages, and no thread.
+ * 0, or -1 (out of memory, or not a pooled call): nothing sent. */
+int lmc_rpc_call_send_partial(lmc_rpc_call *call, const void *doc, size_t len);
 /* Finishes a call a handler returned LMC_HANDLER_DEFERRED for.  Any thread. */
 void lmc_rpc_call_complete(lmc_rpc_call *call, lmc_handler_result result);
 
@@ -132,6 +141,7 @@ typedef struct {
     uint64_t error_frames;    /* error frames sent */
     uint64_t inlined;         /* pooled (quick) requests run on the socket thread */
     uint64_t overloaded;      /* answered at once because their pool queue was full */
+    uint64_t partials;        /* streaming replies sent ahead of a final one */
 } lmc_rpc_stats;
 
 /* Binds the socket (failure: port in use, bad host) and starts the pools. */

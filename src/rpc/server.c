@@ -1,6 +1,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,13 @@ struct handler_entry {
     bool used;
 };
 
+/* A streaming reply on its way to the socket thread: copies of the call's
+ * prefix frames and the document. */
+typedef struct rpc_partial {
+    struct rpc_partial *next;
+    zmq_msg_t frames[4];       /* identity, uid, op, body */
+} rpc_partial;
+
 typedef struct {
     char name[64];
     int pseudo_id;             /* > LMC_OP_FROZEN_MAX */
@@ -44,13 +52,15 @@ struct lmc_rpc_server {
     size_t n_named;
     pthread_mutex_t done_lock;
     lmc_rpc_call *done_head;   /* LIFO; reversed when drained */
+    rpc_partial *partial_head; /* LIFO, under done_lock; sent before done_head's calls */
     atomic_bool done_pending;  /* done_head != NULL, readable without the lock */
     size_t in_flight;          /* socket thread only */
     /* drop-log rate limit (socket thread only) */
     time_t drop_log_second;
     unsigned drop_logs_this_second;
     uint64_t drops_suppressed;
-    _Atomic uint64_t n_received, n_replied, n_dropped, n_error_frames, n_inlined, n_overloaded;
+    _Atomic uint64_t n_received, n_replied, n_dropped, n_error_frames, n_inlined, n_overloaded,
+        n_partials;
     _Atomic uint64_t op_replied[LMC_OP_FROZEN_MAX + 1], op_failed[LMC_OP_FROZEN_MAX + 1];
 };
 
@@ -179,18 +189,85 @@ int lmc_rpc_server_register(lmc_rpc_server *s, const lmc_rpc_handler_spec *spec,
 
 /* ---- completion path ---------------------------------------------------- */
 
+static int send_frame(lmc_rpc_server *s, zmq_msg_t *m, bool more);
+
+static void wake_socket_thread(lmc_rpc_server *s)
+{
+    uint64_t one = 1;
+    ssize_t w = write(s->done_fd, &one, sizeof one);
+    (void)w; /* a full eventfd counter still leaves the fd readable */
+}
+
 void lmc_rpc_server_enqueue_done(lmc_rpc_server *s, lmc_rpc_call *call)
 {
     pthread_mutex_lock(&s->done_lock);
-    bool was_empty = s->done_head == NULL;
+    bool was_empty = s->done_head == NULL && s->partial_head == NULL;
     call->next_done = s->done_head;
     s->done_head = call;
     atomic_store_explicit(&s->done_pending, true, memory_order_release);
     pthread_mutex_unlock(&s->done_lock);
-    if (was_empty) {
-        uint64_t one = 1;
-        ssize_t w = write(s->done_fd, &one, sizeof one);
-        (void)w; /* a full eventfd counter still leaves the fd readable */
+    if (was_empty)
+        wake_socket_thread(s);
+}
+
+static void partial_free(rpc_partial *p)
+{
+    for (int i = 0; i < 4; i++)
+        zmq_msg_close(&p->frames[i]);
+    free(p);
+}
+
+/* Queued under the same lock as completions, so a call's final reply,
+ * enqueued after its partials, is never drained before them. */
+int lmc_rpc_server_enqueue_partial(lmc_rpc_server *s, lmc_rpc_call *call, const void *doc,
+                                   size_t len)
+{
+    rpc_partial *p = calloc(1, sizeof *p);
+    if (!p)
+        return -1;
+    for (int i = 0; i < 4; i++)
+        zmq_msg_init(&p->frames[i]);
+    bool ok = zmq_msg_init_size(&p->frames[3], len) == 0;
+    for (int i = 0; ok && i < 3; i++)
+        ok = zmq_msg_copy(&p->frames[i], &call->frames[i]) == 0;
+    if (!ok) {
+        partial_free(p);
+        return -1;
+    }
+    memcpy(zmq_msg_data(&p->frames[3]), doc, len);
+    pthread_mutex_lock(&s->done_lock);
+    bool was_empty = s->done_head == NULL && s->partial_head == NULL;
+    p->next = s->partial_head;
+    s->partial_head = p;
+    atomic_store_explicit(&s->done_pending, true, memory_order_release);
+    pthread_mutex_unlock(&s->done_lock);
+    if (was_empty)
+        wake_socket_thread(s);
+    /* The engine waits on this reply while the handler goes on copying: on
+     * a busy machine the woken socket thread may wait for this one's CPU
+     * until its time slice ends (a millisecond and more), so offer it. */
+    sched_yield();
+    return 0;
+}
+
+/* ROUTER never blocks a send: past the peer's SNDHWM, or for a peer that
+ * is gone, ZMQ drops the message (docs/protocol.md, "Streaming replies"). */
+static void send_partials(lmc_rpc_server *s, rpc_partial *list)
+{
+    rpc_partial *ordered = NULL;
+    while (list) {
+        rpc_partial *next = list->next;
+        list->next = ordered;
+        ordered = list;
+        list = next;
+    }
+    while (ordered) {
+        rpc_partial *next = ordered->next;
+        for (int i = 0; i < 4; i++)
+            send_frame(s, &ordered->frames[i], i < 3);
+        bump(&s->n_partials);
+        partial_free(ordered);
+        ordered = next;
     }
 }
 
@@ -282,9 +359,12 @@ static void drain_completions(lmc_rpc_server *s, bool clear_fd)
     }
     pthread_mutex_lock(&s->done_lock);
     lmc_rpc_call *list = s->done_head;
+    rpc_partial *partials = s->partial_head;
     s->done_head = NULL;
+    s->partial_head = NULL;
     atomic_store_explicit(&s->done_pending, false, memory_order_relaxed);
     pthread_mutex_unlock(&s->done_lock);
+    send_partials(s, partials);
     lmc_rpc_call *ordered = NULL; /* reverse the LIFO into completion order */
     while (list) {
         lmc_rpc_call *next = list->next_done;
@@ -304,6 +384,7 @@ static void run_pooled_call(lmc_pool_task *task, void *user)
 {
     (void)user;
     lmc_rpc_call *c = (lmc_rpc_call *)task;
+    c->pooled = true;
     lmc_handler_result r = c->handler->spec.fn(c->handler->ctx, c);
     if (r != LMC_HANDLER_DEFERRED) { /* a deferred call may be gone already */
         lmc_call_run_then(c);         /* off the socket thread: before the reply */
@@ -608,6 +689,7 @@ lmc_rpc_stats lmc_rpc_server_stats(lmc_rpc_server *s)
         .error_frames = atomic_load(&s->n_error_frames),
         .inlined = atomic_load(&s->n_inlined),
         .overloaded = atomic_load(&s->n_overloaded),
+        .partials = atomic_load(&s->n_partials),
     };
     return st;
 }

@@ -45,6 +45,7 @@ typedef struct task {
     uint8_t *entry;
     uint32_t skip;
     bool to_host;
+    uint32_t from, to;         /* layers scattered (copy_layers; else all) */
     /* T_CALLBACK */
     void (*fn)(void *);
     void *arg;
@@ -58,6 +59,7 @@ struct lmc_cuda_stream {
     bool stop, busy;
     pthread_t thread;
     uint64_t events;
+    uint32_t pool_n;           /* the event pool's size, once made */
 };
 
 static int fail(char *err, size_t errlen, const char *why)
@@ -156,7 +158,10 @@ static void run(task *t)
     lmc_kv_chunk_copy cc = {.g = &t->g, .bases = t->bases, .blocks = t->blocks,
                             .entry = t->entry, .skip_blocks = t->skip,
                             .method = LMC_COPY_MEMCPY};
-    t->to_host ? lmc_kv_gather_chunk(&cc) : lmc_kv_scatter_chunk(&cc);
+    if (t->to_host)
+        lmc_kv_gather_chunk(&cc);
+    else
+        lmc_kv_scatter_layers(&cc, t->from, t->to);
 }
 
 static void task_free(task *t)
@@ -275,6 +280,8 @@ static task *copy_task(const lmc_cuda_object *obj, uint32_t i, void *host,
     t->entry = (uint8_t *)host + g->entry_offset;
     t->skip = skip ? skip[i] : 0;
     t->to_host = to_host;
+    t->from = 0;
+    t->to = g->geo.nl;
     return t;
 }
 
@@ -289,6 +296,47 @@ static int emul_copy_object(lmc_cuda_stream *s, const lmc_cuda_object *obj, void
         push(s, t);
     }
     return 0;
+}
+
+static int emul_copy_layers(lmc_cuda_stream *s, const lmc_cuda_object *obj, void *host,
+                            const int64_t *const *blocks, const uint32_t *skip,
+                            const uint32_t *from, const uint32_t *to, char *err, size_t errlen)
+{
+    for (uint32_t i = 0; i < obj->n_groups; i++) {
+        if (from[i] >= to[i])
+            continue;
+        task *t = copy_task(obj, i, host, blocks, skip, false);
+        if (!t)
+            return fail(err, errlen, "out of memory");
+        t->from = from[i];
+        t->to = to[i];
+        push(s, t);
+    }
+    return 0;
+}
+
+/* Pool handle i: "emulpool", then i. */
+static int emul_event_pool(lmc_cuda_stream *s, uint32_t n, uint8_t *handles, char *err,
+                           size_t errlen)
+{
+    pthread_mutex_lock(&s->lock);
+    bool ok = n > 0 && (s->pool_n == 0 || s->pool_n == n);
+    if (ok)
+        s->pool_n = n;
+    pthread_mutex_unlock(&s->lock);
+    if (!ok)
+        return fail(err, errlen, "an event pool of another size");
+    memset(handles, 0, (size_t)n * 64);
+    for (uint32_t i = 0; i < n; i++) {
+        memcpy(handles + (size_t)i * 64, "emulpool", 8);
+        memcpy(handles + (size_t)i * 64 + 8, &i, sizeof i);
+    }
+    return 0;
+}
+
+static int emul_record_pool_event(lmc_cuda_stream *s, uint32_t i, char *err, size_t errlen)
+{
+    return i < s->pool_n ? 0 : fail(err, errlen, "no such pool event");
 }
 
 static int emul_record_event(lmc_cuda_stream *s, uint8_t handle[64], char *err, size_t errlen)
@@ -340,6 +388,9 @@ static const lmc_cuda_ops emul_ops = {
     .then = emul_then,
     .sync = emul_sync,
     .read = emul_read,
+    .event_pool = emul_event_pool,
+    .record_pool_event = emul_record_pool_event,
+    .copy_layers = emul_copy_layers,
 };
 
 const lmc_cuda_ops *lmc_cuda_transfer_ops(void);

@@ -55,6 +55,7 @@ import json
 import mmap
 import os
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -578,6 +579,70 @@ def run_case(torch, srv, fmt, instance, uuid, cs):
         d.close()
 
 
+def run_layerwise_case(torch, srv, instance, uuid, cs):
+    """RETRIEVE_LAYERWISE over CUDA IPC (docs/protocol.md, "Layerwise
+    retrieve"), against a server started with --layerwise-batch 2: the pool's
+    events imported once; each batch's reply arrives with the pool index of
+    its first layer, and once the engine's stream waited on that event the
+    batch's layers hold what was stored, before the final reply."""
+    c = Case(torch, "fa_nhd", nl=5)
+    model = "gpu-layerwise"
+    bpc = cs // c.bs
+    src = list(range(1, 1 + 2 * bpc))
+    dst = list(range(40, 40 + 2 * bpc))
+    toks = prompt(instance, 2 * cs)
+    d = srv.dealer()
+    try:
+        frames = d.call(REGISTER_KV_CACHE, instance, c.handles(uuid), model, 1, "vllm",
+                        {"kv_layout": c.hint}, [], timeout_ms=60000)
+        check(frames is not None and len(frames) == 2, "layerwise: REGISTER_KV_CACHE refused")
+        batch, handles = unpack(d.call("register_layerwise_ipc_event_pool", instance,
+                                       timeout_ms=30000))
+        check(batch == 2 and len(handles) == c.nl,
+              f"layerwise: the pool reply is batch {batch}, {len(handles)} handles")
+        pool = [import_server_event(torch, h) for h in handles]
+        c.fill_blocks(src, seed=instance)
+        want = c.blocks(src)
+        ev, h = event_handle(torch)
+        r = unpack(d.call(STORE, key(toks, 0, 2 * cs, "s-lw", model), instance, [src], h))
+        check(r[1] is True, f"layerwise: STORE replied {r!r:.120}")
+        wait_server_event(torch, r[0])
+        d.call(END_SESSION, "s-lw")
+        hits, rid = lookup(srv, toks, 2 * cs, "r-lw", model, 2)
+        check(hits == 2, f"layerwise: LOOKUP hit {hits} of 2")
+        c.fill_blocks(dst, value=3.0)
+        ev, h = event_handle(torch)
+        uid = d.uid
+        d.uid += 1
+        d.send_frames([msgpack.packb(uid), msgpack.packb("retrieve_layerwise"),
+                       msgpack.packb(key(toks, 0, 2 * cs, rid, model), use_bin_type=True),
+                       msgpack.packb(instance), msgpack.packb([dst]),
+                       msgpack.packb(h, use_bin_type=True), msgpack.packb(0)])
+        seen = []
+        while True:
+            frames = d.recv_frames(30000)
+            check(frames is not None, "layerwise: no reply")
+            payload, final, ok = unpack(frames)
+            if final:
+                check(ok is True, "layerwise: the final reply says false")
+                break
+            first, count, idx = struct.unpack("<3i", payload[:12])
+            torch.cuda.current_stream().wait_event(pool[idx])
+            torch.cuda.current_stream().synchronize()
+            for l in range(first, first + count):
+                for j, b in enumerate(dst):
+                    check(torch.equal(c.block(l, b), want[j * c.nl + l]),
+                          f"layerwise: layer {l} block {b} not in place after its event")
+            seen.append((first, count, idx))
+        check(seen == [(0, 2, 0), (2, 2, 2), (4, 1, 4)], f"layerwise: batches {seen}")
+        d.call(END_SESSION, rid)
+        frames = d.call(UNREGISTER_KV_CACHE, instance, timeout_ms=30000)
+        check(frames is not None, "layerwise: UNREGISTER got no reply")
+        print("  layerwise: ok (3 batches, each in place after its pool event)", flush=True)
+    finally:
+        d.close()
+
+
 # ---- the plugin alone, in this process ----------------------------------------
 # liblmcached_cuda.so driven through ctypes with torch's own device memory
 # (no IPC: one process), against a gather/scatter written in torch from
@@ -645,6 +710,13 @@ class CudaOps(ctypes.Structure):
         ("then", ctypes.CFUNCTYPE(_i, _vp, HOSTFN, _vp, _cp, _sz)),
         ("sync", ctypes.CFUNCTYPE(_i, _vp, _cp, _sz)),
         ("read", ctypes.CFUNCTYPE(_i, _i, ctypes.c_uint64, _vp, ctypes.c_uint64, _cp, _sz)),
+        ("event_pool", ctypes.CFUNCTYPE(_i, _vp, ctypes.c_uint32, _vp, _cp, _sz)),
+        ("record_pool_event", ctypes.CFUNCTYPE(_i, _vp, ctypes.c_uint32, _cp, _sz)),
+        ("copy_layers", ctypes.CFUNCTYPE(_i, _vp, ctypes.POINTER(CudaObject), _vp,
+                                         ctypes.POINTER(ctypes.POINTER(ctypes.c_int64)),
+                                         ctypes.POINTER(ctypes.c_uint32),
+                                         ctypes.POINTER(ctypes.c_uint32),
+                                         ctypes.POINTER(ctypes.c_uint32), _cp, _sz)),
     ]
 
 
@@ -653,7 +725,7 @@ def load_plugin(path):
     entry = lib.lmc_cuda_transfer_ops
     entry.restype, entry.argtypes = ctypes.POINTER(CudaOps), []
     ops = entry().contents
-    check(ops.abi_version == 4, f"plugin ABI {ops.abi_version}, want 4")
+    check(ops.abi_version == 5, f"plugin ABI {ops.abi_version}, want 5")
     return lib, ops
 
 
@@ -1351,6 +1423,22 @@ def no_gpu_reason():
     return None
 
 
+def with_server(z, args, fn, *extra):
+    """fn(srv) against a fresh lmcached; its log's tail printed on failure."""
+    srv = Server(z, args.lmcached, args.lib_dir, args.cuda_lib,
+                 "--chunk-size", str(args.chunk_size), *extra)
+    ok = False
+    try:
+        fn(srv)
+        ok = True
+    finally:
+        rc = srv.stop()
+        if not ok or rc != 0 or args.verbose:
+            print("---- lmcached log (tail) ----")
+            print("\n".join(srv.output().splitlines()[-80:]))
+    check(rc == 0, f"lmcached exited {rc}")
+
+
 def gpu_main(args, z):
     torch = real_torch()
     check(torch.cuda.is_available(), "torch sees no CUDA device")
@@ -1366,19 +1454,14 @@ def gpu_main(args, z):
     if "server" in args.phases:
         t0 = time.monotonic()
         print("server: lmcached over CUDA IPC", flush=True)
-        srv = Server(z, args.lmcached, args.lib_dir, args.cuda_lib,
-                     "--chunk-size", str(args.chunk_size))
-        ok = False
-        try:
+
+        def formats(srv):
             for i, fmt in enumerate(args.formats):
                 run_case(torch, srv, fmt, 100 + i, uuid, args.chunk_size)
-            ok = True
-        finally:
-            rc = srv.stop()
-            if not ok or rc != 0 or args.verbose:
-                print("---- lmcached log (tail) ----")
-                print("\n".join(srv.output().splitlines()[-80:]))
-        check(rc == 0, f"lmcached exited {rc}")
+        with_server(z, args, formats)
+        with_server(z, args, lambda srv: run_layerwise_case(torch, srv, 200, uuid,
+                                                            args.chunk_size),
+                    "--layerwise-batch", "2")
         print(f"server: PASS ({time.monotonic() - t0:.1f} s)", flush=True)
     if "bench" in args.phases:      # last: only once the correctness phases passed
         torch.cuda.empty_cache()

@@ -117,7 +117,8 @@ static void reference_kernel(const lmc_cuda_copy_params *p, uint8_t *hits)
                 for (uint32_t tz = 0; tz < d.block[2]; tz++)
                     for (uint32_t ty = 0; ty < d.block[1]; ty++)
                         for (uint32_t tx = 0; tx < d.block[0]; tx++) {
-                            uint32_t kv = bx, j = p->first_block + by, layer = bz;
+                            uint32_t kv = bx, j = p->first_block + by,
+                                     layer = p->first_layer + bz;
                             for (uint32_t s = tz; s < bs; s += d.block[2])
                                 for (uint32_t h = ty; h < nh; h += d.block[1]) {
                                     uint64_t e = lmc_cuda_engine_row(p, kv, layer, j, s, h);
@@ -199,6 +200,28 @@ static void round_trip(const gcase *c, uint32_t skip)
                 fail_msg("%s: tensor %u differs after a scatter with skip %u", c->name, t,
                          skips[k]);
     }
+    /* A layerwise batch: the last layer alone, then the others, each
+     * against kv_copy's layer range from a fresh entry. */
+    uint32_t ranges[2][2] = {{c->nl - 1, c->nl}, {0, c->nl - 1}};
+    for (int k = 0; k < 2 && c->nl > 1; k++) {
+        fill(raw_a, size, 199 + k);
+        memcpy(raw_b, raw_a, size);
+        rc = lmc_cuda_params_pack(p, &g, pg->addr, blocks, skip,
+                                  (uint64_t)(uintptr_t)(raw_a + c->entry_offset), false, err,
+                                  sizeof err);
+        assert_int_equal(rc, 0);
+        assert_int_equal(lmc_cuda_params_layers(p, ranges[k][0], ranges[k][1], err, sizeof err),
+                         0);
+        assert_int_equal(lmc_cuda_launch_dims(p).grid[2], ranges[k][1] - ranges[k][0]);
+        reference_kernel(p, NULL);
+        cc.skip_blocks = p->first_block;
+        lmc_kv_scatter_layers(&cc, ranges[k][0], ranges[k][1]);
+        for (uint32_t t = 0; t < pg->n; t++)
+            if (memcmp(pg->base[0][t], pg->base[1][t], pg->span) != 0)
+                fail_msg("%s: tensor %u differs after layers [%u, %u)", c->name, t,
+                         ranges[k][0], ranges[k][1]);
+    }
+    assert_int_equal(lmc_cuda_params_layers(p, c->nl, c->nl + 1, err, sizeof err), -1);
     free(p);
     free(hits);
     free(raw_a);

@@ -2,7 +2,9 @@
  * (docs/protocol.md, "Kernel groups and object groups"): how layers are
  * grouped with and without EngineGroupInfos, the block, window and skip
  * arithmetic of each group, how groups share chunk objects, and what a
- * registration is refused for. */
+ * registration is refused for.  Also the layer batches of a layerwise
+ * RETRIEVE ("RETRIEVE_LAYERWISE"): layers in registration order per object
+ * group, cut into batches, and the bytes of each batch's reply. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +14,7 @@
 
 #include <cmocka.h>
 
+#include "kv/kv_layerwise.h"
 #include "kv/kv_plan.h"
 
 static lmc_shared_tensor fa_nhd(int64_t nb, int64_t bs, int64_t nh, int64_t hs)
@@ -301,6 +304,135 @@ static void test_refusals(void **state)
     assert_int_equal(lmc_kv_layout_parse("XYZ", 3, &hnd, err, sizeof err), -1);
 }
 
+/* Five layers; with infos, layers 0, 2 and 4 in one group and 1, 3 in
+ * another (a window of its own object group when `window`). */
+static void plan5(bool infos, bool window, lmc_kv_plan *p)
+{
+    lmc_shared_tensor t[5];
+    for (int i = 0; i < 5; i++)
+        t[i] = fa_nhd(8, 16, 2, 8);
+    static const uint32_t even[] = {0, 2, 4}, odd[] = {1, 3};
+    lmc_engine_group_info gi[2] = {
+        {.engine_group_id = 0, .layers = even, .n_layers = 3, .tokens_per_block = 16,
+         .sw_size_tokens = -1, .physical_per_engine = 1},
+        {.engine_group_id = 1, .layers = odd, .n_layers = 2, .tokens_per_block = 16,
+         .sw_size_tokens = window ? 32 : -1, .physical_per_engine = 1},
+    };
+    lmc_kv_plan_options o = {.engine = LMC_ENGINE_VLLM, .chunk_size = 32,
+                             .separate_object_groups = true, .infos = infos ? gi : NULL,
+                             .n_infos = infos ? 2 : 0};
+    char err[256] = "";
+    if (lmc_kv_plan_build(t, 5, &o, p, err, sizeof err) != 0)
+        fail_msg("%s", err);
+}
+
+static void expect_batches(const lmc_kv_layer_batches *b, const uint32_t *idx, size_t n,
+                           const size_t *starts, size_t n_batches)
+{
+    assert_int_equal(b->n_refs, n);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(b->refs[i].index, idx[i]);
+    assert_int_equal(b->n_batches, n_batches);
+    for (size_t i = 0; i <= n_batches; i++)
+        assert_int_equal(b->starts[i], starts[i]);
+}
+
+static void test_batches_of_one_group(void **state)
+{
+    (void)state;
+    lmc_kv_plan p;
+    plan5(false, false, &p);
+    assert_int_equal(lmc_kv_plan_layers(&p), 5);
+    assert_int_equal(lmc_kv_layer_pool_size(&p), 5);
+    lmc_kv_layer_batches b;
+    static const uint32_t all[] = {0, 1, 2, 3, 4};
+    assert_int_equal(lmc_kv_layer_batches_build(&p, 0, 2, &b), 0);
+    expect_batches(&b, all, 5, (const size_t[]){0, 2, 4, 5}, 3);
+    assert_int_equal(b.refs[3].layer, 3);
+    lmc_kv_layer_batches_free(&b);
+    /* A batch of at least every layer: one batch; 0 counts as 1. */
+    assert_int_equal(lmc_kv_layer_batches_build(&p, 0, 4096, &b), 0);
+    expect_batches(&b, all, 5, (const size_t[]){0, 5}, 1);
+    lmc_kv_layer_batches_free(&b);
+    assert_int_equal(lmc_kv_layer_batches_build(&p, 0, 0, &b), 0);
+    assert_int_equal(b.n_batches, 5);
+    lmc_kv_layer_batches_free(&b);
+    lmc_kv_plan_free(&p);
+}
+
+static void test_interleaved_groups_follow_the_registration_order(void **state)
+{
+    (void)state;
+    lmc_kv_plan p;
+    plan5(true, false, &p);      /* two kernel groups, one object group */
+    assert_int_equal(p.n_og, 1);
+    lmc_kv_layer_batches b;
+    assert_int_equal(lmc_kv_layer_batches_build(&p, 0, 3, &b), 0);
+    static const uint32_t all[] = {0, 1, 2, 3, 4};
+    expect_batches(&b, all, 5, (const size_t[]){0, 3, 5}, 2);
+    assert_int_equal(b.refs[1].kg, 1);
+    assert_int_equal(b.refs[1].layer, 0);
+    assert_int_equal(b.refs[2].kg, 0);
+    assert_int_equal(b.refs[2].layer, 1);
+    lmc_kv_layer_batches_free(&b);
+    lmc_kv_plan_free(&p);
+    plan5(true, true, &p);       /* the window group is an object group of its own */
+    assert_int_equal(lmc_kv_layer_pool_size(&p), 5);
+    assert_int_equal(p.n_og, 2);
+    assert_int_equal(lmc_kv_layer_batches_build(&p, 1, 2, &b), 0);
+    expect_batches(&b, (const uint32_t[]){1, 3}, 2, (const size_t[]){0, 2}, 1);
+    lmc_kv_layer_batches_free(&b);
+    lmc_kv_plan_free(&p);
+}
+
+static void test_pool_covers_every_layer_index(void **state)
+{
+    (void)state;
+    /* Layers 1 and 3 in no group (shared KV): not copied, but the pool is
+     * indexed by registration index, so it still reaches layer 4. */
+    lmc_shared_tensor t[5];
+    for (int i = 0; i < 5; i++)
+        t[i] = fa_nhd(8, 16, 2, 8);
+    static const uint32_t even[] = {0, 2, 4};
+    lmc_engine_group_info gi = {.layers = even, .n_layers = 3, .tokens_per_block = 16,
+                                .sw_size_tokens = -1, .physical_per_engine = 1};
+    lmc_kv_plan_options o = {.engine = LMC_ENGINE_VLLM, .chunk_size = 32,
+                             .separate_object_groups = true, .infos = &gi, .n_infos = 1};
+    lmc_kv_plan p;
+    char err[256] = "";
+    if (lmc_kv_plan_build(t, 5, &o, &p, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(lmc_kv_plan_layers(&p), 3);
+    assert_int_equal(lmc_kv_layer_pool_size(&p), 5);
+    lmc_kv_layer_batches b;
+    assert_int_equal(lmc_kv_layer_batches_build(&p, 0, 2, &b), 0);
+    expect_batches(&b, (const uint32_t[]){0, 2, 4}, 3, (const size_t[]){0, 2, 3}, 2);
+    lmc_kv_layer_batches_free(&b);
+    lmc_kv_plan_free(&p);
+}
+
+static int32_t le32(const uint8_t *p)
+{
+    return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                     (uint32_t)p[3] << 24);
+}
+
+static void test_frames(void **state)
+{
+    (void)state;
+    uint8_t out[LMC_KV_LAYERWISE_FRAME_MAX(3)];
+    lmc_kv_layer_ref run[2] = {{.index = 4}, {.index = 5}};
+    assert_int_equal(lmc_kv_layerwise_frame(run, 2, out), 12);
+    assert_int_equal(le32(out), 4);
+    assert_int_equal(le32(out + 4), 2);
+    assert_int_equal(le32(out + 8), 4);
+    lmc_kv_layer_ref gaps[3] = {{.index = 1}, {.index = 3}, {.index = 300}};
+    assert_int_equal(lmc_kv_layerwise_frame(gaps, 3, out), 24);
+    static const uint8_t want[24] = {0xff, 0xff, 0xff, 0xff, 3, 0, 0, 0, 1, 0, 0, 0,
+                                     1, 0, 0, 0, 3, 0, 0, 0, 0x2c, 1, 0, 0};
+    assert_memory_equal(out, want, sizeof want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -310,6 +442,10 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_unified_hybrid),
         cmocka_unit_test(test_unified_mla_and_refusals),
+        cmocka_unit_test(test_batches_of_one_group),
+        cmocka_unit_test(test_interleaved_groups_follow_the_registration_order),
+        cmocka_unit_test(test_pool_covers_every_layer_index),
+        cmocka_unit_test(test_frames),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -113,8 +113,13 @@ static lmc_handler_result h_ordered(void *ctx, lmc_rpc_call *call)
 {
     fixture *f = ctx;
     int64_t client, seq;
-    lmc_mp_get_int(lmc_rpc_call_arg(call, 0), &client);
-    lmc_mp_get_int(lmc_rpc_call_arg(call, 1), &seq);
+    size_t clients = sizeof f->order / sizeof f->order[0];
+    size_t per = sizeof f->order[0] / sizeof f->order[0][0];
+    /* The garbage test's random requests can land here too. */
+    if (!lmc_mp_get_int(lmc_rpc_call_arg(call, 0), &client) ||
+        !lmc_mp_get_int(lmc_rpc_call_arg(call, 1), &seq) || client < 0 ||
+        (uint64_t)client >= clients || seq < 0 || (size_t)f->n_order[client] >= per)
+        return lmc_rpc_call_fail(call, "ValueError", "not a test request");
     usleep((useconds_t)((seq * 7919) % 500));
     pthread_mutex_lock(&f->lock);
     f->order[client][f->n_order[client]++] = (int)seq;
@@ -207,6 +212,19 @@ static lmc_handler_result h_then_state(void *ctx, lmc_rpc_call *call)
     return LMC_HANDLER_REPLY;
 }
 
+/* A streaming reply: three partial documents (the ints 1, 2, 3), then the
+ * final one, 99.  On the socket thread (SYNC) streaming is refused: the
+ * reply is send_partial's result. */
+static lmc_handler_result h_stream(void *ctx, lmc_rpc_call *call)
+{
+    (void)ctx;
+    int rc = 0;
+    for (uint8_t i = 1; i <= 3 && rc == 0; i++)
+        rc = lmc_rpc_call_send_partial(call, &i, 1);    /* a positive fixint */
+    msgpack_pack_int64(lmc_rpc_call_reply(call), rc == 0 ? 99 : rc);
+    return LMC_HANDLER_REPLY;
+}
+
 static int start(void **state, bool error_frames)
 {
     fixture *f = calloc(1, sizeof *f);
@@ -230,6 +248,8 @@ static int start(void **state, bool error_frames)
         {LMC_OP_GET_EXPERIMENTAL, NULL, LMC_POOL_SYNC, h_then_state, false, NULL, NULL, false},
         {LMC_OP_WAIT_PREFETCH_STATUS, NULL, LMC_POOL_NORMAL, h_deferred, false, NULL, NULL, false},
         {0, "store_with_chunk_events", LMC_POOL_SYNC, h_noop, false, NULL, NULL, false},
+        {0, "stream", LMC_POOL_AFFINITY, h_stream, false, NULL, NULL, false},
+        {0, "stream_sync", LMC_POOL_SYNC, h_stream, false, NULL, NULL, false},
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
         assert_int_equal(lmc_rpc_server_register(f->server, &specs[i], f), 0);
@@ -342,6 +362,37 @@ static void test_string_op_names(void **state)
     send_frames(s, fr2, ln2, 2);
     assert_int_equal(recv_frames(s, b, l, 2000), 3);
     assert_memory_equal(b[2], "\xa2OK", 3);
+    zmq_close(s);
+    zmq_ctx_term(z);
+}
+
+static void test_streaming_replies_arrive_in_order(void **state)
+{
+    (void)state;
+    void *z = zmq_ctx_new(), *s = dealer(z);
+    const char *fr[] = {"\x09", "\xa6stream"};
+    size_t ln[] = {1, 7};
+    char b[8][256];
+    size_t l[8];
+    for (int round = 0; round < 3; round++) {
+        send_frames(s, fr, ln, 2);
+        static const char bodies[] = {1, 2, 3, 99};
+        for (int i = 0; i < 4; i++) {
+            assert_int_equal(recv_frames(s, b, l, 2000), 3);
+            assert_memory_equal(b[0], "\x09", 1);             /* uid and op echoed */
+            assert_memory_equal(b[1], "\xa6stream", 7);
+            assert_int_equal(l[2], 1);
+            assert_int_equal(b[2][0], bodies[i]);
+        }
+    }
+    const char *fs[] = {"\x0a", "\xabstream_sync"};
+    size_t ls[] = {1, 12};
+    send_frames(s, fs, ls, 2);
+    assert_int_equal(recv_frames(s, b, l, 2000), 3);
+    assert_int_equal(l[2], 1);
+    assert_int_equal((uint8_t)b[2][0], 0xff);                  /* -1: nothing streamed */
+    assert_int_equal(recv_frames(s, b, l, 100), 0);
+    assert_true(lmc_rpc_server_stats(((fixture *)*state)->server).partials >= 9);
     zmq_close(s);
     zmq_ctx_term(z);
 }
@@ -803,6 +854,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sync_reply_bytes_and_verbatim_echo, setup, teardown),
         cmocka_unit_test_setup_teardown(test_void_reply_has_no_response_frame, setup, teardown),
         cmocka_unit_test_setup_teardown(test_string_op_names, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_streaming_replies_arrive_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_garbage_is_dropped_and_server_keeps_serving, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_client_call_and_args, setup, teardown),

@@ -473,3 +473,73 @@ bool lmc_server_driven_cuda_retrieve(sd_mod *m, const sd_op *op, uint64_t skip, 
         LMC_WARN_LIMITED("RETRIEVE on CUDA instance %lld: %s", (long long)op->c->instance_id, err);
     return rc == 0;
 }
+
+/* ---- layerwise RETRIEVE (layerwise.c) ----------------------------------- */
+
+int lmc_server_driven_cuda_event_pool(sd_mod *m, sd_ctx *c, uint32_t n, uint8_t *handles,
+                                      char *err, size_t errlen)
+{
+    return m->cuda.ops->event_pool(c->cu.stream, n, handles, err, errlen);
+}
+
+int lmc_server_driven_cuda_wait(sd_mod *m, const sd_op *op, const uint8_t *client,
+                                size_t client_len, char *err, size_t errlen)
+{
+    return m->cuda.ops->wait_event(op->c->cu.stream, client, client_len, err, errlen);
+}
+
+/* Enqueues the batch refs[0..n) of chunks [first, op->n) of object group og
+ * from their leased objects, then records pool event `pool` after them. */
+int lmc_server_driven_cuda_layers(sd_mod *m, const sd_op *op, uint32_t og, size_t first,
+                                  uint64_t skip, const lmc_lease *leases,
+                                  const lmc_kv_layer_ref *refs, size_t n, uint32_t pool,
+                                  char *err, size_t errlen)
+{
+    const lmc_kv_plan *p = &op->c->plan;
+    const lmc_kv_object_group *o = &p->og[og];
+    const lmc_kv_kernel_group *groups[LMC_KV_MAX_KERNEL_GROUPS];
+    const uint64_t *tensors[LMC_KV_MAX_KERNEL_GROUPS];
+    const int64_t *blocks[LMC_KV_MAX_KERNEL_GROUPS];
+    uint32_t from[LMC_KV_MAX_KERNEL_GROUPS], to[LMC_KV_MAX_KERNEL_GROUPS];
+    for (uint32_t k = 0; k < o->n_members; k++) {
+        /* A batch is consecutive layers of each member (refs ascend). */
+        from[k] = to[k] = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (refs[i].kg != o->members[k])
+                continue;
+            if (from[k] == to[k])
+                from[k] = refs[i].layer;
+            to[k] = refs[i].layer + 1;
+        }
+        groups[k] = &p->kg[o->members[k]];
+        tensors[k] = op->c->cu.tensors[o->members[k]];
+    }
+    lmc_cuda_object obj = {.groups = groups, .tensors = tensors, .n_groups = o->n_members,
+                           .object_size = o->object_size};
+    const lmc_cuda_ops *ops = m->cuda.ops;
+    int rc = 0;
+    uint32_t skips[LMC_KV_MAX_KERNEL_GROUPS];
+    for (size_t c = first; rc == 0 && c < op->n; c++) {
+        if (!lmc_server_driven_chunk_skip(op, m->cs, og, c, skip, skips))
+            continue;
+        for (uint32_t k = 0; k < o->n_members; k++)
+            blocks[k] = lmc_server_driven_kept_ids(op, o->members[k], c);
+        rc = ops->copy_layers(op->c->cu.stream, &obj, op->arena + leases[c - first].offset,
+                              blocks, skips, from, to, err, errlen);
+    }
+    return rc == 0 ? ops->record_pool_event(op->c->cu.stream, pool, err, errlen) : rc;
+}
+
+/* The leases go back once the stream has passed every copy enqueued. */
+void lmc_server_driven_cuda_give_back_after(sd_mod *m, const sd_op *op, lmc_object_key *keys,
+                                            lmc_lease *leases, size_t n)
+{
+    char err[256];
+    sd_completion *done = completion(m, op, keys, leases, n, false, NULL, 0, 0);
+    if (done) {
+        after_stream(m, op, done);
+        return;
+    }
+    m->cuda.ops->sync(op->c->cu.stream, err, sizeof err);
+    lmc_storage_manager_give_back(m->ctx->storage, keys, leases, n);
+}

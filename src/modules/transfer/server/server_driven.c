@@ -36,7 +36,7 @@
 #define MAX_BLOCK_IDS (1u << 20)    /* per request, all lists together */
 #define EVENT_HANDLE_BYTES 64
 
-static void op_end(sd_mod *m, sd_op *op)
+void lmc_server_driven_op_end(sd_mod *m, sd_op *op)
 {
     if (op->key_decoded)
         lmc_ipc_key_free(&op->key);
@@ -127,8 +127,8 @@ static int keys_error(lmc_transfer_keys_result r, char *err, size_t errlen)
 /* Frames 0 (key) and 1 (instance) and 2 (block ids): the context, the
  * object keys of every object group and the block lists.  0, or -1 / -2
  * with the reason. */
-static int op_begin(sd_mod *m, lmc_rpc_call *call, sd_op *op, bool store, char *err,
-                    size_t errlen)
+int lmc_server_driven_op_begin(sd_mod *m, lmc_rpc_call *call, sd_op *op, bool store, char *err,
+                               size_t errlen)
 {
     *op = (sd_op){0};
     int64_t id;
@@ -199,8 +199,8 @@ static void reply_plain(sd_mod *m, lmc_rpc_call *call, const sd_op *op, bool ok)
 }
 
 /* Frame 3, the engine's event handle: bytes (empty: none), or None. */
-static int client_event(lmc_rpc_call *call, const uint8_t **h, size_t *len, char *err,
-                        size_t errlen)
+int lmc_server_driven_client_event(lmc_rpc_call *call, const uint8_t **h, size_t *len, char *err,
+                                   size_t errlen)
 {
     const msgpack_object *o = lmc_rpc_call_arg(call, 3);
     *h = NULL;
@@ -412,13 +412,13 @@ static lmc_handler_result store(void *state, lmc_rpc_call *call)
     sd_store_plan s = {0};
     char err[256];
     int64_t t0 = now_ns();
-    int rc = op_begin(m, call, &op, true, err, sizeof err);
+    int rc = lmc_server_driven_op_begin(m, call, &op, true, err, sizeof err);
     if (rc == 0)
         rc = plan_store(&op, &s, err, sizeof err);
     const uint8_t *client = NULL;
     size_t client_len = 0;
     if (rc == 0)
-        rc = client_event(call, &client, &client_len, err, sizeof err);
+        rc = lmc_server_driven_client_event(call, &client, &client_len, err, sizeof err);
     bool replied = false;
     if (rc == 0) {
         lmc_transfer_publish(m->ctx->events, LMC_EVENT_STORE_START, &op.key,
@@ -441,7 +441,7 @@ static lmc_handler_result store(void *state, lmc_rpc_call *call)
     atomic_fetch_add(rc == 0 ? &m->stores_ok : &m->stores_failed, 1);
     atomic_fetch_add(&m->store_ns, (uint64_t)(now_ns() - t0));
     sd_store_plan_free(&s);
-    op_end(m, &op);
+    lmc_server_driven_op_end(m, &op);
     return LMC_HANDLER_REPLY;
 }
 
@@ -516,7 +516,7 @@ static bool retrieve_group(sd_mod *m, const sd_op *op, uint32_t og, uint64_t ski
 }
 
 /* The fifth frame, skip_first_n_tokens (0 when an older client omits it). */
-static int decode_skip(lmc_rpc_call *call, uint64_t *skip, char *err, size_t errlen)
+int lmc_server_driven_decode_skip(lmc_rpc_call *call, uint64_t *skip, char *err, size_t errlen)
 {
     const msgpack_object *o = lmc_rpc_call_nargs(call) > 4 ? lmc_rpc_call_arg(call, 4) : NULL;
     int64_t v = 0;
@@ -543,7 +543,7 @@ static lmc_handler_result retrieve_cuda(sd_mod *m, lmc_rpc_call *call, sd_op *op
     atomic_fetch_add(&m->bytes_retrieved, ok ? bytes : 0);
     atomic_fetch_add(ok ? &m->retrieves_ok : &m->retrieves_failed, 1);
     atomic_fetch_add(&m->retrieve_ns, (uint64_t)(now_ns() - t0));
-    op_end(m, op);
+    lmc_server_driven_op_end(m, op);
     return LMC_HANDLER_REPLY;
 }
 
@@ -556,13 +556,13 @@ static lmc_handler_result retrieve(void *state, lmc_rpc_call *call)
     char err[256];
     uint64_t skip = 0, bytes = 0;
     int64_t t0 = now_ns();
-    int rc = op_begin(m, call, &op, false, err, sizeof err);
+    int rc = lmc_server_driven_op_begin(m, call, &op, false, err, sizeof err);
     if (rc == 0)
-        rc = decode_skip(call, &skip, err, sizeof err);
+        rc = lmc_server_driven_decode_skip(call, &skip, err, sizeof err);
     const uint8_t *client = NULL;
     size_t client_len = 0;
     if (rc == 0)
-        rc = client_event(call, &client, &client_len, err, sizeof err);
+        rc = lmc_server_driven_client_event(call, &client, &client_len, err, sizeof err);
     if (rc == 0 && op.c->cuda)
         return retrieve_cuda(m, call, &op, skip, client, client_len, t0);
     bool ok = rc == 0;
@@ -592,7 +592,7 @@ static lmc_handler_result retrieve(void *state, lmc_rpc_call *call)
     atomic_fetch_add(&m->retrieve_ns, (uint64_t)(now_ns() - t0));
     free(keys);
     free(leases);
-    op_end(m, &op);
+    lmc_server_driven_op_end(m, &op);
     return LMC_HANDLER_REPLY;
 }
 
@@ -653,6 +653,12 @@ static const lmc_rpc_handler_spec sd_handlers[] = {
     {LMC_OP_UNREGISTER_KV_CACHE, NULL, LMC_POOL_SYNC, lmc_server_driven_unregister, false, NULL, NULL, false},
     {LMC_OP_STORE, NULL, LMC_POOL_AFFINITY, store, false, small_copy, busy_transfer, false},
     {LMC_OP_RETRIEVE, NULL, LMC_POOL_AFFINITY, retrieve, false, small_copy, busy_transfer, false},
+    /* Known by name only (docs/protocol.md, "RETRIEVE_LAYERWISE").  Never
+     * inline: its replies stream from a pool thread. */
+    {0, "register_layerwise_ipc_event_pool", LMC_POOL_SYNC,
+     lmc_server_driven_register_layerwise_pool, false, NULL, NULL, false},
+    {0, "retrieve_layerwise", LMC_POOL_AFFINITY, lmc_server_driven_retrieve_layerwise, false,
+     NULL, lmc_server_driven_layerwise_busy, false},
 };
 
 #define COUNTER(name) (json_int_t)atomic_load(&m->name)
@@ -673,9 +679,16 @@ static json_t *sd_status(void *state)
         "bytes_stored", COUNTER(bytes_stored), "bytes_retrieved", COUNTER(bytes_retrieved),
         "store_seconds", atomic_load(&m->store_ns) / 1e9, "retrieve_seconds",
         atomic_load(&m->retrieve_ns) / 1e9);
+    json_t *layerwise = json_pack("{s:I, s:I, s:I}", "layerwise_retrieves_ok",
+                                  COUNTER(layerwise_ok), "layerwise_retrieves_failed",
+                                  COUNTER(layerwise_failed), "layer_batches_sent",
+                                  COUNTER(layer_batches));
     if (o && counts)
         json_object_update(o, counts);
+    if (o && layerwise)
+        json_object_update(o, layerwise);
     json_decref(counts);
+    json_decref(layerwise);
     /* Contexts whose mappings are still being faulted in after their
      * registration (docs/protocol.md, "CPU shared tensors"). */
     pthread_mutex_lock(&m->instances.lock);

@@ -10,6 +10,7 @@
 #include "kv/cuda_transfer.h"
 #include "kv/bulk_copy.h"
 #include "modules/services/ipc_key.h"
+#include "kv/kv_layerwise.h"
 #include "kv/kv_plan.h"
 #include "modules/services/layout_registry.h"
 #include "modules/module.h"
@@ -79,7 +80,8 @@ typedef struct {
     sd_cuda cuda;
     atomic_uint_fast64_t registrations, registrations_refused, unregisters,
         stores_ok, stores_failed, retrieves_ok, retrieves_failed, chunks_stored,
-        chunks_retrieved, bytes_stored, bytes_retrieved, store_ns, retrieve_ns;
+        chunks_retrieved, bytes_stored, bytes_retrieved, store_ns, retrieve_ns,
+        layerwise_ok, layerwise_failed, layer_batches;
 } sd_mod;
 
 /* One STORE or RETRIEVE, decoded and resolved (server_driven.c). */
@@ -173,6 +175,22 @@ bool lmc_server_driven_cuda_retrieve(sd_mod *m, const sd_op *op, uint64_t skip, 
 bool lmc_server_driven_cuda_failure_event(sd_mod *m, const sd_op *op,
                                uint8_t handle[LMC_CUDA_EVENT_HANDLE_BYTES]);
 
+/* Layerwise RETRIEVE on CUDA (layerwise.c): the context's event pool of n
+ * events (their handles, n * 64 bytes); the wait for the engine's event;
+ * one batch's copies of object group og's chunks [first, n) and pool event
+ * `pool` recorded after them; the leases given back once the stream has
+ * passed them.  0, or -1 with the reason. */
+int lmc_server_driven_cuda_event_pool(sd_mod *m, sd_ctx *c, uint32_t n, uint8_t *handles,
+                                      char *err, size_t errlen);
+int lmc_server_driven_cuda_wait(sd_mod *m, const sd_op *op, const uint8_t *client,
+                                size_t client_len, char *err, size_t errlen);
+int lmc_server_driven_cuda_layers(sd_mod *m, const sd_op *op, uint32_t og, size_t first,
+                                  uint64_t skip, const lmc_lease *leases,
+                                  const lmc_kv_layer_ref *refs, size_t n, uint32_t pool,
+                                  char *err, size_t errlen);
+void lmc_server_driven_cuda_give_back_after(sd_mod *m, const sd_op *op, lmc_object_key *keys,
+                                            lmc_lease *leases, size_t n);
+
 /* The context of `id` with a reference for the caller, or NULL. */
 sd_ctx *lmc_server_driven_get(sd_mod *m, int64_t id);
 void lmc_server_driven_put(sd_mod *m, sd_ctx *c);
@@ -182,6 +200,22 @@ void lmc_server_driven_put(sd_mod *m, sd_ctx *c);
  * another model would read and write objects of another layout (issue 29),
  * so a STORE or RETRIEVE that names one is refused. */
 bool lmc_server_driven_bind_model(sd_mod *m, sd_ctx *c, const char *model, size_t len, uint32_t ws);
+
+/* The steps of a STORE or RETRIEVE that the layerwise RETRIEVE shares
+ * (server_driven.c): frames 0-2 resolved (0, or -1 / -2 with the reason),
+ * the references dropped, frame 4 (skip_first_n_tokens) and frame 3 (the
+ * engine's event handle). */
+int lmc_server_driven_op_begin(sd_mod *m, lmc_rpc_call *call, sd_op *op, bool store, char *err,
+                               size_t errlen);
+void lmc_server_driven_op_end(sd_mod *m, sd_op *op);
+int lmc_server_driven_decode_skip(lmc_rpc_call *call, uint64_t *skip, char *err, size_t errlen);
+int lmc_server_driven_client_event(lmc_rpc_call *call, const uint8_t **h, size_t *len, char *err,
+                                   size_t errlen);
+
+/* ---- layerwise RETRIEVE (layerwise.c) ---- */
+lmc_handler_result lmc_server_driven_register_layerwise_pool(void *state, lmc_rpc_call *call);
+lmc_handler_result lmc_server_driven_retrieve_layerwise(void *state, lmc_rpc_call *call);
+lmc_handler_result lmc_server_driven_layerwise_busy(void *state, lmc_rpc_call *call);
 
 lmc_handler_result lmc_server_driven_register(void *state, lmc_rpc_call *call);
 lmc_handler_result lmc_server_driven_unregister(void *state, lmc_rpc_call *call);
