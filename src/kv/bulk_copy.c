@@ -105,61 +105,70 @@ __attribute__((target("avx2"))) static inline void put32(char *w, __m256i v, boo
 }
 
 __attribute__((target("avx2"))) static inline void move32(char *w, const char *r, size_t row,
-                                                          bool stream)
+                                                          bool stream, const char *pf)
 {
     size_t k = 0;
     for (; k + 64 <= row; k += 64) {
+        if (pf)
+            _mm_prefetch(pf + k, _MM_HINT_T0);
         __m256i lo = _mm256_loadu_si256((const __m256i *)(r + k));
         __m256i hi = _mm256_loadu_si256((const __m256i *)(r + k + 32));
         put32(w + k, lo, stream);
         put32(w + k + 32, hi, stream);
     }
-    if (k < row)
+    if (k < row) {
+        if (pf)
+            _mm_prefetch(pf + k, _MM_HINT_T0);
         put32(w + k, _mm256_loadu_si256((const __m256i *)(r + k)), stream);
+    }
 }
 
 /* Walks whichever side `walk_src` names in order, the other by stride. */
 __attribute__((target("avx2"), always_inline)) static inline void
-transpose32(char *d, const char *s, size_t row, size_t a, size_t b, bool stream, bool walk_src)
+transpose32(char *d, const char *s, size_t row, size_t a, size_t b, bool stream, bool walk_src,
+            const char *pf)
 {
+    const char *s0 = s;
     if (walk_src) {   /* src [a][b] in order; dst column i, stride a rows */
         for (size_t i = 0; i < a; i++) {
             char *w = d + i * row;
             for (size_t j = 0; j < b; j++, s += row, w += a * row)
-                move32(w, s, row, stream);
+                move32(w, s, row, stream, pf ? pf + (s - s0) : NULL);
         }
     } else {          /* dst [b][a] in order; src column j, stride b rows */
         for (size_t j = 0; j < b; j++) {
             const char *r = s + j * row;
             for (size_t i = 0; i < a; i++, d += row, r += b * row)
-                move32(d, r, row, stream);
+                move32(d, r, row, stream, pf ? pf + (r - s0) : NULL);
         }
     }
 }
 
 __attribute__((target("avx2"))) static void transpose_streaming(char *d, const char *s, size_t row,
-                                                                size_t a, size_t b, bool walk_src)
+                                                                size_t a, size_t b, bool walk_src,
+                                                                const char *pf)
 {
-    transpose32(d, s, row, a, b, true, walk_src);
+    transpose32(d, s, row, a, b, true, walk_src, pf);
 }
 
 __attribute__((target("avx2"))) static void transpose_storing(char *d, const char *s, size_t row,
-                                                              size_t a, size_t b, bool walk_src)
+                                                              size_t a, size_t b, bool walk_src,
+                                                              const char *pf)
 {
-    transpose32(d, s, row, a, b, false, walk_src);
+    transpose32(d, s, row, a, b, false, walk_src, pf);
 }
 
 static bool transpose_fast(lmc_copy_method m, void *dst, const void *src, size_t row, size_t a,
-                           size_t b, bool walk_src)
+                           size_t b, bool walk_src, const void *next)
 {
     if (row % 32 || !lmc_bulk_copy_has_avx2())
         return false;
     /* Constant `stream`: the compiler keeps a loop of each kind with no
      * branch per store. */
     if (m == LMC_COPY_STREAM && (uintptr_t)dst % 32 == 0)
-        transpose_streaming(dst, src, row, a, b, walk_src);
+        transpose_streaming(dst, src, row, a, b, walk_src, next);
     else
-        transpose_storing(dst, src, row, a, b, walk_src);
+        transpose_storing(dst, src, row, a, b, walk_src, next);
     return true;
 }
 
@@ -196,9 +205,9 @@ void lmc_bulk_copy_fence(lmc_copy_method m)
 }
 
 static bool transpose_fast(lmc_copy_method m, void *dst, const void *src, size_t row, size_t a,
-                           size_t b, bool walk_src)
+                           size_t b, bool walk_src, const void *next)
 {
-    (void)m, (void)dst, (void)src, (void)row, (void)a, (void)b, (void)walk_src;
+    (void)m, (void)dst, (void)src, (void)row, (void)a, (void)b, (void)walk_src, (void)next;
     return false;
 }
 
@@ -238,9 +247,9 @@ const char *lmc_copy_method_name(lmc_copy_method m)
 }
 
 void lmc_bulk_copy_transpose(lmc_copy_method m, void *dst, const void *src, size_t row,
-                             size_t a, size_t b, bool walk_src)
+                             size_t a, size_t b, bool walk_src, const void *next)
 {
-    if (row == 0 || a == 0 || b == 0 || transpose_fast(m, dst, src, row, a, b, walk_src))
+    if (row == 0 || a == 0 || b == 0 || transpose_fast(m, dst, src, row, a, b, walk_src, next))
         return;
     char *d = dst;
     const char *s = src;

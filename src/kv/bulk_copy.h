@@ -34,7 +34,7 @@ void lmc_bulk_copy(lmc_copy_method m, void *dst, const void *src, size_t n);
  * object's slot-major rows, or back).  `walk_src`: rows go in src's order,
  * else in dst's; the L1 object's side is best walked in order (BENCHMARKS.md). */
 void lmc_bulk_copy_transpose(lmc_copy_method m, void *dst, const void *src, size_t row,
-                             size_t a, size_t b, bool walk_src);
+                             size_t a, size_t b, bool walk_src, const void *next);
 
 /* Streaming stores are weakly ordered: another thread that sees a later
  * ordinary store (a flag, a refcount, a queue push) may still read stale

@@ -54,21 +54,32 @@ static uint32_t copy_run(const lmc_kv_chunk_copy *c, uint32_t kv, uint32_t l, ui
     return n;
 }
 
+/* The start of block j of (kv, l) in the engine's tensor. */
+static uint8_t *paged_block(const lmc_kv_chunk_copy *c, uint32_t kv, uint32_t l, uint32_t j)
+{
+    const lmc_kv_geometry *g = &c->g->geo;
+    uint32_t layer = lmc_kv_format_cross_layer(g->format) ? l : 0;
+    return tensor_of(c, kv, l) +
+           lmc_kv_paged_offset(g, kv, layer, (uint64_t)c->blocks[j], 0, 0, 0) * g->element_size;
+}
+
 /* HND block j of (kv, l): the block is [nh][bs][hs], the object's rows
- * [bs][nh][hs]. */
+ * [bs][nh][hs].  A gather reads each head's rows by stride, a pattern the
+ * hardware prefetcher picks up too late within one small block, so the
+ * kernel prefetches the next block's lines while it moves this one's. */
 static void copy_transposed(const lmc_kv_chunk_copy *c, uint32_t kv, uint32_t l, uint32_t j,
                             bool gather)
 {
     const lmc_kv_geometry *g = &c->g->geo;
-    uint64_t es = g->element_size, b = (uint64_t)c->blocks[j];
-    uint32_t layer = lmc_kv_format_cross_layer(g->format) ? l : 0;
-    uint8_t *p = tensor_of(c, kv, l) + lmc_kv_paged_offset(g, kv, layer, b, 0, 0, 0) * es;
+    uint64_t es = g->element_size;
+    uint8_t *p = paged_block(c, kv, l, j);
     uint8_t *o = c->entry + lmc_kv_object_offset(g, c->g->slots, kv, l, j * g->bs, 0, 0) * es;
     size_t row = (size_t)g->hs * es;
     if (gather)
-        lmc_bulk_copy_transpose(c->method, o, p, row, g->nh, g->bs, false);
+        lmc_bulk_copy_transpose(c->method, o, p, row, g->nh, g->bs, true,
+                                j + 1 < c->g->keep_blocks ? paged_block(c, kv, l, j + 1) : NULL);
     else
-        lmc_bulk_copy_transpose(c->method, p, o, row, g->bs, g->nh, true);
+        lmc_bulk_copy_transpose(c->method, p, o, row, g->bs, g->nh, true, NULL);
 }
 
 static void copy_chunk(const lmc_kv_chunk_copy *c, bool gather)

@@ -194,12 +194,13 @@ static void test_transpose(void **state)
             for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
                 size_t row = rows[r], a = dims[d][0], bb = dims[d][1], n = row * a * bb;
                 for (size_t mis = 0; mis <= 32; mis += 8) {
-                    uint8_t *src = malloc(n), *dst = malloc(n + 128);
+                    uint8_t *src = malloc(n), *dst = malloc(n + 128), *next = malloc(n);
                     for (size_t i = 0; i < n; i++)
                         src[i] = (uint8_t)(i * 131 + 7) | 1;
                     memset(dst, 0, n + 128);
                     lmc_bulk_copy_transpose(method % 2 ? LMC_COPY_STREAM : LMC_COPY_MEMCPY,
-                                            dst + 64 + mis, src, row, a, bb, method >= 2);
+                                            dst + 64 + mis, src, row, a, bb, method >= 2,
+                                            mis % 16 ? next : NULL);   /* a hint only */
                     lmc_bulk_copy_fence(LMC_COPY_STREAM);
                     for (size_t j = 0; j < bb; j++)
                         for (size_t i = 0; i < a; i++)
@@ -209,6 +210,7 @@ static void test_transpose(void **state)
                     assert_int_equal(first_not(dst + 64 + mis + n, 64 - mis, 0), 64 - mis);
                     free(src);
                     free(dst);
+                    free(next);
                 }
             }
         }
