@@ -9,7 +9,10 @@
  * [2, NB, NH, BS, HS] tensors instead (the transposing kernel); each round
  * also times the scatter of the same objects back into other blocks.
  *
- *   kv_gather_bench [chunks] [nhd|hnd]     (default 512 nhd) */
+ * `apart` hands out the blocks in a scattered order, as a long-running
+ * engine's free list does, instead of consecutively.
+ *
+ *   kv_gather_bench [chunks] [nhd|hnd] [apart]     (default 512 nhd) */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,7 +50,7 @@ static void *buffer(size_t n, bool shared)
     return p;
 }
 
-static int run(size_t chunks, bool shared, lmc_kv_format format)
+static int run(size_t chunks, bool shared, lmc_kv_format format, bool apart)
 {
     size_t nb = 2 * chunks * CS / BS + 1, plane = nb * BS * NH * HS * 2;
     size_t obj = 2ull * NL * CS * NH * HS * 2;
@@ -58,8 +61,9 @@ static int run(size_t chunks, bool shared, lmc_kv_format format)
         rc |= (layers[l] = buffer(2 * plane, shared)) ? 0 : -1;
     if (rc != 0)
         return fprintf(stderr, "kv_gather_bench: out of memory\n"), -1;
-    for (size_t i = 0; i < 2 * chunks * (CS / BS); i++)
-        ids[i] = 1 + (int64_t)i;
+    size_t n_all = 2 * chunks * (CS / BS);
+    for (size_t i = 0; i < n_all; i++)   /* a permutation: 7919 is a prime */
+        ids[i] = 1 + (int64_t)(apart ? i * 7919 % n_all : i);
     lmc_kv_kernel_group g = {
         .geo = {.format = format, .kv_size = 2, .nl = NL, .nb = nb,
                 .bs = BS, .nh = NH, .hs = HS, .element_size = 2, .block_stride = BS * NH * HS},
@@ -96,8 +100,9 @@ int main(int argc, char **argv)
     size_t chunks = argc > 1 ? strtoul(argv[1], NULL, 10) : 512;
     const char *layout = argc > 2 ? argv[2] : "nhd";
     bool hnd = strcmp(layout, "hnd") == 0;
-    if (chunks < 1 || (!hnd && strcmp(layout, "nhd") != 0))
-        return fprintf(stderr, "usage: kv_gather_bench [chunks >= 1] [nhd|hnd]\n"), 1;
+    bool apart = argc > 3 && strcmp(argv[3], "apart") == 0;
+    if (chunks < 1 || (!hnd && strcmp(layout, "nhd") != 0) || (argc > 3 && !apart))
+        return fprintf(stderr, "usage: kv_gather_bench [chunks >= 1] [nhd|hnd] [apart]\n"), 1;
     lmc_kv_format f = hnd ? LMC_KV_NL_X_TWO_NB_NH_BS_HS : LMC_KV_NL_X_TWO_NB_BS_NH_HS;
-    return run(chunks, false, f) != 0 || run(chunks, true, f) != 0;
+    return run(chunks, false, f, apart) != 0 || run(chunks, true, f, apart) != 0;
 }

@@ -12,11 +12,17 @@
  * kernels stream whole, aligned lines and leave the ragged ends to memcpy. */
 #define LINE 64
 
-typedef void (*line_loop)(char *d, const char *s, size_t bytes);
+/* `pf`, where not NULL, is prefetched one line per line moved, at the same
+ * offset: the source of the copy that follows (lmc_bulk_copy_ahead). */
+typedef void (*line_loop)(char *d, const char *s, size_t bytes, const char *pf);
 
-static void lines16(char *d, const char *s, size_t bytes)
+static void lines16(char *d, const char *s, size_t bytes, const char *pf)
 {
     for (const char *end = s + bytes; s < end; s += LINE, d += LINE) {
+        if (pf) {
+            _mm_prefetch(pf, _MM_HINT_T0);
+            pf += LINE;
+        }
         __m128i a = _mm_loadu_si128((const __m128i *)s);
         __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
         __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
@@ -28,9 +34,14 @@ static void lines16(char *d, const char *s, size_t bytes)
     }
 }
 
-__attribute__((target("avx2"))) static void lines32(char *d, const char *s, size_t bytes)
+__attribute__((target("avx2"))) static void lines32(char *d, const char *s, size_t bytes,
+                                                    const char *pf)
 {
     for (const char *end = s + bytes; s < end; s += LINE, d += LINE) {
+        if (pf) {
+            _mm_prefetch(pf, _MM_HINT_T0);
+            pf += LINE;
+        }
         __m256i a = _mm256_loadu_si256((const __m256i *)s);
         __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
         _mm256_stream_si256((__m256i *)d, a);
@@ -40,7 +51,8 @@ __attribute__((target("avx2"))) static void lines32(char *d, const char *s, size
 
 /* memcpy up to dst's next line boundary, whole lines with `loop`, memcpy
  * of the rest.  Copies too short to hold one aligned line are all memcpy. */
-static inline void stream_with(line_loop loop, void *dst, const void *src, size_t n)
+static inline void stream_with(line_loop loop, void *dst, const void *src, size_t n,
+                               const char *pf)
 {
     size_t head = (size_t)(-(uintptr_t)dst & (LINE - 1));
     if (n < head + LINE) {
@@ -51,7 +63,7 @@ static inline void stream_with(line_loop loop, void *dst, const void *src, size_
     char *d = (char *)dst;
     const char *s = (const char *)src;
     memcpy(d, s, head);
-    loop(d + head, s + head, body);
+    loop(d + head, s + head, body, pf ? pf + head : NULL);
     memcpy(d + head + body, s + head + body, n - head - body);
 }
 
@@ -64,24 +76,21 @@ bool lmc_bulk_copy_has_avx2(void)
 
 void lmc_bulk_copy_stream16(void *dst, const void *src, size_t n)
 {
-    stream_with(lines16, dst, src, n);
+    stream_with(lines16, dst, src, n, NULL);
 }
 
 void lmc_bulk_copy_stream32(void *dst, const void *src, size_t n)
 {
-    stream_with(lines32, dst, src, n);
+    stream_with(lines32, dst, src, n, NULL);
 }
 
 /* 32-byte stores measure 5-10% above 16-byte ones (likely because a line's
  * write-combining buffer, which also serves load misses, fills and drains
  * in two stores instead of four); 64-byte AVX-512 stores add no more than
  * the noise. */
-static void stream_best(void *dst, const void *src, size_t n)
+static void stream_best(void *dst, const void *src, size_t n, const void *pf)
 {
-    if (lmc_bulk_copy_has_avx2())
-        lmc_bulk_copy_stream32(dst, src, n);
-    else
-        lmc_bulk_copy_stream16(dst, src, n);
+    stream_with(lmc_bulk_copy_has_avx2() ? lines32 : lines16, dst, src, n, pf);
 }
 
 void lmc_bulk_copy_fence(lmc_copy_method m)
@@ -194,8 +203,9 @@ void lmc_bulk_copy_stream32(void *dst, const void *src, size_t n)
     memcpy(dst, src, n);
 }
 
-static void stream_best(void *dst, const void *src, size_t n)
+static void stream_best(void *dst, const void *src, size_t n, const void *pf)
 {
+    (void)pf;
     memcpy(dst, src, n);
 }
 
@@ -223,9 +233,21 @@ void lmc_bulk_copy(lmc_copy_method m, void *dst, const void *src, size_t n)
     if (n == 0)   /* an empty run may carry NULL pointers, which memcpy may not get */
         return;
     if (m == LMC_COPY_STREAM)
-        stream_best(dst, src, n);
+        stream_best(dst, src, n, NULL);
     else
         memcpy(dst, src, n);
+}
+
+void lmc_bulk_copy_ahead(lmc_copy_method m, void *dst, const void *src, size_t n,
+                         const void *next, size_t ahead)
+{
+    if (m != LMC_COPY_STREAM || !next || ahead == 0 || n == 0) {
+        lmc_bulk_copy(m, dst, src, n);
+        return;
+    }
+    size_t lead = n > ahead ? n - ahead : 0;
+    lmc_bulk_copy(m, dst, src, lead);
+    stream_best((char *)dst + lead, (const char *)src + lead, n - lead, next);
 }
 
 int lmc_copy_method_parse(const char *name, lmc_copy_method *out)

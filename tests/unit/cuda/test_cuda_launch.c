@@ -144,14 +144,15 @@ static void reference_kernel(const lmc_cuda_copy_params *p, uint8_t *hits)
 
 /* Gathers with the reference kernel and with kv_copy (`method`), then
  * scatters a fresh object both ways with skip_blocks 0 and `skip`: the
- * objects, then the tensors, must match byte for byte. */
-static void round_trip_with(const gcase *c, uint32_t skip, lmc_copy_method method)
+ * objects, then the tensors, must match byte for byte.  `runs`: the blocks
+ * are consecutive (one run, or two where they wrap), else out of order. */
+static void round_trip_with(const gcase *c, uint32_t skip, lmc_copy_method method, bool runs)
 {
     lmc_kv_kernel_group g = group_of(c);
     paged *pg = paged_new(&g, c->misalign, 7);
     int64_t blocks[LMC_CUDA_MAX_BLOCKS];
-    for (uint32_t j = 0; j < c->keep; j++)   /* distinct, out of order */
-        blocks[j] = (int64_t)((j * 7 + 3) % c->nb);
+    for (uint32_t j = 0; j < c->keep; j++)   /* distinct */
+        blocks[j] = (int64_t)(((runs ? j : j * 7) + 3) % c->nb);
     uint64_t size = c->entry_offset + g.entry_bytes + 40;
     uint8_t *raw_a = aligned_alloc(64, (size + 63) / 64 * 64);
     uint8_t *raw_b = aligned_alloc(64, (size + 63) / 64 * 64);
@@ -206,11 +207,13 @@ static void round_trip_with(const gcase *c, uint32_t skip, lmc_copy_method metho
     paged_free(pg);
 }
 
-/* Both methods: streaming stores take other kernels (bulk_copy.c). */
+/* Both methods: streaming stores take other kernels (bulk_copy.c), and
+ * consecutive blocks make runs longer than a block. */
 static void round_trip(const gcase *c, uint32_t skip)
 {
-    round_trip_with(c, skip, LMC_COPY_MEMCPY);
-    round_trip_with(c, skip, LMC_COPY_STREAM);
+    round_trip_with(c, skip, LMC_COPY_MEMCPY, false);
+    round_trip_with(c, skip, LMC_COPY_STREAM, false);
+    round_trip_with(c, skip, LMC_COPY_STREAM, true);
 }
 
 /* ---- the reference kernel against kv_copy, per format ------------------- */

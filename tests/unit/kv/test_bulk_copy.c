@@ -50,9 +50,32 @@ static void via_stream32(void *dst, const void *src, size_t n)
     lmc_bulk_copy_fence(LMC_COPY_STREAM);
 }
 
+/* Prefetching the next copy's source (here its own, which is readable) is
+ * a hint: the bytes must come out as memcpy's whether the prefetched span
+ * is part of the copy or longer than it. */
+static void via_ahead_part(void *dst, const void *src, size_t n)
+{
+    lmc_bulk_copy_ahead(LMC_COPY_STREAM, dst, src, n, src, n / 3 + 1);
+    lmc_bulk_copy_fence(LMC_COPY_STREAM);
+}
+
+static void via_ahead_all(void *dst, const void *src, size_t n)
+{
+    lmc_bulk_copy_ahead(LMC_COPY_STREAM, dst, src, n, src, n + 100);
+    lmc_bulk_copy_fence(LMC_COPY_STREAM);
+}
+
+static void via_ahead_memcpy(void *dst, const void *src, size_t n)
+{
+    lmc_bulk_copy_ahead(LMC_COPY_MEMCPY, dst, src, n, src, n / 2 + 1);
+}
+
 static const kernel kernels[] = {
     {"memcpy", via_memcpy, false},
     {"stream", via_stream, false},
+    {"ahead_part", via_ahead_part, false},
+    {"ahead_all", via_ahead_all, false},
+    {"ahead_memcpy", via_ahead_memcpy, false},
     {"stream16", via_stream16, false},
     {"stream32", via_stream32, true},
 };
@@ -153,6 +176,8 @@ static void test_empty_null(void **state)
     (void)state;
     lmc_bulk_copy(LMC_COPY_MEMCPY, NULL, NULL, 0);
     lmc_bulk_copy(LMC_COPY_STREAM, NULL, NULL, 0);
+    lmc_bulk_copy_ahead(LMC_COPY_STREAM, NULL, NULL, 0, NULL, 0);
+    lmc_bulk_copy_ahead(LMC_COPY_STREAM, NULL, NULL, 0, "next", 4);
     lmc_bulk_copy_fence(LMC_COPY_MEMCPY);
     lmc_bulk_copy_fence(LMC_COPY_STREAM);
 }
