@@ -13,40 +13,63 @@
 #define LINE 64
 
 /* `pf`, where not NULL, is prefetched one line per line moved, at the same
- * offset: the source of the copy that follows (lmc_bulk_copy_ahead). */
+ * offset: the source of the copy that follows (lmc_bulk_copy_ahead).  The
+ * loops come in pairs with a constant `pf`, so that a plain copy keeps a
+ * loop with nothing added. */
 typedef void (*line_loop)(char *d, const char *s, size_t bytes, const char *pf);
+
+__attribute__((always_inline)) static inline void lines_body16(char *d, const char *s,
+                                                               size_t bytes, const char *pf)
+{
+    for (size_t k = 0; k < bytes; k += LINE) {
+        if (pf)
+            _mm_prefetch(pf + k, _MM_HINT_T0);
+        __m128i a = _mm_loadu_si128((const __m128i *)(s + k));
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + k + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + k + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + k + 48));
+        _mm_stream_si128((__m128i *)(d + k), a);
+        _mm_stream_si128((__m128i *)(d + k + 16), b);
+        _mm_stream_si128((__m128i *)(d + k + 32), c);
+        _mm_stream_si128((__m128i *)(d + k + 48), e);
+    }
+}
+
+__attribute__((target("avx2"), always_inline)) static inline void
+lines_body32(char *d, const char *s, size_t bytes, const char *pf)
+{
+    for (size_t k = 0; k < bytes; k += LINE) {
+        if (pf)
+            _mm_prefetch(pf + k, _MM_HINT_T0);
+        __m256i a = _mm256_loadu_si256((const __m256i *)(s + k));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(s + k + 32));
+        _mm256_stream_si256((__m256i *)(d + k), a);
+        _mm256_stream_si256((__m256i *)(d + k + 32), b);
+    }
+}
 
 static void lines16(char *d, const char *s, size_t bytes, const char *pf)
 {
-    for (const char *end = s + bytes; s < end; s += LINE, d += LINE) {
-        if (pf) {
-            _mm_prefetch(pf, _MM_HINT_T0);
-            pf += LINE;
-        }
-        __m128i a = _mm_loadu_si128((const __m128i *)s);
-        __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
-        __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
-        _mm_stream_si128((__m128i *)d, a);
-        _mm_stream_si128((__m128i *)(d + 16), b);
-        _mm_stream_si128((__m128i *)(d + 32), c);
-        _mm_stream_si128((__m128i *)(d + 48), e);
-    }
+    (void)pf;
+    lines_body16(d, s, bytes, NULL);
+}
+
+static void lines16_ahead(char *d, const char *s, size_t bytes, const char *pf)
+{
+    lines_body16(d, s, bytes, pf);
 }
 
 __attribute__((target("avx2"))) static void lines32(char *d, const char *s, size_t bytes,
                                                     const char *pf)
 {
-    for (const char *end = s + bytes; s < end; s += LINE, d += LINE) {
-        if (pf) {
-            _mm_prefetch(pf, _MM_HINT_T0);
-            pf += LINE;
-        }
-        __m256i a = _mm256_loadu_si256((const __m256i *)s);
-        __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
-        _mm256_stream_si256((__m256i *)d, a);
-        _mm256_stream_si256((__m256i *)(d + 32), b);
-    }
+    (void)pf;
+    lines_body32(d, s, bytes, NULL);
+}
+
+__attribute__((target("avx2"))) static void lines32_ahead(char *d, const char *s, size_t bytes,
+                                                          const char *pf)
+{
+    lines_body32(d, s, bytes, pf);
 }
 
 /* memcpy up to dst's next line boundary, whole lines with `loop`, memcpy
@@ -90,7 +113,10 @@ void lmc_bulk_copy_stream32(void *dst, const void *src, size_t n)
  * the noise. */
 static void stream_best(void *dst, const void *src, size_t n, const void *pf)
 {
-    stream_with(lmc_bulk_copy_has_avx2() ? lines32 : lines16, dst, src, n, pf);
+    if (lmc_bulk_copy_has_avx2())
+        stream_with(pf ? lines32_ahead : lines32, dst, src, n, pf);
+    else
+        stream_with(pf ? lines16_ahead : lines16, dst, src, n, pf);
 }
 
 void lmc_bulk_copy_fence(lmc_copy_method m)
@@ -157,14 +183,20 @@ __attribute__((target("avx2"))) static void transpose_streaming(char *d, const c
                                                                 size_t a, size_t b, bool walk_src,
                                                                 const char *pf)
 {
-    transpose32(d, s, row, a, b, true, walk_src, pf);
+    if (pf)   /* two inlined loops: the one without a prefetch has no test for it */
+        transpose32(d, s, row, a, b, true, walk_src, pf);
+    else
+        transpose32(d, s, row, a, b, true, walk_src, NULL);
 }
 
 __attribute__((target("avx2"))) static void transpose_storing(char *d, const char *s, size_t row,
                                                               size_t a, size_t b, bool walk_src,
                                                               const char *pf)
 {
-    transpose32(d, s, row, a, b, false, walk_src, pf);
+    if (pf)
+        transpose32(d, s, row, a, b, false, walk_src, pf);
+    else
+        transpose32(d, s, row, a, b, false, walk_src, NULL);
 }
 
 static bool transpose_fast(lmc_copy_method m, void *dst, const void *src, size_t row, size_t a,
