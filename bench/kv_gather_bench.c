@@ -1,13 +1,18 @@
 /* kv_gather_bench: the server-driven CPU gather (lmc_kv_gather_chunk) alone,
  * outside any server: N chunks of 2 MiB ([2, 8 layers, 256 tokens, 256],
- * bf16) gathered from paged FlashAttention tensors (block size 16,
+ * bf16; `mla`: [1, 8, 256, 576], block size 64) gathered from paged tensors (block size 16,
  * consecutive blocks) beside a straight streaming copy of the same bytes,
  * alternating, three rounds; in private memory and in shared memory
  * (memfd, 4 KiB pages, as the engine's segments and the L1 pool are).
  * It separates the copy loop's own speed from what the server around it
- * costs (BENCHMARKS.md, "Server-driven transfers").
+ * costs (BENCHMARKS.md, "Server-driven transfers").  `hnd` gathers from
+ * [2, NB, NH, BS, HS] tensors instead (the transposing kernel); each round
+ * also times the scatter of the same objects back into other blocks.
  *
- *   kv_gather_bench [chunks]          (default 512) */
+ * `apart` hands out the blocks in a scattered order, as a long-running
+ * engine's free list does, instead of consecutively.
+ *
+ *   kv_gather_bench [chunks] [nhd|hnd|mla] [apart]     (default 512 nhd) */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +23,15 @@
 
 #include "kv/kv_copy.h"
 
-enum { NL = 8, BS = 16, NH = 2, HS = 128, CS = 256 };
+enum { NL = 8, CS = 256 };
+
+/* One layout's paged tensors: FlashAttention's NHD or HND (bf16, block
+ * size 16, 2 heads of 128), or MLA's one latent row of 576 per token
+ * (DeepSeek's 512 + 64, block size 64). */
+typedef struct shape {
+    lmc_kv_format format;
+    uint32_t kv, bs, nh, hs;
+} shape;
 
 static double now_s(void)
 {
@@ -45,27 +58,30 @@ static void *buffer(size_t n, bool shared)
     return p;
 }
 
-static int run(size_t chunks, bool shared)
+static int run(size_t chunks, bool shared, const shape *sh, bool apart)
 {
-    size_t nb = chunks * CS / BS + 1, plane = nb * BS * NH * HS * 2;
-    size_t obj = 2ull * NL * CS * NH * HS * 2;
+    size_t per = CS / sh->bs, row = (size_t)sh->nh * sh->hs * 2;
+    size_t nb = 2 * chunks * per + 1, plane = nb * sh->bs * row, obj = sh->kv * NL * CS * row;
     uint8_t *layers[NL], *dst = buffer(chunks * obj, shared), *src = buffer(chunks * obj, shared);
-    int64_t *ids = malloc(chunks * (CS / BS) * sizeof *ids);
+    int64_t *ids = malloc(2 * chunks * per * sizeof *ids);
     int rc = dst && src && ids ? 0 : -1;
     for (int l = 0; l < NL; l++)
-        rc |= (layers[l] = buffer(2 * plane, shared)) ? 0 : -1;
+        rc |= (layers[l] = buffer(sh->kv * plane, shared)) ? 0 : -1;
     if (rc != 0)
         return fprintf(stderr, "kv_gather_bench: out of memory\n"), -1;
-    for (size_t i = 0; i < chunks * (CS / BS); i++)
-        ids[i] = 1 + (int64_t)i;
+    size_t n_all = 2 * chunks * per;
+    for (size_t i = 0; i < n_all; i++)   /* a permutation: 7919 is a prime */
+        ids[i] = 1 + (int64_t)(apart ? i * 7919 % n_all : i);
     lmc_kv_kernel_group g = {
-        .geo = {.format = LMC_KV_NL_X_TWO_NB_BS_NH_HS, .kv_size = 2, .nl = NL, .nb = nb,
-                .bs = BS, .nh = NH, .hs = HS, .element_size = 2, .block_stride = BS * NH * HS},
-        .keep_blocks = CS / BS, .slots = CS, .n_tensors = NL};
+        .geo = {.format = sh->format, .kv_size = sh->kv, .nl = NL, .nb = nb, .bs = sh->bs,
+                .nh = sh->nh, .hs = sh->hs, .element_size = 2,
+                .block_stride = (uint64_t)sh->bs * sh->nh * sh->hs},
+        .keep_blocks = (uint32_t)per, .slots = CS, .n_tensors = NL};
+    size_t n_ids = chunks * per;
     for (int round = 0; round < 3; round++) {
         double t0 = now_s();
         for (size_t c = 0; c < chunks; c++) {
-            lmc_kv_chunk_copy cc = {.g = &g, .bases = layers, .blocks = ids + c * (CS / BS),
+            lmc_kv_chunk_copy cc = {.g = &g, .bases = layers, .blocks = ids + c * per,
                                     .entry = dst + c * obj, .method = LMC_COPY_STREAM};
             lmc_kv_gather_chunk(&cc);
         }
@@ -74,9 +90,16 @@ static int run(size_t chunks, bool shared)
             lmc_bulk_copy(LMC_COPY_STREAM, dst + c * obj, src + c * obj, obj);
         lmc_bulk_copy_fence(LMC_COPY_STREAM);
         double t2 = now_s();
-        printf("  %s memory: gather %.2f GB/s, straight copy %.2f GB/s: %.2fx\n",
-               shared ? "shared " : "private", chunks * obj / (t1 - t0) / 1e9,
-               chunks * obj / (t2 - t1) / 1e9, (t2 - t1) / (t1 - t0));
+        for (size_t c = 0; c < chunks; c++) {   /* into the blocks after the stored ones */
+            lmc_kv_chunk_copy cc = {.g = &g, .bases = layers, .blocks = ids + n_ids + c * per,
+                                    .entry = dst + c * obj, .method = LMC_COPY_STREAM};
+            lmc_kv_scatter_chunk(&cc);
+        }
+        double t3 = now_s(), gb = chunks * obj / 1e9;
+        printf("  %s memory: gather %.2f GB/s (%.2fx), scatter %.2f GB/s (%.2fx) beside a "
+               "straight copy at %.2f GB/s\n",
+               shared ? "shared " : "private", gb / (t1 - t0), (t2 - t1) / (t1 - t0),
+               gb / (t3 - t2), (t2 - t1) / (t3 - t2), gb / (t2 - t1));
     }
     return 0;
 }
@@ -84,7 +107,16 @@ static int run(size_t chunks, bool shared)
 int main(int argc, char **argv)
 {
     size_t chunks = argc > 1 ? strtoul(argv[1], NULL, 10) : 512;
-    if (chunks < 1)
-        return fprintf(stderr, "usage: kv_gather_bench [chunks >= 1]\n"), 1;
-    return run(chunks, false) != 0 || run(chunks, true) != 0;
+    const char *layout = argc > 2 ? argv[2] : "nhd";
+    static const shape shapes[] = {{LMC_KV_NL_X_TWO_NB_BS_NH_HS, 2, 16, 2, 128},
+                                   {LMC_KV_NL_X_TWO_NB_NH_BS_HS, 2, 16, 2, 128},
+                                   {LMC_KV_NL_X_NB_BS_HS, 1, 64, 1, 576}};
+    static const char *const names[] = {"nhd", "hnd", "mla"};
+    const shape *sh = NULL;
+    for (int i = 0; i < 3; i++)
+        sh = strcmp(layout, names[i]) == 0 ? &shapes[i] : sh;
+    bool apart = argc > 3 && strcmp(argv[3], "apart") == 0;
+    if (chunks < 1 || !sh || (argc > 3 && !apart))
+        return fprintf(stderr, "usage: kv_gather_bench [chunks >= 1] [nhd|hnd|mla] [apart]\n"), 1;
+    return run(chunks, false, sh, apart) != 0 || run(chunks, true, sh, apart) != 0;
 }

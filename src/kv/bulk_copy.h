@@ -29,12 +29,25 @@ typedef enum lmc_copy_method {
  * LMC_COPY_STREAM copies, call lmc_bulk_copy_fence before publishing. */
 void lmc_bulk_copy(lmc_copy_method m, void *dst, const void *src, size_t n);
 
+/* lmc_bulk_copy, which also prefetches the source of the copy that
+ * follows: `ahead` bytes at `next`, one line per line copied over the last
+ * `ahead` bytes of this copy (or all of it, when shorter).  The hardware
+ * prefetcher cannot guess where a paged tensor's next block lies; without
+ * this, a gather of 8 KiB blocks in scattered places ran at 0.56x the copy
+ * (BENCHMARKS.md, "Server-driven transfers").  Only LMC_COPY_STREAM
+ * prefetches. */
+void lmc_bulk_copy_ahead(lmc_copy_method m, void *dst, const void *src, size_t n,
+                         const void *next, size_t ahead);
+
 /* Transposes the leading two dimensions of rows of `row` bytes: src is
  * [a][b][row], dst [b][a][row] (a paged block's heads-first rows into an
  * object's slot-major rows, or back).  `walk_src`: rows go in src's order,
- * else in dst's; the L1 object's side is best walked in order (BENCHMARKS.md). */
+ * else in dst's; with streaming stores, reading in order measured faster
+ * both ways (BENCHMARKS.md, "Server-driven transfers").  `next`, where not
+ * NULL, is the source of the next transpose of the same shape: its lines
+ * are prefetched, one per line moved, as lmc_bulk_copy_ahead does. */
 void lmc_bulk_copy_transpose(lmc_copy_method m, void *dst, const void *src, size_t row,
-                             size_t a, size_t b, bool walk_src);
+                             size_t a, size_t b, bool walk_src, const void *next);
 
 /* Streaming stores are weakly ordered: another thread that sees a later
  * ordinary store (a flag, a refcount, a queue push) may still read stale

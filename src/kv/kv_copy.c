@@ -30,7 +30,33 @@ static uint8_t *tensor_of(const lmc_kv_chunk_copy *c, uint32_t kv, uint32_t laye
     return c->bases[lmc_kv_format_kv_lists(f) ? kv * c->g->geo.nl + layer : layer];
 }
 
-/* One block j of the chunk, for one (kv, layer): either direction. */
+/* The start of block j of (kv, l) in the engine's tensor. */
+static uint8_t *paged_block(const lmc_kv_chunk_copy *c, uint32_t kv, uint32_t l, uint32_t j)
+{
+    const lmc_kv_geometry *g = &c->g->geo;
+    uint32_t layer = lmc_kv_format_cross_layer(g->format) ? l : 0;
+    return tensor_of(c, kv, l) +
+           lmc_kv_paged_offset(g, kv, layer, (uint64_t)c->blocks[j], 0, 0, 0) * g->element_size;
+}
+
+/* Where the gather reads after the blocks of (kv, l) before block j: block
+ * j, else the first block of the next (kv, l); NULL at the chunk's end. */
+static const uint8_t *next_source(const lmc_kv_chunk_copy *c, uint32_t kv, uint32_t l,
+                                  uint32_t j)
+{
+    const lmc_kv_geometry *g = &c->g->geo;
+    if (j < c->g->keep_blocks)
+        return paged_block(c, kv, l, j);
+    if (c->skip_blocks >= c->g->keep_blocks)
+        return NULL;
+    if (++l == g->nl) {
+        l = 0;
+        if (++kv == g->kv_size)
+            return NULL;
+    }
+    return paged_block(c, kv, l, c->skip_blocks);
+}
+
 /* Token-major blocks j.. of (kv, l), as one run while the engine's next
  * block starts where this one ends (vLLM hands a fresh request consecutive
  * blocks, and the object's slots are consecutive anyway).  Returns the
@@ -50,25 +76,31 @@ static uint32_t copy_run(const lmc_kv_chunk_copy *c, uint32_t kv, uint32_t l, ui
     uint8_t *p = tensor_of(c, kv, l) + first * es;
     uint8_t *o = c->entry + lmc_kv_object_offset(g, c->g->slots, kv, l, j * g->bs, 0, 0) * es;
     size_t bytes = (size_t)(n * block * es);
-    gather ? lmc_bulk_copy(c->method, o, p, bytes) : lmc_bulk_copy(c->method, p, o, bytes);
+    if (gather)   /* the next run is at least a block long */
+        lmc_bulk_copy_ahead(c->method, o, p, bytes, next_source(c, kv, l, j + n),
+                            (size_t)(block * es));
+    else
+        lmc_bulk_copy(c->method, p, o, bytes);
     return n;
 }
 
 /* HND block j of (kv, l): the block is [nh][bs][hs], the object's rows
- * [bs][nh][hs]. */
+ * [bs][nh][hs].  Both directions read their source in order and write
+ * rows by stride; a gather prefetches the next block while it moves this
+ * one (bulk_copy.h). */
 static void copy_transposed(const lmc_kv_chunk_copy *c, uint32_t kv, uint32_t l, uint32_t j,
                             bool gather)
 {
     const lmc_kv_geometry *g = &c->g->geo;
-    uint64_t es = g->element_size, b = (uint64_t)c->blocks[j];
-    uint32_t layer = lmc_kv_format_cross_layer(g->format) ? l : 0;
-    uint8_t *p = tensor_of(c, kv, l) + lmc_kv_paged_offset(g, kv, layer, b, 0, 0, 0) * es;
+    uint64_t es = g->element_size;
+    uint8_t *p = paged_block(c, kv, l, j);
     uint8_t *o = c->entry + lmc_kv_object_offset(g, c->g->slots, kv, l, j * g->bs, 0, 0) * es;
     size_t row = (size_t)g->hs * es;
     if (gather)
-        lmc_bulk_copy_transpose(c->method, o, p, row, g->nh, g->bs, false);
+        lmc_bulk_copy_transpose(c->method, o, p, row, g->nh, g->bs, true,
+                                next_source(c, kv, l, j + 1));
     else
-        lmc_bulk_copy_transpose(c->method, p, o, row, g->bs, g->nh, true);
+        lmc_bulk_copy_transpose(c->method, p, o, row, g->bs, g->nh, true, NULL);
 }
 
 static void copy_chunk(const lmc_kv_chunk_copy *c, bool gather, uint32_t from, uint32_t to)

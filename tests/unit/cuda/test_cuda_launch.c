@@ -143,16 +143,17 @@ static void reference_kernel(const lmc_cuda_copy_params *p, uint8_t *hits)
                         }
 }
 
-/* Gathers with the reference kernel and with kv_copy, then scatters a
- * fresh object both ways with skip_blocks 0 and `skip`: the objects, then
- * the tensors, must match byte for byte. */
-static void round_trip(const gcase *c, uint32_t skip)
+/* Gathers with the reference kernel and with kv_copy (`method`), then
+ * scatters a fresh object both ways with skip_blocks 0 and `skip`: the
+ * objects, then the tensors, must match byte for byte.  `runs`: the blocks
+ * are consecutive (one run, or two where they wrap), else out of order. */
+static void round_trip_with(const gcase *c, uint32_t skip, lmc_copy_method method, bool runs)
 {
     lmc_kv_kernel_group g = group_of(c);
     paged *pg = paged_new(&g, c->misalign, 7);
     int64_t blocks[LMC_CUDA_MAX_BLOCKS];
-    for (uint32_t j = 0; j < c->keep; j++)   /* distinct, out of order */
-        blocks[j] = (int64_t)((j * 7 + 3) % c->nb);
+    for (uint32_t j = 0; j < c->keep; j++)   /* distinct */
+        blocks[j] = (int64_t)(((runs ? j : j * 7) + 3) % c->nb);
     uint64_t size = c->entry_offset + g.entry_bytes + 40;
     uint8_t *raw_a = aligned_alloc(64, (size + 63) / 64 * 64);
     uint8_t *raw_b = aligned_alloc(64, (size + 63) / 64 * 64);
@@ -174,7 +175,7 @@ static void round_trip(const gcase *c, uint32_t skip)
     p->first_block = 0;   /* what copy_object packs for a STORE */
     reference_kernel(p, hits);
     lmc_kv_chunk_copy cc = {.g = &g, .bases = pg->base[1], .blocks = blocks,
-                            .entry = raw_b + c->entry_offset, .method = LMC_COPY_MEMCPY};
+                            .entry = raw_b + c->entry_offset, .method = method};
     lmc_kv_gather_chunk(&cc);
     assert_memory_equal(raw_a, raw_b, size);
     for (uint64_t i = 0; i < g.entry_bytes; i++)
@@ -229,6 +230,15 @@ static void round_trip(const gcase *c, uint32_t skip)
     paged_free(pg);
 }
 
+/* Both methods: streaming stores take other kernels (bulk_copy.c), and
+ * consecutive blocks make runs longer than a block. */
+static void round_trip(const gcase *c, uint32_t skip)
+{
+    round_trip_with(c, skip, LMC_COPY_MEMCPY, false);
+    round_trip_with(c, skip, LMC_COPY_STREAM, false);
+    round_trip_with(c, skip, LMC_COPY_STREAM, true);
+}
+
 /* ---- the reference kernel against kv_copy, per format ------------------- */
 
 static const gcase CASES[] = {
@@ -249,6 +259,8 @@ static const gcase CASES[] = {
     {"sglang_unified_state", LMC_KV_NL_X_NB_BS_NH_HS, 1, 2, 1, 1, 1000, 4, 6, 1, 0, 24, 0},
     /* more heads than ty and more slots than tz: 512-byte rows, 32 lanes */
     {"many_heads_hnd", LMC_KV_NL_X_TWO_NB_NH_BS_HS, 2, 2, 4, 20, 256, 2, 6, 2, 0, 0, 0},
+    /* 160-byte rows: the AVX2 transpose's two whole lines and a 32-byte tail */
+    {"hnd_tail_rows", LMC_KV_NL_X_TWO_NB_NH_BS_HS, 2, 2, 16, 2, 80, 2, 12, 4, 0, 64, 0},
     {"many_heads_nhd", LMC_KV_NL_X_TWO_NB_BS_NH_HS, 2, 2, 64, 40, 64, 2, 5, 2, 0, 0, 0},
     /* fp8 rows of 3 bytes: 1-byte units */
     {"fp8_odd_rows", LMC_KV_NL_X_TWO_NB_BS_NH_HS, 2, 2, 16, 3, 3, 1, 8, 3, 0, 0, 0},

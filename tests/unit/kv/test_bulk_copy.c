@@ -50,9 +50,32 @@ static void via_stream32(void *dst, const void *src, size_t n)
     lmc_bulk_copy_fence(LMC_COPY_STREAM);
 }
 
+/* Prefetching the next copy's source (here its own, which is readable) is
+ * a hint: the bytes must come out as memcpy's whether the prefetched span
+ * is part of the copy or longer than it. */
+static void via_ahead_part(void *dst, const void *src, size_t n)
+{
+    lmc_bulk_copy_ahead(LMC_COPY_STREAM, dst, src, n, src, n / 3 + 1);
+    lmc_bulk_copy_fence(LMC_COPY_STREAM);
+}
+
+static void via_ahead_all(void *dst, const void *src, size_t n)
+{
+    lmc_bulk_copy_ahead(LMC_COPY_STREAM, dst, src, n, src, n + 100);
+    lmc_bulk_copy_fence(LMC_COPY_STREAM);
+}
+
+static void via_ahead_memcpy(void *dst, const void *src, size_t n)
+{
+    lmc_bulk_copy_ahead(LMC_COPY_MEMCPY, dst, src, n, src, n / 2 + 1);
+}
+
 static const kernel kernels[] = {
     {"memcpy", via_memcpy, false},
     {"stream", via_stream, false},
+    {"ahead_part", via_ahead_part, false},
+    {"ahead_all", via_ahead_all, false},
+    {"ahead_memcpy", via_ahead_memcpy, false},
     {"stream16", via_stream16, false},
     {"stream32", via_stream32, true},
 };
@@ -153,6 +176,8 @@ static void test_empty_null(void **state)
     (void)state;
     lmc_bulk_copy(LMC_COPY_MEMCPY, NULL, NULL, 0);
     lmc_bulk_copy(LMC_COPY_STREAM, NULL, NULL, 0);
+    lmc_bulk_copy_ahead(LMC_COPY_STREAM, NULL, NULL, 0, NULL, 0);
+    lmc_bulk_copy_ahead(LMC_COPY_STREAM, NULL, NULL, 0, "next", 4);
     lmc_bulk_copy_fence(LMC_COPY_MEMCPY);
     lmc_bulk_copy_fence(LMC_COPY_STREAM);
 }
@@ -194,12 +219,13 @@ static void test_transpose(void **state)
             for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
                 size_t row = rows[r], a = dims[d][0], bb = dims[d][1], n = row * a * bb;
                 for (size_t mis = 0; mis <= 32; mis += 8) {
-                    uint8_t *src = malloc(n), *dst = malloc(n + 128);
+                    uint8_t *src = malloc(n), *dst = malloc(n + 128), *next = malloc(n);
                     for (size_t i = 0; i < n; i++)
                         src[i] = (uint8_t)(i * 131 + 7) | 1;
                     memset(dst, 0, n + 128);
                     lmc_bulk_copy_transpose(method % 2 ? LMC_COPY_STREAM : LMC_COPY_MEMCPY,
-                                            dst + 64 + mis, src, row, a, bb, method >= 2);
+                                            dst + 64 + mis, src, row, a, bb, method >= 2,
+                                            mis % 16 ? next : NULL);   /* a hint only */
                     lmc_bulk_copy_fence(LMC_COPY_STREAM);
                     for (size_t j = 0; j < bb; j++)
                         for (size_t i = 0; i < a; i++)
@@ -209,6 +235,7 @@ static void test_transpose(void **state)
                     assert_int_equal(first_not(dst + 64 + mis + n, 64 - mis, 0), 64 - mis);
                     free(src);
                     free(dst);
+                    free(next);
                 }
             }
         }
