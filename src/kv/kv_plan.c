@@ -228,9 +228,10 @@ static int object_groups(lmc_kv_plan *p, const lmc_kv_plan_options *o, char *err
     for (uint32_t k = 0; k < p->n_kg; k++) {
         const lmc_kv_kernel_group *g = &p->kg[k];
         int64_t sw = g->sw_size_tokens;
+        /* sw comes from the wire: a ceiling that cannot overflow. */
         bucket_of[k] = !o->separate_object_groups || sw <= 0
                            ? -1
-                           : (sw + o->chunk_size - 1) / o->chunk_size;
+                           : sw / o->chunk_size + (sw % o->chunk_size != 0);
         /* State is checkpointed at some chunks only (the others send null
          * blocks), so it cannot share objects with attention, which every
          * chunk has; its window is one chunk, the last (docs/protocol.md). */

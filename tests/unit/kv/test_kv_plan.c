@@ -114,6 +114,26 @@ static void test_engine_groups_windows_and_object_groups(void **state)
     lmc_kv_plan_free(&p);
 }
 
+/* A window from the wire as large as int64 allows: its count in chunks is
+ * a ceiling that must not overflow (found by fuzz_kv_geometry). */
+static void test_huge_window_does_not_overflow(void **state)
+{
+    (void)state;
+    lmc_shared_tensor t[1] = {fa_nhd(8, 16, 2, 8)};
+    static const uint32_t l0[] = {0};
+    lmc_engine_group_info infos[1] = {
+        {.engine_group_id = 0, .layers = l0, .n_layers = 1, .tokens_per_block = 16,
+         .sw_size_tokens = INT64_MAX, .has_null_block = true},
+    };
+    lmc_kv_plan_options o = opts(64, infos, 1, true);
+    lmc_kv_plan p;
+    char err[256] = "";
+    if (lmc_kv_plan_build(t, 1, &o, &p, err, sizeof err) == 0) {
+        assert_int_equal(p.og[0].chunks_in_sw, INT32_MAX);   /* clamped */
+        lmc_kv_plan_free(&p);
+    }
+}
+
 static void test_compressed_blocks(void **state)
 {
     (void)state;
@@ -439,6 +459,7 @@ int main(void)
         cmocka_unit_test(test_groups_by_tensor_kind),
         cmocka_unit_test(test_engine_groups_windows_and_object_groups),
         cmocka_unit_test(test_compressed_blocks),
+        cmocka_unit_test(test_huge_window_does_not_overflow),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_unified_hybrid),
         cmocka_unit_test(test_unified_mla_and_refusals),
