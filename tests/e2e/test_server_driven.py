@@ -654,30 +654,33 @@ def plane_block(g, t, kv, b):
 
 @pytest.mark.parametrize("how", ["unregister", "reap"])
 def test_a_worker_gone_mid_store_still_lands_its_store(start_server, monkeypatch, how):
-    """The worker is unregistered, or reaped, while its STORE of 128 MiB is
-    copying: the request holds its own reference to the registration, so
-    its copy finishes and its chunks are published whole; the segments are
+    """The worker is unregistered, or reaped, while its STORE is copying:
+    the request holds its own reference to the registration, so its copy
+    finishes and its chunks are published whole; the segments are
     unmapped when it returns.  Each attempt knows whether the drop landed
     mid-request (the UNREGISTER reply, or the reap in the log, while the
     STORE reply is still outstanding); one of them must have.  A keeper of
     the same layout stays registered, so LOOKUP can see what landed."""
-    cs, n = 256, 64                                   # 64 chunks of 2 MiB
-    # Reap mode: a worker that pinged is reaped 10 ms after its last sign
-    # of life (a STORE is one); the keeper, which never pings, after 20 s.
-    # 10 ms, not more: with the L1 and the engine's segments faulted in
-    # ahead (docs/storage.md, "Pre-fault"), the STORE itself takes only
-    # some tens of milliseconds.
-    monkeypatch.setenv("LMCACHED_TEST_REAP_SCALE", "3000" if how == "reap" else "1")
+    # The STORE must still be copying when the drop lands. With the L1 and
+    # the engine's segments faulted in ahead (docs/storage.md, "Pre-fault")
+    # a STORE of 128 MiB takes some tens of milliseconds on a release
+    # build, several times that under a sanitizer: the attempts grow from
+    # 64 to 256 chunks of 2 MiB, so that one of them outlasts the 50 ms
+    # reap window whatever the build's speed.
+    cs, sizes = 256, (64, 128, 256, 256)
+    # Reap mode: a worker that pinged is reaped 50 ms after its last sign
+    # of life (a STORE is one); the keeper, which never pings, after 100 s.
+    monkeypatch.setenv("LMCACHED_TEST_REAP_SCALE", "600" if how == "reap" else "1")
     s = start_server("--chunk-size", str(cs), "--cpu-kv-layout", "hint", "--l1-size-gb", "1",
                      "--worker-reap-timeout-seconds", "30",
                      "--worker-registration-grace-seconds", "60000")
     geometry = dict(nl=8, bs=16, nh=2, hs=128)
     keeper = Engine(s, 99, [PagedKV("keep", "fa_nhd", nb=2, **geometry)])
-    g = PagedKV("mid", "fa_nhd", nb=1 + 2 * n * 16, **geometry)
-    src = list(range(1, 1 + n * 16))
+    g = PagedKV("mid", "fa_nhd", nb=1 + 2 * max(sizes) * 16, **geometry)
     d, other = s.dealer(), s.dealer()
     mid, published = False, []
-    for attempt in range(4):
+    for attempt, n in enumerate(sizes):
+        src = list(range(1, 1 + n * 16))
         instance = 70 + attempt
         assert d.call(REGISTER_KV_CACHE, instance, g.handles(), "m", 1, "vllm", {"kv_layout": "NHD"}, [],
                       timeout_ms=5000) is not None, s.output()
@@ -706,14 +709,15 @@ def test_a_worker_gone_mid_store_still_lands_its_store(start_server, monkeypatch
         assert leases["write"]["outstanding"] == 0 and leases["copy"]["outstanding"] == 0
         assert lookup(s, toks, f"p{attempt}", cs=cs) == (n if ok else 0)   # all or nothing
         if ok:
-            published.append(toks)
+            published.append((toks, n))
         if mid and ok:
             break
     assert mid and published, s.output()
     # The bytes are whole: a new registration of the same segments reads
     # the last published prompt back into other blocks.
     e = Engine(s, 90, [g])
-    toks = published[-1]
+    toks, n = published[-1]
+    src = list(range(1, 1 + n * 16))
     dst = list(range(1 + n * 16, 1 + 2 * n * 16))
     assert lookup(s, toks, "back", cs=cs) == n
     assert e.retrieve(toks, 0, n * cs, [dst], "back") == [ZEROS, True]
