@@ -409,9 +409,11 @@ void lmc_server_frontends_ready(lmc_server *s)
         LMC_WARN("the storage and module metrics are incomplete: cannot register them");
     attach_subscribers(s);
     start_otlp(s);
-    start_coordinator(s);
     s->warm = lmc_warm_prefetch_new(&s->ctx); /* NULL: /cache/prefetches answers 503 */
     atomic_store(&s->ready, true);
+    /* After ready: the coordinator calls back (a resync) as soon as this
+     * server registers, and must not be answered 503. */
+    start_coordinator(s);
     s->plugins = lmc_plugins_start(s->cfg, environ);
 }
 

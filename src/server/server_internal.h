@@ -39,7 +39,10 @@ struct lmc_server {
     lmc_lookup_hash_log *hash_log; /* --lookup-hash-log-dir; freed after the bus */
     atomic_bool ready;           /* HTTP answers 503 until modules are up */
     struct lmc_warm_prefetch *warm; /* HTTP warm prefetch (/cache/prefetches) */
-    struct lmc_fleet *fleet;     /* --coordinator-url (docs/fleet.md); NULL when unset */
+    /* --coordinator-url (docs/fleet.md); NULL when unset.  Set after the
+     * server is ready (the coordinator calls back at once), while HTTP
+     * threads may read it: atomic. */
+    struct lmc_fleet *_Atomic fleet;
     struct lmc_p2p_chan_server *p2p_tcp; /* --p2p-advertise-url, tcp engine; else NULL */
     struct lmc_p2p_ucx_server *p2p_ucx;  /* --p2p-advertise-url, ucx engine; else NULL */
     struct lmc_storage_trace *trace;     /* --trace-level (docs/trace.md); else NULL */
