@@ -53,7 +53,15 @@ static lmc_storage_manager *open_manager(uint64_t l1_bytes)
     o.eviction_ratio = 1.0;          /* one pass empties the unlocked L1 */
     o.check_books = true;            /* abort() on the first broken rule */
     char err[256];
-    return lmc_storage_manager_create(&o, err, sizeof err);
+    lmc_storage_manager *sm = lmc_storage_manager_create(&o, err, sizeof err);
+    /* The committer thread's pre-fault changes what a store sees (writes
+     * wait while it runs) and allocates on its own thread: both must be
+     * over before the counted sequence goes on, or runs differ. */
+    if (sm && !lmc_storage_manager_wait_prefault(sm, 10000)) {
+        lmc_storage_manager_close(sm);
+        return NULL;
+    }
+    return sm;
 }
 
 static bool all(const lmc_l1_result *res, size_t n)
