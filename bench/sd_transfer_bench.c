@@ -10,9 +10,10 @@
  *      bytes in the same run, chunk by chunk: glibc memcpy and streaming
  *      stores (lmc_bulk_copy), each measured, the faster named.  For NHD
  *      and HND tensors (--cpu-kv-layout hint).  Goal >= 0.9x.
- *   2. The same with two workers (two ranks, --max-gpu-workers 2), each
- *      storing / retrieving its own half at once.  Goal >= 1.6x the
- *      single-thread copy where the machine has the cores.
+ *   2. The same with two copy workers (--max-gpu-workers 2): one rank,
+ *      whose every request the server splits across both workers (NHD and
+ *      HND), then two ranks storing / retrieving their own halves at once.
+ *      Goal >= 1.6x the single-thread copy where the machine has the cores.
  *   3. Request overhead: STORE of one small new chunk and RETRIEVE of one
  *      (after its LOOKUP) p50 beside NOOP p50 in the same run.  Goal <= 2x.
  *   4. Layerwise retrieve (--layerwise-batch 1): RETRIEVE_LAYERWISE of 16
@@ -657,8 +658,8 @@ static void wait_engine_mapped(void);
  * is too: the best of ROUNDS measured rounds (each after a CLEAR), with
  * the median beside it; one request at a time per worker, then (one
  * worker) two in flight, as an engine whose STOREs overlap sends them. */
-static int bandwidth(worker *ws, size_t n_workers, size_t chunks, const copy_pair *cp, bool hnd,
-                     pid_t server)
+static int bandwidth(worker *ws, size_t n_workers, int copy_workers, size_t chunks,
+                     const copy_pair *cp, bool hnd, pid_t server)
 {
     uint64_t *toks = malloc(chunks * CS * sizeof *toks);
     size_t pool_size = 0;
@@ -692,8 +693,8 @@ static int bandwidth(worker *ws, size_t n_workers, size_t chunks, const copy_pai
         rc = rounds(ws, n_workers, per, 2, seed + 1000, toks, pst, prt) != 0;
     double piped_base = piped ? (mid + best_copy(cp)) / 2 : 0;
     if (rc == 0) {
-        snprintf(what, sizeof what, "%s, %zu worker(s), %zu chunks", hnd ? "HND" : "NHD",
-                 n_workers, per * n_workers);
+        snprintf(what, sizeof what, "%s, %zu rank(s), %d copy worker(s), %zu chunks",
+                 hnd ? "HND" : "NHD", n_workers, copy_workers, per * n_workers);
         print_rounds(what, st, rt, base);
         printf("    the server's minor page faults in the measured rounds: %llu (%.1f per "
                "chunk)\n", faults, (double)faults / (ROUNDS * 2.0 * per * n_workers));
@@ -713,8 +714,8 @@ static int bandwidth(worker *ws, size_t n_workers, size_t chunks, const copy_pai
                    "(%.2fx the copy); STORE %.2fx, RETRIEVE %.2fx of it (best)\n", pool_base,
                    pool_base / base, st[ROUNDS - 1] / pool_base, rt[ROUNDS - 1] / pool_base);
         if (piped) {
-            snprintf(what, sizeof what, "%s, %zu worker(s), two requests in flight each",
-                     hnd ? "HND" : "NHD", n_workers);
+            snprintf(what, sizeof what, "%s, %zu rank(s), %d copy worker(s), two requests in "
+                     "flight each", hnd ? "HND" : "NHD", n_workers, copy_workers);
             print_rounds(what, pst, prt, piped_base);
         }
     }
@@ -967,11 +968,14 @@ static pid_t start_server(size_t chunks, int workers, const char *layerwise, cha
     return pid;
 }
 
-/* One server per layout and worker count: a fresh L1 for each phase. */
-static int phase(size_t chunks, size_t n_workers, bool hnd, const copy_pair *cp, size_t iters)
+/* One server per layout, rank count and copy worker count: a fresh L1
+ * for each phase.  One rank with two copy workers is one request split
+ * across both (docs/protocol.md, "One request across the copy workers"). */
+static int phase(size_t chunks, size_t n_workers, int copy_workers, bool hnd,
+                 const copy_pair *cp, size_t iters)
 {
     char url[64];
-    pid_t pid = start_server(chunks, (int)n_workers, "0", url, sizeof url);
+    pid_t pid = start_server(chunks, copy_workers, "0", url, sizeof url);
     if (pid < 0)
         return -1;
     worker ws[2];
@@ -984,7 +988,8 @@ static int phase(size_t chunks, size_t n_workers, bool hnd, const copy_pair *cp,
         rc |= !ws[i].c || register_worker(&ws[i], hnd) != 0;
     }
     if (rc == 0)
-        rc = bandwidth(ws, n_workers, chunks / n_workers * n_workers, cp, hnd, pid);
+        rc = bandwidth(ws, n_workers, copy_workers, chunks / n_workers * n_workers, cp, hnd,
+                       pid);
     if (rc == 0 && iters) {
         worker small = {.c = ws[0].c, .instance = 900, .world = 1, .model = "small",
                         .nb = 64, .layers = SMALL_LAYERS, .hs = SMALL_HS};
@@ -1031,9 +1036,11 @@ int main(int argc, char **argv)
         memset(cp.dst, 1, chunks * OBJ);
     }
     for (int hnd = 0; hnd < 2 && rc == 0; hnd++)
-        rc = phase(chunks, 1, hnd, &cp, hnd ? 0 : iters);
+        rc = phase(chunks, 1, 1, hnd, &cp, hnd ? 0 : iters);
+    for (int hnd = 0; hnd < 2 && rc == 0; hnd++)
+        rc = phase(chunks, 1, 2, hnd, &cp, 0);
     if (rc == 0)
-        rc = phase(chunks, 2, false, &cp, 0);
+        rc = phase(chunks, 2, 2, false, &cp, 0);
     if (rc == 0)
         rc = layerwise_phase(lw_iters);
     free(cp.src);

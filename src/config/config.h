@@ -38,6 +38,7 @@ typedef struct {
     char *supported_transfer_mode;   /* --supported-transfer-mode auto|lmcache_driven|engine_driven */
     bool separate_object_groups;     /* --[no-]separate-object-groups, true */
     char *cpu_kv_layout;             /* --cpu-kv-layout hnd|hint (lmcached) */
+    int copy_split_bytes;            /* --copy-split-bytes, 1 MiB; 0 never splits */
     int layerwise_batch;             /* --layerwise-batch, env LMCACHE_MP_LAYERWISE_BATCH, 0 */
     bool enable_segmented_prefix;    /* --enable-segmented-prefix, false */
     char *shm_name;                  /* --shm-name, nullable (NULL = auto) */

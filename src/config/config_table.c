@@ -76,6 +76,13 @@ static const lmc_config_flag flags[] = {
      .def = "0", .env = "LMCACHE_MP_LAYERWISE_BATCH", .json_name = "layerwise_batch",
      .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = 0, .max = 4096,
      .help = "Layers per streamed reply of RETRIEVE_LAYERWISE; 0 turns layerwise retrieve off."},
+    {.name = "copy-split-bytes", .group = LMC_FG_MP, .kind = LMC_FK_INT,
+     AT(mp.copy_split_bytes), .def = "1048576",
+     .json_name = "copy_split_bytes", .flags = LMC_FF_ADDITION,
+     .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = 0, .max = 1073741824,
+     .help = "Server-driven CPU copies of at least twice this many bytes are cut into "
+             "pieces of at least this size that idle --max-gpu-workers threads take; "
+             "0 never splits."},
     {.name = "cpu-kv-layout", .group = LMC_FG_MP, .kind = LMC_FK_STR, AT(mp.cpu_kv_layout),
      .def = "hnd", .choices = cpu_layout_choices, .json_name = "cpu_kv_layout",
      .flags = LMC_FF_ADDITION,

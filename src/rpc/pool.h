@@ -36,6 +36,21 @@ bool lmc_pool_submit(lmc_pool *pool, size_t queue_index, lmc_pool_task *task, si
  * single submitting thread, that thread's answer stays true until its own
  * next submit. */
 bool lmc_pool_queue_idle(lmc_pool *pool, size_t queue_index);
+/* One piece of a task's work shared with the pool (lmc_pool_share): true
+ * when it went well.  Pieces of one share run concurrently, so each must
+ * touch only what is its own. */
+typedef bool (*lmc_pool_piece_fn)(void *arg, size_t piece);
+/* Runs fn(arg, i) for every i < n_pieces: on the calling thread, and on
+ * whichever of the pool's threads have nothing queued, which take pieces
+ * in order while unclaimed ones remain (docs/architecture.md, "One
+ * request across the copy workers").  Returns once every piece has run:
+ * true when each returned true.  The caller claims pieces itself too, so
+ * it never waits for a thread that is busy elsewhere; it only waits for
+ * pieces other threads are already running. */
+bool lmc_pool_share(lmc_pool *pool, size_t n_pieces, lmc_pool_piece_fn fn, void *arg);
+/* Pieces run by a thread other than the sharing one, since the pool started. */
+size_t lmc_pool_pieces_helped(lmc_pool *pool);
+size_t lmc_pool_thread_count(const lmc_pool *pool);
 /* Runs every task already queued, then joins the threads and frees the pool. */
 void lmc_pool_free(lmc_pool *pool);
 

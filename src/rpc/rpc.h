@@ -120,6 +120,18 @@ void lmc_rpc_call_then(lmc_rpc_call *call, void (*fn)(void *arg), void *arg);
  * reading costs at most LMC_RPC_SNDHWM queued messages, and no thread.
  * 0, or -1 (out of memory, or not a pooled call): nothing sent. */
 int lmc_rpc_call_send_partial(lmc_rpc_call *call, const void *doc, size_t len);
+/* One piece of a handler's work split across its pool (lmc_rpc_call_share):
+ * true when it went well.  Pieces run concurrently: each touches only its
+ * own bytes. */
+typedef bool (*lmc_rpc_piece_fn)(void *arg, size_t piece);
+/* Runs fn(arg, i) for every i < n_pieces, on this thread and on the idle
+ * threads of the pool the call runs on (docs/architecture.md, "One request
+ * across the copy workers"); on the socket thread, all on it.  Returns
+ * once all have run: true when each returned true. */
+bool lmc_rpc_call_share(lmc_rpc_call *call, size_t n_pieces, lmc_rpc_piece_fn fn, void *arg);
+/* How many threads may run pieces of this call's share: its pool's size,
+ * or 1 on the socket thread. */
+size_t lmc_rpc_call_share_width(const lmc_rpc_call *call);
 /* Finishes a call a handler returned LMC_HANDLER_DEFERRED for.  Any thread. */
 void lmc_rpc_call_complete(lmc_rpc_call *call, lmc_handler_result result);
 

@@ -680,6 +680,32 @@ void lmc_rpc_server_stop(lmc_rpc_server *s)
     (void)w;
 }
 
+/* The pool a pooled call runs on; NULL on the socket thread. */
+static lmc_pool *call_pool(const lmc_rpc_call *call)
+{
+    if (!call->pooled)
+        return NULL;
+    return call->handler->spec.pool == LMC_POOL_AFFINITY ? call->server->affinity_pool
+                                                         : call->server->normal_pool;
+}
+
+bool lmc_rpc_call_share(lmc_rpc_call *call, size_t n_pieces, lmc_rpc_piece_fn fn, void *arg)
+{
+    lmc_pool *pool = call_pool(call);
+    if (pool)
+        return lmc_pool_share(pool, n_pieces, fn, arg);
+    bool ok = true;
+    for (size_t i = 0; i < n_pieces; i++)
+        ok = fn(arg, i) && ok;
+    return ok;
+}
+
+size_t lmc_rpc_call_share_width(const lmc_rpc_call *call)
+{
+    lmc_pool *pool = call_pool(call);
+    return pool ? lmc_pool_thread_count(pool) : 1;
+}
+
 lmc_rpc_stats lmc_rpc_server_stats(lmc_rpc_server *s)
 {
     lmc_rpc_stats st = {

@@ -22,6 +22,7 @@ import pytest
 from lmc.client import lookup as lmc_lookup
 from lmc.client import unpack
 from lmc.keys import ipc_key
+from lmc.server import run_lmcached
 from lmc.ops import (CLEAR, COMMIT_RETRIEVE, COMMIT_STORE, LOOKUP, NOOP, PING, PREPARE_RETRIEVE,
                      PREPARE_STORE, QUERY_PREFETCH_STATUS,
                      REGISTER_KV_CACHE, REGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, RETRIEVE, STORE,
@@ -194,6 +195,92 @@ def test_sglang_and_trtllm_formats_round_trip(srv, fmt, engine, hints):
     round_trip(srv, g, Engine(srv, 13, [g], hints=hints, engine=engine))
 
 
+# ---- one request across the copy workers (docs/architecture.md) ----------
+
+SPLIT_ARGS = ("--max-gpu-workers", "2", "--copy-split-bytes", "1")
+
+
+def sd_status(srv):
+    return status(srv)["modules"]["lmcache_driven_transfer"]
+
+
+@pytest.fixture
+def split_srv(start_server):
+    """Two copy workers, and every copy of two chunks or more split."""
+    return start_server(*SERVER_ARGS, "--cpu-kv-layout", "hint", *SPLIT_ARGS)
+
+
+@pytest.mark.parametrize("fmt,engine,hints", [
+    *((fmt, "vllm", {"kv_layout": hint}) for fmt, hint in FORMAT_HINTS),
+    ("sglang_kv", "sglang", {"tokens_per_block": 16, "kv_list_layout": "k_v"}),
+    ("sglang_mla", "sglang", {"tokens_per_block": 16}),
+    ("trt4", "trtllm", {"kv_layout": "HND", "num_kv_heads": 2, "tokens_per_block": 16,
+                        "head_dim": 8}),
+    ("trt6", "trtllm", {"kv_layout": "HND"}),
+])
+def test_a_copy_split_across_the_workers_round_trips(split_srv, fmt, engine, hints):
+    """--copy-split-bytes 1 cuts every STORE and RETRIEVE of three chunks
+    into three pieces: the same bytes land, block 15 stays untouched, and
+    the engine-driven path reads the very objects (round_trip)."""
+    g = PagedKV("split_" + fmt, fmt, nl=3, nb=16, bs=16, nh=2, hs=8,
+                pad=24 if fmt == "mla" else 0)
+    before = sd_status(split_srv)["split_copies"]
+    round_trip(split_srv, g, Engine(split_srv, 14, [g], hints=hints, engine=engine))
+    assert sd_status(split_srv)["split_copies"] - before == 2   # the STORE and the RETRIEVE
+
+
+def test_three_engine_groups_split_across_the_workers(start_server):
+    """Several object groups (a sliding window kept apart): each group's
+    RETRIEVE and the STORE of all of them, split, round trip."""
+    s = start_server("--chunk-size", "64", "--cpu-kv-layout", "hint", *SPLIT_ARGS)
+    three_engine_groups_round_trip(s, True)
+    assert sd_status(s)["split_copies"] >= 2
+
+
+def test_the_idle_worker_takes_pieces_of_a_large_copy(start_server):
+    """Sixteen chunks of 1 MiB with the default --copy-split-bytes (1 MiB):
+    eight pieces a request, and the second worker, idle, takes some of them
+    (counted in /status and /metrics); every byte comes back."""
+    s = start_server(*SERVER_ARGS, "--cpu-kv-layout", "hint", "--max-gpu-workers", "2",
+                     "--l1-size-gb", "0.25")
+    g = PagedKV("split_big", "fa_nhd", nl=8, nb=64, bs=16, nh=8, hs=128)
+    e = Engine(s, 15, [g])
+    n = 16
+    src, dst = list(range(0, 2 * n)), list(range(2 * n, 4 * n))[::-1]
+    for attempt in range(20):
+        toks = prompt(100 + attempt, n_chunks=n)
+        assert e.store(toks, 0, n * CS, [src]) == [ZEROS, True], s.output()[-3000:]
+        assert lookup(s, toks, f"big{attempt}") == n
+        assert e.retrieve(toks, 0, n * CS, [dst], f"big{attempt}", skip=0) == [ZEROS, True]
+        if sd_status(s)["pieces_helped"] > 0:
+            break
+    st = sd_status(s)
+    assert st["copy_split_bytes"] == 1 << 20
+    assert st["split_copies"] >= 2 * (attempt + 1)
+    assert st["pieces_helped"] > 0, st
+    assert metrics(s)["lmcache_mp_server_driven_pieces_helped_total"] == st["pieces_helped"]
+    for c in (0, 7, 15):
+        assert chunk_rows(g, dst, c) == chunk_rows(g, src, c), c
+    e.close()
+
+
+@pytest.mark.parametrize("args", [("--max-gpu-workers", "1", "--copy-split-bytes", "1"),
+                                  ("--max-gpu-workers", "2", "--copy-split-bytes", "0")])
+def test_one_worker_or_split_bytes_0_never_splits(start_server, args):
+    s = start_server(*SERVER_ARGS, "--cpu-kv-layout", "hint", *args)
+    g = PagedKV("nosplit", "fa_nhd", nl=3, nb=16, bs=16, nh=2, hs=8)
+    round_trip(s, g, Engine(s, 16, [g]))
+    assert sd_status(s)["split_copies"] == 0
+    assert sd_status(s)["pieces_helped"] == 0
+
+
+@pytest.mark.parametrize("value", ["-1", "1073741825", "1mb"])
+def test_bad_split_sizes_are_refused_naming_the_flag(value):
+    r = run_lmcached("--copy-split-bytes", value)
+    assert r.returncode == 2, r.stderr
+    assert "--copy-split-bytes" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("frames", [2, 4])
 def test_older_registrations_with_fewer_frames(srv, frames):
     """[instance_id, kv_caches] (the layout then goes under the first op's
@@ -308,9 +395,14 @@ def physical(ids, p):
 
 @pytest.mark.parametrize("separate", [True, False])
 def test_three_engine_groups_block_sizes_and_a_window(start_server, separate):
-    cs = 64
-    s = start_server("--chunk-size", str(cs), "--cpu-kv-layout", "hint",
+    s = start_server("--chunk-size", "64", "--cpu-kv-layout", "hint",
                      *([] if separate else ["--no-separate-object-groups"]))
+    three_engine_groups_round_trip(s, separate)
+
+
+def three_engine_groups_round_trip(s, separate, cs=64):
+    """Three engine groups of different block sizes, one of them a
+    sliding window, on a server of --chunk-size cs."""
     full = PagedKV("g0", "fa_nhd", nl=2, nb=32, bs=16, nh=2, hs=8)       # 4 blocks a chunk
     big = PagedKV("g1", "fi_nhd", nl=1, nb=16, bs=32, nh=1, hs=16)       # 2 blocks a chunk
     swa = PagedKV("g2", "fa_nhd", nl=2, nb=32, bs=16, nh=2, hs=4)        # window 32 tokens

@@ -80,6 +80,7 @@ static void assert_mp_defaults(const lmc_config *c)
     assert_true(c->mp.separate_object_groups);
     assert_string_equal(c->mp.cpu_kv_layout, "hnd");
     assert_int_equal(c->mp.layerwise_batch, 0);
+    assert_int_equal(c->mp.copy_split_bytes, 1 << 20);
     assert_false(c->mp.enable_segmented_prefix);
     assert_null(c->mp.shm_name);
     assert_int_equal(c->mp.script_allowed_imports.count, 0);
@@ -223,7 +224,7 @@ static const char *const all_args[] = {
     "--max-workers", "4", "--max-gpu-workers", "2", "--max-cpu-workers", "3",
     "--hash-algorithm", "sha256_cbor", "--hash-memo-mb", "3", "--engine-type", "blend", "--supported-transfer-mode",
     "lmcache_driven", "--no-separate-object-groups", "--cpu-kv-layout", "hint",
-    "--layerwise-batch", "3",
+    "--layerwise-batch", "3", "--copy-split-bytes", "65536",
     "--enable-segmented-prefix",
     "--shm-name", "myshm", "--script-allowed-imports", "math", "json",
     "--worker-reap-timeout-seconds", "60", "--worker-registration-grace-seconds", "90.5",
@@ -277,6 +278,7 @@ static void assert_all_mp(const lmc_config *c)
     assert_false(c->mp.separate_object_groups);
     assert_string_equal(c->mp.cpu_kv_layout, "hint");
     assert_int_equal(c->mp.layerwise_batch, 3);
+    assert_int_equal(c->mp.copy_split_bytes, 65536);
     assert_true(c->mp.enable_segmented_prefix);
     assert_string_equal(c->mp.shm_name, "myshm");
     assert_int_equal(c->mp.script_allowed_imports.count, 2);

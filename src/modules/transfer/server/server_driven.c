@@ -14,6 +14,7 @@
  * an upstream server without a GPU sends); on CUDA tensors the copies are
  * enqueued on the context's stream and the reply carries its event
  * (cuda_plugin.c). */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -300,11 +301,84 @@ static size_t reserve_store(sd_mod *m, const sd_op *op, sd_store_plan *s)
     return bound;
 }
 
-static uint64_t gather_all(sd_mod *m, const sd_op *op, const sd_store_plan *s)
+/* ---- one request across the copy workers ------------------------------ */
+
+/* A CPU copy cut into pieces of whole items (a STORE's planned objects, a
+ * RETRIEVE's chunks of one object group) that idle threads of the
+ * --max-gpu-workers pool take beside the request's own
+ * (docs/architecture.md, "One request across the copy workers"). */
+typedef struct {
+    sd_mod *m;
+    const sd_op *op;
+    const sd_store_plan *s;        /* STORE */
+    uint32_t og;                   /* RETRIEVE: the object group, */
+    size_t first;                  /* its first chunk, */
+    uint64_t skip;                 /* the tokens left alone, */
+    const lmc_lease *leases;       /* and the objects of chunks first.. */
+    size_t items, pieces;
+    pthread_t owner;
+    bool (*copy)(const void *split, size_t from, size_t to);
+} sd_split;
+
+/* Pieces for `items` items of `bytes` in all: none under twice
+ * --copy-split-bytes, a single worker, or the socket thread; else at most
+ * four per thread, each of at least --copy-split-bytes. */
+static bool splits(const sd_mod *m, size_t width, uint64_t bytes)
 {
+    uint64_t min = (uint64_t)m->ctx->config->mp.copy_split_bytes;
+    return min > 0 && width >= 2 && bytes / min >= 2;
+}
+
+static size_t split_count(const sd_mod *m, lmc_rpc_call *call, size_t items, uint64_t bytes)
+{
+    uint64_t min = (uint64_t)m->ctx->config->mp.copy_split_bytes;
+    size_t width = lmc_rpc_call_share_width(call);
+    if (!splits(m, width, bytes))
+        return 1;
+    uint64_t n = bytes / min;
+    if (n > 4 * width)
+        n = 4 * width;
+    return n < items ? (size_t)n : items;
+}
+
+/* Piece `piece` of the split, under this thread's SIGBUS guard: false when
+ * the engine shrank a segment under the copy (docs/protocol.md). */
+static bool copy_piece(void *arg, size_t piece)
+{
+    sd_split *sp = arg;
+    size_t from = piece * sp->items / sp->pieces, to = (piece + 1) * sp->items / sp->pieces;
+    if (!pthread_equal(pthread_self(), sp->owner))
+        atomic_fetch_add(&sp->m->pieces_helped, 1);
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1) != 0) {
+        lmc_fault_guard_leave();
+        return false;
+    }
+    lmc_fault_guard_enter(&jb);
+    bool ok = sp->copy(sp, from, to);
+    lmc_fault_guard_leave();
+    return ok;
+}
+
+/* Runs the split's pieces; false when any of them met a shrunk segment. */
+static bool run_split(lmc_rpc_call *call, sd_split *sp, uint64_t bytes)
+{
+    sp->pieces = split_count(sp->m, call, sp->items, bytes);
+    sp->owner = pthread_self();
+    if (sp->pieces < 2)
+        return sp->items == 0 || copy_piece(sp, 0);
+    atomic_fetch_add(&sp->m->split_copies, 1);
+    return lmc_rpc_call_share(call, sp->pieces, copy_piece, sp);
+}
+
+/* STORE: the planned objects [from, to) that hold a lease. */
+static bool gather_items(const void *split, size_t from, size_t to)
+{
+    const sd_split *sp = split;
+    const sd_op *op = sp->op;
+    const sd_store_plan *s = sp->s;
     const lmc_kv_plan *p = &op->c->plan;
-    uint64_t bytes = 0;
-    for (size_t i = 0; i < s->n; i++) {
+    for (size_t i = from; i < to; i++) {
         if (s->res[i] != LMC_L1_SUCCESS)
             continue;
         size_t c = s->slot[i] / p->n_og;
@@ -315,27 +389,25 @@ static uint64_t gather_all(sd_mod *m, const sd_op *op, const sd_store_plan *s)
             lmc_kv_chunk_copy cc = {.g = g, .bases = op->c->bases[gi],
                                     .blocks = lmc_server_driven_kept_ids(op, gi, c),
                                     .entry = op->arena + s->leases[i].offset + g->entry_offset,
-                                    .method = m->copy};
+                                    .method = sp->m->copy};
             lmc_kv_gather_chunk(&cc);
         }
-        bytes += og->object_size;
     }
-    return bytes;
+    return true;
 }
 
-/* gather_all() under the SIGBUS guard: false when the engine shrank a
- * segment under the copy (docs/protocol.md). */
-static bool guarded_gather(sd_mod *m, const sd_op *op, const sd_store_plan *s, uint64_t *bytes)
+/* Gathers every reserved object of the plan; false when the engine shrank
+ * a segment under the copy.  *bytes: what the objects hold. */
+static bool guarded_gather(sd_mod *m, lmc_rpc_call *call, const sd_op *op,
+                           const sd_store_plan *s, uint64_t *bytes)
 {
-    sigjmp_buf jb;
-    if (sigsetjmp(jb, 1) != 0) {
-        lmc_fault_guard_leave();
-        return false;
-    }
-    lmc_fault_guard_enter(&jb);
-    *bytes = gather_all(m, op, s);
-    lmc_fault_guard_leave();
-    return true;
+    const lmc_kv_plan *p = &op->c->plan;
+    *bytes = 0;
+    for (size_t i = 0; i < s->n; i++)
+        if (s->res[i] == LMC_L1_SUCCESS)
+            *bytes += p->og[s->slot[i] % p->n_og].object_size;
+    sd_split sp = {.m = m, .op = op, .s = s, .items = s->n, .copy = gather_items};
+    return run_split(call, &sp, *bytes);
 }
 
 /* Gives back every lease the plan holds (nothing published). */
@@ -370,10 +442,10 @@ static size_t publish_store(sd_mod *m, sd_store_plan *s)
 
 /* Copies the reserved chunks and publishes them; -1 when the engine's
  * memory went away under the copy (nothing is published then). */
-static int store_on_cpu(sd_mod *m, const sd_op *op, sd_store_plan *s)
+static int store_on_cpu(sd_mod *m, lmc_rpc_call *call, const sd_op *op, sd_store_plan *s)
 {
     uint64_t bytes = 0;
-    if (!guarded_gather(m, op, s, &bytes)) {
+    if (!guarded_gather(m, call, op, s, &bytes)) {
         abandon_store(m, s);
         LMC_WARN_LIMITED("STORE: instance %lld's memory went away under the copy (a segment "
                          "shrank); nothing stored", (long long)op->c->instance_id);
@@ -431,7 +503,7 @@ static lmc_handler_result store(void *state, lmc_rpc_call *call)
             rc = store_on_cuda(m, call, &op, &s, client, client_len);
             replied = true;
         } else {
-            rc = store_on_cpu(m, &op, &s);
+            rc = store_on_cpu(m, call, &op, &s);
         }
     } else {
         LMC_WARN_LIMITED("STORE: %s", err);
@@ -467,28 +539,32 @@ static void scatter_chunk(sd_mod *m, const sd_op *op, uint32_t og, size_t c,
     }
 }
 
-/* Scatters object group og's chunks [first, n) from their leases under
- * the SIGBUS guard; false when the engine's memory went away. */
-static bool guarded_scatter(sd_mod *m, const sd_op *op, uint32_t og, size_t first,
-                            uint64_t skip, const lmc_lease *leases)
+/* RETRIEVE: chunks first + [from, to) of the split's object group. */
+static bool scatter_items(const void *split, size_t from, size_t to)
 {
-    sigjmp_buf jb;
-    if (sigsetjmp(jb, 1) != 0) {
-        lmc_fault_guard_leave();
-        return false;
-    }
-    lmc_fault_guard_enter(&jb);
-    for (size_t c = first; c < op->n; c++)
-        scatter_chunk(m, op, og, c, op->arena + leases[c - first].offset, skip);
-    lmc_fault_guard_leave();
+    const sd_split *sp = split;
+    for (size_t i = from; i < to; i++)
+        scatter_chunk(sp->m, sp->op, sp->og, sp->first + i,
+                      sp->op->arena + sp->leases[i].offset, sp->skip);
     return true;
+}
+
+/* Scatters object group og's chunks [first, n) from their leases; false
+ * when the engine's memory went away under the copy. */
+static bool guarded_scatter(sd_mod *m, lmc_rpc_call *call, const sd_op *op, uint32_t og,
+                            size_t first, uint64_t skip, const lmc_lease *leases)
+{
+    sd_split sp = {.m = m, .op = op, .og = og, .first = first, .skip = skip,
+                   .leases = leases, .items = op->n - first, .copy = scatter_items};
+    return run_split(call, &sp, sp.items * op->c->plan.og[og].object_size);
 }
 
 /* Reads object group og's objects in its window (each read-locked by the
  * LOOKUP, one share of which this RETRIEVE consumes) into the blocks.
  * False, with nothing copied, when any of them is not there. */
-static bool retrieve_group(sd_mod *m, const sd_op *op, uint32_t og, uint64_t skip,
-                           lmc_object_key *keys, lmc_lease *leases, uint64_t *bytes)
+static bool retrieve_group(sd_mod *m, lmc_rpc_call *call, const sd_op *op, uint32_t og,
+                           uint64_t skip, lmc_object_key *keys, lmc_lease *leases,
+                           uint64_t *bytes)
 {
     const lmc_kv_plan *p = &op->c->plan;
     size_t first = lmc_server_driven_window_start(op, og), n = op->n - first;
@@ -505,7 +581,7 @@ static bool retrieve_group(sd_mod *m, const sd_op *op, uint32_t og, uint64_t ski
                                                 LMC_COPY_CARRIES_SHARE, true, &want, leases, NULL);
     if (got != n)
         return false;
-    bool copied = guarded_scatter(m, op, og, first, skip, leases);
+    bool copied = guarded_scatter(m, call, op, og, first, skip, leases);
     if (copied)
         *bytes += n * p->og[og].object_size;
     else
@@ -576,7 +652,7 @@ static lmc_handler_result retrieve(void *state, lmc_rpc_call *call)
         lmc_transfer_publish(m->ctx->events, LMC_EVENT_RETRIEVE_START, &op.key,
                              op.c->instance_id, "cpu", op.n, 0);
         for (uint32_t og = 0; ok && og < op.c->plan.n_og; og++)
-            ok = retrieve_group(m, &op, og, skip, keys, leases, &bytes);
+            ok = retrieve_group(m, call, &op, og, skip, keys, leases, &bytes);
         if (!ok)
             lmc_storage_manager_report_read_failure(m->ctx->storage, "l1_retrieve", "not_found",
                                                     &op.keys[0], op.n);
@@ -632,7 +708,9 @@ static bool small_copy(void *state, lmc_rpc_call *call)
             bytes += l->via.array.size * bytes_per_block(&c->plan.kg[g]);
     }
     lmc_server_driven_put(m, c);
-    return bytes <= INLINE_COPY_BYTES;
+    /* A copy the workers would share is theirs, however small. */
+    return bytes <= INLINE_COPY_BYTES &&
+           !splits(m, (size_t)m->ctx->config->mp.max_gpu_workers, bytes);
 }
 
 /* A full queue's answer to STORE and RETRIEVE (docs/protocol.md,
@@ -679,6 +757,12 @@ static json_t *sd_status(void *state)
         "bytes_stored", COUNTER(bytes_stored), "bytes_retrieved", COUNTER(bytes_retrieved),
         "store_seconds", atomic_load(&m->store_ns) / 1e9, "retrieve_seconds",
         atomic_load(&m->retrieve_ns) / 1e9);
+    json_t *split = json_pack("{s:I, s:I, s:I}", "copy_split_bytes",
+                              (json_int_t)m->ctx->config->mp.copy_split_bytes, "split_copies",
+                              COUNTER(split_copies), "pieces_helped", COUNTER(pieces_helped));
+    if (o && split)
+        json_object_update(o, split);
+    json_decref(split);
     json_t *layerwise = json_pack("{s:I, s:I, s:I}", "layerwise_retrieves_ok",
                                   COUNTER(layerwise_ok), "layerwise_retrieves_failed",
                                   COUNTER(layerwise_failed), "layer_batches_sent",
@@ -701,7 +785,7 @@ static json_t *sd_status(void *state)
 /* ---- metrics (docs/metrics.md) ---------------------------------------- */
 
 enum { STORES, STORE_FAILURES, RETRIEVES, RETRIEVE_FAILURES, STORED_BYTES, RETRIEVED_BYTES,
-       STORE_SECONDS, RETRIEVE_SECONDS, N_SD_METRICS };
+       STORE_SECONDS, RETRIEVE_SECONDS, SPLIT_COPIES, PIECES_HELPED, N_SD_METRICS };
 
 static const struct {
     const char *name, *help;
@@ -721,6 +805,10 @@ static const struct {
                        "Seconds spent in server-driven STOREs"},
     [RETRIEVE_SECONDS] = {"lmcache_mp_server_driven_retrieve_seconds_total",
                           "Seconds spent in server-driven RETRIEVEs"},
+    [SPLIT_COPIES] = {"lmcache_mp_server_driven_split_copies_total",
+                      "Server-driven copies cut into pieces for the copy workers"},
+    [PIECES_HELPED] = {"lmcache_mp_server_driven_pieces_helped_total",
+                       "Pieces of split copies run by a worker other than the request's"},
 };
 
 typedef struct {
@@ -742,6 +830,8 @@ static void sd_collect(lmc_metrics *r, void *user)
         [RETRIEVED_BYTES] = (double)atomic_load(&m->bytes_retrieved),
         [STORE_SECONDS] = (double)atomic_load(&m->store_ns) / 1e9,
         [RETRIEVE_SECONDS] = (double)atomic_load(&m->retrieve_ns) / 1e9,
+        [SPLIT_COPIES] = (double)atomic_load(&m->split_copies),
+        [PIECES_HELPED] = (double)atomic_load(&m->pieces_helped),
     };
     for (size_t i = 0; i < N_SD_METRICS; i++)
         lmc_metric_set(sm->family[i], NULL, values[i]);

@@ -81,7 +81,7 @@ typedef struct {
     atomic_uint_fast64_t registrations, registrations_refused, unregisters,
         stores_ok, stores_failed, retrieves_ok, retrieves_failed, chunks_stored,
         chunks_retrieved, bytes_stored, bytes_retrieved, store_ns, retrieve_ns,
-        layerwise_ok, layerwise_failed, layer_batches;
+        layerwise_ok, layerwise_failed, layer_batches, split_copies, pieces_helped;
 } sd_mod;
 
 /* One STORE or RETRIEVE, decoded and resolved (server_driven.c). */
