@@ -67,10 +67,13 @@ def retrieve_lw(e, tokens, start, end, blocks, rid, on_frame=None, skip=0):
         batches.append(frame)
 
 
-@pytest.mark.parametrize("how", ["flag", "env"])
+@pytest.mark.parametrize("how", ["flag", "env", "split"])
 def test_replies_arrive_per_layer_batch_in_order(start_server, how):
+    """`split`: each batch's copy is cut into pieces for two copy workers
+    (docs/protocol.md, "One request across the copy workers")."""
+    split = ("--max-gpu-workers", "2", "--copy-split-bytes", "1") if how == "split" else ()
     s = (start_server("--chunk-size", str(CS), "--cpu-kv-layout", "hint",
-                      "--layerwise-batch", "2") if how == "flag" else
+                      "--layerwise-batch", "2", *split) if how != "env" else
          start_server("--chunk-size", str(CS), "--cpu-kv-layout", "hint",
                       env={"LMCACHE_MP_LAYERWISE_BATCH": "2"}))
     g = PagedKV("lw", "fa_nhd", nl=5, nb=16, bs=16, nh=2, hs=8)
@@ -101,6 +104,8 @@ def test_replies_arrive_per_layer_batch_in_order(start_server, how):
     assert copy_leases(s) == 0
     assert lw_status(s) == (1, 0)
     assert finished_retrieves(s) == 1          # its RETRIEVE_START / END events
+    split_copies = status(s)["modules"]["lmcache_driven_transfer"]["split_copies"]
+    assert split_copies == (1 + 3 if split else 0)   # the STORE, then each batch
     e.close()
 
 

@@ -12,7 +12,6 @@
  * shared tensors a batch's reply leaves once its bytes are in the blocks;
  * on CUDA once its copies are enqueued and the pool event of its first
  * layer recorded after them (cuda_plugin.c), which the engine waits on. */
-#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +19,6 @@
 #include "kv/kv_copy.h"
 #include "kv/kv_layerwise.h"
 #include "modules/transfer/resolve.h"
-#include "modules/transfer/server/fault_guard.h"
 #include "modules/transfer/server/server_internal.h"
 #include "modules/transfer/transfer.h"
 #include "config/config.h"
@@ -125,21 +123,19 @@ static uint32_t member_of(const lmc_kv_object_group *o, uint32_t kg)
     return k;
 }
 
-/* Scatters the layers refs[0..n) of chunks [first, op->n) of object group
- * og, one layer run per kernel group at a time, under the SIGBUS guard. */
-static bool scatter_batch(sd_mod *m, const sd_op *op, uint32_t og, size_t first, uint64_t skip,
-                          const lmc_lease *leases, const lmc_kv_layer_ref *refs, size_t n)
+/* Scatters the batch's layers of chunks first + [from, to) of its object
+ * group, one layer run per kernel group at a time. */
+static bool scatter_batch_items(const sd_split *sp, size_t from, size_t to)
 {
+    sd_mod *m = sp->m;
+    const sd_op *op = sp->op;
     const lmc_kv_plan *p = &op->c->plan;
-    sigjmp_buf jb;
-    if (sigsetjmp(jb, 1) != 0) {
-        lmc_fault_guard_leave();
-        return false;
-    }
-    lmc_fault_guard_enter(&jb);
-    for (size_t c = first; c < op->n; c++) {
+    const lmc_kv_layer_ref *refs = sp->refs;
+    size_t n = sp->n_refs, first = sp->first;
+    uint32_t og = sp->og;
+    for (size_t c = first + from; c < first + to; c++) {
         uint32_t skips[LMC_KV_MAX_KERNEL_GROUPS];
-        if (!lmc_server_driven_chunk_skip(op, m->cs, og, c, skip, skips))
+        if (!lmc_server_driven_chunk_skip(op, m->cs, og, c, sp->skip, skips))
             continue;
         for (size_t i = 0; i < n;) {
             size_t run = 1;   /* consecutive layers of one kernel group: one call */
@@ -149,7 +145,7 @@ static bool scatter_batch(sd_mod *m, const sd_op *op, uint32_t og, size_t first,
             const lmc_kv_kernel_group *g = &p->kg[refs[i].kg];
             lmc_kv_chunk_copy cc = {.g = g, .bases = op->c->bases[refs[i].kg],
                                     .blocks = lmc_server_driven_kept_ids(op, refs[i].kg, c),
-                                    .entry = op->arena + leases[c - first].offset +
+                                    .entry = op->arena + sp->leases[c - first].offset +
                                              g->entry_offset,
                                     .skip_blocks = skips[member_of(&p->og[og], refs[i].kg)],
                                     .method = m->copy};
@@ -157,8 +153,23 @@ static bool scatter_batch(sd_mod *m, const sd_op *op, uint32_t og, size_t first,
             i += run;
         }
     }
-    lmc_fault_guard_leave();
     return true;
+}
+
+/* Scatters the layers refs[0..n) of chunks [first, op->n) of object group
+ * og, split across the copy workers like a RETRIEVE's (server_driven.c);
+ * false when the engine's memory went away under the copy. */
+static bool scatter_batch(sd_mod *m, lmc_rpc_call *call, const sd_op *op, uint32_t og,
+                          size_t first, uint64_t skip, const lmc_lease *leases,
+                          const lmc_kv_layer_ref *refs, size_t n)
+{
+    const lmc_kv_plan *p = &op->c->plan;
+    sd_split sp = {.m = m, .op = op, .og = og, .first = first, .skip = skip, .leases = leases,
+                   .refs = refs, .n_refs = n, .items = op->n - first,
+                   .copy = scatter_batch_items};
+    uint32_t layers = lmc_kv_plan_layers(p);
+    uint64_t bytes = layers ? sp.items * p->og[og].object_size * n / layers : 0;
+    return lmc_server_driven_run_split(call, &sp, bytes);
 }
 
 /* Leases object group og's objects in its window, then copies and
@@ -193,7 +204,7 @@ static bool stream_group(sd_mod *m, lmc_rpc_call *call, const sd_op *op, uint32_
         ok = op->c->cuda ? lmc_server_driven_cuda_layers(m, op, og, first, skip, leases, refs,
                                                          nr, refs[0].index, err,
                                                          sizeof err) == 0
-                         : scatter_batch(m, op, og, first, skip, leases, refs, nr);
+                         : scatter_batch(m, call, op, og, first, skip, leases, refs, nr);
         if (!ok)
             LMC_WARN_LIMITED("RETRIEVE_LAYERWISE on instance %lld: %s",
                              (long long)op->c->instance_id, err);

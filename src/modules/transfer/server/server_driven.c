@@ -303,23 +303,6 @@ static size_t reserve_store(sd_mod *m, const sd_op *op, sd_store_plan *s)
 
 /* ---- one request across the copy workers ------------------------------ */
 
-/* A CPU copy cut into pieces of whole items (a STORE's planned objects, a
- * RETRIEVE's chunks of one object group) that idle threads of the
- * --max-gpu-workers pool take beside the request's own
- * (docs/architecture.md, "One request across the copy workers"). */
-typedef struct {
-    sd_mod *m;
-    const sd_op *op;
-    const sd_store_plan *s;        /* STORE */
-    uint32_t og;                   /* RETRIEVE: the object group, */
-    size_t first;                  /* its first chunk, */
-    uint64_t skip;                 /* the tokens left alone, */
-    const lmc_lease *leases;       /* and the objects of chunks first.. */
-    size_t items, pieces;
-    pthread_t owner;
-    bool (*copy)(const void *split, size_t from, size_t to);
-} sd_split;
-
 /* Pieces for `items` items of `bytes` in all: none under twice
  * --copy-split-bytes, a single worker, or the socket thread; else at most
  * four per thread, each of at least --copy-split-bytes. */
@@ -360,8 +343,7 @@ static bool copy_piece(void *arg, size_t piece)
     return ok;
 }
 
-/* Runs the split's pieces; false when any of them met a shrunk segment. */
-static bool run_split(lmc_rpc_call *call, sd_split *sp, uint64_t bytes)
+bool lmc_server_driven_run_split(lmc_rpc_call *call, sd_split *sp, uint64_t bytes)
 {
     sp->pieces = split_count(sp->m, call, sp->items, bytes);
     sp->owner = pthread_self();
@@ -372,9 +354,8 @@ static bool run_split(lmc_rpc_call *call, sd_split *sp, uint64_t bytes)
 }
 
 /* STORE: the planned objects [from, to) that hold a lease. */
-static bool gather_items(const void *split, size_t from, size_t to)
+static bool gather_items(const sd_split *sp, size_t from, size_t to)
 {
-    const sd_split *sp = split;
     const sd_op *op = sp->op;
     const sd_store_plan *s = sp->s;
     const lmc_kv_plan *p = &op->c->plan;
@@ -407,7 +388,7 @@ static bool guarded_gather(sd_mod *m, lmc_rpc_call *call, const sd_op *op,
         if (s->res[i] == LMC_L1_SUCCESS)
             *bytes += p->og[s->slot[i] % p->n_og].object_size;
     sd_split sp = {.m = m, .op = op, .s = s, .items = s->n, .copy = gather_items};
-    return run_split(call, &sp, *bytes);
+    return lmc_server_driven_run_split(call, &sp, *bytes);
 }
 
 /* Gives back every lease the plan holds (nothing published). */
@@ -540,9 +521,8 @@ static void scatter_chunk(sd_mod *m, const sd_op *op, uint32_t og, size_t c,
 }
 
 /* RETRIEVE: chunks first + [from, to) of the split's object group. */
-static bool scatter_items(const void *split, size_t from, size_t to)
+static bool scatter_items(const sd_split *sp, size_t from, size_t to)
 {
-    const sd_split *sp = split;
     for (size_t i = from; i < to; i++)
         scatter_chunk(sp->m, sp->op, sp->og, sp->first + i,
                       sp->op->arena + sp->leases[i].offset, sp->skip);
@@ -556,7 +536,7 @@ static bool guarded_scatter(sd_mod *m, lmc_rpc_call *call, const sd_op *op, uint
 {
     sd_split sp = {.m = m, .op = op, .og = og, .first = first, .skip = skip,
                    .leases = leases, .items = op->n - first, .copy = scatter_items};
-    return run_split(call, &sp, sp.items * op->c->plan.og[og].object_size);
+    return lmc_server_driven_run_split(call, &sp, sp.items * op->c->plan.og[og].object_size);
 }
 
 /* Reads object group og's objects in its window (each read-locked by the

@@ -107,6 +107,31 @@ typedef struct {
     size_t n;
 } sd_store_plan;
 
+/* A CPU copy cut into pieces of whole items (a STORE's planned objects, a
+ * RETRIEVE's chunks of one object group) that idle threads of the
+ * --max-gpu-workers pool take beside the request's own
+ * (docs/architecture.md, "One request across the copy workers"). */
+typedef struct sd_split {
+    sd_mod *m;
+    const sd_op *op;
+    const sd_store_plan *s;        /* STORE */
+    uint32_t og;                   /* RETRIEVE: the object group, */
+    size_t first;                  /* its first chunk, */
+    uint64_t skip;                 /* the tokens left alone, */
+    const lmc_lease *leases;       /* the objects of chunks first.., */
+    const lmc_kv_layer_ref *refs;  /* and a layerwise batch's layers */
+    size_t n_refs;
+    size_t items, pieces;
+    pthread_t owner;
+    /* Copies items [from, to); runs under the SIGBUS guard. */
+    bool (*copy)(const struct sd_split *split, size_t from, size_t to);
+} sd_split;
+
+/* Runs sp's copy over its items of `bytes` in all, in pieces when they are
+ * large enough and the request runs on a pool of several workers; false
+ * when the engine's memory went away under any piece. */
+bool lmc_server_driven_run_split(lmc_rpc_call *call, sd_split *sp, uint64_t bytes);
+
 /* The stored block ids of chunk `chunk` of kernel group gi: the last
  * keep_blocks of its blocks_per_chunk (a sub-chunk window keeps fewer). */
 static inline const int64_t *lmc_server_driven_kept_ids(const sd_op *op, uint32_t gi, size_t chunk)
