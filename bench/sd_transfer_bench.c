@@ -22,7 +22,8 @@
  *      NOOP.  `--layerwise-only` runs this phase alone.
  *
  *   sd_transfer_bench [--chunks N] [--iters M] [--layerwise-only]
- *                                                   (defaults 256, 2000) */
+ *                     [--copy-split-bytes B]   (defaults 256, 2000, 1048576;
+ *                                               0 turns the split off) */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -479,6 +480,52 @@ static double best_copy(const copy_pair *cp)
     return st > mc ? st : mc;
 }
 
+typedef struct {
+    const copy_pair *cp;
+    lmc_copy_method m;
+    size_t from, to;
+    pthread_barrier_t *start;
+} half_copy;
+
+static void *run_half(void *arg)
+{
+    half_copy *h = arg;
+    pthread_barrier_wait(h->start);
+    for (size_t c = h->from; c < h->to; c++)
+        lmc_bulk_copy(h->m, h->cp->dst + c * OBJ, h->cp->src + c * OBJ, OBJ);
+    lmc_bulk_copy_fence(h->m);
+    return NULL;
+}
+
+/* The machine's own ceiling for two copy workers: two threads at once,
+ * each copying half of the same bytes, the better of the two methods and
+ * of two repetitions.  Where it is far under 2x the single-thread copy,
+ * memory, not cores, bounds what two workers can do. */
+static double two_thread_copy(const copy_pair *cp)
+{
+    double best = 0;
+    lmc_copy_method methods[] = {LMC_COPY_MEMCPY, LMC_COPY_STREAM};
+    for (int r = 0; r < 4; r++) {
+        pthread_barrier_t start;
+        pthread_barrier_init(&start, NULL, 3);
+        half_copy h[2];
+        pthread_t th[2];
+        for (int i = 0; i < 2; i++) {
+            h[i] = (half_copy){.cp = cp, .m = methods[r % 2], .from = i * cp->chunks / 2,
+                               .to = (i + 1) * cp->chunks / 2, .start = &start};
+            pthread_create(&th[i], NULL, run_half, &h[i]);
+        }
+        pthread_barrier_wait(&start);
+        double t0 = now_s();
+        for (int i = 0; i < 2; i++)
+            pthread_join(th[i], NULL);
+        double gbps = cp->chunks * OBJ / (now_s() - t0) / 1e9;
+        best = gbps > best ? gbps : best;
+        pthread_barrier_destroy(&start);
+    }
+    return best;
+}
+
 /* The L1 pool, mapped as an engine-driven worker maps it: a probe
  * registration's reply names it (docs/protocol.md). */
 static uint8_t *map_pool(lmc_client *c, size_t *size)
@@ -718,6 +765,13 @@ static int bandwidth(worker *ws, size_t n_workers, int copy_workers, size_t chun
                      "flight each", hnd ? "HND" : "NHD", n_workers, copy_workers);
             print_rounds(what, pst, prt, piped_base);
         }
+        double two = copy_workers > 1 ? two_thread_copy(cp) : 0;
+        if (two > 0)
+            printf("    two threads copying the same bytes at once: %.2f GB/s (%.2fx the "
+                   "single-thread copy); one request at a time STORE %.2fx, RETRIEVE %.2fx of "
+                   "it, two in flight %.2fx, %.2fx (best)\n", two, two / base,
+                   st[ROUNDS - 1] / two, rt[ROUNDS - 1] / two, pst[ROUNDS - 1] / two,
+                   prt[ROUNDS - 1] / two);
     }
     if (pool)
         munmap(pool, pool_size);
@@ -940,6 +994,10 @@ static void wait_engine_mapped(void)
            wait_status(engine_mapped));
 }
 
+/* --copy-split-bytes for the server, for A/Bs of the
+ * split (docs/protocol.md, "One request across the copy workers"). */
+static const char *split_bytes = "1048576";
+
 static pid_t start_server(size_t chunks, int workers, const char *layerwise, char *url,
                           size_t url_len)
 {
@@ -953,7 +1011,8 @@ static pid_t start_server(size_t chunks, int workers, const char *layerwise, cha
                     "--l1-size-gb", l1, "--eviction-policy", "LRU", "--log-level", "WARNING",
                     "--max-workers", "2", "--max-gpu-workers", gpu_workers, "--http-host",
                     "127.0.0.1", "--http-port", http_port, "--cpu-kv-layout", "hint",
-                    "--layerwise-batch", (char *)layerwise, NULL};
+                    "--layerwise-batch", (char *)layerwise, "--copy-split-bytes",
+                    (char *)split_bytes, NULL};
     lmc_config cfg;
     char err[256];
     if (lmc_config_parse(&cfg, (int)(sizeof args / sizeof args[0]) - 1, args, NULL, stdout, err,
@@ -1016,6 +1075,8 @@ int main(int argc, char **argv)
             chunks = strtoul(argv[++i], NULL, 10);
         else if (i + 1 < argc && strcmp(argv[i], "--iters") == 0)
             iters = strtoul(argv[++i], NULL, 10);
+        else if (i + 1 < argc && strcmp(argv[i], "--copy-split-bytes") == 0)
+            split_bytes = argv[++i];
     }
     size_t lw_iters = iters < 200 ? iters : 200;    /* 32 MiB each */
     if (layerwise_only)
