@@ -178,13 +178,10 @@ def test_generated_source_is_current():
 
 @needs_chromium
 def test_dashboard_renders_status():
-    import urllib.request
-
     s = Server()
     browser = None
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{s.http_port}/status", timeout=10) as r:
-            status = json.load(r)
+        status = s.wait_l1_prefault()   # the L1's capacity is final from here on
         browser = open_dashboard(s)
 
         assert text(browser, "v-chunk_size") == f"{status['chunk_size']:,}"

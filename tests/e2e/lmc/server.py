@@ -74,6 +74,24 @@ class Server:
         finally:
             d.close()
 
+    def wait_l1_prefault(self, timeout=20):
+        """Waits until the L1 pre-fault after start is over (docs/storage.md,
+        "Pre-fault"): until then the L1's capacity grows as it commits.
+        Returns the status document that saw it over."""
+        deadline = time.monotonic() + timeout
+        while True:
+            conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=5)
+            try:
+                conn.request("GET", "/status")
+                status = json.loads(conn.getresponse().read())
+            finally:
+                conn.close()
+            if status["storage_manager"]["l1_arena"]["prefault"]["state"] != "running":
+                return status
+            if time.monotonic() > deadline:
+                raise RuntimeError("the L1 pre-fault did not end within %s s" % timeout)
+            time.sleep(0.02)
+
     def dealer(self, routing_id=None):
         return Dealer(self.ctx, self.url, routing_id)
 
