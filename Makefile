@@ -102,6 +102,7 @@ bench: build deps-test
 	./$(BUILD_DIR)/l2_lookup_bench --dir $(BUILD_DIR)/l2_lookup_bench.dir
 	./bench/l2_net_bench.sh 3 $(BUILD_DIR)/l2_bench
 	./$(BUILD_DIR)/p2p_chan_bench --chunks 256 --rounds 10
+	./$(BUILD_DIR)/blend_match_bench
 	LMCACHED_BIN=$(BUILD_DIR)/lmcached LMCACHED_COORDINATOR_BIN=$(BUILD_DIR)/lmcached-coordinator \
 	  /usr/bin/python3 bench/p2p_lookup_bench.py
 
