@@ -426,6 +426,9 @@ typedef struct scatter_state {
     bool contiguous;      /* a slot's heads lie in one run in the paged tensor */
     bool vec;             /* AVX2 and F16C available */
     bool whole;           /* the rotation covers every element of a K row */
+    bool by_head;         /* whole, head-strided slot, rotation heads = the format's:
+                           * each head rotated straight into place */
+    lmc_kv_rope_geom one; /* the rotation of one head, for by_head */
     uint8_t *scratch;     /* one row, for rotating into a head-strided slot */
     float *cd, *sd;       /* delta_table's output */
 } scatter_state;
@@ -445,19 +448,31 @@ static void put_token(const scatter_state *st, const lmc_kv_rope_match *m, uint3
     uint8_t *tensor = st->t->bases[lmc_kv_rope_tensor(g, kv, l)];
     uint8_t *dst = tensor + lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, s, 0, 0) * es;
     uint8_t *row = st->contiguous ? dst : st->scratch;
-    bool whole = rotate && st->whole;   /* then every element is written rotated */
-    if (!whole)
-        memcpy(row, src, (size_t)(g->nh * hs_bytes));
+    const uint8_t *from = src;   /* the row to place head by head */
+    if (rotate && st->by_head) {
+        size_t e = st->one.rot_dim / 2;
+        for (uint32_t h = 0; h < g->nh; h++)
+            rotate_row(st->t->k_dtype, st->vec,
+                       tensor + lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, s, h, 0) * es,
+                       src + h * hs_bytes, &st->one, st->cd + tok * e, st->sd + tok * e);
+        return;
+    }
     if (rotate) {
+        bool whole = st->whole;   /* then every element is written rotated */
         size_t e = st->t->rope->rot_dim / 2;
+        if (!whole)
+            memcpy(row, src, (size_t)(g->nh * hs_bytes));
         rotate_row(st->t->k_dtype, st->vec, row, whole ? src : row, st->t->rope,
                    st->cd + tok * e, st->sd + tok * e);
+        from = row;
+    } else if (st->contiguous) {
+        memcpy(dst, src, (size_t)(g->nh * hs_bytes));
     }
     if (st->contiguous)
         return;
     for (uint32_t h = 0; h < g->nh; h++)
         memcpy(tensor + lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, s, h, 0) * es,
-               row + h * hs_bytes, (size_t)hs_bytes);
+               from + h * hs_bytes, (size_t)hs_bytes);
 }
 
 static void scatter_match(scatter_state *st, const lmc_kv_rope_match *m)
@@ -487,6 +502,11 @@ int lmc_kv_rope_scatter(const lmc_kv_rope_target *t, const lmc_kv_rope_match *m,
     st.contiguous = g->nh == 1 || lmc_kv_paged_offset(g, 0, 0, 0, 0, 1, 0) ==
                                       lmc_kv_paged_offset(g, 0, 0, 0, 0, 0, 0) + g->hs;
     st.whole = t->rope && (uint64_t)t->rope->n_heads * t->rope->rot_dim == (uint64_t)g->nh * g->hs;
+    if (st.whole && !st.contiguous && t->rope->head_stride == g->hs) {
+        st.by_head = true;
+        st.one = *t->rope;
+        st.one.n_heads = 1;
+    }
     size_t pairs = t->cache ? (size_t)t->g->slots * (t->cache->rot_dim / 2) : 0;
     st.scratch = malloc((size_t)g->nh * g->hs * g->element_size);
     st.cd = malloc(pairs * sizeof(float) + 1);
