@@ -202,6 +202,47 @@ int lmc_kv_rope_geometry(const lmc_kv_geometry *g, uint32_t head_size, bool is_n
     return 0;
 }
 
+/* The group's sizes recomputed here, not trusted: what the tensors and an
+ * entry must hold, and how many tensors the formulas index. */
+static int check_sizes(const lmc_kv_rope_target *t, char *err, size_t errlen)
+{
+    const lmc_kv_kernel_group *k = t->g;
+    const lmc_kv_geometry *g = &k->geo;
+    uint64_t span, entry, f[] = {g->kv_size, g->nl, k->slots, g->nh, g->hs, g->element_size};
+    uint64_t need = lmc_kv_format_cross_layer(g->format)  ? 1
+                    : lmc_kv_format_kv_lists(g->format) ? 2ull * g->nl
+                                                        : g->nl;
+    if (!lmc_kv_span_bytes(g, &span) || t->tensor_bytes < span)
+        return refuse(err, errlen, "tensors of %llu bytes, the group reaches %llu",
+                      (unsigned long long)t->tensor_bytes, (unsigned long long)span);
+    if (!lmc_product_u64(f, 6, &entry) || entry != k->entry_bytes)
+        return refuse(err, errlen, "kernel group: entry of %llu bytes, not [%u, %u, %u, %u x %u]",
+                      (unsigned long long)k->entry_bytes, g->kv_size, g->nl, k->slots, g->nh,
+                      g->hs);
+    if (k->n_tensors < need || !t->bases)
+        return refuse(err, errlen, "kernel group: %u tensors, its format uses %llu",
+                      k->n_tensors, (unsigned long long)need);
+    return 0;
+}
+
+/* The rotation against the group's row and the cache (none: not rotated). */
+static int check_rope(const lmc_kv_rope_target *t, char *err, size_t errlen)
+{
+    const lmc_kv_geometry *g = &t->g->geo;
+    if (!t->cache)
+        return 0;
+    const lmc_kv_rope_geom *r = t->rope;
+    uint64_t heads = r ? (uint64_t)r->n_heads * r->head_stride : 0;
+    if (!r || heads != (uint64_t)g->nh * g->hs || r->rot_dim == 0 || r->rot_dim % 2 ||
+        (uint64_t)r->rot_offset + r->rot_dim > r->head_stride)
+        return refuse(err, errlen, "rope geometry does not fit the group's row of %u x %u",
+                      g->nh, g->hs);
+    if (r->rot_dim != t->cache->rot_dim)
+        return refuse(err, errlen, "rope rot_dim %u, cos_sin_cache rot_dim %u", r->rot_dim,
+                      t->cache->rot_dim);
+    return 0;
+}
+
 /* The checks that apply to the group as a whole. */
 static int check_target(const lmc_kv_rope_target *t, char *err, size_t errlen)
 {
@@ -215,21 +256,7 @@ static int check_target(const lmc_kv_rope_target *t, char *err, size_t errlen)
     if (g->element_size != lmc_kv_rope_dtype_size(t->k_dtype))
         return refuse(err, errlen, "K dtype of %u bytes on a group of %u-byte elements",
                       lmc_kv_rope_dtype_size(t->k_dtype), g->element_size);
-    if (t->tensor_bytes < k->span_bytes)
-        return refuse(err, errlen, "tensors of %llu bytes, the group reaches %llu",
-                      (unsigned long long)t->tensor_bytes, (unsigned long long)k->span_bytes);
-    if (!t->cache)
-        return 0;
-    const lmc_kv_rope_geom *r = t->rope;
-    uint64_t heads = r ? (uint64_t)r->n_heads * r->head_stride : 0;
-    if (!r || heads != (uint64_t)g->nh * g->hs || r->rot_dim == 0 || r->rot_dim % 2 ||
-        (uint64_t)r->rot_offset + r->rot_dim > r->head_stride)
-        return refuse(err, errlen, "rope geometry does not fit the group's row of %u x %u",
-                      g->nh, g->hs);
-    if (r->rot_dim != t->cache->rot_dim)
-        return refuse(err, errlen, "rope rot_dim %u, cos_sin_cache rot_dim %u", r->rot_dim,
-                      t->cache->rot_dim);
-    return 0;
+    return check_sizes(t, err, errlen) != 0 ? -1 : check_rope(t, err, errlen);
 }
 
 /* A match: its entry, the blocks its tokens land in, the cache rows its

@@ -516,6 +516,22 @@ static void test_scatter_refusals(void **state)
     f.t.tensor_bytes++;
     f.g.tokens_per_block = 4;
     expect_refused(&f, 3, "compressed");
+    f.g.tokens_per_block = 8;
+    f.g.entry_bytes += 2;        /* the group's own size, matched by the entries' */
+    for (int i = 0; i < 3; i++)
+        f.m[i].entry_bytes += 2;
+    expect_refused(&f, 3, "kernel group: entry of");
+    f.g.entry_bytes -= 2;
+    for (int i = 0; i < 3; i++)
+        f.m[i].entry_bytes -= 2;
+    f.g.n_tensors = 1;           /* a per-layer format over 2 layers */
+    expect_refused(&f, 3, "1 tensors, its format uses 2");
+    f.g.n_tensors = 2;
+    f.g.span_bytes = 0;          /* recomputed, not trusted */
+    f.t.tensor_bytes = f.span - 1;
+    expect_refused(&f, 3, "tensors of");
+    f.t.tensor_bytes = f.span;
+    assert_int_equal(lmc_kv_rope_scatter(&f.t, f.m, 0, NULL, 0), 0);   /* nothing to do */
     teardown(&f);
 }
 
