@@ -1,0 +1,177 @@
+/* CacheBlend's re-rotation of stored K and its per-token scatter into an
+ * engine's paged KV (docs/cacheblend_rope.md).  A stored chunk's K was
+ * rotated at the positions it was computed at; reused at another position
+ * it is rotated by the position delta, V copied as it is, and each token
+ * written to the slot the block table names for its new position (reused
+ * tokens need not start on a block boundary).
+ *
+ * The index arithmetic (which elements form a rotation pair, where a
+ * position's cos/sin sit in the cache, which paged slot a position maps
+ * to, the rotation itself) is `static inline` and `__host__ __device__`
+ * under nvcc, like kv_format.h's offsets, so that the CPU implementation
+ * (kv_rope.c) and a CUDA kernel compile the very same formulas and the CPU
+ * tests check them. */
+#ifndef LMC_KV_KV_ROPE_H
+#define LMC_KV_KV_ROPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv/kv_format.h"
+#include "kv/kv_plan.h"
+
+/* Element types a K plane or a cos/sin cache may have. */
+typedef enum lmc_kv_rope_dtype {
+    LMC_KV_ROPE_F16,
+    LMC_KV_ROPE_BF16,
+    LMC_KV_ROPE_F32,
+} lmc_kv_rope_dtype;
+
+LMC_KV_INLINE uint32_t lmc_kv_rope_dtype_size(lmc_kv_rope_dtype d)
+{
+    return d == LMC_KV_ROPE_F32 ? 4u : 2u;
+}
+
+/* A registered cos/sin cache: `max_position` rows of `rot_dim` elements,
+ * row p = cos of pairs 0..rot_dim/2-1 at position p, then their sin. */
+typedef struct lmc_kv_rope_cache {
+    const void *data;
+    uint64_t max_position;
+    uint32_t rot_dim;
+    lmc_kv_rope_dtype dtype;
+} lmc_kv_rope_cache;
+
+/* Where K is rotated inside one token's K row of a kernel group: n_heads
+ * heads head_stride elements apart; in each, rot_dim elements from
+ * rot_offset, paired NeoX style (i, i + rot_dim/2) or GPT-J style
+ * (2i, 2i + 1). */
+typedef struct lmc_kv_rope_geom {
+    uint32_t n_heads;
+    uint32_t head_stride;
+    uint32_t rot_offset;
+    uint32_t rot_dim;
+    bool is_neox;
+} lmc_kv_rope_geom;
+
+/* Row elements of rotation pair i of head h. */
+LMC_KV_INLINE void lmc_kv_rope_pair(const lmc_kv_rope_geom *r, uint32_t h, uint32_t i,
+                                    uint32_t *x, uint32_t *y)
+{
+    uint32_t base = h * r->head_stride + r->rot_offset;
+    if (r->is_neox) {
+        *x = base + i;
+        *y = base + i + r->rot_dim / 2;
+    } else {
+        *x = base + 2 * i;
+        *y = base + 2 * i + 1;
+    }
+}
+
+/* Cache elements of pair i's cos and sin at position pos. */
+LMC_KV_INLINE uint64_t lmc_kv_rope_cos_index(uint32_t rot_dim, uint64_t pos, uint32_t i)
+{
+    return pos * rot_dim + i;
+}
+LMC_KV_INLINE uint64_t lmc_kv_rope_sin_index(uint32_t rot_dim, uint64_t pos, uint32_t i)
+{
+    return pos * rot_dim + rot_dim / 2 + i;
+}
+
+/* Undoing the rotation at the old position and applying the new one is
+ * one rotation by their difference: its cos and sin from the two rows. */
+LMC_KV_INLINE void lmc_kv_rope_delta(float cos_old, float sin_old, float cos_new, float sin_new,
+                                     float *cos_d, float *sin_d)
+{
+    *cos_d = cos_new * cos_old + sin_new * sin_old;
+    *sin_d = sin_new * cos_old - cos_new * sin_old;
+}
+
+LMC_KV_INLINE void lmc_kv_rope_apply(float x, float y, float cos_d, float sin_d, float *x_out,
+                                     float *y_out)
+{
+    *x_out = x * cos_d - y * sin_d;
+    *y_out = y * cos_d + x * sin_d;
+}
+
+/* The paged block and slot in it of request position pos, through a block
+ * table of n_blocks ids of bs slots each; false past the table. */
+LMC_KV_INLINE bool lmc_kv_rope_slot(const int64_t *table, uint64_t n_blocks, uint32_t bs,
+                                    uint64_t pos, int64_t *block, uint32_t *slot)
+{
+    uint64_t j = pos / bs;
+    if (j >= n_blocks)
+        return false;
+    *block = table[j];
+    *slot = (uint32_t)(pos % bs);
+    return true;
+}
+
+/* The registered tensor holding plane kv of layer l: the one cross-layer
+ * tensor, K tensors then V tensors, or one per layer. */
+LMC_KV_INLINE uint32_t lmc_kv_rope_tensor(const lmc_kv_geometry *g, uint32_t kv, uint32_t l)
+{
+    if (lmc_kv_format_cross_layer(g->format))
+        return 0;
+    return lmc_kv_format_kv_lists(g->format) ? kv * g->nl + l : l;
+}
+
+/* Checks a cos/sin cache of `bytes` bytes as [rows, cols] of `dtype` and
+ * fills *out.  0, or -1 with the reason in err. */
+int lmc_kv_rope_cache_init(lmc_kv_rope_cache *out, const void *data, uint64_t bytes,
+                           lmc_kv_rope_dtype dtype, uint64_t rows, uint64_t cols, char *err,
+                           size_t errlen);
+
+/* YaRN and longrope bake a magnitude m into the cache (cos^2 + sin^2 =
+ * m^2); re-rotation must be a pure rotation (docs/cacheblend_rope.md,
+ * "The cos/sin cache").  The mscale is sqrt of the mean of cos^2 + sin^2
+ * over every row and pair (0 for an all-zero cache). */
+#define LMC_KV_ROPE_MSCALE_TOLERANCE 1e-3
+double lmc_kv_rope_cache_mscale(const lmc_kv_rope_cache *c);
+/* When |m - 1| >= LMC_KV_ROPE_MSCALE_TOLERANCE, replaces c->data by a copy
+ * divided by m in float32 and rounded back to the cache's type, and hands
+ * the copy's ownership to *owned (free() it after the last use); else
+ * leaves c alone, *owned NULL.  0; -1 refused (all zero); -2 out of memory. */
+int lmc_kv_rope_cache_normalize(lmc_kv_rope_cache *c, void **owned, char *err, size_t errlen);
+
+/* The rotation geometry of a kernel group (docs/cacheblend_rope.md,
+ * "Geometry"): head_size and style from CB_REGISTER_ROPE, the group's
+ * declared window (has_window false: rotate from offset 0 of each head),
+ * and the width of the cache the group uses.  0, or -1 with the reason. */
+int lmc_kv_rope_geometry(const lmc_kv_geometry *g, uint32_t head_size, bool is_neox,
+                         bool has_window, uint32_t win_offset, uint32_t win_width,
+                         uint32_t cache_rot_dim, lmc_kv_rope_geom *out, char *err,
+                         size_t errlen);
+
+/* One reused chunk: the kernel group's entry of its stored object
+ * ([kv_size, nl, slots, nh*hs], docs/storage.md), stored at old_st, its
+ * first n_tok slots written at cur_st.. of the request. */
+typedef struct lmc_kv_rope_match {
+    const uint8_t *entry;
+    uint64_t entry_bytes;
+    uint64_t old_st;
+    uint64_t cur_st;
+    uint32_t n_tok;
+} lmc_kv_rope_match;
+
+/* Where the matches go: one kernel group's registered tensors (each
+ * tensor_bytes long), its block table (physical ids of geo.bs slots), and
+ * the rotation (cache NULL: a NoPE model or a group not rotated). */
+typedef struct lmc_kv_rope_target {
+    const lmc_kv_kernel_group *g;
+    uint8_t *const *bases;
+    uint64_t tensor_bytes;
+    const int64_t *blocks;
+    uint64_t n_blocks;
+    const lmc_kv_rope_cache *cache;
+    const lmc_kv_rope_geom *rope;
+    lmc_kv_rope_dtype k_dtype;
+} lmc_kv_rope_target;
+
+/* Re-rotates (when old_st != cur_st) and scatters every match.  Every
+ * match is checked before anything is written: 0; -1 refused, with the
+ * reason in err and the tensors untouched; -2 out of memory (untouched). */
+int lmc_kv_rope_scatter(const lmc_kv_rope_target *t, const lmc_kv_rope_match *m, size_t n,
+                        char *err, size_t errlen);
+
+#endif
