@@ -1,5 +1,5 @@
 /* rope_bench: CacheBlend's CPU re-rotation and per-token scatter
- * (lmc_kv_rope_scatter, docs/cacheblend_rope.md) alone, outside any
+ * (lmc_kv_rope_scatter, docs/cacheblend.md) alone, outside any
  * server: N stored chunks of [2, 8 layers, 256 tokens, 2 heads x 128]
  * written at a position 7 tokens past a block boundary and shifted from
  * where they were stored (K rotated NeoX style over all 128 dims by a

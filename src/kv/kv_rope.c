@@ -17,7 +17,7 @@ static int refuse(char *err, size_t errlen, const char *fmt, ...)
     return -1;
 }
 
-/* Element conversions, rounding to nearest even (docs/cacheblend_rope.md,
+/* Element conversions, rounding to nearest even (docs/cacheblend.md,
  * "The math and its precision"). */
 static float f16_to_float(uint16_t h)
 {
@@ -260,7 +260,7 @@ static int check_target(const lmc_kv_rope_target *t, char *err, size_t errlen)
 }
 
 /* A match: its entry, the blocks its tokens land in, the cache rows its
- * slots' positions read (all slots are rotated, docs/cacheblend_rope.md). */
+ * slots' positions read (all slots are rotated, docs/cacheblend.md). */
 static int check_match(const lmc_kv_rope_target *t, const lmc_kv_rope_match *m, size_t i,
                        char *err, size_t errlen)
 {

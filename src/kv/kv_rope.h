@@ -1,5 +1,5 @@
 /* CacheBlend's re-rotation of stored K and its per-token scatter into an
- * engine's paged KV (docs/cacheblend_rope.md).  A stored chunk's K was
+ * engine's paged KV (docs/cacheblend.md).  A stored chunk's K was
  * rotated at the positions it was computed at; reused at another position
  * it is rotated by the position delta, V copied as it is, and each token
  * written to the slot the block table names for its new position (reused
@@ -123,7 +123,7 @@ int lmc_kv_rope_cache_init(lmc_kv_rope_cache *out, const void *data, uint64_t by
                            size_t errlen);
 
 /* YaRN and longrope bake a magnitude m into the cache (cos^2 + sin^2 =
- * m^2); re-rotation must be a pure rotation (docs/cacheblend_rope.md,
+ * m^2); re-rotation must be a pure rotation (docs/cacheblend.md,
  * "The cos/sin cache").  The mscale is sqrt of the mean of cos^2 + sin^2
  * over every row and pair (0 for an all-zero cache). */
 #define LMC_KV_ROPE_MSCALE_TOLERANCE 1e-3
@@ -134,7 +134,7 @@ double lmc_kv_rope_cache_mscale(const lmc_kv_rope_cache *c);
  * leaves c alone, *owned NULL.  0; -1 refused (all zero); -2 out of memory. */
 int lmc_kv_rope_cache_normalize(lmc_kv_rope_cache *c, void **owned, char *err, size_t errlen);
 
-/* The rotation geometry of a kernel group (docs/cacheblend_rope.md,
+/* The rotation geometry of a kernel group (docs/cacheblend.md,
  * "Geometry"): head_size and style from CB_REGISTER_ROPE, the group's
  * declared window (has_window false: rotate from offset 0 of each head),
  * and the width of the cache the group uses.  0, or -1 with the reason. */

@@ -1,5 +1,5 @@
 /* CacheBlend's re-rotation and per-token scatter (kv/kv_rope.h,
- * docs/cacheblend_rope.md).  Each case fills the paged tensors with a
+ * docs/cacheblend.md).  Each case fills the paged tensors with a
  * sentinel, scatters a few matches (shifted, partial, unshifted) through a
  * block table in scattered order, and checks every element of every
  * tensor: K elements inside the rotation window against a float64
@@ -7,7 +7,7 @@
  * values, every other element of the named slots byte-identical to the
  * stored chunk, and every other byte still the sentinel.
  *
- * Tolerance (docs/cacheblend_rope.md, "The math and its precision"): the
+ * Tolerance (docs/cacheblend.md, "The math and its precision"): the
  * result is rounded once to the K type after a float32 computation, so
  *   |got - ref| <= (u_K + 64 u_f32) (|x| + |y|) + m_K
  * with u the unit roundoff (2^-11 fp16, 2^-8 bf16, 2^-24 fp32), x, y the
@@ -322,7 +322,7 @@ static uint64_t check_all(const fixture *f)
     return rotated;
 }
 
-/* The geometry docs/cacheblend_rope.md gives for the spec, worked out
+/* The geometry docs/cacheblend.md gives for the spec, worked out
  * here by hand: a latent window is one head of the whole row; fused heads
  * are 2 x head_size apart; others head_size. */
 static void check_geometry(const fixture *f)
