@@ -514,8 +514,8 @@ static void scatter_match(scatter_state *st, const lmc_kv_rope_match *m)
                 put_token(st, m, kv, l, tok, rotate && kv == 0);
 }
 
-int lmc_kv_rope_scatter(const lmc_kv_rope_target *t, const lmc_kv_rope_match *m, size_t n,
-                        char *err, size_t errlen)
+int lmc_kv_rope_check(const lmc_kv_rope_target *t, const lmc_kv_rope_match *m, size_t n,
+                      char *err, size_t errlen)
 {
     if (!t || !t->g || (n && !m))
         return refuse(err, errlen, "no kernel group or matches");
@@ -524,6 +524,44 @@ int lmc_kv_rope_scatter(const lmc_kv_rope_target *t, const lmc_kv_rope_match *m,
     for (size_t i = 0; i < n; i++)
         if (check_match(t, &m[i], i, err, errlen) != 0)
             return -1;
+    return 0;
+}
+
+int lmc_kv_rope_rotate_entry(const lmc_kv_rope_target *t, const lmc_kv_rope_match *m,
+                             char *err, size_t errlen)
+{
+    if (!t->cache || m->old_st == m->cur_st)
+        return 0;
+    const lmc_kv_kernel_group *k = t->g;
+    const lmc_kv_geometry *g = &k->geo;
+    lmc_kv_rope_match all = *m;
+    all.n_tok = k->slots;
+    size_t e = t->cache->rot_dim / 2, pairs = (size_t)k->slots * e;
+    float *cd = malloc(pairs * sizeof(float) + 1), *sd = malloc(pairs * sizeof(float) + 1);
+    if (!cd || !sd) {
+        free(cd);
+        free(sd);
+        return refuse(err, errlen, "out of memory"), -2;
+    }
+    delta_table(t->cache, &all, cd, sd);
+    bool vec = have_vec();
+    uint8_t *entry = (uint8_t *)m->entry;   /* the caller's staging slot, writable */
+    for (uint32_t l = 0; l < g->nl; l++)
+        for (uint32_t tok = 0; tok < k->slots; tok++) {
+            uint8_t *row = entry + lmc_kv_object_offset(g, k->slots, 0, l, tok, 0, 0) *
+                                       g->element_size;
+            rotate_row(t->k_dtype, vec, row, row, t->rope, cd + tok * e, sd + tok * e);
+        }
+    free(cd);
+    free(sd);
+    return 0;
+}
+
+int lmc_kv_rope_scatter(const lmc_kv_rope_target *t, const lmc_kv_rope_match *m, size_t n,
+                        char *err, size_t errlen)
+{
+    if (lmc_kv_rope_check(t, m, n, err, errlen) != 0)
+        return -1;
     const lmc_kv_geometry *g = &t->g->geo;
     scatter_state st = {.t = t, .vec = have_vec()};
     st.contiguous = g->nh == 1 || lmc_kv_paged_offset(g, 0, 0, 0, 0, 1, 0) ==

@@ -174,4 +174,19 @@ typedef struct lmc_kv_rope_target {
 int lmc_kv_rope_scatter(const lmc_kv_rope_target *t, const lmc_kv_rope_match *m, size_t n,
                         char *err, size_t errlen);
 
+/* The checks lmc_kv_rope_scatter makes, alone: for a caller that stages,
+ * rotates and scatters in separate steps (docs/cacheblend.md, "Retrieve
+ * plan and CPU executor") and must refuse before its first write.  0, or
+ * -1 with the reason in err. */
+int lmc_kv_rope_check(const lmc_kv_rope_target *t, const lmc_kv_rope_match *m, size_t n,
+                      char *err, size_t errlen);
+
+/* Re-rotates, in place, the K plane of every one of the group's slots of
+ * m->entry from old_st + t to cur_st + t (the rope step of a staged
+ * chunk; all slots, as the spec's kernel does).  Nothing to do when
+ * t->cache is NULL or old_st == cur_st.  m must have passed
+ * lmc_kv_rope_check on t.  0, or -2 out of memory (entry untouched). */
+int lmc_kv_rope_rotate_entry(const lmc_kv_rope_target *t, const lmc_kv_rope_match *m,
+                             char *err, size_t errlen);
+
 #endif

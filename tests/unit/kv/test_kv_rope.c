@@ -23,72 +23,9 @@
 #include <cmocka.h>
 
 #include "kv/kv_rope.h"
+#include "rope_ref.h"
 
 enum { SENTINEL = 0xA5, MAX_POS = 128, MAX_TENSORS = 8, NL = 2 };
-
-/* ---- the test's own element codecs (independent of kv_rope.c's) ---- */
-
-static double dec(lmc_kv_rope_dtype d, const uint8_t *p)
-{
-    uint16_t h;
-    uint32_t u;
-    float f;
-    if (d == LMC_KV_ROPE_F32) {
-        memcpy(&f, p, 4);
-        return f;
-    }
-    memcpy(&h, p, 2);
-    if (d == LMC_KV_ROPE_BF16) {
-        u = (uint32_t)h << 16;
-        memcpy(&f, &u, 4);
-        return f;
-    }
-    int e = (h >> 10) & 31, m = h & 1023;
-    double v = e ? (1.0 + m / 1024.0) : m / 1024.0;
-    int ex = e ? e - 15 : -14;
-    for (; ex > 0; ex--)
-        v *= 2;
-    for (; ex < 0; ex++)
-        v /= 2;
-    return (h & 0x8000) ? -v : v;
-}
-
-/* Truncating encoder: exact for the stored K values (multiples of 1/64
- * below 2), close enough for cache values (the reference decodes them). */
-static void enc(lmc_kv_rope_dtype d, uint8_t *p, double v)
-{
-    float f = (float)v;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint16_t h;
-    if (d == LMC_KV_ROPE_F32) {
-        memcpy(p, &f, 4);
-        return;
-    }
-    if (d == LMC_KV_ROPE_BF16) {
-        h = (uint16_t)(u >> 16);
-    } else {
-        uint32_t a = u & 0x7fffffffu;
-        h = a < 0x38800000u ? 0 : (uint16_t)(((a >> 23) - 112) << 10 | ((a >> 13) & 1023));
-        h |= (uint16_t)((u >> 16) & 0x8000u);
-    }
-    memcpy(p, &h, 2);
-}
-
-/* cos and sin without libm: Taylor series, |a| <= 1. */
-static void sincos_small(double a, double *s, double *c)
-{
-    double term = 1, cs = 0, sn = 0;
-    for (int k = 0; k < 30; k++) {
-        if (k % 2 == 0)
-            cs += (k % 4 == 0 ? 1 : -1) * term;
-        else
-            sn += (k % 4 == 1 ? 1 : -1) * term;
-        term *= a / (k + 1);
-    }
-    *s = sn;
-    *c = cs;
-}
 
 /* ---- the fixture: one kernel group, its tensors, a block table ---- */
 
@@ -130,22 +67,8 @@ static uint32_t n_tensors(const lmc_kv_geometry *g)
 static void make_cache(fixture *f)
 {
     const spec *s = &f->sp;
-    uint32_t es = lmc_kv_rope_dtype_size(s->cd), e = s->rot_dim / 2;
-    uint64_t bytes = (uint64_t)MAX_POS * s->rot_dim * es;
-    f->cache_data = malloc(bytes);
-    for (uint32_t i = 0; i < e; i++) {
-        double th = 1.0, sn, cs, c = 1, sv = 0;
-        for (uint32_t k = 0; k < 2 * i; k++)   /* theta_i = 3^(-2i/rot_dim)-ish, in (0, 1] */
-            th *= 1.0 - 1.0 / s->rot_dim;
-        sincos_small(th, &sn, &cs);
-        for (uint32_t p = 0; p < MAX_POS; p++) {
-            enc(s->cd, f->cache_data + ((uint64_t)p * s->rot_dim + i) * es, c);
-            enc(s->cd, f->cache_data + ((uint64_t)p * s->rot_dim + e + i) * es, sv);
-            double nc = c * cs - sv * sn, ns = sv * cs + c * sn;
-            c = nc;
-            sv = ns;
-        }
-    }
+    uint64_t bytes = (uint64_t)MAX_POS * s->rot_dim * lmc_kv_rope_dtype_size(s->cd);
+    f->cache_data = rope_ref_cache(s->cd, s->rot_dim, MAX_POS);
     char err[256];
     assert_int_equal(lmc_kv_rope_cache_init(&f->cache, f->cache_data, bytes, s->cd, MAX_POS,
                                             s->rot_dim, err, sizeof err),
@@ -213,44 +136,15 @@ static void teardown(fixture *f)
     free(f->cache_data);
 }
 
-static double cache_at(const fixture *f, uint64_t pos, uint32_t col)
-{
-    uint32_t es = lmc_kv_rope_dtype_size(f->sp.cd);
-    return dec(f->sp.cd, f->cache_data + (pos * f->sp.rot_dim + col) * es);
-}
-
-/* The spec's formulas in float64: element r of a row whose stored values
- * are `row`, moved from old to new; *mag = |x| + |y| of its pair. */
 static double reference(const fixture *f, const uint8_t *row, uint32_t r, uint64_t old,
                         uint64_t new, double *mag)
 {
-    const lmc_kv_rope_geom *g = &f->rope;
-    uint32_t es = f->g.geo.element_size, e = g->rot_dim / 2;
-    uint32_t base = r / g->head_stride * g->head_stride + g->rot_offset;
-    uint32_t j = r - base, i, xi, yi;
-    if (f->sp.neox) {
-        i = j < e ? j : j - e;
-        xi = base + i;
-        yi = base + i + e;
-    } else {
-        i = j / 2;
-        xi = base + 2 * i;
-        yi = xi + 1;
-    }
-    double x = dec(f->sp.kd, row + xi * es), y = dec(f->sp.kd, row + yi * es);
-    double co = cache_at(f, old, i), so = cache_at(f, old, e + i);
-    double cn = cache_at(f, new, i), sn = cache_at(f, new, e + i);
-    double x1 = x * co + y * so, y1 = y * co - x * so;
-    *mag = (x < 0 ? -x : x) + (y < 0 ? -y : y);
-    return r == xi ? x1 * cn - y1 * sn : y1 * cn + x1 * sn;
+    return rope_ref_rotated(&f->rope, f->sp.kd, f->sp.cd, f->cache_data, row, r, old, new, mag);
 }
 
 static bool in_window(const fixture *f, uint32_t r)
 {
-    const lmc_kv_rope_geom *g = &f->rope;
-    uint32_t j = r % g->head_stride;
-    return r / g->head_stride < g->n_heads && j >= g->rot_offset &&
-           j < g->rot_offset + g->rot_dim;
+    return rope_ref_in_window(&f->rope, r);
 }
 
 /* Marks what match m should have written, with the test's own slot and
@@ -283,11 +177,6 @@ static void expect_match(fixture *f, const lmc_kv_rope_match *m)
                         }
                     }
             }
-}
-
-static double unit_roundoff(lmc_kv_rope_dtype d)
-{
-    return d == LMC_KV_ROPE_F32 ? 0x1p-24 : d == LMC_KV_ROPE_BF16 ? 0x1p-8 : 0x1p-11;
 }
 
 /* Every element of every tensor against the marks. */
