@@ -19,7 +19,7 @@ static int stage_groups(const lmc_kv_blend_input *in, lmc_kv_blend_plan *p, char
         uint32_t og = in->read_ogs[r];
         if (og >= kv->n_og || (r && og <= in->read_ogs[r - 1]))
             return lmc_err(err, errlen, "read set: object group %u of %u, or not ascending", og,
-                          kv->n_og);
+                           kv->n_og);
         p->read_offset[r] = off;
         if (!lmc_add_u64(off, kv->og[og].object_size, &off))
             return lmc_err(err, errlen, "read set: object sizes overflow");
@@ -51,18 +51,18 @@ static int check_group_chunk(const lmc_kv_blend_input *in, uint32_t kg, uint32_t
     uint64_t bs = k->geo.bs, last = (ch->cur_ed - 1) / bs, idx;
     if (ch->cur_ed - ch->cur_st > k->slots)
         return lmc_err(err, errlen, "chunk %u: %llu tokens, kernel group %u stores %u", c,
-                      (unsigned long long)(ch->cur_ed - ch->cur_st), kg, k->slots);
+                       (unsigned long long)(ch->cur_ed - ch->cur_st), kg, k->slots);
     if (last >= in->n_blocks[kg])
         return lmc_err(err, errlen,
-                      "chunk %u: position %llu past kernel group %u's %llu blocks of %llu", c,
-                      (unsigned long long)(ch->cur_ed - 1), kg,
-                      (unsigned long long)in->n_blocks[kg], (unsigned long long)bs);
+                       "chunk %u: position %llu past kernel group %u's %llu blocks of %llu", c,
+                       (unsigned long long)(ch->cur_ed - 1), kg,
+                       (unsigned long long)in->n_blocks[kg], (unsigned long long)bs);
     for (uint64_t j = ch->cur_st / bs; j <= last; j++) {
         int64_t b = in->blocks[kg][j];
         if (b < 0 || (uint64_t)b >= k->geo.nb || !lmc_muladd_u64((uint64_t)b, bs, bs, &idx) ||
             idx > (uint64_t)INT64_MAX)
             return lmc_err(err, errlen, "chunk %u: block id %lld outside kernel group %u's %llu",
-                          c, (long long)b, kg, (unsigned long long)k->geo.nb);
+                           c, (long long)b, kg, (unsigned long long)k->geo.nb);
     }
     return 0;
 }
@@ -74,14 +74,14 @@ static int check_input(const lmc_kv_blend_input *in, lmc_kv_blend_plan *p, char 
         return lmc_err(err, errlen, "retrieve plan: missing input");
     if (in->max_batch < 2)
         return lmc_err(err, errlen, "max_batch %u: double-buffered waves need 2 slots or more",
-                      in->max_batch);
+                       in->max_batch);
     if (stage_groups(in, p, err, errlen) != 0)
         return -1;
     for (uint32_t g = 0; g < p->n_groups; g++) {
         const lmc_kv_kernel_group *k = &in->kv->kg[p->groups[g]];
         if (k->geo.bs == 0 || k->tokens_per_block != k->geo.bs)
             return lmc_err(err, errlen, "kernel group %u: %u tokens per block of %u slots",
-                          p->groups[g], k->tokens_per_block, k->geo.bs);
+                           p->groups[g], k->tokens_per_block, k->geo.bs);
         if (!in->blocks[p->groups[g]] && in->n_blocks[p->groups[g]])
             return lmc_err(err, errlen, "kernel group %u: no block list", p->groups[g]);
     }
@@ -92,9 +92,9 @@ static int check_input(const lmc_kv_blend_input *in, lmc_kv_blend_plan *p, char 
             !lmc_add_u64(ch->old_st, ch->cur_ed - ch->cur_st, &end) ||
             ch->cur_ed > (uint64_t)INT64_MAX || end > (uint64_t)INT64_MAX)
             return lmc_err(err, errlen,
-                          "chunk %u: [%llu, %llu) from %llu empty, unsorted or overlapping", c,
-                          (unsigned long long)ch->cur_st, (unsigned long long)ch->cur_ed,
-                          (unsigned long long)ch->old_st);
+                           "chunk %u: [%llu, %llu) from %llu empty, unsorted or overlapping", c,
+                           (unsigned long long)ch->cur_st, (unsigned long long)ch->cur_ed,
+                           (unsigned long long)ch->old_st);
         for (uint32_t g = 0; g < p->n_groups; g++)
             if (check_group_chunk(in, p->groups[g], c, err, errlen) != 0)
                 return -1;
@@ -212,9 +212,11 @@ int lmc_kv_blend_plan_build(const lmc_kv_blend_input *in, void *mem, uint64_t me
     uint64_t need;
     if (count(in, out, &need, err, errlen) != 0)
         return -1;
-    if (need && (!mem || mem_bytes < need || (uintptr_t)mem % 8))
+    if (need == 0)
+        return 0;   /* no chunks: every table empty, none laid out */
+    if (!mem || mem_bytes < need || (uintptr_t)mem % 8)
         return lmc_err(err, errlen, "retrieve plan: %llu bytes of 8-byte aligned memory needed",
-                      (unsigned long long)need);
+                       (unsigned long long)need);
     uint8_t *m = mem;
     out->pos = (int64_t *)m;
     out->slot_map = out->pos + out->n_pos;
@@ -258,17 +260,18 @@ static int check_execute(const lmc_kv_blend_input *in, const lmc_kv_blend_plan *
     uint64_t need;
     if (!io || (p->n_staging && !objects) ||
         !lmc_mul_u64(in->max_batch, p->slot_stride, &need) || !pool || pool_bytes < need)
-        return lmc_err(err, errlen, "retrieve executor: no objects, or a pool under %u slots of %llu",
-                      in->max_batch, (unsigned long long)p->slot_stride);
+        return lmc_err(err, errlen,
+                       "retrieve executor: no objects, or a pool under %u slots of %llu",
+                       in->max_batch, (unsigned long long)p->slot_stride);
     for (uint64_t i = 0; i < p->n_staging; i++)
         if (!objects[p->staging[i].chunk * in->n_read + p->staging[i].read])
             return lmc_err(err, errlen, "retrieve executor: chunk %lld has no object",
-                          (long long)p->staging[i].chunk);
+                           (long long)p->staging[i].chunk);
     for (uint32_t g = 0; g < p->n_groups; g++) {
         bool on = in->rope_on && in->rope_on[p->groups[g]];
         if (on != (io[p->groups[g]].cache != NULL))
             return lmc_err(err, errlen, "kernel group %u: rope %s in the plan, cos_sin_cache %s",
-                          p->groups[g], on ? "on" : "off", on ? "missing" : "given");
+                           p->groups[g], on ? "on" : "off", on ? "missing" : "given");
     }
     for (uint64_t i = 0; i < p->n_scatters; i++) {
         const lmc_kv_blend_scatter *s = &p->scatters[i];

@@ -236,6 +236,21 @@ static void test_plan_groups_and_nope(void **state)
     toy_free(&t);
 }
 
+/* No chunks: no rows, and no memory needed to lay them out. */
+static void test_plan_empty(void **state)
+{
+    (void)state;
+    toy t;
+    char err[256] = "";
+    uint64_t bytes = 1;
+    toy_one(&t, NULL, 0, 4);
+    assert_int_equal(lmc_kv_blend_plan_size(&t.in, &bytes, err, sizeof err), 0);
+    assert_int_equal(bytes, 0);
+    if (lmc_kv_blend_plan_build(&t.in, NULL, 0, &t.p, err, sizeof err) != 0)
+        fail_msg("refused: %s", err);
+    assert_int_equal(t.p.n_waves + t.p.n_pos + t.p.n_staging + t.p.n_scatters, 0);
+}
+
 static void expect_plan_refused(toy *t, const char *needle)
 {
     char err[256] = "";
@@ -535,6 +550,7 @@ int main(void)
         cmocka_unit_test(test_plan_runs_and_waves),
         cmocka_unit_test(test_plan_double_buffering),
         cmocka_unit_test(test_plan_groups_and_nope),
+        cmocka_unit_test(test_plan_empty),
         cmocka_unit_test(test_plan_refusals),
         cmocka_unit_test(test_execute_f32),
         cmocka_unit_test(test_execute_bf16_f16),
