@@ -84,8 +84,9 @@ typedef struct lmc_kv_blend_plan {
 int lmc_kv_blend_plan_size(const lmc_kv_blend_input *in, uint64_t *bytes, char *err,
                            size_t errlen);
 
-/* Lays the plan out in `mem` (at least the size's bytes, 8-byte aligned);
- * *out's tables point into it.  0, or -1 refused (as _size). */
+/* Lays the plan out in `mem` (at least the size's bytes, 8-byte aligned;
+ * none for an empty plan, whose tables stay NULL); *out's tables point
+ * into it.  0, or -1 refused (as _size). */
 int lmc_kv_blend_plan_build(const lmc_kv_blend_input *in, void *mem, uint64_t mem_bytes,
                             lmc_kv_blend_plan *out, char *err, size_t errlen);
 
