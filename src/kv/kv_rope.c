@@ -335,6 +335,7 @@ ROTATE_ROW(rotate_f16, uint16_t, f16_to_float, float_to_f16)
 ROTATE_ROW(rotate_bf16, uint16_t, bf16_to_float, float_to_bf16)
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 
 /* Eight pairs at a time with AVX2 and F16C: the same products and sums in
@@ -414,9 +415,13 @@ VEC static uint32_t rotate_gptj_vec(lmc_kv_rope_dtype d, uint8_t *out, const uin
     return n;
 }
 
+/* F16C from CPUID leaf 1 itself: clang before 15 does not know the
+ * "f16c" name of __builtin_cpu_supports. */
 static bool have_vec(void)
 {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    unsigned a, b, c, d;
+    bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    return f16c && __builtin_cpu_supports("avx2");
 }
 #else
 static bool have_vec(void)
