@@ -51,6 +51,9 @@ static int get_ranged(const msgpack_object *o, int64_t lo, int64_t hi, const cha
                       int64_t *out, char *err, size_t errlen)
 {
     int64_t v;
+    if (o && o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 > INT64_MAX)
+        return fail(err, errlen, "%s: %llu outside %lld..%lld", what,
+                    (unsigned long long)o->via.u64, (long long)lo, (long long)hi);
     if (!o || o->type == MSGPACK_OBJECT_BOOLEAN || !lmc_mp_get_int(o, &v))
         return fail(err, errlen, "%s: not an int", what);
     if (v < lo || v > hi)

@@ -380,6 +380,11 @@ static void test_unregister_rope(void **state)
     REFUSED(lmc_blend_decode_unregister_rope(done(&fr), 1, &id, err_, sizeof err_),
             "instance_id: -9 outside 0..");
     release(&fr);
+    /* Above int64: out of range, not "not an int". */
+    msgpack_pack_uint64(next(&fr), UINT64_MAX);
+    REFUSED(lmc_blend_decode_unregister_rope(done(&fr), 1, &id, err_, sizeof err_),
+            "instance_id: 18446744073709551615 outside 0..9223372036854775807");
+    release(&fr);
 }
 
 /* ---- unified lookup ----------------------------------------------------- */
