@@ -518,7 +518,49 @@ def trace_frames():
                                                          "v": {"chunk_hash": b"x" * 33}}]))
 
 
+def blend_wire():
+    """fuzz_blend_wire: byte 0 picks the RPC (% 5: handshake, register_rope,
+    unregister_rope, unified_lookup, retrieve_pre_computed), then the payload
+    frames, one msgpack value each (docs/cacheblend.md "Blend RPCs on the
+    wire")."""
+    def frames(op, *payload):
+        return bytes([op]) + b"".join(msgpack.packb(p) for p in payload)
+
+    def cache(rows, rot):  # a cos/sin cache as lmcache >= 0.5.6 describes it
+        desc = {"type": "cuda_raw", "version": 1,
+                "metadata": {"dtype": "float32", "shape": [rows, rot], "stride": [rot, 1],
+                             "storage_offset": 0, "device_uuid": "GPU-0"},
+                "ipc_handle": b"\x11" * 64, "alloc_offset": 0, "nbytes": rows * rot * 4}
+        return msgpack.ExtType(1, msgpack.packb(desc))
+
+    def match(old, cur, h=b"\xab" * 32, **extra):
+        return {"old_st": old, "old_ed": old + CHUNK, "cur_st": cur, "cur_ed": cur + CHUNK,
+                "hash": h, **extra}
+
+    toks = [(i * 7919) % 128000 for i in range(4 * CHUNK)]
+    write("blend_wire", "handshake_v1", frames(0, 1))
+    write("blend_wire", "handshake_v2", frames(0, 2))
+    write("blend_wire", "register_rope_dual", frames(
+        1, 3, [cache(4096, 128), cache(8192, 64)], 128, True, [0, 1, -1],
+        [[512, 64], [], [0, 128]]))
+    write("blend_wire", "register_rope_legacy4", frames(1, 3, [cache(2048, 64)], 64, False))
+    write("blend_wire", "register_rope_single_handle", frames(1, 0, cache(16, 2), 2, True, []))
+    write("blend_wire", "register_rope_bad_group", frames(1, 3, [cache(16, 4)], 4, True, [1]))
+    write("blend_wire", "unregister_rope", frames(2, 3))
+    write("blend_wire", "unified_lookup", frames(3, key(toks, 0, 4 * CHUNK, readers=2), 2))
+    write("blend_wire", "unified_lookup_no_tp", frames(3, key(toks, 0, 2 * CHUNK)))
+    ret = key(toks, 0, 4 * CHUNK, worker_id=1)
+    write("blend_wire", "retrieve", frames(
+        4, ret, [match(32, 0, predecessor_hash=None), match(48, 16, predecessor_hash=b"\1" * 32)],
+        [[5, 6, 7], []], 3, b"\xee" * 64))
+    write("blend_wire", "retrieve_cpu", frames(4, ret, [match(0, 0)], [[1]], 0, b""))
+    write("blend_wire", "retrieve_bad_chunk", frames(
+        4, ret, [{**match(0, 16), "old_ed": 17}], [[1]], 0, b""))
+    write("blend_wire", "retrieve_flat_blocks", frames(4, ret, [], [1, 2], 0, b""))
+
+
 if __name__ == "__main__":
+    blend_wire()
     trace_frames()
     p2p_wire()
     coord_events()
