@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "core/fnv.h"
+#include "core/mix.h"
 #include "obs/event_pairs.h"
 #include "obs/events.h"
 #include "obs/json_dump.h"
@@ -23,15 +24,6 @@ struct lmc_span_recorder {
     lmc_event_pairs pairs;   /* drain thread only */
 };
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 lmc_span_recorder *lmc_span_recorder_new(size_t max_pending)
 {
     lmc_span_recorder *r = calloc(1, sizeof *r);
@@ -42,7 +34,7 @@ lmc_span_recorder *lmc_span_recorder_new(size_t max_pending)
     uint64_t seed[2] = {0, 0};
     if (getrandom(seed, sizeof seed, 0) != (ssize_t)sizeof seed) {
         seed[0] = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)r;
-        seed[1] = mix64(seed[0]);
+        seed[1] = lmc_core_mix64(seed[0]);
     }
     r->rng = seed[0] | 1;
     r->trace_salt = seed[1];
@@ -106,9 +98,9 @@ static json_t *make_span(lmc_span_recorder *r, const char *name, const lmc_event
 {
     uint64_t h = lmc_fnv1a64_str(LMC_FNV1A64_OFFSET_BASIS ^ r->trace_salt, ev->session_id);
     char trace[33], span[17], t0[32], t1[32];
-    hex64(trace, mix64(h));
-    hex64(trace + 16, mix64(h ^ r->trace_salt));
-    r->rng = mix64(r->rng + 0x9e3779b97f4a7c15ULL);
+    hex64(trace, lmc_core_mix64(h));
+    hex64(trace + 16, lmc_core_mix64(h ^ r->trace_salt));
+    r->rng = lmc_core_mix64(r->rng + 0x9e3779b97f4a7c15ULL);
     hex64(span, r->rng ? r->rng : 1);
     unix_nanos(t0, sizeof t0, start);
     unix_nanos(t1, sizeof t1, ev->timestamp);

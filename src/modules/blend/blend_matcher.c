@@ -11,6 +11,7 @@
 #include "core/checked.h"
 #include "core/errbuf.h"
 #include "core/fnv.h"
+#include "core/mix.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -82,17 +83,6 @@ int lmc_blend_rolling(const uint64_t *tokens, size_t n, size_t k, uint64_t *out)
     return LMC_BLEND_OK;
 }
 
-/* Final mix of splitmix64, so that the namespace changes the low bits the
- * table slot is taken from. */
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 static uint64_t ns_digest(const lmc_blend_ns *ns)
 {
     uint64_t h = lmc_fnv1a64_str(LMC_FNV1A64_OFFSET_BASIS, ns->model_name);
@@ -100,7 +90,7 @@ static uint64_t ns_digest(const lmc_blend_ns *ns)
     h = lmc_fnv1a64_str(h, ns->cache_salt ? ns->cache_salt : "");
     h = lmc_fnv1a64(h, "", 1);
     h = lmc_fnv1a64(h, &ns->world_size, sizeof ns->world_size);
-    return mix(h);
+    return lmc_core_mix64(h);
 }
 
 static bool ns_ok(const lmc_blend_ns *ns)
@@ -180,7 +170,7 @@ void lmc_blend_matcher_free(lmc_blend_matcher *m)
 
 static size_t bucket_of(const lmc_blend_matcher *m, uint64_t ns, const uint8_t *hash)
 {
-    return mix(lmc_fnv1a64(ns, hash, m->hash_len)) & m->bucket_mask;
+    return lmc_core_mix64(lmc_fnv1a64(ns, hash, m->hash_len)) & m->bucket_mask;
 }
 
 /* id + 1 of the live entry of (ns, hash), 0 if none. */
@@ -263,7 +253,7 @@ static void set_free(u64set *s)
 
 static size_t set_pos(const u64set *s, uint64_t k)
 {
-    size_t i = mix(k) & s->mask;
+    size_t i = lmc_core_mix64(k) & s->mask;
     while (s->used[i] && s->key[i] != k)
         i = (i + 1) & s->mask;
     return i;
