@@ -566,9 +566,11 @@ static void put_token(const scatter_state *st, const lmc_kv_rope_match *m, uint3
 }
 
 /* Tokens tok0..tok0+n-1 of plane kv, layer l of match m, all in one
- * block, to a head-strided slot layout (HND): head by head, so that each
- * head's slots are written as one run in order rather than one short
- * piece per token and head (docs/cacheblend.md, "Benchmark"). */
+ * block, to a head-strided slot layout (HND), with streaming stores
+ * (docs/cacheblend.md, "How the CPU path writes").  Copies go head by
+ * head, each head's slots one run in order; rotations token by token,
+ * which measured faster: a token's cos/sin row stays at hand for all its
+ * heads.  Offsets are linear in slot and head within a block. */
 static void put_span(const scatter_state *st, const lmc_kv_rope_match *m, uint32_t kv,
                      uint32_t l, uint32_t tok0, uint32_t n, bool rotate)
 {
@@ -580,23 +582,21 @@ static void put_span(const scatter_state *st, const lmc_kv_rope_match *m, uint32
     uint32_t s = 0;
     lmc_kv_rope_slot(st->t->blocks, st->t->n_blocks, g->bs, m->cur_st + tok0, &b, &s);
     uint32_t layer = lmc_kv_format_cross_layer(g->format) ? l : 0;
-    uint8_t *tensor = st->t->bases[lmc_kv_rope_tensor(g, kv, l)];
-    uint64_t step = g->bs > 1 ? (lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, 1, 0, 0) -
-                                 lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, 0, 0, 0)) * es
-                              : 0;
-    const uint8_t *src0 = m->entry + lmc_kv_object_offset(g, k->slots, kv, l, tok0, 0, 0) * es;
+    uint64_t at = lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, 0, 0, 0);
+    uint64_t slot_step = (lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, 1, 0, 0) - at) * es;
+    uint64_t head_step = (lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, 0, 1, 0) - at) * es;
+    uint8_t *dst = st->t->bases[lmc_kv_rope_tensor(g, kv, l)] + at * es + s * slot_step;
+    const uint8_t *src = m->entry + lmc_kv_object_offset(g, k->slots, kv, l, tok0, 0, 0) * es;
     size_t e = st->one.rot_dim / 2;
-    for (uint32_t h = 0; h < g->nh; h++) {
-        uint8_t *dst = tensor + lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, s, h, 0) * es;
-        const uint8_t *src = src0 + h * hs_bytes;
-        for (uint32_t i = 0; i < n; i++, dst += step, src += row_bytes) {
-            if (rotate)
-                rotate_row(st->t->k_dtype, st->vec, dst, src, &st->one,
-                           st->cd + (tok0 + i) * e, st->sd + (tok0 + i) * e, true);
-            else
-                copy_run(st->vec, dst, src, hs_bytes);
-        }
-    }
+    for (uint32_t i = 0; rotate && i < n; i++)
+        for (uint32_t h = 0; h < g->nh; h++)
+            rotate_row(st->t->k_dtype, st->vec, dst + i * slot_step + h * head_step,
+                       src + i * row_bytes + h * hs_bytes, &st->one,
+                       st->cd + (tok0 + i) * e, st->sd + (tok0 + i) * e, true);
+    for (uint32_t h = 0; !rotate && h < g->nh; h++)
+        for (uint32_t i = 0; i < n; i++)
+            copy_run(st->vec, dst + i * slot_step + h * head_step,
+                     src + i * row_bytes + h * hs_bytes, hs_bytes);
 }
 
 static void scatter_match(scatter_state *st, const lmc_kv_rope_match *m)
