@@ -517,13 +517,16 @@ typedef struct scatter_state {
     bool vec;             /* AVX2 and F16C available */
     bool whole;           /* the rotation covers every element of a K row */
     bool by_head;         /* whole, head-strided slot, rotation heads = the format's:
-                           * each head rotated straight into place */
+                           * each head rotated straight into place (put_span) */
     lmc_kv_rope_geom one; /* the rotation of one head, for by_head */
     uint8_t *scratch;     /* one row, for rotating into a head-strided slot */
     float *cd, *sd;       /* delta_table's output */
 } scatter_state;
 
-/* Token `tok` of plane kv, layer l of match m, to its slot. */
+/* Token `tok` of plane kv, layer l of match m, to its slot: a slot that
+ * is one run (copies streamed; rotations not, which measured slower
+ * there), or a K row rotated through the scratch row and placed head by
+ * head. */
 static void put_token(const scatter_state *st, const lmc_kv_rope_match *m, uint32_t kv,
                       uint32_t l, uint32_t tok, bool rotate)
 {
@@ -539,14 +542,6 @@ static void put_token(const scatter_state *st, const lmc_kv_rope_match *m, uint3
     uint8_t *dst = tensor + lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, s, 0, 0) * es;
     uint8_t *row = st->contiguous ? dst : st->scratch;
     const uint8_t *from = src;   /* the row to place head by head */
-    if (rotate && st->by_head) {
-        size_t e = st->one.rot_dim / 2;
-        for (uint32_t h = 0; h < g->nh; h++)
-            rotate_row(st->t->k_dtype, st->vec,
-                       tensor + lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, s, h, 0) * es,
-                       src + h * hs_bytes, &st->one, st->cd + tok * e, st->sd + tok * e, false);
-        return;
-    }
     if (rotate) {
         bool whole = st->whole;   /* then every element is written rotated */
         size_t e = st->t->rope->rot_dim / 2;
@@ -556,7 +551,7 @@ static void put_token(const scatter_state *st, const lmc_kv_rope_match *m, uint3
                    st->cd + tok * e, st->sd + tok * e, false);
         from = row;
     } else if (st->contiguous) {
-        memcpy(dst, src, (size_t)(g->nh * hs_bytes));
+        copy_run(st->vec, dst, src, g->nh * hs_bytes);
     }
     if (st->contiguous)
         return;
