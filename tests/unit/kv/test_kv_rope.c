@@ -293,10 +293,10 @@ static void test_formats(void **state)
         }
 }
 
-/* HND slots are written head by head over each block's run of a match's
+/* HND slots are written block by block over each run of a match's
  * tokens: block sizes that the matches (starting at 3 and 5 x bs) cross
  * at odd offsets, both styles, full rotary (K rotated straight into each
- * head's run) and partial (K through a row, V still head by head). */
+ * head's slot) and partial (K through a row, V still head by head). */
 static void test_hnd_block_runs(void **state)
 {
     (void)state;
