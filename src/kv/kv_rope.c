@@ -353,8 +353,14 @@ VEC static inline __m256 vload(lmc_kv_rope_dtype d, const uint8_t *p)
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-VEC static inline void vstore(lmc_kv_rope_dtype d, uint8_t *p, __m256 v)
+/* nt: p is 16-byte aligned, store past the cache (see put_span). */
+VEC static inline void vstore(lmc_kv_rope_dtype d, uint8_t *p, __m256 v, bool nt)
 {
+    if (d == LMC_KV_ROPE_F32 && nt) {
+        _mm_stream_ps((float *)p, _mm256_castps256_ps128(v));
+        _mm_stream_ps((float *)p + 4, _mm256_extractf128_ps(v, 1));
+        return;
+    }
     if (d == LMC_KV_ROPE_F32) {
         _mm256_storeu_ps((float *)p, v);
         return;
@@ -371,26 +377,46 @@ VEC static inline void vstore(lmc_kv_rope_dtype d, uint8_t *p, __m256 v)
                                _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
         h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     }
-    _mm_storeu_si128((__m128i *)p, h);
+    if (nt)
+        _mm_stream_si128((__m128i *)p, h);
+    else
+        _mm_storeu_si128((__m128i *)p, h);
 }
 
 /* NeoX: a head's x run and y run, eight pairs a step. */
-VEC static uint32_t rotate_neox_vec(lmc_kv_rope_dtype d, uint8_t *out, const uint8_t *in,
-                                    const lmc_kv_rope_geom *r, const float *cd, const float *sd)
+VEC static inline __attribute__((always_inline)) uint32_t
+rotate_neox_body(lmc_kv_rope_dtype d, uint8_t *out, const uint8_t *in, const lmc_kv_rope_geom *r,
+                 const float *cd, const float *sd, bool stream)
 {
     uint32_t es = lmc_kv_rope_dtype_size(d), n = r->rot_dim / 2 / 8 * 8;
     for (uint32_t h = 0; h < r->n_heads; h++) {
         uint32_t x0, y0;
         lmc_kv_rope_pair(r, h, 0, &x0, &y0);
+        /* a step is 16 or 32 bytes: aligned at the start, aligned throughout */
+        bool nt = stream && (((uintptr_t)(out + (size_t)x0 * es) |
+                              (uintptr_t)(out + (size_t)y0 * es)) & 15) == 0;
         for (uint32_t i = 0; i < n; i += 8) {
             size_t ox = (size_t)(x0 + i) * es, oy = (size_t)(y0 + i) * es;
             __m256 x = vload(d, in + ox), y = vload(d, in + oy);
             __m256 c = _mm256_loadu_ps(cd + i), s = _mm256_loadu_ps(sd + i);
-            vstore(d, out + ox, _mm256_sub_ps(_mm256_mul_ps(x, c), _mm256_mul_ps(y, s)));
-            vstore(d, out + oy, _mm256_add_ps(_mm256_mul_ps(y, c), _mm256_mul_ps(x, s)));
+            vstore(d, out + ox, _mm256_sub_ps(_mm256_mul_ps(x, c), _mm256_mul_ps(y, s)), nt);
+            vstore(d, out + oy, _mm256_add_ps(_mm256_mul_ps(y, c), _mm256_mul_ps(x, s)), nt);
         }
     }
     return n;
+}
+
+/* One copy of the loop per element type, so that no conversion choice is
+ * left inside it. */
+VEC static uint32_t rotate_neox_vec(lmc_kv_rope_dtype d, uint8_t *out, const uint8_t *in,
+                                    const lmc_kv_rope_geom *r, const float *cd, const float *sd,
+                                    bool stream)
+{
+    if (d == LMC_KV_ROPE_BF16)
+        return rotate_neox_body(LMC_KV_ROPE_BF16, out, in, r, cd, sd, stream);
+    if (d == LMC_KV_ROPE_F16)
+        return rotate_neox_body(LMC_KV_ROPE_F16, out, in, r, cd, sd, stream);
+    return rotate_neox_body(LMC_KV_ROPE_F32, out, in, r, cd, sd, stream);
 }
 
 /* GPT-J: four adjacent pairs a step; x' = x c + y (-s), y' = y c + x s. */
@@ -409,10 +435,30 @@ VEC static uint32_t rotate_gptj_vec(lmc_kv_rope_dtype d, uint8_t *out, const uin
             __m256 c = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(cd + i)), dup);
             __m256 s = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(sd + i)), dup);
             __m256 ys = _mm256_mul_ps(sw, _mm256_mul_ps(s, sign));
-            vstore(d, out + o, _mm256_add_ps(_mm256_mul_ps(v, c), ys));
+            vstore(d, out + o, _mm256_add_ps(_mm256_mul_ps(v, c), ys), false);
         }
     }
     return n;
+}
+
+/* A run written past the cache when dst is 16-byte aligned and n a
+ * multiple of 16: the scattered KV is not read back here, and a store
+ * that skips the cache need not read the line first (see put_span). */
+static void copy_run(bool vec, uint8_t *dst, const uint8_t *src, uint64_t n)
+{
+    if (!vec || n % 16 || ((uintptr_t)dst & 15)) {
+        memcpy(dst, src, (size_t)n);
+        return;
+    }
+    for (uint64_t i = 0; i < n; i += 16)
+        _mm_stream_si128((__m128i *)(dst + i), _mm_loadu_si128((const __m128i *)(src + i)));
+}
+
+/* Makes the streaming stores visible before the caller hands the tensors
+ * on. */
+static void stream_fence(void)
+{
+    _mm_sfence();
 }
 
 /* F16C from CPUID leaf 1 itself: clang before 15 does not know the
@@ -428,20 +474,32 @@ static bool have_vec(void)
 {
     return false;
 }
+
+static void copy_run(bool vec, uint8_t *dst, const uint8_t *src, uint64_t n)
+{
+    (void)vec;
+    memcpy(dst, src, (size_t)n);
+}
+
+static void stream_fence(void)
+{
+}
 #endif
 
 /* The vector path for the leading pairs where it runs, the scalar loop
  * for the rest. */
 static void rotate_row(lmc_kv_rope_dtype d, bool vec, uint8_t *out, const uint8_t *in,
-                       const lmc_kv_rope_geom *r, const float *cd, const float *sd)
+                       const lmc_kv_rope_geom *r, const float *cd, const float *sd,
+                       bool stream)
 {
     uint32_t from = 0;
 #if defined(__x86_64__)
     if (vec)
-        from = r->is_neox ? rotate_neox_vec(d, out, in, r, cd, sd)
+        from = r->is_neox ? rotate_neox_vec(d, out, in, r, cd, sd, stream)
                           : rotate_gptj_vec(d, out, in, r, cd, sd);
 #else
     (void)vec;
+    (void)stream;
 #endif
     if (from == r->rot_dim / 2)
         return;
@@ -459,13 +517,16 @@ typedef struct scatter_state {
     bool vec;             /* AVX2 and F16C available */
     bool whole;           /* the rotation covers every element of a K row */
     bool by_head;         /* whole, head-strided slot, rotation heads = the format's:
-                           * each head rotated straight into place */
+                           * each head rotated straight into place (put_span) */
     lmc_kv_rope_geom one; /* the rotation of one head, for by_head */
     uint8_t *scratch;     /* one row, for rotating into a head-strided slot */
     float *cd, *sd;       /* delta_table's output */
 } scatter_state;
 
-/* Token `tok` of plane kv, layer l of match m, to its slot. */
+/* Token `tok` of plane kv, layer l of match m, to its slot: a slot that
+ * is one run (copies streamed; rotations not, which measured slower
+ * there), or a K row rotated through the scratch row and placed head by
+ * head. */
 static void put_token(const scatter_state *st, const lmc_kv_rope_match *m, uint32_t kv,
                       uint32_t l, uint32_t tok, bool rotate)
 {
@@ -481,30 +542,56 @@ static void put_token(const scatter_state *st, const lmc_kv_rope_match *m, uint3
     uint8_t *dst = tensor + lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, s, 0, 0) * es;
     uint8_t *row = st->contiguous ? dst : st->scratch;
     const uint8_t *from = src;   /* the row to place head by head */
-    if (rotate && st->by_head) {
-        size_t e = st->one.rot_dim / 2;
-        for (uint32_t h = 0; h < g->nh; h++)
-            rotate_row(st->t->k_dtype, st->vec,
-                       tensor + lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, s, h, 0) * es,
-                       src + h * hs_bytes, &st->one, st->cd + tok * e, st->sd + tok * e);
-        return;
-    }
     if (rotate) {
         bool whole = st->whole;   /* then every element is written rotated */
         size_t e = st->t->rope->rot_dim / 2;
         if (!whole)
             memcpy(row, src, (size_t)(g->nh * hs_bytes));
         rotate_row(st->t->k_dtype, st->vec, row, whole ? src : row, st->t->rope,
-                   st->cd + tok * e, st->sd + tok * e);
+                   st->cd + tok * e, st->sd + tok * e, false);
         from = row;
     } else if (st->contiguous) {
-        memcpy(dst, src, (size_t)(g->nh * hs_bytes));
+        copy_run(st->vec, dst, src, g->nh * hs_bytes);
     }
     if (st->contiguous)
         return;
     for (uint32_t h = 0; h < g->nh; h++)
         memcpy(tensor + lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, s, h, 0) * es,
                from + h * hs_bytes, (size_t)hs_bytes);
+}
+
+/* Tokens tok0..tok0+n-1 of plane kv, layer l of match m, all in one
+ * block, to a head-strided slot layout (HND), with streaming stores
+ * (docs/cacheblend.md, "How the CPU path writes").  Copies go head by
+ * head, each head's slots one run in order; rotations token by token,
+ * which measured faster: a token's cos/sin row stays at hand for all its
+ * heads.  Offsets are linear in slot and head within a block. */
+static void put_span(const scatter_state *st, const lmc_kv_rope_match *m, uint32_t kv,
+                     uint32_t l, uint32_t tok0, uint32_t n, bool rotate)
+{
+    const lmc_kv_kernel_group *k = st->t->g;
+    const lmc_kv_geometry *g = &k->geo;
+    uint64_t es = g->element_size, hs_bytes = (uint64_t)g->hs * es;
+    uint64_t row_bytes = (uint64_t)g->nh * hs_bytes;
+    int64_t b = 0;
+    uint32_t s = 0;
+    lmc_kv_rope_slot(st->t->blocks, st->t->n_blocks, g->bs, m->cur_st + tok0, &b, &s);
+    uint32_t layer = lmc_kv_format_cross_layer(g->format) ? l : 0;
+    uint64_t at = lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, 0, 0, 0);
+    uint64_t slot_step = (lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, 1, 0, 0) - at) * es;
+    uint64_t head_step = (lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, 0, 1, 0) - at) * es;
+    uint8_t *dst = st->t->bases[lmc_kv_rope_tensor(g, kv, l)] + at * es + s * slot_step;
+    const uint8_t *src = m->entry + lmc_kv_object_offset(g, k->slots, kv, l, tok0, 0, 0) * es;
+    size_t e = st->one.rot_dim / 2;
+    for (uint32_t i = 0; rotate && i < n; i++)
+        for (uint32_t h = 0; h < g->nh; h++)
+            rotate_row(st->t->k_dtype, st->vec, dst + i * slot_step + h * head_step,
+                       src + i * row_bytes + h * hs_bytes, &st->one,
+                       st->cd + (tok0 + i) * e, st->sd + (tok0 + i) * e, true);
+    for (uint32_t h = 0; !rotate && h < g->nh; h++)
+        for (uint32_t i = 0; i < n; i++)
+            copy_run(st->vec, dst + i * slot_step + h * head_step,
+                     src + i * row_bytes + h * hs_bytes, hs_bytes);
 }
 
 static void scatter_match(scatter_state *st, const lmc_kv_rope_match *m)
@@ -514,9 +601,19 @@ static void scatter_match(scatter_state *st, const lmc_kv_rope_match *m)
     if (rotate)
         delta_table(st->t->cache, m, st->cd, st->sd);
     for (uint32_t kv = 0; kv < g->kv_size; kv++)
-        for (uint32_t l = 0; l < g->nl; l++)
-            for (uint32_t tok = 0; tok < m->n_tok; tok++)
-                put_token(st, m, kv, l, tok, rotate && kv == 0);
+        for (uint32_t l = 0; l < g->nl; l++) {
+            bool rot = rotate && kv == 0;
+            if (st->contiguous || (rot && !st->by_head)) {
+                for (uint32_t tok = 0; tok < m->n_tok; tok++)
+                    put_token(st, m, kv, l, tok, rot);
+                continue;
+            }
+            for (uint32_t tok = 0, n; tok < m->n_tok; tok += n) {
+                uint32_t s = (uint32_t)((m->cur_st + tok) % g->bs);
+                n = g->bs - s < m->n_tok - tok ? g->bs - s : m->n_tok - tok;
+                put_span(st, m, kv, l, tok, n, rot);
+            }
+        }
 }
 
 int lmc_kv_rope_check(const lmc_kv_rope_target *t, const lmc_kv_rope_match *m, size_t n,
@@ -555,7 +652,7 @@ int lmc_kv_rope_rotate_entry(const lmc_kv_rope_target *t, const lmc_kv_rope_matc
         for (uint32_t tok = 0; tok < k->slots; tok++) {
             uint8_t *row = entry + lmc_kv_object_offset(g, k->slots, 0, l, tok, 0, 0) *
                                        g->element_size;
-            rotate_row(t->k_dtype, vec, row, row, t->rope, cd + tok * e, sd + tok * e);
+            rotate_row(t->k_dtype, vec, row, row, t->rope, cd + tok * e, sd + tok * e, false);
         }
     free(cd);
     free(sd);
@@ -586,6 +683,7 @@ int lmc_kv_rope_scatter(const lmc_kv_rope_target *t, const lmc_kv_rope_match *m,
         refuse(err, errlen, "out of memory");
     for (size_t i = 0; rc == 0 && i < n; i++)
         scatter_match(&st, &m[i]);
+    stream_fence();
     free(st.scratch);
     free(st.cd);
     free(st.sd);

@@ -293,6 +293,25 @@ static void test_formats(void **state)
         }
 }
 
+/* HND slots are written block by block over each run of a match's
+ * tokens: block sizes that the matches (starting at 3 and 5 x bs) cross
+ * at odd offsets, both styles, full rotary (K rotated straight into each
+ * head's slot) and partial (K through a row, V still head by head). */
+static void test_hnd_block_runs(void **state)
+{
+    (void)state;
+    lmc_kv_format fm[] = {LMC_KV_NL_X_TWO_NB_NH_BS_HS, LMC_KV_NB_NL_TWO_NH_BS_HS};
+    uint32_t bss[] = {3, 5, 7}, rots[] = {32, 16};
+    for (size_t i = 0; i < 2; i++)
+        for (size_t b = 0; b < 3; b++)
+            for (size_t r = 0; r < 2; r++)
+                for (int neox = 0; neox < 2; neox++) {
+                    spec s = {fm[i], 2, 32, bss[b], 3, 32, 16, LMC_KV_ROPE_F16,
+                              LMC_KV_ROPE_F32, 32, rots[r], neox, false, 0, 0, false};
+                    run_spec(&s);
+                }
+}
+
 /* Fused K/V heads (hs = 2 x head_size): only each head's K half turns. */
 static void test_fused(void **state)
 {
@@ -583,6 +602,7 @@ int main(void)
         cmocka_unit_test(test_rotate_types_and_dims),
         cmocka_unit_test(test_cache_type_differs),
         cmocka_unit_test(test_formats),
+        cmocka_unit_test(test_hnd_block_runs),
         cmocka_unit_test(test_fused),
         cmocka_unit_test(test_mla_window),
         cmocka_unit_test(test_nope),
