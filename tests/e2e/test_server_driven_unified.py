@@ -19,6 +19,7 @@ from lmc.client import unpack
 from lmc.keys import ipc_key
 from lmc.ops import NOOP, REGISTER_KV_CACHE, RETRIEVE, STORE, UNREGISTER_KV_CACHE
 from paged_kv import Tensor
+from test_server_driven import status
 import wrappers  # noqa: E402  (on sys.path through paged_kv)
 
 ZEROS = b"\0" * 64
@@ -147,10 +148,14 @@ def model(kind, tag):
     return groups, store, load, [((0, 1, 2), 4), ((2,), 2), ((2,), 1)]
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("kind", ["attention", "mla", "hybrid"])
-def test_unified_round_trips_byte_for_byte(start_server, kind, world):
-    s = start_server("--chunk-size", str(CS))
+def test_unified_round_trips_byte_for_byte(start_server, kind, world, split):
+    """`split`: two copy workers take pieces of every copy (docs/protocol.md,
+    "One request across the copy workers")."""
+    s = start_server("--chunk-size", str(CS),
+                     *(("--max-gpu-workers", "2", "--copy-split-bytes", "1") if split else ()))
     ranks = []
     for r in range(world):
         groups, store, load, writes = model(kind, f"{kind}{r}")
@@ -170,6 +175,8 @@ def test_unified_round_trips_byte_for_byte(start_server, kind, world):
             for c in chunks:
                 assert g.object_bytes(dst[c]) == g.object_bytes(src[c]), (kind, c)
             assert_only_written(g, old, {b for ids in dst.values() for b in ids})
+    splits = status(s)["modules"]["lmcache_driven_transfer"]["split_copies"]
+    assert (splits >= 2 * world) if split else splits == 0, splits
     for w, *_ in ranks:
         w.close()
 
