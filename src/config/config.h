@@ -41,6 +41,8 @@ typedef struct {
     int copy_split_bytes;            /* --copy-split-bytes, 1 MiB; 0 never splits */
     int layerwise_batch;             /* --layerwise-batch, env LMCACHE_MP_LAYERWISE_BATCH, 0 */
     bool enable_segmented_prefix;    /* --enable-segmented-prefix, false */
+    bool enable_dedup_content;       /* --enable-dedup-content, false (blend) */
+    int blend_max_chunks;            /* --blend-max-chunks, 2^20 (lmcached) */
     char *shm_name;                  /* --shm-name, nullable (NULL = auto) */
     lmc_strlist script_allowed_imports; /* --script-allowed-imports (nargs *) */
     double worker_reap_timeout_seconds;       /* 120.0 */

@@ -18,18 +18,11 @@ typedef struct {
     const char *help; /* what --help says instead of the upstream text */
 } unbuilt_feature;
 
-static bool wants_blend(const lmc_config *c) { return strcmp(c->mp.engine_type, "default") != 0; }
-static bool wants_segmented(const lmc_config *c) { return c->mp.enable_segmented_prefix; }
 static bool wants_scripts(const lmc_config *c) { return c->mp.script_allowed_imports.count > 0; }
 static bool wants_extra_logging(const lmc_config *c) { return c->obs.enable_extra_logging; }
 
 #define REFUSED "Not built into this version: any value but the default is refused at start."
 static const unbuilt_feature unbuilt[] = {
-    {"--engine-type", wants_blend, "CacheBlend engines are not built into this version",
-     "Only 'default' is built into this version; 'blend' and 'blend_legacy' (CacheBlend) "
-     "are refused at start."},
-    {"--enable-segmented-prefix", wants_segmented,
-     "segmented prefix matching is not built into this version", REFUSED},
     {"--script-allowed-imports", wants_scripts,
      "lmcached serves no /run_script route (docs/http.md), so there is nothing to import into",
      "lmcached serves no /run_script route: any value is refused at start."},

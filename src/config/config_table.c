@@ -63,7 +63,8 @@ static const lmc_config_flag flags[] = {
      .help = "MiB for the memo of chunk hashes shared by all requests (0 = off)."},
     {.name = "engine-type", .group = LMC_FG_MP, .kind = LMC_FK_STR, AT(mp.engine_type),
      .def = "default", .choices = engine_choices, .json_name = "engine_type",
-     .help = "Cache engine type."},
+     .help = "Cache engine type: 'blend' serves CacheBlend (docs/cacheblend.md); "
+             "'blend_legacy' serves as 'default' (its ops have no wire ids)."},
     {.name = "supported-transfer-mode", .group = LMC_FG_MP, .kind = LMC_FK_STR,
      AT(mp.supported_transfer_mode), .def = "auto", .choices = mode_choices,
      .json_name = "supported_transfer_mode",
@@ -90,7 +91,18 @@ static const lmc_config_flag flags[] = {
              "'hint' as the registration's kv_layout says."},
     {.name = "enable-segmented-prefix", .group = LMC_FG_MP, .kind = LMC_FK_TRUE,
      AT(mp.enable_segmented_prefix), .def = "false", .json_name = "enable_segmented_prefix",
-     .help = "Enable segmented prefix matching."},
+     .help = "CacheBlend (--engine-type blend only): prefix chunks after a gap come "
+             "back as segmented_prefix_segments."},
+    {.name = "enable-dedup-content", .group = LMC_FG_MP, .kind = LMC_FK_TRUE,
+     AT(mp.enable_dedup_content), .def = "false", .json_name = "enable_dedup_content",
+     .help = "CacheBlend: register the same chunk text stored after different prefixes "
+             "once (the first copy wins)."},
+    {.name = "blend-max-chunks", .group = LMC_FG_MP, .kind = LMC_FK_INT,
+     AT(mp.blend_max_chunks), .def = "1048576", .json_name = "blend_max_chunks",
+     .flags = LMC_FF_ADDITION,
+     .range = LMC_RANGE_CHECK | LMC_RANGE_HAS_MAX, .min = 1, .max = 1048576,
+     .help = "CacheBlend: chunks the fingerprint matcher holds at most (72 bytes each, "
+             "docs/cacheblend.md); registrations past it are refused and counted."},
     {.name = "shm-name", .group = LMC_FG_MP, .kind = LMC_FK_NSTR, AT(mp.shm_name),
      .def_doc = "None (lmcache_l1_pool_<pid>)", .json_name = "shm_name",
      .help = "POSIX SHM name of the L1 pool; \"\" disables SHM."},

@@ -100,6 +100,15 @@ static int check_engine_mode(const lmc_config *cfg, lmc_cfg_err *e)
         strcmp(cfg->mp.supported_transfer_mode, "engine_driven") == 0)
         return lmc_cfg_fail(e, "--supported-transfer-mode: engine_driven is not supported "
                                "with --engine-type %s", cfg->mp.engine_type);
+    /* Segmented prefix is a policy of CB_UNIFIED_LOOKUP's prefix leg
+     * (docs/cacheblend.md, "Segmented prefix"): without the blend module
+     * it would be accepted and do nothing. */
+    if (cfg->mp.enable_segmented_prefix && strcmp(cfg->mp.engine_type, "blend") != 0)
+        return lmc_cfg_fail(e, "--enable-segmented-prefix: applies to --engine-type blend only "
+                               "(got --engine-type %s)", cfg->mp.engine_type);
+    if (cfg->mp.enable_dedup_content && strcmp(cfg->mp.engine_type, "blend") != 0)
+        return lmc_cfg_fail(e, "--enable-dedup-content: applies to --engine-type blend only "
+                               "(got --engine-type %s)", cfg->mp.engine_type);
     return 0;
 }
 

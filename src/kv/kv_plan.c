@@ -80,7 +80,8 @@ uint32_t lmc_kv_skip_blocks(const lmc_kv_kernel_group *g, uint64_t skip_tokens)
 }
 
 /* Block and window arithmetic of one group, checked as upstream checks it. */
-static int shape_group(lmc_kv_kernel_group *g, uint32_t cs, char *err, size_t errlen)
+static int shape_group(lmc_kv_kernel_group *g, uint32_t cs, bool full_sw_kv, char *err,
+                       size_t errlen)
 {
     uint32_t bs = g->geo.bs;
     int64_t tpb = g->tokens_per_block;
@@ -94,7 +95,7 @@ static int shape_group(lmc_kv_kernel_group *g, uint32_t cs, char *err, size_t er
     g->blocks_per_chunk = cs / (uint32_t)tpb;
     int64_t sw = g->sw_size_tokens;
     uint64_t window = cs;
-    if (sw > 0 && sw < cs) {
+    if (sw > 0 && sw < cs && !full_sw_kv) {
         if (sw % tpb != 0)
             return lmc_err(err, errlen, "kernel group of layer %u: a sliding window of %lld "
                                         "tokens must be a multiple of tokens_per_block %lld",
@@ -153,7 +154,7 @@ static int make_group(const lmc_shared_tensor *tensors, const draft *d,
                                     "sw_size_tokens %lld exclude each other (state has no "
                                     "sliding window; send -1)", g->tensors[0],
                        (long long)g->sw_size_tokens);
-    return shape_group(g, o->chunk_size, err, errlen);
+    return shape_group(g, o->chunk_size, o->full_sw_kv, err, errlen);
 }
 
 /* Without infos: every layer, split by tensor kind, in order of first layer. */

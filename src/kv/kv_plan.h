@@ -48,6 +48,8 @@ typedef struct lmc_kv_plan_options {
     lmc_kv_hints hints;           /* what the SGLang and TRT-LLM detectors read */
     uint32_t chunk_size;
     bool separate_object_groups;
+    bool full_sw_kv;              /* every slot of a window group's chunk is stored
+                                   * (CacheBlend writes a chunk at any position) */
     const lmc_engine_group_info *infos;   /* NULL / 0: one group, every layer */
     size_t n_infos;
 } lmc_kv_plan_options;

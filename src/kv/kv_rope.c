@@ -194,6 +194,9 @@ int lmc_kv_rope_geometry(const lmc_kv_geometry *g, uint32_t head_size, bool is_n
     if (head_size == 0 || hidden % per_head)
         return refuse(err, errlen, "head_size %u does not divide the row of %llu elements%s",
                       head_size, (unsigned long long)hidden, fused ? " (fused K/V)" : "");
+    if (has_window && win_width > head_size)
+        return refuse(err, errlen, "group_rot: a window of %u elements passes the head of %u "
+                      "(the row's rotation window)", win_width, head_size);
     if (cache_rot_dim > head_size || (has_window && cache_rot_dim > win_width))
         return refuse(err, errlen, "cos_sin_cache: rot_dim %u exceeds head_size %u",
                       cache_rot_dim, has_window ? win_width : head_size);

@@ -24,6 +24,12 @@ typedef struct lmc_module_ctx {
     lmc_layout_registry *layouts;   /* (model, world_size) -> object layout */
     lmc_sessions *sessions;         /* per request id: hash chain, lookup locks */
     lmc_kv_events *kv_events;       /* NULL with --kv-event-log-size 0 (docs/kv_events.md) */
+    /* Modules that later modules build on, set by each at its creation
+     * (NULL when the configuration leaves it out): the lookup module's
+     * state (modules/lookup/lookup.h) and the server-driven transfer's
+     * (the blend module reads its registrations). */
+    void *lookup;
+    void *server_driven;
 } lmc_module_ctx;
 
 #endif

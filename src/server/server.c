@@ -10,6 +10,7 @@
 
 #include "modules/kv_events.h"
 #include "modules/module.h"
+#include "modules/blend/serve/blend_serve.h"
 #include "modules/p2p/p2p_serve.h"
 #include "obs/log.h"
 #include "rpc/rpc.h"
@@ -32,6 +33,7 @@ static const lmc_module_def *const all_modules[] = {
     &lmc_engine_driven_module,
     &lmc_server_driven_module,
     &lmc_p2p_serve_module,   /* always served, bounded (docs/p2p.md) */
+    &lmc_blend_serve_module, /* --engine-type blend, over the server-driven transfer */
 };
 #define N_MODULES (sizeof all_modules / sizeof all_modules[0])
 
@@ -47,6 +49,10 @@ static bool module_enabled(const lmc_module_def *def, const lmc_config *cfg)
         return strcmp(cfg->mp.supported_transfer_mode, "lmcache_driven") != 0;
     if (def == &lmc_server_driven_module)
         return strcmp(cfg->mp.supported_transfer_mode, "engine_driven") != 0;
+    /* blend_legacy's ops have no wire ids (docs/compatibility.md): it
+     * serves as the default engine, which main() says at start. */
+    if (def == &lmc_blend_serve_module)
+        return strcmp(cfg->mp.engine_type, "blend") == 0;
     return true;
 }
 
@@ -125,6 +131,10 @@ static int create_services(lmc_server *s, char *err, size_t errlen)
 
 static int create_modules(lmc_server *s, char *err, size_t errlen)
 {
+    if (strcmp(s->cfg->mp.engine_type, "blend_legacy") == 0)
+        LMC_WARN("--engine-type blend_legacy: the legacy CacheBlend ops have no wire ids, so no "
+                 "current client can reach them; serving as --engine-type default (prefix "
+                 "caching only; docs/cacheblend.md, \"blend_legacy\")");
     for (size_t i = 0; i < N_MODULES; i++) {
         const lmc_module_def *def = all_modules[i];
         if (!module_enabled(def, s->cfg))
@@ -305,6 +315,10 @@ void lmc_server_free(lmc_server *s)
     for (size_t i = s->n_modules; i-- > 0;)
         s->modules[i].def->close(s->modules[i].state);
     lmc_rpc_server_free(s->rpc);
+    /* Before the storage: a session's module state may give leases back
+     * (CacheBlend's stash, docs/cacheblend.md). */
+    lmc_sessions_free(s->ctx.sessions);
+    s->ctx.sessions = NULL;
     if (s->ctx.storage)
         lmc_storage_manager_close(s->ctx.storage);
     lmc_fleet_free(s->fleet); /* its listeners heard the storage until it closed */
@@ -312,7 +326,6 @@ void lmc_server_free(lmc_server *s)
     lmc_storage_trace_close(s->trace);    /* and the trace recorder: flushed here */
     lmc_event_bus_free(s->ctx.events);
     lmc_server_free_metrics(s); /* after the bus: its subscriber points here */
-    lmc_sessions_free(s->ctx.sessions);
     lmc_layout_registry_free(s->ctx.layouts);
     lmc_token_hasher_free((lmc_token_hasher *)s->ctx.hasher);
     lmc_key_interner_free(s->ctx.interner);

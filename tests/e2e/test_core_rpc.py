@@ -312,12 +312,14 @@ def test_bad_flags_exit_2_with_a_message_naming_the_flag():
          "--supported-transfer-mode"),
         (["--hash-algorithm", "builtin"], "--hash-algorithm"),
         (["--no-such-flag"], "--no-such-flag"),
-        # Parsed as upstream does, then refused: the feature is not built
-        # (docs/configuration.md, "Flags refused by this version").
-        (["--engine-type", "blend"], "--engine-type"),
         # The coordinator is only used with the HTTP frontend (docs/fleet.md).
         (["--coordinator-url", "http://127.0.0.1:9", "--no-http"], "--coordinator-url"),
+        # Blend-only flags without blend (docs/cacheblend.md).
         (["--enable-segmented-prefix"], "--enable-segmented-prefix"),
+        (["--enable-dedup-content"], "--enable-dedup-content"),
+        (["--engine-type", "blend", "--blend-max-chunks", "0"], "--blend-max-chunks"),
+        # Parsed as upstream does, then refused: the feature is not built
+        # (docs/configuration.md, "Flags refused by this version").
         (["--script-allowed-imports", "os"], "--script-allowed-imports"),
         (["--enable-extra-logging"], "--enable-extra-logging"),
     ]
@@ -337,7 +339,7 @@ def test_refused_flags_say_so_in_the_flag_tables():
     before, rest = doc.split("## Flags refused by this version", 1)
     section, after = rest.split("\n## ", 1)
     refused = set(re.findall(r"`(--[a-z0-9-]+)", section.split("`--help` says", 1)[0]))
-    assert {"--engine-type", "--enable-segmented-prefix"} <= refused
+    assert {"--script-allowed-imports", "--enable-extra-logging"} <= refused
     tables = (before + after).splitlines()
     for flag in sorted(refused):
         rows = [line for line in tables if line.startswith(f"| `{flag}` |")]

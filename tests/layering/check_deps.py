@@ -31,6 +31,9 @@ SHARED_PRIVATE = {
     "storage/key_table.h": {"storage_l2"},
     "storage/eviction_policy.h": {"storage_l2"},
     "storage/storage_tier.h": {"storage_l2"},
+    # CacheBlend reads the server-driven registrations it retrieves into
+    # (docs/cacheblend.md, "The blend module").
+    "modules/transfer/server/server_internal.h": {"blend_serve"},
 }
 # Header -> the one file under src/ that may include it (its definer): the
 # hooks of the tests, so that no server code path depends on them.

@@ -407,7 +407,7 @@ int lmc_blend_matcher_register(lmc_blend_matcher *m, const lmc_blend_ns *ns,
 /* ---- matching ---- */
 
 typedef struct {
-    lmc_blend_match *v;
+    lmc_blend_candidate *v;
     size_t n, cap;
 } match_list;
 
@@ -415,13 +415,13 @@ static int push_match(match_list *l, const struct entry *e, size_t hash_len, uin
 {
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 16;
-        lmc_blend_match *v = realloc(l->v, cap * sizeof *v); /* cap <= 2 * max_chunks */
+        lmc_blend_candidate *v = realloc(l->v, cap * sizeof *v); /* cap <= 2 * max_chunks */
         if (!v)
             return -1;
         l->v = v;
         l->cap = cap;
     }
-    lmc_blend_match *r = &l->v[l->n++];
+    lmc_blend_candidate *r = &l->v[l->n++];
     memset(r, 0, sizeof *r);
     r->old_st = e->old_st;
     r->cur_st = cur_st;
@@ -453,7 +453,7 @@ static int probe_locked(const lmc_blend_matcher *m, uint64_t ns, const uint64_t 
 }
 
 int lmc_blend_matcher_match(lmc_blend_matcher *m, const lmc_blend_ns *ns, const uint64_t *tokens,
-                            size_t n, lmc_blend_match **out, size_t *n_out)
+                            size_t n, lmc_blend_candidate **out, size_t *n_out)
 {
     if (!m || !ns_ok(ns) || !out || !n_out || (n && !tokens))
         return LMC_BLEND_EINVAL;

@@ -63,7 +63,7 @@ typedef struct {
     uint64_t old_st; /* stored position (a multiple of chunk_size plus the store's offset) */
     uint64_t cur_st; /* position in the query; both ranges are chunk_size long */
     uint8_t hash[LMC_BLEND_HASH_MAX]; /* the first hash_len bytes are the chunk key */
-} lmc_blend_match;
+} lmc_blend_candidate;
 
 typedef struct {
     size_t live, max_chunks;
@@ -98,7 +98,7 @@ int lmc_blend_matcher_register(lmc_blend_matcher *m, const lmc_blend_ns *ns,
  * each once (its first occurrence); overlapping ranges possible.  *out is
  * malloc'ed (free() it), NULL when *n_out == 0. */
 int lmc_blend_matcher_match(lmc_blend_matcher *m, const lmc_blend_ns *ns, const uint64_t *tokens,
-                            size_t n, lmc_blend_match **out, size_t *n_out);
+                            size_t n, lmc_blend_candidate **out, size_t *n_out);
 
 /* Removes a chunk (its object left every tier); true if it was registered. */
 bool lmc_blend_matcher_remove(lmc_blend_matcher *m, const lmc_blend_ns *ns, const uint8_t *hash);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "modules/lookup/lookup.h"
 #include "modules/services/ipc_key.h"
 #include "modules/module.h"
 #include "modules/services/prefetch_jobs.h"
@@ -376,15 +377,10 @@ typedef struct {
     bool replaced;
 } lookup_work;
 
-/* Hashes, locks the hit run, starts the L2 prefetch and completes the job.
- * Runs after the void reply when LOOKUP ran on the socket thread: the
- * client's QUERY can only be read once this returned (lmc_rpc_call_then),
- * so it sees the final count, and the reply's trip overlaps this work. */
-static void finish_lookup(void *arg)
+/* Hashes, locks the hit run, starts the L2 prefetch and completes job
+ * `id` of k's request. */
+static void run_lookup(lookup_mod *m, const lmc_ipc_key *k, uint64_t id, bool replaced)
 {
-    lookup_work *w = arg;
-    lookup_mod *m = w->m;
-    const lmc_ipc_key *k = &w->k;
     char sid[256] = ""; /* events only: without a bus nothing formats it */
     if (m->ctx->events) { /* opens the mp.lookup_prefetch span; LOOKUP_END closes it */
         snprintf(sid, sizeof sid, "%.*s", (int)k->request_id_len, k->request_id);
@@ -403,7 +399,7 @@ static void finish_lookup(void *arg)
     lmc_session *se = lmc_sessions_acquire(m->ctx->sessions, k->request_id, k->request_id_len,
                                            true);
     if (se) {
-        if (w->replaced)
+        if (replaced)
             release_unfreed(m, &se->locks);
         else
             lmc_lookup_locks_clear(&se->locks);  /* delivered: retrieves consume them */
@@ -415,7 +411,7 @@ static void finish_lookup(void *arg)
         /* The session is held, so the prefetch's completion (which takes
          * it) cannot overtake this handler. */
         if (have_layout)
-            l2_pending = start_l2(m, se, k, w->id, hits,
+            l2_pending = start_l2(m, se, k, id, hits,
                                   lmc_ipc_key_num_chunks(k, m->chunk_size) *
                                       layout.num_groups * lmc_ipc_key_num_ranks(k),
                                   &layout, &event);
@@ -427,11 +423,31 @@ static void finish_lookup(void *arg)
     atomic_fetch_add(&m->lookups, 1);
     atomic_fetch_add(&m->requested_chunks, lmc_ipc_key_num_chunks(k, m->chunk_size));
     if (!l2_pending) {
-        lmc_jobs_complete(m->jobs, k->request_id, k->request_id_len, w->id, hits);
+        lmc_jobs_complete(m->jobs, k->request_id, k->request_id_len, id, hits);
         atomic_fetch_add(&m->hit_chunks, (uint64_t)hits);
     }
+}
+
+/* Runs after the void reply when LOOKUP ran on the socket thread: the
+ * client's QUERY can only be read once this returned (lmc_rpc_call_then),
+ * so it sees the final count, and the reply's trip overlaps this work. */
+static void finish_lookup(void *arg)
+{
+    lookup_work *w = arg;
+    run_lookup(w->m, &w->k, w->id, w->replaced);
     lmc_ipc_key_free(&w->k);
     free(w);
+}
+
+int lmc_lookup_prefix_begin(void *lookup, const lmc_ipc_key *k)
+{
+    lookup_mod *m = lookup;
+    bool replaced;
+    uint64_t id = lmc_jobs_submit(m->jobs, k->request_id, k->request_id_len, &replaced);
+    if (!id)
+        return -1;
+    run_lookup(m, k, id, replaced);
+    return 0;
 }
 
 /* LOOKUP(key, tp_size) -> void.  Validates the key and registers the job
@@ -484,6 +500,15 @@ static lmc_handler_result answer(lookup_mod *m, lmc_rpc_call *call, const char *
         record_delivered(m, rid, len, hits);
     msgpack_pack_int64(lmc_rpc_call_reply(call), st == LMC_JOB_DONE ? hits : 0);
     return LMC_HANDLER_REPLY;
+}
+
+lmc_job_status lmc_lookup_prefix_poll(void *lookup, const char *rid, size_t len, int64_t *hits)
+{
+    lookup_mod *m = lookup;
+    lmc_job_status st = lmc_jobs_query(m->jobs, rid, len, hits);
+    if (st == LMC_JOB_DONE)
+        record_delivered(m, rid, len, *hits);
+    return st;
 }
 
 /* QUERY_PREFETCH_STATUS(request_id) -> int | None */
@@ -707,6 +732,7 @@ static int lookup_create(lmc_module_ctx *ctx, void **state, char *err, size_t er
         snprintf(err, errlen, "lookup: cannot create the job registry");
         return -1;
     }
+    ctx->lookup = m;
     *state = m;
     return 0;
 }

@@ -14,6 +14,7 @@ struct lmc_session_priv {
     uint32_t chunk_size;
     uint32_t refs;            /* guarded by the table mutex */
     bool linked;
+    struct lmc_session_priv *dead_next; /* unlinked, to free once the table is unlocked */
 };
 
 struct lmc_sessions {
@@ -38,6 +39,8 @@ void lmc_lookup_locks_clear(lmc_lookup_locks *l)
 
 static void session_free(struct lmc_session_priv *p)
 {
+    if (p->pub.ext)
+        p->pub.ext->release(p->pub.ext);
     lmc_lookup_locks_clear(&p->pub.locks);
     lmc_hash_chain_free(p->chain);
     pthread_mutex_destroy(&p->lock);
@@ -60,38 +63,54 @@ lmc_sessions *lmc_sessions_new(const lmc_sessions_options *o)
     return s;
 }
 
-/* Unlinks under the table mutex; frees now when nobody holds it. */
-static void unlink_locked(lmc_sessions *s, struct lmc_session_priv *p)
+/* Unlinks under the table mutex; when nobody holds it, queues it on *dead
+ * for free_dead() once the mutex is released (a module's session state
+ * may give storage locks back: never under this mutex). */
+static void unlink_locked(lmc_sessions *s, struct lmc_session_priv *p,
+                          struct lmc_session_priv **dead)
 {
     lmc_rid_table_remove(&s->table, &p->node);
     p->linked = false;
-    if (p->refs == 0)
+    if (p->refs == 0) {
+        p->dead_next = *dead;
+        *dead = p;
+    }
+}
+
+static void free_dead(struct lmc_session_priv *p)
+{
+    while (p) {
+        struct lmc_session_priv *next = p->dead_next;
         session_free(p);
+        p = next;
+    }
 }
 
 void lmc_sessions_free(lmc_sessions *s)
 {
     if (!s)
         return;
+    struct lmc_session_priv *dead = NULL;
     while (s->table.oldest)
-        unlink_locked(s, (struct lmc_session_priv *)s->table.oldest);
+        unlink_locked(s, (struct lmc_session_priv *)s->table.oldest, &dead);
+    free_dead(dead);
     lmc_rid_table_destroy(&s->table);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }
 
-static void prune_locked(lmc_sessions *s, int64_t now)
+static void prune_locked(lmc_sessions *s, int64_t now, struct lmc_session_priv **dead)
 {
     while (s->table.oldest &&
            (s->table.count >= s->o.max_sessions ||
             (s->o.max_idle_ms > 0 && now - s->table.oldest->last_used_ms > s->o.max_idle_ms)))
-        unlink_locked(s, (struct lmc_session_priv *)s->table.oldest);
+        unlink_locked(s, (struct lmc_session_priv *)s->table.oldest, dead);
 }
 
 static struct lmc_session_priv *create_locked(lmc_sessions *s, const char *rid, size_t len,
-                                              int64_t now)
+                                              int64_t now, struct lmc_session_priv **dead)
 {
-    prune_locked(s, now);
+    prune_locked(s, now, dead);
     struct lmc_session_priv *p = calloc(1, sizeof *p);
     if (!p)
         return NULL;
@@ -112,19 +131,21 @@ static struct lmc_session_priv *create_locked(lmc_sessions *s, const char *rid, 
 lmc_session *lmc_sessions_acquire(lmc_sessions *s, const char *rid, size_t len, bool create)
 {
     int64_t now = now_ms(s);
+    struct lmc_session_priv *dead = NULL;
     pthread_mutex_lock(&s->lock);
     struct lmc_session_priv *p = (struct lmc_session_priv *)lmc_rid_table_find(&s->table, rid, len);
     if (p && s->o.max_idle_ms > 0 && now - p->node.last_used_ms > s->o.max_idle_ms) {
-        unlink_locked(s, p);   /* stale: start afresh */
+        unlink_locked(s, p, &dead);   /* stale: start afresh */
         p = NULL;
     }
     if (p)
         lmc_rid_table_touch(&s->table, &p->node, now);
     else if (create)
-        p = create_locked(s, rid, len, now);
+        p = create_locked(s, rid, len, now, &dead);
     if (p)
         p->refs++;
     pthread_mutex_unlock(&s->lock);
+    free_dead(dead);
     if (!p)
         return NULL;
     pthread_mutex_lock(&p->lock);

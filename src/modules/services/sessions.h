@@ -40,9 +40,19 @@ typedef struct {
     uint32_t readers;
 } lmc_lookup_locks;
 
+/* State a module keeps on a request's session beyond the lookup locks
+ * (CacheBlend's read locks no retrieve consumed yet: docs/cacheblend.md).
+ * The session owns it: release() runs once, when the session goes
+ * (END_SESSION, the count bound or the idle age), outside every session
+ * and table mutex. */
+typedef struct lmc_session_ext {
+    void (*release)(struct lmc_session_ext *ext);
+} lmc_session_ext;
+
 typedef struct lmc_session {
     lmc_lookup_locks locks;    /* guarded by the session mutex */
     int64_t hit_chunks;        /* last result delivered to the scheduler, -1 none */
+    lmc_session_ext *ext;      /* guarded by the session mutex; NULL none */
     /* private */
     struct lmc_session_priv *priv;
 } lmc_session;

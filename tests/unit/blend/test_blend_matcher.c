@@ -72,7 +72,7 @@ static size_t reg(lmc_blend_matcher *m, const lmc_blend_ns *ns, const uint64_t *
 }
 
 static size_t match(lmc_blend_matcher *m, const lmc_blend_ns *ns, const uint64_t *t, size_t n,
-                    lmc_blend_match **out)
+                    lmc_blend_candidate **out)
 {
     size_t k = 0;
     assert_int_equal(lmc_blend_matcher_match(m, ns, t, n, out, &k), LMC_BLEND_OK);
@@ -83,12 +83,12 @@ static size_t match(lmc_blend_matcher *m, const lmc_blend_ns *ns, const uint64_t
 static void expect_n(lmc_blend_matcher *m, const lmc_blend_ns *ns, const uint64_t *t, size_t n,
                      size_t want)
 {
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     assert_int_equal(match(m, ns, t, n, &r), want);
     free(r);
 }
 
-static uint64_t id_of(const lmc_blend_match *r)
+static uint64_t id_of(const lmc_blend_candidate *r)
 {
     uint64_t id;
     memcpy(&id, r->hash, sizeof id);
@@ -146,7 +146,7 @@ static void test_register_skips_chunks_before_start_and_partial_tail(void **stat
     fill(t, 14, 0);
     /* 3 whole chunks + 2 tokens; chunk 0 skipped (a prefix hit) */
     assert_int_equal(reg(m, &NS, t, 14, 100, 1, 512), 2);
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     assert_int_equal(match(m, &NS, t, 14, &r), 2);
     assert_int_equal(r[0].cur_st, 4);
     assert_int_equal(r[0].old_st, 512 + 4);
@@ -168,7 +168,7 @@ static void test_known_hash_registers_nothing_and_keeps_position(void **state)
     fill(t, 8, 0);
     assert_int_equal(reg(m, &NS, t, 8, 7, 0, 0), 2);
     assert_int_equal(reg(m, &NS, t, 8, 7, 0, 400), 0); /* re-store of known content */
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     assert_int_equal(match(m, &NS, t, 8, &r), 2);
     assert_int_equal(r[1].old_st, 4);
     free(r);
@@ -184,7 +184,7 @@ static void test_same_text_after_other_prefix_newest_wins(void **state)
     fill(t, 4, 0);
     assert_int_equal(reg(m, &NS, t, 4, 10, 0, 40), 1);
     assert_int_equal(reg(m, &NS, t, 4, 20, 0, 80), 1); /* other chained hash, same text */
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     assert_int_equal(match(m, &NS, t, 4, &r), 1);
     assert_int_equal(id_of(&r[0]), 20);
     assert_int_equal(r[0].old_st, 80);
@@ -202,7 +202,7 @@ static void test_dedup_content_first_wins(void **state)
     memcpy(t + 8, t, 4 * sizeof *t); /* chunk 2 repeats chunk 0 in the same job */
     assert_int_equal(reg(m, &NS, t, 12, 10, 0, 0), 2);
     assert_int_equal(reg(m, &NS, t, 4, 30, 0, 100), 0); /* same text, other prefix */
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     assert_int_equal(match(m, &NS, t, 4, &r), 1);
     assert_int_equal(id_of(&r[0]), 10);
     assert_int_equal(r[0].old_st, 0);
@@ -242,7 +242,7 @@ static void test_slot_collision_newer_wins_older_undiscoverable(void **state)
     colliding_windows(q, q + 4);
     assert_int_equal(reg(m, &NS, q, 4, 1, 0, 0), 1);
     assert_int_equal(reg(m, &NS, q + 4, 4, 2, 0, 0), 1);
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     assert_int_equal(match(m, &NS, q, 8, &r), 1); /* only the newer one */
     assert_int_equal(id_of(&r[0]), 2);
     assert_int_equal(r[0].cur_st, 4);
@@ -258,7 +258,7 @@ static void test_slot_only_collision_is_not_a_match(void **state)
     uint64_t a[4], b[4];
     colliding_windows(a, b);
     assert_int_equal(reg(m, &NS, a, 4, 1, 0, 0), 1);
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     assert_int_equal(match(m, &NS, b, 4, &r), 0);
     assert_null(r);
     lmc_blend_matcher_free(m);
@@ -283,7 +283,7 @@ static void test_nothing_matches_before_registration_or_below_a_chunk(void **sta
     lmc_blend_matcher *m = mk(4, 64, false);
     uint64_t t[8];
     fill(t, 8, 0);
-    lmc_blend_match *r = (lmc_blend_match *)1;
+    lmc_blend_candidate *r = (lmc_blend_candidate *)1;
     assert_int_equal(match(m, &NS, t, 8, &r), 0);
     assert_null(r);
     assert_int_equal(reg(m, &NS, t, 8, 1, 0, 0), 2);
@@ -301,7 +301,7 @@ static void test_chunk_reported_once_at_first_occurrence(void **state)
     memcpy(q + 3, d, sizeof d);
     memcpy(q + 13, d, sizeof d);
     assert_int_equal(reg(m, &NS, d, 4, 5, 0, 0), 1);
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     assert_int_equal(match(m, &NS, q, 20, &r), 1);
     assert_int_equal(r[0].cur_st, 3);
     free(r);
@@ -316,7 +316,7 @@ static void test_overlapping_matches_all_reported_ascending(void **state)
     fill(t, 8, 0);
     assert_int_equal(reg(m, &NS, t, 8, 1, 0, 0), 2);  /* [0,4) and [4,8) */
     assert_int_equal(reg(m, &NS, t + 2, 4, 9, 0, 64), 1); /* [2,6) stored elsewhere */
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     assert_int_equal(match(m, &NS, t, 8, &r), 3);
     assert_int_equal(r[0].cur_st, 0);
     assert_int_equal(r[1].cur_st, 2);
@@ -348,7 +348,7 @@ static void test_documents_found_at_new_offsets(void **state)
     const size_t at[3] = {517, 9, 300}; /* unaligned, other order */
     for (int d = 0; d < 3; d++)
         memcpy(q + at[d], docs[d], sizeof docs[d]);
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     assert_int_equal(match(m, &NS, q, 1000, &r), 3 * DOC / CS);
     for (size_t i = 0; i < 3 * DOC / CS; i++) {
         uint64_t id = id_of(&r[i]), d = id / 1000 - 1, c = id % 1000;
@@ -371,7 +371,7 @@ static void test_namespaces_do_not_see_each_other(void **state)
     const lmc_blend_ns other[] = {{"mistral", "", 1}, {"llama", "tenant-b", 1}, {"llama", NULL, 2},
                                   {"llam", "a", 1}};
     assert_int_equal(reg(m, &NS, t, 8, 1, 0, 0), 2);
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     for (size_t i = 0; i < 4; i++) {
         assert_int_equal(match(m, &other[i], t, 8, &r), 0);
         assert_false(lmc_blend_matcher_remove(m, &other[i], keys(1, 1)));
@@ -401,7 +401,7 @@ static void test_other_namespace_in_the_same_slot_is_not_a_match(void **state)
         for (uint64_t i = 0; i < 4000; i++) {
             snprintf(name, sizeof name, "m%llu", (unsigned long long)i);
             lmc_blend_ns ns = {name, "", 1};
-            lmc_blend_match *r;
+            lmc_blend_candidate *r;
             if (pass == 0) {
                 assert_int_equal(reg(m, &ns, &zero, 1, i, 0, 0), 1);
                 continue;
@@ -428,7 +428,7 @@ static void test_removed_chunk_no_longer_matched(void **state)
     assert_int_equal(reg(m, &NS, t, 8, 1, 0, 0), 2);
     assert_true(lmc_blend_matcher_remove(m, &NS, keys(1, 1)));
     assert_false(lmc_blend_matcher_remove(m, &NS, keys(1, 1)));
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     assert_int_equal(match(m, &NS, t, 8, &r), 1);
     assert_int_equal(id_of(&r[0]), 2);
     free(r);
@@ -446,7 +446,7 @@ static void test_remove_keeps_newer_slot_owner(void **state)
     assert_int_equal(reg(m, &NS, q, 4, 1, 0, 0), 1);
     assert_int_equal(reg(m, &NS, q + 4, 4, 2, 0, 0), 1);
     assert_true(lmc_blend_matcher_remove(m, &NS, keys(1, 1)));
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     assert_int_equal(match(m, &NS, q, 8, &r), 1);
     assert_int_equal(id_of(&r[0]), 2);
     free(r);
@@ -461,7 +461,7 @@ static void test_second_stale_strike_removes(void **state)
     fill(t, 4, 0);
     assert_int_equal(reg(m, &NS, t, 4, 1, 0, 0), 1);
     assert_false(lmc_blend_matcher_stale(m, &NS, keys(1, 1)));
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     expect_n(m, &NS, t, 4, 1);
     assert_true(lmc_blend_matcher_stale(m, &NS, keys(1, 1)));
     assert_int_equal(match(m, &NS, t, 4, &r), 0);
@@ -497,7 +497,7 @@ static void test_job_past_capacity_registers_nothing_and_is_counted(void **state
     assert_int_equal(lmc_blend_matcher_register(m, &NS, u, 8, keys(100, 2), 2, 0, 0, &got),
                      LMC_BLEND_EFULL);
     assert_int_equal(got, 0);
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     assert_int_equal(match(m, &NS, u, 8, &r), 0);
     lmc_blend_matcher_stats s = lmc_blend_matcher_get_stats(m);
     assert_int_equal(s.live, 4);
@@ -570,7 +570,7 @@ static void test_bad_arguments_refused_with_the_option_named(void **state)
                      LMC_BLEND_EINVAL); /* old_st + chunk_size past 2^64 */
     assert_int_equal(lmc_blend_matcher_register(m, &nomodel, t, 8, keys(0, 2), 2, 0, 0, &got),
                      LMC_BLEND_EINVAL);
-    lmc_blend_match *r;
+    lmc_blend_candidate *r;
     assert_int_equal(lmc_blend_matcher_match(m, &NS, NULL, 8, &r, &got), LMC_BLEND_EINVAL);
     assert_int_equal(lmc_blend_matcher_get_stats(m).live, 0);
     assert_int_equal(lmc_blend_matcher_register(m, &NS, t, 8, keys(0, 2), 2, 0, UINT64_MAX - 8,
@@ -597,7 +597,7 @@ static void *worker(void *arg)
         key(h + c * HL, (uint64_t)a->id << 32 | c);
     for (int round = 0; round < 200; round++) {
         size_t got, n;
-        lmc_blend_match *r;
+        lmc_blend_candidate *r;
         if (lmc_blend_matcher_register(a->m, &NS, t, 64, h, 16, 0, 0, &got) != 0 ||
             lmc_blend_matcher_match(a->m, &NS, t, 64, &r, &n) != 0 || n != 16)
             return (void *)1;

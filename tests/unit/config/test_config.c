@@ -225,7 +225,7 @@ static const char *const all_args[] = {
     "--hash-algorithm", "sha256_cbor", "--hash-memo-mb", "3", "--engine-type", "blend", "--supported-transfer-mode",
     "lmcache_driven", "--no-separate-object-groups", "--cpu-kv-layout", "hint",
     "--layerwise-batch", "3", "--copy-split-bytes", "65536",
-    "--enable-segmented-prefix",
+    "--enable-segmented-prefix", "--enable-dedup-content", "--blend-max-chunks", "4096",
     "--shm-name", "myshm", "--script-allowed-imports", "math", "json",
     "--worker-reap-timeout-seconds", "60", "--worker-registration-grace-seconds", "90.5",
     "--log-level", "debug", "--log-format", "json", "--rpc-error-frames", "--max-interned-strings", "1000",
@@ -458,8 +458,14 @@ static void test_no_forms(void **state)
         snprintf(on, sizeof on, "--%s", flags[i].name);
         snprintf(off, sizeof off, "--no-%s", flags[i].name);
         lmc_config c;
+        /* Flags that need another to be valid get it (the blend ones apply
+         * to --engine-type blend only). */
         const char *extra = strcmp(flags[i].name, "enable-tracing") == 0
-                                ? "--otlp-endpoint=http://o" : "--shm-name=";
+                                ? "--otlp-endpoint=http://o"
+                            : strcmp(flags[i].name, "enable-segmented-prefix") == 0 ||
+                                    strcmp(flags[i].name, "enable-dedup-content") == 0
+                                ? "--engine-type=blend"
+                                : "--shm-name=";
         PARSE_OK(&c, on, extra);
         assert_true(*(bool *)((char *)&c + flags[i].offset));
         lmc_config_free(&c);

@@ -111,6 +111,13 @@ static void test_engine_transfer_mode(void **state)
         "--engine-type", "blend", "--supported-transfer-mode", "engine_driven");
     ERR("--engine-type blend_legacy", "--engine-type", "blend_legacy",
         "--supported-transfer-mode", "engine_driven");
+    /* Blend-only flags do nothing without blend: refused, naming them. */
+    OK("--engine-type", "blend", "--enable-segmented-prefix", "--enable-dedup-content");
+    ERR("--enable-segmented-prefix: applies to --engine-type blend only",
+        "--enable-segmented-prefix");
+    ERR("--enable-segmented-prefix: applies to --engine-type blend only (got --engine-type "
+        "blend_legacy)", "--engine-type", "blend_legacy", "--enable-segmented-prefix");
+    ERR("--enable-dedup-content: applies to --engine-type blend only", "--enable-dedup-content");
 }
 
 static void test_ports(void **state)
@@ -536,9 +543,10 @@ static void test_unbuilt_features_refused(void **state)
 {
     (void)state;
     expect_unbuilt(NULL, NULL, NULL);
-    expect_unbuilt(NULL, ARGS("--engine-type", "blend"), "--engine-type");
-    expect_unbuilt(NULL, ARGS("--engine-type", "blend_legacy"), "--engine-type");
-    expect_unbuilt(NULL, ARGS("--enable-segmented-prefix"), "--enable-segmented-prefix");
+    /* CacheBlend is built (docs/cacheblend.md). */
+    expect_unbuilt(NULL, ARGS("--engine-type", "blend"), NULL);
+    expect_unbuilt(NULL, ARGS("--engine-type", "blend_legacy"), NULL);
+    expect_unbuilt(NULL, ARGS("--engine-type", "blend", "--enable-segmented-prefix"), NULL);
     expect_unbuilt(NULL, ARGS("--script-allowed-imports", "math"), "--script-allowed-imports");
     expect_unbuilt(NULL, ARGS("--script-allowed-imports"), NULL);
     /* Coordinator registration is built (docs/fleet.md); it needs the HTTP

@@ -199,9 +199,13 @@ static int decode_request(sd_mod *m, lmc_rpc_call *call, reg_request *r, char *e
                           size_t errlen)
 {
     size_t nargs = lmc_rpc_call_nargs(call);
+    /* Blend reads a chunk's every slot of every layer into any position:
+     * one object group, windows not trimmed (docs/cacheblend.md). */
+    bool blend = strcmp(m->ctx->config->mp.engine_type, "blend") == 0;
     r->opt = (lmc_kv_plan_options){.chunk_size = m->cs,
                                    .separate_object_groups =
-                                       m->ctx->config->mp.separate_object_groups};
+                                       m->ctx->config->mp.separate_object_groups && !blend,
+                                   .full_sw_kv = blend};
     r->world_size = 1;
     if (nargs >= 4) {
         if (!lmc_mp_get_str(lmc_rpc_call_arg(call, 2), &r->model, &r->model_len) ||
@@ -232,12 +236,8 @@ static int decode_request(sd_mod *m, lmc_rpc_call *call, reg_request *r, char *e
 #define L1_POOL_PREFIX "lmcache_l1_pool_"
 
 /* Maps (or finds) the segment of CPU tensor t; NULL with the reason. */
-static sd_mapping *map_segment(sd_mod *m, sd_ctx *c, const lmc_shared_tensor *t, char *err,
-                               size_t errlen)
+void *lmc_server_driven_map_shm(sd_mod *m, const lmc_shared_tensor *t, char *err, size_t errlen)
 {
-    for (size_t i = 0; i < c->n_maps; i++)
-        if (strcmp(c->maps[i].name, t->shm_name) == 0)
-            return &c->maps[i];
     const lmc_l1_arena_desc *a = lmc_storage_manager_l1_arena(m->ctx->storage);
     if (t->shm_name[0] != '/' || strchr(t->shm_name + 1, '/') || t->storage_bytes == 0 ||
         (a && a->shm_name[0] && strcmp(t->shm_name + 1, a->shm_name) == 0) ||
@@ -261,6 +261,18 @@ static sd_mapping *map_segment(sd_mod *m, sd_ctx *c, const lmc_shared_tensor *t,
     if (addr == MAP_FAILED)
         return snprintf(err, errlen, "cannot map segment %s: %s", t->shm_name,
                         strerror(errno)), NULL;
+    return addr;
+}
+
+static sd_mapping *map_segment(sd_mod *m, sd_ctx *c, const lmc_shared_tensor *t, char *err,
+                               size_t errlen)
+{
+    for (size_t i = 0; i < c->n_maps; i++)
+        if (strcmp(c->maps[i].name, t->shm_name) == 0)
+            return &c->maps[i];
+    void *addr = lmc_server_driven_map_shm(m, t, err, errlen);
+    if (!addr)
+        return NULL;
     sd_mapping *mp = &c->maps[c->n_maps++];
     snprintf(mp->name, sizeof mp->name, "%s", t->shm_name);
     mp->addr = addr;
@@ -523,6 +535,8 @@ static void drop_instance(void *user, void *ctx, int64_t id)
     sd_mod *m = user;
     sd_ctx *c = ctx;
     lmc_liveness_forget(m->ctx->liveness, id);
+    if (m->instance_dropped)
+        m->instance_dropped(m->hook_user, id);
     pthread_mutex_lock(&m->instances.lock);
     if (c->layout_held) {
         lmc_layout_registry_release(m->ctx->layouts, c->model, c->world_size);
@@ -596,6 +610,7 @@ int lmc_server_driven_create(lmc_module_ctx *ctx, void **state, char *err, size_
         free(m);
         return snprintf(err, errlen, "lmcache_driven_transfer: cannot start the reaper"), -1;
     }
+    ctx->server_driven = m;
     *state = m;
     return 0;
 }

@@ -491,6 +491,8 @@ static lmc_handler_result store(void *state, lmc_rpc_call *call)
     }
     if (!replied)
         reply_plain(m, call, &op, rc == 0);
+    if (rc == 0 && m->after_store)
+        m->after_store(m->hook_user, &op);
     atomic_fetch_add(rc == 0 ? &m->stores_ok : &m->stores_failed, 1);
     atomic_fetch_add(&m->store_ns, (uint64_t)(now_ns() - t0));
     sd_store_plan_free(&s);

@@ -67,7 +67,9 @@ typedef struct sd_ctx {
     char tag[40];                /* writer tag "sd:<instance_id>" */
 } sd_ctx;
 
-typedef struct {
+struct sd_op;
+
+typedef struct sd_mod {
     lmc_module_ctx *ctx;
     uint32_t cs;
     lmc_copy_method copy;
@@ -82,10 +84,17 @@ typedef struct {
         stores_ok, stores_failed, retrieves_ok, retrieves_failed, chunks_stored,
         chunks_retrieved, bytes_stored, bytes_retrieved, store_ns, retrieve_ns,
         layerwise_ok, layerwise_failed, layer_batches, split_copies, pieces_helped;
+    /* Set once by the blend module at its creation, before any request
+     * (docs/cacheblend.md): a STORE's chunks once they are written (the
+     * CPU path) or enqueued (CUDA), and an instance unregistered or
+     * reaped. */
+    void (*after_store)(void *user, const struct sd_op *op);
+    void (*instance_dropped)(void *user, int64_t instance_id);
+    void *hook_user;
 } sd_mod;
 
 /* One STORE or RETRIEVE, decoded and resolved (server_driven.c). */
-typedef struct {
+typedef struct sd_op {
     struct sd_ctx *c;          /* referenced; NULL when not registered */
     lmc_ipc_key key;
     bool key_decoded;
@@ -215,6 +224,11 @@ int lmc_server_driven_cuda_layers(sd_mod *m, const sd_op *op, uint32_t og, size_
                                   char *err, size_t errlen);
 void lmc_server_driven_cuda_give_back_after(sd_mod *m, const sd_op *op, lmc_object_key *keys,
                                             lmc_lease *leases, size_t n);
+
+/* Maps a CPU shared tensor's whole segment read/write (t->storage_bytes
+ * of it; munmap() it), refusing this server's own L1 pool; NULL with the
+ * reason. */
+void *lmc_server_driven_map_shm(sd_mod *m, const lmc_shared_tensor *t, char *err, size_t errlen);
 
 /* The context of `id` with a reference for the caller, or NULL. */
 sd_ctx *lmc_server_driven_get(sd_mod *m, int64_t id);
