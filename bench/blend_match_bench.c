@@ -130,7 +130,7 @@ int main(int argc, char **argv)
     uint64_t sink = 0;
     size_t got = 0;
     for (int k = 0; k < rounds; k++) {
-        lmc_blend_match *res;
+        lmc_blend_candidate *res;
         size_t n;
         double t0 = now_us();
         int rc = lmc_blend_matcher_match(m, &ns, q, QUERY, &res, &n);
