@@ -29,6 +29,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "cuda/cuda_blend.h"
 #include "cuda/cuda_launch.h"
 #include "kv/cuda_transfer.h"
 
@@ -692,6 +693,21 @@ static int cu_read(int device, uint64_t src, void *host, uint64_t bytes, char *e
     return rc;
 }
 
+/* CacheBlend's plan (cuda_blend.cu), under the stream's lock like every
+ * other enqueue. */
+static int cu_blend_execute(lmc_cuda_stream *s, const lmc_cuda_blend *b, char *err,
+                            size_t errlen)
+{
+    if (!s)
+        return fail(err, errlen, "blend_execute: no stream");
+    pthread_mutex_lock(&s->lock);
+    int rc = check(cudaSetDevice(s->device), "cudaSetDevice", err, errlen);
+    if (rc == 0)
+        rc = lmc_cuda_blend_run(s->stream, b, err, errlen);
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
 static const lmc_cuda_ops g_ops = {
     LMC_CUDA_ABI_VERSION,
     cu_init,
@@ -711,6 +727,7 @@ static const lmc_cuda_ops g_ops = {
     cu_event_pool,
     cu_record_pool_event,
     cu_copy_layers,
+    cu_blend_execute,
 };
 
 LMC_CUDA_EXPORT const lmc_cuda_ops *lmc_cuda_transfer_ops(void)
