@@ -10,7 +10,11 @@
  *
  *   blend_check LIBLMCACHED_CUDA_SO [--skip-without-gpu]
  *
- * Exit 0 PASS, 1 FAIL, 77 no GPU (with --skip-without-gpu). */
+ * Exit 0 PASS, 1 FAIL, 77 no GPU (with --skip-without-gpu).  Built twice:
+ * against CUDA's runtime as blend_check (ctest gpu.blend_check, and
+ * tests/gpu/run.sh from the bundle), and against tests/gpu/host_shim as
+ * blend_check_host, which drives cuda_blend.cu compiled for the CPU (ctest
+ * gpu.blend_kernels_on_host, in every build). */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <stdio.h>
@@ -204,7 +208,7 @@ static int compare(fixture *f, const bcase *c)
                 k_diff++;
                 continue;
             }
-            printf("FAIL %s: layer %d element %llu (%s): GPU %.9g, CPU %.9g\n", c->name, l,
+            printf("FAIL %s: layer %d element %llu (%s): device %.9g, CPU %.9g\n", c->name, l,
                    (unsigned long long)e, e < n / 2 ? "K" : "V", dec(c->kd, g), dec(c->kd, w));
             rc = -1;
             break;
