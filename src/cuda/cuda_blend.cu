@@ -10,12 +10,12 @@
  * buffer, and enqueue on the stream: one stream-ordered allocation (slot
  * pool, then the tables), one H2D copy of the tables, then per wave its
  * staging copies, one rope launch and one scatter launch, and the free. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda/cuda_blend.h"
+#include "cuda/cuda_err.h"
 #include "cuda/cuda_launch.h"
 #include "kv/kv_rope.h"
 
@@ -48,24 +48,12 @@ typedef struct blend_args {
     int64_t first;
 } blend_args;
 
-static int bfail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int bfail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
+/* "blend_execute: what: CUDA's reason" */
 static int bcheck(cudaError_t e, const char *what, char *err, size_t errlen)
 {
-    if (e == cudaSuccess)
-        return 0;
-    return bfail(err, errlen, "blend_execute: %s: %s", what, cudaGetErrorString(e));
+    char w[96];
+    snprintf(w, sizeof w, "blend_execute: %s", what);
+    return check(e, w, err, errlen);
 }
 
 /* ---- kernels ------------------------------------------------------------ */
@@ -136,7 +124,7 @@ static int check_group(const lmc_cuda_blend *b, uint32_t i, char *err, size_t er
     const lmc_cuda_blend_group *bg = &b->groups[i];
     const lmc_kv_kernel_group *k = bg->g;
     if (!k || !bg->tensors)
-        return bfail(err, errlen, "blend_execute: group %u has no geometry or tensors", i);
+        return fail(err, errlen, "blend_execute: group %u has no geometry or tensors", i);
     const lmc_kv_geometry *g = &k->geo;
     uint64_t entry = 1, f[] = {g->kv_size, g->nl, k->slots, g->nh, g->hs, g->element_size};
     for (size_t j = 0; j < sizeof f / sizeof f[0]; j++)
@@ -147,22 +135,22 @@ static int check_group(const lmc_cuda_blend *b, uint32_t i, char *err, size_t er
         g->element_size != lmc_kv_rope_dtype_size(bg->k_dtype) || entry != k->entry_bytes ||
         b->plan->group_offset[i] > b->plan->slot_stride ||
         entry > b->plan->slot_stride - b->plan->group_offset[i])
-        return bfail(err, errlen, "blend_execute: group %u's geometry, K dtype or entry does "
+        return fail(err, errlen, "blend_execute: group %u's geometry, K dtype or entry does "
                      "not fit a slot of %llu bytes", i,
                      (unsigned long long)b->plan->slot_stride);
     if (k->n_tensors < lmc_cuda_tensors_needed(g))
-        return bfail(err, errlen, "blend_execute: group %u has %u tensors, its format uses %u", i,
+        return fail(err, errlen, "blend_execute: group %u has %u tensors, its format uses %u", i,
                      k->n_tensors, lmc_cuda_tensors_needed(g));
     for (uint32_t t = 0; t < lmc_cuda_tensors_needed(g); t++)
         if (!bg->tensors[t])
-            return bfail(err, errlen, "blend_execute: group %u's tensor %u is NULL", i, t);
+            return fail(err, errlen, "blend_execute: group %u's tensor %u is NULL", i, t);
     if (!bg->cos_sin)
         return 0;
     const lmc_kv_rope_geom *r = &bg->rope;
     if ((uint64_t)r->n_heads * r->head_stride != (uint64_t)g->nh * g->hs || r->rot_dim == 0 ||
         r->rot_dim % 2 || (uint64_t)r->rot_offset + r->rot_dim > r->head_stride ||
         bg->cache_dtype > LMC_KV_ROPE_F32 || bg->cache_rows == 0)
-        return bfail(err, errlen, "blend_execute: group %u's rope geometry or cos/sin cache "
+        return fail(err, errlen, "blend_execute: group %u's rope geometry or cos/sin cache "
                      "does not fit its row of %u x %u", i, g->nh, g->hs);
     return 0;
 }
@@ -175,13 +163,13 @@ static int check_steps(const lmc_kv_blend_plan *p, char *err, size_t errlen)
         const lmc_kv_blend_step *s = &p->steps[w];
         if (s->staging_end < prev.staging_end || s->ropes_end < prev.ropes_end ||
             s->scatters_end < prev.scatters_end)
-            return bfail(err, errlen, "blend_execute: wave %llu's rows go backwards",
+            return fail(err, errlen, "blend_execute: wave %llu's rows go backwards",
                          (unsigned long long)w);
         prev = *s;
     }
     if (prev.staging_end != (int64_t)p->n_staging || prev.ropes_end != (int64_t)p->n_ropes ||
         prev.scatters_end != (int64_t)p->n_scatters)
-        return bfail(err, errlen, "blend_execute: the waves do not end at the tables' ends");
+        return fail(err, errlen, "blend_execute: the waves do not end at the tables' ends");
     return 0;
 }
 
@@ -194,7 +182,7 @@ static int check_rows(const lmc_cuda_blend *b, uint64_t pool_bytes, char *err, s
             !b->objects[s->chunk * b->n_read + s->read] || s->dst_offset < 0 ||
             s->nbytes < 0 || (uint64_t)s->dst_offset > pool_bytes ||
             (uint64_t)s->nbytes > pool_bytes - (uint64_t)s->dst_offset)
-            return bfail(err, errlen, "blend_execute: staging row %llu: no object, or outside "
+            return fail(err, errlen, "blend_execute: staging row %llu: no object, or outside "
                          "the %llu-byte pool", (unsigned long long)i,
                          (unsigned long long)pool_bytes);
     }
@@ -202,13 +190,13 @@ static int check_rows(const lmc_cuda_blend *b, uint64_t pool_bytes, char *err, s
         const lmc_kv_blend_rope *r = &p->ropes[i];
         if (r->group < 0 || r->group >= p->n_groups || r->slot < 0 || r->slot >= b->max_batch ||
             !b->groups[r->group].cos_sin || r->old_st < 0 || r->cur_st < 0)
-            return bfail(err, errlen, "blend_execute: rope row %llu: group, slot or cache",
+            return fail(err, errlen, "blend_execute: rope row %llu: group, slot or cache",
                          (unsigned long long)i);
         const lmc_cuda_blend_group *bg = &b->groups[r->group];
         uint64_t rows = bg->cache_rows, slots = bg->g->slots;
         if (slots > rows || (uint64_t)r->old_st > rows - slots ||
             (uint64_t)r->cur_st > rows - slots)
-            return bfail(err, errlen, "blend_execute: rope row %llu: positions %lld/%lld + %llu "
+            return fail(err, errlen, "blend_execute: rope row %llu: positions %lld/%lld + %llu "
                          "past the cos/sin cache's %llu rows", (unsigned long long)i,
                          (long long)r->old_st, (long long)r->cur_st, (unsigned long long)slots,
                          (unsigned long long)rows);
@@ -219,7 +207,7 @@ static int check_rows(const lmc_cuda_blend *b, uint64_t pool_bytes, char *err, s
             s->token_offset < 0 || s->n_tok < 0 || s->n_tok > b->groups[s->group].g->slots ||
             (uint64_t)s->token_offset > p->n_pos ||
             (uint64_t)s->n_tok > p->n_pos - (uint64_t)s->token_offset)
-            return bfail(err, errlen, "blend_execute: scatter row %llu: group, slot or tokens",
+            return fail(err, errlen, "blend_execute: scatter row %llu: group, slot or tokens",
                          (unsigned long long)i);
     }
     return 0;
@@ -235,11 +223,11 @@ static int check_slot_map(const lmc_cuda_blend *b, char *err, size_t errlen)
             int64_t v = p->slot_map[g * p->n_pos + j], blk;
             uint32_t s;
             if (v < 0)
-                return bfail(err, errlen, "blend_execute: slot_map[%u][%llu] = %lld", g,
+                return fail(err, errlen, "blend_execute: slot_map[%u][%llu] = %lld", g,
                              (unsigned long long)j, (long long)v);
             lmc_kv_rope_slot_split(v, geo->bs, &blk, &s);
             if ((uint64_t)blk >= geo->nb)
-                return bfail(err, errlen, "blend_execute: slot_map[%u][%llu]: block %lld of %llu",
+                return fail(err, errlen, "blend_execute: slot_map[%u][%llu]: block %lld of %llu",
                              g, (unsigned long long)j, (long long)blk,
                              (unsigned long long)geo->nb);
         }
@@ -250,18 +238,18 @@ static int check_slot_map(const lmc_cuda_blend *b, char *err, size_t errlen)
 static int check_blend(const lmc_cuda_blend *b, uint64_t *pool_bytes, char *err, size_t errlen)
 {
     if (!b || !b->plan || (b->plan->n_groups && !b->groups))
-        return bfail(err, errlen, "blend_execute: no plan or groups");
+        return fail(err, errlen, "blend_execute: no plan or groups");
     const lmc_kv_blend_plan *p = b->plan;
     if (p->n_groups > LMC_KV_MAX_KERNEL_GROUPS || b->max_batch < 2 || b->n_read == 0 ||
         p->slot_stride == 0 || p->slot_stride % LMC_KV_BLEND_SLOT_ALIGN ||
         p->slot_stride > UINT64_MAX / b->max_batch)
-        return bfail(err, errlen, "blend_execute: %u groups, max_batch %u, %u read groups, "
+        return fail(err, errlen, "blend_execute: %u groups, max_batch %u, %u read groups, "
                      "slots of %llu bytes", p->n_groups, b->max_batch, b->n_read,
                      (unsigned long long)p->slot_stride);
     if ((p->n_pos && (!p->pos || !p->slot_map)) || (p->n_staging && (!p->staging || !b->objects)) ||
         (p->n_ropes && !p->ropes) || (p->n_scatters && !p->scatters) ||
         (p->n_waves && !p->steps))
-        return bfail(err, errlen, "blend_execute: the plan's tables are missing");
+        return fail(err, errlen, "blend_execute: the plan's tables are missing");
     *pool_bytes = p->slot_stride * b->max_batch;
     for (uint32_t g = 0; g < p->n_groups; g++)
         if (check_group(b, g, err, errlen) != 0)
@@ -381,13 +369,13 @@ static int check_shape(const lmc_cuda_blend *b, const blend_shape *s, char *err,
     for (uint64_t w = 0; w < p->n_waves; w++) {
         if (p->steps[w].ropes_end - prev_r > LMC_CUDA_MAX_GRID_YZ ||
             p->steps[w].scatters_end - prev_s > LMC_CUDA_MAX_GRID_YZ)
-            return bfail(err, errlen, "blend_execute: wave %llu has over %u rope or scatter rows",
+            return fail(err, errlen, "blend_execute: wave %llu has over %u rope or scatter rows",
                          (unsigned long long)w, LMC_CUDA_MAX_GRID_YZ);
         prev_r = p->steps[w].ropes_end;
         prev_s = p->steps[w].scatters_end;
     }
     if (s->scatter_z > LMC_CUDA_MAX_GRID_YZ || (p->n_ropes && s->rope_x == 0))
-        return bfail(err, errlen, "blend_execute: %u planes x layers, or too many K rows",
+        return fail(err, errlen, "blend_execute: %u planes x layers, or too many K rows",
                      s->scatter_z);
     return 0;
 }
@@ -483,7 +471,7 @@ int lmc_cuda_blend_run(cudaStream_t st, const lmc_cuda_blend *b, char *err, size
     blend_layout l = layout_of(b, pool_bytes);
     uint8_t *host = (uint8_t *)calloc(1, (size_t)(l.end - l.groups));
     if (!host)
-        return bfail(err, errlen, "blend_execute: out of memory");
+        return fail(err, errlen, "blend_execute: out of memory");
     fill_tables(b, &l, host);
     /* a pageable source: the copy has taken the bytes when it returns */
     int rc = enqueue(b, &l, &s, host, st, err, errlen);

@@ -22,7 +22,6 @@
 
 #include <ctype.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +29,7 @@
 #include <time.h>
 
 #include "cuda/cuda_blend.h"
+#include "cuda/cuda_err.h"
 #include "cuda/cuda_launch.h"
 #include "kv/cuda_transfer.h"
 
@@ -43,29 +43,6 @@
 static_assert(sizeof(cudaIpcMemHandle_t) == 64, "cudaIpcMemHandle_t is 64 bytes");
 static_assert(sizeof(cudaIpcEventHandle_t) == LMC_CUDA_EVENT_HANDLE_BYTES,
               "cudaIpcEventHandle_t is 64 bytes");
-
-/* ---- errors ------------------------------------------------------------- */
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
-/* -1 with "what: CUDA's reason" when e is an error; 0 otherwise. */
-static int check(cudaError_t e, const char *what, char *err, size_t errlen)
-{
-    if (e == cudaSuccess)
-        return 0;
-    return fail(err, errlen, "%s: %s", what, cudaGetErrorString(e));
-}
 
 #define CK(call, what)                                          \
     do {                                                        \
