@@ -7,10 +7,11 @@
  *
  * The index arithmetic (which elements form a rotation pair, where a
  * position's cos/sin sit in the cache, which paged slot a position maps
- * to, the rotation itself) is `static inline` and `__host__ __device__`
- * under nvcc, like kv_format.h's offsets, so that the CPU implementation
- * (kv_rope.c) and a CUDA kernel compile the very same formulas and the CPU
- * tests check them. */
+ * to, the rotation itself, the element conversions) is `static inline`
+ * and `__host__ __device__` under nvcc, like kv_format.h's offsets, so that
+ * the CPU implementation (kv_rope.c) and the CUDA kernels (cuda_blend.cu,
+ * docs/cacheblend.md "CUDA kernels") compile the very same formulas and
+ * the CPU tests check them. */
 #ifndef LMC_KV_KV_ROPE_H
 #define LMC_KV_KV_ROPE_H
 
