@@ -22,13 +22,14 @@
 
 #include <ctype.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
 
+#include "cuda/cuda_blend.h"
+#include "cuda/cuda_err.h"
 #include "cuda/cuda_launch.h"
 #include "kv/cuda_transfer.h"
 
@@ -42,29 +43,6 @@
 static_assert(sizeof(cudaIpcMemHandle_t) == 64, "cudaIpcMemHandle_t is 64 bytes");
 static_assert(sizeof(cudaIpcEventHandle_t) == LMC_CUDA_EVENT_HANDLE_BYTES,
               "cudaIpcEventHandle_t is 64 bytes");
-
-/* ---- errors ------------------------------------------------------------- */
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
-/* -1 with "what: CUDA's reason" when e is an error; 0 otherwise. */
-static int check(cudaError_t e, const char *what, char *err, size_t errlen)
-{
-    if (e == cudaSuccess)
-        return 0;
-    return fail(err, errlen, "%s: %s", what, cudaGetErrorString(e));
-}
 
 #define CK(call, what)                                          \
     do {                                                        \
@@ -692,6 +670,21 @@ static int cu_read(int device, uint64_t src, void *host, uint64_t bytes, char *e
     return rc;
 }
 
+/* CacheBlend's plan (cuda_blend.cu), under the stream's lock like every
+ * other enqueue. */
+static int cu_blend_execute(lmc_cuda_stream *s, const lmc_cuda_blend *b, char *err,
+                            size_t errlen)
+{
+    if (!s)
+        return fail(err, errlen, "blend_execute: no stream");
+    pthread_mutex_lock(&s->lock);
+    int rc = check(cudaSetDevice(s->device), "cudaSetDevice", err, errlen);
+    if (rc == 0)
+        rc = lmc_cuda_blend_run(s->stream, b, err, errlen);
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
 static const lmc_cuda_ops g_ops = {
     LMC_CUDA_ABI_VERSION,
     cu_init,
@@ -711,6 +704,7 @@ static const lmc_cuda_ops g_ops = {
     cu_event_pool,
     cu_record_pool_event,
     cu_copy_layers,
+    cu_blend_execute,
 };
 
 LMC_CUDA_EXPORT const lmc_cuda_ops *lmc_cuda_transfer_ops(void)

@@ -16,12 +16,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv/kv_blend_plan.h"
 #include "kv/kv_plan.h"
 
 /* 4: format NL_X_NB_BS_NH_HS (SGLang unified), whose offsets a library
  * of ABI 3 would not know; 5: the layerwise entries (event_pool,
- * record_pool_event, copy_layers). */
-#define LMC_CUDA_ABI_VERSION 5
+ * record_pool_event, copy_layers); 6: blend_execute (CacheBlend's
+ * retrieve plan on the device). */
+#define LMC_CUDA_ABI_VERSION 6
 #define LMC_CUDA_LIB_NAME "liblmcached_cuda.so"
 #define LMC_CUDA_ENTRY "lmc_cuda_transfer_ops"   /* const lmc_cuda_ops *(void) */
 #define LMC_CUDA_EVENT_HANDLE_BYTES 64
@@ -41,6 +43,37 @@ typedef struct lmc_cuda_object {
     uint32_t n_groups;
     uint64_t object_size;
 } lmc_cuda_object;
+
+/* One staged kernel group of a CacheBlend retrieve plan (plan->groups[g])
+ * as blend_execute writes it: its geometry (g), the device address of
+ * each of its g->n_tensors tensors, and its rotation: the device address
+ * of its cos/sin cache ([cache_rows, rope.rot_dim] of cache_dtype, mscale
+ * already stripped; 0 for a group the plan does not rotate) and where K
+ * is rotated in a row (kv_rope.h's lmc_kv_rope_geometry). */
+typedef struct lmc_cuda_blend_group {
+    const lmc_kv_kernel_group *g;
+    const uint64_t *tensors;
+    uint64_t cos_sin;
+    uint64_t cache_rows;
+    lmc_kv_rope_dtype cache_dtype;
+    lmc_kv_rope_geom rope;
+    lmc_kv_rope_dtype k_dtype;    /* K's element type (its size: g->geo.element_size) */
+} lmc_cuda_blend_group;
+
+/* One built plan (lmc_kv_blend_plan_build) of one registration, its host
+ * tables as built, and where the chunks' objects are: objects[chunk *
+ * n_read + read] in host memory, each at least the staging rows' nbytes
+ * long (pinned for an asynchronous copy; pageable works, synchronously).
+ * max_batch is the plan input's: the device slot pool has max_batch slots
+ * of plan->slot_stride bytes. */
+typedef struct lmc_cuda_blend {
+    const lmc_kv_blend_plan *plan;
+    const lmc_cuda_blend_group *groups;   /* plan->n_groups, in the plan's order */
+    const uint8_t *const *objects;
+    uint32_t n_read;
+    uint32_t n_chunks;
+    uint32_t max_batch;
+} lmc_cuda_blend;
 
 typedef struct lmc_cuda_ops {
     int abi_version;                   /* LMC_CUDA_ABI_VERSION */
@@ -106,6 +139,19 @@ typedef struct lmc_cuda_ops {
     int (*copy_layers)(lmc_cuda_stream *s, const lmc_cuda_object *obj, void *host,
                        const int64_t *const *blocks, const uint32_t *skip_blocks,
                        const uint32_t *from, const uint32_t *to, char *err, size_t errlen);
+    /* ---- CacheBlend (ABI 6; docs/cacheblend.md, "CUDA kernels") ---- */
+    /* Enqueues plan b->plan on the stream, wave by wave: each staging row
+     * host -> a device slot pool, then the rope rows' re-rotation of the
+     * staged K, then the scatter rows into the tensors through the plan's
+     * slot_map; the pool and the plan's tables live in stream-ordered
+     * device memory freed behind the last wave, so b and everything it
+     * points to may go when the call returns, except the objects, which
+     * must stay until the stream passes them (then/sync).  Every index the
+     * kernels read is checked first against the plan's counts, the
+     * groups' geometry and the cos/sin caches' rows; a refusal enqueues
+     * nothing.  The tensors' extents are the caller's to check (the plan
+     * was built against the registration, as for copy_object). */
+    int (*blend_execute)(lmc_cuda_stream *s, const lmc_cuda_blend *b, char *err, size_t errlen);
 } lmc_cuda_ops;
 
 #endif

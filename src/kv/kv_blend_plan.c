@@ -188,7 +188,8 @@ int lmc_kv_blend_plan_size(const lmc_kv_blend_input *in, uint64_t *bytes, char *
     return count(in, &p, bytes, err, errlen);
 }
 
-/* pos and, per staged group, slot_g[j] = B[pos[j] / bs] * bs + pos[j] % bs. */
+/* pos and, per staged group, slot_g[j] = B[pos[j] / bs] * bs + pos[j] % bs
+ * (kv_rope.h's lmc_kv_rope_slot_index, which the CUDA kernels invert). */
 static void fill_positions(const lmc_kv_blend_input *in, lmc_kv_blend_plan *p)
 {
     uint64_t j = 0;
@@ -197,12 +198,10 @@ static void fill_positions(const lmc_kv_blend_input *in, lmc_kv_blend_plan *p)
             p->pos[j++] = (int64_t)q;
     for (uint32_t g = 0; g < p->n_groups; g++) {
         uint32_t kg = p->groups[g];
-        uint64_t bs = in->kv->kg[kg].geo.bs;
-        for (j = 0; j < p->n_pos; j++) {
-            uint64_t q = (uint64_t)p->pos[j];
-            p->slot_map[g * p->n_pos + j] = in->blocks[kg][q / bs] * (int64_t)bs +
-                                            (int64_t)(q % bs);
-        }
+        uint32_t bs = in->kv->kg[kg].geo.bs;
+        for (j = 0; j < p->n_pos; j++)   /* check_input: on the table */
+            lmc_kv_rope_slot_index(in->blocks[kg], in->n_blocks[kg], bs, (uint64_t)p->pos[j],
+                                   &p->slot_map[g * p->n_pos + j]);
     }
 }
 

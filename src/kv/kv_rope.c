@@ -17,92 +17,12 @@ static int refuse(char *err, size_t errlen, const char *fmt, ...)
     return -1;
 }
 
-/* Element conversions, rounding to nearest even (docs/cacheblend.md,
- * "The math and its precision"). */
-static float f16_to_float(uint16_t h)
-{
-    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
-    if (e == 0) {
-        float f = (float)m * 0x1p-24f;   /* zero or subnormal, exact */
-        return s ? -f : f;
-    }
-    u = e == 31 ? (s | 0x7f800000u | (m << 13)) : (s | ((e + 112) << 23) | (m << 13));
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t float_to_f16(float f)
-{
-    uint32_t u, a;
-    memcpy(&u, &f, 4);
-    uint16_t s = (uint16_t)((u >> 16) & 0x8000u);
-    a = u & 0x7fffffffu;
-    if (a > 0x7f800000u)
-        return s | 0x7e00u;              /* NaN */
-    if (a >= 0x477ff000u)
-        return s | 0x7c00u;              /* 65520 and above round to infinity */
-    if (a < 0x38800000u) {               /* below 2^-14: a subnormal half */
-        float v;
-        memcpy(&v, &a, 4);
-        float r = (v * 0x1p24f + 0x1p23f) - 0x1p23f;   /* round to an integer, exact */
-        return s | (uint16_t)r;
-    }
-    a += 0xfffu + ((a >> 13) & 1u);
-    return s | (uint16_t)((a - 0x38000000u) >> 13);
-}
-
-static float bf16_to_float(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint16_t float_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static float load(lmc_kv_rope_dtype d, const void *base, uint64_t i)
-{
-    uint16_t h;
-    float f;
-    switch (d) {
-    case LMC_KV_ROPE_F32:
-        memcpy(&f, (const uint8_t *)base + i * 4, 4);
-        return f;
-    case LMC_KV_ROPE_BF16:
-        memcpy(&h, (const uint8_t *)base + i * 2, 2);
-        return bf16_to_float(h);
-    default:
-        memcpy(&h, (const uint8_t *)base + i * 2, 2);
-        return f16_to_float(h);
-    }
-}
-
-static void store(lmc_kv_rope_dtype d, void *base, uint64_t i, float f)
-{
-    uint16_t h;
-    if (d == LMC_KV_ROPE_F32) {
-        memcpy((uint8_t *)base + i * 4, &f, 4);
-        return;
-    }
-    h = d == LMC_KV_ROPE_BF16 ? float_to_bf16(f) : float_to_f16(f);
-    memcpy((uint8_t *)base + i * 2, &h, 2);
-}
-
 double lmc_kv_rope_cache_mscale(const lmc_kv_rope_cache *c)
 {
     uint64_t n = c->max_position * c->rot_dim, half = c->rot_dim / 2;
     double sum = 0;
     for (uint64_t i = 0; i < n; i++) {
-        double v = load(c->dtype, c->data, i);
+        double v = lmc_kv_rope_load(c->dtype, c->data, i);
         sum += v * v;
     }
     /* n / 2 (cos, sin) pairs; sqrt by Newton steps, free of libm */
@@ -125,7 +45,7 @@ int lmc_kv_rope_cache_normalize(lmc_kv_rope_cache *c, void **owned, char *err, s
     if (!copy)
         return refuse(err, errlen, "out of memory"), -2;
     for (uint64_t i = 0; i < n; i++)
-        store(c->dtype, copy, i, load(c->dtype, c->data, i) / (float)m);
+        lmc_kv_rope_store(c->dtype, copy, i, lmc_kv_rope_load(c->dtype, c->data, i) / (float)m);
     c->data = copy;
     *owned = copy;
     return 0;
@@ -303,14 +223,9 @@ static void delta_table(const lmc_kv_rope_cache *c, const lmc_kv_rope_match *m, 
 {
     uint32_t e = c->rot_dim / 2;
     for (uint32_t t = 0; t < m->n_tok; t++)
-        for (uint32_t i = 0; i < e; i++) {
-            uint64_t o = m->old_st + t, n = m->cur_st + t;
-            lmc_kv_rope_delta(load(c->dtype, c->data, lmc_kv_rope_cos_index(c->rot_dim, o, i)),
-                              load(c->dtype, c->data, lmc_kv_rope_sin_index(c->rot_dim, o, i)),
-                              load(c->dtype, c->data, lmc_kv_rope_cos_index(c->rot_dim, n, i)),
-                              load(c->dtype, c->data, lmc_kv_rope_sin_index(c->rot_dim, n, i)),
-                              &cd[(size_t)t * e + i], &sd[(size_t)t * e + i]);
-        }
+        for (uint32_t i = 0; i < e; i++)
+            lmc_kv_rope_delta_at(c->dtype, c->data, c->rot_dim, m->old_st + t, m->cur_st + t,
+                                 i, &cd[(size_t)t * e + i], &sd[(size_t)t * e + i]);
 }
 
 /* Pairs from..rot_dim/2-1 of every head of one K row, read from `in` and
@@ -334,8 +249,8 @@ static void delta_table(const lmc_kv_rope_cache *c, const lmc_kv_rope_match *m, 
     }
 #define SAME(v) (v)
 ROTATE_ROW(rotate_f32, float, SAME, SAME)
-ROTATE_ROW(rotate_f16, uint16_t, f16_to_float, float_to_f16)
-ROTATE_ROW(rotate_bf16, uint16_t, bf16_to_float, float_to_bf16)
+ROTATE_ROW(rotate_f16, uint16_t, lmc_kv_rope_f16_float, lmc_kv_rope_float_f16)
+ROTATE_ROW(rotate_bf16, uint16_t, lmc_kv_rope_bf16_float, lmc_kv_rope_float_bf16)
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -540,9 +455,8 @@ static void put_token(const scatter_state *st, const lmc_kv_rope_match *m, uint3
     int64_t b = 0;
     uint32_t s = 0;
     lmc_kv_rope_slot(st->t->blocks, st->t->n_blocks, g->bs, m->cur_st + tok, &b, &s);
-    uint32_t layer = lmc_kv_format_cross_layer(g->format) ? l : 0;
     uint8_t *tensor = st->t->bases[lmc_kv_rope_tensor(g, kv, l)];
-    uint8_t *dst = tensor + lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, s, 0, 0) * es;
+    uint8_t *dst = tensor + lmc_kv_rope_dst_offset(g, kv, l, (uint64_t)b, s, 0) * es;
     uint8_t *row = st->contiguous ? dst : st->scratch;
     const uint8_t *from = src;   /* the row to place head by head */
     if (rotate) {
@@ -559,7 +473,7 @@ static void put_token(const scatter_state *st, const lmc_kv_rope_match *m, uint3
     if (st->contiguous)
         return;
     for (uint32_t h = 0; h < g->nh; h++)
-        memcpy(tensor + lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, s, h, 0) * es,
+        memcpy(tensor + lmc_kv_rope_dst_offset(g, kv, l, (uint64_t)b, s, h) * es,
                from + h * hs_bytes, (size_t)hs_bytes);
 }
 
@@ -579,10 +493,9 @@ static void put_span(const scatter_state *st, const lmc_kv_rope_match *m, uint32
     int64_t b = 0;
     uint32_t s = 0;
     lmc_kv_rope_slot(st->t->blocks, st->t->n_blocks, g->bs, m->cur_st + tok0, &b, &s);
-    uint32_t layer = lmc_kv_format_cross_layer(g->format) ? l : 0;
-    uint64_t at = lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, 0, 0, 0);
-    uint64_t slot_step = (lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, 1, 0, 0) - at) * es;
-    uint64_t head_step = (lmc_kv_paged_offset(g, kv, layer, (uint64_t)b, 0, 1, 0) - at) * es;
+    uint64_t at = lmc_kv_rope_dst_offset(g, kv, l, (uint64_t)b, 0, 0);
+    uint64_t slot_step = (lmc_kv_rope_dst_offset(g, kv, l, (uint64_t)b, 1, 0) - at) * es;
+    uint64_t head_step = (lmc_kv_rope_dst_offset(g, kv, l, (uint64_t)b, 0, 1) - at) * es;
     uint8_t *dst = st->t->bases[lmc_kv_rope_tensor(g, kv, l)] + at * es + s * slot_step;
     const uint8_t *src = m->entry + lmc_kv_object_offset(g, k->slots, kv, l, tok0, 0, 0) * es;
     size_t e = st->one.rot_dim / 2;
@@ -651,12 +564,13 @@ int lmc_kv_rope_rotate_entry(const lmc_kv_rope_target *t, const lmc_kv_rope_matc
     delta_table(t->cache, &all, cd, sd);
     bool vec = have_vec();
     uint8_t *entry = (uint8_t *)m->entry;   /* the caller's staging slot, writable */
-    for (uint32_t l = 0; l < g->nl; l++)
-        for (uint32_t tok = 0; tok < k->slots; tok++) {
-            uint8_t *row = entry + lmc_kv_object_offset(g, k->slots, 0, l, tok, 0, 0) *
-                                       g->element_size;
-            rotate_row(t->k_dtype, vec, row, row, t->rope, cd + tok * e, sd + tok * e, false);
-        }
+    for (uint64_t r = 0; r < (uint64_t)g->nl * k->slots; r++) {
+        uint32_t l, tok;
+        lmc_kv_rope_entry_row(k->slots, r, &l, &tok);
+        uint8_t *row = entry + lmc_kv_object_offset(g, k->slots, 0, l, tok, 0, 0) *
+                                   g->element_size;
+        rotate_row(t->k_dtype, vec, row, row, t->rope, cd + tok * e, sd + tok * e, false);
+    }
     free(cd);
     free(sd);
     return 0;

@@ -7,16 +7,18 @@
  *
  * The index arithmetic (which elements form a rotation pair, where a
  * position's cos/sin sit in the cache, which paged slot a position maps
- * to, the rotation itself) is `static inline` and `__host__ __device__`
- * under nvcc, like kv_format.h's offsets, so that the CPU implementation
- * (kv_rope.c) and a CUDA kernel compile the very same formulas and the CPU
- * tests check them. */
+ * to, the rotation itself, the element conversions) is `static inline`
+ * and `__host__ __device__` under nvcc, like kv_format.h's offsets, so that
+ * the CPU implementation (kv_rope.c) and the CUDA kernels (cuda_blend.cu,
+ * docs/cacheblend.md "CUDA kernels") compile the very same formulas and
+ * the CPU tests check them. */
 #ifndef LMC_KV_KV_ROPE_H
 #define LMC_KV_KV_ROPE_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kv/kv_format.h"
 #include "kv/kv_plan.h"
@@ -31,6 +33,87 @@ typedef enum lmc_kv_rope_dtype {
 LMC_KV_INLINE uint32_t lmc_kv_rope_dtype_size(lmc_kv_rope_dtype d)
 {
     return d == LMC_KV_ROPE_F32 ? 4u : 2u;
+}
+
+/* Element conversions, rounding to nearest even (docs/cacheblend.md,
+ * "The math and its precision"); bit patterns move through memcpy, which
+ * nvcc compiles in device code too. */
+LMC_KV_INLINE float lmc_kv_rope_bits_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+LMC_KV_INLINE uint32_t lmc_kv_rope_float_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+LMC_KV_INLINE float lmc_kv_rope_f16_float(uint16_t h)
+{
+    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        float f = (float)m * 0x1p-24f;   /* zero or subnormal, exact */
+        return s ? -f : f;
+    }
+    return lmc_kv_rope_bits_float(e == 31 ? (s | 0x7f800000u | (m << 13))
+                                          : (s | ((e + 112) << 23) | (m << 13)));
+}
+
+LMC_KV_INLINE uint16_t lmc_kv_rope_float_f16(float f)
+{
+    uint32_t u = lmc_kv_rope_float_bits(f), a = u & 0x7fffffffu;
+    uint16_t s = (uint16_t)((u >> 16) & 0x8000u);
+    if (a > 0x7f800000u)
+        return s | 0x7e00u;              /* NaN */
+    if (a >= 0x477ff000u)
+        return s | 0x7c00u;              /* 65520 and above round to infinity */
+    if (a < 0x38800000u) {               /* below 2^-14: a subnormal half */
+        float v = lmc_kv_rope_bits_float(a);
+        float r = (v * 0x1p24f + 0x1p23f) - 0x1p23f;   /* round to an integer, exact */
+        return s | (uint16_t)r;
+    }
+    a += 0xfffu + ((a >> 13) & 1u);
+    return s | (uint16_t)((a - 0x38000000u) >> 13);
+}
+
+LMC_KV_INLINE float lmc_kv_rope_bf16_float(uint16_t b)
+{
+    return lmc_kv_rope_bits_float((uint32_t)b << 16);
+}
+
+LMC_KV_INLINE uint16_t lmc_kv_rope_float_bf16(float f)
+{
+    uint32_t u = lmc_kv_rope_float_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Element i of an array of type d, as float32 (exact), and stored back
+ * rounded to d. */
+LMC_KV_INLINE float lmc_kv_rope_load(lmc_kv_rope_dtype d, const void *base, uint64_t i)
+{
+    uint16_t h;
+    float f;
+    if (d == LMC_KV_ROPE_F32) {
+        memcpy(&f, (const uint8_t *)base + i * 4, 4);
+        return f;
+    }
+    memcpy(&h, (const uint8_t *)base + i * 2, 2);
+    return d == LMC_KV_ROPE_BF16 ? lmc_kv_rope_bf16_float(h) : lmc_kv_rope_f16_float(h);
+}
+
+LMC_KV_INLINE void lmc_kv_rope_store(lmc_kv_rope_dtype d, void *base, uint64_t i, float f)
+{
+    if (d == LMC_KV_ROPE_F32) {
+        memcpy((uint8_t *)base + i * 4, &f, 4);
+        return;
+    }
+    uint16_t h = d == LMC_KV_ROPE_BF16 ? lmc_kv_rope_float_bf16(f) : lmc_kv_rope_float_f16(f);
+    memcpy((uint8_t *)base + i * 2, &h, 2);
 }
 
 /* A registered cos/sin cache: `max_position` rows of `rot_dim` elements,
@@ -87,6 +170,19 @@ LMC_KV_INLINE void lmc_kv_rope_delta(float cos_old, float sin_old, float cos_new
     *sin_d = sin_new * cos_old - cos_new * sin_old;
 }
 
+/* The rotation of pair i from position o to position n, read from a
+ * cos/sin cache of rot_dim columns and type d. */
+LMC_KV_INLINE void lmc_kv_rope_delta_at(lmc_kv_rope_dtype d, const void *cache, uint32_t rot_dim,
+                                        uint64_t o, uint64_t n, uint32_t i, float *cos_d,
+                                        float *sin_d)
+{
+    lmc_kv_rope_delta(lmc_kv_rope_load(d, cache, lmc_kv_rope_cos_index(rot_dim, o, i)),
+                      lmc_kv_rope_load(d, cache, lmc_kv_rope_sin_index(rot_dim, o, i)),
+                      lmc_kv_rope_load(d, cache, lmc_kv_rope_cos_index(rot_dim, n, i)),
+                      lmc_kv_rope_load(d, cache, lmc_kv_rope_sin_index(rot_dim, n, i)), cos_d,
+                      sin_d);
+}
+
 LMC_KV_INLINE void lmc_kv_rope_apply(float x, float y, float cos_d, float sin_d, float *x_out,
                                      float *y_out)
 {
@@ -107,6 +203,34 @@ LMC_KV_INLINE bool lmc_kv_rope_slot(const int64_t *table, uint64_t n_blocks, uin
     return true;
 }
 
+/* The same position as one paged slot index, block * bs + slot (the
+ * retrieve plan's slot_map), and back; false past the table. */
+LMC_KV_INLINE bool lmc_kv_rope_slot_index(const int64_t *table, uint64_t n_blocks, uint32_t bs,
+                                          uint64_t pos, int64_t *index)
+{
+    int64_t b;
+    uint32_t s;
+    if (!lmc_kv_rope_slot(table, n_blocks, bs, pos, &b, &s))
+        return false;
+    *index = b * (int64_t)bs + (int64_t)s;
+    return true;
+}
+LMC_KV_INLINE void lmc_kv_rope_slot_split(int64_t index, uint32_t bs, int64_t *block,
+                                          uint32_t *slot)
+{
+    *block = index / (int64_t)bs;
+    *slot = (uint32_t)(index % (int64_t)bs);
+}
+
+/* Row `row` of a staged entry's K plane, rows taken layer by layer: its
+ * layer and slot; the slot's position is the chunk's start plus it. */
+LMC_KV_INLINE void lmc_kv_rope_entry_row(uint32_t slots, uint64_t row, uint32_t *layer,
+                                         uint32_t *slot)
+{
+    *layer = (uint32_t)(row / slots);
+    *slot = (uint32_t)(row % slots);
+}
+
 /* The registered tensor holding plane kv of layer l: the one cross-layer
  * tensor, K tensors then V tensors, or one per layer. */
 LMC_KV_INLINE uint32_t lmc_kv_rope_tensor(const lmc_kv_geometry *g, uint32_t kv, uint32_t l)
@@ -114,6 +238,15 @@ LMC_KV_INLINE uint32_t lmc_kv_rope_tensor(const lmc_kv_geometry *g, uint32_t kv,
     if (lmc_kv_format_cross_layer(g->format))
         return 0;
     return lmc_kv_format_kv_lists(g->format) ? kv * g->nl + l : l;
+}
+
+/* Element offset, in that tensor, of element 0 of head h of paged slot
+ * (b, s) of plane kv of layer l (the layer enters the formula only in a
+ * cross-layer tensor). */
+LMC_KV_INLINE uint64_t lmc_kv_rope_dst_offset(const lmc_kv_geometry *g, uint32_t kv, uint32_t l,
+                                              uint64_t b, uint32_t s, uint32_t h)
+{
+    return lmc_kv_paged_offset(g, kv, lmc_kv_format_cross_layer(g->format) ? l : 0, b, s, h, 0);
 }
 
 /* Checks a cos/sin cache of `bytes` bytes as [rows, cols] of `dtype` and

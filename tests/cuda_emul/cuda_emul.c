@@ -372,6 +372,18 @@ static int emul_read(int device, uint64_t src, void *host, uint64_t bytes, char 
     return 0;
 }
 
+/* CacheBlend's device executor has no stand-in here: the CPU executor
+ * (kv_blend_plan.h) is what runs without a GPU (docs/cacheblend.md,
+ * "CUDA kernels"). */
+static int emul_blend_execute(lmc_cuda_stream *s, const lmc_cuda_blend *b, char *err,
+                              size_t errlen)
+{
+    (void)s, (void)b;
+    snprintf(err, errlen, "blend_execute: the CPU stand-in of %s does not run it",
+             LMC_CUDA_LIB_NAME);
+    return -1;
+}
+
 static const lmc_cuda_ops emul_ops = {
     .abi_version = LMC_CUDA_ABI_VERSION,
     .init = emul_init,
@@ -391,6 +403,7 @@ static const lmc_cuda_ops emul_ops = {
     .event_pool = emul_event_pool,
     .record_pool_event = emul_record_pool_event,
     .copy_layers = emul_copy_layers,
+    .blend_execute = emul_blend_execute,
 };
 
 const lmc_cuda_ops *lmc_cuda_transfer_ops(void);

@@ -9,6 +9,7 @@
 #   .gitignore keeps out of git; carry it to the GPU machine explicitly).
 #
 # Layout:  BUNDLE/lmcached  BUNDLE/liblmcached_cuda.so  BUNDLE/lmcache-cli
+#          BUNDLE/blend_check (CacheBlend's device executor check, if built)
 #          BUNDLE/lib/*.so*  BUNDLE/zmq-libs.txt (libzmq's closure, in
 #          ldd order, for the test's ctypes preloading)  BUNDLE/MANIFEST
 set -euo pipefail
@@ -43,6 +44,7 @@ rm -rf "$OUT"
 mkdir -p "$OUT/lib"
 cp -L "$BUILD/lmcached" "$BUILD/liblmcached_cuda.so" "$OUT/"
 [ -x "$BUILD/lmcache-cli" ] && cp -L "$BUILD/lmcache-cli" "$OUT/"
+[ -x "$BUILD/blend_check" ] && cp -L "$BUILD/blend_check" "$OUT/"
 
 copy_deps() {
     local name path
@@ -54,6 +56,7 @@ copy_deps() {
 deps "$OUT/lmcached" | copy_deps
 deps "$OUT/liblmcached_cuda.so" | copy_deps
 [ -e "$OUT/lmcache-cli" ] && deps "$OUT/lmcache-cli" | copy_deps
+[ -e "$OUT/blend_check" ] && deps "$OUT/blend_check" | copy_deps
 deps "$ZMQ" | copy_deps
 cp -L "$ZMQ" "$OUT/lib/libzmq.so.5"
 

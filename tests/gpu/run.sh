@@ -5,7 +5,8 @@
 #
 #   tests/gpu/run.sh [BUNDLE_DIR] [test_cuda_ipc.py options...]
 #
-# BUNDLE_DIR defaults to tests/gpu/bundle.  By default: the plugin and
+# BUNDLE_DIR defaults to tests/gpu/bundle.  First blend_check (CacheBlend's
+# CUDA kernels against the CPU executor), then by default: the plugin and
 # server correctness phases, then, once they passed, the bandwidth phase
 # (STORE/RETRIEVE beside cudaMemcpyAsync; its SUMMARY line says MET or NOT
 # MET, which never changes the exit status).  --no-bench skips it, --bench
@@ -41,6 +42,20 @@ export PYTHONUNBUFFERED=1
 
 export GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-480}
 start=$(date +%s)
+# CacheBlend's device executor against the CPU one (blend_check.c), first:
+# a small C program that needs no torch (not with --zmq-selftest or --bench).
+case " $* " in
+    *" --zmq-selftest "*|*" --bench "*) ;;
+    *)
+        [ -x "$BUNDLE/blend_check" ] ||
+            fail "no $BUNDLE/blend_check (build with nvcc present, then tests/gpu/bundle.sh)"
+        bc_timeout=""
+        command -v timeout >/dev/null && bc_timeout="timeout --kill-after=10 120"
+        LD_LIBRARY_PATH="$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+            $bc_timeout "$BUNDLE/blend_check" "$BUNDLE/liblmcached_cuda.so" ||
+            fail "blend_check (CacheBlend's CUDA kernels against the CPU executor)"
+        ;;
+esac
 if command -v timeout >/dev/null; then
     # its own process group: lmcached goes too
     timeout --kill-after=10 "$GPU_TEST_TIMEOUT" "$PY" "$HERE/test_cuda_ipc.py" --bundle "$BUNDLE" "$@"

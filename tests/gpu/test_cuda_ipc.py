@@ -717,6 +717,8 @@ class CudaOps(ctypes.Structure):
                                          ctypes.POINTER(ctypes.c_uint32),
                                          ctypes.POINTER(ctypes.c_uint32),
                                          ctypes.POINTER(ctypes.c_uint32), _cp, _sz)),
+        # ABI 6: CacheBlend's plan (tests/gpu/blend_check.c drives it)
+        ("blend_execute", ctypes.CFUNCTYPE(_i, _vp, _vp, _cp, _sz)),
     ]
 
 
@@ -725,7 +727,7 @@ def load_plugin(path):
     entry = lib.lmc_cuda_transfer_ops
     entry.restype, entry.argtypes = ctypes.POINTER(CudaOps), []
     ops = entry().contents
-    check(ops.abi_version == 5, f"plugin ABI {ops.abi_version}, want 5")
+    check(ops.abi_version == 6, f"plugin ABI {ops.abi_version}, want 6")
     return lib, ops
 
 

@@ -369,6 +369,56 @@ static void test_index_helpers(void **state)
     assert_true(xo == 0.0f && yo == 1.0f);
 }
 
+/* The helpers added for the CUDA kernels (docs/cacheblend.md, "CUDA
+ * kernels"): a slot index splits back into what lmc_kv_rope_slot gives,
+ * entry rows go layer by layer, the destination offset takes the layer
+ * only in a cross-layer tensor, the delta reads the four cache elements
+ * lmc_kv_rope_cos/sin_index name, and the conversions round as the
+ * rotation does. */
+static void test_kernel_helpers(void **state)
+{
+    (void)state;
+    int64_t table[] = {9, 4, 7}, idx, b, b2;
+    uint32_t s, s2;
+    for (uint64_t pos = 0; pos < 48; pos++) {
+        assert_true(lmc_kv_rope_slot_index(table, 3, 16, pos, &idx));
+        assert_true(lmc_kv_rope_slot(table, 3, 16, pos, &b, &s));
+        lmc_kv_rope_slot_split(idx, 16, &b2, &s2);
+        assert_int_equal(b2, b);
+        assert_int_equal(s2, s);
+        assert_int_equal(idx, b * 16 + s);
+    }
+    assert_false(lmc_kv_rope_slot_index(table, 3, 16, 48, &idx));
+    uint32_t l, t;
+    lmc_kv_rope_entry_row(24, 2 * 24 + 5, &l, &t);
+    assert_int_equal(l, 2);
+    assert_int_equal(t, 5);
+    lmc_kv_geometry cross = {LMC_KV_NB_NL_TWO_BS_NH_HS, 2, 3, 4, 16, 2, 8, 2, 0};
+    lmc_kv_geometry nhd = {LMC_KV_NL_X_TWO_NB_BS_NH_HS, 2, 3, 4, 16, 2, 8, 2, 0};
+    assert_int_equal(lmc_kv_rope_dst_offset(&cross, 1, 2, 3, 5, 1),
+                     lmc_kv_paged_offset(&cross, 1, 2, 3, 5, 1, 0));
+    assert_int_equal(lmc_kv_rope_dst_offset(&nhd, 1, 2, 3, 5, 1),
+                     lmc_kv_paged_offset(&nhd, 1, 0, 3, 5, 1, 0));
+    /* rows 3 (old) and 5 (new) of a 4-wide cache: pair 1's cos and sin */
+    float cache[6 * 4] = {0}, cd, sd, c2, s2f;
+    cache[3 * 4 + 1] = 0.6f;
+    cache[3 * 4 + 3] = 0.8f;
+    cache[5 * 4 + 1] = 0.8f;
+    cache[5 * 4 + 3] = 0.6f;
+    lmc_kv_rope_delta_at(LMC_KV_ROPE_F32, cache, 4, 3, 5, 1, &cd, &sd);
+    lmc_kv_rope_delta(0.6f, 0.8f, 0.8f, 0.6f, &c2, &s2f);
+    assert_true(cd == c2 && sd == s2f);
+    uint16_t h[3];
+    lmc_kv_rope_store(LMC_KV_ROPE_BF16, h, 0, 1.0f + 0x1p-8f);      /* a tie: to even */
+    lmc_kv_rope_store(LMC_KV_ROPE_BF16, h, 1, 1.0f + 0x1p-8f + 0x1p-20f);
+    lmc_kv_rope_store(LMC_KV_ROPE_F16, h, 2, 0x1p-24f * 3);          /* subnormal half */
+    assert_int_equal(h[0], 0x3F80);
+    assert_int_equal(h[1], 0x3F81);
+    assert_int_equal(h[2], 3);
+    assert_true(lmc_kv_rope_load(LMC_KV_ROPE_F16, h, 2) == 0x1p-24f * 3);
+    assert_true(lmc_kv_rope_load(LMC_KV_ROPE_BF16, h, 1) == 1.0f + 0x1p-7f);
+}
+
 static void expect_refused(fixture *f, size_t n, const char *needle)
 {
     char err[256] = "";
@@ -599,6 +649,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_index_helpers),
+        cmocka_unit_test(test_kernel_helpers),
         cmocka_unit_test(test_rotate_types_and_dims),
         cmocka_unit_test(test_cache_type_differs),
         cmocka_unit_test(test_formats),

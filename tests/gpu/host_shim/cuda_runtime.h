@@ -1,0 +1,2 @@
+/* See cuda_runtime_api.h. */
+#include "cuda_runtime_api.h"
