@@ -72,18 +72,21 @@ NO_EVENT = b""
 
 
 class Worker:
-    """One rank-0 vLLM worker: paged KV `g` registered as `instance`."""
+    """One vLLM worker (rank `rank` of `world_size`): paged KV `g`
+    registered as `instance`."""
 
-    def __init__(self, srv, instance, g, model="m"):
+    def __init__(self, srv, instance, g, model="m", rank=0, world_size=1):
         self.srv, self.id, self.g, self.model = srv, instance, g, model
+        self.rank, self.world_size = rank, world_size
         self.d = srv.dealer()
-        frames = self.d.call(REGISTER_KV_CACHE, instance, g.handles(), model, 1, "vllm",
-                             {"kv_layout": HINTS[g.fmt]}, [])
+        frames = self.d.call(REGISTER_KV_CACHE, instance, g.handles(), model, world_size,
+                             "vllm", {"kv_layout": HINTS[g.fmt]}, [])
         assert frames is not None and len(frames) == 2, srv.output()[-3000:]
 
     def store(self, tokens, start, end, blocks, rid):
-        reply = unpack(self.d.call(STORE, ipc_key(tokens, start, end, rid, worker_id=0,
-                                                  model=self.model), self.id, [blocks], ZEROS))
+        key = ipc_key(tokens, start, end, rid, worker_id=self.rank, model=self.model,
+                      world_size=self.world_size)
+        reply = unpack(self.d.call(STORE, key, self.id, [blocks], ZEROS))
         assert reply == [ZEROS, True] or reply == [NO_EVENT, True], reply
         self.d.call(END_SESSION, rid)
 
@@ -147,7 +150,8 @@ def check_found(result, expected=EXPECTED, prefix=CS):
 
 def check_scattered(g, found, table, cache, neox, rot_dim, expected=EXPECTED):
     """Every matched token's V rows are the stored bytes and its K rows
-    the stored K re-rotated from old to new within the docs' tolerance."""
+    the stored K re-rotated from old to new within the docs' tolerance
+    (cache None: not rotated, the stored bytes too)."""
     bad = []
     for m, (i, old_st, cur_st) in zip(found, expected):
         assert (m["old_st"], m["cur_st"]) == (old_st, cur_st)
@@ -156,6 +160,9 @@ def check_scattered(g, found, table, cache, neox, rot_dim, expected=EXPECTED):
             assert bc.position_rows(g, table, new, 1) == bc.position_rows(g, src_blocks(i), old, 1)
             got_k = bc.position_rows(g, table, new, 0)
             stored_k = bc.position_rows(g, src_blocks(i), old, 0)
+            if cache is None:
+                assert got_k == stored_k, (m, t)
+                continue
             for got, stored in zip(got_k, stored_k):
                 bad += bc.k_rerotation_errors(got, stored, old, new, cache.rows, rot_dim, neox,
                                               g.dtype)
@@ -371,7 +378,7 @@ def test_reordered_documents_are_found_and_re_rotated(srv, fmt, dtype, neox, rot
     w = Worker(srv, 3, g)
     cache = bc.RopeCache(f"reord_{fmt}", MAX_POSITION, rot_dim, cache_dtype)
     assert len(bc.register_rope(w.d, 3, [cache], HS, neox)) == 2
-    store_documents(w, seed=hash((fmt, dtype, neox, rot_dim)) & 0xFFFF)
+    store_documents(w, seed=LAYOUTS.index((fmt, dtype, neox, rot_dim, cache_dtype)))
     assert registered_chunks(srv, 8) == 8
 
     found = check_found(bc.unified_lookup(w.d, NEW_PROMPT, "new", CS))
@@ -379,9 +386,62 @@ def test_reordered_documents_are_found_and_re_rotated(srv, fmt, dtype, neox, rot
     assert bc.retrieve(w.d, NEW_PROMPT, "new", CS, found, [DST], 3) == [NO_EVENT, True]
     assert changed_slots(g, before) == slots_of(DST, found)
     check_scattered(g, found, DST, cache, neox, rot_dim)
+    # The prefix part loads with the ordinary RETRIEVE: the unified lookup
+    # read-locked it as LOOKUP does (§1.4 step 7, §2.4).
+    reply = unpack(w.d.call(RETRIEVE, ipc_key(NEW_PROMPT, 0, CS, "new", worker_id=0), 3,
+                            [DST[:2]], ZEROS, 0))
+    assert reply[1] is True, reply
+    for p in range(CS):
+        for kv in (0, 1):
+            assert bc.position_rows(g, DST, p, kv) == bc.position_rows(g, src_blocks(0), p, kv)
+    assert changed_slots(g, before) == slots_of(DST, found) | {(b, s) for b in DST[:2]
+                                                               for s in range(BS)}
     noop_answers(w.d)
     cache.close()
     w.close()
+
+
+@pytest.mark.parametrize("nope", ["no caches", "group_rot []"])
+def test_unrotated_groups_move_k_verbatim(srv, nope):
+    """A NoPE model (no cos/sin cache) or a group declared not rotated
+    (group_rot entry []) gets K copied as stored, shifted or not (§2.2,
+    §4.1)."""
+    g = PagedKV("nope", "fa_nhd", nl=NL, nb=NB, bs=BS, nh=NH, hs=HS, dtype="bfloat16")
+    w = Worker(srv, 8, g)
+    cache = bc.RopeCache("nope", MAX_POSITION, HS)
+    args = ([], HS, True) if nope == "no caches" else ([cache], HS, True, [0], [[]])
+    assert len(bc.register_rope(w.d, 8, *args)) == 2
+    store_documents(w, seed=21)
+    found = check_found(bc.unified_lookup(w.d, NEW_PROMPT, "nope", CS))
+    before = snapshot(g)
+    assert bc.retrieve(w.d, NEW_PROMPT, "nope", CS, found, [DST], 8) == [NO_EVENT, True]
+    assert changed_slots(g, before) == slots_of(DST, found)
+    check_scattered(g, found, DST, None, True, HS)
+    cache.close()
+    w.close()
+
+
+def test_only_rank_0_stores_register_fingerprints(world, srv):
+    """Of a world of two, rank 1's STORE registers no fingerprint; once
+    rank 0 has stored too, the document is found (every rank's object
+    present) at its new position (§2.7, §3.7 H)."""
+    rank0, rank1 = (Worker(srv, 30 + r, PagedKV(f"rank{r}", "fa_nhd", nl=NL, nb=16, bs=BS,
+                                                nh=NH, hs=HS, dtype="bfloat16"),
+                           model="m2", rank=r, world_size=2) for r in (0, 1))
+    prompt = preamble(0) + doc(0)
+    new = preamble(4) + filler(5, 8) + doc(0) + filler(11, 9)
+    kw = {"model": "m2", "world_size": 2}
+    rank1.store(prompt, 0, 3 * CS, list(range(1, 7)), "r1")
+    # The lookup drains the registrations still queued before it matches.
+    got = bc.unified_lookup(world.d, new, "w2-a", CS, **kw)
+    assert got["non_prefix_segments"] == [] and registered_chunks(srv, 8, timeout=0) == 8
+    rank0.store(prompt, 0, 3 * CS, list(range(1, 7)), "r0")
+    assert registered_chunks(srv, 10) == 10
+    got = bc.unified_lookup(world.d, new, "w2-b", CS, **kw)
+    assert [(m["old_st"], m["cur_st"]) for m in got["non_prefix_segments"]] == [(16, 21),
+                                                                               (32, 37)], got
+    rank0.close()
+    rank1.close()
 
 
 def test_chunk_0_of_a_stored_range_is_never_fingerprinted(world, srv):
@@ -558,6 +618,8 @@ def test_bad_inputs_are_refused_and_the_server_keeps_serving(world, srv):
         ((bc.CB_UNIFIED_LOOKUP, dict(key, token_ids="abc"), 1), ["token"]),
         ((bc.CB_RETRIEVE_PRE_COMPUTED, dict(key, worker_id=0), [good_m], DST, 5, b""),
          ["block"]),
+        ((bc.CB_RETRIEVE_PRE_COMPUTED, dict(key, worker_id=0), [good_m], [], 5, b""),
+         ["block", "group"]),
         ((bc.CB_RETRIEVE_PRE_COMPUTED, dict(key, worker_id=0), [dict(good_m, hash=b"ab")],
           [DST], 5, b""), ["hash"]),
         ((bc.CB_RETRIEVE_PRE_COMPUTED, dict(key, worker_id=0), [dict(good_m, cur_ed=24)],
