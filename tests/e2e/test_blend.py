@@ -14,6 +14,7 @@ the default-mode check of the document fixture and the refusals that
 already hold run today."""
 import json
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -96,8 +97,18 @@ class Worker:
 
 
 def status(srv):
-    with urllib.request.urlopen(f"http://127.0.0.1:{srv.http_port}/status", timeout=5) as r:
-        return json.load(r)
+    """GET /status; the HTTP frontend may come up a moment after NOOP is
+    answered, so a refused connection is retried for a while."""
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{srv.http_port}/status",
+                                        timeout=5) as r:
+                return json.load(r)
+        except urllib.error.URLError as e:
+            if isinstance(e, urllib.error.HTTPError) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def registered_chunks(srv, want, timeout=5.0):
