@@ -376,8 +376,8 @@ def test_body_limits(start_coordinator):
     assert c.call("GET", "/nowhere")[0] == 404
     assert c.call("PATCH", "/events")[0] == 405
     st, r = c.call("POST", "/blend/match", {})
-    assert st == 501 and "CacheBlend" in r["detail"]
-    assert c.call("POST", "/directory/blend-lookup", {})[0] == 501
+    assert st == 501 and "/blend/" in r["detail"]
+    assert c.call("POST", "/directory/blend-lookup", {})[0] == 400
 
 
 def test_buffered_body_budget(start_coordinator):
