@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "coordinator/coord_blend.h"
+#include "core/base64.h"
+#include "core/hex.h"
 #include "coordinator/coord_internal.h"
 #include "storage/object_key.h"
 
@@ -61,45 +63,6 @@ void coordinator_blend_feed(lmc_coord *co, const coordinator_event_request *r)
 
 /* ---- the query ---------------------------------------------------------------- */
 
-static int b64_value(unsigned char c)
-{
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    return c == '+' ? 62 : c == '/' ? 63 : -1;
-}
-
-/* Standard base64 (padding required) into bytes; -1 when it is not. */
-static int b64_decode(const char *s, size_t len, uint8_t *out, size_t *n)
-{
-    if (len % 4)
-        return -1;
-    size_t o = 0;
-    for (size_t i = 0; i < len; i += 4) {
-        int v[4], pad = 0;
-        for (int j = 0; j < 4; j++) {
-            bool last = i + 4 == len;
-            if (last && j >= 2 && s[i + j] == '=' && (j == 3 || s[i + 3] == '=')) {
-                v[j] = 0;
-                pad++;
-            } else if ((v[j] = b64_value((unsigned char)s[i + j])) < 0) {
-                return -1;
-            }
-        }
-        uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
-        out[o++] = (uint8_t)(w >> 16);
-        if (pad < 2)
-            out[o++] = (uint8_t)(w >> 8);
-        if (pad < 1)
-            out[o++] = (uint8_t)w;
-    }
-    *n = o;
-    return 0;
-}
-
 /* The query's tokens from tokens_b64 (LE uint32) or token_ids; 0 or -1
  * with why naming the field. */
 static int query_tokens(const json_t *body, uint32_t **out, size_t *n, char *why, size_t whylen)
@@ -110,7 +73,7 @@ static int query_tokens(const json_t *body, uint32_t **out, size_t *n, char *why
     if (b64) {
         size_t len = json_string_length(b64), bytes;
         uint8_t *raw = json_is_string(b64) && len / 4 * 3 <= COORD_MAX_TOKENS * 4 ? malloc(len / 4 * 3 + 1) : NULL;
-        if (!raw || b64_decode(json_string_value(b64), len, raw, &bytes) != 0 || bytes % 4) {
+        if (!raw || !lmc_base64_decode(json_string_value(b64), len, raw, &bytes) || bytes % 4) {
             free(raw);
             return snprintf(why, whylen, "tokens_b64 must be a str: standard base64 of at most "
                                          "%zu little-endian uint32 tokens", COORD_MAX_TOKENS), -1;
@@ -171,9 +134,7 @@ static json_t *matches_json(const coordinator_blend_hit *h, size_t n)
     json_t *list = json_array();
     for (size_t i = 0; list && i < n; i++) {
         char hex[2 * COORD_HASH_MAX + 1];
-        for (size_t j = 0; j < h[i].hash_len; j++)
-            snprintf(hex + 2 * j, 3, "%02x", h[i].hash[j]);
-        hex[2 * h[i].hash_len] = '\0';
+        lmc_hex_encode(h[i].hash, h[i].hash_len, hex);
         json_array_append_new(list, json_pack("{s:s, s:I, s:I}", "chunk_hash", hex, "old_st",
                                               (json_int_t)h[i].old_st, "cur_st",
                                               (json_int_t)h[i].cur_st));

@@ -104,16 +104,6 @@ def test_bound_probe_stride_and_bad_bodies(start_coordinator):
     assert st == 400 and "JSON object" in r["detail"], r
 
 
-def test_refused_settings(tmp_path):
-    import os
-    import subprocess
-    from test_coordinator_api import COORDINATOR, P
-    for name, value in [("BLEND_PROBE_STRIDE", "0"), ("MAX_BLEND_CHUNKS", "0")]:
-        env = {**os.environ, P + "DB_PATH": str(tmp_path / "c.db"), P + name: value}
-        p = subprocess.run([COORDINATOR], env=env, capture_output=True, timeout=20)
-        assert p.returncode != 0 and (P + name).encode() in p.stderr + p.stdout, p
-
-
 def test_fleet_finds_a_servers_chunks_at_shifted_positions(fleet):
     """A real lmcached reports the tokens and positions of the chunks it
     stores; the coordinator then finds them inside another prompt."""
