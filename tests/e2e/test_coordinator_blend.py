@@ -89,6 +89,8 @@ def test_bound_probe_stride_and_bad_bodies(start_coordinator):
     assert post_events(c, store_batch(1, entries))[0] == 200
     stats = c.call("GET", "/directory/stats")[1]["blend"]
     assert stats["chunks"] == 2 and stats["refused"] == 1, stats
+    assert c.metric("lmcache_mp_coordinator_blend_refused_total") == 1
+    assert c.metric("lmcache_mp_coordinator_blend_chunks") == 2
     # Probed at even positions only: the chunk at position 1 is not seen.
     assert lookup(c, [0, 1, 2, 3, 9]) == [(hexh(1), 0, 0)]
     assert lookup(c, [9, 0, 1, 2, 3]) == []
