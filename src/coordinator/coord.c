@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "coordinator/coord_blend.h"
 #include "coordinator/coord_internal.h"
 #include "obs/log.h"
 
@@ -138,6 +139,14 @@ int coordinator_start(const coordinator_config *c, lmc_coord **out, char *err, s
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
+    if (c->enable_blend_lookup &&
+        !(co->blend = coordinator_blend_new(&(coordinator_blend_opts){
+              .chunk_size = c->chunk_size, .probe_stride = c->blend_probe_stride,
+              .max_chunks = c->max_blend_chunks}))) {
+        snprintf(err, errlen, "LMCACHE_MP_COORDINATOR_MAX_BLEND_CHUNKS: out of memory for "
+                              "the blend index's tables");
+        goto fail;
+    }
     if (open_state(co, err, errlen) != 0 || coordinator_http_start(co, err, errlen) != 0)
         goto fail;
     if (start_periodic(co, &co->sweep, c->health_check_interval_s, coordinator_sweep_once,
@@ -172,6 +181,7 @@ void coordinator_stop(lmc_coord *co)
         coordinator_members_free(co);
     coordinator_state_free(&co->st);
     lmc_token_hasher_free(co->hasher);
+    coordinator_blend_free(co->blend);
     coordinator_metrics_free(co->metrics);
     pthread_cond_destroy(&co->wake);
     pthread_mutex_destroy(&co->mu);

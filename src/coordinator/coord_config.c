@@ -17,6 +17,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "coordinator/coord_blend.h"
 #include "coordinator/coordinator.h"
 #include "hash/token_hash.h"
 
@@ -44,6 +45,8 @@ void coordinator_config_defaults(coordinator_config *c)
     c->metrics_enabled = true;
     c->max_keys = LMC_COORD_DEFAULT_MAX_KEYS;
     c->max_buffered_mb = LMC_COORD_DEFAULT_MAX_BUFFERED_MB;
+    c->blend_probe_stride = 1;
+    c->max_blend_chunks = COORD_BLEND_DEFAULT_MAX_CHUNKS;
 }
 
 typedef enum { POSITIVE, NONNEG, FRACTION, WATERMARK } range;
@@ -62,8 +65,6 @@ typedef struct {
     bool secret;     /* --print-config shows "***" */
 } setting;
 
-static int refuse_blend(const coordinator_config *c, const char *label, const char *v, char *err,
-                        size_t errlen);
 static int refuse_otlp(const coordinator_config *c, const char *label, const char *v, char *err,
                        size_t errlen);
 static int check_hash(const coordinator_config *c, const char *label, const char *v, char *err,
@@ -95,7 +96,9 @@ static const setting SETTINGS[] = {
     NUM("TIMEOUT_KEEP_ALIVE", timeout_keep_alive_s, POSITIVE),
     BOOL("METRICS_ENABLED", metrics_enabled, NULL),
     STR("OTLP_ENDPOINT", otlp_endpoint, refuse_otlp, false),
-    BOOL("ENABLE_BLEND_LOOKUP", enable_blend_lookup, refuse_blend),
+    BOOL("ENABLE_BLEND_LOOKUP", enable_blend_lookup, NULL),
+    U32("BLEND_PROBE_STRIDE", blend_probe_stride, 1, 1 << 20),
+    U32("MAX_BLEND_CHUNKS", max_blend_chunks, 1, COORD_BLEND_MAX_MAX_CHUNKS),
     STR("DB_PATH", db_path, check_not_empty, false),
     STR("AUTH_TOKEN", auth_token, NULL, true),
     STR("SERVER_AUTH_TOKEN", server_auth_token, NULL, true),
@@ -182,16 +185,6 @@ static int set_value(coordinator_config *c, const setting *s, const char *label,
     case K_BOOL: rc = set_boolean(label, v, at, err, errlen); break;
     }
     return rc == 0 && s->check ? s->check(c, label, v, err, errlen) : rc;
-}
-
-static int refuse_blend(const coordinator_config *c, const char *label, const char *v, char *err,
-                        size_t errlen)
-{
-    (void)v;
-    if (!c->enable_blend_lookup)
-        return 0;
-    return snprintf(err, errlen, "%s: the CacheBlend fragment index is not implemented "
-                                 "(docs/coordinator.md)", label), -1;
 }
 
 static int refuse_otlp(const coordinator_config *c, const char *label, const char *v, char *err,

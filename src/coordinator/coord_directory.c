@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "coordinator/coord_blend.h"
 #include "coordinator/coord_events.h"
 #include "coordinator/coord_internal.h"
 
@@ -260,8 +261,17 @@ void coordinator_ep_dir_stats(const lmc_http_request *rq, lmc_http_reply *out, v
         (json_int_t)s->l2_bytes, "l1", "placement_count", (json_int_t)s->l1_entries,
         "placement_size_bytes", (json_int_t)s->l1_bytes, "by_instance", per_instance_l1(s),
         "keys_tracked", (json_int_t)s->keys.n_live, "pinned_keys", (json_int_t)pinned,
-        "capacity", capacities(s), "blend", "enabled", 0, "key_table_bytes",
+        "capacity", capacities(s), "blend", "enabled", co->blend != NULL, "key_table_bytes",
         (json_int_t)coordinator_keys_memory(&s->keys));
     pthread_mutex_unlock(&co->mu);
+    if (co->blend) { /* its own lock, never under mu */
+        coordinator_blend_stats b = coordinator_blend_get_stats(co->blend);
+        json_object_update_new(json_object_get(o, "blend"),
+                               json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "contents",
+                                         (json_int_t)b.contents, "chunks", (json_int_t)b.chunks,
+                                         "max_chunks", (json_int_t)b.max_chunks, "added",
+                                         (json_int_t)b.added, "removed", (json_int_t)b.removed,
+                                         "refused", (json_int_t)b.refused));
+    }
     lmc_http_reply_json(out, 200, o);
 }

@@ -222,6 +222,7 @@ static int apply_batches(coordinator_state *s, coordinator_db *db, coordinator_e
             return snprintf(why, whylen, "out of memory"), -1;
         if (!admit(s, c, inst, b, res))
             continue;
+        r->batches[i].admitted = true;
         res->applied++;
         s->ingest.applied++;
         if (b->type == COORD_EV_CONFIG)

@@ -36,6 +36,8 @@ typedef struct {
     coordinator_wire_key key;
     uint64_t size;
     uint32_t num_tokens;
+    size_t tokens_at;     /* the token_ids in the request's token pool */
+    int64_t token_offset; /* -1: unknown */
     bool has_size;
     uint32_t model, salt; /* name ids once resolved (coordinator_events_apply) */
     uint32_t table_hash;  /* coordinator_keys_hash of the resolved key */
@@ -51,6 +53,7 @@ typedef struct {
     size_t n;
     coordinator_event_entry *entries; /* into the request's pool */
     size_t first;               /* index of entries[0] in the pool */
+    bool admitted;              /* the gate let it through (set by apply) */
 } coordinator_event_batch;
 
 typedef struct {
@@ -58,6 +61,8 @@ typedef struct {
     size_t n, cap;
     coordinator_event_entry *pool;
     size_t pool_n, pool_cap;
+    uint32_t *tokens; /* every entry's token_ids, one after the other */
+    size_t tokens_n, tokens_cap;
     char *arena; /* coordinator_events_parse's copy of the text (what keys point to), or NULL */
     bool out_of_memory; /* set while parsing: why a parse failed */
     /* The older L2 usage stream (POST /l2/events): no incarnation, so no

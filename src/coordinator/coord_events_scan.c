@@ -138,7 +138,11 @@ int coordinator_events_scan_key(coordinator_json_scanner *s, coordinator_wire_ke
     return 0;
 }
 
-static int token_ids(coordinator_json_scanner *s, coordinator_event_entry *e, char *why, size_t whylen)
+/* The ids are kept in the request's token pool (entry->tokens_at): the
+ * fleet fragment index reads a store's content from them
+ * (docs/coordinator.md, "Blend lookup"). */
+static int token_ids(coordinator_json_scanner *s, coordinator_event_request *r,
+                     coordinator_event_entry *e, char *why, size_t whylen)
 {
     if (coordinator_json_peek(s) != JS_ARRAY)
         return coordinator_json_skip(s), WHY("token_ids must be a list of at most %d ints",
@@ -146,6 +150,7 @@ static int token_ids(coordinator_json_scanner *s, coordinator_event_entry *e, ch
     coordinator_json_take(s, '[');
     bool first = true;
     size_t n = 0;
+    e->tokens_at = r->tokens_n;
     while (coordinator_json_element(s, &first)) {
         scalar v;
         if (!value(s, &v))
@@ -154,13 +159,18 @@ static int token_ids(coordinator_json_scanner *s, coordinator_event_entry *e, ch
             return WHY("token_ids[%zu] must be an int in 0..2^32-1", n);
         if (++n > COORD_MAX_TOKENS_PER_ENTRY)
             return WHY("token_ids must be a list of at most %d ints", COORD_MAX_TOKENS_PER_ENTRY);
+        if (lmc_grow_array(&r->tokens, &r->tokens_cap, r->tokens_n + 1, sizeof *r->tokens,
+                           4096) != 0)
+            return r->out_of_memory = true, WHY("out of memory");
+        r->tokens[r->tokens_n++] = (uint32_t)v.i;
     }
     e->num_tokens = (uint32_t)n;
     return coordinator_json_failed(s) ? -1 : 0;
 }
 
-static int entry_field(coordinator_json_scanner *s, const char *name, size_t len, coordinator_event_entry *e,
-                       char *why, size_t whylen)
+static int entry_field(coordinator_json_scanner *s, const char *name, size_t len,
+                       coordinator_event_request *r, coordinator_event_entry *e, char *why,
+                       size_t whylen)
 {
     char kwhy[160];
     if (NAME_IS("key")) {
@@ -169,7 +179,7 @@ static int entry_field(coordinator_json_scanner *s, const char *name, size_t len
         return 0;
     }
     if (NAME_IS("token_ids"))
-        return token_ids(s, e, why, whylen);
+        return token_ids(s, r, e, why, whylen);
     scalar v;
     if (!value(s, &v))
         return -1;
@@ -178,15 +188,19 @@ static int entry_field(coordinator_json_scanner *s, const char *name, size_t len
             return WHY("size_bytes must be a non-negative integer");
         e->size = (uint64_t)v.i;
         e->has_size = true;
-    } else if (NAME_IS("token_offset") && !int_in(&v, -1, INT64_MAX)) {
-        return WHY("token_offset must be an int >= -1");
+    } else if (NAME_IS("token_offset")) {
+        if (!int_in(&v, -1, INT64_MAX))
+            return WHY("token_offset must be an int >= -1");
+        e->token_offset = v.i;
     }
     return 0;
 }
 
-static int parse_entry(coordinator_json_scanner *s, coordinator_event_entry *e, char *why, size_t whylen)
+static int parse_entry(coordinator_json_scanner *s, coordinator_event_request *r,
+                       coordinator_event_entry *e, char *why, size_t whylen)
 {
     memset(e, 0, sizeof *e);
+    e->token_offset = -1;
     if (coordinator_json_peek(s) != JS_OBJECT)
         return coordinator_json_skip(s), WHY("must be an object");
     coordinator_json_take(s, '{');
@@ -194,7 +208,7 @@ static int parse_entry(coordinator_json_scanner *s, coordinator_event_entry *e, 
     for (const char *name; (name = coordinator_json_member(s, &first));) {
         size_t len = s->str_len;
         has_key |= NAME_IS("key");
-        if (entry_field(s, name, len, e, why, whylen) != 0)
+        if (entry_field(s, name, len, r, e, why, whylen) != 0)
             return -1;
     }
     if (coordinator_json_failed(s))
@@ -227,7 +241,7 @@ static int entries(coordinator_json_scanner *s, coordinator_event_request *r, co
         char ewhy[240] = "";
         if (!e)
             return r->out_of_memory = true, WHY("out of memory");
-        if (parse_entry(s, e, ewhy, sizeof ewhy) != 0)
+        if (parse_entry(s, r, e, ewhy, sizeof ewhy) != 0)
             return coordinator_json_failed(s) ? -1 : WHY("entries[%zu]: %s", b->n, ewhy);
         b->n++;
     }
@@ -463,6 +477,7 @@ void coordinator_events_request_free(coordinator_event_request *r)
 {
     free(r->batches);
     free(r->pool);
+    free(r->tokens);
     free(r->arena);
     memset(r, 0, sizeof *r);
 }

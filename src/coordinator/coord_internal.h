@@ -8,6 +8,7 @@
 
 #include "core/periodic.h"
 #include "coordinator/coord_db.h"
+#include "coordinator/coord_events.h"
 #include "coordinator/coord_state.h"
 #include "coordinator/coordinator.h"
 #include "hash/token_hash.h"
@@ -50,6 +51,7 @@ struct coordinator {
     size_t n_members;
     coordinator_db *db;
     lmc_token_hasher *hasher;
+    struct coordinator_blend *blend; /* NULL unless ENABLE_BLEND_LOOKUP (own lock) */
     lmc_http_routes *routes; /* the coordinator's rows (coord_routes.c) */
     lmc_http_server *http;   /* mu: set once it serves; its counters feed /metrics */
     int port;
@@ -107,6 +109,11 @@ COORD_HANDLER(coordinator_ep_dir_stats);
 COORD_HANDLER(coordinator_ep_prefetch);
 COORD_HANDLER(coordinator_ep_prefetch_status);
 COORD_HANDLER(coordinator_ep_metrics);
+COORD_HANDLER(coordinator_ep_blend_lookup);
+COORD_HANDLER(coordinator_ep_blend_legacy);
+/* Feeds the admitted STORE/DELETE entries of an ingested request to the
+ * fragment index (coord_blend_http.c); a no-op without one. */
+void coordinator_blend_feed(lmc_coord *co, const coordinator_event_request *r);
 /* The /metrics registry (coord_metrics.c): 0, or -1 out of memory. */
 int coordinator_metrics_new(lmc_coord *co);
 void coordinator_metrics_free(coordinator_metrics *m);

@@ -5,10 +5,11 @@
 #include <stddef.h>
 #include <stdlib.h>
 
+#include "coordinator/coord_blend.h"
 #include "coordinator/coord_internal.h"
 
 /* One family: where its value comes from, read at scrape time. */
-typedef enum { FROM_STATE, FROM_COUNTER, FROM_MEMBERS, FROM_HTTP, FROM_BUFFERED } source;
+typedef enum { FROM_STATE, FROM_COUNTER, FROM_MEMBERS, FROM_HTTP, FROM_BUFFERED, FROM_BLEND } source;
 typedef struct {
     const char *name, *help;
     lmc_metric_type type;
@@ -21,6 +22,8 @@ typedef struct {
 #define STATE32(f) FROM_STATE, offsetof(coordinator_state, f), false
 #define STATE64(f) FROM_STATE, offsetof(coordinator_state, f), true
 #define COUNTER(f) FROM_COUNTER, offsetof(coordinator_counters, f), true
+/* The blend index's own figures (0 when it is off). */
+#define BLEND(f) FROM_BLEND, offsetof(coordinator_blend_stats, f), true
 /* The HTTP server core counts its answers and refusals itself. */
 #define HTTP(f) FROM_HTTP, offsetof(lmc_http_figures, f), true
 static const family FAMILIES[] = {
@@ -28,6 +31,8 @@ static const family FAMILIES[] = {
     {"lmcache_mp_coordinator_keys_tracked", "keys the coordinator holds facts about", LMC_METRIC_GAUGE, STATE32(keys.n_live)},
     {"lmcache_mp_coordinator_keys_max", "the key directory's bound (MAX_KEYS)", LMC_METRIC_GAUGE, STATE32(keys.max_live)},
     {"lmcache_mp_coordinator_keys_refused_total", "new keys not recorded: the directory was full", LMC_METRIC_COUNTER, STATE64(keys.refused)},
+    {"lmcache_mp_coordinator_blend_chunks", "chunks in the blend index (ENABLE_BLEND_LOOKUP)", LMC_METRIC_GAUGE, BLEND(chunks)},
+    {"lmcache_mp_coordinator_blend_refused_total", "stored chunks not indexed: the blend index was full (MAX_BLEND_CHUNKS)", LMC_METRIC_COUNTER, BLEND(refused)},
     {"lmcache_mp_coordinator_events_applied_total", "event batches applied", LMC_METRIC_COUNTER, STATE64(ingest.applied)},
     {"lmcache_mp_coordinator_events_duplicates_total", "event batches dropped as duplicates", LMC_METRIC_COUNTER, STATE64(ingest.duplicates)},
     {"lmcache_mp_coordinator_events_stale_total", "event batches of an older incarnation", LMC_METRIC_COUNTER, STATE64(ingest.stale)},
@@ -57,9 +62,12 @@ struct coordinator_metrics {
     lmc_metric *plain[N_FAMILIES];
 };
 
-static double read_value(const lmc_coord *co, const lmc_http_figures *http, const family *f)
+static double read_value(const lmc_coord *co, const lmc_http_figures *http,
+                         const coordinator_blend_stats *blend, const family *f)
 {
     switch (f->from) {
+    case FROM_BLEND:
+        return (double)*(const uint64_t *)((const char *)blend + f->offset);
     case FROM_MEMBERS:
         return (double)co->n_members;
     case FROM_BUFFERED:
@@ -86,6 +94,9 @@ static void collect(lmc_metrics *r, void *user)
     lmc_http_figures http = {0};
     if (co->http)
         lmc_http_server_figures(co->http, &http);
+    coordinator_blend_stats blend = {0};
+    if (co->blend) /* its lock after mu, the feed's order */
+        blend = coordinator_blend_get_stats(co->blend);
     lmc_metric_set(m->placements, (const char *const[]){"l1"}, (double)s->l1_entries);
     lmc_metric_set(m->placements, (const char *const[]){"l2"}, (double)s->l2_entries);
     lmc_metric_set(m->placement_bytes, (const char *const[]){"l1"}, (double)s->l1_bytes);
@@ -97,7 +108,7 @@ static void collect(lmc_metrics *r, void *user)
                            (double)s->salt[i].l2_bytes);
     }
     for (size_t i = 0; i < N_FAMILIES; i++)
-        lmc_metric_set(m->plain[i], NULL, read_value(co, &http, &FAMILIES[i]));
+        lmc_metric_set(m->plain[i], NULL, read_value(co, &http, &blend, &FAMILIES[i]));
     pthread_mutex_unlock(&co->mu);
 }
 

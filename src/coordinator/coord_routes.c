@@ -1,6 +1,6 @@
 /* The coordinator's route table (docs/coordinator.md, "HTTP API"), served
  * by src/http's server core (coord_http.c), with /events, /l2/events,
- * /healthcheck and the CacheBlend routes answered 501. */
+ * /healthcheck and the older /blend/... routes answered 501. */
 #include <microhttpd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,16 +36,6 @@ static void warn_not_saved(lmc_coord *co)
               "locked by another process, the disk is full, a file-size limit, an I/O error): "
               "answered 503 for the sender to send them again; %llu such request(s) so far",
               (unsigned long long)co->not_saved);
-}
-
-static void ep_blend(const lmc_http_request *rq, lmc_http_reply *out, void *ctx,
-                     const char *arg)
-{
-    (void)rq;
-    (void)ctx;
-    (void)arg;
-    coordinator_reply_detail(out, 501, "CacheBlend (the fleet fragment index) is not "
-                                       "implemented in this coordinator (docs/coordinator.md)");
 }
 
 /* A path served under other methods only; arg: its Allow header. */
@@ -92,11 +82,13 @@ void coordinator_ep_events(const lmc_http_request *rq, lmc_http_reply *out, void
     coordinator_event_request r;
     coordinator_ingest_result res;
     memset(&r, 0, sizeof r);
-    if (ingest_body(ctx, rq, out, coordinator_events_parse_in_place, &r, &res))
+    if (ingest_body(ctx, rq, out, coordinator_events_parse_in_place, &r, &res)) {
+        coordinator_blend_feed(ctx, &r);
         lmc_http_reply_json(out, 200, json_pack("{s:I, s:I, s:I}", "applied",
                                                 (json_int_t)res.applied, "duplicates",
                                                 (json_int_t)res.duplicates, "stale",
                                                 (json_int_t)res.stale));
+    }
     coordinator_events_request_free(&r);
 }
 
@@ -169,11 +161,12 @@ static const lmc_http_route coordinator_rows[] = {
     {"POST", "/directory/lookup", false, TOKEN, BULK, ANY, coordinator_ep_dir_lookup, NULL},
     {"GET", "/directory/keys", false, TOKEN, SMALL, ANY, coordinator_ep_dir_keys, NULL},
     {"GET", "/directory/stats", false, OPEN, SMALL, ANY, coordinator_ep_dir_stats, NULL},
-    /* CacheBlend: 501 whatever the method */
-    {"GET", "/directory/blend-lookup", false, OPEN, SMALL, ANY, ep_blend, NULL},
-    {"*", "/directory/blend-lookup", false, TOKEN, SMALL, ANY, ep_blend, NULL},
-    {"GET", "/blend/", true, OPEN, SMALL, ANY, ep_blend, NULL},
-    {"*", "/blend/", true, TOKEN, SMALL, ANY, ep_blend, NULL},
+    /* CacheBlend: the fleet fragment index; the older /blend/... directory 501 */
+    {"POST", "/directory/blend-lookup", false, TOKEN, BULK, ANY, coordinator_ep_blend_lookup,
+     NULL},
+    {"*", "/directory/blend-lookup", false, TOKEN, SMALL, ANY, ep_not_allowed, "POST"},
+    {"GET", "/blend/", true, OPEN, SMALL, ANY, coordinator_ep_blend_legacy, NULL},
+    {"*", "/blend/", true, TOKEN, SMALL, ANY, coordinator_ep_blend_legacy, NULL},
 };
 
 int coordinator_routes_add(lmc_http_routes *t, lmc_coord *co)

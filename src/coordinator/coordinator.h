@@ -45,7 +45,9 @@ typedef struct {
     char auth_token[1024];        /* "" = no token */
     char server_auth_token[1024]; /* sent to lmcached servers; "" = none */
     char otlp_endpoint[1024];     /* refused when not empty */
-    bool enable_blend_lookup;     /* refused when true */
+    bool enable_blend_lookup;     /* the fleet fragment index (docs/coordinator.md) */
+    uint32_t blend_probe_stride;  /* query positions between its probes */
+    uint32_t max_blend_chunks;    /* its bound, in (namespace, chunk hash) claims */
 } coordinator_config;
 
 /* Fills `c` from the LMCACHE_MP_COORDINATOR_* variables of the process

@@ -37,7 +37,18 @@ struct lmc_fleet_event_batcher {
     lmc_fleet_event_take held_take;
     double in_flight_since, held_since;
     double retry_window;
+    lmc_fleet_event_tokens_fn tokens_fn; /* with its user and chunk size */
+    void *tokens_user;
+    size_t chunk_size;
 };
+
+/* take()'s view of the token source, copied under the lock. */
+typedef struct {
+    lmc_fleet_event_tokens_fn fn;
+    void *user;
+    size_t chunk_size;
+    uint32_t *buf; /* chunk_size tokens */
+} token_source;
 
 const char *lmc_fleet_event_type_name(lmc_fleet_event_type type)
 {
@@ -201,11 +212,43 @@ static bool same_group(const cev_entry *a, const cev_entry *b)
            (a->backend == b->backend || strcmp(a->backend, b->backend) == 0);
 }
 
-static json_t *encode_entry(const cev_entry *e)
+void lmc_fleet_event_batcher_set_tokens(lmc_fleet_event_batcher *b, lmc_fleet_event_tokens_fn fn,
+                                        void *user, size_t chunk_size)
+{
+    pthread_mutex_lock(&b->mu);
+    b->tokens_fn = chunk_size ? fn : NULL;
+    b->tokens_user = user;
+    b->chunk_size = chunk_size;
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* A store's token_ids and token_offset: the chunk's content when the
+ * source knows all chunk_size of its tokens, else [] and -1. */
+static json_t *entry_tokens(const cev_entry *e, const token_source *src, json_int_t *offset)
+{
+    json_t *ids = json_array();
+    uint64_t position = 0;
+    *offset = -1;
+    if (!ids || e->type != LMC_CEV_STORE || !src->buf ||
+        src->fn(src->user, &e->key, src->buf, src->chunk_size, &position) != src->chunk_size ||
+        position > INT64_MAX)
+        return ids;
+    for (size_t i = 0; i < src->chunk_size; i++)
+        if (json_array_append_new(ids, json_integer((json_int_t)src->buf[i])) != 0) {
+            json_array_clear(ids);
+            return ids;
+        }
+    *offset = (json_int_t)position;
+    return ids;
+}
+
+static json_t *encode_entry(const cev_entry *e, const token_source *src)
 {
     uint64_t size = e->size == LMC_CEV_SIZE_UNKNOWN ? 0 : e->size;
-    return json_pack("{s:o, s:I, s:[], s:i}", "key", lmc_object_key_json(&e->key), "size_bytes",
-                     (json_int_t)size, "token_ids", "token_offset", -1);
+    json_int_t offset;
+    json_t *ids = entry_tokens(e, src, &offset);
+    return json_pack("{s:o, s:I, s:o, s:I}", "key", lmc_object_key_json(&e->key), "size_bytes",
+                     (json_int_t)size, "token_ids", ids, "token_offset", offset);
 }
 
 static size_t count_groups(const cev_entry *e, size_t n)
@@ -248,7 +291,8 @@ static bool encodable(const cev_entry *e)
  * never costs the others their events.  Its batch stays, empty if need
  * be: its seq is spent.  -1 when memory ran out (the post is lost). */
 static int add_placement_batches(const lmc_fleet_event_batcher *b, const cev_entry *e, size_t n,
-                                 uint64_t *seq, double now, json_t *out, size_t *unencodable)
+                                 const token_source *src, uint64_t *seq, double now, json_t *out,
+                                 size_t *unencodable)
 {
     json_t *entries = NULL;
     for (size_t i = 0; i < n; i++) {
@@ -263,7 +307,7 @@ static int add_placement_batches(const lmc_fleet_event_batcher *b, const cev_ent
             ++*unencodable;
             continue;
         }
-        json_t *entry = encode_entry(&e[i]);
+        json_t *entry = encode_entry(&e[i], src);
         if (!entry || json_array_append_new(entries, entry) != 0)
             return -1;
     }
@@ -348,6 +392,7 @@ static json_t *take_fresh(lmc_fleet_event_batcher *b, double now, lmc_fleet_even
     else
         decl_n = 0;
     uint64_t revision = b->revision, generation = b->decl_gen;
+    token_source src = {b->tokens_fn, b->tokens_user, b->chunk_size, NULL};
     size_t groups = count_groups(e, n);
     uint64_t seq = b->seq;
     if (n + decl_n > 0)   /* seqs are taken now: a lost post leaves a gap */
@@ -359,10 +404,12 @@ static json_t *take_fresh(lmc_fleet_event_batcher *b, double now, lmc_fleet_even
     size_t unencodable = 0;
     if (n + decl_n > 0) {
         resolve_sizes(e, n, resolve, user);
+        if (src.fn)   /* without the buffer the stores go without tokens */
+            src.buf = malloc(src.chunk_size * sizeof *src.buf);
         json_t *list = json_array();
         body = list ? json_pack("{s:o}", "batches", list) : NULL;
         if (!body || add_config_batches(b, decl, decl_n, revision, &seq, now, list) != 0 ||
-            add_placement_batches(b, e, n, &seq, now, list, &unencodable) != 0) {
+            add_placement_batches(b, e, n, &src, &seq, now, list, &unencodable) != 0) {
             json_decref(body);
             body = NULL;
         }
@@ -382,6 +429,7 @@ static json_t *take_fresh(lmc_fleet_event_batcher *b, double now, lmc_fleet_even
     drop_entries(e, n);
     free(e);
     free(decl);
+    free(src.buf);
     return body;
 }
 

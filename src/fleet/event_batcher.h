@@ -68,6 +68,12 @@ typedef enum lmc_fleet_event_outcome {
 typedef void (*lmc_fleet_event_size_fn)(void *user, const lmc_object_key *keys, size_t n,
                                 uint64_t *sizes);
 
+/* The content of a stored chunk (docs/fleet.md, "Cache-event stream"):
+ * fills tokens[cap] and *position (of its first token in the prompt) and
+ * returns the count, or 0 when it is not known. */
+typedef size_t (*lmc_fleet_event_tokens_fn)(void *user, const lmc_object_key *key,
+                                            uint32_t *tokens, size_t cap, uint64_t *position);
+
 /* What one take() put into its post, for settle(). */
 typedef struct lmc_fleet_event_take {
     size_t placement_batches, placement_entries, config_batches;
@@ -87,6 +93,13 @@ void lmc_fleet_event_batcher_free(lmc_fleet_event_batcher *b);
 /* Seconds from a post's first failure after which it is no longer sent
  * again but dropped (take's `now` measures it). */
 void lmc_fleet_event_batcher_set_retry_window(lmc_fleet_event_batcher *b, double seconds);
+
+/* Where take() finds the tokens of STORE entries: a chunk of exactly
+ * chunk_size known tokens is sent with them and its position; the others
+ * (and every entry while fn is NULL) with "token_ids": [] and
+ * "token_offset": -1. */
+void lmc_fleet_event_batcher_set_tokens(lmc_fleet_event_batcher *b, lmc_fleet_event_tokens_fn fn,
+                                        void *user, size_t chunk_size);
 
 /* Appends n entries of one kind.  `backend` must outlive the batcher (a
  * literal or an adapter's type name); sizes NULL gives every key

@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "config/config.h"
+#include "fleet/event_batcher.h"
 #include "obs/metrics.h"
 #include "storage/storage_manager.h"
 
@@ -56,6 +57,11 @@ json_t *lmc_fleet_p2p_status(lmc_fleet *c);
 typedef void (*lmc_fleet_peer_fn)(void *user, const char *instance_id, const char *ip,
                                   int mq_port, const char *url, bool present);
 void lmc_fleet_set_peer_listener(lmc_fleet *c, lmc_fleet_peer_fn fn, void *user);
+/* Where the cache-event stream finds the tokens and position of a stored
+ * chunk of chunk_size tokens (docs/fleet.md, "Cache-event stream"): the
+ * server's KV event log.  NULL c or no event stream: nothing. */
+void lmc_fleet_set_token_source(lmc_fleet *c, lmc_fleet_event_tokens_fn fn, void *user,
+                                size_t chunk_size);
 /* lmc_metrics_collect_fn: the lmcache_mp_coordinator_* families
  * (docs/metrics.md); `user` is the lmc_fleet. */
 void lmc_fleet_collect_metrics(lmc_metrics *r, void *user);

@@ -309,3 +309,10 @@ void *lmc_fleet_reporter_main(void *arg)
         flush_l2_usage(c);
     return NULL;
 }
+
+void lmc_fleet_set_token_source(lmc_fleet *c, lmc_fleet_event_tokens_fn fn, void *user,
+                                size_t chunk_size)
+{
+    if (c && c->events)
+        lmc_fleet_event_batcher_set_tokens(c->events, fn, user, chunk_size);
+}

@@ -18,6 +18,7 @@ typedef struct binding {
     uint8_t hash_len;
     bool has_parent;
     uint8_t parent[LMC_CHUNK_HASH_MAX];
+    uint64_t position;                 /* of its first token in the prompt */
     uint32_t n_tokens;
     uint32_t tokens[];
 } binding;
@@ -195,7 +196,8 @@ static void forget_oldest_locked(lmc_kv_events *ev)
 }
 
 static void bind_one_locked(lmc_kv_events *ev, const uint8_t *hash, size_t hash_len,
-                            const uint64_t *tokens, size_t n_tokens, const uint8_t *parent)
+                            const uint64_t *tokens, size_t n_tokens, const uint8_t *parent,
+                            uint64_t position)
 {
     binding **p = find_slot(ev, hash, hash_len);
     if (*p) {   /* the same hash means the same tokens and parent */
@@ -216,6 +218,7 @@ static void bind_one_locked(lmc_kv_events *ev, const uint8_t *hash, size_t hash_
     b->has_parent = parent != NULL;
     if (parent)
         memcpy(b->parent, parent, hash_len);
+    b->position = position;
     b->n_tokens = (uint32_t)n_tokens;
     for (size_t i = 0; i < n_tokens; i++)
         b->tokens[i] = (uint32_t)tokens[i];
@@ -227,15 +230,32 @@ static void bind_one_locked(lmc_kv_events *ev, const uint8_t *hash, size_t hash_
 
 void lmc_kv_events_bind(lmc_kv_events *ev, const uint8_t *hashes, size_t n_chunks,
                         size_t hash_len, const uint64_t *tokens, size_t chunk_size,
-                        const uint8_t *parent)
+                        const uint8_t *parent, uint64_t position)
 {
     if (hash_len == 0 || hash_len > LMC_CHUNK_HASH_MAX)
         return;
     pthread_mutex_lock(&ev->lock);
     for (size_t i = 0; i < n_chunks; i++)
         bind_one_locked(ev, hashes + i * hash_len, hash_len, tokens + i * chunk_size,
-                        chunk_size, i ? hashes + (i - 1) * hash_len : parent);
+                        chunk_size, i ? hashes + (i - 1) * hash_len : parent,
+                        position + i * chunk_size);
     pthread_mutex_unlock(&ev->lock);
+}
+
+size_t lmc_kv_events_tokens_of(lmc_kv_events *ev, const uint8_t *hash, size_t hash_len,
+                               uint32_t *tokens, size_t cap, uint64_t *position)
+{
+    if (hash_len == 0 || hash_len > LMC_CHUNK_HASH_MAX)
+        return 0;
+    pthread_mutex_lock(&ev->lock);
+    const binding *b = *find_slot(ev, hash, hash_len);
+    size_t n = b && b->n_tokens <= cap ? b->n_tokens : 0;
+    if (n) {
+        memcpy(tokens, b->tokens, n * sizeof *tokens);
+        *position = b->position;
+    }
+    pthread_mutex_unlock(&ev->lock);
+    return n;
 }
 
 /* ---- records from keys -------------------------------------------------- */

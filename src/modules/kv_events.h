@@ -66,10 +66,16 @@ uint64_t lmc_kv_events_incarnation(const lmc_kv_events *ev);
  * (tokens[i*chunk_size ..], each below 2^32 as docs/hashing.md requires of
  * hashed tokens) under their hashes (n_chunks x hash_len bytes):
  * chunk i's parent is chunk i-1, chunk 0's is `parent` (NULL: it starts the
- * prompt).  Least recently bound chunks are forgotten first. */
+ * prompt); chunk 0 starts at token `position` of the prompt.  Least
+ * recently bound chunks are forgotten first. */
 void lmc_kv_events_bind(lmc_kv_events *ev, const uint8_t *hashes, size_t n_chunks,
                         size_t hash_len, const uint64_t *tokens, size_t chunk_size,
-                        const uint8_t *parent);
+                        const uint8_t *parent, uint64_t position);
+/* A bound chunk's tokens into tokens[cap] and its position: the token
+ * count, 0 when the chunk is not bound (or holds more than cap).  What the
+ * fleet's cache-event stream reports of a stored chunk (docs/fleet.md). */
+size_t lmc_kv_events_tokens_of(lmc_kv_events *ev, const uint8_t *hash, size_t hash_len,
+                               uint32_t *tokens, size_t cap, uint64_t *position);
 
 /* One stored record per distinct (model, chunk hash) of keys (ranks, object
  * groups and salts collapse), each carrying its binding; keys without one

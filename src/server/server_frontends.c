@@ -12,6 +12,7 @@
 #include "obs/log.h"
 #include "rpc/wire.h"
 #include "fleet/fleet.h"
+#include "modules/kv_events.h"
 #include "server/server_internal.h"
 #include "server/warm_prefetch.h"
 #include "storage/l2/l2_service.h"
@@ -382,6 +383,16 @@ static void on_p2p_peer(void *user, const char *id, const char *ip, int mq_port,
         LMC_WARN("P2P peer %s is not read from: %s", id, err);
 }
 
+/* lmc_fleet_event_tokens_fn over the KV event log's bindings: the tokens
+ * the store path hashed, so the fleet's fragment index learns what each
+ * stored chunk holds (docs/fleet.md, "Cache-event stream"). */
+static size_t stored_chunk_tokens(void *user, const lmc_object_key *key, uint32_t *tokens,
+                                  size_t cap, uint64_t *position)
+{
+    return lmc_kv_events_tokens_of(user, key->chunk_hash, key->chunk_hash_len, tokens, cap,
+                                   position);
+}
+
 /* With the HTTP frontend only: the coordinator calls us back on it. */
 static void start_coordinator(lmc_server *s)
 {
@@ -396,6 +407,9 @@ static void start_coordinator(lmc_server *s)
     s->fleet = lmc_fleet_start(s->cfg, s->http ? lmc_http_server_port(s->http) : 0,
                                s->ctx.storage, tapped ? &tap : NULL);
     lmc_fleet_set_peer_listener(s->fleet, on_p2p_peer, s);
+    if (s->ctx.kv_events)
+        lmc_fleet_set_token_source(s->fleet, stored_chunk_tokens, s->ctx.kv_events,
+                                   (size_t)s->cfg->mp.chunk_size);
     if (s->fleet && !s->cfg->obs.disable_metrics &&
         lmc_metrics_add_collector(s->metrics, lmc_fleet_collect_metrics, s->fleet) != 0)
         LMC_WARN("coordinator metrics are not exported: cannot register the collector");

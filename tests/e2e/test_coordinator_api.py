@@ -376,8 +376,8 @@ def test_body_limits(start_coordinator):
     assert c.call("GET", "/nowhere")[0] == 404
     assert c.call("PATCH", "/events")[0] == 405
     st, r = c.call("POST", "/blend/match", {})
-    assert st == 501 and "CacheBlend" in r["detail"]
-    assert c.call("POST", "/directory/blend-lookup", {})[0] == 501
+    assert st == 501 and "/blend/" in r["detail"]
+    assert c.call("POST", "/directory/blend-lookup", {})[0] == 400
 
 
 def test_buffered_body_budget(start_coordinator):
@@ -529,7 +529,8 @@ def test_config_refusals_and_cli(tmp_path):
     # a bad hash algorithm and a database that cannot be opened are each
     # refused at start (exit 1), naming the variable, where a bad number
     # was logged and replaced by the default before.
-    for name, value in (("ENABLE_BLEND_LOOKUP", "1"), ("OTLP_ENDPOINT", "http://x:4317"),
+    for name, value in (("ENABLE_BLEND_LOOKUP", "maybe"), ("BLEND_PROBE_STRIDE", "0"),
+                        ("MAX_BLEND_CHUNKS", "16777217"), ("OTLP_ENDPOINT", "http://x:4317"),
                         ("NO_SUCH_SETTING", "1"), ("PORT", "70000"), ("PORT", "http"),
                         ("EVICTION_RATIO", "2"), ("TRIGGER_WATERMARK", "0"),
                         ("METRICS_ENABLED", "maybe"), ("HASH_ALGORITHM", "md5"),

@@ -453,8 +453,10 @@ def test_event_stream(coord):
             time.sleep(0.1)
         got = stores()
         assert len(got) == 8, batches_of(coord)
-        assert all(e["size_bytes"] == OBJ and e["token_ids"] == [] and e["token_offset"] == -1
-                   for e in got)
+        # Each store carries its chunk's tokens and position (issue 35).
+        assert all(e["size_bytes"] == OBJ and e["token_offset"] in (0, CS, 2 * CS, 3 * CS) and
+                   e["token_ids"] == toks[e["token_offset"]:e["token_offset"] + CS]
+                   for e in got), got
         keys = {(e["key"]["kv_rank"], e["key"]["chunk_hash_hex"]) for e in got}
         assert len(keys) == 8
         assert all(e["key"]["model_name"] == "m" and e["key"]["cache_salt"] == "" and

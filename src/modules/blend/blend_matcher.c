@@ -36,7 +36,6 @@ struct lmc_blend_matcher {
     uint32_t cs;
     size_t hash_len, max;
     bool dedup;
-    uint64_t pow; /* BASE^(cs-1), what leaves the window on a roll */
     uint32_t *table;
     struct entry *e;
     uint32_t *bucket;
@@ -47,41 +46,6 @@ struct lmc_blend_matcher {
     bool ever; /* a chunk was registered once: before that no match can hit */
     uint64_t registered, refused, removed;
 };
-
-uint64_t lmc_blend_fingerprint(const uint64_t *tokens, size_t k)
-{
-    uint64_t h = 0;
-    for (size_t i = 0; i < k; i++)
-        h = h * LMC_BLEND_BASE + tokens[i];
-    return h;
-}
-
-static uint64_t pow_base(size_t e)
-{
-    uint64_t r = 1, b = LMC_BLEND_BASE;
-    for (; e; e >>= 1, b *= b)
-        if (e & 1)
-            r *= b;
-    return r;
-}
-
-static void roll(const uint64_t *t, size_t n, size_t k, uint64_t pow, uint64_t *out)
-{
-    uint64_t h = lmc_blend_fingerprint(t, k);
-    out[0] = h;
-    for (size_t p = 1; p + k <= n; p++) {
-        h = (h - t[p - 1] * pow) * LMC_BLEND_BASE + t[p + k - 1];
-        out[p] = h;
-    }
-}
-
-int lmc_blend_rolling(const uint64_t *tokens, size_t n, size_t k, uint64_t *out)
-{
-    if (!tokens || !out || k == 0 || n < k)
-        return LMC_BLEND_EINVAL;
-    roll(tokens, n, k, pow_base(k - 1), out);
-    return LMC_BLEND_OK;
-}
 
 static uint64_t ns_digest(const lmc_blend_ns *ns)
 {
@@ -135,7 +99,6 @@ int lmc_blend_matcher_new(const lmc_blend_matcher_opts *o, lmc_blend_matcher **o
     m->hash_len = o->hash_len;
     m->max = o->max_chunks;
     m->dedup = o->dedup_content;
-    m->pow = pow_base(o->chunk_size - 1);
     m->bucket_mask = buckets_for(o->max_chunks) - 1;
     m->table = calloc(TABLE_SLOTS, sizeof *m->table);
     m->e = calloc(o->max_chunks, sizeof *m->e);
@@ -466,7 +429,7 @@ int lmc_blend_matcher_match(lmc_blend_matcher *m, const lmc_blend_ns *ns, const 
     uint64_t *r = lmc_mul_u64(np, sizeof *r, &bytes) && bytes <= SIZE_MAX ? malloc(bytes) : NULL;
     if (!r)
         return LMC_BLEND_ENOMEM;
-    roll(tokens, n, m->cs, m->pow, r);
+    lmc_hash_poly_rolling(tokens, n, m->cs, r);
     uint64_t d = ns_digest(ns);
     match_list l = {0};
     int rc = 0;

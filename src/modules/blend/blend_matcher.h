@@ -29,7 +29,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define LMC_BLEND_BASE 0x9E3779B97F4A7C15ULL
+#include "hash/poly_fingerprint.h"
+
+#define LMC_BLEND_BASE LMC_HASH_POLY_BASE
 #define LMC_BLEND_TABLE_BITS 20
 #define LMC_BLEND_MAX_CHUNKS (1u << LMC_BLEND_TABLE_BITS)
 #define LMC_BLEND_HASH_MAX 32
@@ -71,11 +73,18 @@ typedef struct {
     bool near_full;                        /* live > 80 % of max_chunks */
 } lmc_blend_matcher_stats;
 
-/* Fingerprint of one window of k tokens: h = h*BASE + x_i from 0, mod 2^64. */
-uint64_t lmc_blend_fingerprint(const uint64_t *tokens, size_t k);
+/* Fingerprint of one window of k tokens (src/hash/poly_fingerprint.h,
+ * which the coordinator's fleet directory shares). */
+static inline uint64_t lmc_blend_fingerprint(const uint64_t *tokens, size_t k)
+{
+    return lmc_hash_poly_fingerprint(tokens, k);
+}
 /* Fingerprints of every window start 0..n-k into out[n-k+1], in O(n);
  * LMC_BLEND_EINVAL when k == 0 or n < k. */
-int lmc_blend_rolling(const uint64_t *tokens, size_t n, size_t k, uint64_t *out);
+static inline int lmc_blend_rolling(const uint64_t *tokens, size_t n, size_t k, uint64_t *out)
+{
+    return lmc_hash_poly_rolling(tokens, n, k, out) == 0 ? LMC_BLEND_OK : LMC_BLEND_EINVAL;
+}
 
 /* Bytes a matcher of max_chunks takes (0 when max_chunks is out of range). */
 size_t lmc_blend_matcher_bytes(size_t max_chunks);

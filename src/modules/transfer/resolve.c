@@ -62,7 +62,7 @@ static void bind_store_tokens(const lmc_module_ctx *ctx, const lmc_ipc_key *key,
                                               key->start, parent) != LMC_HASH_OK)
         return;
     lmc_kv_events_bind(ctx->kv_events, hashes, n, LMC_TOKEN_HASH_LEN, key->tokens + key->start,
-                       cs, has_parent ? parent : NULL);
+                       cs, has_parent ? parent : NULL, key->start);
 }
 
 int lmc_transfer_chunk_keys(const lmc_module_ctx *ctx, const lmc_ipc_key *key, size_t n,

@@ -176,13 +176,15 @@ static void test_unopenable_database_is_refused_at_start(void **state)
 static void test_refusals_name_the_variable(void **state)
 {
     (void)state;
-    refused(P "ENABLE_BLEND_LOOKUP", "true");
+    refused(P "ENABLE_BLEND_LOOKUP", "maybe");
     refused(P "OTLP_ENDPOINT", "http://collector:4317");
-    refused(P "BLEND_PROBE_STRIDE", "2");
+    refused(P "BLEND_PROBE_STRIDE", "0");
+    refused(P "MAX_BLEND_CHUNKS", "0");
     refused(P "SHARED_L1_PORT", "9400");
     refused(P "DB_PATH", "");
-    /* Off is not a refusal. */
-    setenv(P "ENABLE_BLEND_LOOKUP", "false", 1);
+    /* Off is not a refusal; the fleet fragment index is served (issue 35). */
+    setenv(P "ENABLE_BLEND_LOOKUP", "true", 1);
+    setenv(P "BLEND_PROBE_STRIDE", "2", 1);
     setenv(P "OTLP_ENDPOINT", "", 1);
     coordinator_config c;
     char err[256];
@@ -278,7 +280,8 @@ static void test_config_file_refusals(void **state)
     file_refused("{\"eviction_ratio\": 2}", "eviction_ratio=2", "not a number in 0..1");
     file_refused("{\"hash_algorithm\": \"md5\"}", "hash_algorithm=md5", NULL);
     file_refused("{\"db_path\": \"\"}", "db_path must not be empty", NULL);
-    file_refused("{\"enable_blend_lookup\": true}", "enable_blend_lookup", "not implemented");
+    file_refused("{\"blend_probe_stride\": 0}", "blend_probe_stride=0", NULL);
+    file_refused("{\"max_blend_chunks\": 16777217}", "max_blend_chunks=16777217", NULL);
     file_refused("{\"otlp_endpoint\": \"http://x\"}", "otlp_endpoint", "not implemented");
     file_refused("{\"port\": 1, \"port\": 2}", "duplicate", NULL);
     file_refused("[1]", "must be a JSON object", NULL);
@@ -309,7 +312,7 @@ static void test_print_config(void **state)
         "host", "port", "instance_timeout", "health_check_interval", "eviction_check_interval",
         "eviction_ratio", "trigger_watermark", "chunk_size", "hash_algorithm",
         "enable_startup_resync", "resync_poll_interval", "resync_max_wait", "resync_page_size",
-        "timeout_keep_alive", "metrics_enabled", "otlp_endpoint", "enable_blend_lookup",
+        "timeout_keep_alive", "metrics_enabled", "otlp_endpoint", "enable_blend_lookup", "blend_probe_stride", "max_blend_chunks",
         "db_path", "server_auth_token", "max_keys", "max_buffered_mb"};
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
         char q[64];

@@ -455,6 +455,52 @@ static void test_unencodable_entry_costs_only_itself(void **state)
     lmc_fleet_event_batcher_free(b);
 }
 
+/* Stores carry the tokens and position of a chunk the source knows all
+ * chunk_size tokens of; a chunk it does not know, and every delete, go
+ * with [] and -1 (docs/fleet.md, "Cache-event stream"). */
+static size_t tokens_of_odd(void *user, const lmc_object_key *key, uint32_t *tokens, size_t cap,
+                            uint64_t *position)
+{
+    size_t *calls = user;
+    ++*calls;
+    if (key->chunk_hash[0] % 2 == 0)
+        return 0;
+    for (size_t i = 0; i < cap; i++)
+        tokens[i] = (uint32_t)(100 * key->chunk_hash[0] + i);
+    *position = 4u * key->chunk_hash[0];
+    return cap;
+}
+
+static void test_store_entries_carry_known_tokens(void **state)
+{
+    (void)state;
+    lmc_fleet_event_batcher *b = lmc_fleet_event_batcher_new("mp-1", 1, 64);
+    size_t calls = 0;
+    lmc_fleet_event_batcher_set_tokens(b, tokens_of_odd, &calls, 4);
+    lmc_object_key k[2];
+    keys_from(k, 1, 2);
+    lmc_fleet_event_batcher_add(b, LMC_CEV_STORE, LMC_CEV_L2, "fs", true, k, NULL, 5, 2);
+    lmc_fleet_event_batcher_add(b, LMC_CEV_DELETE, LMC_CEV_L2, "fs", true, k, NULL, 0, 1);
+    lmc_fleet_event_take t;
+    json_t *body = lmc_fleet_event_batcher_take(b, 1.0, NULL, NULL, &t);
+    assert_non_null(body);
+    json_t *stores = json_object_get(json_array_get(batches(body), 0), "entries");
+    json_t *known = json_array_get(stores, 0), *unknown = json_array_get(stores, 1);
+    json_t *ids = json_object_get(known, "token_ids");
+    assert_int_equal(json_array_size(ids), 4);
+    assert_int_equal(json_integer_value(json_array_get(ids, 3)), 103);
+    assert_int_equal(int_of(known, "token_offset"), 4);
+    assert_int_equal(json_array_size(json_object_get(unknown, "token_ids")), 0);
+    assert_int_equal(int_of(unknown, "token_offset"), -1);
+    json_t *del = json_array_get(json_object_get(json_array_get(batches(body), 1), "entries"), 0);
+    assert_int_equal(json_array_size(json_object_get(del, "token_ids")), 0);
+    assert_int_equal(int_of(del, "token_offset"), -1);
+    assert_int_equal(calls, 2); /* never asked for a delete */
+    json_decref(body);
+    lmc_fleet_event_batcher_settle(b, &t, LMC_CEV_DELIVERED);
+    lmc_fleet_event_batcher_free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -468,6 +514,7 @@ int main(void)
         cmocka_unit_test(test_failed_post_is_sent_again_unchanged),
         cmocka_unit_test(test_held_post_dropped_after_the_retry_window),
         cmocka_unit_test(test_unencodable_entry_costs_only_itself),
+        cmocka_unit_test(test_store_entries_carry_known_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

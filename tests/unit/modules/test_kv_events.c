@@ -30,7 +30,7 @@ static void bind1(lmc_kv_events *ev, uint8_t h, uint8_t p)
     memset(parent, p, 32);
     for (size_t i = 0; i < CS; i++)
         toks[i] = (uint64_t)h * 10 + i;
-    lmc_kv_events_bind(ev, hash, 1, 32, toks, CS, p ? parent : NULL);
+    lmc_kv_events_bind(ev, hash, 1, 32, toks, CS, p ? parent : NULL, 0);
 }
 
 /* One stored record of chunk h for model m (bound first). */
@@ -188,7 +188,7 @@ static void test_stored_collapses_and_carries_tokens(void **st)
         toks[i] = 1000 + i;
     uint8_t parent[32];
     memset(parent, 0x77, 32);
-    lmc_kv_events_bind(ev, hashes, 3, 32, toks, CS, parent);
+    lmc_kv_events_bind(ev, hashes, 3, 32, toks, CS, parent, 2 * CS);
     lmc_object_key keys[6];
     for (int c = 0; c < 3; c++)
         for (int g = 0; g < 2; g++)
@@ -209,6 +209,15 @@ static void test_stored_collapses_and_carries_tokens(void **st)
             assert_int_equal(e->tokens[i], 1000 + c * CS + i);
     }
     lmc_kv_events_page_free(&p);
+    /* What the fleet's cache-event stream reports of a stored chunk. */
+    uint32_t got[CS];
+    uint64_t pos = 0;
+    assert_int_equal(lmc_kv_events_tokens_of(ev, hashes + 32, 32, got, CS, &pos), CS);
+    assert_int_equal(pos, 3 * CS);
+    assert_int_equal(got[0], 1000 + CS);
+    assert_int_equal(lmc_kv_events_tokens_of(ev, hashes + 32, 32, got, CS - 1, &pos), 0);
+    uint8_t unknown[32] = {1};
+    assert_int_equal(lmc_kv_events_tokens_of(ev, unknown, 32, got, CS, &pos), 0);
     lmc_kv_events_free(ev);
 }
 
