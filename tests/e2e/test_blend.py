@@ -159,18 +159,22 @@ def check_found(result, expected=EXPECTED, prefix=CS):
     return got
 
 
-def check_scattered(g, found, table, cache, neox, rot_dim, expected=EXPECTED):
+def check_scattered(g, found, table, cache, neox, rot_dim, expected=EXPECTED, src_g=None):
     """Every matched token's V rows are the stored bytes and its K rows
     the stored K re-rotated from old to new within the docs' tolerance
-    (cache None: not rotated, the stored bytes too)."""
+    (cache None: not rotated, the stored bytes too).  src_g: the paged KV
+    the documents were stored from, when another worker's (g's own by
+    default)."""
     bad = []
+    src_g = src_g or g
     for m, (i, old_st, cur_st) in zip(found, expected):
         assert (m["old_st"], m["cur_st"]) == (old_st, cur_st)
         for t in range(CS):
             old, new = old_st + t, cur_st + t
-            assert bc.position_rows(g, table, new, 1) == bc.position_rows(g, src_blocks(i), old, 1)
+            assert bc.position_rows(g, table, new, 1) == \
+                bc.position_rows(src_g, src_blocks(i), old, 1)
             got_k = bc.position_rows(g, table, new, 0)
-            stored_k = bc.position_rows(g, src_blocks(i), old, 0)
+            stored_k = bc.position_rows(src_g, src_blocks(i), old, 0)
             if cache is None:
                 assert got_k == stored_k, (m, t)
                 continue

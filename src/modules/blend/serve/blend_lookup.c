@@ -51,6 +51,7 @@ struct cb_job {
     atomic_size_t loading;
     bool busy;                /* a pool thread advances it (m->lock) */
     bool prefix_done, sparse_started;
+    bool asked_fleet;         /* the coordinator has the match to answer */
     int64_t leading;
     uint32_t ranks, readers;
     lmc_blend_candidate *cands;
@@ -79,6 +80,8 @@ static void job_free(cb_job *j)
     free(j->units);
     free(j->loads);
     free(j->cands);
+    if (j->asked_fleet)
+        lmc_blend_coord_take(j->m->coord, j->rid);
     free(j->rid);
     free(j);
 }
@@ -193,6 +196,14 @@ static int begin(cb_mod *m, cb_job *j, const lmc_ipc_key *k, bool have_layout)
     cb_key_ns kn;
     if (!lmc_blend_serve_key_ns_init(&kn, k))
         return 0;
+    if (m->coord) { /* the fleet's index is the match source (docs/cacheblend.md) */
+        if (k->n_tokens >= m->cs)
+            j->asked_fleet = lmc_blend_coord_submit(m->coord, j->rid, k->tokens, k->n_tokens,
+                                                    kn.model, k->world_size, kn.salt) == 0;
+        if (!j->asked_fleet && k->n_tokens >= m->cs)
+            atomic_fetch_add(&m->coordinator_failures, 1);
+        return 0;
+    }
     lmc_blend_ns ns = {kn.model, kn.salt, k->world_size};
     if (lmc_blend_matcher_match(m->matcher, &ns, k->tokens, k->n_tokens, &j->cands,
                                 &j->n_cands) != LMC_BLEND_OK)
@@ -451,6 +462,34 @@ static int reply_result(cb_mod *m, cb_job *j, lmc_rpc_call *call, bool stashed)
 
 /* ---- the handler ---------------------------------------------------------------- */
 
+/* Polls the coordinator's answer; false while it is pending.  Its matches
+ * become the candidates (one per chunk hash, ascending cur_st). */
+static bool fleet_ready(cb_mod *m, cb_job *j)
+{
+    if (!j->asked_fleet)
+        return true;
+    lmc_blend_coord_match *got = NULL;
+    size_t n = 0;
+    lmc_blend_coord_state st = lmc_blend_coord_poll(m->coord, j->rid, &got, &n);
+    if (st == LMC_BLEND_COORD_PENDING)
+        return false;
+    lmc_blend_coord_take(m->coord, j->rid);
+    j->asked_fleet = false;
+    j->cands = n ? calloc(n, sizeof *j->cands) : NULL;
+    j->n_cands = 0;
+    for (size_t i = 0; j->cands && i < n; i++) {
+        if (got[i].hash_len != LMC_BLEND_HASH_BYTES)
+            continue;
+        lmc_blend_candidate *c = &j->cands[j->n_cands++];
+        c->old_st = got[i].old_st;
+        c->cur_st = got[i].cur_st;
+        memcpy(c->hash, got[i].hash, LMC_BLEND_HASH_BYTES);
+    }
+    atomic_fetch_add(&m->coordinator_matches, j->n_cands);
+    free(got);
+    return true;
+}
+
 /* Polls the prefix leg; false while it runs. */
 static bool prefix_ready(cb_mod *m, cb_job *j)
 {
@@ -485,7 +524,7 @@ static int advance(cb_mod *m, cb_job *j, const lmc_ipc_key *k, lmc_rpc_call *cal
     lmc_layout layout;
     bool have_layout = lmc_layout_registry_get(m->ctx->layouts, k->model_name, k->model_len,
                                                k->world_size, &layout);
-    if (!prefix_ready(m, j))
+    if (!prefix_ready(m, j) || !fleet_ready(m, j))
         return 0;
     if (!j->sparse_started) {
         j->sparse_started = true;

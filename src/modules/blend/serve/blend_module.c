@@ -344,6 +344,21 @@ static const lmc_rpc_handler_spec cb_handlers[] = {
     {LMC_OP_CB_PROTOCOL_HANDSHAKE, NULL, LMC_POOL_SYNC, handshake, false, NULL, NULL, false},
 };
 
+/* With --coordinator-url the fleet's fragment index answers the matches
+ * (docs/cacheblend.md, "Coordinator directory"). */
+static int start_coord(cb_mod *m, const lmc_config *cfg, char *err, size_t errlen)
+{
+    lmc_blend_coord_opts o = {.url = cfg->coordinator.url,
+                              .auth_token = cfg->coordinator.auth_token,
+                              .max_outstanding = LMC_BLEND_COORD_DEFAULT_OUTSTANDING};
+    if (lmc_blend_coord_env(&o.timeout_s, &o.concurrency, err, errlen) != 0 ||
+        !(m->coord = lmc_blend_coord_new(&o, err, errlen)))
+        return -1;
+    LMC_INFO("blend: matches come from the coordinator's index at %s (timeout %.3f s)",
+             o.url, o.timeout_s);
+    return 0;
+}
+
 static int cb_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen)
 {
     if (!ctx->server_driven || !ctx->lookup)
@@ -365,6 +380,12 @@ static int cb_create(lmc_module_ctx *ctx, void **state, char *err, size_t errlen
         lmc_blend_matcher_free(m->matcher);
         free(m);
         return err[0] ? -1 : lmc_err(err, errlen, "blend: out of memory");
+    }
+    if (ctx->config->coordinator.url[0] && start_coord(m, ctx->config, err, errlen) != 0) {
+        lmc_blend_serve_applied_free(&m->applied);
+        lmc_blend_matcher_free(m->matcher);
+        free(m);
+        return -1;
     }
     pthread_mutex_init(&m->lock, NULL);
     m->sd->hook_user = m;
@@ -388,7 +409,7 @@ static json_t *cb_status(void *state)
     pthread_mutex_unlock(&m->lock);
     return json_pack(
         "{s:b, s:I, s:I, s:I, s:I, s:I, s:b, s:b, s:I, s:I, s:{s:I, s:I, s:I, s:I, s:I, s:I, "
-        "s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
+        "s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}, s:b}",
         "is_healthy", 1, "registered_chunks", (json_int_t)st.live, "max_chunks",
         (json_int_t)st.max_chunks, "matcher_bytes", (json_int_t)lmc_blend_matcher_bytes(st.max_chunks),
         "chunks_refused", (json_int_t)st.refused, "chunks_removed", (json_int_t)st.removed,
@@ -403,7 +424,8 @@ static json_t *cb_status(void *state)
         COUNT(retrieves_failed), "retrieves_deferred", COUNT(retrieves_deferred),
         "retrieves_repeated", COUNT(retrieves_repeated), "chunks_scattered",
         COUNT(chunks_scattered), "jobs_dropped", COUNT(jobs_dropped), "l2_loads",
-        COUNT(l2_loads));
+        COUNT(l2_loads), "coordinator_matches", COUNT(coordinator_matches),
+        "coordinator_failures", COUNT(coordinator_failures), "coordinator", m->coord != NULL);
 }
 
 static void cb_close(void *state)
@@ -416,6 +438,7 @@ static void cb_close(void *state)
     m->sd->after_store = NULL;
     m->sd->instance_dropped = NULL;
     lmc_blend_serve_jobs_close(m);
+    lmc_blend_coord_free(m->coord);
     for (size_t i = 0; i < m->n_ropes; i++)
         lmc_blend_serve_rope_put(m->ropes[i]);
     free(m->ropes);

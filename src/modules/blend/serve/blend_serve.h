@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 
 #include "kv/kv_rope.h"
+#include "modules/blend/blend_coord.h"
 #include "modules/blend/blend_matcher.h"
 #include "modules/blend/blend_wire.h"
 #include "modules/module.h"
@@ -51,6 +52,7 @@ typedef struct cb_mod {
     sd_mod *sd;
     uint32_t cs;
     lmc_blend_matcher *matcher;
+    lmc_blend_coord *coord;          /* the fleet's index with --coordinator-url, else NULL */
     bool segmented;                  /* --enable-segmented-prefix */
     pthread_mutex_t lock;            /* ropes, jobs, applied */
     cb_rope **ropes;
@@ -61,7 +63,8 @@ typedef struct cb_mod {
     atomic_uint_fast64_t handshakes, ropes_registered, ropes_refused, fingerprinted_stores,
         lookups, lookups_done, matches_found, matches_stale, matches_removed, prefix_tokens,
         segmented_chunks, retrieves_ok, retrieves_failed, retrieves_deferred,
-        retrieves_repeated, chunks_scattered, jobs_dropped, l2_loads;
+        retrieves_repeated, chunks_scattered, jobs_dropped, l2_loads, coordinator_matches,
+        coordinator_failures;
 } cb_mod;
 
 /* ---- blend_module.c ---- */
