@@ -107,6 +107,59 @@ static void test_sessions(void **st)
     lmc_token_hasher_free(h);
 }
 
+/* A module's state on a session (the blend stash): released exactly once
+ * whichever way the session goes, and only then. */
+typedef struct {
+    lmc_session_ext ext;
+    int *released;
+} counted_ext;
+
+static void counted_release(lmc_session_ext *e)
+{
+    counted_ext *c = (counted_ext *)e;
+    (*c->released)++;
+    free(c);
+}
+
+static void attach(lmc_sessions *s, const char *rid, int *released)
+{
+    lmc_session *se = lmc_sessions_acquire(s, rid, strlen(rid), true);
+    assert_non_null(se);
+    counted_ext *c = calloc(1, sizeof *c);
+    c->ext.release = counted_release;
+    c->released = released;
+    se->ext = &c->ext;
+    lmc_sessions_release(s, se);
+}
+
+static void test_session_ext_released_once(void **st)
+{
+    (void)st;
+    lmc_token_hasher *h;
+    assert_int_equal(lmc_token_hasher_new("blake3", 4, NULL, &h, NULL, 0), 0);
+    int64_t now = 0;
+    lmc_sessions_options o = {.max_sessions = 2, .max_idle_ms = 1000, .hasher = h,
+                              .clock = clk, .clock_user = &now};
+    lmc_sessions *s = lmc_sessions_new(&o);
+    int ended = 0, bounded = 0, idle = 0, at_free = 0;
+    attach(s, "end", &ended);
+    lmc_session *gone = lmc_sessions_remove(s, "end", 3);     /* END_SESSION */
+    assert_non_null(gone->ext);
+    assert_int_equal(ended, 0);                                 /* not while held */
+    lmc_sessions_release(s, gone);
+    assert_int_equal(ended, 1);
+    attach(s, "old", &bounded);
+    attach(s, "x", &at_free);
+    attach(s, "y", &at_free);                                   /* the count bound drops "old" */
+    assert_int_equal(bounded, 1);
+    now = 5000;
+    attach(s, "late", &idle);                                   /* idle ones pruned */
+    assert_int_equal(at_free, 2);
+    lmc_sessions_free(s);
+    assert_int_equal(idle, 1);
+    assert_int_equal(ended + bounded, 2);
+    lmc_token_hasher_free(h);
+}
 
 /* SipHash-2-4's published test vector: key 00..0f, message 00..0e. */
 static void test_rid_hash_known_answer(void **st)
@@ -176,6 +229,7 @@ int main(void)
         cmocka_unit_test(test_layout_build),
         cmocka_unit_test(test_layout_registry),
         cmocka_unit_test(test_sessions),
+        cmocka_unit_test(test_session_ext_released_once),
         cmocka_unit_test(test_rid_hash_known_answer),
         cmocka_unit_test(test_rid_table_seeded_and_growing),
     };
