@@ -103,6 +103,7 @@ bench: build deps-test
 	./bench/l2_net_bench.sh 3 $(BUILD_DIR)/l2_bench
 	./$(BUILD_DIR)/p2p_chan_bench --chunks 256 --rounds 10
 	./$(BUILD_DIR)/blend_match_bench
+	./$(BUILD_DIR)/blend_lookup_bench
 	LMCACHED_BIN=$(BUILD_DIR)/lmcached LMCACHED_COORDINATOR_BIN=$(BUILD_DIR)/lmcached-coordinator \
 	  /usr/bin/python3 bench/p2p_lookup_bench.py
 

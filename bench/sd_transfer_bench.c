@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/sd_worker.h"
 #include "common/server_child.h"
 #include "config/config.h"
 #include "kv/bulk_copy.h"
@@ -47,9 +48,9 @@
 #include <zmq.h>
 
 #define CS 256
-#define BS 16
-#define LAYERS 8
-#define NH 2
+#define BS SDW_BS
+#define LAYERS SDW_MAX_LAYERS
+#define NH SDW_NH
 #define HS 128
 #define ROW (NH * HS)                                   /* 256 elements */
 #define OBJ ((size_t)2 * LAYERS * CS * ROW * 2)         /* 2 MiB */
@@ -57,245 +58,8 @@
 #define SMALL_LAYERS 1                                  /* overhead phase: 16 KiB objects */
 #define SMALL_HS 8
 
-typedef struct {
-    lmc_client *c;
-    int64_t instance;
-    uint32_t rank, world;
-    const char *model;
-    size_t nb, layers, hs;
-    uint8_t *layer[LAYERS];
-    char names[LAYERS][64];
-    size_t layer_bytes;
-} worker;
+typedef sd_worker worker;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static void sb_packer(msgpack_sbuffer *sb, msgpack_packer *pk)
-{
-    msgpack_sbuffer_init(sb);
-    msgpack_packer_init(pk, sb, msgpack_sbuffer_write);
-}
-
-static void pack_key(msgpack_sbuffer *sb, const worker *w, const uint64_t *toks, size_t start,
-                     size_t end, const char *rid, bool any_worker)
-{
-    msgpack_packer pk;
-    sb_packer(sb, &pk);
-    msgpack_pack_map(&pk, 8);
-    lmc_mp_pack_cstr(&pk, "model_name"), lmc_mp_pack_cstr(&pk, w->model);
-    lmc_mp_pack_cstr(&pk, "world_size"), msgpack_pack_uint32(&pk, w->world);
-    lmc_mp_pack_cstr(&pk, "worker_id");
-    any_worker ? msgpack_pack_nil(&pk) : msgpack_pack_uint32(&pk, w->rank);
-    lmc_mp_pack_cstr(&pk, "token_ids"), msgpack_pack_array(&pk, (uint32_t)end);
-    for (size_t i = 0; i < end; i++)
-        msgpack_pack_uint64(&pk, toks[i]);
-    lmc_mp_pack_cstr(&pk, "start"), msgpack_pack_uint64(&pk, start);
-    lmc_mp_pack_cstr(&pk, "end"), msgpack_pack_uint64(&pk, end);
-    lmc_mp_pack_cstr(&pk, "request_id"), lmc_mp_pack_cstr(&pk, rid);
-    lmc_mp_pack_cstr(&pk, "cache_salt"), lmc_mp_pack_cstr(&pk, "");
-}
-
-/* The CpuShmTensorWrapper pickle of one layer [2, NB, BS, NH, HS] (or
- * [2, NB, NH, BS, HS]), as Python's pickle writes it (docs/protocol.md,
- * "Shared tensor handles"). */
-static size_t wrapper_pickle(uint8_t *out, const char *name, uint64_t nbytes,
-                             const int64_t shape[5])
-{
-    uint8_t *p = out;
-#define PUT(s, n) (memcpy(p, s, n), p += (n))
-#define STR(s) (*p++ = 0x8c, *p++ = (uint8_t)strlen(s), PUT(s, strlen(s)), *p++ = 0x94)
-#define INT(v) (*p++ = 0x8a, *p++ = 8, memcpy(p, &(uint64_t){(uint64_t)(v)}, 8), p += 8)
-    PUT("\x80\x04", 2);
-    STR("lmcache.v1.platform.cpu.shm");
-    STR("CpuShmTensorWrapper");
-    PUT("\x93\x94\x29\x81\x94\x7d\x94\x28", 8);
-    STR("shm_name"), STR(name);
-    STR("nbytes"), INT(nbytes);
-    STR("handle"), *p++ = 'N';
-    STR("dtype"), STR("torch"), STR("float16"), PUT("\x93\x94", 2);
-    STR("shape"), *p++ = '(';
-    int64_t stride[5], acc = 1;
-    for (int d = 4; d >= 0; d--)
-        stride[d] = acc, acc *= shape[d];
-    for (int d = 0; d < 5; d++)
-        INT(shape[d]);
-    PUT("t\x94", 2);
-    STR("stride"), *p++ = '(';
-    for (int d = 0; d < 5; d++)
-        INT(stride[d]);
-    PUT("t\x94", 2);
-    STR("storage_offset"), INT(0);
-    STR("device_uuid"), STR("cpu");
-    PUT("ub.", 3);
-#undef PUT
-#undef STR
-#undef INT
-    return (size_t)(p - out);
-}
-
-/* A STORE / RETRIEVE reply [handle, success] with success true. */
-static bool reply_ok(const lmc_client_reply *r)
-{
-    msgpack_zone z;
-    msgpack_object o;
-    size_t off = 0;
-    msgpack_zone_init(&z, 256);
-    bool ok = r->has_response &&
-              msgpack_unpack((const char *)r->data, r->len, &off, &z, &o) ==
-                  MSGPACK_UNPACK_SUCCESS &&
-              o.type == MSGPACK_OBJECT_ARRAY && o.via.array.size == 2 &&
-              o.via.array.ptr[1].type == MSGPACK_OBJECT_BOOLEAN && o.via.array.ptr[1].via.boolean;
-    msgpack_zone_destroy(&z);
-    return ok;
-}
-
-static int call(lmc_client *c, int op, msgpack_sbuffer *args, size_t n, bool *ok)
-{
-    lmc_client_reply r;
-    lmc_client_status st = lmc_client_call(c, op, args, n, 60000, &r);
-    for (size_t i = 0; i < n; i++)
-        msgpack_sbuffer_destroy(&args[i]);
-    if (st != LMC_CLIENT_OK)
-        return -1;
-    if (ok)
-        *ok = reply_ok(&r);
-    lmc_client_reply_free(&r);
-    return 0;
-}
-
-static int make_tensors(worker *w, bool hnd)
-{
-    w->layer_bytes = 2 * w->nb * BS * NH * w->hs * 2;
-    for (size_t l = 0; l < w->layers; l++) {
-        snprintf(w->names[l], sizeof w->names[l], "/lmcache_kv_bench_%d_%lld_%zu", getpid(),
-                 (long long)w->instance, l);
-        int fd = shm_open(w->names[l], O_CREAT | O_RDWR | O_TRUNC, 0600);
-        if (fd < 0 || ftruncate(fd, (off_t)w->layer_bytes) != 0)
-            return -1;
-        w->layer[l] = mmap(NULL, w->layer_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-        if (w->layer[l] == MAP_FAILED)
-            return -1;
-        for (size_t i = 0; i + 8 <= w->layer_bytes; i += 64) {  /* distinct lines */
-            uint64_t v = (i + l * w->layer_bytes) * 0x9e3779b97f4a7c15ull;
-            memcpy(w->layer[l] + i, &v, sizeof v);
-        }
-    }
-    (void)hnd;
-    return 0;
-}
-
-static void free_tensors(worker *w)
-{
-    for (size_t l = 0; l < w->layers; l++) {
-        if (w->layer[l] && w->layer[l] != MAP_FAILED)
-            munmap(w->layer[l], w->layer_bytes);
-        shm_unlink(w->names[l]);
-    }
-}
-
-static int register_worker(worker *w, bool hnd)
-{
-    if (make_tensors(w, hnd) != 0)
-        return -1;
-    msgpack_sbuffer a[7];
-    msgpack_packer pk;
-    sb_packer(&a[0], &pk), msgpack_pack_int64(&pk, w->instance);
-    sb_packer(&a[1], &pk), msgpack_pack_array(&pk, (uint32_t)w->layers);
-    int64_t shape[5] = {2, (int64_t)w->nb, hnd ? NH : BS, hnd ? BS : NH, (int64_t)w->hs};
-    for (size_t l = 0; l < w->layers; l++) {
-        uint8_t pick[512];
-        size_t n = wrapper_pickle(pick, w->names[l], w->layer_bytes, shape);
-        msgpack_pack_ext(&pk, n, 1);
-        msgpack_pack_ext_body(&pk, pick, n);
-    }
-    sb_packer(&a[2], &pk), lmc_mp_pack_cstr(&pk, w->model);
-    sb_packer(&a[3], &pk), msgpack_pack_uint32(&pk, w->world);
-    sb_packer(&a[4], &pk), lmc_mp_pack_cstr(&pk, "vllm");
-    sb_packer(&a[5], &pk), msgpack_pack_map(&pk, 1);
-    lmc_mp_pack_cstr(&pk, "kv_layout"), lmc_mp_pack_cstr(&pk, hnd ? "HND" : "NHD");
-    sb_packer(&a[6], &pk), msgpack_pack_array(&pk, 0);
-    return call(w->c, LMC_OP_REGISTER_KV_CACHE, a, 7, NULL);
-}
-
-/* The payload of a STORE, RETRIEVE or RETRIEVE_LAYERWISE of chunks
- * [c0, c0+n) of toks, blocks from `first`: key, instance, block ids, an
- * empty event, skip 0. */
-static void pack_transfer(msgpack_sbuffer a[5], const worker *w, const uint64_t *toks,
-                          size_t c0, size_t n, size_t first, const char *rid)
-{
-    msgpack_packer pk;
-    pack_key(&a[0], w, toks, c0 * CS, (c0 + n) * CS, rid, false);
-    sb_packer(&a[1], &pk), msgpack_pack_int64(&pk, w->instance);
-    sb_packer(&a[2], &pk), msgpack_pack_array(&pk, 1);
-    msgpack_pack_array(&pk, (uint32_t)(n * CS / BS));
-    for (size_t i = 0; i < n * CS / BS; i++)
-        msgpack_pack_uint64(&pk, first + i);
-    static const char zeros[64];
-    sb_packer(&a[3], &pk), msgpack_pack_bin(&pk, 64), msgpack_pack_bin_body(&pk, zeros, 64);
-    sb_packer(&a[4], &pk), msgpack_pack_int(&pk, 0);
-}
-
-/* Sends the STORE or RETRIEVE of chunks [c0, c0+n) of toks, blocks from
- * `first`; its uid, 0 when it could not be sent. */
-static uint64_t transfer_send(worker *w, const uint64_t *toks, size_t c0, size_t n, size_t first,
-                              const char *rid, bool store)
-{
-    msgpack_sbuffer a[5];
-    pack_transfer(a, w, toks, c0, n, first, rid);
-    size_t nargs = store ? 4 : 5;
-    uint64_t uid = lmc_client_send(w->c, store ? LMC_OP_STORE : LMC_OP_RETRIEVE, a, nargs);
-    for (size_t i = 0; i < 5; i++)
-        msgpack_sbuffer_destroy(&a[i]);
-    return uid;
-}
-
-/* The next STORE / RETRIEVE reply: 0 when it says success. */
-static int transfer_wait(worker *w)
-{
-    lmc_client_reply r;
-    uint64_t uid;
-    if (lmc_client_receive(w->c, 60000, &uid, &r) != LMC_CLIENT_OK)
-        return -1;
-    bool ok = reply_ok(&r);
-    lmc_client_reply_free(&r);
-    return ok ? 0 : -1;
-}
-
-static int transfer(worker *w, const uint64_t *toks, size_t c0, size_t n, size_t first,
-                    const char *rid, bool store)
-{
-    return transfer_send(w, toks, c0, n, first, rid, store) ? transfer_wait(w) : -1;
-}
-
-static int lookup(worker *w, const uint64_t *toks, size_t chunks, const char *rid)
-{
-    msgpack_sbuffer a[2];
-    msgpack_packer pk;
-    pack_key(&a[0], w, toks, 0, chunks * CS, rid, true);
-    sb_packer(&a[1], &pk), msgpack_pack_int(&pk, 1);
-    if (call(w->c, LMC_OP_LOOKUP, a, 2, NULL) != 0)
-        return -1;
-    sb_packer(&a[0], &pk), lmc_mp_pack_cstr(&pk, rid);
-    lmc_client_reply r;
-    int rc = lmc_client_call(w->c, LMC_OP_QUERY_PREFETCH_STATUS, a, 1, 60000, &r);
-    msgpack_sbuffer_destroy(&a[0]);
-    if (rc != LMC_CLIENT_OK)
-        return -1;
-    lmc_client_reply_free(&r);
-    return 0;
-}
-
-static void fill_tokens(uint64_t *t, size_t n, uint64_t seed)
-{
-    for (size_t i = 0; i < n; i++)
-        t[i] = (seed * 1000003 + i * 7919) % 120000;
-}
 
 /* ---- the copy baseline ------------------------------------------------ */
 
@@ -305,11 +69,11 @@ static double copy_gbps(lmc_copy_method m, uint8_t *dst, const uint8_t *src, siz
 {
     double best = 0;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = sdw_now_s();
         for (size_t c = 0; c < chunks; c++)
             lmc_bulk_copy(m, dst + c * OBJ, src + c * OBJ, OBJ);
         lmc_bulk_copy_fence(m);
-        double gbps = chunks * OBJ / (now_s() - t0) / 1e9;
+        double gbps = chunks * OBJ / (sdw_now_s() - t0) / 1e9;
         best = gbps > best ? gbps : best;
     }
     return best;
@@ -387,14 +151,14 @@ static void *run_job(void *arg)
         snprintf(rid, sizeof rid, "%s-%zu", j->rid, c / BATCH);
         size_t first = 1 + (j->store ? 0 : j->chunks * CS / BS) + c * CS / BS;
         if (in_flight == depth)
-            j->rc |= transfer_wait(j->w), in_flight--;
-        if (transfer_send(j->w, j->toks + c * CS, 0, BATCH, first, rid, j->store))
+            j->rc |= sdw_transfer_wait(j->w), in_flight--;
+        if (sdw_transfer_send(j->w, j->toks + c * CS, 0, BATCH, first, rid, j->store))
             in_flight++;
         else
             j->rc = -1;
     }
     while (in_flight--)
-        j->rc |= transfer_wait(j->w);
+        j->rc |= sdw_transfer_wait(j->w);
     return NULL;
 }
 
@@ -402,7 +166,7 @@ static void *run_job(void *arg)
 static double timed(job *jobs, size_t n)
 {
     pthread_t th[2];
-    double t0 = now_s();
+    double t0 = sdw_now_s();
     for (size_t i = 0; i < n; i++)
         pthread_create(&th[i], NULL, run_job, &jobs[i]);
     size_t chunks = 0;
@@ -412,7 +176,7 @@ static double timed(job *jobs, size_t n)
         if (jobs[i].rc != 0)
             return -1;
     }
-    return chunks * OBJ / (now_s() - t0) / 1e9;
+    return chunks * OBJ / (sdw_now_s() - t0) / 1e9;
 }
 
 /* After a round: every retrieved block holds the bytes of the block it was
@@ -438,7 +202,7 @@ static int store_retrieve(worker *ws, size_t n_workers, size_t per, size_t depth
 {
     char rid[32];
     snprintf(rid, sizeof rid, "bw%llu", (unsigned long long)seed);
-    fill_tokens(toks, per * CS, seed);
+    sdw_fill_tokens(toks, per * CS, seed);
     job jobs[2];
     for (size_t i = 0; i < n_workers; i++)
         jobs[i] = (job){.w = &ws[i], .toks = toks, .c0 = 0, .chunks = per, .store = true,
@@ -448,7 +212,7 @@ static int store_retrieve(worker *ws, size_t n_workers, size_t per, size_t depth
     for (size_t c = 0; c < per && rc == 0; c += BATCH) {
         char prid[96];
         snprintf(prid, sizeof prid, "%s-%zu", rid, c / BATCH);
-        rc = lookup(&ws[0], toks + c * CS, BATCH, prid) != 0;
+        rc = sdw_lookup(&ws[0], toks + c * CS, BATCH, prid) != 0;
     }
     for (size_t i = 0; i < n_workers; i++)
         jobs[i].store = false;
@@ -462,7 +226,7 @@ static int store_retrieve(worker *ws, size_t n_workers, size_t per, size_t depth
  * as a server that has been running does. */
 static int clear(worker *w)
 {
-    return call(w->c, LMC_OP_CLEAR, NULL, 0, NULL);
+    return sdw_call(w->c, LMC_OP_CLEAR, NULL, 0, NULL);
 }
 
 /* The copy baseline beside each measurement: private buffers of the same
@@ -516,10 +280,10 @@ static double two_thread_copy(const copy_pair *cp)
             pthread_create(&th[i], NULL, run_half, &h[i]);
         }
         pthread_barrier_wait(&start);
-        double t0 = now_s();
+        double t0 = sdw_now_s();
         for (int i = 0; i < 2; i++)
             pthread_join(th[i], NULL);
-        double gbps = cp->chunks * OBJ / (now_s() - t0) / 1e9;
+        double gbps = cp->chunks * OBJ / (sdw_now_s() - t0) / 1e9;
         best = gbps > best ? gbps : best;
         pthread_barrier_destroy(&start);
     }
@@ -532,7 +296,7 @@ static uint8_t *map_pool(lmc_client *c, size_t *size)
 {
     msgpack_sbuffer a[1];
     msgpack_packer pk;
-    sb_packer(&a[0], &pk);
+    sdw_sb_packer(&a[0], &pk);
     msgpack_pack_map(&pk, 8);
     lmc_mp_pack_cstr(&pk, "instance_id"), msgpack_pack_int(&pk, 999);
     lmc_mp_pack_cstr(&pk, "model_name"), lmc_mp_pack_cstr(&pk, "pool-probe");
@@ -565,8 +329,8 @@ static uint8_t *map_pool(lmc_client *c, size_t *size)
     }
     msgpack_zone_destroy(&z);
     lmc_client_reply_free(&r);
-    sb_packer(&a[0], &pk), msgpack_pack_int(&pk, 999);
-    call(c, LMC_OP_UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, a, 1, NULL);
+    sdw_sb_packer(&a[0], &pk), msgpack_pack_int(&pk, 999);
+    sdw_call(c, LMC_OP_UNREGISTER_KV_CACHE_ENGINE_DRIVEN_CONTEXT, a, 1, NULL);
     int fd = bytes ? shm_open(name, O_RDWR, 0) : -1;
     void *p = fd >= 0 ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
     if (fd >= 0)
@@ -586,12 +350,12 @@ static double pool_copy(const worker *w, uint8_t *pool, size_t pool_size, size_t
     for (int m = 0; m < 2; m++)
         for (int rep = 0; rep < 2; rep++) {
             lmc_copy_method how = m ? LMC_COPY_STREAM : LMC_COPY_MEMCPY;
-            double t0 = now_s();
+            double t0 = sdw_now_s();
             for (size_t c = 0; c < chunks; c++)
                 lmc_bulk_copy(how, pool + c * OBJ, w->layer[c % LAYERS] + c / LAYERS * OBJ,
                               OBJ);
             lmc_bulk_copy_fence(how);
-            double gbps = chunks * OBJ / (now_s() - t0) / 1e9;
+            double gbps = chunks * OBJ / (sdw_now_s() - t0) / 1e9;
             best = gbps > best ? gbps : best;
         }
     return best;
@@ -674,7 +438,6 @@ static sd_counters server_counters(void)
 
 #define ROUNDS 3
 
-static int cmp_double(const void *a, const void *b);
 
 /* ROUNDS measured rounds (each after a CLEAR) with `depth` requests in
  * flight per worker; sorted GB/s in st[] and rt[]. */
@@ -686,8 +449,8 @@ static int rounds(worker *ws, size_t n_workers, size_t per, size_t depth, uint64
         rc = clear(&ws[0]) != 0 ||
              store_retrieve(ws, n_workers, per, depth, seed + 100 * (r + 1), toks, &st[r],
                             &rt[r]) != 0;
-    qsort(st, ROUNDS, sizeof *st, cmp_double);
-    qsort(rt, ROUNDS, sizeof *rt, cmp_double);
+    qsort(st, ROUNDS, sizeof *st, sdw_cmp_double);
+    qsort(rt, ROUNDS, sizeof *rt, sdw_cmp_double);
     return rc;
 }
 
@@ -779,19 +542,7 @@ static int bandwidth(worker *ws, size_t n_workers, int copy_workers, size_t chun
     return rc;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
-static int end_session(worker *w, const char *rid)
-{
-    msgpack_sbuffer a[1];
-    msgpack_packer pk;
-    sb_packer(&a[0], &pk), lmc_mp_pack_cstr(&pk, rid);
-    return call(w->c, LMC_OP_END_SESSION, a, 1, NULL);
-}
 
 static int overhead(worker *w, size_t iters)
 {
@@ -802,22 +553,22 @@ static int overhead(worker *w, size_t iters)
     for (size_t i = 0; i < iters && rc == 0; i++) {
         char rid[32];
         snprintf(rid, sizeof rid, "o%zu", i);
-        fill_tokens(toks, CS, 1000 + i);
-        double t0 = now_s();
-        rc |= call(w->c, LMC_OP_NOOP, NULL, 0, NULL);
-        double t1 = now_s();
-        rc |= transfer(w, toks, 0, 1, 1, rid, true);
-        double t2 = now_s();
-        rc |= lookup(w, toks, 1, rid);
-        double t3 = now_s();
-        rc |= transfer(w, toks, 0, 1, 17, rid, false);
-        noop[i] = t1 - t0, st[i] = t2 - t1, rt[i] = now_s() - t3;
-        rc |= end_session(w, rid);   /* as the engine does when the request ends */
+        sdw_fill_tokens(toks, CS, 1000 + i);
+        double t0 = sdw_now_s();
+        rc |= sdw_call(w->c, LMC_OP_NOOP, NULL, 0, NULL);
+        double t1 = sdw_now_s();
+        rc |= sdw_transfer(w, toks, 0, 1, 1, rid, true);
+        double t2 = sdw_now_s();
+        rc |= sdw_lookup(w, toks, 1, rid);
+        double t3 = sdw_now_s();
+        rc |= sdw_transfer(w, toks, 0, 1, 17, rid, false);
+        noop[i] = t1 - t0, st[i] = t2 - t1, rt[i] = sdw_now_s() - t3;
+        rc |= sdw_end_session(w, rid);   /* as the engine does when the request ends */
     }
     if (rc == 0) {
-        qsort(noop, iters, sizeof *noop, cmp_double);
-        qsort(st, iters, sizeof *st, cmp_double);
-        qsort(rt, iters, sizeof *rt, cmp_double);
+        qsort(noop, iters, sizeof *noop, sdw_cmp_double);
+        qsort(st, iters, sizeof *st, sdw_cmp_double);
+        qsort(rt, iters, sizeof *rt, sdw_cmp_double);
         double n50 = noop[iters / 2], s50 = st[iters / 2], r50 = rt[iters / 2];
         printf("  one %zu KiB chunk, %zu requests: NOOP p50 %.1f us; STORE p50 %.1f us "
                "(%.2fx); RETRIEVE p50 %.1f us (%.2fx)\n",
@@ -861,11 +612,11 @@ static int layerwise_retrieve(worker *w, const uint64_t *toks, size_t n, size_t 
     msgpack_sbuffer a[7];
     msgpack_packer pk;
     static uint64_t uid = 1ull << 40;    /* apart from lmc_client's own uids */
-    sb_packer(&a[0], &pk), msgpack_pack_uint64(&pk, ++uid);
-    sb_packer(&a[1], &pk), lmc_mp_pack_cstr(&pk, "retrieve_layerwise");
-    pack_transfer(a + 2, w, toks, 0, n, first, rid);
+    sdw_sb_packer(&a[0], &pk), msgpack_pack_uint64(&pk, ++uid);
+    sdw_sb_packer(&a[1], &pk), lmc_mp_pack_cstr(&pk, "retrieve_layerwise");
+    sdw_pack_transfer(a + 2, w, toks, 0, n, first, rid);
     void *sock = lmc_client_socket(w->c);
-    double t0 = now_s();
+    double t0 = sdw_now_s();
     for (int i = 0; i < 7; i++)
         zmq_send(sock, a[i].data, a[i].size, i < 6 ? ZMQ_SNDMORE : 0);
     for (int i = 0; i < 7; i++)
@@ -886,9 +637,9 @@ static int layerwise_retrieve(worker *w, const uint64_t *toks, size_t n, size_t 
         for (int i = 0; i < nf; i++)
             zmq_msg_close(&f[i]);
         if (!fin && *t_first < 0)
-            *t_first = now_s() - t0;
+            *t_first = sdw_now_s() - t0;
     }
-    *t_whole = now_s() - t0;
+    *t_whole = sdw_now_s() - t0;
     return ok && *t_first >= 0 ? 0 : -1;
 }
 
@@ -901,8 +652,8 @@ static int layerwise_phase(size_t iters)
     if (pid < 0)
         return -1;
     worker w = {.c = lmc_client_connect(url), .instance = 300, .world = 1, .model = "lw",
-                .nb = 1 + 2 * BATCH * CS / BS, .layers = LAYERS, .hs = HS};
-    int rc = !w.c || register_worker(&w, false) != 0;
+                .nb = 1 + 2 * BATCH * CS / BS, .layers = LAYERS, .hs = HS, .cs = CS};
+    int rc = !w.c || sdw_register_worker(&w, false) != 0;
     double *first = malloc(iters * sizeof *first), *whole = malloc(iters * sizeof *whole),
            *noop = malloc(iters * sizeof *noop);
     uint64_t *toks = malloc(BATCH * CS * sizeof *toks);
@@ -910,19 +661,20 @@ static int layerwise_phase(size_t iters)
     for (size_t i = 0; i < iters && rc == 0; i++) {
         char rid[32];
         snprintf(rid, sizeof rid, "lw%zu", i);
-        fill_tokens(toks, BATCH * CS, 5000 + i);
-        double t0 = now_s();
-        rc |= call(w.c, LMC_OP_NOOP, NULL, 0, NULL);
-        noop[i] = now_s() - t0;
-        rc |= transfer(&w, toks, 0, BATCH, 1, rid, true) != 0 || lookup(&w, toks, BATCH, rid) != 0;
+        sdw_fill_tokens(toks, BATCH * CS, 5000 + i);
+        double t0 = sdw_now_s();
+        rc |= sdw_call(w.c, LMC_OP_NOOP, NULL, 0, NULL);
+        noop[i] = sdw_now_s() - t0;
+        rc |= sdw_transfer(&w, toks, 0, BATCH, 1, rid, true) != 0 ||
+              sdw_lookup(&w, toks, BATCH, rid) != 0;
         rc |= layerwise_retrieve(&w, toks, BATCH, 1 + BATCH * CS / BS, rid, &first[i],
                                  &whole[i]);
-        rc |= end_session(&w, rid) != 0;
+        rc |= sdw_end_session(&w, rid) != 0;
     }
     if (rc == 0) {
-        qsort(first, iters, sizeof *first, cmp_double);
-        qsort(whole, iters, sizeof *whole, cmp_double);
-        qsort(noop, iters, sizeof *noop, cmp_double);
+        qsort(first, iters, sizeof *first, sdw_cmp_double);
+        qsort(whole, iters, sizeof *whole, sdw_cmp_double);
+        qsort(noop, iters, sizeof *noop, sdw_cmp_double);
         double f50 = first[iters / 2], w50 = whole[iters / 2], n50 = noop[iters / 2];
         printf("layerwise retrieve, %d MiB in %d chunks, %d layers, batch 1, %zu requests:\n"
                "  first layer's reply p50 %.1f us; whole p50 %.1f us; NOOP p50 %.1f us; "
@@ -934,7 +686,7 @@ static int layerwise_phase(size_t iters)
     free(whole);
     free(noop);
     free(toks);
-    free_tensors(&w);
+    sdw_free_tensors(&w);
     lmc_client_close(w.c);
     bench_server_kill(pid);
     return rc;
@@ -942,56 +694,20 @@ static int layerwise_phase(size_t iters)
 
 /* ---- the server --------------------------------------------------------- */
 
-/* Polls the server's /status (with curl) until `done` finds what it waits
- * for in it; seconds waited, or -1 after a minute. */
-static double wait_status(bool (*done)(const char *body))
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "curl -s --max-time 5 http://127.0.0.1:%d/status", http_port());
-    double t0 = now_s();
-    size_t cap = 1 << 20;
-    char *body = malloc(cap);
-    for (int i = 0; body && i < 3000; i++) {
-        FILE *f = popen(cmd, "r");
-        size_t n = f ? fread(body, 1, cap - 1, f) : 0;
-        if (f)
-            pclose(f);
-        body[n] = '\0';
-        if (done(body)) {
-            free(body);
-            return now_s() - t0;
-        }
-        usleep(20 * 1000);
-    }
-    free(body);
-    return -1;
-}
-
-static bool l1_prefaulted(const char *body)
-{
-    const char *pf = strstr(body, "\"prefault\"");
-    return pf && !strstr(pf, "\"running\"");
-}
-
-static bool engine_mapped(const char *body)
-{
-    const char *at = strstr(body, "\"populating\":");
-    return at && strtol(at + strlen("\"populating\":"), NULL, 10) == 0;
-}
-
 /* The first round is measured on a fresh server once its page tables are
  * filled: the L1 pool's by the pre-fault after start (docs/storage.md,
  * "Pre-fault"), the engine segments' by the thread each registration starts
  * (docs/protocol.md).  The issue's "first round" is that round. */
 static void wait_prefault(void)
 {
-    printf("  (L1 pre-fault over %.2f s after the first poll)\n", wait_status(l1_prefaulted));
+    printf("  (L1 pre-fault over %.2f s after the first poll)\n",
+           sdw_wait_status(http_port(), sdw_l1_prefaulted));
 }
 
 static void wait_engine_mapped(void)
 {
     printf("  (engine segments faulted in %.2f s after the registration)\n",
-           wait_status(engine_mapped));
+           sdw_wait_status(http_port(), sdw_engine_mapped));
 }
 
 /* --copy-split-bytes for the server, for A/Bs of the
@@ -1043,21 +759,22 @@ static int phase(size_t chunks, size_t n_workers, int copy_workers, bool hnd,
         /* both ranks store the same prompts */
         ws[i] = (worker){.c = lmc_client_connect(url), .instance = 100 + (int64_t)i,
                          .rank = (uint32_t)i, .world = (uint32_t)n_workers, .model = "bench",
-                         .nb = 1 + 2 * chunks * CS / BS / n_workers, .layers = LAYERS, .hs = HS};
-        rc |= !ws[i].c || register_worker(&ws[i], hnd) != 0;
+                         .nb = 1 + 2 * chunks * CS / BS / n_workers, .layers = LAYERS, .hs = HS,
+                         .cs = CS};
+        rc |= !ws[i].c || sdw_register_worker(&ws[i], hnd) != 0;
     }
     if (rc == 0)
         rc = bandwidth(ws, n_workers, copy_workers, chunks / n_workers * n_workers, cp, hnd,
                        pid);
     if (rc == 0 && iters) {
         worker small = {.c = ws[0].c, .instance = 900, .world = 1, .model = "small",
-                        .nb = 64, .layers = SMALL_LAYERS, .hs = SMALL_HS};
-        rc = clear(&ws[0]) != 0 || register_worker(&small, hnd) != 0 ||
+                        .nb = 64, .layers = SMALL_LAYERS, .hs = SMALL_HS, .cs = CS};
+        rc = clear(&ws[0]) != 0 || sdw_register_worker(&small, hnd) != 0 ||
              overhead(&small, iters) != 0;
-        free_tensors(&small);
+        sdw_free_tensors(&small);
     }
     for (size_t i = 0; i < n_workers; i++) {
-        free_tensors(&ws[i]);
+        sdw_free_tensors(&ws[i]);
         lmc_client_close(ws[i].c);
     }
     bench_server_kill(pid);
