@@ -417,6 +417,25 @@ static int emul_blend_execute(lmc_cuda_stream *s, const lmc_cuda_blend *b, char 
     return rc;
 }
 
+/* "Device" memory the server owns: host memory. */
+static int emul_upload(int device, const void *host, uint64_t bytes, uint64_t *dev, char *err,
+                       size_t errlen)
+{
+    (void)device;
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p)
+        return fail(err, errlen, "out of memory");
+    memcpy(p, host, bytes);
+    *dev = (uint64_t)(uintptr_t)p;
+    return 0;
+}
+
+static void emul_free_device(int device, uint64_t dev)
+{
+    (void)device;
+    free((void *)(uintptr_t)dev);
+}
+
 static const lmc_cuda_ops emul_ops = {
     .abi_version = LMC_CUDA_ABI_VERSION,
     .init = emul_init,
@@ -437,6 +456,8 @@ static const lmc_cuda_ops emul_ops = {
     .record_pool_event = emul_record_pool_event,
     .copy_layers = emul_copy_layers,
     .blend_execute = emul_blend_execute,
+    .upload = emul_upload,
+    .free_device = emul_free_device,
 };
 
 const lmc_cuda_ops *lmc_cuda_transfer_ops(void);

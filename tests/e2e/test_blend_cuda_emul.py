@@ -108,24 +108,29 @@ def fresh(reply, seen, ran):
     seen.add(h)
 
 
-LAYOUTS = [  # fmt, K/V dtype, NeoX, rot_dim, cache dtype
-    ("fa_nhd", "bfloat16", True, 16, "float32"),
-    ("fa_hnd", "float32", False, 8, "float16"),
+LAYOUTS = [  # fmt, K/V dtype, NeoX, rot_dim, cache dtype, mscale baked into the cache
+    ("fa_nhd", "bfloat16", True, 16, "float32", 1.0),
+    ("fa_hnd", "float32", False, 8, "float16", 1.0),
+    ("fa_nhd", "bfloat16", False, 16, "float32", 1.5),     # YaRN-like
 ]
 
 
-@pytest.mark.parametrize("fmt,dtype,neox,rot_dim,cache_dtype", LAYOUTS)
-def test_retrieve_runs_the_plan_on_the_device(srv, fmt, dtype, neox, rot_dim, cache_dtype):
+@pytest.mark.parametrize("fmt,dtype,neox,rot_dim,cache_dtype,mscale", LAYOUTS)
+def test_retrieve_runs_the_plan_on_the_device(srv, fmt, dtype, neox, rot_dim, cache_dtype,
+                                              mscale):
     """Documents stored through the stream, found at other positions: the
     retrieve replies a fresh 64-byte event and true, V lands verbatim and
-    K re-rotated in exactly the matched slots, and the read locks go back
-    once the stream passed the plan."""
+    K re-rotated in exactly the matched slots (by a pure rotation where
+    the cache carries an mscale: the server divides it out, spec §2.2),
+    and the read locks go back once the stream passed the plan."""
     g = PagedKV(f"cbcu_{fmt}", fmt, nl=NL, nb=NB, bs=BS, nh=NH, hs=HS, dtype=dtype)
     wk = CudaWorker(srv, 7, g)
     cache = bc.RopeCache(f"cbcu_{fmt}", MAX_POSITION, rot_dim, cache_dtype)
+    if mscale != 1:
+        cache.t.mm[:] = bc.encode([mscale * v for r in cache.rows for v in r], cache_dtype)
     assert len(bc.register_rope(wk.d, 7, [cache_handle(cache)], HS, neox)) == 2
     assert status(srv)["modules"]["blend"]["rope_instances"] == 1
-    wk.store_documents(seed=LAYOUTS.index((fmt, dtype, neox, rot_dim, cache_dtype)))
+    wk.store_documents(seed=LAYOUTS.index((fmt, dtype, neox, rot_dim, cache_dtype, mscale)))
 
     found = check_found(bc.unified_lookup(wk.d, NEW_PROMPT, "new", CS))
     before = snapshot(g)
@@ -194,14 +199,13 @@ def test_every_outcome_replies_a_fresh_event(world, srv):
 def test_bad_cos_sin_caches_are_refused_and_the_server_serves_on(srv):
     """CB_REGISTER_ROPE for a CUDA instance refuses, naming the reason, a
     handle that opens nothing, a cache on another device, a CPU shared
-    cache, a cache carrying an mscale (YaRN) and a cache larger than its
-    allocation; no rope state is kept, a retrieve then raises, a good
+    cache, an all-zero cache and a cache larger than its allocation; no rope state is kept, a retrieve then raises, a good
     cache registers after them, and goes with its instance."""
     g = PagedKV("cbcu_bad", "fa_nhd", nl=NL, nb=8, bs=BS, nh=NH, hs=HS, dtype="bfloat16")
     wk = CudaWorker(srv, 9, g)
     cache = bc.RopeCache("cbcu_bad", MAX_POSITION, HS)
-    yarn = bc.RopeCache("cbcu_yarn", MAX_POSITION, HS)
-    yarn.t.mm[:] = bc.encode([1.5 * v for r in yarn.rows for v in r], "float32")
+    zero = bc.RopeCache("cbcu_zero", MAX_POSITION, HS)
+    zero.t.mm[:] = bytes(len(zero.t.mm))
     big = w.cuda_ipc([2 * MAX_POSITION, HS], [HS, 1], dtype="float32",
                      storage_bytes=2 * cache.t.nbytes,
                      mem_handle=cache.t.name.encode().ljust(64, b"\0"), version=None,
@@ -210,7 +214,7 @@ def test_bad_cos_sin_caches_are_refused_and_the_server_serves_on(srv):
                          "cannot open the memory handle"),
                         (cache_handle(cache, uuid="emul-1"), "no device with that UUID"),
                         (cache.handle(), "CPU shared tensor"),
-                        (cache_handle(yarn), "mscale of 1.5"),
+                        (cache_handle(zero), "every value is zero"),
                         (msgpack.ExtType(1, w.dumps(big)), "allocation")]:
         msg = bc.error_message(bc.register_rope(wk.d, 9, [handle], HS, True))
         assert msg is not None and "CB_REGISTER_ROPE 9" in msg and why in msg, (why, msg)
@@ -224,7 +228,7 @@ def test_bad_cos_sin_caches_are_refused_and_the_server_serves_on(srv):
     assert len(wk.d.call(UNREGISTER_KV_CACHE, 9)) == 2
     assert until(lambda: status(srv)["modules"]["blend"]["rope_instances"] == 0)
     noop_answers(wk.d)
-    yarn.close()
+    zero.close()
     cache.close()
     wk.close()
 

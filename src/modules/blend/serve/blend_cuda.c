@@ -5,7 +5,6 @@
  * (liblmcached_cuda.so's blend_execute, src/kv/cuda_transfer.h).  The
  * steps before the plan (repeat guard, allocation gate, keys, plan) are
  * blend_retrieve.c's, shared with the CPU path. */
-#include <math.h>
 #include <stdlib.h>
 
 #include "core/checked.h"
@@ -15,10 +14,10 @@
 
 /* ---- the cos/sin caches ---------------------------------------------------- */
 
-/* Cache i's shape and mscale from a host copy (the plugin's read): the GPU
- * path re-rotates with the engine's tensor in place, so a cache that bakes
- * a magnitude in is refused rather than divided (docs/cacheblend.md, "The
- * GPU path").  caches[i] keeps the shape, without data. */
+/* Cache i's shape and mscale from a host copy (the plugin's read); a cache
+ * that bakes a magnitude in is divided there and the copy uploaded, owned
+ * by r (docs/cacheblend.md, "The GPU path").  caches[i] keeps the shape,
+ * without data. */
 static int check_cache(cb_mod *m, cb_rope *r, uint32_t i, lmc_kv_rope_dtype dt, uint64_t rows,
                        uint64_t cols, uint64_t bytes, char *err, size_t errlen)
 {
@@ -31,14 +30,15 @@ static int check_cache(cb_mod *m, cb_rope *r, uint32_t i, lmc_kv_rope_dtype dt, 
                                          errlen);
     if (rc == 0)
         rc = lmc_kv_rope_cache_init(cache, host, bytes, dt, rows, cols, err, errlen);
-    double ms = rc == 0 ? lmc_kv_rope_cache_mscale(cache) : 1;
-    if (ms == 0)
-        rc = lmc_err(err, errlen, "cos_sin_cache[%u] is all zero", i);
-    else if (fabs(ms - 1) >= LMC_KV_ROPE_MSCALE_TOLERANCE)
-        rc = lmc_err(err, errlen, "cos_sin_cache[%u] carries an mscale of %.6f (YaRN, "
-                                  "longrope): the GPU path has no device copy to divide it "
-                                  "out of", i, ms);
+    void *owned = NULL;
+    if (rc == 0)
+        rc = lmc_kv_rope_cache_normalize(cache, &owned, err, errlen);
+    if (rc == 0 && owned &&
+        (rc = lmc_server_driven_cuda_upload(m->sd, r->cu_ctx, owned, bytes, &r->cu_owned[i],
+                                            err, errlen)) == 0)
+        r->cu_cache[i] = r->cu_owned[i];
     cache->data = NULL;
+    free(owned);
     free(host);
     return rc;
 }
@@ -74,8 +74,10 @@ void lmc_blend_serve_cuda_rope_release(cb_rope *r)
         return;
     /* Plans enqueued by earlier retrieves may still read the caches. */
     lmc_server_driven_cuda_sync(r->sd, r->cu_ctx);
-    for (uint32_t i = 0; i < r->n_caches; i++)
+    for (uint32_t i = 0; i < r->n_caches; i++) {
+        lmc_server_driven_cuda_free_device(r->sd, r->cu_ctx, r->cu_owned[i]);
         lmc_server_driven_cuda_close_mem(r->sd, r->cu_ctx, r->cu_opened[i]);
+    }
     lmc_server_driven_put(r->sd, r->cu_ctx);
 }
 

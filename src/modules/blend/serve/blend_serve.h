@@ -38,12 +38,14 @@ typedef struct cb_rope {
     lmc_kv_rope_dtype k_dtype;
     atomic_int refs;                            /* the table's and each retrieve's */
     /* A CUDA instance's (blend_cuda.c): caches[i].data is NULL, the cache
-     * is at device address cu_cache[i] of the allocation cu_opened[i],
-     * mapped through the instance's context, referenced by cu_ctx. */
+     * is at device address cu_cache[i]: in the allocation cu_opened[i],
+     * mapped through the instance's context (referenced by cu_ctx), or
+     * the divided copy the server uploaded, cu_owned[i]. */
     sd_mod *sd;
     sd_ctx *cu_ctx;
     uint64_t cu_cache[LMC_BLEND_MAX_ROPE_CACHES];
     uint64_t cu_opened[LMC_BLEND_MAX_ROPE_CACHES];
+    uint64_t cu_owned[LMC_BLEND_MAX_ROPE_CACHES];
 } cb_rope;
 
 typedef struct cb_job cb_job;
@@ -126,7 +128,7 @@ void lmc_blend_serve_applied_free(cb_applied *a);
 /* ---- blend_cuda.c (docs/cacheblend.md, "The GPU path") ---- */
 /* Maps cos/sin cache i (a CUDA IPC tensor on c's device, its shape
  * checked by the caller) into r: r->caches[i] without data, its device
- * address in r->cu_cache[i].  A cache that carries an mscale is refused. */
+ * address in r->cu_cache[i] (a divided copy where it carries an mscale). */
 int lmc_blend_serve_cuda_map_cache(cb_mod *m, cb_rope *r, uint32_t i, sd_ctx *c,
                                    const lmc_shared_tensor *t, lmc_kv_rope_dtype dt,
                                    char *err, size_t errlen);

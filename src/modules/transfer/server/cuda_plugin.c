@@ -323,6 +323,18 @@ int lmc_server_driven_cuda_read(sd_mod *m, const sd_ctx *c, uint64_t src, void *
     return m->cuda.ops->read(c->cu.device, src, host, bytes, err, errlen);
 }
 
+int lmc_server_driven_cuda_upload(sd_mod *m, const sd_ctx *c, const void *host, uint64_t bytes,
+                                  uint64_t *dev, char *err, size_t errlen)
+{
+    return m->cuda.ops->upload(c->cu.device, host, bytes, dev, err, errlen);
+}
+
+void lmc_server_driven_cuda_free_device(sd_mod *m, const sd_ctx *c, uint64_t dev)
+{
+    if (dev && m->cuda.ops)
+        m->cuda.ops->free_device(c->cu.device, dev);
+}
+
 void lmc_server_driven_cuda_sync(sd_mod *m, const sd_ctx *c)
 {
     char err[256];

@@ -216,6 +216,11 @@ void lmc_server_driven_cuda_close_mem(sd_mod *m, const struct sd_ctx *c, uint64_
 /* Device bytes into pageable host memory, synchronously (the plugin's read). */
 int lmc_server_driven_cuda_read(sd_mod *m, const struct sd_ctx *c, uint64_t src, void *host,
                                 uint64_t bytes, char *err, size_t errlen);
+/* Device memory of `bytes` on c's device holding `host`'s bytes, owned by
+ * the caller until cuda_free_device (after a sync of what reads it). */
+int lmc_server_driven_cuda_upload(sd_mod *m, const struct sd_ctx *c, const void *host,
+                                  uint64_t bytes, uint64_t *dev, char *err, size_t errlen);
+void lmc_server_driven_cuda_free_device(sd_mod *m, const struct sd_ctx *c, uint64_t dev);
 /* Blocks until the context's stream is idle. */
 void lmc_server_driven_cuda_sync(sd_mod *m, const struct sd_ctx *c);
 /* A recorded event for a failure reply; false when none can be made. */
