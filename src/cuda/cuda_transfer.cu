@@ -685,6 +685,36 @@ static int cu_blend_execute(lmc_cuda_stream *s, const lmc_cuda_blend *b, char *e
     return rc;
 }
 
+/* ---- device memory the server owns -------------------------------------- */
+
+/* A pageable cudaMemcpy may return before its DMA lands: the device sync
+ * makes the bytes visible to every stream (once per CB_REGISTER_ROPE). */
+static int cu_upload(int device, const void *host, uint64_t bytes, uint64_t *dev, char *err,
+                     size_t errlen)
+{
+    void *p = NULL;
+    *dev = 0;
+    int rc = check(cudaSetDevice(device), "cudaSetDevice", err, errlen);
+    if (rc == 0)
+        rc = check(cudaMalloc(&p, (size_t)(bytes ? bytes : 1)), "cudaMalloc", err, errlen);
+    if (rc == 0)
+        rc = check(cudaMemcpy(p, host, (size_t)bytes, cudaMemcpyHostToDevice), "cudaMemcpy",
+                   err, errlen);
+    if (rc == 0)
+        rc = check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", err, errlen);
+    if (rc != 0 && p && cudaFree(p) != cudaSuccess)
+        (void)cudaGetLastError();
+    if (rc == 0)
+        *dev = (uint64_t)(uintptr_t)p;
+    return rc;
+}
+
+static void cu_free_device(int device, uint64_t dev)
+{
+    if (cudaSetDevice(device) != cudaSuccess || cudaFree((void *)(uintptr_t)dev) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
 static const lmc_cuda_ops g_ops = {
     LMC_CUDA_ABI_VERSION,
     cu_init,
@@ -705,6 +735,8 @@ static const lmc_cuda_ops g_ops = {
     cu_record_pool_event,
     cu_copy_layers,
     cu_blend_execute,
+    cu_upload,
+    cu_free_device,
 };
 
 LMC_CUDA_EXPORT const lmc_cuda_ops *lmc_cuda_transfer_ops(void)

@@ -22,8 +22,9 @@
 /* 4: format NL_X_NB_BS_NH_HS (SGLang unified), whose offsets a library
  * of ABI 3 would not know; 5: the layerwise entries (event_pool,
  * record_pool_event, copy_layers); 6: blend_execute (CacheBlend's
- * retrieve plan on the device). */
-#define LMC_CUDA_ABI_VERSION 6
+ * retrieve plan on the device); 7: upload and free_device (a cos/sin
+ * cache the server divided, docs/cacheblend.md "The GPU path"). */
+#define LMC_CUDA_ABI_VERSION 7
 #define LMC_CUDA_LIB_NAME "liblmcached_cuda.so"
 #define LMC_CUDA_ENTRY "lmc_cuda_transfer_ops"   /* const lmc_cuda_ops *(void) */
 #define LMC_CUDA_EVENT_HANDLE_BYTES 64
@@ -152,6 +153,14 @@ typedef struct lmc_cuda_ops {
      * nothing.  The tensors' extents are the caller's to check (the plan
      * was built against the registration, as for copy_object). */
     int (*blend_execute)(lmc_cuda_stream *s, const lmc_cuda_blend *b, char *err, size_t errlen);
+    /* ---- device memory the server owns (ABI 7) ---- */
+    /* Allocates `bytes` on `device` and copies `host` there; returns once
+     * the bytes are on the device, *dev their address (0 on failure). */
+    int (*upload)(int device, const void *host, uint64_t bytes, uint64_t *dev, char *err,
+                  size_t errlen);
+    /* Frees what upload allocated; the caller has synced every stream that
+     * may still read it. */
+    void (*free_device)(int device, uint64_t dev);
 } lmc_cuda_ops;
 
 #endif

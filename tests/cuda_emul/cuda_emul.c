@@ -13,6 +13,7 @@
  * addresses; the one device has the UUID "emul-0"; event handles are 64
  * bytes carrying a counter.  The copies are lmcached's own CPU gather and
  * scatter (kv_copy.h), not a re-implementation. */
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -372,16 +373,67 @@ static int emul_read(int device, uint64_t src, void *host, uint64_t bytes, char 
     return 0;
 }
 
-/* CacheBlend's device executor has no stand-in here: the CPU executor
- * (kv_blend_plan.h) is what runs without a GPU (docs/cacheblend.md,
- * "CUDA kernels"). */
+/* CacheBlend's device executor: cuda_blend.cu built for the host
+ * (tests/gpu/host_shim/, libblend_host_plugin.so), loaded from the path
+ * in LMCACHED_CUDA_EMUL_BLEND.  "Device" addresses here are host ones, so
+ * its kernels run on the emulated memory as they are.  It runs in stream
+ * order but synchronously: the stream is drained first, and one plan runs
+ * at a time (the stand-in's kernel indices are process globals). */
+static pthread_mutex_t blend_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static const lmc_cuda_ops *blend_plugin(char *err, size_t errlen)
+{
+    static const lmc_cuda_ops *ops;
+    static char why[256];
+    if (!ops && !why[0]) {
+        const char *path = getenv("LMCACHED_CUDA_EMUL_BLEND");
+        void *dl = path && *path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : NULL;
+        const lmc_cuda_ops *(*entry)(void) =
+            dl ? (const lmc_cuda_ops *(*)(void))dlsym(dl, LMC_CUDA_ENTRY) : NULL;
+        ops = entry ? entry() : NULL;
+        if (!path || !*path)
+            snprintf(why, sizeof why, "LMCACHED_CUDA_EMUL_BLEND (libblend_host_plugin.so) "
+                                      "is not set");
+        else if (!ops || ops->abi_version != LMC_CUDA_ABI_VERSION || !ops->blend_execute)
+            snprintf(why, sizeof why, "LMCACHED_CUDA_EMUL_BLEND: %s",
+                     dl ? "not a host build of the blend kernels" : dlerror());
+        if (why[0])
+            ops = NULL;
+    }
+    if (!ops)
+        snprintf(err, errlen, "cuda_emul: blend_execute: %s", why);
+    return ops;
+}
+
 static int emul_blend_execute(lmc_cuda_stream *s, const lmc_cuda_blend *b, char *err,
                               size_t errlen)
 {
-    (void)s, (void)b;
-    snprintf(err, errlen, "blend_execute: the CPU stand-in of %s does not run it",
-             LMC_CUDA_LIB_NAME);
-    return -1;
+    pthread_mutex_lock(&blend_lock);
+    const lmc_cuda_ops *ops = blend_plugin(err, errlen);
+    int rc = -1;
+    if (ops && emul_sync(s, err, errlen) == 0)
+        rc = ops->blend_execute(NULL, b, err, errlen);
+    pthread_mutex_unlock(&blend_lock);
+    return rc;
+}
+
+/* "Device" memory the server owns: host memory. */
+static int emul_upload(int device, const void *host, uint64_t bytes, uint64_t *dev, char *err,
+                       size_t errlen)
+{
+    (void)device;
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p)
+        return fail(err, errlen, "out of memory");
+    memcpy(p, host, bytes);
+    *dev = (uint64_t)(uintptr_t)p;
+    return 0;
+}
+
+static void emul_free_device(int device, uint64_t dev)
+{
+    (void)device;
+    free((void *)(uintptr_t)dev);
 }
 
 static const lmc_cuda_ops emul_ops = {
@@ -404,6 +456,8 @@ static const lmc_cuda_ops emul_ops = {
     .record_pool_event = emul_record_pool_event,
     .copy_layers = emul_copy_layers,
     .blend_execute = emul_blend_execute,
+    .upload = emul_upload,
+    .free_device = emul_free_device,
 };
 
 const lmc_cuda_ops *lmc_cuda_transfer_ops(void);

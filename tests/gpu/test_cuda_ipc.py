@@ -719,6 +719,10 @@ class CudaOps(ctypes.Structure):
                                          ctypes.POINTER(ctypes.c_uint32), _cp, _sz)),
         # ABI 6: CacheBlend's plan (tests/gpu/blend_check.c drives it)
         ("blend_execute", ctypes.CFUNCTYPE(_i, _vp, _vp, _cp, _sz)),
+        # ABI 7: device memory the server owns (a divided cos/sin cache)
+        ("upload", ctypes.CFUNCTYPE(_i, _i, _vp, ctypes.c_uint64,
+                                    ctypes.POINTER(ctypes.c_uint64), _cp, _sz)),
+        ("free_device", ctypes.CFUNCTYPE(None, _i, ctypes.c_uint64)),
     ]
 
 
@@ -727,7 +731,7 @@ def load_plugin(path):
     entry = lib.lmc_cuda_transfer_ops
     entry.restype, entry.argtypes = ctypes.POINTER(CudaOps), []
     ops = entry().contents
-    check(ops.abi_version == 6, f"plugin ABI {ops.abi_version}, want 6")
+    check(ops.abi_version == 7, f"plugin ABI {ops.abi_version}, want 7")
     return lib, ops
 
 
@@ -843,6 +847,24 @@ def plugin_read(torch, ops):
     want = dev[12345:12345 + len(host)].cpu()
     check(bytes(host) == bytes(want.tolist()), "read: the bytes differ from the device's")
     print("  plugin: read of 4099 device bytes at an odd offset: ok", flush=True)
+
+
+def plugin_upload(ops):
+    """upload() and free_device(): device memory the server owns
+    (CacheBlend's divided cos/sin cache, docs/cacheblend.md "The GPU
+    path"), read back through read()."""
+    err = Err()
+    host = os.urandom(4099)
+    src = ctypes.create_string_buffer(host, len(host))
+    dev = ctypes.c_uint64(0)
+    rc = ops.upload(0, ctypes.addressof(src), len(host), ctypes.byref(dev), err.buf, 512)
+    check(rc == 0 and dev.value != 0, f"upload: {err}")
+    back = ctypes.create_string_buffer(len(host))
+    rc = ops.read(0, dev.value, ctypes.addressof(back), len(host), err.buf, 512)
+    check(rc == 0, f"read: {err}")
+    check(back.raw == host, "upload: the device bytes differ from the host's")
+    ops.free_device(0, dev.value)
+    print("  plugin: upload of 4099 bytes, read back, freed: ok", flush=True)
 
 
 def plugin_case(torch, ops, name, groups, blocks, dst, skips):
@@ -968,6 +990,7 @@ def plugin_main(torch, args, uuid):
             plugin_case(torch, ops, name + " skip 3", groups, [B], [D], [3])
 
     plugin_read(torch, ops)
+    plugin_upload(ops)
     if DEV == "cpu":
         return
     # refusals: nothing enqueued, an error line, no abort

@@ -17,6 +17,7 @@
 
 static void rope_free(cb_rope *r)
 {
+    lmc_blend_serve_cuda_rope_release(r);
     for (uint32_t i = 0; i < r->n_caches; i++) {
         free(r->owned[i]);
         if (r->maps[i])
@@ -106,15 +107,16 @@ static bool rope_dtype(const char *torch, lmc_kv_rope_dtype *out)
     return true;
 }
 
-/* Maps cache i of the registration (a CPU shared tensor), checks its shape
- * and divides out an mscale (docs/cacheblend.md, "The cos/sin cache"). */
-static int map_cache(cb_mod *m, cb_rope *r, uint32_t i, const lmc_shared_tensor *t, char *err,
-                     size_t errlen)
+/* Maps cache i of the registration (a CPU shared tensor; a CUDA one for an
+ * instance of CUDA tensors, blend_cuda.c), checks its shape and divides
+ * out an mscale (docs/cacheblend.md, "The cos/sin cache"). */
+static int map_cache(cb_mod *m, cb_rope *r, uint32_t i, sd_ctx *c, const lmc_shared_tensor *t,
+                     char *err, size_t errlen)
 {
     lmc_kv_rope_dtype dt;
-    if (t->wrapper != LMC_WRAPPER_CPU_SHM)
-        return lmc_err(err, errlen, "cos_sin_cache[%u]: only CPU shared tensors are served by "
-                                    "this version (the CUDA blend retrieve is not wired)", i);
+    if (!c->cuda && t->wrapper != LMC_WRAPPER_CPU_SHM)
+        return lmc_err(err, errlen, "cos_sin_cache[%u]: a CUDA tensor for an instance of CPU "
+                                    "shared tensors", i);
     if (!rope_dtype(t->dtype, &dt))
         return lmc_err(err, errlen, "cos_sin_cache[%u]: dtype %s (float32, float16 or "
                                     "bfloat16)", i, t->dtype);
@@ -122,6 +124,8 @@ static int map_cache(cb_mod *m, cb_rope *r, uint32_t i, const lmc_shared_tensor 
         t->storage_offset < 0)
         return lmc_err(err, errlen, "cos_sin_cache[%u]: not a contiguous [max_position, "
                                     "rot_dim] tensor", i);
+    if (c->cuda)
+        return lmc_blend_serve_cuda_map_cache(m, r, i, c, t, dt, err, errlen);
     if (!(r->maps[i] = lmc_server_driven_map_shm(m->sd, t, err, errlen)))
         return -1;
     r->map_len[i] = t->storage_bytes;
@@ -176,14 +180,14 @@ static int group_rotation(cb_rope *r, const lmc_blend_register_rope *q, const sd
     return 0;
 }
 
-static int build_rope(cb_mod *m, const lmc_blend_register_rope *q, const sd_ctx *c, cb_rope *r,
+static int build_rope(cb_mod *m, const lmc_blend_register_rope *q, sd_ctx *c, cb_rope *r,
                       char *err, size_t errlen)
 {
     r->instance_id = q->instance_id;
     atomic_init(&r->refs, 1);
     for (uint32_t i = 0; i < q->n_caches; i++) {
         r->n_caches = i + 1; /* what rope_free undoes */
-        if (map_cache(m, r, i, &q->caches[i], err, errlen) != 0)
+        if (map_cache(m, r, i, c, &q->caches[i], err, errlen) != 0)
             return -1;
     }
     for (uint32_t k = 0; k < c->plan.n_kg; k++)
@@ -222,9 +226,6 @@ static lmc_handler_result register_rope(void *state, lmc_rpc_call *call)
     if (!c)
         snprintf(err, sizeof err, "instance %lld is not registered (REGISTER_KV_CACHE first)",
                  (long long)q.instance_id);
-    else if (c->cuda)
-        snprintf(err, sizeof err, "instance %lld registered CUDA tensors: the CUDA blend "
-                 "retrieve is not wired in this version", (long long)q.instance_id);
     else if (!r)
         snprintf(err, sizeof err, "out of memory");
     else if ((rc = build_rope(m, &q, c, r, err, sizeof err)) == 0 &&

@@ -1,10 +1,12 @@
-/* CB_RETRIEVE_PRE_COMPUTED on CPU shared tensors (docs/cacheblend.md,
- * "Retrieve"): the matched chunks' objects, read under the locks the
- * unified lookup stashed on the session (or taken now), staged, their K
- * re-rotated to the new positions and every token scattered into the
- * request's blocks.  Replies [b"", scatter_ran] with the outcomes of the
- * spec's table: a repeat, a match past the allocated blocks, a missing
- * object. */
+/* CB_RETRIEVE_PRE_COMPUTED (docs/cacheblend.md, "Retrieve"): the matched
+ * chunks' objects, read under the locks the unified lookup stashed on the
+ * session (or taken now), staged, their K re-rotated to the new positions
+ * and every token scattered into the request's blocks.  Replies
+ * [event, scatter_ran] with the outcomes of the spec's table: a repeat, a
+ * match past the allocated blocks, a missing object.  On CPU shared
+ * tensors the CPU executor runs here and the event is b""; on CUDA ones
+ * the plan goes to the instance's stream (blend_cuda.c) and every reply
+ * carries a fresh event ("The GPU path"). */
 #include <setjmp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,7 +265,7 @@ static int scatter(cb_mod *m, cb_call *x, char *err, size_t errlen)
     }
     for (uint32_t k = 0; k < p->n_kg; k++) {
         blocks[k] = x->ids[k];
-        io[k] = (lmc_kv_blend_group_io){x->c->bases[k], p->kg[k].span_bytes,
+        io[k] = (lmc_kv_blend_group_io){x->c->cuda ? NULL : x->c->bases[k], p->kg[k].span_bytes,
                                         x->r->rope_on[k] ? &x->r->caches[x->r->cache_of[k]]
                                                          : NULL,
                                         &x->r->geom[k], x->r->k_dtype};
@@ -279,6 +281,11 @@ static int scatter(cb_mod *m, cb_call *x, char *err, size_t errlen)
         goto out;
     if ((rc = lmc_kv_blend_plan_build(&in, mem, bytes, &plan, err, errlen)) != 0)
         goto out;
+    if (x->c->cuda) {
+        rc = lmc_blend_serve_cuda_execute(m, x->c, x->r, &in, &plan, objects, x->q.event,
+                                          x->q.event_len, err, errlen);
+        goto out;
+    }
     rc = -2;
     uint64_t pool_bytes = plan.slot_stride * MAX_BATCH;
     if (!(pool = malloc(pool_bytes ? pool_bytes : 1)))
@@ -292,10 +299,21 @@ out:
     return rc;
 }
 
-static lmc_handler_result reply(lmc_rpc_call *call, bool ran)
+static lmc_handler_result reply(cb_mod *m, const cb_call *x, lmc_rpc_call *call, bool ran)
 {
-    lmc_blend_encode_retrieve_reply(lmc_rpc_call_reply(call), NULL, 0, ran);
+    if (x->c->cuda)
+        lmc_blend_serve_cuda_reply(m, x->c, call, ran);
+    else
+        lmc_blend_encode_retrieve_reply(lmc_rpc_call_reply(call), NULL, 0, ran);
     return LMC_HANDLER_REPLY;
+}
+
+/* A CUDA plan may still read the objects: their leases go back behind it. */
+static void give_back_after_stream(cb_mod *m, cb_call *x)
+{
+    lmc_blend_serve_cuda_give_back_after(m, x->c, x->keys, x->leases, x->n_keys);
+    lmc_keys_drop(x->keys, x->n_keys);
+    x->n_keys = 0;
 }
 
 /* Resolves the call's instance, rope state and block tables; 0, or -1
@@ -309,6 +327,9 @@ static int resolve(cb_mod *m, cb_call *x, char *err, size_t errlen)
     if (!(x->r = lmc_blend_serve_rope_get(m, x->q.instance_id)))
         return lmc_err(err, errlen, "instance %lld has no rope state (CB_REGISTER_ROPE first)",
                        (long long)x->q.instance_id);
+    if (x->r->n_caches && x->r->cu_ctx != (x->c->cuda ? x->c : NULL))
+        return lmc_err(err, errlen, "instance %lld registered again since its "
+                                    "CB_REGISTER_ROPE", (long long)x->q.instance_id);
     if (!k->has_worker)
         return lmc_err(err, errlen, "worker_id must be this rank, not None");
     if (!lmc_server_driven_bind_model(m->sd, x->c, k->model_name, k->model_len, k->world_size))
@@ -347,7 +368,7 @@ static int order_matches(cb_mod *m, cb_call *x)
 }
 
 /* CB_RETRIEVE_PRE_COMPUTED(key, matches, gpu_block_ids, instance_id, event)
- * -> [b"", scatter_ran] */
+ * -> [event, scatter_ran] */
 lmc_handler_result lmc_blend_serve_retrieve(void *state, lmc_rpc_call *call)
 {
     cb_mod *m = state;
@@ -374,7 +395,7 @@ lmc_handler_result lmc_blend_serve_retrieve(void *state, lmc_rpc_call *call)
     }
     if (x.n == 0) { /* nothing new: already applied, or no matches at all */
         atomic_fetch_add(&m->retrieves_repeated, x.q.n_matches > 0);
-        res = reply(call, true);
+        res = reply(m, &x, call, true);
         goto done;
     }
     uint64_t bound = slot_bound(&x);
@@ -385,11 +406,13 @@ lmc_handler_result lmc_blend_serve_retrieve(void *state, lmc_rpc_call *call)
     }
     if (past) { /* never a partial scatter; deferred whole, the locks kept */
         atomic_fetch_add(all_past ? &m->retrieves_deferred : &m->retrieves_failed, 1);
-        res = reply(call, all_past);
+        res = reply(m, &x, call, all_past);
         goto done;
     }
     bool ok = take_objects(m, &x, x.c->plan.og[0].object_size);
     rc = ok ? scatter(m, &x, err, sizeof err) : -1;
+    if (ok && x.c->cuda)
+        give_back_after_stream(m, &x);
     if (!ok)
         LMC_WARN_LIMITED("CB_RETRIEVE_PRE_COMPUTED %.*s: a matched chunk is no longer stored",
                          (int)x.q.key.request_id_len, x.q.key.request_id);
@@ -404,7 +427,7 @@ lmc_handler_result lmc_blend_serve_retrieve(void *state, lmc_rpc_call *call)
         atomic_fetch_add(&m->chunks_scattered, x.n);
     }
     atomic_fetch_add(rc == 0 ? &m->retrieves_ok : &m->retrieves_failed, 1);
-    res = reply(call, rc == 0);
+    res = reply(m, &x, call, rc == 0);
 done:
     call_free(m, &x);
     return res;

@@ -6,13 +6,15 @@
  * Files: blend_module.c (the module's face, the handshake, RoPE state, the
  * STORE hook), blend_lookup.c (CB_UNIFIED_LOOKUP's state machine),
  * blend_stash.c (the read locks a lookup hands to the retrieves),
- * blend_retrieve.c (CB_RETRIEVE_PRE_COMPUTED on CPU shared tensors). */
+ * blend_retrieve.c (CB_RETRIEVE_PRE_COMPUTED), blend_cuda.c (its GPU path
+ * and the CUDA cos/sin caches). */
 #ifndef LMC_MODULES_BLEND_SERVE_BLEND_SERVE_H
 #define LMC_MODULES_BLEND_SERVE_BLEND_SERVE_H
 
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "kv/kv_blend_plan.h"
 #include "kv/kv_rope.h"
 #include "modules/blend/blend_coord.h"
 #include "modules/blend/blend_matcher.h"
@@ -36,6 +38,15 @@ typedef struct cb_rope {
     lmc_kv_rope_geom geom[LMC_KV_MAX_KERNEL_GROUPS];
     lmc_kv_rope_dtype k_dtype;
     atomic_int refs;                            /* the table's and each retrieve's */
+    /* A CUDA instance's (blend_cuda.c): caches[i].data is NULL, the cache
+     * is at device address cu_cache[i]: in the allocation cu_opened[i],
+     * mapped through the instance's context (referenced by cu_ctx), or
+     * the divided copy the server uploaded, cu_owned[i]. */
+    sd_mod *sd;
+    sd_ctx *cu_ctx;
+    uint64_t cu_cache[LMC_BLEND_MAX_ROPE_CACHES];
+    uint64_t cu_opened[LMC_BLEND_MAX_ROPE_CACHES];
+    uint64_t cu_owned[LMC_BLEND_MAX_ROPE_CACHES];
 } cb_rope;
 
 typedef struct cb_job cb_job;
@@ -116,5 +127,27 @@ size_t lmc_blend_serve_stash_release_others(cb_stash *s, const uint8_t *hashes, 
 lmc_handler_result lmc_blend_serve_retrieve(void *state, lmc_rpc_call *call);
 int lmc_blend_serve_applied_init(cb_applied *a, size_t cap);
 void lmc_blend_serve_applied_free(cb_applied *a);
+
+/* ---- blend_cuda.c (docs/cacheblend.md, "The GPU path") ---- */
+/* Maps cos/sin cache i (a CUDA IPC tensor on c's device, its shape
+ * checked by the caller) into r: r->caches[i] without data, its device
+ * address in r->cu_cache[i] (a divided copy where it carries an mscale). */
+int lmc_blend_serve_cuda_map_cache(cb_mod *m, cb_rope *r, uint32_t i, sd_ctx *c,
+                                   const lmc_shared_tensor *t, lmc_kv_rope_dtype dt,
+                                   char *err, size_t errlen);
+/* Closes r's device caches once c's stream has passed every plan. */
+void lmc_blend_serve_cuda_rope_release(cb_rope *r);
+/* Enqueues a built plan on the instance's stream after the client's
+ * event (docs/cacheblend.md, "The GPU path").  0, or -1 with the reason. */
+int lmc_blend_serve_cuda_execute(cb_mod *m, sd_ctx *c, const cb_rope *r,
+                                 const lmc_kv_blend_input *in, const lmc_kv_blend_plan *plan,
+                                 const uint8_t *const *objects, const uint8_t *event,
+                                 size_t event_len, char *err, size_t errlen);
+/* The leases (and keys, referenced) go back once the stream has passed
+ * what is enqueued; the arrays stay the caller's. */
+void lmc_blend_serve_cuda_give_back_after(cb_mod *m, sd_ctx *c, lmc_object_key *keys,
+                                          lmc_lease *leases, size_t n);
+/* [fresh event handle, ran]; an empty handle where none can be made. */
+void lmc_blend_serve_cuda_reply(cb_mod *m, sd_ctx *c, lmc_rpc_call *call, bool ran);
 
 #endif

@@ -220,13 +220,14 @@ static void pin_arena(sd_mod *m)
 /* The tensor's bytes must lie inside the storage its handle claims and,
  * since a client can claim anything, inside the allocation the driver
  * actually opened (docs/security.md). */
-static int map_tensor(const lmc_cuda_ops *ops, sd_cuda_ctx *cu, const lmc_shared_tensor *t,
-                      uint64_t span, uint64_t *addr, char *err, size_t errlen)
+static int map_tensor(const lmc_cuda_ops *ops, int device, const lmc_shared_tensor *t,
+                      uint64_t span, uint64_t *addr, uint64_t *opened, size_t *n_opened,
+                      char *err, size_t errlen)
 {
     uint64_t base, alloc;
-    if (ops->open_mem(cu->device, t->mem_handle, &base, &alloc, err, errlen) != 0)
+    if (ops->open_mem(device, t->mem_handle, &base, &alloc, err, errlen) != 0)
         return -1;
-    cu->opened[cu->n_opened++] = base;
+    opened[(*n_opened)++] = base;
     uint64_t off, start, end;
     if (!lmc_u64_of_i64(t->storage_offset, &off) || !lmc_mul_u64(off, t->itemsize, &off) ||
         off > t->storage_bytes || span > t->storage_bytes - off)
@@ -273,8 +274,8 @@ int lmc_server_driven_cuda_register(sd_mod *m, sd_ctx *c, const lmc_shared_tenso
         if (!(cu->tensors[k] = calloc(g->n_tensors, sizeof *cu->tensors[k])))
             return snprintf(err, errlen, "out of memory"), -2;
         for (uint32_t i = 0; i < g->n_tensors; i++)
-            if (map_tensor(ops, cu, &t[g->tensors[i]], g->span_bytes,
-                           &cu->tensors[k][i], err, errlen) != 0)
+            if (map_tensor(ops, cu->device, &t[g->tensors[i]], g->span_bytes,
+                           &cu->tensors[k][i], cu->opened, &cu->n_opened, err, errlen) != 0)
                 return -1;
     }
     if (!(cu->stream = ops->stream_new(cu->device, max_object(&c->plan), err, errlen)))
@@ -287,6 +288,58 @@ int lmc_server_driven_cuda_register(sd_mod *m, sd_ctx *c, const lmc_shared_tenso
             return -1;
     pin_arena(m);
     return 0;
+}
+
+int lmc_server_driven_cuda_open(sd_mod *m, const sd_ctx *c, const lmc_shared_tensor *t,
+                                uint64_t span, uint64_t *addr, uint64_t *opened, char *err,
+                                size_t errlen)
+{
+    const lmc_cuda_ops *ops = m->cuda.ops;
+    int device;
+    size_t n = 0;
+    *opened = 0;
+    if (!c->cuda || !ops)
+        return snprintf(err, errlen, "instance %lld registered no CUDA tensors",
+                        (long long)c->instance_id), -1;
+    if (t->wrapper == LMC_WRAPPER_CPU_SHM)
+        return snprintf(err, errlen, "a CPU shared tensor for an instance of CUDA tensors"), -1;
+    if (ops->device_by_uuid(t->device_uuid, &device, err, errlen) != 0)
+        return -1;
+    if (device != c->cu.device)
+        return snprintf(err, errlen, "on device %s, not the instance's device %d",
+                        t->device_uuid, c->cu.device), -1;
+    return map_tensor(ops, device, t, span, addr, opened, &n, err, errlen);
+}
+
+void lmc_server_driven_cuda_close_mem(sd_mod *m, const sd_ctx *c, uint64_t opened)
+{
+    if (opened && m->cuda.ops)
+        m->cuda.ops->close_mem(c->cu.device, opened);
+}
+
+int lmc_server_driven_cuda_read(sd_mod *m, const sd_ctx *c, uint64_t src, void *host,
+                                uint64_t bytes, char *err, size_t errlen)
+{
+    return m->cuda.ops->read(c->cu.device, src, host, bytes, err, errlen);
+}
+
+int lmc_server_driven_cuda_upload(sd_mod *m, const sd_ctx *c, const void *host, uint64_t bytes,
+                                  uint64_t *dev, char *err, size_t errlen)
+{
+    return m->cuda.ops->upload(c->cu.device, host, bytes, dev, err, errlen);
+}
+
+void lmc_server_driven_cuda_free_device(sd_mod *m, const sd_ctx *c, uint64_t dev)
+{
+    if (dev && m->cuda.ops)
+        m->cuda.ops->free_device(c->cu.device, dev);
+}
+
+void lmc_server_driven_cuda_sync(sd_mod *m, const sd_ctx *c)
+{
+    char err[256];
+    if (m->cuda.ops && c->cu.stream && m->cuda.ops->sync(c->cu.stream, err, sizeof err) != 0)
+        LMC_WARN_LIMITED("CUDA instance %lld: %s", (long long)c->instance_id, err);
 }
 
 void lmc_server_driven_cuda_release(sd_mod *m, sd_ctx *c)

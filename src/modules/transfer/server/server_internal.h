@@ -205,6 +205,24 @@ bool lmc_server_driven_cuda_store(sd_mod *m, const sd_op *op, sd_store_plan *s, 
 bool lmc_server_driven_cuda_retrieve(sd_mod *m, const sd_op *op, uint64_t skip, const uint8_t *client,
                           size_t client_len, uint8_t handle[LMC_CUDA_EVENT_HANDLE_BYTES],
                           uint64_t *bytes);
+/* A CUDA shared tensor of `span` bytes beside the registration's, on its
+ * device (the blend module's cos/sin caches, docs/cacheblend.md, "The GPU
+ * path"), bounds checked as the KV tensors are: *addr its element 0.
+ * *opened (0: none) is the allocation to close_mem, failed or not. */
+int lmc_server_driven_cuda_open(sd_mod *m, const struct sd_ctx *c, const lmc_shared_tensor *t,
+                                uint64_t span, uint64_t *addr, uint64_t *opened, char *err,
+                                size_t errlen);
+void lmc_server_driven_cuda_close_mem(sd_mod *m, const struct sd_ctx *c, uint64_t opened);
+/* Device bytes into pageable host memory, synchronously (the plugin's read). */
+int lmc_server_driven_cuda_read(sd_mod *m, const struct sd_ctx *c, uint64_t src, void *host,
+                                uint64_t bytes, char *err, size_t errlen);
+/* Device memory of `bytes` on c's device holding `host`'s bytes, owned by
+ * the caller until cuda_free_device (after a sync of what reads it). */
+int lmc_server_driven_cuda_upload(sd_mod *m, const struct sd_ctx *c, const void *host,
+                                  uint64_t bytes, uint64_t *dev, char *err, size_t errlen);
+void lmc_server_driven_cuda_free_device(sd_mod *m, const struct sd_ctx *c, uint64_t dev);
+/* Blocks until the context's stream is idle. */
+void lmc_server_driven_cuda_sync(sd_mod *m, const struct sd_ctx *c);
 /* A recorded event for a failure reply; false when none can be made. */
 bool lmc_server_driven_cuda_failure_event(sd_mod *m, const sd_op *op,
                                uint8_t handle[LMC_CUDA_EVENT_HANDLE_BYTES]);
