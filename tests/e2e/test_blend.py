@@ -698,3 +698,51 @@ def test_blend_legacy_serves_as_default_with_a_warning(start_server):
     assert lookup(d, stored_prompt(0), "legacy-l", cs=CS) == 3
     d.close()
     w.close()
+
+
+# ---- read locks (docs/cacheblend.md, "Read locks") -------------------------
+
+def l1_locks(srv):
+    l1 = status(srv)["storage_manager"]["l1_manager"]
+    return l1["num_locked_objects"], l1["leases"]
+
+
+# Documents 3, 1 and 2 behind a first chunk nothing stored: no prefix leg
+# locks, so every lock the lookup takes is the stash's.
+NO_PREFIX_PROMPT = filler(CS, 9) + NEW_PROMPT[CS:]
+
+
+@pytest.mark.parametrize("retrieve", [False, True])
+def test_every_share_a_lookup_takes_goes_back_once(world, srv, retrieve):
+    """The found chunks stay read-locked (one share each) until a retrieve
+    consumes the share or END_SESSION releases the stash; either way each
+    goes back exactly once."""
+    w = world
+    assert l1_locks(srv)[0] == 0
+    result = bc.unified_lookup(w.d, NO_PREFIX_PROMPT, "locks", CS)
+    found = check_found(result, prefix=0)
+    assert l1_locks(srv)[0] == len(EXPECTED)
+    if retrieve:
+        key = ipc_key(NO_PREFIX_PROMPT, 0, len(NO_PREFIX_PROMPT), "locks", worker_id=0)
+        assert unpack(w.d.call(bc.CB_RETRIEVE_PRE_COMPUTED, key, found, [DST], 5, b"")) == \
+            [NO_EVENT, True]
+        assert l1_locks(srv)[0] == 0           # the retrieve consumed every share
+    w.d.call(END_SESSION, "locks")
+    noop_answers(w.d)
+    locked, leases = l1_locks(srv)
+    assert locked == 0, leases
+    assert leases["returned_twice"] == 0 and leases["returned_stale"] == 0, leases
+    assert leases["copy"]["outstanding"] == 0, leases
+    # A share a retrieve consumed went back with its COPY lease; the READ
+    # lease it came from is then spent, as a LOOKUP's delivered one.
+    assert leases["read"]["outstanding"] == (len(EXPECTED) if retrieve else 0), leases
+
+
+def test_a_second_lookup_of_the_request_releases_the_first_ones_locks(world, srv):
+    w = world
+    check_found(bc.unified_lookup(w.d, NO_PREFIX_PROMPT, "again", CS), prefix=0)
+    check_found(bc.unified_lookup(w.d, NO_PREFIX_PROMPT, "again", CS), prefix=0)
+    assert l1_locks(srv)[0] == len(EXPECTED)   # not twice as many
+    w.d.call(END_SESSION, "again")
+    noop_answers(w.d)
+    assert l1_locks(srv)[0] == 0

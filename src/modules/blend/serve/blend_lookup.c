@@ -232,8 +232,7 @@ static void add_unit(cb_job *j, const uint8_t *hash, bool tail)
 
 /* The units: each candidate past the prefix, then (segmented) each prefix
  * chunk after the gap.  0, or -1 out of memory. */
-static int plan_units(cb_mod *m, cb_job *j, const lmc_ipc_key *k, const uint8_t *chain,
-                      size_t n_chunks)
+static int plan_units(cb_mod *m, cb_job *j, const uint8_t *chain, size_t n_chunks)
 {
     size_t tail = chain && (size_t)j->leading + 1 < n_chunks ? n_chunks - j->leading - 1 : 0;
     if (!(j->units = calloc(j->n_cands + tail + 1, sizeof *j->units)))
@@ -246,7 +245,6 @@ static int plan_units(cb_mod *m, cb_job *j, const lmc_ipc_key *k, const uint8_t 
     for (size_t i = 0; i < j->n_cands; i++)
         if (j->cands[i].cur_st >= prefix)
             add_unit(j, j->cands[i].hash, false);
-    (void)k;
     return 0;
 }
 
@@ -530,7 +528,7 @@ static int advance(cb_mod *m, cb_job *j, const lmc_ipc_key *k, lmc_rpc_call *cal
         j->sparse_started = true;
         size_t n_chunks = k->n_tokens / m->cs;
         uint8_t *chain = m->segmented && have_layout ? prompt_chain(m, k, n_chunks) : NULL;
-        int rc = plan_units(m, j, k, chain, n_chunks);
+        int rc = plan_units(m, j, chain, n_chunks);
         free(chain);
         if (rc != 0)
             return -1;

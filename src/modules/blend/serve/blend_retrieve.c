@@ -197,12 +197,15 @@ static bool take_objects(cb_mod *m, cb_call *x, uint64_t object_size)
             ok = lmc_storage_manager_lease_copy(m->ctx->storage, x->keys, x->n,
                                                 LMC_COPY_CARRIES_SHARE, true, &want, x->leases,
                                                 NULL) == x->n;
-            for (size_t i = 0; ok && i < x->n; i++) { /* one share each is the copy's now */
+            /* One share each is the copy's now, given back with it; a READ
+             * lease left with none holds nothing more, as a LOOKUP's
+             * delivered lease whose shares the RETRIEVEs consumed. */
+            for (size_t i = 0; ok && i < x->n; i++) {
                 lmc_lease *l = &lmc_blend_serve_stash_find(s, x->order[i]->hash)->leases[rank];
                 if (l->shares > 1)
                     l->shares--;
                 else
-                    l->kind = LMC_LEASE_RETURNED;
+                    l->kind = LMC_LEASE_NONE;
             }
             lmc_blend_serve_stash_release_others(s, sent, x->n);
             free(sent);
