@@ -614,7 +614,10 @@ int lmc_blend_encode_lookup_result(msgpack_packer *pk, uint64_t prefix_coverage_
 int lmc_blend_encode_retrieve_reply(msgpack_packer *pk, const uint8_t *event, size_t event_len,
                                     bool scatter_ran)
 {
-    if (msgpack_pack_array(pk, 2) || msgpack_pack_bin_with_body(pk, event, event_len))
+    /* No body for b"": event may be NULL then, and a packer's writer must
+     * not see a NULL source. */
+    if (msgpack_pack_array(pk, 2) || msgpack_pack_bin(pk, event_len) ||
+        (event_len && msgpack_pack_bin_body(pk, event, event_len)))
         return -1;
     return scatter_ran ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
 }

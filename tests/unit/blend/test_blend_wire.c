@@ -660,6 +660,9 @@ static void test_replies(void **state)
     check_bytes(&sb, want, 68);
     assert_int_equal(lmc_blend_encode_retrieve_reply(&pk, ev, 0, true), 0);
     check_bytes(&sb, (const uint8_t[]){0x92, 0xc4, 0x00, 0xc3}, 4);
+    /* The CPU path's b"" has no buffer at all (UBSan: no NULL to memcpy). */
+    assert_int_equal(lmc_blend_encode_retrieve_reply(&pk, NULL, 0, false), 0);
+    check_bytes(&sb, (const uint8_t[]){0x92, 0xc4, 0x00, 0xc2}, 4);
     msgpack_sbuffer_destroy(&sb);
 }
 

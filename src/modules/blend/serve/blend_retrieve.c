@@ -307,7 +307,7 @@ static lmc_handler_result reply(cb_mod *m, const cb_call *x, lmc_rpc_call *call,
     if (x->c->cuda)
         lmc_blend_serve_cuda_reply(m, x->c, call, ran);
     else
-        lmc_blend_encode_retrieve_reply(lmc_rpc_call_reply(call), NULL, 0, ran);
+        lmc_blend_encode_retrieve_reply(lmc_rpc_call_reply(call), NULL, 0, ran); /* b"" */
     return LMC_HANDLER_REPLY;
 }
 
