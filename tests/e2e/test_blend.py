@@ -23,7 +23,7 @@ import blend_client as bc
 from lmc.client import lookup, unpack
 from lmc.keys import ipc_key
 from lmc.ops import (CB_PROTOCOL_HANDSHAKE, CLEAR, END_SESSION, NOOP, REGISTER_KV_CACHE, RETRIEVE,
-                     STORE)
+                     STORE, UNREGISTER_KV_CACHE)
 from lmc.server import BASE_ARGS, free_port, run_lmcached
 from paged_kv import PagedKV
 
@@ -366,6 +366,31 @@ def test_register_and_unregister_rope_by_id_and_by_name(srv):
     # Unknown instance: a warning, still void (§2.3).
     assert len(bc.unregister_rope(w.d, 12345)) == 2
     noop_answers(w.d)
+    cache.close()
+    w.close()
+
+
+@pytest.mark.parametrize("how", ["unregister", "reap"])
+def test_rope_state_goes_with_its_worker(start_server, monkeypatch, how):
+    """An instance unregistered (UNREGISTER_KV_CACHE) or reaped (no PING)
+    takes its rope state with it, the cache's segment unmapped (§1.2: the
+    module is a liveness target)."""
+    monkeypatch.setenv("LMCACHED_TEST_REAP_SCALE", "60")     # 30 s -> 0.5 s
+    s = start_server(*SERVER_ARGS, "--worker-reap-timeout-seconds", "30",
+                     "--worker-registration-grace-seconds", "30")
+    g = PagedKV(f"gone_{how}", "fa_nhd", nl=NL, nb=8, bs=BS, nh=NH, hs=HS)
+    w = Worker(s, 11, g)
+    cache = bc.RopeCache(f"gone_{how}", MAX_POSITION, HS)
+    assert len(bc.register_rope(w.d, 11, [cache], HS, True)) == 2
+    assert status(s)["modules"]["blend"]["rope_instances"] == 1
+    assert cache.t.name in open(f"/proc/{s.proc.pid}/maps").read()
+    if how == "unregister":
+        assert len(w.d.call(UNREGISTER_KV_CACHE, 11)) == 2
+    deadline = time.monotonic() + 10
+    while status(s)["modules"]["blend"]["rope_instances"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status(s)["modules"]["blend"]["rope_instances"] == 0
+    assert cache.t.name not in open(f"/proc/{s.proc.pid}/maps").read()
     cache.close()
     w.close()
 

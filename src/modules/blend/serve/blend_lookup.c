@@ -553,9 +553,7 @@ lmc_handler_result lmc_blend_serve_unified_lookup(void *state, lmc_rpc_call *cal
 {
     cb_mod *m = state;
     lmc_blend_frame f[2];
-    size_t n = 0;
-    for (; n < 2 && n < lmc_rpc_call_nargs(call); n++)
-        f[n].data = lmc_rpc_call_arg_raw(call, n, &f[n].len);
+    size_t n = lmc_blend_serve_frames(call, f, 2);
     lmc_blend_unified_lookup q;
     char err[256];
     int rc = lmc_blend_decode_unified_lookup(f, n, m->cs, &q, err, sizeof err);

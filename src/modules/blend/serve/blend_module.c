@@ -196,12 +196,12 @@ static int build_rope(cb_mod *m, const lmc_blend_register_rope *q, sd_ctx *c, cb
     return 0;
 }
 
-static void call_frames(lmc_rpc_call *call, lmc_blend_frame *f, size_t *n, size_t max)
+size_t lmc_blend_serve_frames(lmc_rpc_call *call, lmc_blend_frame *f, size_t max)
 {
     size_t i = 0;
     for (; i < max && i < lmc_rpc_call_nargs(call); i++)
         f[i].data = lmc_rpc_call_arg_raw(call, i, &f[i].len);
-    *n = i;
+    return i;
 }
 
 /* CB_REGISTER_ROPE(instance_id, caches, head_size, is_neox[, group_to_cache[,
@@ -210,8 +210,7 @@ static lmc_handler_result register_rope(void *state, lmc_rpc_call *call)
 {
     cb_mod *m = state;
     lmc_blend_frame f[8];
-    size_t n;
-    call_frames(call, f, &n, 8);
+    size_t n = lmc_blend_serve_frames(call, f, 8);
     lmc_blend_register_rope q;
     char err[384];
     int rc = lmc_blend_decode_register_rope(f, n, &q, err, sizeof err);
@@ -252,8 +251,7 @@ static lmc_handler_result unregister_rope(void *state, lmc_rpc_call *call)
 {
     cb_mod *m = state;
     lmc_blend_frame f[2];
-    size_t n;
-    call_frames(call, f, &n, 2);
+    size_t n = lmc_blend_serve_frames(call, f, 2);
     int64_t id;
     char err[256];
     if (lmc_blend_decode_unregister_rope(f, n, &id, err, sizeof err) != 0)
@@ -268,8 +266,7 @@ static lmc_handler_result handshake(void *state, lmc_rpc_call *call)
 {
     cb_mod *m = state;
     lmc_blend_frame f[2];
-    size_t n;
-    call_frames(call, f, &n, 2);
+    size_t n = lmc_blend_serve_frames(call, f, 2);
     int64_t v;
     char err[256];
     if (lmc_blend_decode_handshake(f, n, &v, err, sizeof err) != 0)

@@ -377,9 +377,7 @@ lmc_handler_result lmc_blend_serve_retrieve(void *state, lmc_rpc_call *call)
     cb_mod *m = state;
     cb_call x = {0};
     lmc_blend_frame f[5];
-    size_t nf = 0;
-    for (; nf < 5 && nf < lmc_rpc_call_nargs(call); nf++)
-        f[nf].data = lmc_rpc_call_arg_raw(call, nf, &f[nf].len);
+    size_t nf = lmc_blend_serve_frames(call, f, 5);
     char err[384];
     int rc = lmc_blend_decode_retrieve(f, nf, m->cs, &x.q, err, sizeof err);
     if (rc != 0)

@@ -79,6 +79,9 @@ typedef struct cb_mod {
 } cb_mod;
 
 /* ---- blend_module.c ---- */
+/* The call's first payload frames (at most max) for the blend decoders;
+ * how many there are. */
+size_t lmc_blend_serve_frames(lmc_rpc_call *call, lmc_blend_frame *f, size_t max);
 /* The rope state of `id` with a reference, or NULL; lmc_blend_serve_rope_put() it. */
 cb_rope *lmc_blend_serve_rope_get(cb_mod *m, int64_t id);
 void lmc_blend_serve_rope_put(cb_rope *r);
