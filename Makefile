@@ -149,7 +149,7 @@ alloc-fault: deps
 # libFuzzer over every fuzz/ target, FUZZ_SECONDS each, starting from a copy
 # of the checked-in corpus (docs/fuzzing.md).  Findings land in build-fuzz/.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := ipc_key msgpack object_key l2_json config_file rpc http pickle kv_geometry coord_events p2p_wire trace blend_wire
+FUZZ_TARGETS := ipc_key msgpack object_key l2_json config_file rpc http pickle kv_geometry coord_events p2p_wire trace blend_wire coord_blend
 fuzz: deps
 	$(call install_missing,clang libclang-rt-14-dev)
 	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DLMC_FUZZ=ON

@@ -559,7 +559,27 @@ def blend_wire():
     write("blend_wire", "retrieve_flat_blocks", frames(4, ret, [], [1, 2], 0, b""))
 
 
+def coord_blend():
+    """fuzz_coord_blend: POST /directory/blend-lookup bodies (docs/coordinator.md,
+    "Blend lookup") over an index of [1, 2, 3, 4] and [65, 66, 67, 68]."""
+    import base64
+    import struct
+    ns = {"model_name": "m", "world_size": 1, "cache_salt": ""}
+
+    def b64(tokens):
+        return base64.b64encode(struct.pack(f"<{len(tokens)}I", *tokens)).decode()
+    write("coord_blend", "ids_both", json.dumps({**ns, "token_ids": [9, 1, 2, 3, 4, 7, 65, 66, 67, 68]}))
+    write("coord_blend", "b64_shifted", json.dumps({**ns, "tokens_b64": b64([0, 0, 65, 66, 67, 68, 1, 2, 3, 4])}))
+    write("coord_blend", "b64_bad_padding", json.dumps({**ns, "tokens_b64": "AQAAAA"}))
+    write("coord_blend", "b64_odd_bytes", json.dumps({**ns, "tokens_b64": "AQID"}))
+    write("coord_blend", "other_namespace", json.dumps({**ns, "world_size": 2, "token_ids": [1, 2, 3, 4]}))
+    write("coord_blend", "negative_token", json.dumps({**ns, "token_ids": [1, -2]}))
+    write("coord_blend", "not_an_object", "[1, 2, 3]")
+    write("coord_blend", "no_tokens", json.dumps(ns))
+
+
 if __name__ == "__main__":
+    coord_blend()
     blend_wire()
     trace_frames()
     p2p_wire()

@@ -19,6 +19,7 @@
 #ifndef LMC_COORDINATOR_COORD_BLEND_H
 #define LMC_COORDINATOR_COORD_BLEND_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -74,5 +75,11 @@ int coordinator_blend_match(coordinator_blend *b, const coordinator_blend_ns *ns
                             const uint32_t *tokens, size_t n, coordinator_blend_hit **out,
                             size_t *n_out);
 coordinator_blend_stats coordinator_blend_get_stats(coordinator_blend *b);
+
+/* POST /directory/blend-lookup's body, decoded (coord_blend_http.c): the
+ * namespace (borrowing body's strings) and the tokens (malloc'ed, free()
+ * them, also on failure).  0, or -1 with why naming the field. */
+int coordinator_blend_parse_query(const json_t *body, coordinator_blend_ns *ns, uint32_t **tokens,
+                                  size_t *n, char *why, size_t whylen);
 
 #endif

@@ -129,6 +129,17 @@ static int query_ns(const json_t *body, coordinator_blend_ns *ns, char *why, siz
     return 0;
 }
 
+int coordinator_blend_parse_query(const json_t *body, coordinator_blend_ns *ns, uint32_t **tokens,
+                                  size_t *n, char *why, size_t whylen)
+{
+    *tokens = NULL;
+    *n = 0;
+    if (!json_is_object(body))
+        return snprintf(why, whylen, "the body must be a JSON object {tokens_b64 | token_ids, "
+                                     "model_name, world_size, cache_salt}"), -1;
+    return query_ns(body, ns, why, whylen) != 0 ? -1 : query_tokens(body, tokens, n, why, whylen);
+}
+
 static json_t *matches_json(const coordinator_blend_hit *h, size_t n)
 {
     json_t *list = json_array();
@@ -155,13 +166,7 @@ void coordinator_ep_blend_lookup(const lmc_http_request *rq, lmc_http_reply *out
     coordinator_blend_ns ns;
     uint32_t *tokens = NULL;
     size_t n = 0;
-    if (!json_is_object(body)) {
-        snprintf(why, sizeof why, "the body must be a JSON object {tokens_b64 | token_ids, "
-                                  "model_name, world_size, cache_salt}");
-        goto bad;
-    }
-    if (query_ns(body, &ns, why, sizeof why) != 0 ||
-        query_tokens(body, &tokens, &n, why, sizeof why) != 0)
+    if (coordinator_blend_parse_query(body, &ns, &tokens, &n, why, sizeof why) != 0)
         goto bad;
     coordinator_blend_hit *hits = NULL;
     size_t n_hits = 0;
