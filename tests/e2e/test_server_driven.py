@@ -761,8 +761,11 @@ def test_a_worker_gone_mid_store_still_lands_its_store(start_server, monkeypatch
     # reap window whatever the build's speed.
     cs, sizes = 256, (64, 128, 256, 256)
     # Reap mode: a worker that pinged is reaped 50 ms after its last sign
-    # of life (a STORE is one); the keeper, which never pings, after 100 s.
-    monkeypatch.setenv("LMCACHED_TEST_REAP_SCALE", "600" if how == "reap" else "1")
+    # of life (a STORE is one; 100 ms under a sanitizer, which picks the
+    # STORE up later); the keeper, which never pings, after 100 s (50 s).
+    sanitized = bool(os.environ.get("LMC_SANITIZE"))
+    monkeypatch.setenv("LMCACHED_TEST_REAP_SCALE",
+                       ("300" if sanitized else "600") if how == "reap" else "1")
     s = start_server("--chunk-size", str(cs), "--cpu-kv-layout", "hint", "--l1-size-gb", "1",
                      "--worker-reap-timeout-seconds", "30",
                      "--worker-registration-grace-seconds", "60000")
@@ -776,10 +779,11 @@ def test_a_worker_gone_mid_store_still_lands_its_store(start_server, monkeypatch
         instance = 70 + attempt
         assert d.call(REGISTER_KV_CACHE, instance, g.handles(), "m", 1, "vllm", {"kv_layout": "NHD"}, [],
                       timeout_ms=5000) is not None, s.output()
-        if how == "reap":
-            assert unpack(d.call(PING, instance)) is True
         toks = prompt(40 + attempt, n_chunks=n, cs=cs)
-        d.send(STORE, key(toks, 0, n * cs, "s"), instance, [src], ZEROS)
+        store_key = key(toks, 0, n * cs, "s")
+        if how == "reap":   # the window opens here: nothing slow before the STORE
+            assert unpack(d.call(PING, instance)) is True
+        d.send(STORE, store_key, instance, [src], ZEROS)
         drop = (f"reaped server-driven instance {instance}" if how == "reap"
                 else f"server-driven instance {instance} unregistered")
         if how == "unregister":    # once the STORE holds its L1 reservations
